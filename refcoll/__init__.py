@@ -1,0 +1,39 @@
+"""refcoll: readable reference collectives for distributed training, and their oracle.
+
+    import refcoll
+    y = refcoll.allreduce(x, algorithm="ring")            # under mpiexec
+    res = refcoll.simulate("allreduce", xs, algorithm="ring")  # in one process
+"""
+
+from .api import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter, simulate, SimResult
+from .algorithms import COLLECTIVES, REGISTRY
+from .errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure, RefcollError,
+                     UsageError)
+from .ops import DTYPES, OPS
+from .transport import SimTransport, SimWorld, Transport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "allreduce",
+    "reduce_scatter",
+    "allgather",
+    "broadcast",
+    "reduce",
+    "simulate",
+    "SimResult",
+    "as_transport",
+    "Transport",
+    "SimWorld",
+    "SimTransport",
+    "REGISTRY",
+    "COLLECTIVES",
+    "OPS",
+    "DTYPES",
+    "RefcollError",
+    "UsageError",
+    "MismatchError",
+    "CollectiveTimeout",
+    "DeadlockError",
+    "PeerFailure",
+]

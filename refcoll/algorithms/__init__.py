@@ -1,0 +1,129 @@
+"""The registry: every algorithm, the collectives it implements, and their costs.
+
+An implementation has one of these signatures, by collective:
+
+* ``allreduce(t, x, out, *, op, **options)``: ``out`` may be ``x`` (in place);
+* ``reduce_scatter(t, x, out, *, op, **options)``: ``out`` is chunk ``t.rank``;
+* ``allgather(t, out, **options)``: in place, block ``t.rank`` filled on entry;
+* ``broadcast(t, buf, *, root, **options)``: in place;
+* ``reduce(t, x, out, *, op, root, **options)``: ``out`` written on the root only.
+
+``x`` and ``out`` are flat, C-contiguous arrays; ``op`` is the base combine of
+:mod:`refcoll.ops` (``avg`` is finished by the caller).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from .. import cost as _cost
+from ..errors import UsageError
+from . import naive, ring
+
+__all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "get", "implementation", "names"]
+
+#: The collectives, in the order the CLI lists them.
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm family member: its implementations and cost functions.
+
+    Attributes:
+        name: the name users pass (``algorithm="ring"``).
+        summary: one line for ``refcoll list``.
+        implementations: collective name -> function (signatures above).
+        costs: collective name -> ``cost(p, n, itemsize) -> Cost``.
+        spec: the page in ``spec/`` that specifies it.
+    """
+
+    name: str
+    summary: str
+    implementations: Mapping[str, Callable]
+    costs: Mapping[str, Callable] = field(default_factory=dict)
+    spec: str = ""
+
+    @property
+    def collectives(self) -> tuple[str, ...]:
+        return tuple(c for c in COLLECTIVES if c in self.implementations)
+
+
+REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algo: Algorithm) -> Algorithm:
+    """Add an algorithm to the registry (names are unique)."""
+    if algo.name in REGISTRY:
+        raise ValueError(f"algorithm {algo.name!r} is registered twice")
+    REGISTRY[algo.name] = algo
+    return algo
+
+
+register(Algorithm(
+    "naive",
+    "everything through rank 0 in rank order: the reference every variant is checked against",
+    {
+        "allreduce": naive.naive_allreduce,
+        "reduce_scatter": naive.naive_reduce_scatter,
+        "allgather": naive.naive_allgather,
+        "broadcast": naive.naive_broadcast,
+        "reduce": naive.naive_reduce,
+    },
+    {
+        "allreduce": _cost.naive_allreduce,
+        "reduce_scatter": _cost.naive_reduce_scatter,
+        "allgather": _cost.naive_allgather,
+        "broadcast": _cost.naive_broadcast,
+        "reduce": _cost.naive_reduce,
+    },
+    "spec/naive.md",
+))
+
+register(Algorithm(
+    "ring",
+    "ring reduce-scatter + ring allgather: bandwidth-optimal, 2(p-1) rounds",
+    {
+        "allreduce": ring.ring_allreduce,
+        "reduce_scatter": ring.ring_reduce_scatter,
+        "allgather": ring.ring_allgather,
+    },
+    {
+        "allreduce": _cost.ring_allreduce,
+        "reduce_scatter": _cost.ring_reduce_scatter,
+        "allgather": _cost.ring_allgather,
+    },
+    "spec/ring.md",
+))
+
+
+def names(collective: str | None = None) -> list[str]:
+    """Return the registered algorithm names, those implementing ``collective`` if given."""
+    return [a.name for a in REGISTRY.values()
+            if collective is None or collective in a.implementations]
+
+
+def get(name: str) -> Algorithm:
+    """Return the algorithm called ``name``; raise :class:`UsageError` for unknown names."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown algorithm {name!r}: choose one of {', '.join(REGISTRY)}"
+        ) from None
+
+
+def implementation(name: str, collective: str) -> Callable:
+    """Return ``name``'s implementation of ``collective``; :class:`UsageError` if it has none."""
+    if collective not in COLLECTIVES:
+        raise UsageError(f"unknown collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
+    algo = get(name)
+    try:
+        return algo.implementations[collective]
+    except KeyError:
+        raise UsageError(
+            f"algorithm {name!r} does not implement {collective}: it implements "
+            f"{', '.join(algo.collectives)}; algorithms with {collective}: "
+            f"{', '.join(names(collective))}"
+        ) from None

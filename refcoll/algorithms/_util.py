@@ -1,0 +1,40 @@
+"""Small helpers every algorithm shares: workspaces, copies, chunk views."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["workspace", "copy_into", "same_memory", "view"]
+
+
+def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
+    """Return a scratch buffer of ``count`` elements, reused across calls on ``t``.
+
+    Receive buffers are allocated once per transport and slot and grown when a
+    larger call comes, so a loop of all-reduces touches no fresh pages. ``slot``
+    separates buffers one algorithm needs at the same time.
+    """
+    nbytes = count * np.dtype(dtype).itemsize
+    cache = t.__dict__.setdefault("_workspace", {})
+    buf = cache.get(slot)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+        cache[slot] = buf
+    return buf[:nbytes].view(dtype)
+
+
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Return whether two arrays are the same memory (an in-place call)."""
+    return a.size == b.size and (a.size == 0 or np.shares_memory(a, b))
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """Copy ``src`` into ``dst`` unless they are already the same memory."""
+    if not same_memory(dst, src):
+        np.copyto(dst, src)
+
+
+def view(buf: np.ndarray, bounds, idx: int) -> np.ndarray:
+    """Return chunk ``idx`` of ``buf`` as a view: ``buf[start:stop]``."""
+    start, stop = bounds[idx]
+    return buf[start:stop]

@@ -1,0 +1,131 @@
+"""Ring collectives: reduce-scatter and allgather around a ring, and their composition.
+
+The bandwidth-optimal all-reduce (Patarasuk and Yuan 2009; baidu-allreduce;
+NCCL's ``RING``). With ``p = 4``, chunks ``A B C D`` and ``+`` the op, the
+reduce-scatter moves one chunk right per step:
+
+    step  rank 0 sends   rank 1 sends   rank 2 sends   rank 3 sends
+    0     D  (x0)        A  (x1)        B  (x2)        C  (x3)
+    1     C  (x3+x0)     D  (x0+x1)     A  (x1+x2)     B  (x2+x3)
+    2     B  (x2+x3+x0)  C  (x3+x0+x1)  D  (x0+x1+x2)  A  (x1+x2+x3)
+
+after which rank r holds chunk r reduced over all ranks; the allgather then
+passes the finished chunks around the same ring.
+
+Spec: spec/ring.md
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._util import copy_into, view, workspace
+from ..chunking import chunk_bounds, max_chunk
+
+__all__ = [
+    "ring_peers",
+    "ring_reduce_scatter_steps",
+    "ring_allgather_steps",
+    "ring_allreduce",
+    "ring_reduce_scatter",
+    "ring_allgather",
+]
+
+
+def ring_peers(rank: int, size: int) -> tuple[int, int]:
+    """Return ``(left, right)``: the ranks this rank receives from and sends to."""
+    return (rank - 1) % size, (rank + 1) % size
+
+
+def ring_reduce_scatter_steps(t, x: np.ndarray, bounds, *, op, target, scratch) -> None:
+    """Run the ring reduce-scatter's ``p-1`` steps over chunks ``bounds`` of ``x``.
+
+    Step ``s``: send the partial of chunk ``r-s-1`` right, receive the partial of
+    chunk ``r-s-2`` from the left into ``scratch`` and combine it with our own
+    chunk: ``target(idx) = incoming op x[idx]``. ``target(r)``, written in the
+    last step, is this rank's finished chunk; the others are partials in flight.
+
+    Reduction order: chunk ``c`` is combined ``c+1, c+2, ..., p-1, 0, ..., c``,
+    each step appending one rank on the right of the running partial.
+    """
+    size, rank = t.size, t.rank
+    left, right = ring_peers(rank, size)
+    sending = view(x, bounds, (rank - 1) % size)
+    for step in range(size - 1):
+        recv_idx = (rank - step - 2) % size
+        start, stop = bounds[recv_idx]
+        incoming = scratch[: stop - start]
+        t.sendrecv(sending, right, incoming, left)  # partial of chunk r-s-1 -> right; of r-s-2 <- left
+        dst = target(recv_idx)
+        t.reduce_local(op, incoming, x[start:stop], dst)
+        sending = dst
+
+
+def ring_allgather_steps(t, buf: np.ndarray, bounds) -> None:
+    """Run the ring allgather's ``p-1`` steps in place: rank r's chunk r goes round.
+
+    Step ``s``: send chunk ``r-s`` right, receive chunk ``r-s-1`` from the left
+    straight into its place in ``buf``.
+    """
+    size, rank = t.size, t.rank
+    left, right = ring_peers(rank, size)
+    for step in range(size - 1):
+        send_idx = (rank - step) % size
+        recv_idx = (rank - step - 1) % size
+        t.sendrecv(view(buf, bounds, send_idx), right,
+                   view(buf, bounds, recv_idx), left)  # chunk r-s -> right; chunk r-s-1 <- left
+
+
+def ring_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
+    """Ring all-reduce: a ring reduce-scatter, then a ring allgather.
+
+    Schedule (p = t.size, r = t.rank, chunks = chunk_bounds(len(x), p)):
+      1. reduce-scatter, step s = 0..p-2: send chunk (r-s-1) right, receive chunk
+         (r-s-2) from the left, reduce it with ours straight into ``out``.
+      2. allgather,     step s = 0..p-2: send chunk (r-s) right, receive chunk (r-s-1).
+    Reduction order: chunk c is reduced c+1, c+2, ..., c (around the ring).
+    Cost: 2(p-1)·α + 2·((p-1)/p)·n·β + ((p-1)/p)·n·γ
+    Restrictions: none on p or n (n < p gives empty chunks, sent as empty messages).
+    The first step sends straight from ``x``, so an out-of-place call never copies
+    its input.   Spec: spec/ring.md
+    """
+    size = t.size
+    if size == 1:
+        copy_into(out, x)
+        return
+    bounds = chunk_bounds(x.size, size)
+    scratch = workspace(t, max_chunk(x.size, size), x.dtype)
+    ring_reduce_scatter_steps(t, x, bounds, op=op, scratch=scratch,
+                              target=lambda idx: view(out, bounds, idx))
+    ring_allgather_steps(t, out, bounds)
+
+
+def ring_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
+    """Ring reduce-scatter: rank r gets chunk r of the reduction, ``chunk_bounds`` rule.
+
+    Partials in flight live in one chunk-sized accumulator; only the last step
+    writes ``out``. Cost: (p-1)·α + ((p-1)/p)·n·β + ((p-1)/p)·n·γ.
+    """
+    size, rank = t.size, t.rank
+    if size == 1:
+        copy_into(out, x)
+        return
+    bounds = chunk_bounds(x.size, size)
+    largest = max_chunk(x.size, size)
+    scratch = workspace(t, largest, x.dtype, slot=0)
+    partial = workspace(t, largest, x.dtype, slot=1)
+
+    def target(idx: int) -> np.ndarray:
+        start, stop = bounds[idx]
+        return out if idx == rank else partial[: stop - start]
+
+    ring_reduce_scatter_steps(t, x, bounds, op=op, scratch=scratch, target=target)
+
+
+def ring_allgather(t, out: np.ndarray) -> None:
+    """Ring allgather, in place: ``out`` holds ``p`` equal blocks, block ``rank`` filled.
+
+    Cost: (p-1)·α + (p-1)·m·β.
+    """
+    if t.size > 1:
+        ring_allgather_steps(t, out, chunk_bounds(out.size, t.size))

@@ -1,0 +1,246 @@
+"""The public collectives: argument handling around the registry's algorithms.
+
+Each call turns its input into a flat contiguous view (a copy only when the input
+is not contiguous), allocates the result unless ``out=`` is given, runs the
+algorithm in the transport's tag space for one call, and finishes ``avg``.
+The input is never modified unless it is also ``out``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import algorithms
+from .chunking import chunk_slice, chunk_sizes
+from .errors import UsageError
+from .ops import check_supported, get_dtype, get_op
+from .transport.base import Ledger
+from .transport.sim import SimWorld
+
+__all__ = [
+    "allreduce",
+    "reduce_scatter",
+    "allgather",
+    "broadcast",
+    "reduce",
+    "simulate",
+    "SimResult",
+    "as_transport",
+]
+
+
+def as_transport(comm=None):
+    """Return the transport for ``comm``: a Transport as is, an mpi4py communicator wrapped.
+
+    ``None`` means ``MPI.COMM_WORLD``. The wrapper (a ``Dup`` of the communicator)
+    is cached on the communicator, so repeated calls cost nothing.
+    """
+    if comm is not None and hasattr(comm, "sendrecv") and hasattr(comm, "reduce_local"):
+        return comm
+    from .transport.mpi import transport_for
+
+    return transport_for(comm)
+
+
+def _flat_input(x, t) -> np.ndarray:
+    """Return ``x`` as a flat, C-contiguous, native-byte-order array of a supported dtype."""
+    arr = np.asarray(x)
+    get_dtype(arr.dtype)
+    if not arr.dtype.isnative:
+        raise TypeError(
+            f"rank {t.rank}: input has non-native byte order ({arr.dtype.str}); convert it "
+            "with x.astype(x.dtype.newbyteorder('=')) so every rank sends the same bytes"
+        )
+    return np.ascontiguousarray(arr).reshape(-1)
+
+
+def _flat_out(out, shape, dtype, t, what: str) -> np.ndarray:
+    """Check a user's ``out=`` buffer and return it as a flat view."""
+    if out is None:
+        return np.empty(int(np.prod(shape, dtype=np.int64)), dtype=dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"rank {t.rank}: out= must be a NumPy array, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"rank {t.rank}: out= has dtype {out.dtype}, the {what} needs {dtype}")
+    if out.size != int(np.prod(shape, dtype=np.int64)):
+        raise ValueError(f"rank {t.rank}: out= has {out.size} elements, the {what} needs "
+                         f"{int(np.prod(shape, dtype=np.int64))} (shape {tuple(shape)})")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"rank {t.rank}: out= must be a writeable C-contiguous array")
+    return out.reshape(-1)
+
+
+def _shaped(flat: np.ndarray, out, shape) -> np.ndarray:
+    return out if out is not None else flat.reshape(shape)
+
+
+def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=None,
+              **options) -> np.ndarray:
+    """Reduce ``x`` elementwise over all ranks; every rank gets the bitwise-same result.
+
+    Args:
+        x: this rank's array (any shape; reduced elementwise, shape kept).
+        comm: an mpi4py communicator or a Transport; ``None``: ``MPI.COMM_WORLD``.
+        op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.ops`).
+        algorithm: a name from ``refcoll list``.
+        compressor: not supported yet; must be ``None``.
+        out: result buffer (``out=x`` runs in place); a new array otherwise.
+        **options: passed to the algorithm (segment sizes and the like).
+
+    Returns:
+        The reduced array, ``out`` when given.
+    """
+    if compressor is not None:
+        raise UsageError("compressed all-reduce is not available in this version")
+    t = as_transport(comm)
+    reduction = get_op(op)
+    fn = algorithms.implementation(algorithm, "allreduce")
+    flat = _flat_input(x, t)
+    check_supported(reduction, flat.dtype)
+    shape = np.shape(x)
+    result = _flat_out(out, shape, flat.dtype, t, "all-reduce")
+    with t.call("allreduce"):
+        fn(t, flat, result, op=reduction, **options)
+    reduction.finalize(result, t.size)
+    return _shaped(result, out, shape)
+
+
+def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, **options) -> np.ndarray:
+    """Reduce ``x`` over all ranks and give rank ``r`` chunk ``r`` of the result.
+
+    ``x`` is flattened; its ``n`` elements are cut into ``p`` chunks by
+    :func:`refcoll.chunking.chunk_bounds` (the first ``n % p`` chunks one element
+    longer), so ``n`` need not divide by ``p``. Returns a 1-D array. In place:
+    pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
+    """
+    t = as_transport(comm)
+    reduction = get_op(op)
+    fn = algorithms.implementation(algorithm, "reduce_scatter")
+    flat = _flat_input(x, t)
+    check_supported(reduction, flat.dtype)
+    shape = (chunk_sizes(flat.size, t.size)[t.rank],)
+    result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter")
+    with t.call("reduce_scatter"):
+        fn(t, flat, result, op=reduction, **options)
+    reduction.finalize(result, t.size)
+    return _shaped(result, out, shape)
+
+
+def allgather(x, comm=None, *, algorithm="ring", out=None, **options) -> np.ndarray:
+    """Gather every rank's ``x`` (same shape on every rank) on every rank.
+
+    Returns an array of shape ``(p, *x.shape)``: row ``r`` is rank ``r``'s input
+    (``.reshape(-1)`` gives the flat concatenation NCCL and MPI return). In place:
+    pass ``x`` as row ``r`` of ``out``.
+    """
+    t = as_transport(comm)
+    fn = algorithms.implementation(algorithm, "allgather")
+    flat = _flat_input(x, t)
+    shape = (t.size, *np.shape(x))
+    result = _flat_out(out, shape, flat.dtype, t, "allgather")
+    own_block = result[chunk_slice(result.size, t.size, t.rank)]
+    if not np.shares_memory(own_block, flat):
+        np.copyto(own_block, flat)
+    with t.call("allgather"):
+        fn(t, result, **options)
+    return _shaped(result, out, shape)
+
+
+def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, **options) -> np.ndarray:
+    """Return the root's ``x`` on every rank (``x`` must have the same shape everywhere).
+
+    Non-root ranks' ``x`` gives only the shape and dtype; ``out=x`` overwrites it
+    in place, as ``MPI_Bcast`` does.
+    """
+    t = as_transport(comm)
+    _check_root(root, t)
+    fn = algorithms.implementation(algorithm, "broadcast")
+    flat = _flat_input(x, t)
+    shape = np.shape(x)
+    result = _flat_out(out, shape, flat.dtype, t, "broadcast")
+    if t.rank == root and not np.shares_memory(result, flat):
+        np.copyto(result, flat)
+    with t.call("broadcast"):
+        fn(t, result, root=root, **options)
+    return _shaped(result, out, shape)
+
+
+def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
+           **options) -> np.ndarray | None:
+    """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
+    t = as_transport(comm)
+    _check_root(root, t)
+    reduction = get_op(op)
+    fn = algorithms.implementation(algorithm, "reduce")
+    flat = _flat_input(x, t)
+    check_supported(reduction, flat.dtype)
+    shape = np.shape(x)
+    result = _flat_out(out, shape, flat.dtype, t, "reduce") if t.rank == root else None
+    with t.call("reduce"):
+        fn(t, flat, result, op=reduction, root=root, **options)
+    if t.rank != root:
+        return None
+    reduction.finalize(result, t.size)
+    return _shaped(result, out, shape)
+
+
+def _check_root(root: int, t) -> None:
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < t.size:
+        raise UsageError(f"rank {t.rank}: root {root!r} is not a rank of this communicator "
+                         f"(0..{t.size - 1})")
+
+
+_COLLECTIVE_FUNCTIONS = {
+    "allreduce": allreduce,
+    "reduce_scatter": reduce_scatter,
+    "allgather": allgather,
+    "broadcast": broadcast,
+    "reduce": reduce,
+}
+
+
+@dataclass
+class SimResult:
+    """What :func:`simulate` returns.
+
+    Attributes:
+        outputs: each rank's result, by rank (``None`` on non-roots of ``reduce``).
+        ledger: every message and local reduction of the run.
+        world: the simulated world (for further inspection).
+    """
+
+    outputs: list[Any]
+    ledger: Ledger
+    world: SimWorld
+
+
+def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
+             timeout: float | None = None, **options) -> SimResult:
+    """Run one collective on ``len(inputs)`` simulated ranks in this process.
+
+    The same algorithm code runs as under MPI, over threads and a rendezvous
+    transport, so ``outputs`` is, bit for bit, what a real run must return.
+
+    Args:
+        collective: ``allreduce``, ``reduce_scatter``, ``allgather``, ``broadcast``
+            or ``reduce``.
+        inputs: one array per rank.
+        algorithm: an algorithm name; op: a reduction op (ignored for allgather
+            and broadcast); options: ``root=`` and algorithm options.
+    """
+    if collective not in _COLLECTIVE_FUNCTIONS:
+        raise UsageError(f"unknown collective {collective!r}: choose one of "
+                         f"{', '.join(_COLLECTIVE_FUNCTIONS)}")
+    algorithms.implementation(algorithm, collective)
+    if len(inputs) < 1:
+        raise UsageError("simulate needs at least one rank's input")
+    fn = _COLLECTIVE_FUNCTIONS[collective]
+    kwargs = dict(options, algorithm=algorithm)
+    if collective not in ("allgather", "broadcast"):
+        kwargs["op"] = op
+    world = SimWorld(len(inputs), timeout=timeout)
+    outputs = world.run(lambda t, x: fn(x, comm=t, **kwargs), [(x,) for x in inputs])
+    return SimResult(outputs, world.ledger, world)

@@ -1,0 +1,79 @@
+"""The ``refcoll`` command line: thin click commands over library calls.
+
+Exit codes: 0 success, 1 a check failed, 2 bad usage or environment (with a
+one-line reason), 3 a collective timed out.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+
+import click
+
+from ..errors import CollectiveTimeout, RefcollError, UsageError
+
+__all__ = ["main"]
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"refcoll: error: {message}", err=True)
+    sys.exit(code)
+
+
+def reports_errors(fn):
+    """Turn refcoll's exceptions into one-line messages and the documented exit codes."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UsageError as exc:
+            _fail(str(exc), 2)
+        except CollectiveTimeout as exc:
+            _fail(str(exc), 3)
+        except RefcollError as exc:
+            _fail(str(exc), 1)
+    return wrapper
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    """Write ``payload`` to ``path`` as indented JSON (nothing when path is None)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=2, default=str)
+            fh.write("\n")
+
+
+def split_list(value: str | None, choices, what: str) -> list[str] | None:
+    """Parse ``a,b,c`` or ``all`` into a list checked against ``choices`` (None: all)."""
+    if value is None or value.strip().lower() == "all":
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in choices]
+    if unknown:
+        raise UsageError(f"unknown {what} {', '.join(map(repr, unknown))}: choose from "
+                         f"{', '.join(choices)} or all")
+    return items
+
+
+def relaunch(nprocs: int) -> None:
+    """Re-run this very command under ``mpiexec -n nprocs`` and exit with its status."""
+    from ..launch import mpiexec_command
+
+    cmd = mpiexec_command(nprocs, sys.argv[1:])
+    try:
+        code = subprocess.run(cmd).returncode
+    except OSError as exc:
+        raise UsageError(f"could not start {cmd[0]}: {exc}") from None
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="refcoll")
+def main() -> None:
+    """refcoll: reference collectives, their conformance suite and their oracle."""
+
+
+from . import commands  # noqa: E402,F401  (registers the commands on main)

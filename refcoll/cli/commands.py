@@ -1,0 +1,187 @@
+"""The commands of ``refcoll``: each parses, calls the library, prints."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import numpy as np
+
+from . import main, relaunch, reports_errors, split_list, write_json
+from .. import algorithms
+from ..errors import UsageError
+from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op
+
+
+# -------------------------------------------------------------------------- list
+
+@main.command("list")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the listing as JSON.")
+@reports_errors
+def list_(json_file):
+    """List algorithms, collectives, ops and dtypes, with each algorithm's cost."""
+    payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
+    click.echo("algorithms:")
+    for algo in algorithms.REGISTRY.values():
+        costs = {c: algo.costs[c](2, 0, 1).formula if c in algo.costs else "" for c in algo.collectives}
+        payload["algorithms"].append({"name": algo.name, "summary": algo.summary,
+                                      "collectives": list(algo.collectives), "cost": costs,
+                                      "spec": algo.spec})
+        click.echo(f"  {algo.name:<12} {algo.summary}")
+        for coll in algo.collectives:
+            click.echo(f"      {coll:<15} {costs[coll]}")
+    click.echo("ops:    " + ", ".join(OPS))
+    click.echo("dtypes:")
+    for name, dt in DTYPES.items():
+        ok = []
+        for op in OPS.values():
+            try:
+                check_supported(op, dt)
+                ok.append(op.name)
+            except UsageError:
+                pass
+        payload["dtypes"][name] = ok
+        click.echo(f"  {name:<14} {', '.join(ok)}")
+    write_json(json_file, payload)
+
+
+# ------------------------------------------------------------------------ verify
+
+@main.command()
+@click.option("-n", "--np", "nprocs", type=int, default=4, show_default=True,
+              help="Processes to start with mpiexec (ignored inside an MPI job).")
+@click.option("--algorithm", default="all", show_default=True, help="Algorithms, comma-separated, or all.")
+@click.option("--collective", default="all", show_default=True, help="Collectives, comma-separated, or all.")
+@click.option("--op", default="all", show_default=True, help="Ops, comma-separated, or all.")
+@click.option("--dtype", default="all", show_default=True, help="Dtypes, comma-separated, or all.")
+@click.option("--sizes", default=None, help="Element counts, comma-separated [default: 0,1,p-1,p,p+1,5003].")
+@click.option("--inplace", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the inputs.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write every case's verdict as JSON.")
+@reports_errors
+def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, json_file):
+    """Run the conformance battery on N MPI processes; end with 'N passed, N failed'."""
+    from ..launch import in_mpi_job
+
+    selection = dict(
+        algorithms_=split_list(algorithm, algorithms.names(), "algorithm"),
+        collectives=split_list(collective, algorithms.COLLECTIVES, "collective"),
+        ops=split_list(op, list(OPS), "op"),
+        dtypes=split_list(dtype, list(DTYPES), "dtype"),
+        sizes=_parse_sizes(sizes),
+        inplace={"both": (False, True), "yes": (True,), "no": (False,)}[inplace],
+    )
+    if not in_mpi_job():
+        relaunch(nprocs)
+    _verify_in_world(nprocs, selection, seed, json_file)
+
+
+def _parse_sizes(sizes: str | None) -> list[int] | None:
+    if sizes is None:
+        return None
+    try:
+        values = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes takes comma-separated element counts, got {sizes!r}") from None
+    if any(v < 0 for v in values):
+        raise UsageError("--sizes must be non-negative")
+    return values
+
+
+def _verify_in_world(nprocs, selection, seed, json_file) -> None:
+    from mpi4py import MPI
+
+    from ..conformance import build_cases, group_rows, run_battery
+    from ..transport.mpi import MPITransport
+
+    t = MPITransport(MPI.COMM_WORLD)
+    lead = t.rank == 0
+    if lead and nprocs not in (None, t.size):
+        click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; "
+                   f"using it (-n {nprocs} ignored)", err=True)
+    cases = build_cases(t.size, **selection)
+    if lead:
+        library = MPI.Get_library_version().splitlines()[0].strip()
+        click.echo(f"refcoll verify: {t.size} ranks, {library}, {len(cases)} cases")
+        click.echo(f"{'algorithm':<12} {'collective':<15} {'op':<5} {'dtypes':>6} {'cases':>6} "
+                   f"{'passed':>7} {'failed':>7}")
+    state = {"group": None, "rows": []}
+
+    def progress(i, total, result):
+        key = (result.case.algorithm, result.case.collective, result.case.op)
+        state["rows"].append(result)
+        done = i + 1 == total or _group_of(cases[i + 1]) != key
+        if lead and done:
+            row = group_rows([r for r in state["rows"] if _group_of(r.case) == key])[0]
+            click.echo(f"{row['algorithm']:<12} {row['collective']:<15} {row['op']:<5} "
+                       f"{row['dtypes']:>6} {row['cases']:>6} {row['passed']:>7} {row['failed']:>7}")
+            if row["failed"]:
+                click.echo(f"    first failure: {row['first_failure']}")
+
+    results = run_battery(t, cases, seed=seed, progress=progress)
+    passed = sum(r.passed for r in results)
+    failed = len(results) - passed
+    if lead:
+        write_json(json_file, {"world_size": t.size, "seed": seed, "passed": passed,
+                               "failed": failed, "groups": group_rows(results),
+                               "cases": [r.to_json() for r in results]})
+        click.echo(f"{passed} passed, {failed} failed")
+    sys.stdout.flush()
+    sys.exit(0 if failed == 0 else 1)
+
+
+def _group_of(case):
+    return (case.algorithm, case.collective, case.op)
+
+
+# ---------------------------------------------------------------------- simulate
+
+@main.command()
+@click.option("--algorithm", required=True, help="Algorithm to simulate.")
+@click.option("-p", "--procs", "p", type=int, required=True, help="Number of simulated ranks.")
+@click.option("--count", type=int, required=True, help="Elements per rank.")
+@click.option("--collective", default="allreduce", show_default=True)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--op", default="sum", show_default=True)
+@click.option("--root", type=int, default=0, show_default=True, help="Root of broadcast and reduce.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the ledger summary as JSON.")
+@reports_errors
+def simulate(algorithm, p, count, collective, dtype, op, root, json_file):
+    """Run one collective in-process and print its ledger beside the cost formula."""
+    from ..api import simulate as run_simulation
+    from ..inputs import make_inputs
+
+    if p < 1 or count < 0:
+        raise UsageError("-p must be at least 1 and --count non-negative")
+    algo = algorithms.get(algorithm)
+    algorithms.implementation(algorithm, collective)
+    dt = get_dtype(dtype)
+    reduction = get_op(op)
+    check_supported(reduction, dt)
+    inputs = make_inputs("exact", dt, count, p, op=reduction.name)
+    options = {"root": root} if collective in ("broadcast", "reduce") else {}
+    result = run_simulation(collective, inputs, algorithm=algorithm, op=reduction.name, **options)
+    ledger = result.ledger
+    predicted = algo.costs[collective](p, count, dt.itemsize) if collective in algo.costs else None
+    click.echo(f"refcoll simulate: {algorithm} {collective}, p={p}, n={count} x {dtype} "
+               f"({count * dt.itemsize} B per rank), op={reduction.name}")
+    if predicted is not None:
+        click.echo(f"cost: {predicted.formula}")
+    click.echo(f"{'quantity':<20} {'ledger':>14} {'cost formula':>14}")
+    rows = [("rounds", "rounds", ledger.rounds), ("messages", "messages", ledger.total_messages),
+            ("bytes", "bytes", ledger.total_bytes),
+            ("max rank messages", "max_rank_messages", ledger.max_rank_messages),
+            ("max rank bytes", "max_rank_bytes", ledger.max_rank_bytes),
+            ("critical-path bytes", "critical_bytes", ledger.critical_bytes),
+            ("max rank reduced", "reduced", ledger.max_rank_reduced)]
+    for label, field, value in rows:
+        want = getattr(predicted, field) if predicted is not None else ""
+        click.echo(f"{label:<20} {value:>14} {want:>14}")
+    sent, received, msgs = ledger.bytes_sent(), ledger.bytes_received(), ledger.messages_sent()
+    click.echo(f"{'rank':>6} {'messages sent':>14} {'bytes sent':>14} {'bytes received':>15}")
+    for r in range(p):
+        click.echo(f"{r:>6} {msgs.get(r, 0):>14} {sent.get(r, 0):>14} {received.get(r, 0):>15}")
+    write_json(json_file, {"algorithm": algorithm, "collective": collective, "p": p, "count": count,
+                           "dtype": dtype, "op": reduction.name, "ledger": ledger.summary(),
+                           "cost": predicted.counts() if predicted is not None else None,
+                           "formula": predicted.formula if predicted is not None else None})

@@ -1,0 +1,367 @@
+"""The conformance battery that ``refcoll verify`` and the tests both run.
+
+Every case runs one collective on every rank of a transport (MPI or simulated)
+and checks, on every rank:
+
+* the output has the right shape and dtype, and the input is unchanged (out of
+  place) or the result landed in the input (in place);
+* integers, ``exact`` float inputs, ``min``/``max``, allgather and broadcast:
+  equal to the naive reference (:func:`refcoll.oracle.fold`) bit for bit;
+* ``random`` float inputs of ``sum``/``avg``/``prod``: within the summation error
+  bound of the exactly computed result, and bit-exact against the simulator's
+  prediction for the same algorithm (rank 0 runs the oracle);
+* every rank holds bitwise the same all-reduce result;
+* no message is left unreceived once every rank has finished.
+
+Inputs are deterministic per (case, rank), so each rank regenerates every rank's
+input and computes the expected result locally; only verdicts travel, over a
+separate control communicator.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from . import algorithms
+from .api import allgather, allreduce, broadcast, reduce, reduce_scatter, simulate
+from .chunking import chunk_slice
+from .inputs import make_inputs
+from .ops import DTYPES, OPS, check_supported, get_dtype, get_op, is_float
+from .oracle import bound_violations, fold
+from .errors import UsageError
+from .algorithms.naive import naive_broadcast
+
+__all__ = ["Case", "CaseResult", "build_cases", "default_sizes", "run_battery", "run_case",
+           "group_rows", "LARGE_SIZE", "REDUCING"]
+
+#: The "large odd" size of the default battery: odd, and prime, so it divides by no p.
+LARGE_SIZE = 5003
+#: Collectives that take an op.
+REDUCING = ("allreduce", "reduce_scatter", "reduce")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One check: an algorithm's collective on one op, dtype, size, mode and input kind."""
+
+    algorithm: str
+    collective: str
+    op: str | None
+    dtype: str
+    count: int
+    inplace: bool
+    kind: str
+    root: int = 0
+
+    @property
+    def id(self) -> str:
+        parts = [self.algorithm, self.collective, self.op or "-", self.dtype, f"n{self.count}",
+                 "inplace" if self.inplace else "outplace", self.kind]
+        if self.collective in ("broadcast", "reduce"):
+            parts.append(f"root{self.root}")
+        return "-".join(parts)
+
+
+@dataclass
+class CaseResult:
+    """A case and its verdict (the same on every rank)."""
+
+    case: Case
+    passed: bool
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {**asdict(self.case), "id": self.case.id, "passed": self.passed,
+                "reason": self.reason}
+
+
+def default_sizes(p: int) -> list[int]:
+    """Return the battery's sizes: 0, 1, p-1, p, p+1 and a large odd one."""
+    return sorted({0, 1, max(p - 1, 0), p, p + 1, LARGE_SIZE})
+
+
+def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
+                collectives: Iterable[str] | None = None, ops: Iterable[str] | None = None,
+                dtypes: Iterable[str] | None = None, sizes: Iterable[int] | None = None,
+                inplace: Iterable[bool] = (False, True)) -> list[Case]:
+    """Return every applicable case for ``p`` ranks, in a deterministic order.
+
+    ``None`` means all registered algorithms, collectives, ops and dtypes and
+    :func:`default_sizes`. Combinations that do not exist (an algorithm without
+    that collective, float8 with ``prod``) are left out.
+    """
+    algos = list(algorithms_) if algorithms_ is not None else algorithms.names()
+    for name in algos:
+        algorithms.get(name)
+    colls = list(collectives) if collectives is not None else list(algorithms.COLLECTIVES)
+    for c in colls:
+        if c not in algorithms.COLLECTIVES:
+            raise UsageError(f"unknown collective {c!r}: choose one of "
+                             f"{', '.join(algorithms.COLLECTIVES)}")
+    op_names = [get_op(o).name for o in (ops if ops is not None else OPS)]
+    dtype_names = [d for d in (dtypes if dtypes is not None else DTYPES)]
+    for d in dtype_names:
+        get_dtype(d)
+    size_list = list(sizes) if sizes is not None else default_sizes(p)
+    cases = []
+    for name in algos:
+        for coll in colls:
+            if coll not in algorithms.get(name).implementations:
+                continue
+            for op in (op_names if coll in REDUCING else [None]):
+                for dt in dtype_names:
+                    if op is not None:
+                        try:
+                            check_supported(get_op(op), DTYPES[dt])
+                        except UsageError:
+                            continue
+                    kinds = ["exact", "random"] if is_float(DTYPES[dt]) else ["exact"]
+                    for count in size_list:
+                        for mode in inplace:
+                            for kind in kinds:
+                                root = (count + 1) % p if coll in ("broadcast", "reduce") else 0
+                                cases.append(Case(name, coll, op, dt, count, mode, kind, root))
+    return cases
+
+
+# ----------------------------------------------------------------- running a case
+
+def _run_collective(t, case: Case, x: np.ndarray):
+    """Run the case's collective on this rank's ``x``; return (output, in-place target)."""
+    size, rank = t.size, t.rank
+    opts = {"algorithm": case.algorithm}
+    if case.collective == "allreduce":
+        return allreduce(x, t, op=case.op, out=x if case.inplace else None, **opts), x
+    if case.collective == "reduce_scatter":
+        target = x[chunk_slice(x.size, size, rank)] if case.inplace else None
+        return reduce_scatter(x, t, op=case.op, out=target, **opts), target
+    if case.collective == "allgather":
+        if case.inplace:
+            buf = np.empty((size, x.size), dtype=x.dtype)
+            buf[rank] = x
+            return allgather(buf[rank], t, out=buf, **opts), buf
+        return allgather(x, t, **opts), None
+    if case.collective == "broadcast":
+        return broadcast(x, case.root, t, out=x if case.inplace else None, **opts), x
+    target = x if (case.inplace and rank == case.root) else None
+    return reduce(x, case.root, t, op=case.op, out=target, **opts), target
+
+
+def _expected(case: Case, inputs: Sequence[np.ndarray], rank: int):
+    size = len(inputs)
+    if case.collective == "allgather":
+        return np.stack(inputs)
+    if case.collective == "broadcast":
+        return inputs[case.root]
+    if case.collective == "reduce" and rank != case.root:
+        return None
+    full = fold(case.op, inputs)
+    if case.collective == "reduce_scatter":
+        return full[chunk_slice(full.size, size, rank)]
+    return full
+
+
+def _ordered(case: Case) -> bool:
+    """Whether the case's result depends on the reduction order (needs the oracle)."""
+    return (case.kind == "random" and case.op in ("sum", "avg", "prod")
+            and is_float(DTYPES[case.dtype]))
+
+
+def _digest(arr) -> bytes:
+    if arr is None:
+        return b"none"
+    return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
+
+
+def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
+    g = got.reshape(-1).view(np.uint8).reshape(got.size, -1) if got.size else got
+    w = want.reshape(-1).view(np.uint8).reshape(want.size, -1) if want.size else want
+    differs = np.flatnonzero((g != w).any(axis=1)) if got.size else []
+    i = int(differs[0])
+    return (f"element {i} is {got.reshape(-1)[i]!r}, expected {want.reshape(-1)[i]!r} "
+            f"({len(differs)} of {got.size} differ)")
+
+
+def _local_checks(t, case: Case, inputs, x, before, output, target, error) -> list[str]:
+    """Return this rank's problems with its own output (empty: all good)."""
+    rank = t.rank
+    if error is not None:
+        return [f"raised {type(error).__name__}: {error}"]
+    problems = []
+    expected = _expected(case, inputs, rank)
+    if expected is None:
+        if output is not None:
+            problems.append("non-root rank of reduce returned a result")
+        return problems
+    if output is None:
+        return ["returned None"]
+    if output.dtype != expected.dtype or output.size != expected.size:
+        return [f"output is {output.dtype}[{output.size}], expected {expected.dtype}[{expected.size}]"]
+    if case.inplace and target is not None and output.size and not np.shares_memory(output, target):
+        problems.append("in-place call did not return its out= buffer")
+    if not case.inplace and not np.array_equal(x.view(np.uint8), before.view(np.uint8)):
+        problems.append("input was modified by an out-of-place call")
+    got = output.reshape(-1)
+    want = expected.reshape(-1)
+    if _ordered(case):
+        idx, err, bound = bound_violations(case.op, _reduced_inputs(case, inputs, rank), got)
+        if len(idx):
+            problems.append(f"element {int(idx[0])} off by {err[0]:.3g}, over the error bound "
+                            f"{bound[0]:.3g} ({len(idx)} elements outside the bound)")
+    elif case.op in ("min", "max") and case.kind == "random":
+        if not np.array_equal(got, want, equal_nan=True):
+            problems.append(_first_difference(got, want))
+    elif not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+        problems.append(_first_difference(got, want))
+    return problems
+
+
+def _reduced_inputs(case: Case, inputs, rank: int):
+    if case.collective == "reduce_scatter":
+        sl = chunk_slice(inputs[0].size, len(inputs), rank)
+        return [x[sl] for x in inputs]
+    return inputs
+
+
+#: Size of one control message: a verdict or report, JSON, zero-padded.
+_REPORT_BYTES = 1024
+
+
+def _pack(obj) -> np.ndarray:
+    data = json.dumps(obj).encode()
+    if len(data) > _REPORT_BYTES:  # keep the message fixed-size: shorten the prose
+        data = json.dumps({k: (v[:3] if isinstance(v, list) else v)
+                           for k, v in obj.items()} if isinstance(obj, dict) else obj[:3]).encode()
+        data = data[:_REPORT_BYTES] if len(data) <= _REPORT_BYTES else json.dumps(
+            ["report too long to send"]).encode()
+    buf = np.zeros(_REPORT_BYTES, dtype=np.uint8)
+    buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return buf
+
+
+def _unpack(buf: np.ndarray):
+    return json.loads(buf.tobytes().rstrip(b"\0"))
+
+
+def _gather_reports(ctl, report) -> list | None:
+    """Gather one small JSON object per rank on rank 0, in rank order."""
+    mine = _pack(report)
+    if ctl.rank != 0:
+        ctl.send(mine, 0)
+        return None
+    out = [report]
+    incoming = np.empty(_REPORT_BYTES, dtype=np.uint8)
+    for src in range(1, ctl.size):
+        ctl.recv(incoming, src)
+        out.append(_unpack(incoming))
+    return out
+
+
+def _bcast_report(ctl, report):
+    """Broadcast rank 0's small JSON object to every rank."""
+    buf = _pack(report) if ctl.rank == 0 else np.empty(_REPORT_BYTES, dtype=np.uint8)
+    naive_broadcast(ctl, buf, root=0)
+    return _unpack(buf)
+
+
+def _barrier(ctl) -> None:
+    token = np.zeros(1, dtype=np.uint8)
+    if ctl.rank == 0:
+        for src in range(1, ctl.size):
+            ctl.recv(token, src)
+    else:
+        ctl.send(token, 0)
+    naive_broadcast(ctl, token, root=0)
+
+
+@functools.lru_cache(maxsize=4)
+def _case_inputs(kind: str, dtype: str, count: int, size: int, op: str, seed: int):
+    """Every rank's input, read-only, shared by the simulated ranks of one process."""
+    inputs = make_inputs(kind, DTYPES[dtype], count, size, op=op, seed=seed)
+    for x in inputs:
+        x.flags.writeable = False
+    return tuple(inputs)
+
+
+_inputs_lock = threading.Lock()
+
+
+def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
+    """Run one case on every rank of ``t``; ``ctl`` carries the verdicts."""
+    with _inputs_lock:  # simulated ranks are threads: generate each case's inputs once
+        inputs = _case_inputs(case.kind, case.dtype, case.count, t.size, case.op or "sum", seed)
+    x = inputs[t.rank].copy()
+    before = x.copy()
+    output = target = error = None
+    try:
+        output, target = _run_collective(t, case, x)
+    except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
+        error = exc
+    _barrier(ctl)  # every rank has finished the case: nothing may still be in flight
+    problems = [f"{m} left unreceived" for m in t.unreceived()] if hasattr(t, "unreceived") else []
+    problems += _local_checks(t, case, inputs, x, before, output, target, error)
+    reports = _gather_reports(ctl, {"problems": problems, "digest": _digest(output).hex()})
+    verdict = _judge(case, inputs, reports, seed) if ctl.rank == 0 else None
+    verdict = _bcast_report(ctl, verdict)
+    return CaseResult(case, not verdict, "; ".join(verdict))
+
+
+def _judge(case: Case, inputs, reports: list[dict], seed: int) -> list[str]:
+    """Rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle."""
+    problems = [f"rank {r}: {msg}" for r, rep in enumerate(reports) for msg in rep["problems"]]
+    digests = [rep["digest"] for rep in reports]
+    if case.collective in ("allreduce", "allgather", "broadcast") and len(set(digests)) > 1:
+        differing = [r for r, d in enumerate(digests) if d != digests[0]]
+        problems.append(f"ranks {differing} hold different bits from rank 0")
+    if _ordered(case) and not problems:
+        predicted = simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
+                             **({"root": case.root} if case.collective == "reduce" else {}))
+        for r, (want, got) in enumerate(zip(predicted.outputs, digests)):
+            if _digest(want).hex() != got:
+                problems.append(f"rank {r}: differs from the simulator's bit-exact prediction "
+                                f"for {case.algorithm}")
+    return problems
+
+
+def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
+                progress: Callable[[int, int, CaseResult], None] | None = None) -> list[CaseResult]:
+    """Run ``cases`` on every rank of ``t`` (all ranks pass the same list)."""
+    ctl = t.split(0, t.rank)
+    results = []
+    for i, case in enumerate(cases):
+        result = run_case(t, ctl, case, seed=seed)
+        results.append(result)
+        if progress is not None:
+            progress(i, len(cases), result)
+    return results
+
+
+def group_rows(results: Sequence[CaseResult]) -> list[dict]:
+    """Summarize results by (algorithm, collective, op): one row per group."""
+    groups: dict[tuple, dict] = {}
+    for res in results:
+        c = res.case
+        key = (c.algorithm, c.collective, c.op or "-")
+        row = groups.setdefault(key, {"algorithm": c.algorithm, "collective": c.collective,
+                                      "op": c.op or "-", "dtypes": set(), "cases": 0,
+                                      "passed": 0, "failed": 0, "first_failure": ""})
+        row["dtypes"].add(c.dtype)
+        row["cases"] += 1
+        if res.passed:
+            row["passed"] += 1
+        else:
+            row["failed"] += 1
+            if not row["first_failure"]:
+                row["first_failure"] = f"{c.id}: {res.reason}"
+    rows = []
+    for row in groups.values():
+        row["dtypes"] = len(row["dtypes"])
+        rows.append(row)
+    return rows

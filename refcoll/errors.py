@@ -1,0 +1,36 @@
+"""Exceptions refcoll raises: each names what was wrong, where, and what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "RefcollError",
+    "UsageError",
+    "MismatchError",
+    "CollectiveTimeout",
+    "DeadlockError",
+    "PeerFailure",
+]
+
+
+class RefcollError(RuntimeError):
+    """Base class of refcoll's own errors."""
+
+
+class UsageError(RefcollError, ValueError):
+    """An argument that no rank could run with (unknown algorithm, op, dtype...)."""
+
+
+class MismatchError(RefcollError, ValueError):
+    """Ranks passed different arguments to the same collective call."""
+
+
+class CollectiveTimeout(RefcollError, TimeoutError):
+    """A blocking wait passed its deadline."""
+
+
+class DeadlockError(RefcollError):
+    """The simulator found every live rank waiting on another: a wait-for cycle."""
+
+
+class PeerFailure(RefcollError):
+    """Another rank failed, so this rank's collective cannot complete."""

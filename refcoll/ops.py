@@ -1,0 +1,194 @@
+"""Reduction operations and the data types they run on.
+
+Every local reduction in refcoll goes through :func:`Op.apply`, a pure function
+over arrays, so the simulator and the MPI run compute the same bits.
+
+Ops:
+
+* ``sum``, ``prod``, ``min``, ``max``: elementwise, with NumPy's semantics in the
+  buffer's own dtype. Each combination rounds once (float16, bfloat16 and float8
+  included: ml_dtypes rounds every operation to the type). Integers wrap around
+  on overflow, as NumPy does. ``min``/``max`` propagate NaN (``np.minimum``).
+* ``avg``: the **sum, in the algorithm's reduction order, then divided by p** on
+  every rank.
+
+  - floats: one rounded division ``sum / p`` in the dtype. NCCL instead
+    pre-multiplies every input by ``1/p`` before summing (its ``PreMulSum``), so
+    its bits can differ from refcoll's when ``p`` is not a power of two.
+  - integers: the wrapped integer sum, then division **truncating toward zero**
+    (C's ``/``, which is what NCCL's ``SumPostDiv`` computes for integers):
+    ``-7`` averaged over 2 ranks is ``-3``, not ``-4``.
+
+Types: int8..uint64, float16, bfloat16, float32, float64 for every op; the two
+OCP float8 formats (``float8_e4m3fn``, ``float8_e5m2``) for sum, min and max only,
+since a product or average of 3-bit mantissas is rarely what anyone means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .errors import UsageError
+
+__all__ = [
+    "Op",
+    "OPS",
+    "DTYPES",
+    "get_op",
+    "get_dtype",
+    "dtype_name",
+    "check_supported",
+    "is_float",
+    "is_integer",
+    "unit_roundoff",
+    "exact_integer_limit",
+]
+
+
+def _trunc_divide(buf: np.ndarray, p: int) -> None:
+    """Divide an integer buffer by ``p > 0`` in place, truncating toward zero."""
+    if buf.dtype.kind == "u":
+        np.floor_divide(buf, p, out=buf)
+        return
+    # Floor division is one below truncation exactly where a negative value
+    # does not divide evenly; fix those elements up afterwards.
+    round_up = (buf < 0) & (np.remainder(buf, p) != 0)
+    np.floor_divide(buf, p, out=buf)
+    np.add(buf, round_up, out=buf, casting="unsafe")
+
+
+@dataclass(frozen=True)
+class Op:
+    """A reduction operation: ``combine`` for two operands, ``finalize`` at the end.
+
+    Attributes:
+        name: the name users pass (``"sum"``...).
+        ufunc: the NumPy ufunc that combines two operands elementwise.
+        divides: whether the result is divided by the number of ranks (``avg``).
+    """
+
+    name: str
+    ufunc: np.ufunc
+    divides: bool = False
+
+    def apply(self, a, b, out) -> None:
+        """Compute ``out = a (op) b`` elementwise; ``out`` may be ``a`` or ``b``."""
+        self.ufunc(a, b, out=out)
+
+    def finalize(self, buf, p: int) -> None:
+        """Turn a complete reduction into the op's result, in place (``avg``: / p)."""
+        if not self.divides or buf.size == 0:
+            return
+        if is_integer(buf.dtype):
+            _trunc_divide(buf, p)
+        else:
+            np.divide(buf, p, out=buf)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+OPS: dict[str, Op] = {
+    "sum": Op("sum", np.add),
+    "prod": Op("prod", np.multiply),
+    "min": Op("min", np.minimum),
+    "max": Op("max", np.maximum),
+    "avg": Op("avg", np.add, divides=True),
+}
+
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(t)
+    for name, t in [
+        ("int8", np.int8),
+        ("uint8", np.uint8),
+        ("int16", np.int16),
+        ("uint16", np.uint16),
+        ("int32", np.int32),
+        ("uint32", np.uint32),
+        ("int64", np.int64),
+        ("uint64", np.uint64),
+        ("float16", np.float16),
+        ("bfloat16", ml_dtypes.bfloat16),
+        ("float32", np.float32),
+        ("float64", np.float64),
+        ("float8_e4m3fn", ml_dtypes.float8_e4m3fn),
+        ("float8_e5m2", ml_dtypes.float8_e5m2),
+    ]
+}
+
+_FLOAT8 = {DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]}
+_FLOAT8_OPS = {"sum", "min", "max"}
+_FLOATS = {DTYPES[n] for n in ("float16", "bfloat16", "float32", "float64")} | _FLOAT8
+
+
+def get_op(op: "str | Op") -> Op:
+    """Return the :class:`Op` for a name; raise :class:`UsageError` for unknown ones."""
+    if isinstance(op, Op):
+        return op
+    try:
+        return OPS[str(op).lower()]
+    except KeyError:
+        raise UsageError(f"unknown op {op!r}: choose one of {', '.join(OPS)}") from None
+
+
+def get_dtype(dtype) -> np.dtype:
+    """Return the NumPy dtype for a name or dtype; raise :class:`UsageError` if unsupported."""
+    if isinstance(dtype, str):
+        key = dtype.lower()
+        if key in DTYPES:
+            return DTYPES[key]
+        raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}") from None
+    native = dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
+    if native not in DTYPES.values():
+        raise UsageError(f"unsupported dtype {dt}: choose one of {', '.join(DTYPES)}")
+    return dt
+
+
+def dtype_name(dtype) -> str:
+    """Return refcoll's name for a supported dtype (``bfloat16``, ``float32``...)."""
+    dt = np.dtype(dtype)
+    for name, d in DTYPES.items():
+        if d == dt:
+            return name
+    return str(dt)
+
+
+def is_float(dtype) -> bool:
+    """Return whether ``dtype`` is one of the floating types (ml_dtypes' included)."""
+    return np.dtype(dtype) in _FLOATS
+
+
+def is_integer(dtype) -> bool:
+    """Return whether ``dtype`` is a signed or unsigned integer type."""
+    return np.dtype(dtype).kind in "iu"
+
+
+def check_supported(op: Op, dtype) -> None:
+    """Raise :class:`UsageError` when ``op`` is not defined on ``dtype``."""
+    dt = np.dtype(dtype)
+    if dt in _FLOAT8 and op.name not in _FLOAT8_OPS:
+        raise UsageError(
+            f"op {op.name!r} is not supported on {dtype_name(dt)}: float8 supports "
+            f"{', '.join(sorted(_FLOAT8_OPS))}"
+        )
+
+
+def unit_roundoff(dtype) -> float:
+    """Return the unit roundoff ``u = 2**-(mantissa bits + 1)`` of a float type."""
+    return float(ml_dtypes.finfo(np.dtype(dtype)).eps) / 2.0
+
+
+def exact_integer_limit(dtype) -> int:
+    """Return the largest ``M`` such that every integer in ``[-M, M]`` is exact in ``dtype``."""
+    dt = np.dtype(dtype)
+    if is_integer(dt):
+        return int(np.iinfo(dt).max)
+    info = ml_dtypes.finfo(dt)
+    return min(2 ** (info.nmant + 1), int(float(info.max)))

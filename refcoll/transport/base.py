@@ -1,0 +1,203 @@
+"""The Transport protocol every algorithm is written against, and the Ledger.
+
+An algorithm sees only ``rank``, ``size``, blocking point-to-point calls on
+contiguous array buffers, ``split`` and ``reduce_local``. Two transports
+implement it: :class:`~refcoll.transport.mpi.MPITransport` (real processes) and
+:class:`~refcoll.transport.sim.SimTransport` (threads in one process, with a
+ledger of every message).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, runtime_checkable
+
+__all__ = ["Transport", "TransportBase", "Ledger", "Message", "Reduction", "TAGS_PER_CALL"]
+
+#: Tags an algorithm may use inside one collective call: ``0 <= tag < TAGS_PER_CALL``.
+TAGS_PER_CALL = 1024
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How bytes move between ranks: all an algorithm may use."""
+
+    rank: int
+    size: int
+
+    def send(self, buf, dest: int, tag: int = 0) -> None:
+        """Send the contiguous array ``buf`` to ``dest``; return when it may be reused."""
+
+    def recv(self, buf, source: int, tag: int = 0) -> None:
+        """Receive exactly ``buf.nbytes`` bytes from ``source`` into ``buf``."""
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
+        """Send to ``dest`` and receive from ``source`` at once (no ordering deadlock)."""
+
+    def split(self, color: int, key: int) -> "Transport":
+        """Return the transport of the ranks that passed the same ``color``, ordered by ``key``."""
+
+    def reduce_local(self, op, a, b, out) -> None:
+        """Compute ``out = op(a, b)`` elementwise; ``out`` may be ``a`` or ``b``."""
+
+
+class TransportBase:
+    """Machinery both transports share: tag spaces per call and local reductions.
+
+    Every public collective runs inside :meth:`call`, which gives it a fresh tag
+    space: the tags an algorithm passes (``0 <= tag < TAGS_PER_CALL``) are offset by
+    a per-call base, so messages of two consecutive calls can never match each other.
+    """
+
+    rank: int
+    size: int
+    _tag_slots: int = 1 << 16
+
+    def __init__(self) -> None:
+        self._calls = 0
+        self._depth = 0
+        self._tag_base = 0
+        self.current_call: str | None = None
+
+    @contextlib.contextmanager
+    def call(self, name: str) -> Iterator[None]:
+        """Run one collective call in its own tag space (nested calls share it)."""
+        if self._depth == 0:
+            self._tag_base = (self._calls % self._tag_slots) * TAGS_PER_CALL
+            self._calls += 1
+            self.current_call = name
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.current_call = None
+
+    def _wire_tag(self, tag: int) -> int:
+        if not 0 <= tag < TAGS_PER_CALL:
+            raise ValueError(f"tag {tag} out of range: algorithms use 0 <= tag < {TAGS_PER_CALL}")
+        return self._tag_base + tag
+
+    def reduce_local(self, op, a, b, out) -> None:
+        """Compute ``out = op(a, b)`` elementwise through :meth:`refcoll.ops.Op.apply`."""
+        op.apply(a, b, out)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One matched point-to-point message, in world ranks."""
+
+    step: int
+    source: int
+    dest: int
+    nbytes: int
+    tag: int
+    comm: int
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One local reduction: ``elements`` combined on ``rank`` after its ``step``-th round."""
+
+    rank: int
+    elements: int
+    step: int
+
+
+@dataclass
+class Ledger:
+    """Everything that moved in a simulated world.
+
+    ``step`` is a message's round on the critical path: one more than the later of
+    the sender's and the receiver's round when each posted it (a Lamport clock
+    over rendezvous). ``rounds`` is therefore the number of α terms an algorithm
+    pays, and ``critical_bytes`` (the largest message of each round, summed) the
+    bytes its β term pays.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    reductions: list[Reduction] = field(default_factory=list)
+
+    @property
+    def total_messages(self) -> int:
+        return len(self.messages)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(m.nbytes for m in self.messages)
+
+    @property
+    def rounds(self) -> int:
+        return max((m.step for m in self.messages), default=0)
+
+    def bytes_sent(self) -> dict[int, int]:
+        """Return bytes sent per world rank."""
+        out: dict[int, int] = defaultdict(int)
+        for m in self.messages:
+            out[m.source] += m.nbytes
+        return dict(out)
+
+    def bytes_received(self) -> dict[int, int]:
+        """Return bytes received per world rank."""
+        out: dict[int, int] = defaultdict(int)
+        for m in self.messages:
+            out[m.dest] += m.nbytes
+        return dict(out)
+
+    def messages_sent(self) -> dict[int, int]:
+        """Return messages sent per world rank."""
+        return dict(Counter(m.source for m in self.messages))
+
+    def reduced_elements(self) -> dict[int, int]:
+        """Return elements combined by local reductions, per world rank."""
+        out: dict[int, int] = defaultdict(int)
+        for r in self.reductions:
+            out[r.rank] += r.elements
+        return dict(out)
+
+    @property
+    def max_rank_bytes(self) -> int:
+        return max(self.bytes_sent().values(), default=0)
+
+    @property
+    def max_rank_messages(self) -> int:
+        return max(self.messages_sent().values(), default=0)
+
+    @property
+    def max_rank_reduced(self) -> int:
+        return max(self.reduced_elements().values(), default=0)
+
+    @property
+    def critical_bytes(self) -> int:
+        """Sum over rounds of the largest message in that round."""
+        largest: dict[int, int] = defaultdict(int)
+        for m in self.messages:
+            largest[m.step] = max(largest[m.step], m.nbytes)
+        return sum(largest.values())
+
+    def split_bytes(self, same_group) -> tuple[int, int]:
+        """Return ``(inside, across)`` bytes, by ``same_group(source, dest)``."""
+        inside = across = 0
+        for m in self.messages:
+            if same_group(m.source, m.dest):
+                inside += m.nbytes
+            else:
+                across += m.nbytes
+        return inside, across
+
+    def summary(self) -> dict:
+        """Return the ledger's totals as a JSON-ready dict."""
+        return {
+            "messages": self.total_messages,
+            "bytes": self.total_bytes,
+            "rounds": self.rounds,
+            "critical_bytes": self.critical_bytes,
+            "max_rank_bytes": self.max_rank_bytes,
+            "max_rank_messages": self.max_rank_messages,
+            "max_rank_reduced": self.max_rank_reduced,
+            "bytes_sent": {str(k): v for k, v in sorted(self.bytes_sent().items())},
+            "messages_sent": {str(k): v for k, v in sorted(self.messages_sent().items())},
+        }
