@@ -98,14 +98,30 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
     t = as_transport(comm)
     reduction = get_op(op)
     fn = algorithms.implementation(algorithm, "allreduce")
+    workers = _workers(algorithms.get(algorithm), t, options)
     flat = _flat_input(x, t)
     check_supported(reduction, flat.dtype)
+    if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
+        with t.call("allreduce"):
+            fn(t, flat, None, op=reduction, **options)
+        return None
     shape = np.shape(x)
     result = _flat_out(out, shape, flat.dtype, t, "all-reduce")
     with t.call("allreduce"):
         fn(t, flat, result, op=reduction, **options)
-    reduction.finalize(result, t.size)
+    reduction.finalize(result, workers)
     return _shaped(result, out, shape)
+
+
+def _workers(algo, t, options) -> int:
+    """Return how many of ``t``'s ranks hold data for ``algo`` (all, unless it has switches)."""
+    if algo.workers is None:
+        return t.size
+    workers = algo.workers(t.size, **options)
+    if workers < 1:
+        raise UsageError(f"rank {t.rank}: {algo.name} needs worker and switch processes; "
+                         f"{t.size} ranks are too few (try more ranks)")
+    return workers
 
 
 def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, **options) -> np.ndarray:
@@ -207,7 +223,8 @@ class SimResult:
     """What :func:`simulate` returns.
 
     Attributes:
-        outputs: each rank's result, by rank (``None`` on non-roots of ``reduce``).
+        outputs: each data rank's result, by rank (``None`` on non-roots of
+            ``reduce``); ranks that hold no data (switches) are not listed.
         ledger: every message and local reduction of the run.
         world: the simulated world (for further inspection).
     """
@@ -230,6 +247,9 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
         inputs: one array per rank.
         algorithm: an algorithm name; op: a reduction op (ignored for allgather
             and broadcast); options: ``root=`` and algorithm options.
+
+    Algorithms with ranks that hold no data (``switch``) get them added after
+    the ``len(inputs)`` data ranks; the ledger shows their traffic too.
     """
     if collective not in _COLLECTIVE_FUNCTIONS:
         raise UsageError(f"unknown collective {collective!r}: choose one of "
@@ -241,6 +261,12 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     kwargs = dict(options, algorithm=algorithm)
     if collective not in ("allgather", "broadcast"):
         kwargs["op"] = op
-    world = SimWorld(len(inputs), timeout=timeout)
-    outputs = world.run(lambda t, x: fn(x, comm=t, **kwargs), [(x,) for x in inputs])
-    return SimResult(outputs, world.ledger, world)
+    algo = algorithms.get(algorithm)
+    workers = len(inputs)
+    args = [(x,) for x in inputs]
+    if algo.extra_ranks is not None:  # ranks that hold no data get a template of the buffer
+        template = np.zeros_like(np.asarray(inputs[0]))
+        args += [(template,)] * algo.extra_ranks(workers, **options)
+    world = SimWorld(len(args), timeout=timeout)
+    outputs = world.run(lambda t, x: fn(x, comm=t, **kwargs), args)
+    return SimResult(outputs[:workers], world.ledger, world)

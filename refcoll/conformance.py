@@ -34,7 +34,7 @@ from .api import allgather, allreduce, broadcast, reduce, reduce_scatter, simula
 from .chunking import chunk_slice
 from .inputs import make_inputs
 from .ops import DTYPES, OPS, check_supported, get_dtype, get_op, is_float
-from .oracle import bound_violations, fold
+from .oracle import error_bound, exact_reduce, fold, violations
 from .errors import UsageError
 from .algorithms.naive import naive_broadcast
 
@@ -59,6 +59,9 @@ class Case:
     inplace: bool
     kind: str
     root: int = 0
+    options: tuple = ()
+    ranks: int = 0
+    total: int = 0
 
     @property
     def id(self) -> str:
@@ -66,7 +69,14 @@ class Case:
                  "inplace" if self.inplace else "outplace", self.kind]
         if self.collective in ("broadcast", "reduce"):
             parts.append(f"root{self.root}")
+        parts += [f"{k}={v}" for k, v in self.options]
+        if self.total != self.ranks:
+            parts.append(f"p{self.ranks}+{self.total - self.ranks}")
         return "-".join(parts)
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.options)
 
 
 @dataclass
@@ -87,16 +97,36 @@ def default_sizes(p: int) -> list[int]:
     return sorted({0, 1, max(p - 1, 0), p, p + 1, LARGE_SIZE})
 
 
+def case_ranks(name: str, p: int, world_size: int, options: dict) -> tuple[int, int]:
+    """Return ``(data ranks, total ranks)`` for one algorithm's cases.
+
+    Most algorithms use ``p`` ranks. One with ranks that hold no data (switches)
+    uses ``p`` workers plus its extra ranks when the world has room for them,
+    and otherwise as many workers as the world allows.
+    """
+    algo = algorithms.get(name)
+    if algo.extra_ranks is None:
+        return p, p
+    if p + algo.extra_ranks(p, **options) <= world_size:
+        return p, p + algo.extra_ranks(p, **options)
+    workers = algo.workers(world_size, **options)
+    return workers, workers + algo.extra_ranks(workers, **options)
+
+
 def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
                 collectives: Iterable[str] | None = None, ops: Iterable[str] | None = None,
                 dtypes: Iterable[str] | None = None, sizes: Iterable[int] | None = None,
-                inplace: Iterable[bool] = (False, True)) -> list[Case]:
-    """Return every applicable case for ``p`` ranks, in a deterministic order.
+                inplace: Iterable[bool] = (False, True),
+                world_size: int | None = None) -> list[Case]:
+    """Return every applicable case for ``p`` data ranks, in a deterministic order.
 
     ``None`` means all registered algorithms, collectives, ops and dtypes and
     :func:`default_sizes`. Combinations that do not exist (an algorithm without
-    that collective, float8 with ``prod``) are left out.
+    that collective, float8 with ``prod``) are left out. Each case runs once per
+    option set of the algorithm's ``battery_options``. ``world_size`` (default
+    ``p``) is how many ranks the battery runs on, switches included.
     """
+    world_size = p if world_size is None else world_size
     algos = list(algorithms_) if algorithms_ is not None else algorithms.names()
     for name in algos:
         algorithms.get(name)
@@ -112,8 +142,9 @@ def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
     size_list = list(sizes) if sizes is not None else default_sizes(p)
     cases = []
     for name in algos:
-        for coll in colls:
-            if coll not in algorithms.get(name).implementations:
+        for coll, options in _collectives_and_options(name, colls):
+            ranks, total = case_ranks(name, p, world_size, dict(options))
+            if ranks < 1:
                 continue
             for op in (op_names if coll in REDUCING else [None]):
                 for dt in dtype_names:
@@ -126,17 +157,26 @@ def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
                     for count in size_list:
                         for mode in inplace:
                             for kind in kinds:
-                                root = (count + 1) % p if coll in ("broadcast", "reduce") else 0
-                                cases.append(Case(name, coll, op, dt, count, mode, kind, root))
+                                root = (count + 1) % ranks if coll in ("broadcast", "reduce") else 0
+                                cases.append(Case(name, coll, op, dt, count, mode, kind, root,
+                                                  options, ranks, total))
     return cases
+
+
+def _collectives_and_options(name: str, colls: Sequence[str]):
+    algo = algorithms.get(name)
+    for coll in colls:
+        if coll in algo.implementations:
+            for options in algo.battery_options:
+                yield coll, tuple(sorted(options.items()))
 
 
 # ----------------------------------------------------------------- running a case
 
 def _run_collective(t, case: Case, x: np.ndarray):
     """Run the case's collective on this rank's ``x``; return (output, in-place target)."""
-    size, rank = t.size, t.rank
-    opts = {"algorithm": case.algorithm}
+    size, rank = case.ranks, t.rank
+    opts = {"algorithm": case.algorithm, **case.kwargs}
     if case.collective == "allreduce":
         return allreduce(x, t, op=case.op, out=x if case.inplace else None, **opts), x
     if case.collective == "reduce_scatter":
@@ -154,17 +194,32 @@ def _run_collective(t, case: Case, x: np.ndarray):
     return reduce(x, case.root, t, op=case.op, out=target, **opts), target
 
 
-def _expected(case: Case, inputs: Sequence[np.ndarray], rank: int):
-    size = len(inputs)
+@functools.lru_cache(maxsize=4)
+def _reference(case: Case, seed: int) -> dict:
+    """The case's expected results over all ranks, computed once per process.
+
+    ``full``: the naive fold (or the gathered / broadcast data); for cases whose
+    result depends on the order, ``exact`` and ``bound`` too.
+    """
+    inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum", seed)
     if case.collective == "allgather":
-        return np.stack(inputs)
+        return {"full": np.stack(inputs)}
     if case.collective == "broadcast":
-        return inputs[case.root]
+        return {"full": inputs[case.root]}
+    ref = {"full": fold(case.op, inputs)}
+    if _ordered(case):
+        ref["exact"] = exact_reduce(case.op, inputs)
+        ref["bound"] = error_bound(case.op, inputs, DTYPES[case.dtype])
+    return ref
+
+
+def _expected(case: Case, ref: dict, rank: int, key: str = "full"):
+    """This rank's part of a reference array (``None`` on non-roots of reduce)."""
     if case.collective == "reduce" and rank != case.root:
         return None
-    full = fold(case.op, inputs)
+    full = ref[key]
     if case.collective == "reduce_scatter":
-        return full[chunk_slice(full.size, size, rank)]
+        return full[chunk_slice(full.size, case.ranks, rank)]
     return full
 
 
@@ -189,13 +244,15 @@ def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
             f"({len(differs)} of {got.size} differ)")
 
 
-def _local_checks(t, case: Case, inputs, x, before, output, target, error) -> list[str]:
+def _local_checks(t, case: Case, seed: int, x, before, output, target, error) -> list[str]:
     """Return this rank's problems with its own output (empty: all good)."""
     rank = t.rank
     if error is not None:
         return [f"raised {type(error).__name__}: {error}"]
     problems = []
-    expected = _expected(case, inputs, rank)
+    with _inputs_lock:
+        ref = _reference(case, seed)
+    expected = _expected(case, ref, rank)
     if expected is None:
         if output is not None:
             problems.append("non-root rank of reduce returned a result")
@@ -211,7 +268,8 @@ def _local_checks(t, case: Case, inputs, x, before, output, target, error) -> li
     got = output.reshape(-1)
     want = expected.reshape(-1)
     if _ordered(case):
-        idx, err, bound = bound_violations(case.op, _reduced_inputs(case, inputs, rank), got)
+        idx, err, bound = violations(got, _expected(case, ref, rank, "exact"),
+                                     _expected(case, ref, rank, "bound"))
         if len(idx):
             problems.append(f"element {int(idx[0])} off by {err[0]:.3g}, over the error bound "
                             f"{bound[0]:.3g} ({len(idx)} elements outside the bound)")
@@ -221,13 +279,6 @@ def _local_checks(t, case: Case, inputs, x, before, output, target, error) -> li
     elif not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
         problems.append(_first_difference(got, want))
     return problems
-
-
-def _reduced_inputs(case: Case, inputs, rank: int):
-    if case.collective == "reduce_scatter":
-        sl = chunk_slice(inputs[0].size, len(inputs), rank)
-        return [x[sl] for x in inputs]
-    return inputs
 
 
 #: Size of one control message: a verdict or report, JSON, zero-padded.
@@ -294,19 +345,40 @@ _inputs_lock = threading.Lock()
 
 
 def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
-    """Run one case on every rank of ``t``; ``ctl`` carries the verdicts."""
+    """Run one case on the case's ranks of ``t`` (``t`` is None on idle ranks).
+
+    ``ctl`` spans every rank of the battery and carries the verdicts. Ranks
+    ``case.ranks .. case.total-1`` hold no data (switches): they serve the call
+    with a template buffer and must get ``None`` back.
+    """
     with _inputs_lock:  # simulated ranks are threads: generate each case's inputs once
-        inputs = _case_inputs(case.kind, case.dtype, case.count, t.size, case.op or "sum", seed)
-    x = inputs[t.rank].copy()
-    before = x.copy()
-    output = target = error = None
-    try:
-        output, target = _run_collective(t, case, x)
-    except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
-        error = exc
-    _barrier(ctl)  # every rank has finished the case: nothing may still be in flight
-    problems = [f"{m} left unreceived" for m in t.unreceived()] if hasattr(t, "unreceived") else []
-    problems += _local_checks(t, case, inputs, x, before, output, target, error)
+        inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum",
+                              seed)
+    rank = ctl.rank
+    problems: list[str] = []
+    output = None
+    if rank < case.ranks:
+        x = inputs[rank].copy()
+        before = x.copy()
+        target = error = None
+        try:
+            output, target = _run_collective(t, case, x)
+        except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
+            error = exc
+        _barrier(ctl)  # every rank has finished the case: nothing may still be in flight
+        problems += [f"{m} left unreceived" for m in t.unreceived()]
+        problems += _local_checks(t, case, seed, x, before, output, target, error)
+    elif rank < case.total:
+        try:
+            served, _ = _run_collective(t, case, np.zeros_like(inputs[0]))
+            if served is not None:
+                problems.append("a rank without data (switch) returned a result")
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"raised {type(exc).__name__}: {exc}")
+        _barrier(ctl)
+        problems += [f"{m} left unreceived" for m in t.unreceived()]
+    else:
+        _barrier(ctl)
     reports = _gather_reports(ctl, {"problems": problems, "digest": _digest(output).hex()})
     verdict = _judge(case, inputs, reports, seed) if ctl.rank == 0 else None
     verdict = _bcast_report(ctl, verdict)
@@ -316,13 +388,14 @@ def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
 def _judge(case: Case, inputs, reports: list[dict], seed: int) -> list[str]:
     """Rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle."""
     problems = [f"rank {r}: {msg}" for r, rep in enumerate(reports) for msg in rep["problems"]]
-    digests = [rep["digest"] for rep in reports]
+    digests = [rep["digest"] for rep in reports[: case.ranks]]
     if case.collective in ("allreduce", "allgather", "broadcast") and len(set(digests)) > 1:
         differing = [r for r, d in enumerate(digests) if d != digests[0]]
         problems.append(f"ranks {differing} hold different bits from rank 0")
     if _ordered(case) and not problems:
         predicted = simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
-                             **({"root": case.root} if case.collective == "reduce" else {}))
+                             **({"root": case.root} if case.collective == "reduce" else {}),
+                             **case.kwargs)
         for r, (want, got) in enumerate(zip(predicted.outputs, digests)):
             if _digest(want).hex() != got:
                 problems.append(f"rank {r}: differs from the simulator's bit-exact prediction "
@@ -334,9 +407,12 @@ def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
                 progress: Callable[[int, int, CaseResult], None] | None = None) -> list[CaseResult]:
     """Run ``cases`` on every rank of ``t`` (all ranks pass the same list)."""
     ctl = t.split(0, t.rank)
+    by_size = {t.size: t}  # one communicator per rank count the cases need, split once
     results = []
     for i, case in enumerate(cases):
-        result = run_case(t, ctl, case, seed=seed)
+        if case.total not in by_size:
+            by_size[case.total] = t.split(0 if t.rank < case.total else -1, t.rank)
+        result = run_case(by_size[case.total], ctl, case, seed=seed)
         results.append(result)
         if progress is not None:
             progress(i, len(cases), result)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .ops import get_op, is_float, unit_roundoff
 
-__all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations"]
+__all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations"]
 
 
 def fold(op, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -105,6 +105,11 @@ def bound_violations(op, arrays: Sequence[np.ndarray], result: np.ndarray):
     """
     exact = exact_reduce(op, arrays)
     bound = error_bound(op, arrays, np.asarray(result).dtype)
+    return violations(result, exact, bound)
+
+
+def violations(result: np.ndarray, exact: np.ndarray, bound: np.ndarray):
+    """Return ``(indices, errors, bounds)`` where ``|result - exact| > bound``."""
     got = np.asarray(result).reshape(-1).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(got - exact)

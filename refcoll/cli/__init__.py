@@ -58,13 +58,15 @@ def split_list(value: str | None, choices, what: str) -> list[str] | None:
     return items
 
 
-def relaunch(nprocs: int) -> None:
+def relaunch(nprocs: int, env: dict | None = None) -> None:
     """Re-run this very command under ``mpiexec -n nprocs`` and exit with its status."""
+    import os
+
     from ..launch import mpiexec_command
 
     cmd = mpiexec_command(nprocs, sys.argv[1:])
     try:
-        code = subprocess.run(cmd).returncode
+        code = subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
     except OSError as exc:
         raise UsageError(f"could not start {cmd[0]}: {exc}") from None
     sys.exit(code)

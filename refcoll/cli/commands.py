@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -72,7 +73,12 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, json_
         inplace={"both": (False, True), "yes": (True,), "no": (False,)}[inplace],
     )
     if not in_mpi_job():
-        relaunch(nprocs)
+        # Algorithms with switch processes need ranks beyond the N data ranks.
+        extra = max([algorithms.get(name).extra_ranks(nprocs, **opts)
+                     for name in (selection["algorithms_"] or algorithms.names())
+                     if algorithms.get(name).extra_ranks is not None
+                     for opts in algorithms.get(name).battery_options], default=0)
+        relaunch(nprocs + extra, {"REFCOLL_WORKERS": str(nprocs)})
     _verify_in_world(nprocs, selection, seed, json_file)
 
 
@@ -96,13 +102,17 @@ def _verify_in_world(nprocs, selection, seed, json_file) -> None:
 
     t = MPITransport(MPI.COMM_WORLD)
     lead = t.rank == 0
-    if lead and nprocs not in (None, t.size):
+    workers = int(os.environ.get("REFCOLL_WORKERS", t.size))
+    if not 1 <= workers <= t.size:
+        raise UsageError(f"REFCOLL_WORKERS={workers} does not fit a world of {t.size} ranks")
+    if lead and "REFCOLL_WORKERS" not in os.environ and nprocs != t.size:
         click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; "
                    f"using it (-n {nprocs} ignored)", err=True)
-    cases = build_cases(t.size, **selection)
+    cases = build_cases(workers, world_size=t.size, **selection)
     if lead:
         library = MPI.Get_library_version().splitlines()[0].strip()
-        click.echo(f"refcoll verify: {t.size} ranks, {library}, {len(cases)} cases")
+        helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
+        click.echo(f"refcoll verify: {workers} ranks{helpers}, {library}, {len(cases)} cases")
         click.echo(f"{'algorithm':<12} {'collective':<15} {'op':<5} {'dtypes':>6} {'cases':>6} "
                    f"{'passed':>7} {'failed':>7}")
     state = {"group": None, "rows": []}

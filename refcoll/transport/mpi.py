@@ -79,6 +79,11 @@ class MPITransport(TransportBase):
             return None
         return MPITransport(sub, dup=False)
 
+    def split_node(self) -> "MPITransport":
+        """Return the transport of the ranks on this rank's node (``MPI.COMM_TYPE_SHARED``)."""
+        MPI = _mpi()
+        return MPITransport(self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.rank), dup=False)
+
     def unreceived(self) -> list[str]:
         """Return a description of a message sent to this rank and not received, if any."""
         MPI = _mpi()

@@ -77,16 +77,20 @@ class SimWorld:
 
     Args:
         size: number of ranks.
+        ranks_per_node: how many consecutive ranks share a simulated node (what
+            :meth:`SimTransport.split_node` groups); ``None``: one node.
         timeout: seconds any one blocking wait may take before
             :class:`~refcoll.errors.CollectiveTimeout`; ``None`` reads
             ``REFCOLL_TIMEOUT`` and otherwise waits (the deadlock detector still
             ends every wait that can never complete).
     """
 
-    def __init__(self, size: int, *, timeout: float | None = None):
+    def __init__(self, size: int, *, timeout: float | None = None,
+                 ranks_per_node: int | None = None):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
         self.size = size
+        self.ranks_per_node = ranks_per_node or size
         env = os.environ.get("REFCOLL_TIMEOUT")
         self.timeout = timeout if timeout is not None else (float(env) if env else None)
         self.ledger = Ledger()
@@ -353,6 +357,10 @@ class SimTransport(TransportBase):
 
     def split(self, color: int, key: int) -> "SimTransport | None":
         return self.world._split(self, color, key)
+
+    def split_node(self) -> "SimTransport":
+        """Return the transport of the ranks on this rank's simulated node."""
+        return self.split(self.world_rank // self.world.ranks_per_node, self.rank)
 
     def reduce_local(self, op, a, b, out) -> None:
         op.apply(a, b, out)

@@ -1,0 +1,104 @@
+import ml_dtypes
+import numpy as np
+import pytest
+
+import refcoll
+from refcoll.errors import UsageError
+from refcoll.oracle import fold
+from refcoll.transport import SimWorld
+
+
+def run(p, fn):
+    return SimWorld(p).run(fn)
+
+
+@pytest.mark.parametrize("algorithm", ["naive", "ring"])
+def test_multidimensional_input_is_reduced_elementwise_and_keeps_its_shape(algorithm):
+    xs = [np.arange(12, dtype=np.int32).reshape(3, 4) * (r + 1) for r in range(3)]
+    out = run(3, lambda t: refcoll.allreduce(xs[t.rank], t, algorithm=algorithm))
+    for o in out:
+        assert o.shape == (3, 4)
+        assert np.array_equal(o, xs[0] * 6)
+
+
+def test_non_contiguous_and_read_only_inputs_work_and_are_not_modified():
+    base = [np.arange(20, dtype=np.float64).reshape(4, 5) + r for r in range(2)]
+    views = [b.T for b in base]  # Fortran-ordered views
+    for v in views:
+        v.flags.writeable = False
+    out = run(2, lambda t: refcoll.allreduce(views[t.rank], t))
+    assert np.array_equal(out[0], views[0] + views[1])
+    assert np.array_equal(base[0], np.arange(20.0).reshape(4, 5))
+
+
+def test_out_and_in_place():
+    xs = [np.arange(6, dtype=np.int64) + r for r in range(3)]
+    bufs = [x.copy() for x in xs]
+
+    def body(t):
+        res = refcoll.allreduce(bufs[t.rank], t, out=bufs[t.rank])
+        return res is bufs[t.rank]
+
+    assert all(run(3, body))
+    for b in bufs:
+        assert np.array_equal(b, fold("sum", xs))
+
+
+def test_bad_out_buffer_is_rejected_with_the_rank():
+    def body(t):
+        refcoll.allreduce(np.zeros(4), t, out=np.zeros(3))
+
+    with pytest.raises(ValueError, match="rank 0: out= has 3 elements"):
+        run(1, body)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"algorithm": "rung"}, "unknown algorithm 'rung'"),
+    ({"op": "mean"}, "unknown op 'mean'"),
+])
+def test_unknown_names_raise_usage_errors(kwargs, match):
+    with pytest.raises(UsageError, match=match):
+        run(1, lambda t: refcoll.allreduce(np.zeros(2), t, **kwargs))
+
+
+def test_unsupported_dtype_and_missing_collective():
+    with pytest.raises(UsageError, match="unsupported dtype"):
+        run(1, lambda t: refcoll.allreduce(np.zeros(2, dtype=np.complex128), t))
+    with pytest.raises(UsageError, match="does not implement broadcast"):
+        run(1, lambda t: refcoll.broadcast(np.zeros(2), 0, t, algorithm="ring"))
+    with pytest.raises(UsageError, match="float8"):
+        run(1, lambda t: refcoll.allreduce(np.zeros(2, dtype=ml_dtypes.float8_e5m2), t, op="prod"))
+
+
+def test_non_native_byte_order_is_a_clear_type_error():
+    x = np.zeros(3, dtype=np.dtype(np.float32).newbyteorder())
+    with pytest.raises(TypeError, match="non-native byte order"):
+        run(1, lambda t: refcoll.allreduce(x, t))
+
+
+def test_reduce_scatter_allgather_broadcast_reduce_shapes():
+    xs = [np.arange(7, dtype=np.int16) * (r + 1) for r in range(3)]
+    total = fold("sum", xs)
+    rs = run(3, lambda t: refcoll.reduce_scatter(xs[t.rank], t))
+    assert [o.tolist() for o in rs] == [total[:3].tolist(), total[3:5].tolist(), total[5:].tolist()]
+    ag = run(3, lambda t: refcoll.allgather(xs[t.rank], t))
+    assert ag[1].shape == (3, 7) and np.array_equal(ag[2], np.stack(xs))
+    bc = run(3, lambda t: refcoll.broadcast(xs[t.rank], 2, t))
+    assert all(np.array_equal(o, xs[2]) for o in bc)
+    rd = run(3, lambda t: refcoll.reduce(xs[t.rank], 1, t, op="max"))
+    assert rd[0] is None and rd[2] is None and np.array_equal(rd[1], fold("max", xs))
+
+
+def test_bad_root():
+    with pytest.raises(UsageError, match="root 3 is not a rank"):
+        run(2, lambda t: refcoll.broadcast(np.zeros(1), 3, t))
+
+
+def test_simulate_returns_outputs_and_ledger():
+    xs = [np.full(5, r, dtype=np.float32) for r in range(4)]
+    res = refcoll.simulate("allreduce", xs, algorithm="ring", op="avg")
+    assert len(res.outputs) == 4
+    assert np.array_equal(res.outputs[3], np.full(5, 1.5, dtype=np.float32))
+    assert res.ledger.total_messages == 2 * 4 * 3
+    with pytest.raises(UsageError, match="unknown collective"):
+        refcoll.simulate("alltoall", xs, algorithm="ring")

@@ -1,0 +1,78 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import mpiexec_path
+from refcoll.cli import main
+from refcoll import algorithms
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_list_shows_every_algorithm_and_writes_json(tmp_path):
+    out = tmp_path / "list.json"
+    res = invoke("list", "--json", str(out))
+    assert res.exit_code == 0
+    data = json.loads(out.read_text())
+    assert [a["name"] for a in data["algorithms"]] == list(algorithms.REGISTRY)
+    ring = next(a for a in data["algorithms"] if a["name"] == "ring")
+    assert ring["cost"]["allreduce"] == "2(p-1)·α + 2((p-1)/p)·n·β + ((p-1)/p)·n·γ"
+    assert data["dtypes"]["float8_e5m2"] == ["sum", "min", "max"]
+    assert "ring" in res.output and "bfloat16" in res.output
+
+
+def test_simulate_prints_the_ledger_beside_the_cost(tmp_path):
+    out = tmp_path / "sim.json"
+    res = invoke("simulate", "--algorithm", "ring", "-p", "5", "--count", "1003", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["ledger"]["messages"] == data["cost"]["messages"] == 40
+    assert data["ledger"]["bytes"] == data["cost"]["bytes"] == 2 * 4 * 1003 * 4
+    assert data["ledger"]["rounds"] == 8
+    assert "max rank bytes" in res.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["simulate", "--algorithm", "rung", "-p", "2", "--count", "4"], "unknown algorithm 'rung'"),
+    (["simulate", "--algorithm", "ring", "-p", "2", "--count", "4", "--op", "mean"], "unknown op"),
+    (["simulate", "--algorithm", "ring", "-p", "2", "--count", "4", "--dtype", "f3"], "unknown dtype"),
+    (["verify", "-n", "2", "--algorithm", "rung"], "unknown algorithm 'rung'"),
+    (["verify", "-n", "2", "--dtype", "float128"], "unknown dtype 'float128'"),
+    (["verify", "-n", "2", "--sizes", "a,b"], "--sizes takes"),
+])
+def test_bad_usage_is_one_line_and_exit_2(args, message):
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_verify_without_mpi_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("REFCOLL_MPIEXEC", raising=False)
+    for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    res = CliRunner().invoke(main, ["verify", "-n", "2"])
+    assert res.exit_code == 2
+    assert "pip install 'refcoll[mpi]'" in res.output
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+def test_verify_under_mpi_ends_with_the_tally(tmp_path):
+    out = tmp_path / "verify.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "refcoll", "verify", "-n", "2", "--algorithm", "naive,ring",
+         "--dtype", "int32,bfloat16", "--op", "sum,avg", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    last = res.stdout.strip().splitlines()[-1]
+    data = json.loads(out.read_text())
+    assert last == f"{data['passed']} passed, 0 failed"
+    assert data["passed"] == len(data["cases"]) > 100
+    assert data["world_size"] == 2

@@ -1,0 +1,22 @@
+"""Launch the MPI half of the suite: tests/mpi/ under mpiexec -n P for several P."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, mpiexec_path
+
+MPIEXEC = mpiexec_path()
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
+def test_mpi_suite(p):
+    cmd = [MPIEXEC, "-n", str(p), sys.executable, "-m", "pytest", "--with-mpi", "-q",
+           "-p", "no:cacheprovider", str(ROOT / "tests" / "mpi")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert res.returncode == 0, f"mpiexec -n {p} failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}"
+    assert " passed" in res.stdout and "failed" not in res.stdout.splitlines()[-1]

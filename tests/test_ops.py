@@ -1,0 +1,61 @@
+import ml_dtypes
+import numpy as np
+import pytest
+
+from refcoll.errors import UsageError
+from refcoll.ops import DTYPES, OPS, check_supported, exact_integer_limit, get_dtype, get_op
+
+
+def test_unknown_op_and_dtype_name_the_choices():
+    with pytest.raises(UsageError, match="choose one of sum, prod, min, max, avg"):
+        get_op("mean")
+    with pytest.raises(UsageError, match="unknown dtype"):
+        get_dtype("float128x")
+    with pytest.raises(UsageError, match="unsupported dtype"):
+        get_dtype(np.complex64)
+
+
+def test_float8_supports_only_sum_min_max():
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        for op in ("sum", "min", "max"):
+            check_supported(get_op(op), DTYPES[name])
+        for op in ("prod", "avg"):
+            with pytest.raises(UsageError, match="float8"):
+                check_supported(get_op(op), DTYPES[name])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+def test_integer_avg_truncates_toward_zero(dtype):
+    buf = np.array([-7, -6, -1, 0, 1, 7, 8], dtype=dtype)
+    OPS["avg"].finalize(buf, 2)
+    assert buf.tolist() == [int(v / 2) for v in [-7, -6, -1, 0, 1, 7, 8]]
+    extreme = np.array([np.iinfo(dtype).min, np.iinfo(dtype).max], dtype=dtype)
+    OPS["avg"].finalize(extreme, 3)
+    assert extreme.tolist() == [-(-int(np.iinfo(dtype).min) // 3), int(np.iinfo(dtype).max) // 3]
+
+
+def test_unsigned_avg_and_float_avg():
+    buf = np.array([255, 7, 6], dtype=np.uint8)
+    OPS["avg"].finalize(buf, 2)
+    assert buf.tolist() == [127, 3, 3]
+    f = np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16)
+    OPS["avg"].finalize(f, 3)
+    assert f.dtype == ml_dtypes.bfloat16
+    assert f.tolist() == [ml_dtypes.bfloat16(1.0 / 3), ml_dtypes.bfloat16(2.0 / 3)]
+
+
+def test_integer_sum_wraps_like_numpy():
+    a = np.array([127], dtype=np.int8)
+    out = np.empty_like(a)
+    OPS["sum"].apply(a, a, out)
+    assert out[0] == np.int8(-2)
+
+
+def test_exact_integer_limit_matches_the_mantissa():
+    assert exact_integer_limit(np.float32) == 2 ** 24
+    assert exact_integer_limit(ml_dtypes.bfloat16) == 2 ** 8
+    assert exact_integer_limit(ml_dtypes.float8_e4m3fn) == 16
+    for dt in ("float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2"):
+        limit = exact_integer_limit(DTYPES[dt])
+        values = np.arange(-limit, limit + 1, dtype=np.float64)
+        assert np.array_equal(values.astype(DTYPES[dt]).astype(np.float64), values)
