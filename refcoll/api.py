@@ -91,7 +91,10 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
         **options: passed to the algorithm (segment sizes and the like).
 
     Returns:
-        The reduced array, ``out`` when given.
+        The reduced array, ``out`` when given. With ``algorithm="switch"`` the
+        last ranks of ``comm`` are switch processes: they call ``allreduce`` too,
+        with an array of the same count and dtype (its values are ignored), and
+        get ``None`` back.
     """
     if compressor is not None:
         raise UsageError("compressed all-reduce is not available in this version")

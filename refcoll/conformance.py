@@ -36,6 +36,7 @@ from .inputs import make_inputs
 from .ops import DTYPES, OPS, check_supported, get_dtype, get_op, is_float
 from .oracle import error_bound, exact_reduce, fold, violations
 from .errors import UsageError
+from .tuning import resolve
 from .algorithms.naive import naive_broadcast
 
 __all__ = ["Case", "CaseResult", "build_cases", "default_sizes", "run_battery", "run_case",
@@ -380,26 +381,35 @@ def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
     else:
         _barrier(ctl)
     reports = _gather_reports(ctl, {"problems": problems, "digest": _digest(output).hex()})
-    verdict = _judge(case, inputs, reports, seed) if ctl.rank == 0 else None
+    verdict = None
+    if ctl.rank == 0:
+        algorithm = case.algorithm
+        if algorithm == "auto":
+            algorithm = resolve(t, case.collective, case.count, DTYPES[case.dtype].itemsize)
+        verdict = _judge(case, inputs, reports, algorithm)
     verdict = _bcast_report(ctl, verdict)
     return CaseResult(case, not verdict, "; ".join(verdict))
 
 
-def _judge(case: Case, inputs, reports: list[dict], seed: int) -> list[str]:
-    """Rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle."""
+def _judge(case: Case, inputs, reports: list[dict], algorithm: str) -> list[str]:
+    """Rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle.
+
+    ``algorithm`` is the one that ran: ``auto`` resolved on the real transport, so
+    the oracle predicts the algorithm its calibration picked.
+    """
     problems = [f"rank {r}: {msg}" for r, rep in enumerate(reports) for msg in rep["problems"]]
     digests = [rep["digest"] for rep in reports[: case.ranks]]
     if case.collective in ("allreduce", "allgather", "broadcast") and len(set(digests)) > 1:
         differing = [r for r, d in enumerate(digests) if d != digests[0]]
         problems.append(f"ranks {differing} hold different bits from rank 0")
     if _ordered(case) and not problems:
-        predicted = simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
+        predicted = simulate(case.collective, inputs, algorithm=algorithm, op=case.op,
                              **({"root": case.root} if case.collective == "reduce" else {}),
                              **case.kwargs)
         for r, (want, got) in enumerate(zip(predicted.outputs, digests)):
             if _digest(want).hex() != got:
                 problems.append(f"rank {r}: differs from the simulator's bit-exact prediction "
-                                f"for {case.algorithm}")
+                                f"for {algorithm}")
     return problems
 
 
@@ -420,13 +430,15 @@ def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
 
 
 def group_rows(results: Sequence[CaseResult]) -> list[dict]:
-    """Summarize results by (algorithm, collective, op): one row per group."""
+    """Summarize results by (algorithm, collective, op, options): one row per group."""
     groups: dict[tuple, dict] = {}
     for res in results:
         c = res.case
-        key = (c.algorithm, c.collective, c.op or "-")
+        key = (c.algorithm, c.collective, c.op or "-", c.options)
+        options = " ".join(f"{k}={v}" for k, v in c.options)
         row = groups.setdefault(key, {"algorithm": c.algorithm, "collective": c.collective,
-                                      "op": c.op or "-", "dtypes": set(), "cases": 0,
+                                      "op": c.op or "-", "options": options, "dtypes": set(),
+                                      "cases": 0,
                                       "passed": 0, "failed": 0, "first_failure": ""})
         row["dtypes"].add(c.dtype)
         row["cases"] += 1

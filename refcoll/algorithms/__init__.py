@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 
 from .. import cost as _cost
 from ..errors import UsageError
-from . import naive, ring
+from . import hierarchical, naive, recursive, ring, switch, tree
 
 __all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "get", "implementation", "names"]
 
@@ -37,6 +37,13 @@ class Algorithm:
         implementations: collective name -> function (signatures above).
         costs: collective name -> ``cost(p, n, itemsize) -> Cost``.
         spec: the page in ``spec/`` that specifies it.
+        battery_options: option sets the conformance battery runs every case
+            with (small segments, odd node shapes), so edge paths run.
+        extra_ranks: for algorithms that need processes holding no input (the
+            switches of in-network reduction): ``extra_ranks(workers, **options)``
+            is how many to add after the ``workers`` data ranks. ``None``: none.
+        workers: the inverse, ``workers(total_ranks, **options)``; required with
+            ``extra_ranks``.
     """
 
     name: str
@@ -44,6 +51,9 @@ class Algorithm:
     implementations: Mapping[str, Callable]
     costs: Mapping[str, Callable] = field(default_factory=dict)
     spec: str = ""
+    battery_options: tuple = ({},)
+    extra_ranks: Callable | None = None
+    workers: Callable | None = None
 
     @property
     def collectives(self) -> tuple[str, ...]:
@@ -97,6 +107,78 @@ register(Algorithm(
     "spec/ring.md",
 ))
 
+register(Algorithm(
+    "hierarchical",
+    "ring reduce-scatter in each node, all-reduce across nodes, ring allgather in each node",
+    {"allreduce": hierarchical.hierarchical_allreduce},
+    {"allreduce": _cost.hierarchical_allreduce},
+    "spec/hierarchical.md",
+    battery_options=({"ranks_per_node": 2}, {"ranks_per_node": 3}, {}),
+))
+
+register(Algorithm(
+    "recursive_doubling",
+    "lg p exchanges of the whole buffer with rank ^ mask (MPICH fold for other p): short messages",
+    {"allreduce": recursive.recursive_doubling_allreduce},
+    {"allreduce": _cost.recursive_doubling_allreduce},
+    "spec/recursive_doubling.md",
+))
+
+register(Algorithm(
+    "rabenseifner",
+    "recursive-halving reduce-scatter + recursive-doubling allgather: 2 lg p rounds, ring's bytes",
+    {
+        "allreduce": recursive.rabenseifner_allreduce,
+        "reduce_scatter": recursive.rabenseifner_reduce_scatter,
+        "allgather": recursive.rabenseifner_allgather,
+    },
+    {
+        "allreduce": _cost.rabenseifner_allreduce,
+        "reduce_scatter": _cost.rabenseifner_reduce_scatter,
+        "allgather": _cost.rabenseifner_allgather,
+    },
+    "spec/rabenseifner.md",
+))
+
+register(Algorithm(
+    "tree",
+    "binomial reduce to rank 0 + binomial broadcast (MPICH): 2⌈lg p⌉ rounds of the whole buffer",
+    {
+        "allreduce": tree.tree_allreduce,
+        "reduce": tree.tree_reduce,
+        "broadcast": tree.tree_broadcast,
+    },
+    {
+        "allreduce": _cost.tree_allreduce,
+        "reduce": _cost.tree_reduce,
+        "broadcast": _cost.tree_broadcast,
+    },
+    "spec/tree.md",
+    battery_options=({}, {"segment": 1024}),
+))
+
+register(Algorithm(
+    "dbtree",
+    "NCCL's double binary tree: two complementary in-order trees, a half each, pipelined",
+    {"allreduce": tree.dbtree_allreduce},
+    {"allreduce": _cost.dbtree_allreduce},
+    "spec/double_binary_tree.md",
+    battery_options=({}, {"segment": 1024}),
+))
+
+register(Algorithm(
+    "switch",
+    "in-network reduction (SHARP, SwitchML): packets summed up a tree of switch processes",
+    {"allreduce": switch.switch_allreduce},
+    {"allreduce": _cost.switch_allreduce},
+    "spec/switch.md",
+    # Few slots so the pool wraps; radix 3 leaves one-child switches at some W.
+    battery_options=({}, {"radix": 2, "packet": 1001, "slots": 2},
+                     {"radix": 3, "packet": 401, "slots": 3}),
+    extra_ranks=switch.switch_count,
+    workers=switch.switch_workers,
+))
+
 
 def names(collective: str | None = None) -> list[str]:
     """Return the registered algorithm names, those implementing ``collective`` if given."""
@@ -127,3 +209,8 @@ def implementation(name: str, collective: str) -> Callable:
             f"{', '.join(algo.collectives)}; algorithms with {collective}: "
             f"{', '.join(names(collective))}"
         ) from None
+
+
+from ..tuning import auto_algorithm  # noqa: E402  (auto is built from every entry above)
+
+register(auto_algorithm())

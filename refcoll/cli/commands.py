@@ -21,16 +21,35 @@ from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op
 @reports_errors
 def list_(json_file):
     """List algorithms, collectives, ops and dtypes, with each algorithm's cost."""
+    from ..tuning import candidates
+
     payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
     click.echo("algorithms:")
     for algo in algorithms.REGISTRY.values():
-        costs = {c: algo.costs[c](2, 0, 1).formula if c in algo.costs else "" for c in algo.collectives}
+        costs = {c: (algo.costs[c](8, 1 << 18, 4).formula if algo.name != "auto" else
+                 "the least modelled time among " + ", ".join(candidates(c)))
+                 if c in algo.costs else "" for c in algo.collectives}
         payload["algorithms"].append({"name": algo.name, "summary": algo.summary,
                                       "collectives": list(algo.collectives), "cost": costs,
                                       "spec": algo.spec})
-        click.echo(f"  {algo.name:<12} {algo.summary}")
+        click.echo(f"  {algo.name:<19} {algo.summary}")
         for coll in algo.collectives:
-            click.echo(f"      {coll:<15} {costs[coll]}")
+            click.echo(f"      {coll:<16} {costs[coll]}")
+    from ..tuning import choice_table, current_calibration
+
+    calibration = current_calibration()
+    table = choice_table(calibration)
+    payload["auto"] = {"calibration": {"alpha": calibration.alpha, "beta": calibration.beta,
+                                       "gamma": calibration.gamma, "source": calibration.source},
+                       "allreduce_float32": table}
+    sizes = sorted({row["bytes"] for row in table})
+    click.echo(f"auto picks for all-reduce of float32 (α={calibration.alpha:.2g} s, "
+               f"β={calibration.beta:.2g} s/B, γ={calibration.gamma:.2g} s/element; "
+               f"{calibration.source}):")
+    click.echo("  " + f"{'p':>4} " + " ".join(f"{_human(b):>18}" for b in sizes))
+    for p in sorted({row["p"] for row in table}):
+        picks = {row["bytes"]: row["algorithm"] for row in table if row["p"] == p}
+        click.echo("  " + f"{p:>4} " + " ".join(f"{picks[b]:>18}" for b in sizes))
     click.echo("ops:    " + ", ".join(OPS))
     click.echo("dtypes:")
     for name, dt in DTYPES.items():
@@ -44,6 +63,13 @@ def list_(json_file):
         payload["dtypes"][name] = ok
         click.echo(f"  {name:<14} {', '.join(ok)}")
     write_json(json_file, payload)
+
+
+def _human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
 
 
 # ------------------------------------------------------------------------ verify
@@ -113,18 +139,19 @@ def _verify_in_world(nprocs, selection, seed, json_file) -> None:
         library = MPI.Get_library_version().splitlines()[0].strip()
         helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
         click.echo(f"refcoll verify: {workers} ranks{helpers}, {library}, {len(cases)} cases")
-        click.echo(f"{'algorithm':<12} {'collective':<15} {'op':<5} {'dtypes':>6} {'cases':>6} "
-                   f"{'passed':>7} {'failed':>7}")
+        click.echo(f"{'algorithm':<19} {'collective':<15} {'op':<5} {'dtypes':>6} {'cases':>6} "
+                   f"{'passed':>7} {'failed':>7}  options")
     state = {"group": None, "rows": []}
 
     def progress(i, total, result):
-        key = (result.case.algorithm, result.case.collective, result.case.op)
+        key = _group_of(result.case)
         state["rows"].append(result)
         done = i + 1 == total or _group_of(cases[i + 1]) != key
         if lead and done:
             row = group_rows([r for r in state["rows"] if _group_of(r.case) == key])[0]
-            click.echo(f"{row['algorithm']:<12} {row['collective']:<15} {row['op']:<5} "
-                       f"{row['dtypes']:>6} {row['cases']:>6} {row['passed']:>7} {row['failed']:>7}")
+            click.echo(f"{row['algorithm']:<19} {row['collective']:<15} {row['op']:<5} "
+                       f"{row['dtypes']:>6} {row['cases']:>6} {row['passed']:>7} {row['failed']:>7}"
+                       f"  {row['options']}")
             if row["failed"]:
                 click.echo(f"    first failure: {row['first_failure']}")
 
@@ -141,7 +168,7 @@ def _verify_in_world(nprocs, selection, seed, json_file) -> None:
 
 
 def _group_of(case):
-    return (case.algorithm, case.collective, case.op)
+    return (case.algorithm, case.collective, case.op, case.options)
 
 
 # ---------------------------------------------------------------------- simulate
@@ -154,9 +181,12 @@ def _group_of(case):
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True)
 @click.option("--root", type=int, default=0, show_default=True, help="Root of broadcast and reduce.")
+@click.option("--ranks-per-node", "ranks_per_node", type=int, default=None,
+              help="Consecutive ranks per node: report intra- and inter-node bytes "
+                   "(and give hierarchical its node shape).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the ledger summary as JSON.")
 @reports_errors
-def simulate(algorithm, p, count, collective, dtype, op, root, json_file):
+def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, json_file):
     """Run one collective in-process and print its ledger beside the cost formula."""
     from ..api import simulate as run_simulation
     from ..inputs import make_inputs
@@ -168,11 +198,17 @@ def simulate(algorithm, p, count, collective, dtype, op, root, json_file):
     dt = get_dtype(dtype)
     reduction = get_op(op)
     check_supported(reduction, dt)
+    if ranks_per_node is not None and ranks_per_node < 1:
+        raise UsageError(f"--ranks-per-node must be at least 1, got {ranks_per_node}")
     inputs = make_inputs("exact", dt, count, p, op=reduction.name)
     options = {"root": root} if collective in ("broadcast", "reduce") else {}
+    if algorithm == "hierarchical" and ranks_per_node is not None:
+        options["ranks_per_node"] = ranks_per_node
     result = run_simulation(collective, inputs, algorithm=algorithm, op=reduction.name, **options)
     ledger = result.ledger
-    predicted = algo.costs[collective](p, count, dt.itemsize) if collective in algo.costs else None
+    cost_options = {k: v for k, v in options.items() if k != "root"}
+    predicted = (algo.costs[collective](p, count, dt.itemsize, **cost_options)
+                 if collective in algo.costs else None)
     click.echo(f"refcoll simulate: {algorithm} {collective}, p={p}, n={count} x {dtype} "
                f"({count * dt.itemsize} B per rank), op={reduction.name}")
     if predicted is not None:
@@ -187,11 +223,25 @@ def simulate(algorithm, p, count, collective, dtype, op, root, json_file):
     for label, field, value in rows:
         want = getattr(predicted, field) if predicted is not None else ""
         click.echo(f"{label:<20} {value:>14} {want:>14}")
+    node_traffic = None
+    if ranks_per_node is not None:
+        from ..algorithms.hierarchical import node_traffic as split_traffic
+        from ..cost import hierarchical_traffic
+
+        intra, inter = split_traffic(ledger, ranks_per_node)
+        want = (hierarchical_traffic(p, count, dt.itemsize, ranks_per_node=ranks_per_node)
+                if algorithm == "hierarchical" else ("", ""))
+        click.echo(f"{'intra-node bytes':<20} {intra:>14} {want[0]:>14}")
+        click.echo(f"{'inter-node bytes':<20} {inter:>14} {want[1]:>14}")
+        node_traffic = {"ranks_per_node": ranks_per_node, "intra": intra, "inter": inter,
+                        "predicted": list(want) if algorithm == "hierarchical" else None}
     sent, received, msgs = ledger.bytes_sent(), ledger.bytes_received(), ledger.messages_sent()
     click.echo(f"{'rank':>6} {'messages sent':>14} {'bytes sent':>14} {'bytes received':>15}")
-    for r in range(p):
-        click.echo(f"{r:>6} {msgs.get(r, 0):>14} {sent.get(r, 0):>14} {received.get(r, 0):>15}")
+    for r in range(result.world.size):
+        role = "" if r < p else "  (switch)"
+        click.echo(f"{r:>6} {msgs.get(r, 0):>14} {sent.get(r, 0):>14} {received.get(r, 0):>15}{role}")
     write_json(json_file, {"algorithm": algorithm, "collective": collective, "p": p, "count": count,
                            "dtype": dtype, "op": reduction.name, "ledger": ledger.summary(),
                            "cost": predicted.counts() if predicted is not None else None,
-                           "formula": predicted.formula if predicted is not None else None})
+                           "formula": predicted.formula if predicted is not None else None,
+                           "node_traffic": node_traffic})

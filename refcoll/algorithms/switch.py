@@ -1,0 +1,497 @@
+"""In-network all-reduce: switches aggregate packets on their way up a tree.
+
+NVIDIA SHARP (Graham et al., "Scalable Hierarchical Aggregation Protocol",
+COMHPC 2016) and SwitchML (Sapio et al., "Scaling Distributed Machine Learning
+with In-Network Aggregation", NSDI 2021) move the reduction into the network:
+every worker streams its buffer up in small packets, each switch combines the
+packets of its children and passes the partial up, and the root's result is
+multicast back down. A worker sends ``n`` bytes and receives ``n`` bytes,
+whatever the number of workers: half of what the ring moves.
+
+Here the switches are processes that hold no input. A transport of ``W + S``
+ranks has the ``W`` workers first and the ``S = switch_count(W)`` switches after
+them, level by level. With ``W = 5`` and ``radix = 2``::
+
+    level 3                 s10                  the root
+                          /     \\
+    level 2           s8           s9
+                     /  \\          |
+    level 1        s5    s6        s7           leaf switches
+                  / \\   / \\        |
+    level 0      w0 w1  w2 w3      w4           workers
+
+Every level has ``ceil(m / radix)`` nodes over the ``m`` of the level below,
+which are shared out by the chunking rule (the first ones get one more child),
+so every worker is at the same depth and a switch may have a single child,
+which it forwards.
+
+Packets carry a pool index (their tag): a switch aggregates packet ``b`` in slot
+``b % slots`` and never holds more than ``slots`` packets, and a worker never has
+more than ``slots`` packets outstanding, as in SwitchML's pool.
+
+Spec: spec/switch.md
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._util import copy_into, view, workspace
+from ..chunking import chunk_bounds, max_chunk
+from ..errors import UsageError
+from ..ops import OPS, dtype_name, is_float
+from ..transport.base import TAGS_PER_CALL
+
+__all__ = [
+    "RADIX",
+    "PACKET",
+    "SLOTS",
+    "MODES",
+    "switch_count",
+    "switch_workers",
+    "switch_levels",
+    "switch_links",
+    "packet_bounds",
+    "switch_schedule",
+    "int_headroom",
+    "int_error_bound",
+    "switch_allreduce",
+]
+
+#: Default children per switch.
+RADIX = 4
+#: Default packet size, in elements.
+PACKET = 256
+#: Default size of a switch's aggregation pool, in packets.
+SLOTS = 8
+#: ``float``: SHARP, reduce in the buffer's dtype; ``int``: SwitchML, int32 fixed point.
+MODES = ("float", "int")
+
+#: Bits of an int32 a quantized value may fill before the headroom for W summands.
+_FIXED_BITS = 30
+#: Block exponent of an all-zero block: below every finite float's (float64's least is -1073).
+_ZERO_EXPONENT = -1100
+#: Block exponent of a block holding NaN or Inf: above every finite float's (float64's is 1024).
+_NONFINITE_EXPONENT = 1 << 16
+
+
+# ---------------------------------------------------------------------- the tree
+
+def _is_count(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_radix(radix) -> int:
+    if not _is_count(radix) or radix < 2:
+        raise UsageError(f"switch radix must be an integer >= 2 (children per switch), "
+                         f"got {radix!r}")
+    return int(radix)
+
+
+def switch_levels(workers: int, *, radix: int = RADIX) -> list[int]:
+    """Return the node count of each tree level: ``[W, ceil(W/R), ..., 1]``.
+
+    Level 0 is the workers; each level above has ``ceil(m / radix)`` switches over
+    the ``m`` nodes below, up to a single root. One worker needs no switch: ``[1]``.
+    """
+    radix = _check_radix(radix)
+    if workers < 1:
+        raise UsageError(f"the switch tree needs at least one worker, got {workers}")
+    levels = [int(workers)]
+    while levels[-1] > 1:
+        levels.append(-(-levels[-1] // radix))
+    return levels
+
+
+def switch_count(workers: int, *, radix: int = RADIX, **_) -> int:
+    """Return how many switch processes a radix-``radix`` tree over ``workers`` needs.
+
+    The internal nodes of the tree of :func:`switch_levels`:
+    ``ceil(W/R) + ceil(W/R^2) + ... + 1`` for ``W >= 2``, and 0 for ``W == 1``
+    (a lone worker's all-reduce is a copy; no switch, no message).
+    """
+    return sum(switch_levels(workers, radix=radix)[1:])
+
+
+def switch_workers(total: int, *, radix: int = RADIX, **_) -> int:
+    """Return the largest ``W`` with ``W + switch_count(W) <= total``: the workers among ``total``.
+
+    ``W + switch_count(W)`` grows strictly with ``W``, so this inverts
+    :func:`switch_count`: ``switch_workers(W + switch_count(W)) == W``. Ranks past
+    ``W + switch_count(W)`` are spares that take no part. Every ``total >= 1``
+    has at least one worker.
+    """
+    radix = _check_radix(radix)
+    if total < 1:
+        raise UsageError(f"a switch all-reduce needs at least one rank, got {total}")
+    workers = 1
+    while workers + 1 + switch_count(workers + 1, radix=radix) <= total:
+        workers += 1
+    return workers
+
+
+def switch_links(rank: int, workers: int, *, radix: int = RADIX) -> tuple[int | None, list[int]]:
+    """Return ``(parent, children)`` of ``rank`` in the tree (``parent`` None at the root).
+
+    Ranks are numbered level by level: workers ``0..W-1``, then the level-1
+    switches, and so on; the root is the last. The ``m`` nodes of a level are
+    shared among the switches above it by :func:`~refcoll.chunking.chunk_bounds`:
+    switch ``j`` of level ``k+1`` has children chunk ``j`` of level ``k``.
+    """
+    levels = switch_levels(workers, radix=radix)
+    starts = np.concatenate(([0], np.cumsum(levels))).tolist()
+    level = next(k for k in range(len(levels)) if rank < starts[k + 1])
+    index = rank - starts[level]
+    parent = None
+    if level + 1 < len(levels):
+        groups = chunk_bounds(levels[level], levels[level + 1])
+        parent = starts[level + 1] + next(j for j, (lo, hi) in enumerate(groups)
+                                          if lo <= index < hi)
+    children = []
+    if level > 0:
+        lo, hi = chunk_bounds(levels[level - 1], levels[level])[index]
+        children = list(range(starts[level - 1] + lo, starts[level - 1] + hi))
+    return parent, children
+
+
+def packet_count(count: int, packet: int) -> int:
+    """Return how many packets carry ``count`` elements: ``ceil(count / packet)``."""
+    return -(-count // packet)
+
+
+def packet_bounds(count: int, packet: int) -> list[tuple[int, int]]:
+    """Return the packets of a buffer: ``ceil(count/packet)`` chunks, each at most ``packet``.
+
+    The chunking rule cuts the buffer, so packets differ by at most one element,
+    the longer ones first.
+    """
+    return chunk_bounds(count, packet_count(count, packet)) if count else []
+
+
+def switch_schedule(workers: int, count: int, *, radix: int = RADIX, packet: int = PACKET,
+                    slots: int = SLOTS, mode: str = "float") -> list[tuple[tuple, int]]:
+    """Return every message of one call in one global order, as runs of identical ticks.
+
+    Each run is ``(transfers, repeat)``: the tick ``transfers``, a tuple of
+    ``(source, dest, elements)`` in order (``elements`` on the wire: int mode
+    counts int32, its exponent included), happens ``repeat`` times in a row.
+
+    Tick ``b`` (``lag = slots - 1``): packet ``b`` goes up level by level, each
+    switch taking its children in order; then the result of packet ``b - lag``
+    comes down level by level, each switch sending to its children in order.
+    Int mode's exponent exchange is one such tick first.
+
+    The order is the proof of deadlock freedom: every rank's own sends and
+    receives appear in it in that rank's program order, so running the messages
+    one at a time in this order is an execution of the rendezvous program, which
+    therefore cannot wait forever. :func:`refcoll.cost.switch_allreduce` replays
+    its Lamport clock; the spec's step table is its first ticks.
+    """
+    levels = switch_levels(workers, radix=radix)
+    packets = packet_count(count, packet)
+    if workers == 1 or packets == 0:
+        return []
+    shortest, longer = divmod(count, packets)  # chunking: the first count % P are one longer
+    starts = np.concatenate(([0], np.cumsum(levels))).tolist()
+    tree = [(switch, switch_links(switch, workers, radix=radix)[1])
+            for k in range(1, len(levels)) for switch in range(starts[k], starts[k + 1])]
+
+    def tick(up: int | None, down: int | None) -> tuple:
+        going_up = [(child, switch, up) for switch, children in tree for child in children]
+        coming_down = [(switch, child, down) for switch, children in reversed(tree)
+                       for child in children]
+        return tuple((going_up if up is not None else [])
+                     + (coming_down if down is not None else []))
+
+    def wire(b: int) -> int:  # elements of packet b on the wire (int mode: + its exponent)
+        return shortest + (b < longer) + (mode == "int")
+
+    lag = slots - 1
+    runs = [(tick(min(slots, packets), min(slots, packets)), 1)] if mode == "int" else []
+    # A tick's shape changes only where a packet's size does (after the long
+    # packets) or where the up or the down stream starts or stops.
+    edges = sorted({0, lag, longer, longer + lag, packets, packets + lag})
+    for first, stop in zip(edges, edges[1:]):
+        if first >= packets + lag:
+            break
+        done = first - lag
+        runs.append((tick(wire(first) if first < packets else None,
+                          wire(done) if done >= 0 else None), stop - first))
+    return runs
+
+
+# ------------------------------------------------------------- int mode numbers
+
+def int_headroom(workers: int) -> int:
+    """Return ``h = ceil(log2 W)``: the bits kept free so ``W`` int32 summands cannot overflow."""
+    return (int(workers) - 1).bit_length()
+
+
+def _shift(exponent: int, workers: int) -> int:
+    """Return ``s``: a block with every ``|x| < 2**exponent`` is sent as ``rint(x * 2**s)``."""
+    return _FIXED_BITS - int_headroom(workers) - exponent
+
+
+def _block_exponent(block: np.ndarray) -> int:
+    """Return the least ``e`` with every ``|x| < 2**e`` in ``block``: frexp's exponent of its peak."""
+    if block.size == 0:
+        return _ZERO_EXPONENT
+    peak = float(np.max(np.abs(block)))
+    if not math.isfinite(peak):
+        return _NONFINITE_EXPONENT
+    return math.frexp(peak)[1] if peak else _ZERO_EXPONENT
+
+
+def int_error_bound(inputs, *, packet: int = PACKET, slots: int = SLOTS) -> np.ndarray:
+    """Return the per-element bound on ``|int-mode sum - exact sum|``, one input per worker.
+
+    Block ``b``'s shared exponent ``e`` is the largest over the workers (every
+    ``|x| < 2**e``); each worker's value is rounded to a multiple of ``2**-s``,
+    ``s = 30 - h - e``, ``h = ceil(log2 W)``, so off by at most ``2**(e + h - 31)``;
+    the switch sums exactly; the worker converts the exact sum ``S`` to the dtype
+    with one rounding. Hence, with ``u`` the dtype's unit roundoff and ``Σx`` exact::
+
+        |result - Σx| <= W·2**(e+h-31) + u·(|Σx| + W·2**(e+h-31)) + tiny
+
+    where ``tiny`` is half the dtype's least subnormal (an underflowing result).
+    ``slots`` does not change the bound; it is accepted so option dicts pass through.
+    """
+    from ml_dtypes import finfo
+
+    from ..ops import unit_roundoff
+
+    arrays = [np.asarray(x).reshape(-1) for x in inputs]
+    workers = len(arrays)
+    dtype = arrays[0].dtype
+    exact = np.zeros(arrays[0].size, dtype=np.float64)
+    for x in arrays:
+        exact += x.astype(np.float64)
+    quantum = np.zeros_like(exact)
+    for lo, hi in packet_bounds(arrays[0].size, packet):
+        e = max(_block_exponent(x[lo:hi]) for x in arrays)
+        quantum[lo:hi] = workers * 2.0 ** (e + int_headroom(workers) - 31)
+    u = unit_roundoff(dtype)
+    tiny = float(finfo(dtype).smallest_subnormal) / 2
+    # float64 accumulation of ``exact`` above is itself rounded: widen by W·2**-53·Σ|x|.
+    slack = workers * 2.0 ** -53 * sum(np.abs(x.astype(np.float64)) for x in arrays)
+    return quantum + u * (np.abs(exact) + quantum) + tiny + slack
+
+
+def _quantize(block: np.ndarray, exponent: int, workers: int, wire: np.ndarray,
+              scratch: np.ndarray) -> None:
+    """Write ``rint(block * 2**s)`` into the int32 ``wire`` (zeros for a non-finite block)."""
+    if exponent >= _NONFINITE_EXPONENT:
+        wire[...] = 0
+        return
+    np.copyto(scratch, block, casting="unsafe")  # exact: every float type widens to float64
+    np.ldexp(scratch, _shift(exponent, workers), out=scratch)  # a power of two: exact
+    np.rint(scratch, out=scratch)
+    np.copyto(wire, scratch, casting="unsafe")  # |value| <= 2**(30-h): fits, exactly
+
+
+def _dequantize(wire: np.ndarray, exponent: int, workers: int, block: np.ndarray,
+                scratch: np.ndarray) -> None:
+    """Write the int32 sum ``wire`` scaled back by ``2**-s`` into ``block`` (NaN if non-finite)."""
+    if exponent >= _NONFINITE_EXPONENT:
+        block[...] = np.nan
+        return
+    np.copyto(scratch, wire, casting="unsafe")  # exact: int32 fits float64
+    np.ldexp(scratch, -_shift(exponent, workers), out=scratch)  # exact barring underflow
+    np.copyto(block, scratch, casting="unsafe")  # the one rounding, to the dtype
+
+
+# ------------------------------------------------------------------ the streams
+
+def _check_options(x: np.ndarray, op, radix, packet, slots, mode) -> None:
+    """Raise :class:`UsageError` on every rank alike for options no rank can run with."""
+    _check_radix(radix)
+    if not _is_count(packet) or packet < 1:
+        raise UsageError(f"switch packet must be an integer >= 1 (elements), got {packet!r}")
+    if not _is_count(slots) or not 1 <= slots <= TAGS_PER_CALL:
+        raise UsageError(f"switch slots must be an integer in 1..{TAGS_PER_CALL} "
+                         f"(packets a switch aggregates at once), got {slots!r}")
+    if mode not in MODES:
+        raise UsageError(f"switch mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "int":
+        if not is_float(x.dtype):
+            raise UsageError(f"switch mode 'int' quantizes floats to int32; {dtype_name(x.dtype)} "
+                             "is not a float type: use mode='float'")
+        if op.ufunc is not np.add:
+            raise UsageError(f"switch mode 'int' sums int32 in the switch; it cannot compute "
+                             f"{op.name!r}: use op sum or avg, or mode='float'")
+
+
+def _stream(t, parent: int, packets: int, *, lag: int, slots: int, outgoing, landing,
+            arrived=None) -> None:
+    """Run a worker's side: packet ``b`` up at tick ``b``, the result of ``b - lag`` down.
+
+    ``outgoing(b)`` returns the wire buffer of packet ``b``, ``landing(b)`` where
+    its result is received, ``arrived(b)`` finishes it. At most ``lag + 1 =
+    slots`` packets are ever outstanding.
+    """
+    for tick in range(packets + lag):
+        if tick < packets:
+            t.send(outgoing(tick), parent, tag=tick % slots)  # packet tick -> switch
+        done = tick - lag
+        if done >= 0:
+            t.recv(landing(done), parent, tag=done % slots)  # result of packet done <- switch
+            if arrived is not None:
+                arrived(done)
+
+
+def _aggregate(t, parent: int | None, children: list[int], lengths: list[int], *, lag: int,
+               slots: int, pool: np.ndarray, incoming: np.ndarray, combine) -> None:
+    """Run a switch's side over the pool ``pool[slots, width]``: at most ``slots`` packets held.
+
+    Tick ``b``: gather packet ``b`` from the children in order into slot ``b % slots``
+    (``combine(acc, incoming)`` folds each after the first) and send it up; then
+    receive the result of packet ``b - lag`` from the parent (the root has it) and
+    multicast it to the children in order, which frees its slot.
+    """
+    for tick in range(len(lengths) + lag):
+        if tick < len(lengths):
+            acc = pool[tick % slots, : lengths[tick]]
+            t.recv(acc, children[0], tag=tick % slots)  # packet tick <- first child
+            for child in children[1:]:
+                part = incoming[: lengths[tick]]
+                t.recv(part, child, tag=tick % slots)  # packet tick <- next child
+                combine(acc, part)
+            if parent is not None:
+                t.send(acc, parent, tag=tick % slots)  # partial of packet tick -> parent
+        done = tick - lag
+        if done >= 0:
+            result = pool[done % slots, : lengths[done]]
+            if parent is not None:
+                t.recv(result, parent, tag=done % slots)  # result of packet done <- parent
+            for child in children:
+                t.send(result, child, tag=done % slots)  # result of packet done -> child
+
+
+def _switch_side(t, x: np.ndarray, op, parent, children, bounds, *, slots, mode) -> None:
+    """Aggregate as a switch: float mode in ``x.dtype``, int mode in int32 with an exponent."""
+    lag = slots - 1
+    width = max_chunk(x.size, len(bounds))
+    if mode == "float":
+        pool = workspace(t, slots * width, x.dtype, slot=0).reshape(slots, width)
+        incoming = workspace(t, width, x.dtype, slot=1)
+        _aggregate(t, parent, children, [hi - lo for lo, hi in bounds], lag=lag,
+                   slots=slots, pool=pool, incoming=incoming,
+                   combine=lambda acc, part: t.reduce_local(op, acc, part, acc))
+        return
+    add, larger = OPS["sum"], OPS["max"]
+    ahead = min(slots, len(bounds))
+    pool = workspace(t, ahead, np.int32, slot=2).reshape(1, ahead)
+    incoming = workspace(t, ahead, np.int32, slot=3)
+    _aggregate(t, parent, children, [ahead], lag=0, slots=1, pool=pool, incoming=incoming,
+               combine=lambda acc, part: t.reduce_local(larger, acc, part, acc))  # exponents
+    pool = workspace(t, slots * (width + 1), np.int32, slot=0).reshape(slots, width + 1)
+    incoming = workspace(t, width + 1, np.int32, slot=1)
+
+    def combine(acc, part):
+        t.reduce_local(add, acc[:-1], part[:-1], acc[:-1])  # exact int32 sums
+        t.reduce_local(larger, acc[-1:], part[-1:], acc[-1:])  # exponent of a later block
+
+    _aggregate(t, parent, children, [hi - lo + 1 for lo, hi in bounds], lag=lag,
+               slots=slots, pool=pool, incoming=incoming, combine=combine)
+
+
+def _worker_int(t, x: np.ndarray, out: np.ndarray, parent: int, bounds, *, workers: int,
+                slots: int) -> None:
+    """Stream as an int-mode worker: agree on block exponents ``slots`` blocks ahead."""
+    packets = len(bounds)
+    lag = slots - 1
+    width = max_chunk(x.size, packets)
+    ahead = min(slots, packets)
+    exponents = np.empty(packets, dtype=np.int32)  # agreed exponent of each block
+    for b in range(ahead):
+        exponents[b] = _block_exponent(view(x, bounds, b))
+    _stream(t, parent, 1, lag=0, slots=1, outgoing=lambda _: exponents[:ahead],
+            landing=lambda _: exponents[:ahead])  # blocks 0..ahead-1: max over workers
+    wire_up = workspace(t, width + 1, np.int32, slot=0)
+    wire_down = workspace(t, width + 1, np.int32, slot=1)
+    scratch = workspace(t, width, np.float64, slot=2)
+
+    def outgoing(b: int) -> np.ndarray:
+        lo, hi = bounds[b]
+        size = hi - lo
+        _quantize(x[lo:hi], int(exponents[b]), workers, wire_up[:size], scratch[:size])
+        later = b + slots
+        wire_up[size] = (_block_exponent(view(x, bounds, later)) if later < packets
+                         else _ZERO_EXPONENT)  # rides along: the exponent of block b+slots
+        return wire_up[: size + 1]
+
+    def landing(b: int) -> np.ndarray:
+        lo, hi = bounds[b]
+        return wire_down[: hi - lo + 1]
+
+    def arrived(b: int) -> None:
+        lo, hi = bounds[b]
+        size = hi - lo
+        if b + slots < packets:
+            exponents[b + slots] = wire_down[size]
+        _dequantize(wire_down[:size], int(exponents[b]), workers, out[lo:hi], scratch[:size])
+
+    _stream(t, parent, packets, lag=lag, slots=slots, outgoing=outgoing, landing=landing,
+            arrived=arrived)
+
+
+def switch_allreduce(t, x: np.ndarray, out: np.ndarray | None, *, op, radix: int = RADIX,
+                     packet: int = PACKET, slots: int = SLOTS, mode: str = "float",
+                     **_) -> None:
+    """In-network all-reduce over a tree of switch processes (SHARP, SwitchML).
+
+    Runs on every rank of ``t``: ranks ``0..W-1`` are workers (``W =
+    switch_workers(t.size)``), ranks ``W..W+S-1`` switches, any further ranks
+    spares that return at once. On a switch ``x`` is a template (same count and
+    dtype as the workers' buffers; contents unused) and ``out`` is None.
+
+    Schedule (P = ceil(n/packet) packets by the chunking rule, lag = slots-1),
+      tick b = 0 .. P-1+lag:
+      1. up: a worker sends packet b to its switch; a switch receives packet b
+         from its children in order into pool slot b % slots, combining as it
+         goes, and sends the partial to its parent;
+      2. down: the root multicasts the result of packet b-lag to its children; a
+         switch receives it from its parent and sends it to its children in
+         order; a worker receives it into ``out``, freeing the slot.
+      Int mode first agrees on the exponents of blocks 0..min(slots,P)-1 the same
+      way (max), and every packet carries the exponent of block b+slots.
+    Deadlock freedom: :func:`switch_schedule` lists every message in one global
+      order that respects every rank's program order (up bottom-up, then down
+      top-down, tick after tick), so the rendezvous sends cannot cycle.
+    Reduction order: float mode, each switch folds its children left to right,
+      ``((c0 op c1) op c2) ...``, the children being switches' partials above
+      level 1: a fixed tree, the same for every packet and every rank. Int mode
+      sums exactly in int32: the order does not matter.
+    Cost: per packet of m bytes, every tree link carries it once up and once
+      down: 2(W+S-1)·P messages; a worker sends n bytes and receives n bytes
+      whatever W is. The ledger serializes a switch's ports, so a round per port:
+      about (2·R+2)·P rounds (see :func:`refcoll.cost.switch_allreduce`).
+    Restrictions: radix >= 2; 1 <= slots <= 1024 (the slot is the tag); int
+      mode: float dtypes, op sum or avg, and a block holding NaN or Inf on any
+      worker comes back all NaN. W == 1: no switch, the result is a copy.
+      n == 0: no message. n < packet: one packet. Any W (the tree need not be
+      full).
+    Spec: spec/switch.md
+    """
+    _check_options(x, op, radix, packet, slots, mode)
+    workers = switch_workers(t.size, radix=radix)
+    rank = t.rank
+    if rank >= workers + switch_count(workers, radix=radix):
+        return  # a spare rank: the tree is complete without it
+    if workers == 1:
+        copy_into(out, x)
+        return
+    parent, children = switch_links(rank, workers, radix=radix)
+    bounds = packet_bounds(x.size, int(packet))
+    if not bounds:
+        return  # n == 0: nothing to send
+    if rank >= workers:
+        _switch_side(t, x, op, parent, children, bounds, slots=int(slots), mode=mode)
+    elif mode == "int":
+        _worker_int(t, x, out, parent, bounds, workers=workers, slots=int(slots))
+    else:
+        _stream(t, parent, len(bounds), lag=int(slots) - 1, slots=int(slots),
+                outgoing=lambda b: view(x, bounds, b),  # packet b of the input
+                landing=lambda b: view(out, bounds, b))  # its result, in place
