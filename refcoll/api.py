@@ -73,6 +73,21 @@ def _flat_out(out, shape, dtype, t, what: str) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.nbytes == b.nbytes)
+
+
+def _check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str) -> None:
+    """Refuse buffers that overlap other than in the one in-place layout ``allowed``.
+
+    A partial overlap would let the algorithm overwrite input it has not read yet.
+    """
+    if data.size and out.size and np.shares_memory(data, out) and not _same_buffer(*allowed):
+        raise ValueError(f"rank {t.rank}: the input and out= of {what} overlap; pass disjoint "
+                         "buffers, or the in-place layout the documentation gives")
+
+
 def _shaped(flat: np.ndarray, out, shape) -> np.ndarray:
     return out if out is not None else flat.reshape(shape)
 
@@ -110,6 +125,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
         return None
     shape = np.shape(x)
     result = _flat_out(out, shape, flat.dtype, t, "all-reduce")
+    _check_overlap(flat, result, (flat, result), t, "all-reduce")
     with t.call("allreduce"):
         fn(t, flat, result, op=reduction, **options)
     reduction.finalize(result, workers)
@@ -142,6 +158,8 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, **opti
     check_supported(reduction, flat.dtype)
     shape = (chunk_sizes(flat.size, t.size)[t.rank],)
     result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter")
+    _check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
+                   "reduce-scatter")
     with t.call("reduce_scatter"):
         fn(t, flat, result, op=reduction, **options)
     reduction.finalize(result, t.size)
@@ -161,7 +179,8 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, **options) -> np.ndar
     shape = (t.size, *np.shape(x))
     result = _flat_out(out, shape, flat.dtype, t, "allgather")
     own_block = result[chunk_slice(result.size, t.size, t.rank)]
-    if not np.shares_memory(own_block, flat):
+    _check_overlap(flat, result, (flat, own_block), t, "allgather")
+    if not (flat.size and np.shares_memory(own_block, flat)):
         np.copyto(own_block, flat)
     with t.call("allgather"):
         fn(t, result, **options)
@@ -180,6 +199,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, **opt
     flat = _flat_input(x, t)
     shape = np.shape(x)
     result = _flat_out(out, shape, flat.dtype, t, "broadcast")
+    _check_overlap(flat, result, (flat, result), t, "broadcast")
     if t.rank == root and not np.shares_memory(result, flat):
         np.copyto(result, flat)
     with t.call("broadcast"):
@@ -198,6 +218,8 @@ def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None
     check_supported(reduction, flat.dtype)
     shape = np.shape(x)
     result = _flat_out(out, shape, flat.dtype, t, "reduce") if t.rank == root else None
+    if result is not None:
+        _check_overlap(flat, result, (flat, result), t, "reduce")
     with t.call("reduce"):
         fn(t, flat, result, op=reduction, root=root, **options)
     if t.rank != root:

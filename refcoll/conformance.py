@@ -287,12 +287,21 @@ _REPORT_BYTES = 1024
 
 
 def _pack(obj) -> np.ndarray:
+    """Encode a report or verdict as one fixed-size message, shortening long prose."""
+    def shorten(value, limit):
+        if isinstance(value, str):
+            return value if len(value) <= limit else value[: limit - 3] + "..."
+        if isinstance(value, list):
+            return [shorten(v, limit) for v in value[:3]]
+        if isinstance(value, dict):
+            return {k: shorten(v, limit) for k, v in value.items()}
+        return value
+
     data = json.dumps(obj).encode()
-    if len(data) > _REPORT_BYTES:  # keep the message fixed-size: shorten the prose
-        data = json.dumps({k: (v[:3] if isinstance(v, list) else v)
-                           for k, v in obj.items()} if isinstance(obj, dict) else obj[:3]).encode()
-        data = data[:_REPORT_BYTES] if len(data) <= _REPORT_BYTES else json.dumps(
-            ["report too long to send"]).encode()
+    limit = _REPORT_BYTES // 2
+    while len(data) > _REPORT_BYTES:  # keep the message fixed-size and the shape intact
+        data = json.dumps(shorten(obj, limit)).encode()
+        limit //= 2
     buf = np.zeros(_REPORT_BYTES, dtype=np.uint8)
     buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
     return buf

@@ -83,9 +83,17 @@ class Op:
         if not self.divides or buf.size == 0:
             return
         if is_integer(buf.dtype):
-            _trunc_divide(buf, p)
-        else:
+            if p > np.iinfo(buf.dtype).max:
+                buf[...] = 0  # every |sum| < p: truncation gives 0
+            else:
+                _trunc_divide(buf, p)
+        elif buf.dtype == np.float64:
             np.divide(buf, p, out=buf)
+        else:
+            # Divide in float64 and round once to the dtype: float64 has more than
+            # 2m+2 bits for every smaller format's m, so this double rounding is
+            # the correctly rounded quotient (and p itself is never rounded).
+            buf[...] = (buf.astype(np.float64) / p).astype(buf.dtype)
 
     def __str__(self) -> str:
         return self.name

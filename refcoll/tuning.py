@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import algorithms
+from .errors import UsageError
 
 __all__ = ["Calibration", "DEFAULT", "calibration_for", "measure", "choose", "candidates",
            "cache_path", "resolve", "auto_algorithm", "choice_table", "current_calibration"]
@@ -178,6 +179,10 @@ def resolve(t, collective: str, count: int, itemsize: int) -> str:
 
 def _dispatch(collective: str):
     def run(t, *args, **options):
+        extra = set(options) - {"op", "root"}
+        if extra:
+            raise UsageError(f"rank {t.rank}: algorithm 'auto' takes no algorithm options "
+                             f"(got {', '.join(sorted(extra))}); name the algorithm instead")
         buf = args[0]
         count = buf.size // t.size if collective == "allgather" else buf.size
         name = resolve(t, collective, count, buf.itemsize)

@@ -102,3 +102,36 @@ def test_simulate_returns_outputs_and_ledger():
     assert res.ledger.total_messages == 2 * 4 * 3
     with pytest.raises(UsageError, match="unknown collective"):
         refcoll.simulate("alltoall", xs, algorithm="ring")
+
+
+def test_partially_overlapping_buffers_are_refused():
+    buf = np.arange(20, dtype=np.float64)
+    with pytest.raises(ValueError, match="overlap"):
+        run(1, lambda t: refcoll.allreduce(buf[2:12], t, out=buf[5:15]))
+    row = np.zeros((2, 4))
+    with pytest.raises(ValueError, match="overlap"):
+        run(2, lambda t: refcoll.allgather(row[t.rank][:4].copy() if t.rank else row.reshape(-1)[1:5],
+                                           t, out=row))
+
+
+def test_avg_at_large_p_divides_once_and_never_overflows():
+    from refcoll.ops import OPS
+
+    ints = np.array([100, -100, 5], dtype=np.int8)
+    OPS["avg"].finalize(ints, 200)
+    assert ints.tolist() == [0, 0, 0]
+    bf = np.array([772.0], dtype=ml_dtypes.bfloat16)
+    OPS["avg"].finalize(bf, 257)
+    assert float(bf[0]) == float(ml_dtypes.bfloat16(772.0 / 257))
+
+
+def test_a_world_runs_once():
+    world = SimWorld(2)
+    world.run(lambda t: None)
+    with pytest.raises(RuntimeError, match="runs once"):
+        world.run(lambda t: None)
+
+
+def test_auto_refuses_algorithm_options():
+    with pytest.raises(UsageError, match="auto' takes no algorithm options"):
+        run(2, lambda t: refcoll.allreduce(np.zeros(4), t, algorithm="auto", segment=3))

@@ -76,3 +76,21 @@ def test_verify_under_mpi_ends_with_the_tally(tmp_path):
     assert last == f"{data['passed']} passed, 0 failed"
     assert data["passed"] == len(data["cases"]) > 100
     assert data["world_size"] == 2
+
+
+def test_the_oracle_bound_holds_for_float64_edge_sums():
+    import numpy as np
+
+    from refcoll.oracle import bound_violations, fold
+
+    xs = [np.array([1.0]), np.array([2.0 ** -53]), np.array([2.0 ** -53]), np.array([2.0 ** -53])]
+    idx, _, _ = bound_violations("sum", xs, fold("sum", xs))
+    assert len(idx) == 0
+
+
+def test_a_long_report_keeps_its_shape():
+    from refcoll.conformance import _pack, _unpack
+
+    rep = {"problems": ["raised PeerFailure: " + "x" * 5000] * 7, "digest": "ab" * 16}
+    back = _unpack(_pack(rep))
+    assert back["digest"] == rep["digest"] and len(back["problems"]) == 3

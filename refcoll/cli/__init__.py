@@ -35,6 +35,8 @@ def reports_errors(fn):
             _fail(str(exc), 3)
         except RefcollError as exc:
             _fail(str(exc), 1)
+        except OSError as exc:  # a --json path that cannot be written, a missing file
+            _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
     return wrapper
 
 
@@ -69,6 +71,9 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
         code = subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
     except OSError as exc:
         raise UsageError(f"could not start {cmd[0]}: {exc}") from None
+    if code not in (0, 1, 2, 3):  # a rank killed, or the launcher failing
+        click.echo(f"refcoll: error: {cmd[0]} exited with status {code}", err=True)
+        code = 1
     sys.exit(code)
 
 

@@ -83,7 +83,8 @@ def _human(nbytes: int) -> str:
 @click.option("--dtype", default="all", show_default=True, help="Dtypes, comma-separated, or all.")
 @click.option("--sizes", default=None, help="Element counts, comma-separated [default: 0,1,p-1,p,p+1,5003].")
 @click.option("--inplace", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the inputs.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write every case's verdict as JSON.")
 @reports_errors
 def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, json_file):

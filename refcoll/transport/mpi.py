@@ -37,7 +37,7 @@ class MPITransport(TransportBase):
         MPI = _mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
         self.comm = comm.Dup() if dup else comm
-        self._owned = True
+        self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
@@ -77,7 +77,9 @@ class MPITransport(TransportBase):
         sub = self.comm.Split(MPI.UNDEFINED if color is None or color < 0 else color, key)
         if sub == MPI.COMM_NULL:
             return None
-        return MPITransport(sub, dup=False)
+        t = MPITransport(sub, dup=False)
+        t._owned = True  # created here, so freed here
+        return t
 
     def split_node(self) -> "MPITransport":
         """Return the transport of the ranks on this rank's node (``MPI.COMM_TYPE_SHARED``)."""

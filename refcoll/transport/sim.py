@@ -104,6 +104,7 @@ class SimWorld:
         self._error: BaseException | None = None
         self._splits: dict[tuple, dict] = {}
         self._next_comm = 1
+        self._ran = False
 
     # ------------------------------------------------------------------ running
 
@@ -118,6 +119,9 @@ class SimWorld:
         Raises the first rank's own exception (a :class:`DeadlockError` when the
         world deadlocked) after every thread has stopped.
         """
+        if self._ran:
+            raise RuntimeError("a SimWorld runs once: create a new SimWorld for another run")
+        self._ran = True
         results: list[Any] = [None] * self.size
         errors: list[BaseException | None] = [None] * self.size
 
