@@ -260,7 +260,8 @@ class SimResult:
 
 
 def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
-             timeout: float | None = None, **options) -> SimResult:
+             timeout: float | None = None, record_payloads: bool = False,
+             node_size: int | None = None, **options) -> SimResult:
     """Run one collective on ``len(inputs)`` simulated ranks in this process.
 
     The same algorithm code runs as under MPI, over threads and a rendezvous
@@ -272,6 +273,11 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
         inputs: one array per rank.
         algorithm: an algorithm name; op: a reduction op (ignored for allgather
             and broadcast); options: ``root=`` and algorithm options.
+
+    ``record_payloads=True`` keeps every message's bytes in the ledger;
+    ``node_size`` gives the simulated world its node shape (what
+    ``Transport.split_node`` sees), as ``refcoll.algorithms.hierarchical`` uses
+    when no ``ranks_per_node`` option is passed to it.
 
     Algorithms with ranks that hold no data (``switch``) get them added after
     the ``len(inputs)`` data ranks; the ledger shows their traffic too.
@@ -292,6 +298,7 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     if algo.extra_ranks is not None:  # ranks that hold no data get a template of the buffer
         template = np.zeros_like(np.asarray(inputs[0]))
         args += [(template,)] * algo.extra_ranks(workers, **options)
-    world = SimWorld(len(args), timeout=timeout)
+    world = SimWorld(len(args), timeout=timeout, record_payloads=record_payloads,
+                     ranks_per_node=node_size)
     outputs = world.run(lambda t, x: fn(x, comm=t, **kwargs), args)
     return SimResult(outputs[:workers], world.ledger, world)

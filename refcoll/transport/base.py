@@ -96,6 +96,7 @@ class Message:
     nbytes: int
     tag: int
     comm: int
+    payload: bytes | None = None  # a copy of the bytes, when the world records payloads
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,18 @@ class Ledger:
             else:
                 across += m.nbytes
         return inside, across
+
+    def counts(self) -> dict:
+        """Return the counts a :class:`~refcoll.cost.Cost` predicts, under its field names."""
+        return {
+            "rounds": self.rounds,
+            "messages": self.total_messages,
+            "bytes": self.total_bytes,
+            "max_rank_messages": self.max_rank_messages,
+            "max_rank_bytes": self.max_rank_bytes,
+            "critical_bytes": self.critical_bytes,
+            "reduced": self.max_rank_reduced,
+        }
 
     def summary(self) -> dict:
         """Return the ledger's totals as a JSON-ready dict."""

@@ -79,6 +79,8 @@ class SimWorld:
         size: number of ranks.
         ranks_per_node: how many consecutive ranks share a simulated node (what
             :meth:`SimTransport.split_node` groups); ``None``: one node.
+        record_payloads: keep a copy of every message's bytes in the ledger
+            (``Message.payload``), for tracing which data moves where.
         timeout: seconds any one blocking wait may take before
             :class:`~refcoll.errors.CollectiveTimeout`; ``None`` reads
             ``REFCOLL_TIMEOUT`` and otherwise waits (the deadlock detector still
@@ -86,11 +88,12 @@ class SimWorld:
     """
 
     def __init__(self, size: int, *, timeout: float | None = None,
-                 ranks_per_node: int | None = None):
+                 ranks_per_node: int | None = None, record_payloads: bool = False):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
         self.size = size
         self.ranks_per_node = ranks_per_node or size
+        self.record_payloads = record_payloads
         env = os.environ.get("REFCOLL_TIMEOUT")
         self.timeout = timeout if timeout is not None else (float(env) if env else None)
         self.ledger = Ledger()
@@ -196,7 +199,8 @@ class SimWorld:
         send.step = recv.step = step
         send.done = recv.done = True
         self.ledger.messages.append(
-            Message(step, send.rank, recv.rank, send.buf.nbytes, send.tag, send.comm)
+            Message(step, send.rank, recv.rank, send.buf.nbytes, send.tag, send.comm,
+                    send.buf.tobytes() if self.record_payloads else None)
         )
         self._wake[send.rank].notify_all()
         self._wake[recv.rank].notify_all()

@@ -1,0 +1,130 @@
+"""refcoll gen-inputs / oracle / check: judging other implementations' outputs."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import refcoll
+from conftest import mpiexec_path
+from refcoll.cli import main
+from refcoll.inputs import make_inputs, read_rank_files, write_rank_files
+from refcoll.oracle import check_outputs
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def flip_bit(arr, index, bit=0):
+    out = arr.copy()
+    view = out.reshape(-1).view(f"uint{8 * out.dtype.itemsize}")
+    view[index] ^= np.array(1 << bit, dtype=view.dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int16", "float8_e5m2"])
+def test_rank_files_round_trip_every_dtype(tmp_path, dtype):
+    xs = make_inputs("random", dtype, 9, 3, op="sum")
+    write_rank_files(tmp_path, xs)
+    back = read_rank_files(tmp_path)
+    assert [b.dtype for b in back] == [x.dtype for x in xs]
+    assert all(b.tobytes() == x.tobytes() for b, x in zip(back, xs))
+
+
+def test_gen_inputs_oracle_check_round_trip(tmp_path):
+    assert invoke("gen-inputs", "-p", 5, "--count", 257, "--dtype", "float32",
+                  "--kind", "random", tmp_path / "in").exit_code == 0
+    assert invoke("oracle", "--algorithm", "rabenseifner", tmp_path / "in", tmp_path / "out").exit_code == 0
+    res = invoke("check", "--algorithm", "rabenseifner", "--json", tmp_path / "r.json",
+                 tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert res.output.strip().endswith("verdict: conforming")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["conforming"] and report["ranks"] == 5
+    # Random floats expose the order: another algorithm's bits differ.
+    res = invoke("check", "--algorithm", "ring", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 1 and "bit-exact against ring" in res.output
+
+
+def test_a_flipped_bit_names_the_rank_and_element():
+    xs = make_inputs("random", "float32", 1000, 4)
+    outs = list(refcoll.simulate("allreduce", xs, algorithm="ring").outputs)
+    outs[2] = flip_bit(outs[2], 17, bit=30)  # an exponent bit: far outside the bound too
+    report = check_outputs(xs, outs, algorithm="ring")
+    assert not report.conforming
+    by_name = {f.check: f for f in report.findings}
+    assert by_name["identical on every rank"].data["differing_ranks"] == [2]
+    assert by_name["bit-exact against ring"].data["rank"] == 2
+    assert by_name["bit-exact against ring"].data["index"] == 17
+    assert by_name["within the error bound"].data["rank"] == 2
+    assert by_name["within the error bound"].data["index"] == 17
+
+
+def test_a_missing_and_a_doubled_contribution_are_named():
+    xs = make_inputs("exact", "float32", 64, 5)
+    total = refcoll.oracle.fold("sum", xs)
+    missing = check_outputs(xs, [total - xs[3]] * 5)
+    finding = next(f for f in missing.findings if f.check.startswith("every rank"))
+    assert not finding.passed and finding.data["missing"] == [3]
+    twice = check_outputs(xs, [total + xs[1]] * 5)
+    finding = next(f for f in twice.findings if f.check.startswith("every rank"))
+    assert not finding.passed and finding.data["twice"] == [1]
+
+
+def test_reduce_scatter_and_reduce_outputs_are_judged_per_rank():
+    xs = make_inputs("random", "float64", 11, 3)
+    rs = refcoll.simulate("reduce_scatter", xs, algorithm="ring").outputs
+    assert check_outputs(xs, rs, collective="reduce_scatter", algorithm="ring").conforming
+    red = refcoll.simulate("reduce", xs, algorithm="tree", root=2).outputs
+    assert red[0] is None
+    assert check_outputs(xs, red, collective="reduce", algorithm="tree", root=2).conforming
+
+
+def test_unusable_input_exits_2(tmp_path):
+    xs = make_inputs("random", "float32", 8, 2)
+    write_rank_files(tmp_path / "in", xs)
+    write_rank_files(tmp_path / "out", [xs[0].astype(np.float64)] * 2)
+    assert invoke("check", tmp_path / "in", tmp_path / "missing").exit_code == 2
+    res = invoke("check", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 2 and "expected float32" in res.output
+    assert invoke("check", "--algorithm", "ring", "--any", tmp_path / "in", tmp_path / "in").exit_code == 2
+
+
+MPI_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    from refcoll.inputs import read_rank_files
+    comm = MPI.COMM_WORLD
+    x = read_rank_files(sys.argv[1])[comm.rank]
+    y = np.empty_like(x)
+    comm.Allreduce(x, y, op=MPI.SUM)
+    np.save(f"{sys.argv[2]}/rank{comm.rank}.npy", y)
+""")
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+def test_the_mpi_librarys_own_allreduce_is_judged_conforming(tmp_path):
+    script = tmp_path / "mpi_allreduce.py"
+    script.write_text(MPI_SCRIPT)
+    (tmp_path / "out").mkdir()
+    assert invoke("gen-inputs", "-p", 4, "--count", 4099, "--kind", "random",
+                  tmp_path / "in").exit_code == 0
+    subprocess.run([mpiexec_path(), "-n", "4", sys.executable, str(script), str(tmp_path / "in"),
+                    str(tmp_path / "out")], check=True, timeout=120)
+    res = invoke("check", "--any", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    # One flipped bit in one rank's output is caught, and named.
+    bad = flip_bit(np.load(tmp_path / "out" / "rank3.npy"), 1234, bit=29)
+    np.save(tmp_path / "out" / "rank3.npy", bad)
+    res = invoke("check", "--any", "--json", tmp_path / "r.json", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    identical = next(f for f in report["findings"] if f["check"] == "identical on every rank")
+    assert identical["data"]["differing_ranks"] == [3]
+    assert "rank 3 element 1234" in identical["detail"]
