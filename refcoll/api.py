@@ -8,6 +8,7 @@ The input is never modified unless it is also ``out``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from . import algorithms
 from .chunking import chunk_slice, chunk_sizes
-from .errors import UsageError
+from .errors import MismatchError, UsageError
 from .ops import check_supported, get_dtype, get_op
 from .transport.base import Ledger
 from .transport.sim import SimWorld
@@ -48,7 +49,10 @@ def as_transport(comm=None):
 def _flat_input(x, t) -> np.ndarray:
     """Return ``x`` as a flat, C-contiguous, native-byte-order array of a supported dtype."""
     arr = np.asarray(x)
-    get_dtype(arr.dtype)
+    try:
+        get_dtype(arr.dtype)
+    except UsageError as exc:
+        raise UsageError(f"rank {t.rank}: {exc}") from None
     if not arr.dtype.isnative:
         raise TypeError(
             f"rank {t.rank}: input has non-native byte order ({arr.dtype.str}); convert it "
@@ -93,7 +97,7 @@ def _shaped(flat: np.ndarray, out, shape) -> np.ndarray:
 
 
 def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=None,
-              **options) -> np.ndarray:
+              validate: bool = True, **options) -> np.ndarray:
     """Reduce ``x`` elementwise over all ranks; every rank gets the bitwise-same result.
 
     Args:
@@ -103,6 +107,9 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
         algorithm: a name from ``refcoll list``.
         compressor: not supported yet; must be ``None``.
         out: result buffer (``out=x`` runs in place); a new array otherwise.
+        validate: first check that every rank passed the same collective,
+            algorithm, op, dtype, count and options (:mod:`refcoll.validate`);
+            ``False`` saves that round trip.
         **options: passed to the algorithm (segment sizes and the like).
 
     Returns:
@@ -114,22 +121,56 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
     if compressor is not None:
         raise UsageError("compressed all-reduce is not available in this version")
     t = as_transport(comm)
-    reduction = get_op(op)
-    fn = algorithms.implementation(algorithm, "allreduce")
-    workers = _workers(algorithms.get(algorithm), t, options)
-    flat = _flat_input(x, t)
-    check_supported(reduction, flat.dtype)
+    with _shared_errors(t, validate, "allreduce"):
+        reduction = get_op(op)
+        fn = algorithms.implementation(algorithm, "allreduce")
+        workers = _workers(algorithms.get(algorithm), t, options)
+        flat = _flat_input(x, t)
+        check_supported(reduction, flat.dtype)
     if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
         with t.call("allreduce"):
+            _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
             fn(t, flat, None, op=reduction, **options)
         return None
     shape = np.shape(x)
-    result = _flat_out(out, shape, flat.dtype, t, "all-reduce")
-    _check_overlap(flat, result, (flat, result), t, "all-reduce")
+    with _shared_errors(t, validate, "allreduce"):
+        result = _flat_out(out, shape, flat.dtype, t, "all-reduce")
+        _check_overlap(flat, result, (flat, result), t, "all-reduce")
     with t.call("allreduce"):
+        _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
         fn(t, flat, result, op=reduction, **options)
     reduction.finalize(result, workers)
     return _shaped(result, out, shape)
+
+
+@contextlib.contextmanager
+def _shared_errors(t, validate: bool, collective: str):
+    """Make a bad argument on one rank an error on every rank, before any data moves.
+
+    With validation on, a rank whose arguments fail its local checks still takes
+    part in the argument agreement, carrying its error, so the other ranks raise
+    too instead of waiting for it; it then raises its own exception.
+    """
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        if validate and t.size > 1 and not isinstance(exc, MismatchError):
+            from .validate import agree
+
+            with t.call(collective):
+                agree(t, collective=collective, error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _agree(t, validate: bool, collective: str, algorithm: str, op, flat, options,
+           root: int = 0) -> None:
+    if validate:
+        from .ops import dtype_name
+        from .validate import agree
+
+        agree(t, collective=collective, algorithm=algorithm, op=op.name if op else "-",
+              dtype=dtype_name(flat.dtype), count=flat.size, root=root,
+              options=sorted(options.items()))
 
 
 def _workers(algo, t, options) -> int:
@@ -143,7 +184,8 @@ def _workers(algo, t, options) -> int:
     return workers
 
 
-def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, **options) -> np.ndarray:
+def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
+                   **options) -> np.ndarray:
     """Reduce ``x`` over all ranks and give rank ``r`` chunk ``r`` of the result.
 
     ``x`` is flattened; its ``n`` elements are cut into ``p`` chunks by
@@ -152,21 +194,24 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, **opti
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
     t = as_transport(comm)
-    reduction = get_op(op)
-    fn = algorithms.implementation(algorithm, "reduce_scatter")
-    flat = _flat_input(x, t)
-    check_supported(reduction, flat.dtype)
-    shape = (chunk_sizes(flat.size, t.size)[t.rank],)
-    result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter")
-    _check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
-                   "reduce-scatter")
+    with _shared_errors(t, validate, "reduce_scatter"):
+        reduction = get_op(op)
+        fn = algorithms.implementation(algorithm, "reduce_scatter")
+        flat = _flat_input(x, t)
+        check_supported(reduction, flat.dtype)
+        shape = (chunk_sizes(flat.size, t.size)[t.rank],)
+        result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter")
+        _check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
+                       "reduce-scatter")
     with t.call("reduce_scatter"):
+        _agree(t, validate, "reduce_scatter", algorithm, reduction, flat, options)
         fn(t, flat, result, op=reduction, **options)
     reduction.finalize(result, t.size)
     return _shaped(result, out, shape)
 
 
-def allgather(x, comm=None, *, algorithm="ring", out=None, **options) -> np.ndarray:
+def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True,
+              **options) -> np.ndarray:
     """Gather every rank's ``x`` (same shape on every rank) on every rank.
 
     Returns an array of shape ``(p, *x.shape)``: row ``r`` is rank ``r``'s input
@@ -174,53 +219,60 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, **options) -> np.ndar
     pass ``x`` as row ``r`` of ``out``.
     """
     t = as_transport(comm)
-    fn = algorithms.implementation(algorithm, "allgather")
-    flat = _flat_input(x, t)
-    shape = (t.size, *np.shape(x))
-    result = _flat_out(out, shape, flat.dtype, t, "allgather")
-    own_block = result[chunk_slice(result.size, t.size, t.rank)]
-    _check_overlap(flat, result, (flat, own_block), t, "allgather")
-    if not (flat.size and np.shares_memory(own_block, flat)):
-        np.copyto(own_block, flat)
+    with _shared_errors(t, validate, "allgather"):
+        fn = algorithms.implementation(algorithm, "allgather")
+        flat = _flat_input(x, t)
+        shape = (t.size, *np.shape(x))
+        result = _flat_out(out, shape, flat.dtype, t, "allgather")
+        own_block = result[chunk_slice(result.size, t.size, t.rank)]
+        _check_overlap(flat, result, (flat, own_block), t, "allgather")
+        if not (flat.size and np.shares_memory(own_block, flat)):
+            np.copyto(own_block, flat)
     with t.call("allgather"):
+        _agree(t, validate, "allgather", algorithm, None, flat, options)
         fn(t, result, **options)
     return _shaped(result, out, shape)
 
 
-def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, **options) -> np.ndarray:
+def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, validate: bool = True,
+              **options) -> np.ndarray:
     """Return the root's ``x`` on every rank (``x`` must have the same shape everywhere).
 
     Non-root ranks' ``x`` gives only the shape and dtype; ``out=x`` overwrites it
     in place, as ``MPI_Bcast`` does.
     """
     t = as_transport(comm)
-    _check_root(root, t)
-    fn = algorithms.implementation(algorithm, "broadcast")
-    flat = _flat_input(x, t)
-    shape = np.shape(x)
-    result = _flat_out(out, shape, flat.dtype, t, "broadcast")
-    _check_overlap(flat, result, (flat, result), t, "broadcast")
-    if t.rank == root and not np.shares_memory(result, flat):
-        np.copyto(result, flat)
+    with _shared_errors(t, validate, "broadcast"):
+        _check_root(root, t)
+        fn = algorithms.implementation(algorithm, "broadcast")
+        flat = _flat_input(x, t)
+        shape = np.shape(x)
+        result = _flat_out(out, shape, flat.dtype, t, "broadcast")
+        _check_overlap(flat, result, (flat, result), t, "broadcast")
+        if t.rank == root and not np.shares_memory(result, flat):
+            np.copyto(result, flat)
     with t.call("broadcast"):
+        _agree(t, validate, "broadcast", algorithm, None, flat, options, root)
         fn(t, result, root=root, **options)
     return _shaped(result, out, shape)
 
 
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
-           **options) -> np.ndarray | None:
+           validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
     t = as_transport(comm)
-    _check_root(root, t)
-    reduction = get_op(op)
-    fn = algorithms.implementation(algorithm, "reduce")
-    flat = _flat_input(x, t)
-    check_supported(reduction, flat.dtype)
-    shape = np.shape(x)
-    result = _flat_out(out, shape, flat.dtype, t, "reduce") if t.rank == root else None
-    if result is not None:
-        _check_overlap(flat, result, (flat, result), t, "reduce")
+    with _shared_errors(t, validate, "reduce"):
+        _check_root(root, t)
+        reduction = get_op(op)
+        fn = algorithms.implementation(algorithm, "reduce")
+        flat = _flat_input(x, t)
+        check_supported(reduction, flat.dtype)
+        shape = np.shape(x)
+        result = _flat_out(out, shape, flat.dtype, t, "reduce") if t.rank == root else None
+        if result is not None:
+            _check_overlap(flat, result, (flat, result), t, "reduce")
     with t.call("reduce"):
+        _agree(t, validate, "reduce", algorithm, reduction, flat, options, root)
         fn(t, flat, result, op=reduction, root=root, **options)
     if t.rank != root:
         return None
@@ -274,6 +326,8 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
         algorithm: an algorithm name; op: a reduction op (ignored for allgather
             and broadcast); options: ``root=`` and algorithm options.
 
+    ``validate=True`` runs the argument agreement of the real calls first (off by
+    default, so the ledger holds the algorithm's messages alone);
     ``record_payloads=True`` keeps every message's bytes in the ledger;
     ``node_size`` gives the simulated world its node shape (what
     ``Transport.split_node`` sees), as ``refcoll.algorithms.hierarchical`` uses
@@ -289,7 +343,10 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     if len(inputs) < 1:
         raise UsageError("simulate needs at least one rank's input")
     fn = _COLLECTIVE_FUNCTIONS[collective]
+    # The ledger should show the algorithm's messages only, so argument agreement
+    # (one small allgather) is off unless asked for.
     kwargs = dict(options, algorithm=algorithm)
+    kwargs.setdefault("validate", False)
     if collective not in ("allgather", "broadcast"):
         kwargs["op"] = op
     algo = algorithms.get(algorithm)

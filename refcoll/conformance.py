@@ -35,7 +35,7 @@ from .chunking import chunk_slice
 from .inputs import make_inputs
 from .ops import DTYPES, OPS, check_supported, get_dtype, get_op, is_float
 from .oracle import error_bound, exact_reduce, fold, violations
-from .errors import UsageError
+from .errors import CollectiveTimeout, UsageError
 from .tuning import resolve
 from .algorithms.naive import naive_broadcast
 
@@ -373,6 +373,8 @@ def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
         target = error = None
         try:
             output, target = _run_collective(t, case, x)
+        except CollectiveTimeout:
+            raise  # the job cannot go on: the caller aborts it
         except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
             error = exc
         _barrier(ctl)  # every rank has finished the case: nothing may still be in flight

@@ -23,6 +23,16 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _abort_job(code: int) -> None:
+    """Exit with ``code``, ending every rank of the MPI job so none is left waiting."""
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(code)
+    sys.exit(code)
+
+
 def reports_errors(fn):
     """Turn refcoll's exceptions into one-line messages and the documented exit codes."""
     @functools.wraps(fn)
@@ -32,7 +42,8 @@ def reports_errors(fn):
         except UsageError as exc:
             _fail(str(exc), 2)
         except CollectiveTimeout as exc:
-            _fail(str(exc), 3)
+            click.echo(f"refcoll: error: {exc}", err=True)
+            _abort_job(3)
         except RefcollError as exc:
             _fail(str(exc), 1)
         except OSError as exc:  # a --json path that cannot be written, a missing file

@@ -57,6 +57,7 @@ class TransportBase:
 
     def __init__(self) -> None:
         self._calls = 0
+        self._ops = 0  # blocking exchanges in the current call (named in timeouts)
         self._depth = 0
         self._tag_base = 0
         self.current_call: str | None = None
@@ -67,6 +68,7 @@ class TransportBase:
         if self._depth == 0:
             self._tag_base = (self._calls % self._tag_slots) * TAGS_PER_CALL
             self._calls += 1
+            self._ops = 0
             self.current_call = name
         self._depth += 1
         try:
