@@ -394,15 +394,23 @@ def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
     reports = _gather_reports(ctl, {"problems": problems, "digest": _digest(output).hex()})
     verdict = None
     if ctl.rank == 0:
-        algorithm = case.algorithm
+        algorithm, options = case.algorithm, case.kwargs
         if algorithm == "auto":
             algorithm = resolve(t, case.collective, case.count, DTYPES[case.dtype].itemsize)
-        verdict = _judge(case, inputs, reports, algorithm)
+        if algorithm == "hierarchical" and "ranks_per_node" not in options:
+            # The real nodes (MPI_COMM_TYPE_SHARED) shape the order: predict with them,
+            # assuming the launcher placed consecutive ranks on a node, as MPICH's does.
+            from .algorithms.hierarchical import node_layout
+
+            sizes = node_layout(t).sizes
+            if len(sizes) > 1:
+                options = dict(options, ranks_per_node=sizes[0])
+        verdict = _judge(case, inputs, reports, algorithm, options)
     verdict = _bcast_report(ctl, verdict)
     return CaseResult(case, not verdict, "; ".join(verdict))
 
 
-def _judge(case: Case, inputs, reports: list[dict], algorithm: str) -> list[str]:
+def _judge(case: Case, inputs, reports: list[dict], algorithm: str, options: dict) -> list[str]:
     """Rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle.
 
     ``algorithm`` is the one that ran: ``auto`` resolved on the real transport, so
@@ -416,7 +424,7 @@ def _judge(case: Case, inputs, reports: list[dict], algorithm: str) -> list[str]
     if _ordered(case) and not problems:
         predicted = simulate(case.collective, inputs, algorithm=algorithm, op=case.op,
                              **({"root": case.root} if case.collective == "reduce" else {}),
-                             **case.kwargs)
+                             **options)
         for r, (want, got) in enumerate(zip(predicted.outputs, digests)):
             if _digest(want).hex() != got:
                 problems.append(f"rank {r}: differs from the simulator's bit-exact prediction "

@@ -58,3 +58,17 @@ def test_battery_catches_a_broken_algorithm(monkeypatch):
                            dtypes=["int32"], sizes=[7])
     assert failures, "the battery must catch a dropped contribution"
     assert "element 3" in failures[0].reason
+
+
+@pytest.mark.parametrize("p,k", [(4, 2), (6, 3), (7, 3)])
+def test_battery_on_multi_node_worlds_predicts_with_the_real_nodes(p, k):
+    """hierarchical without ranks_per_node finds the nodes itself; the oracle must too."""
+    from refcoll.conformance import build_cases, run_battery
+    from refcoll.transport import SimWorld
+
+    cases = [c for c in build_cases(p, algorithms_=["hierarchical"], ops=["sum", "avg"],
+                                    dtypes=["float32", "int32"], sizes=[0, p + 1, 257])
+             if not c.options]
+    results = SimWorld(p, ranks_per_node=k).run(lambda t: run_battery(t, cases))[0]
+    failures = [r for r in results if not r.passed]
+    assert not failures, failure_text(failures)
