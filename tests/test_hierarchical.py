@@ -276,7 +276,7 @@ def run_split_node(p, k, xs, *, calls=1):
                 if t.rank == 0:
                     marks.append(len(world.ledger.messages))
                 t.split(0, t.rank)  # no rank goes on before rank 0 took the mark
-            out = refcoll.allreduce(x, t, algorithm="hierarchical")
+            out = refcoll.allreduce(x, t, algorithm="hierarchical", validate=False)
         return out
 
     outputs = world.run(body, [(x,) for x in xs])
