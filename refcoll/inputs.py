@@ -16,8 +16,16 @@ Kinds:
 * ``random``: standard normal values (``prod``: magnitudes in [0.8, 1.25] of
   random sign, so products neither overflow nor underflow) rounded to the dtype;
   results depend on the reduction order.
-* ``adversarial``: large values of both signs that cancel across ranks, plus
-  small ones (MPICH's ``allred_float`` idea): sums whose bits expose the order.
+* ``adversarial``: the worst case of the summation error bound. Per element one
+  rank holds the power of two ``B = M`` (the spacing just above it is 2) and
+  every other rank a value in ``[0.75, 1)`` of the same sign, which a partial sum
+  holding ``B`` absorbs whole: an order that meets ``B`` first loses
+  ``≈ (p-1)·u·Σ|x|``, the γ(p-1) bound itself. On every other element a second
+  rank holds ``-B`` (MPICH's ``allred_float`` idea), so the large values cancel
+  and the small ones that survive show the order. Which ranks hold ``±B``, and
+  the sign, are drawn per element from a generator every rank shares. ``prod``:
+  magnitudes in ``[1, 1 + min(1/8, 1/p))`` with random mantissas and signs, so
+  every partial product rounds and none can overflow (``|Π| < e``).
 """
 
 from __future__ import annotations
@@ -67,12 +75,29 @@ def make_input(kind: str, dtype, count: int, rank: int, size: int, *, op: str = 
             magnitude = rng.uniform(0.8, 1.25, size=count)
             return (magnitude * rng.choice(np.array([-1.0, 1.0]), size=count)).astype(dt)
         return rng.standard_normal(count).astype(dt)
-    # adversarial: +L on even ranks, -L on odd ranks (sign flipped per element), plus
-    # small values, so partial sums cancel and the surviving low bits depend on order.
-    big = float(exact_integer_limit(dt)) * 4.0
-    sign = np.where((np.arange(count) + rank) % 2 == 0, 1.0, -1.0)
-    small = rng.uniform(-1.0, 1.0, size=count) * rng.choice(np.array([1.0, 2.0 ** -10]), size=count)
-    return (sign * big + small).astype(dt)
+    return _adversarial(dt, count, rank, size, op, seed, rng)
+
+
+def _adversarial(dt: np.dtype, count: int, rank: int, size: int, op: str, seed: int,
+                 rng) -> np.ndarray:
+    """Return rank ``rank``'s ``adversarial`` input (see the module docstring)."""
+    if op == "prod":
+        magnitude = 1.0 + rng.uniform(0.0, min(0.125, 1.0 / size), size=count)
+        return (magnitude * rng.choice(np.array([-1.0, 1.0]), size=count)).astype(dt)
+    # The layout (who holds +B, who -B, the sign) is the same on every rank: its
+    # generator is seeded without the rank.
+    shared = np.random.default_rng([seed, size, count, zlib.crc32(b"adversarial/layout")])
+    sign = shared.choice(np.array([-1.0, 1.0]), size=count)
+    holder = shared.integers(0, size, size=count)
+    canceller = (holder + shared.integers(1, max(size, 2), size=count)) % size
+    cancels = (np.arange(count) % 2 == 1) & (size > 1)
+    # B = M = 2**(mantissa bits + 1): the spacing just above B is 2, so a partial
+    # sum B + s with a same-sign s below 1 rounds back to B.
+    big = float(exact_integer_limit(dt))
+    values = sign * rng.uniform(0.75, 1.0, size=count)
+    values[holder == rank] = sign[holder == rank] * big
+    values[cancels & (canceller == rank)] = -sign[cancels & (canceller == rank)] * big
+    return values.astype(dt)
 
 
 def make_inputs(kind: str, dtype, count: int, size: int, *, op: str = "sum",

@@ -1,0 +1,347 @@
+"""Golden test vectors: inputs and every rank's expected output, for other implementations.
+
+``spec/vectors/`` holds one small ``.npz`` file per vector and a ``manifest.json``
+that lists them. A vector is one run of one algorithm's collective: every rank's
+input (``input_0`` .. ``input_{p-1}``) and every rank's output (``output_r``;
+``reduce`` has one, on its root), as :func:`refcoll.simulate` computes them, so an
+implementation of the same algorithm in another language must reproduce every
+output bit for bit. ``spec/vectors/README.md`` says how to read them.
+
+What the set holds (:func:`plan`): every registered algorithm but ``auto`` (which
+only picks one of the others) and every collective it implements, over
+
+* ``float32``, ``random`` inputs at ``p`` in 1, 2, 3, 4, 5, 8 with ``n = p + 1``
+  (uneven chunks) and ``n = 37`` at ``p`` in 3, 5, 8; ``n`` 0 and 1 at ``p = 3``
+  (empty chunks);
+* ``bfloat16`` ``random``, and ``int32`` ``exact`` (wrapping), at ``p = 5``;
+* reductions also: ``float16`` ``random`` and ``float64`` ``random`` at ``p = 5``,
+  ``adversarial`` ``float32`` sums at ``p = 8`` (cancelling values whose bits
+  expose the order), ``avg``, ``max`` and ``prod`` of ``float32``, ``avg`` of
+  ``bfloat16`` and of ``int32`` (truncating division);
+* for each further option set in :data:`VARIANTS` (a segment or packet shorter
+  than the buffer, unequal nodes, the switch's integer mode) and for ``root =
+  p - 1``: ``float32`` ``random``, ``n = 37``, ``p`` in 3, 5, 8.
+
+Random floats are the vectors that pin a reduction order; integers and ``exact``
+inputs pin data movement and wrapping. Inputs come from
+:func:`refcoll.inputs.make_inputs` with seed :data:`SEED`.
+
+Bytes: each file is an uncompressed zip with a fixed date, its members written in
+sorted order with ``.npy`` format 1.0, little-endian, so regenerating gives the
+same bytes and the manifest's sha256 of each file is stable; ``verify`` checks
+both the digests and, by simulating again, every output.
+
+Run ``python -m refcoll.vectors spec/vectors`` to regenerate and
+``python -m refcoll.vectors --verify spec/vectors`` to check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import algorithms
+from .api import simulate
+from .inputs import _storage as stored_dtype
+from .inputs import make_inputs
+from .ops import dtype_name, get_dtype
+
+__all__ = ["FORMAT", "SEED", "VARIANTS", "Vector", "plan", "generate", "verify", "load",
+           "read_manifest", "main"]
+
+#: Version of the manifest's layout.
+FORMAT = 1
+#: Seed of every vector's inputs.
+SEED = 0
+#: Process counts of the main grid.
+PROCESS_COUNTS = (1, 2, 3, 4, 5, 8)
+#: Option sets each algorithm's vectors use: the first on the whole grid, the
+#: others on a few cases, so small buffers still take the edge paths.
+VARIANTS = {
+    "hierarchical": ({"ranks_per_node": 2}, {"ranks_per_node": 3}),
+    "tree": ({}, {"segment": 4}),
+    "dbtree": ({}, {"segment": 4}),
+    "switch": ({}, {"radix": 2, "packet": 8, "slots": 2}, {"mode": "int", "packet": 8}),
+}
+
+_REDUCING = ("allreduce", "reduce_scatter", "reduce")
+_ROOTED = ("broadcast", "reduce")
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can hold: no clock in the bytes
+
+
+@dataclass(frozen=True)
+class Vector:
+    """One vector: an algorithm's collective on one op, dtype, ``p``, ``n`` and input kind.
+
+    ``options`` are the keyword options of the call (``root`` included), as sorted
+    ``(name, value)`` pairs; ``op`` is ``None`` for allgather and broadcast.
+    """
+
+    algorithm: str
+    collective: str
+    op: str | None
+    dtype: str
+    p: int
+    n: int
+    kind: str
+    options: tuple = ()
+
+    @property
+    def filename(self) -> str:
+        """Return the file's name: every parameter, options last (``-root2``)."""
+        parts = [self.algorithm, self.collective, self.op or "none", self.dtype,
+                 f"p{self.p}", f"n{self.n}", self.kind]
+        parts += [f"{key}{value}" for key, value in self.options]
+        return "-".join(parts) + ".npz"
+
+    def inputs(self) -> list[np.ndarray]:
+        """Return every rank's input (data movement uses the ``sum`` inputs)."""
+        return make_inputs(self.kind, get_dtype(self.dtype), self.n, self.p,
+                           op=self.op or "sum", seed=SEED)
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list:
+        """Return every rank's output from the simulator (``None`` off a reduce's root)."""
+        kwargs = dict(self.options)
+        if self.op is not None:
+            kwargs["op"] = self.op
+        return simulate(self.collective, list(inputs), algorithm=self.algorithm, **kwargs).outputs
+
+
+def _vector(algorithm: str, collective: str, op, dtype: str, p: int, n: int, kind: str,
+            options: dict, root: int = 0) -> Vector:
+    if collective in _ROOTED:
+        options = dict(options, root=root)
+    return Vector(algorithm, collective, op if collective in _REDUCING else None, dtype, p, n,
+                  kind, tuple(sorted(options.items())))
+
+
+def _grid(reducing: bool) -> Iterator[tuple]:
+    """Yield the main grid's ``(op, dtype, p, n, kind)``."""
+    for p in PROCESS_COUNTS:
+        yield ("sum", "float32", p, p + 1, "random")
+        if p in (3, 5, 8):
+            yield ("sum", "float32", p, 37, "random")
+    for n in (0, 1):
+        yield ("sum", "float32", 3, n, "random")
+    yield ("sum", "bfloat16", 5, 37, "random")
+    yield ("sum", "int32", 5, 37, "exact")
+    if not reducing:
+        return
+    yield ("sum", "float16", 5, 37, "random")
+    yield ("sum", "float64", 5, 37, "random")
+    yield ("sum", "float32", 8, 37, "adversarial")
+    for op in ("avg", "max", "prod"):
+        yield (op, "float32", 5, 37, "random")
+    yield ("avg", "bfloat16", 5, 37, "random")
+    yield ("avg", "int32", 5, 37, "exact")
+
+
+def plan() -> list[Vector]:
+    """Return every vector of the set, in registry order (see the module docstring)."""
+    vectors = []
+    for algo in algorithms.REGISTRY.values():
+        if algo.name == "auto":
+            continue
+        base, *others = VARIANTS.get(algo.name, ({},))
+        for collective in algo.collectives:
+            vectors += [_vector(algo.name, collective, *case, base)
+                        for case in _grid(collective in _REDUCING)]
+            few = [(p, options, 0) for options in others for p in (3, 5, 8)]
+            if collective in _ROOTED:
+                few += [(p, base, p - 1) for p in (3, 5, 8)]
+            vectors += [_vector(algo.name, collective, "sum", "float32", p, 37, "random",
+                                options, root) for p, options, root in few]
+    return vectors
+
+
+# ----------------------------------------------------------------------- files
+
+def _stored(arr: np.ndarray) -> np.ndarray:
+    """Return ``arr`` as it is stored: little-endian, ml_dtypes types as their bits."""
+    arr = np.ascontiguousarray(arr)
+    return arr.view(stored_dtype(arr.dtype)).astype(stored_dtype(arr.dtype).newbyteorder("<"),
+                                                    copy=False)
+
+
+def _write_npz(path: Path, arrays: dict) -> None:
+    """Write an ``.npz`` whose bytes depend only on ``arrays`` (no dates, no compression)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        for key in sorted(arrays):
+            member = io.BytesIO()
+            np.lib.format.write_array(member, _stored(arrays[key]), version=(1, 0),
+                                      allow_pickle=False)
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=_ZIP_DATE)
+            info.create_system = 3  # the same bytes on every platform
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, member.getvalue())
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _entry(v: Vector, outputs: list, digest: str) -> dict:
+    """Return a vector's manifest entry."""
+    algo = algorithms.get(v.algorithm)
+    options = dict(v.options)
+    held = [r for r, y in enumerate(outputs) if y is not None]
+    dt = get_dtype(v.dtype)
+    return {
+        "file": v.filename,
+        "algorithm": v.algorithm,
+        "collective": v.collective,
+        "op": v.op,
+        "dtype": v.dtype,
+        "stored_as": dtype_name(stored_dtype(dt)),
+        "p": v.p,
+        "n": v.n,
+        "kind": v.kind,
+        "seed": SEED,
+        "options": options,
+        "root": options.get("root"),
+        "extra_ranks": algo.extra_ranks(v.p, **options) if algo.extra_ranks else 0,
+        "input_shape": [v.n],
+        "output_ranks": held,
+        "output_shapes": [list(np.shape(outputs[r])) for r in held],
+        "sha256": digest,
+    }
+
+
+def generate(directory) -> dict:
+    """Write every vector of :func:`plan` and ``manifest.json`` into ``directory``.
+
+    ``.npz`` files there that are not in the plan are removed; other files (the
+    README) are left alone. Returns the manifest.
+    """
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for v in plan():
+        inputs = v.inputs()
+        outputs = v.run(inputs)
+        arrays = {f"input_{r}": x for r, x in enumerate(inputs)}
+        arrays.update({f"output_{r}": y for r, y in enumerate(outputs) if y is not None})
+        _write_npz(path / v.filename, arrays)
+        entries.append(_entry(v, outputs, _sha256(path / v.filename)))
+    wanted = {e["file"] for e in entries}
+    for stale in path.glob("*.npz"):
+        if stale.name not in wanted:
+            stale.unlink()
+    header = {
+        "format": FORMAT,
+        "generator": "python -m refcoll.vectors spec/vectors",
+        "expected_by": "refcoll.simulate",
+        "bytes": ("stable: uncompressed zip, fixed member dates, members in sorted order, "
+                  ".npy format 1.0 little-endian; sha256 is of the whole file"),
+        "count": len(entries),
+    }
+    (path / "manifest.json").write_text(_manifest_text(header, entries))
+    return dict(header, vectors=entries)
+
+
+def _manifest_text(header: dict, entries: list) -> str:
+    """Return the manifest as JSON: the header's keys, then ``vectors``, one a line."""
+    head = json.dumps(header, indent=1, sort_keys=True)[:-2]  # drop the closing "\n}"
+    body = ",\n  ".join(json.dumps(e, sort_keys=True) for e in entries)
+    return f'{head},\n "vectors": [\n  {body}\n ]\n}}\n'
+
+
+def read_manifest(directory) -> dict:
+    """Return ``directory``'s ``manifest.json``."""
+    return json.loads((Path(directory) / "manifest.json").read_text())
+
+
+def load(directory, entry: dict) -> tuple[list, list]:
+    """Return a vector's ``(inputs, outputs)`` by rank, in their real dtype.
+
+    ``outputs[r]`` is ``None`` for a rank without an output (off a reduce's root).
+    """
+    dt = get_dtype(entry["dtype"])
+    with np.load(Path(directory) / entry["file"], allow_pickle=False) as data:
+        def read(key):
+            stored = data[key]
+            return stored.astype(stored.dtype.newbyteorder("="), copy=False).view(dt)
+
+        inputs = [read(f"input_{r}") for r in range(entry["p"])]
+        outputs = [read(f"output_{r}") if f"output_{r}" in data.files else None
+                   for r in range(entry["p"])]
+    return inputs, outputs
+
+
+def _first_difference(have: np.ndarray, want: np.ndarray) -> str:
+    """Describe where two arrays' bits first differ (or their shapes)."""
+    if have.shape != want.shape or have.dtype != want.dtype:
+        return f"holds {have.dtype}{list(have.shape)}, the simulator gives {want.dtype}{list(want.shape)}"
+    bits_have = _stored(have).reshape(-1).view(f"u{have.dtype.itemsize}")
+    bits_want = _stored(want).reshape(-1).view(f"u{want.dtype.itemsize}")
+    i = int(np.flatnonzero(bits_have != bits_want)[0])
+    return (f"element {i} is {have.reshape(-1)[i]!r} (0x{int(bits_have[i]):x}), the simulator "
+            f"gives {want.reshape(-1)[i]!r} (0x{int(bits_want[i]):x}); "
+            f"{int((bits_have != bits_want).sum())} elements differ")
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and _stored(a).tobytes() == _stored(b).tobytes()
+
+
+def verify(directory) -> list[str]:
+    """Re-simulate every vector in ``directory``; return one line per mismatch (none: ``[]``).
+
+    Checks each file's sha256 against the manifest and every rank's stored output
+    against :func:`refcoll.simulate`'s, bit for bit.
+    """
+    path = Path(directory)
+    problems = []
+    for entry in read_manifest(path)["vectors"]:
+        name = entry["file"]
+        if not (path / name).is_file():
+            problems.append(f"{name}: missing")
+            continue
+        if _sha256(path / name) != entry["sha256"]:
+            problems.append(f"{name}: sha256 differs from the manifest's")
+        v = Vector(entry["algorithm"], entry["collective"], entry["op"], entry["dtype"],
+                   entry["p"], entry["n"], entry["kind"], tuple(sorted(entry["options"].items())))
+        inputs, outputs = load(path, entry)
+        predicted = v.run(inputs)
+        for r, (have, want) in enumerate(zip(outputs, predicted)):
+            if have is None and want is None:
+                continue
+            if have is None or want is None:
+                problems.append(f"{name}: rank {r} " + ("has no output, the simulator gives one"
+                                                        if have is None else
+                                                        "has an output, the simulator gives none"))
+            elif not _bits_equal(have, np.asarray(want)):
+                problems.append(f"{name}: rank {r} {_first_difference(have, np.asarray(want))}")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerate (or, with ``--verify``, check) the vectors in a directory."""
+    parser = argparse.ArgumentParser(prog="python -m refcoll.vectors",
+                                     description="Write or verify refcoll's golden test vectors.")
+    parser.add_argument("directory", help="where the vectors live, e.g. spec/vectors")
+    parser.add_argument("--verify", action="store_true",
+                        help="re-simulate every vector instead of writing them")
+    args = parser.parse_args(argv)
+    if args.verify:
+        problems = verify(args.directory)
+        for line in problems:
+            print(line)
+        print(f"{read_manifest(args.directory)['count']} vectors, {len(problems)} mismatches")
+        return 1 if problems else 0
+    manifest = generate(args.directory)
+    print(f"wrote {manifest['count']} vectors and manifest.json to {args.directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The golden vectors in spec/vectors: regenerated identically, complete, reproduced bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import refcoll
+from refcoll import algorithms
+from refcoll.inputs import make_inputs
+from refcoll.ops import get_dtype
+from refcoll.vectors import PROCESS_COUNTS, generate, load, plan, read_manifest, verify
+
+VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+
+
+def _bits(a) -> bytes:
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}").tobytes() if a.size else b""
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and a.shape == b.shape and _bits(a) == _bits(b)
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    return read_manifest(VECTORS)
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("vectors")
+    generate(directory)
+    return directory
+
+
+def _by_file(manifest: dict) -> dict:
+    return {e["file"]: e for e in manifest["vectors"]}
+
+
+def test_regenerated_manifest_is_the_committed_one(regenerated, committed):
+    fresh = _by_file(read_manifest(regenerated))
+    old = _by_file(committed)
+    assert sorted(set(fresh) - set(old)) == [], "vectors the committed set lacks: regenerate"
+    assert sorted(set(old) - set(fresh)) == [], "committed vectors the plan no longer makes"
+    differing = [name for name in old if old[name] != fresh[name]]
+    assert differing == [], (f"{len(differing)} manifest entries differ, first {differing[0]}: "
+                             f"committed {old[differing[0]]}, regenerated {fresh[differing[0]]}")
+    assert read_manifest(regenerated) == committed
+
+
+def test_regenerated_arrays_are_the_committed_ones(regenerated, committed):
+    differing = []
+    for entry in committed["vectors"]:
+        old_in, old_out = load(VECTORS, entry)
+        new_in, new_out = load(regenerated, entry)
+        for label, old, new in (("input", old_in, new_in), ("output", old_out, new_out)):
+            differing += [f"{entry['file']} {label}_{r}" for r, (a, b) in enumerate(zip(old, new))
+                          if not _same(a, b)]
+    assert differing == [], f"{len(differing)} arrays differ, first: {differing[:5]}"
+
+
+def test_regenerated_files_are_byte_identical(regenerated, committed):
+    """The writer pins its bytes (no zip dates, no compression): same arrays, same file."""
+    differing = [e["file"] for e in committed["vectors"]
+                 if (regenerated / e["file"]).read_bytes() != (VECTORS / e["file"]).read_bytes()]
+    assert differing == [], (f"{len(differing)} files differ in bytes, first {differing[:3]}; if "
+                             "the arrays test passes, only the writer's bytes changed")
+    assert (regenerated / "manifest.json").read_bytes() == (VECTORS / "manifest.json").read_bytes()
+
+
+def test_folder_holds_exactly_the_manifest(committed):
+    on_disk = {f.name for f in VECTORS.glob("*.npz")}
+    assert on_disk == set(_by_file(committed))
+    assert committed["count"] == len(committed["vectors"]) == len(plan())
+
+
+@pytest.mark.parametrize("name", [n for n in algorithms.names() if n != "auto"])
+def test_every_algorithm_and_collective_is_covered(committed, name):
+    entries = [e for e in committed["vectors"] if e["algorithm"] == name]
+    for collective in algorithms.get(name).collectives:
+        mine = [e for e in entries if e["collective"] == collective]
+        assert {e["p"] for e in mine} >= set(PROCESS_COUNTS), collective
+        assert {e["dtype"] for e in mine} >= {"float32", "bfloat16", "int32"}, collective
+        assert {0, 1} <= {e["n"] for e in mine}, collective
+        if collective in ("allreduce", "reduce_scatter", "reduce"):
+            assert {e["op"] for e in mine} == {"sum", "avg", "max", "prod"}, collective
+            assert {e["dtype"] for e in mine} >= {"float16", "float64"}, collective
+            assert any(e["kind"] == "adversarial" for e in mine), collective
+
+
+def test_committed_vectors_reproduce_bit_for_bit():
+    assert verify(VECTORS) == []
+
+
+def _first_per_pair(manifest: dict) -> list[dict]:
+    """One vector per (algorithm, collective, options): p = 5, float32, n = 37 where there is one."""
+    chosen = {}
+    for e in manifest["vectors"]:
+        key = (e["algorithm"], e["collective"], json.dumps(e["options"], sort_keys=True))
+        if key not in chosen or (e["p"], e["n"], e["dtype"]) == (5, 37, "float32"):
+            chosen[key] = e
+    return list(chosen.values())
+
+
+@pytest.mark.parametrize("entry", _first_per_pair(read_manifest(VECTORS)),
+                         ids=lambda e: e["file"][:-4])
+def test_simulate_reproduces_a_loaded_vector(entry):
+    """Read the file as an implementer would and run refcoll.simulate directly."""
+    inputs, outputs = load(VECTORS, entry)
+    assert len(inputs) == entry["p"]
+    assert all(x.dtype == get_dtype(entry["dtype"]) and list(x.shape) == entry["input_shape"]
+               for x in inputs)
+    # The inputs are make_inputs' (data movement uses the sum inputs).
+    made = make_inputs(entry["kind"], entry["dtype"], entry["n"], entry["p"],
+                       op=entry["op"] or "sum", seed=entry["seed"])
+    assert all(_same(a, b) for a, b in zip(inputs, made))
+    kwargs = dict(entry["options"])
+    if entry["op"] is not None:
+        kwargs["op"] = entry["op"]
+    result = refcoll.simulate(entry["collective"], inputs, algorithm=entry["algorithm"], **kwargs)
+    assert [r for r, y in enumerate(result.outputs) if y is not None] == entry["output_ranks"]
+    assert [list(outputs[r].shape) for r in entry["output_ranks"]] == entry["output_shapes"]
+    for r in range(entry["p"]):
+        assert _same(outputs[r], result.outputs[r]), f"rank {r}"
+    if entry["extra_ranks"]:  # switches: in the world, not in the file
+        assert result.world.size == entry["p"] + entry["extra_ranks"]
+
+
+def test_bfloat16_is_stored_as_bits(committed):
+    entry = next(e for e in committed["vectors"] if e["dtype"] == "bfloat16")
+    assert entry["stored_as"] == "uint16"
+    with np.load(VECTORS / entry["file"], allow_pickle=False) as data:
+        stored = data["input_0"]
+    assert stored.dtype == np.dtype("<u2")
+    inputs, _ = load(VECTORS, entry)
+    widened = (stored.astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(widened, inputs[0].astype(np.float32))
+
+
+def test_reduce_vectors_hold_the_root_output_only(committed):
+    entries = [e for e in committed["vectors"] if e["collective"] == "reduce"]
+    assert {e["root"] for e in entries if e["p"] == 8} == {0, 7}
+    for e in entries:
+        assert e["output_ranks"] == [e["root"]] == [e["options"]["root"]]
+
+
+def _copy_entry(tmp_path: Path, entry: dict, arrays: dict | None = None) -> Path:
+    """Put one vector (its arrays replaced by ``arrays`` if given) in a folder of its own."""
+    directory = tmp_path / "one"
+    directory.mkdir()
+    if arrays is None:
+        (directory / entry["file"]).write_bytes((VECTORS / entry["file"]).read_bytes())
+    else:
+        np.savez(directory / entry["file"], **arrays)
+    (directory / "manifest.json").write_text(json.dumps({"format": 1, "vectors": [entry]}))
+    return directory
+
+
+def _arrays(entry: dict) -> dict:
+    with np.load(VECTORS / entry["file"], allow_pickle=False) as data:
+        return {k: data[k].copy() for k in data.files}
+
+
+def test_verify_names_a_flipped_bit(tmp_path, committed):
+    entry = _by_file(committed)["ring-allreduce-sum-float32-p5-n37-random.npz"]
+    arrays = _arrays(entry)
+    arrays["output_3"].view(np.uint32)[7] ^= 1
+    directory = _copy_entry(tmp_path, entry, arrays)
+    problems = verify(directory)
+    assert problems[0] == f"{entry['file']}: sha256 differs from the manifest's"
+    assert len(problems) == 2 and "rank 3 element 7" in problems[1] and "1 elements differ" in problems[1]
+
+
+def test_verify_names_a_missing_output_and_file(tmp_path, committed):
+    entry = _by_file(committed)["tree-reduce-sum-float32-p5-n37-random-root4.npz"]
+    arrays = _arrays(entry)
+    del arrays["output_4"]
+    arrays["output_0"] = arrays["input_0"]
+    problems = verify(_copy_entry(tmp_path, entry, arrays))
+    assert any("rank 0 has an output, the simulator gives none" in p for p in problems)
+    assert any("rank 4 has no output, the simulator gives one" in p for p in problems)
+    (tmp_path / "one" / entry["file"]).unlink()
+    assert verify(tmp_path / "one") == [f"{entry['file']}: missing"]
+
+
+def test_verify_passes_an_untouched_copy(tmp_path, committed):
+    entry = _by_file(committed)["switch-allreduce-sum-bfloat16-p5-n37-random.npz"]
+    assert verify(_copy_entry(tmp_path, entry)) == []
