@@ -66,9 +66,9 @@ from mpi4py import MPI  # noqa: E402
 import refcoll  # noqa: E402
 from refcoll import algorithms  # noqa: E402
 from refcoll.chunking import chunk_slice  # noqa: E402
-from refcoll.errors import CollectiveTimeout, UsageError  # noqa: E402
+from refcoll.errors import CollectiveTimeout  # noqa: E402
 from refcoll.inputs import make_inputs  # noqa: E402
-from refcoll.ops import DTYPES, OPS, check_supported, get_op  # noqa: E402
+from refcoll.ops import DTYPES, OPS, supports  # noqa: E402
 from refcoll.oracle import fold  # noqa: E402
 
 #: Algorithms the soak leaves out, and why (printed in the summary).
@@ -144,16 +144,6 @@ class Call:
                 f"{'' if self.validate else ' validate=False'}")
 
 
-def _supported(op: str | None, dtype: str) -> bool:
-    if op is None:
-        return True
-    try:
-        check_supported(get_op(op), DTYPES[dtype])
-    except UsageError:
-        return False
-    return True
-
-
 def plan_call(index: int, seed: int, comm_names: list[str], max_count: int,
               world_size: int) -> Call:
     """Draw call ``index``; the same on every rank."""
@@ -163,7 +153,7 @@ def plan_call(index: int, seed: int, comm_names: list[str], max_count: int,
     colls = algorithms.get(name).collectives
     collective = colls[rng.integers(len(colls))]
     op = list(OPS)[rng.integers(len(OPS))] if collective in REDUCING else None
-    dtypes = [d for d in DTYPES if _supported(op, d)]
+    dtypes = [d for d in DTYPES if supports(op, d)]
     dtype = dtypes[rng.integers(len(dtypes))]
     roll = rng.random()
     if roll < 0.4:

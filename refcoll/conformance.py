@@ -33,7 +33,7 @@ from . import algorithms
 from .api import allgather, allreduce, broadcast, reduce, reduce_scatter, simulate
 from .chunking import chunk_slice
 from .inputs import make_inputs
-from .ops import DTYPES, OPS, check_supported, get_dtype, get_op, is_float
+from .ops import DTYPES, OPS, get_dtype, get_op, is_float, supports
 from .oracle import error_bound, exact_reduce, fold, violations
 from .errors import CollectiveTimeout, UsageError
 from .tuning import resolve
@@ -149,11 +149,8 @@ def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
                 continue
             for op in (op_names if coll in REDUCING else [None]):
                 for dt in dtype_names:
-                    if op is not None:
-                        try:
-                            check_supported(get_op(op), DTYPES[dt])
-                        except UsageError:
-                            continue
+                    if not supports(op, dt):
+                        continue
                     kinds = ["exact", "random"] if is_float(DTYPES[dt]) else ["exact"]
                     for count in size_list:
                         for mode in inplace:

@@ -41,6 +41,7 @@ __all__ = [
     "get_dtype",
     "dtype_name",
     "check_supported",
+    "supports",
     "is_float",
     "is_integer",
     "unit_roundoff",
@@ -186,6 +187,17 @@ def check_supported(op: Op, dtype) -> None:
             f"op {op.name!r} is not supported on {dtype_name(dt)}: float8 supports "
             f"{', '.join(sorted(_FLOAT8_OPS))}"
         )
+
+
+def supports(op, dtype) -> bool:
+    """Return whether ``op`` (a name or :class:`Op`; ``None``: no op) is defined on ``dtype``."""
+    if op is None:
+        return True
+    try:
+        check_supported(get_op(op), get_dtype(dtype))
+    except UsageError:
+        return False
+    return True
 
 
 def unit_roundoff(dtype) -> float:

@@ -7,8 +7,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
-
 from refcoll.conformance import build_cases, run_battery
 from refcoll.transport import SimWorld
 

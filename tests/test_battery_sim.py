@@ -36,9 +36,6 @@ def test_large_odd_size_is_in_the_default_battery():
 
 def test_battery_catches_a_broken_algorithm(monkeypatch):
     """A ring that skips one reduction must fail the battery, on the right chunk."""
-    import numpy as np
-
-    from refcoll import algorithms
     from refcoll.algorithms import ring
 
     real = ring.ring_reduce_scatter_steps

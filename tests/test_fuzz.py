@@ -2,7 +2,7 @@
 
 One drawn case is: an algorithm (every entry of the registry, ``auto`` and
 ``switch`` included), a collective it implements, ``p`` data ranks (1..9), a count
-(0..300), a dtype and op that go together (:func:`refcoll.ops.check_supported`),
+(0..300), a dtype and op that go together (:func:`refcoll.ops.supports`),
 the algorithm's options (``hierarchical``: ``ranks_per_node`` 1..p and ``inter``;
 ``tree``/``dbtree``: ``segment`` 1..64; ``switch``: ``radix`` 2..4, ``packet``
 1..64, ``slots`` 1..4), in place or out of place, the root, the input kind
@@ -49,9 +49,9 @@ from hypothesis import strategies as st
 import refcoll
 from refcoll import algorithms
 from refcoll.chunking import chunk_slice
-from refcoll.errors import DeadlockError, UsageError
+from refcoll.errors import DeadlockError
 from refcoll.inputs import make_inputs
-from refcoll.ops import DTYPES, OPS, check_supported, get_op, is_float
+from refcoll.ops import DTYPES, OPS, is_float, supports
 from refcoll.oracle import bound_violations, fold
 from refcoll.transport import SimWorld
 
@@ -110,16 +110,6 @@ class FuzzCase:
                 f"  # inplace={self.inplace}")
 
 
-def _supported(op: str | None, dtype: str) -> bool:
-    if op is None:
-        return True
-    try:
-        check_supported(get_op(op), DTYPES[dtype])
-    except UsageError:
-        return False
-    return True
-
-
 @st.composite
 def algorithm_options(draw, name: str, p: int) -> tuple:
     """Draw the options of ``name``; absent keys keep the algorithm's defaults."""
@@ -145,7 +135,7 @@ def fuzz_cases(draw) -> FuzzCase:
     p = draw(st.sampled_from(P_CHOICES))
     count = draw(st.integers(0, MAX_COUNT))
     op = draw(st.sampled_from(list(OPS))) if collective in REDUCING else None
-    dtype = draw(st.sampled_from([d for d in DTYPES if _supported(op, d)]))
+    dtype = draw(st.sampled_from([d for d in DTYPES if supports(op, d)]))
     kind = draw(st.sampled_from(["exact", "random"])) if is_float(DTYPES[dtype]) else "exact"
     inplace = draw(st.booleans())
     root = draw(st.integers(0, p - 1)) if collective in ROOTED else 0

@@ -6,12 +6,11 @@ import os
 import sys
 
 import click
-import numpy as np
 
 from . import main, relaunch, reports_errors, split_list, write_json
 from .. import algorithms
 from ..errors import UsageError
-from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op
+from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op, supports
 
 
 # -------------------------------------------------------------------------- list
@@ -53,13 +52,7 @@ def list_(json_file):
     click.echo("ops:    " + ", ".join(OPS))
     click.echo("dtypes:")
     for name, dt in DTYPES.items():
-        ok = []
-        for op in OPS.values():
-            try:
-                check_supported(op, dt)
-                ok.append(op.name)
-            except UsageError:
-                pass
+        ok = [op for op in OPS if supports(op, dt)]
         payload["dtypes"][name] = ok
         click.echo(f"  {name:<14} {', '.join(ok)}")
     write_json(json_file, payload)
