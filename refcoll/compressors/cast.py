@@ -1,0 +1,53 @@
+"""Casts to a narrower float: float16 and bfloat16 (through ml_dtypes).
+
+Round to nearest even, once per element. Linear in the shared basis of the
+narrow type: payloads can be summed by any all-reduce in that type. A value
+representable in the narrow type comes back exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import ml_dtypes
+import numpy as np
+
+from .base import Compressor, Payload, check_float, register
+
+__all__ = ["CastFP16", "CastBF16"]
+
+
+@dataclass(frozen=True)
+class _Cast(Compressor):
+    """Cast to ``wire`` on compress and back to the tensor's dtype on decompress."""
+
+    linear: ClassVar[bool] = True
+    wire: ClassVar[type] = np.float16
+
+    def compress(self, x, state) -> Payload:
+        """Return ``x`` rounded to the wire type."""
+        check_float(x, self.name)
+        return self._payload(x, {"values": x.reshape(-1).astype(self.wire)})
+
+    def decompress(self, payload: Payload) -> np.ndarray:
+        """Return the values widened back to the original dtype."""
+        return payload.arrays["values"].astype(payload.dtype).reshape(payload.shape)
+
+
+@register
+@dataclass(frozen=True)
+class CastFP16(_Cast):
+    """IEEE binary16: 11-bit significand, range up to 65504."""
+
+    name: ClassVar[str] = "fp16"
+    wire: ClassVar[type] = np.float16
+
+
+@register
+@dataclass(frozen=True)
+class CastBF16(_Cast):
+    """bfloat16: float32's range with an 8-bit significand."""
+
+    name: ClassVar[str] = "bf16"
+    wire: ClassVar[type] = ml_dtypes.bfloat16

@@ -1,0 +1,59 @@
+"""Random-k sparsification with indices from a seed shared by all ranks (Stich et al. 2018).
+
+Every rank draws the same ``k = max(1, round(ratio * n))`` distinct indices,
+uniformly without replacement, from ``(seed, step)``, so only the values go on
+the wire and payloads from different ranks add up element for element (linear
+in a shared basis). Values are scaled by ``n / k``: each element is kept with
+probability ``k / n``, so ``E[decompress(compress(x))] = x`` (unbiased).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .base import Compressor, Payload, check_float, register
+
+__all__ = ["RandomK"]
+
+
+@register
+@dataclass(frozen=True)
+class RandomK(Compressor):
+    """Keep k shared random elements scaled by n/k; ``ratio`` is k / n."""
+
+    name: ClassVar[str] = "randomk"
+    linear: ClassVar[bool] = True
+    unbiased: ClassVar[bool] = True
+    ratio: float = 0.01
+
+    def __post_init__(self):
+        if not 0 < self.ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
+
+    @staticmethod
+    def indices(n: int, k: int, seed: int, step: int) -> np.ndarray:
+        """Return the ascending indices every rank draws for ``(seed, step)``."""
+        rng = np.random.default_rng([seed, step])
+        return np.sort(rng.choice(n, size=k, replace=False))
+
+    def compress(self, x, state) -> Payload:
+        """Return the scaled values at this step's shared indices; advance the step."""
+        check_float(x, self.name)
+        flat = x.reshape(-1)
+        n = flat.size
+        k = min(n, max(1, round(self.ratio * n))) if n else 0
+        step, state.step = state.step, state.step + 1
+        idx = self.indices(n, k, state.seed, step)
+        values = flat[idx] * flat.dtype.type(n / k) if k else flat[idx]
+        return self._payload(x, {"values": values}, seed=state.seed, step=step, k=k)
+
+    def decompress(self, payload: Payload) -> np.ndarray:
+        """Return zeros with the values at the shared indices (not sent: redrawn)."""
+        n = int(np.prod(payload.shape))
+        m = payload.meta
+        out = np.zeros(n, dtype=payload.dtype)
+        out[self.indices(n, m["k"], m["seed"], m["step"])] = payload.arrays["values"]
+        return out.reshape(payload.shape)

@@ -1,0 +1,72 @@
+"""TernGrad: stochastic ternary gradients (Wen et al. 2017).
+
+Per block (``block = 0``: the whole tensor) with ``s = max|g|``: each element
+becomes ``sign(g_i) · b_i`` with ``b_i ~ Bernoulli(|g_i| / s)``, and
+decompression is ``s · t_i``, so ``E[s · t_i] = g_i`` (unbiased). The ternary
+codes are packed four to a byte (2 bits: 0 for -1, 1 for 0, 2 for +1, first
+element in the low bits); one float32 scale per block. Wire bytes:
+``ceil(n / 4) + 4 * blocks``. The paper's gradient clipping is left to the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ._blocks import block_max, expand
+from .base import Compressor, Payload, check_float, compute_dtype, register
+
+__all__ = ["TernGrad", "pack_ternary", "unpack_ternary"]
+
+_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
+
+
+def pack_ternary(ternary: np.ndarray) -> np.ndarray:
+    """Return values in {-1, 0, 1} packed four to a byte."""
+    codes = np.zeros(math.ceil(ternary.size / 4) * 4, dtype=np.uint8)
+    codes[: ternary.size] = ternary + 1
+    return np.bitwise_or.reduce(codes.reshape(-1, 4) << _SHIFTS, axis=1).astype(np.uint8)
+
+
+def unpack_ternary(packed: np.ndarray, n: int) -> np.ndarray:
+    """Return ``n`` values in {-1, 0, 1} as int8."""
+    codes = (packed[:, None] >> _SHIFTS) & 3
+    return codes.reshape(-1)[:n].astype(np.int8) - 1
+
+
+@register
+@dataclass(frozen=True)
+class TernGrad(Compressor):
+    """Ternary {-s, 0, s} per element with stochastic rounding; ``s`` per block."""
+
+    name: ClassVar[str] = "terngrad"
+    unbiased: ClassVar[bool] = True
+    block: int = 0
+
+    def __post_init__(self):
+        if self.block < 0:
+            raise ValueError(f"block must be >= 0 (0: whole tensor), got {self.block}")
+
+    def compress(self, x, state) -> Payload:
+        """Return packed ternary codes and the per-block max magnitudes."""
+        check_float(x, self.name)
+        cd = compute_dtype(x.dtype)
+        flat = x.reshape(-1).astype(cd)
+        magnitude = np.abs(flat)
+        scales = block_max(magnitude, self.block)
+        per_element = expand(scales, flat.size, self.block)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            prob = np.where(per_element > 0, magnitude / per_element, 0)
+        keep = state.rng.random(flat.size, dtype=cd) < prob
+        ternary = (np.sign(flat) * keep).astype(np.int8)
+        return self._payload(x, {"codes": pack_ternary(ternary), "scales": scales.astype(cd)})
+
+    def decompress(self, payload: Payload) -> np.ndarray:
+        """Return ``s · t`` per element."""
+        n = int(np.prod(payload.shape))
+        ternary = unpack_ternary(payload.arrays["codes"], n)
+        scale = expand(payload.arrays["scales"], n, self.block)
+        return (scale * ternary).astype(payload.dtype).reshape(payload.shape)
