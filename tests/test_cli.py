@@ -94,3 +94,27 @@ def test_a_long_report_keeps_its_shape():
     rep = {"problems": ["raised PeerFailure: " + "x" * 5000] * 7, "digest": "ab" * 16}
     back = _unpack(_pack(rep))
     assert back["digest"] == rep["digest"] and len(back["problems"]) == 3
+
+
+def test_relaunch_runs_the_command_it_was_given(monkeypatch):
+    import refcoll.cli as cli
+
+    seen = {}
+
+    def fake_run(cmd, env):
+        seen["cmd"] = cmd
+
+        class Done:
+            returncode = 0
+
+        return Done()
+
+    monkeypatch.setattr(sys, "argv", ["host-program.py", "list"])
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    res = CliRunner().invoke(main, ["verify", "-n", "3", "--algorithm", "ring"])
+    assert res.exit_code == 0
+    assert seen["cmd"][-7:] == ["-m", "refcoll", "verify", "-n", "3", "--algorithm", "ring"]
+    assert seen["cmd"][:3] == ["mpiexec", "-n", "3"]

@@ -77,7 +77,7 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
 
     from ..launch import mpiexec_command
 
-    cmd = mpiexec_command(nprocs, sys.argv[1:])
+    cmd = mpiexec_command(nprocs, _invoked_args)
     try:
         code = subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
     except OSError as exc:
@@ -88,7 +88,19 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_invoked_args: list[str] = []
+
+
+class _Main(click.Group):
+    """The ``refcoll`` group; it keeps its arguments so a command can re-run itself."""
+
+    def main(self, args=None, *rest, **kwargs):
+        global _invoked_args
+        _invoked_args = list(args) if args is not None else sys.argv[1:]
+        return super().main(args, *rest, **kwargs)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="refcoll")
 def main() -> None:
     """refcoll: reference collectives, their conformance suite and their oracle."""
