@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["block_starts", "block_lengths", "block_sum", "block_max", "expand"]
+from .base import Compressor
+
+__all__ = ["Blockwise", "block_starts", "block_lengths", "block_sum", "block_max", "expand"]
+
+
+@dataclass(frozen=True)
+class Blockwise(Compressor):
+    """A compressor with one scale per block of ``block`` elements (0: the whole tensor)."""
+
+    block: int = 0
+
+    def __post_init__(self):
+        if self.block < 0:
+            raise ValueError(f"block must be >= 0 (0: whole tensor), got {self.block}")
 
 
 def block_starts(n: int, block: int) -> np.ndarray:

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._blocks import block_sum, expand
-from .base import Compressor, Payload, check_float, compute_dtype, register
+from ._blocks import Blockwise, block_sum, expand
+from .base import Payload, check_float, compute_dtype, register
 from .sign import pack_signs, unpack_signs
 
 __all__ = ["OneBit"]
@@ -24,16 +24,10 @@ __all__ = ["OneBit"]
 
 @register
 @dataclass(frozen=True)
-class OneBit(Compressor):
+class OneBit(Blockwise):
     """Sign bits plus the mean of the non-negative and of the negative elements."""
 
     name: ClassVar[str] = "onebit"
-    block: int = 0
-
-    def __post_init__(self):
-        if self.block < 0:
-            raise ValueError(f"block must be >= 0 (0: whole tensor), got {self.block}")
-
     def compress(self, x, state) -> Payload:
         """Return packed bits and the per-block means of each side."""
         check_float(x, self.name)

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._blocks import block_lengths, block_sum, expand
-from .base import Compressor, Payload, check_float, compute_dtype, register
+from ._blocks import Blockwise, block_lengths, block_sum, expand
+from .base import Payload, check_float, compute_dtype, register
 
 __all__ = ["Sign", "pack_signs", "unpack_signs"]
 
@@ -33,16 +33,10 @@ def unpack_signs(packed: np.ndarray, n: int) -> np.ndarray:
 
 @register
 @dataclass(frozen=True)
-class Sign(Compressor):
+class Sign(Blockwise):
     """One bit per element and one L1 scale per block."""
 
     name: ClassVar[str] = "sign"
-    block: int = 0
-
-    def __post_init__(self):
-        if self.block < 0:
-            raise ValueError(f"block must be >= 0 (0: whole tensor), got {self.block}")
-
     def compress(self, x, state) -> Payload:
         """Return packed sign bits and the per-block mean magnitudes."""
         check_float(x, self.name)

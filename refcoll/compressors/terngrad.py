@@ -16,8 +16,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._blocks import block_max, expand
-from .base import Compressor, Payload, check_float, compute_dtype, register
+from ._blocks import Blockwise, block_max, expand
+from .base import Payload, check_float, compute_dtype, register
 
 __all__ = ["TernGrad", "pack_ternary", "unpack_ternary"]
 
@@ -39,17 +39,11 @@ def unpack_ternary(packed: np.ndarray, n: int) -> np.ndarray:
 
 @register
 @dataclass(frozen=True)
-class TernGrad(Compressor):
+class TernGrad(Blockwise):
     """Ternary {-s, 0, s} per element with stochastic rounding; ``s`` per block."""
 
     name: ClassVar[str] = "terngrad"
     unbiased: ClassVar[bool] = True
-    block: int = 0
-
-    def __post_init__(self):
-        if self.block < 0:
-            raise ValueError(f"block must be >= 0 (0: whole tensor), got {self.block}")
-
     def compress(self, x, state) -> Payload:
         """Return packed ternary codes and the per-block max magnitudes."""
         check_float(x, self.name)
