@@ -294,7 +294,7 @@ def _available_bytes() -> int:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        return 0
     return 0
 
 
