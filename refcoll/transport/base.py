@@ -14,7 +14,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, runtime_checkable
 
-__all__ = ["Transport", "TransportBase", "Ledger", "Message", "Reduction", "TAGS_PER_CALL"]
+__all__ = ["Transport", "TransportBase", "Traffic", "Ledger", "Message", "Reduction",
+           "TAGS_PER_CALL"]
 
 #: Tags an algorithm may use inside one collective call: ``0 <= tag < TAGS_PER_CALL``.
 TAGS_PER_CALL = 1024
@@ -43,6 +44,34 @@ class Transport(Protocol):
         """Compute ``out = op(a, b)`` elementwise; ``out`` may be ``a`` or ``b``."""
 
 
+@dataclass
+class Traffic:
+    """Bytes and messages one rank has sent and received, counted as they move.
+
+    A transport and every transport split from it share one ``Traffic``, so a
+    composite algorithm's sub-communicator messages count too. Take the
+    difference of two :meth:`snapshot` values to measure one call.
+    """
+
+    sent: int = 0
+    received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+
+    def add(self, sent: int, received: int) -> None:
+        """Count one exchange: ``sent`` bytes out (if any) and ``received`` bytes in (if any)."""
+        if sent >= 0:
+            self.sent += sent
+            self.messages_sent += 1
+        if received >= 0:
+            self.received += received
+            self.messages_received += 1
+
+    def snapshot(self) -> tuple[int, int]:
+        """Return ``(sent, received)`` bytes so far."""
+        return self.sent, self.received
+
+
 class TransportBase:
     """Machinery both transports share: tag spaces per call and local reductions.
 
@@ -61,6 +90,7 @@ class TransportBase:
         self._depth = 0
         self._tag_base = 0
         self.current_call: str | None = None
+        self.traffic = Traffic()  # shared with every transport split from this one
 
     @contextlib.contextmanager
     def call(self, name: str) -> Iterator[None]:

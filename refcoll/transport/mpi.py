@@ -61,12 +61,14 @@ class MPITransport(TransportBase):
         view = as_bytes(buf)
         req = self.comm.Isend([view, _mpi().BYTE], dest, self._wire_tag(tag))
         self._finish([req], lambda: f"to send {view.nbytes} B to rank {dest} (tag {tag})")
+        self.traffic.add(view.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
         view = as_bytes(buf)
         req = self.comm.Irecv([view, _mpi().BYTE], source, self._wire_tag(tag))
         self._finish([req], lambda: f"to receive {view.nbytes} B from rank {source} (tag {tag})")
         self._check_count(view, source, self._status)
+        self.traffic.add(-1, view.nbytes)
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
         MPI = _mpi()
@@ -78,6 +80,7 @@ class MPITransport(TransportBase):
         self._finish(reqs, lambda: f"to receive {view.nbytes} B from rank {source} and send "
                                    f"{sending.nbytes} B to rank {dest} (tag {tag})")
         self._check_count(view, source, self._status)
+        self.traffic.add(sending.nbytes, view.nbytes)
 
     def _finish(self, reqs: list, waiting_for) -> None:
         """Complete ``reqs`` (the first one's status lands in ``self._status``) by the deadline."""
@@ -118,6 +121,7 @@ class MPITransport(TransportBase):
             return None
         t = MPITransport(sub, dup=False, timeout=self.timeout)
         t._owned = True  # created here, so freed here
+        t.traffic = self.traffic
         return t
 
     def split_node(self) -> "MPITransport":
@@ -126,6 +130,7 @@ class MPITransport(TransportBase):
         t = MPITransport(self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.rank), dup=False,
                          timeout=self.timeout)
         t._owned = True
+        t.traffic = self.traffic
         return t
 
     def unreceived(self) -> list[str]:

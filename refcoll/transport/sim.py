@@ -345,26 +345,35 @@ class SimTransport(TransportBase):
         return self.current_call or "point-to-point"
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
+        view = as_bytes(buf)
         req = self.world._request("send", self.world_rank, self._peer(dest),
-                                  self._wire_tag(tag), self.comm, as_bytes(buf))
+                                  self._wire_tag(tag), self.comm, view)
         self.world._complete(self.world_rank, [req], self._what())
+        self.traffic.add(view.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
+        view = as_bytes(buf)
         req = self.world._request("recv", self.world_rank, self._peer(source),
-                                  self._wire_tag(tag), self.comm, as_bytes(buf))
+                                  self._wire_tag(tag), self.comm, view)
         self.world._complete(self.world_rank, [req], self._what())
+        self.traffic.add(-1, view.nbytes)
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
         w = self.world
         wire = self._wire_tag(tag)
+        sending, view = as_bytes(sendbuf), as_bytes(recvbuf)
         reqs = [
-            w._request("send", self.world_rank, self._peer(dest), wire, self.comm, as_bytes(sendbuf)),
-            w._request("recv", self.world_rank, self._peer(source), wire, self.comm, as_bytes(recvbuf)),
+            w._request("send", self.world_rank, self._peer(dest), wire, self.comm, sending),
+            w._request("recv", self.world_rank, self._peer(source), wire, self.comm, view),
         ]
         w._complete(self.world_rank, reqs, self._what())
+        self.traffic.add(sending.nbytes, view.nbytes)
 
     def split(self, color: int, key: int) -> "SimTransport | None":
-        return self.world._split(self, color, key)
+        child = self.world._split(self, color, key)
+        if child is not None:
+            child.traffic = self.traffic
+        return child
 
     def split_node(self) -> "SimTransport":
         """Return the transport of the ranks on this rank's simulated node."""
