@@ -96,8 +96,8 @@ def _shaped(flat: np.ndarray, out, shape) -> np.ndarray:
     return out if out is not None else flat.reshape(shape)
 
 
-def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=None,
-              validate: bool = True, **options) -> np.ndarray:
+def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, state=None,
+              out=None, validate: bool = True, **options) -> np.ndarray:
     """Reduce ``x`` elementwise over all ranks; every rank gets the bitwise-same result.
 
     Args:
@@ -105,7 +105,16 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
         comm: an mpi4py communicator or a Transport; ``None``: ``MPI.COMM_WORLD``.
         op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.ops`).
         algorithm: a name from ``refcoll list``.
-        compressor: not supported yet; must be ``None``.
+        compressor: a compressor or its spec string (``"ef(topk:ratio=0.01)"``):
+            run the compressed all-reduce of
+            :func:`refcoll.compressors.collective.compressed_allreduce`, which
+            picks the pattern the compressor declares (op ``sum`` or ``avg``;
+            floating tensors only).
+        state: with ``compressor``, this tensor's
+            :class:`~refcoll.compressors.base.CompressorState`; it carries the
+            error-feedback residual and warm starts from call to call, and after
+            the call ``state.traffic`` holds the bytes this rank sent and
+            received. ``None``: a fresh state for this call alone.
         out: result buffer (``out=x`` runs in place); a new array otherwise.
         validate: first check that every rank passed the same collective,
             algorithm, op, dtype, count and options (:mod:`refcoll.validate`);
@@ -119,7 +128,14 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, out=
         get ``None`` back.
     """
     if compressor is not None:
-        raise UsageError("compressed all-reduce is not available in this version")
+        from .compressors.collective import compressed_allreduce
+
+        result, _ = compressed_allreduce(x, comm, compressor=compressor, state=state, op=op,
+                                         algorithm=algorithm, out=out, validate=validate,
+                                         **options)
+        return result
+    if state is not None:
+        raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
     t = as_transport(comm)
     with _shared_errors(t, validate, "allreduce"):
         reduction = get_op(op)

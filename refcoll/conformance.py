@@ -40,7 +40,8 @@ from .tuning import resolve
 from .algorithms.naive import naive_broadcast
 
 __all__ = ["Case", "CaseResult", "build_cases", "default_sizes", "run_battery", "run_case",
-           "group_rows", "LARGE_SIZE", "REDUCING"]
+           "group_rows", "LARGE_SIZE", "REDUCING", "COMPRESSOR_BATTERY", "CompressorCase",
+           "build_compressor_cases", "run_compressor_battery", "run_compressor_case"]
 
 #: The "large odd" size of the default battery: odd, and prime, so it divides by no p.
 LARGE_SIZE = 5003
@@ -469,3 +470,201 @@ def group_rows(results: Sequence[CaseResult]) -> list[dict]:
         row["dtypes"] = len(row["dtypes"])
         rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------- compressed all-reduce
+
+#: The compressors ``refcoll verify --compressor all`` runs: every method, with
+#: settings that keep something to compress at the battery's small sizes, and
+#: error feedback where it changes the collective (a residual, a server stage).
+COMPRESSOR_BATTERY = (
+    "none", "fp16", "bf16", "randomk:ratio=0.25", "powersgd:rank=2", "ef(powersgd:rank=2)",
+    "topk:ratio=0.1", "ef(topk:ratio=0.1)", "threshold:threshold=0.5", "qsgd:levels=4,bucket=64",
+    "terngrad", "sign", "ef(sign)", "onebit", "ef(onebit)", "int8:block=64",
+)
+#: Steps each compressed case runs with one state, so residuals and warm starts are exercised.
+COMPRESSOR_STEPS = 3
+
+
+@dataclass(frozen=True)
+class CompressorCase:
+    """One compressed all-reduce check: compressor, pattern, algorithm, op, dtype, shape."""
+
+    compressor: str
+    pattern: str
+    algorithm: str
+    op: str
+    dtype: str
+    shape: tuple
+    kind: str = "random"
+    steps: int = COMPRESSOR_STEPS
+    collective: str = "compressed_allreduce"
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def options(self) -> tuple:
+        return (("compressor", self.compressor), ("pattern", self.pattern))
+
+    @property
+    def id(self) -> str:
+        shape = "x".join(map(str, self.shape))
+        return "-".join([self.compressor, self.pattern, self.algorithm, self.op, self.dtype,
+                         f"shape{shape}", self.kind])
+
+
+def compressor_shapes(p: int) -> list[tuple]:
+    """Return the shapes of the compressed battery: empty, one element, ``p+1``, a matrix."""
+    return [(0,), (1,), (p + 1,), (40, 25)]
+
+
+def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
+                           algorithms_: Iterable[str] | None = None,
+                           ops: Iterable[str] | None = None,
+                           dtypes: Iterable[str] | None = None) -> list[CompressorCase]:
+    """Return the compressed battery for ``p`` ranks.
+
+    Every compressor runs every pattern it allows; the ``allreduce`` pattern
+    once per algorithm (``None``: every algorithm without switch processes),
+    the others (which use no all-reduce algorithm) once. Ops: ``sum`` and
+    ``avg``; dtypes: float32 and float64 unless given. ``none`` runs on exact
+    inputs as well, where it must equal the naive reduction bit for bit.
+    """
+    from .compressors import parse
+
+    specs = list(compressors) if compressors is not None else list(COMPRESSOR_BATTERY)
+    comps = [parse(s) for s in specs]
+    algos = (list(algorithms_) if algorithms_ is not None else
+             [a for a in algorithms.names() if algorithms.get(a).workers is None])
+    for name in algos:
+        if algorithms.get(name).workers is not None:
+            raise UsageError(f"{name} needs switch processes and cannot run compressed payloads")
+    op_names = list(ops) if ops is not None else ["sum", "avg"]
+    for op in op_names:
+        if op not in ("sum", "avg"):
+            raise UsageError(f"a compressed all-reduce takes op sum or avg, not {op!r}")
+    dtype_names = list(dtypes) if dtypes is not None else ["float32", "float64"]
+    for d in dtype_names:
+        if not is_float(get_dtype(d)) or d.startswith("float8"):
+            raise UsageError(f"compressors take float16, bfloat16, float32 or float64, not {d}")
+    cases = []
+    for spec, comp in zip(specs, comps):
+        for pattern in comp.patterns:
+            # Only the allreduce pattern runs an algorithm; the others name one for
+            # the dense bytes they are compared with: ring, unless it is not selected.
+            dense = ["ring" if "ring" in algos else algos[0]]
+            for algo in (algos if pattern == "allreduce" else dense):
+                for op in op_names:
+                    for dt in dtype_names:
+                        for shape in compressor_shapes(p):
+                            kinds = ["exact", "random"] if comp.spec() == "none" else ["random"]
+                            for kind in kinds:
+                                cases.append(CompressorCase(comp.spec(), pattern, algo, op, dt,
+                                                            shape, kind))
+    return cases
+
+
+@functools.lru_cache(maxsize=4)
+def _compressor_inputs(case: CompressorCase, p: int, seed: int):
+    """Every step's inputs for every rank, read-only: ``inputs[step][rank]``."""
+    steps = []
+    for step in range(case.steps):
+        xs = make_inputs(case.kind, DTYPES[case.dtype], case.count, p, op=case.op,
+                         seed=seed + step)
+        for x in xs:
+            x.flags.writeable = False
+        steps.append(tuple(x.reshape(case.shape) for x in xs))
+    return tuple(steps)
+
+
+def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0) -> CaseResult:
+    """Run one compressed case on every rank of ``t`` and judge it against the simulator.
+
+    Checked: each step's result has the tensor's shape and dtype and leaves the
+    input unchanged; every rank holds the same bits; each rank's result and the
+    bytes it sent and received equal the simulator's run of the same code
+    (:func:`refcoll.compressors.collective.simulate_compressed`); with ``none``
+    on exact inputs, the naive reduction.
+    """
+    from .compressors.collective import run_steps, simulate_compressed
+
+    with _inputs_lock:
+        inputs = _compressor_inputs(case, t.size, seed)
+    mine = [np.array(step[t.rank]) for step in inputs]
+    problems: list[str] = []
+    outputs, traffic = [], []
+    try:
+        outputs, traffic = run_steps(t, case.compressor, mine, seed=seed, op=case.op,
+                                     algorithm=case.algorithm, pattern=case.pattern)
+    except CollectiveTimeout:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
+        problems.append(f"raised {type(exc).__name__}: {exc}")
+    for step, (x, out) in enumerate(zip(mine, outputs)):
+        if not np.array_equal(x.view(np.uint8), inputs[step][t.rank].view(np.uint8)):
+            problems.append(f"step {step}: the input was modified")
+        if out.shape != x.shape or out.dtype != x.dtype:
+            problems.append(f"step {step}: result has shape {out.shape} and dtype {out.dtype}, "
+                            f"not {x.shape} and {x.dtype}")
+    _barrier(ctl)
+    problems += [f"{m} left unreceived" for m in t.unreceived()]
+    reports = _gather_reports(ctl, {
+        "problems": problems,
+        "digests": [_digest(o).hex() for o in outputs],
+        "traffic": [[m.sent, m.received] for m in traffic],
+    })
+    verdict = None
+    if ctl.rank == 0:
+        verdict = [f"rank {r}: {msg}" for r, rep in enumerate(reports) for msg in rep["problems"]]
+        if not verdict:
+            predicted = simulate_compressed(case.compressor, inputs, seed=seed, op=case.op,
+                                            algorithm=_oracle_algorithm(t, case),
+                                            pattern=case.pattern)
+            verdict += _judge_compressed(case, inputs, reports, predicted)
+    verdict = _bcast_report(ctl, verdict)
+    return CaseResult(case, not verdict, "; ".join(verdict))
+
+
+def _oracle_algorithm(t, case: CompressorCase) -> str:
+    """Return the algorithm the simulator must run to predict ``t``'s (``auto`` resolved)."""
+    if case.algorithm == "auto":
+        return resolve(t, "allreduce", case.count, DTYPES[case.dtype].itemsize)
+    return case.algorithm
+
+
+def _judge_compressed(case: CompressorCase, inputs, reports: list[dict], predicted) -> list[str]:
+    problems = []
+    for step in range(case.steps):
+        digests = [rep["digests"][step] for rep in reports]
+        if len(set(digests)) > 1:
+            differing = [r for r, d in enumerate(digests) if d != digests[0]]
+            problems.append(f"step {step}: ranks {differing} hold different bits from rank 0")
+        for r, want in enumerate(predicted.outputs[step]):
+            if _digest(want).hex() != digests[r]:
+                problems.append(f"step {step}: rank {r} differs from the simulator's prediction")
+            moved = predicted.traffic[step][r]
+            if reports[r]["traffic"][step] != [moved.sent, moved.received]:
+                problems.append(f"step {step}: rank {r} sent/received "
+                                f"{reports[r]['traffic'][step]} B, the simulator "
+                                f"{[moved.sent, moved.received]} B")
+        if case.kind == "exact" and case.compressor == "none":
+            want = fold(case.op, [x.reshape(-1) for x in inputs[step]])
+            if _digest(want).hex() != digests[0]:
+                problems.append(f"step {step}: none differs from the naive reduction")
+    return problems[:3]
+
+
+def run_compressor_battery(t, cases: Sequence[CompressorCase], *, seed: int = 0,
+                           progress: Callable[[int, int, CaseResult], None] | None = None
+                           ) -> list[CaseResult]:
+    """Run compressed ``cases`` on every rank of ``t`` (all ranks pass the same list)."""
+    ctl = t.split(0, t.rank)
+    results = []
+    for i, case in enumerate(cases):
+        result = run_compressor_case(t, ctl, case, seed=seed)
+        results.append(result)
+        if progress is not None:
+            progress(i, len(cases), result)
+    return results

@@ -78,12 +78,39 @@ def _human(nbytes: int) -> str:
 @click.option("--inplace", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the inputs.")
+@click.option("--compressor", "compressors", multiple=True, metavar="SPEC",
+              help="Verify compressed all-reduce instead: a compressor spec (repeatable), "
+                   "or all.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write every case's verdict as JSON.")
 @reports_errors
-def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, json_file):
-    """Run the conformance battery on N MPI processes; end with 'N passed, N failed'."""
+def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compressors,
+           json_file):
+    """Run the conformance battery on N MPI processes; end with 'N passed, N failed'.
+
+    With --compressor, run the compressed all-reduce battery: every pattern the
+    compressor allows, ops sum and avg, float32 and float64 unless --op and
+    --dtype say otherwise, three steps of one state each, judged bit for bit
+    against the simulator running the same code.
+    """
     from ..launch import in_mpi_job
 
+    if compressors:
+        from ..conformance import build_compressor_cases
+
+        names = [a for a in algorithms.names() if algorithms.get(a).workers is None]
+        specs = None if [c.strip().lower() for c in compressors] == ["all"] else list(compressors)
+        selection = dict(
+            compressors=specs,
+            algorithms_=split_list(algorithm, names, "algorithm (switch takes no compressor)"),
+            ops=split_list(op, ["sum", "avg"], "op for a compressed all-reduce"),
+            dtypes=split_list(dtype, ["float16", "bfloat16", "float32", "float64"],
+                              "dtype for a compressor"),
+        )
+        build_compressor_cases(nprocs, **selection)  # bad specs fail here, before mpiexec
+        if not in_mpi_job():
+            relaunch(nprocs)
+        _verify_in_world(nprocs, selection, seed, json_file, compressed=True)
+        return
     selection = dict(
         algorithms_=split_list(algorithm, algorithms.names(), "algorithm"),
         collectives=split_list(collective, algorithms.COLLECTIVES, "collective"),
@@ -114,10 +141,11 @@ def _parse_sizes(sizes: str | None) -> list[int] | None:
     return values
 
 
-def _verify_in_world(nprocs, selection, seed, json_file) -> None:
+def _verify_in_world(nprocs, selection, seed, json_file, compressed: bool = False) -> None:
     from mpi4py import MPI
 
-    from ..conformance import build_cases, group_rows, run_battery
+    from ..conformance import (build_cases, build_compressor_cases, group_rows, run_battery,
+                               run_compressor_battery)
     from ..transport.mpi import MPITransport
 
     t = MPITransport(MPI.COMM_WORLD)
@@ -128,7 +156,12 @@ def _verify_in_world(nprocs, selection, seed, json_file) -> None:
     if lead and "REFCOLL_WORKERS" not in os.environ and nprocs != t.size:
         click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; "
                    f"using it (-n {nprocs} ignored)", err=True)
-    cases = build_cases(workers, world_size=t.size, **selection)
+    if compressed:
+        cases = build_compressor_cases(t.size, **selection)
+        run = run_compressor_battery
+    else:
+        cases = build_cases(workers, world_size=t.size, **selection)
+        run = run_battery
     if lead:
         library = MPI.Get_library_version().splitlines()[0].strip()
         helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
@@ -149,7 +182,7 @@ def _verify_in_world(nprocs, selection, seed, json_file) -> None:
             if row["failed"]:
                 click.echo(f"    first failure: {row['first_failure']}")
 
-    results = run_battery(t, cases, seed=seed, progress=progress)
+    results = run(t, cases, seed=seed, progress=progress)
     passed = sum(r.passed for r in results)
     failed = len(results) - passed
     if lead:

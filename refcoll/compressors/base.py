@@ -116,6 +116,8 @@ class CompressorState:
             (random-k) are keyed by ``(seed, step)`` so every rank draws the same.
         memory: per-method memory (PowerSGD's warm-start ``Q`` keyed by shape).
         residual: the error-feedback residual, or None before the first step.
+        traffic: what the last compressed all-reduce on this state moved
+            (:class:`refcoll.compressors.collective.CompressedTraffic`).
     """
 
     seed: int = 0
@@ -124,6 +126,7 @@ class CompressorState:
     step: int = 0
     memory: dict = field(default_factory=dict)
     residual: np.ndarray | None = None
+    traffic: Any = None
 
     def __post_init__(self):
         if self.rng is None:
@@ -146,6 +149,17 @@ class Compressor:
     name: ClassVar[str] = ""
     linear: ClassVar[bool] = False
     unbiased: ClassVar[bool] = False
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """Return the collective patterns its payloads allow, the default first.
+
+        ``allreduce``: payloads add up in a shared basis, so any all-reduce sums
+        them; ``gather``: every payload is gathered and the sum taken after
+        decompression; ``twophase``: compressed all-to-all, sum and recompress
+        per chunk, compressed allgather (see ``compressors/collective.py``).
+        """
+        return ("allreduce", "gather") if self.linear else ("gather",)
 
     def new_state(self, seed: int = 0, rank: int = 0) -> CompressorState:
         """Return a fresh state for one tensor stream on ``rank``."""
@@ -194,6 +208,11 @@ class ErrorFeedback(Compressor):
     @property
     def linear(self) -> bool:  # type: ignore[override]
         return self.inner.linear
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """Return the inner compressor's patterns."""
+        return self.inner.patterns
 
     def compress(self, x: np.ndarray, state: CompressorState) -> Payload:
         """Compress ``x`` plus the residual and keep the new residual in ``state``."""

@@ -1,0 +1,222 @@
+"""Compressed all-reduce (refcoll/compressors/collective.py): patterns, bytes, error feedback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refcoll
+from refcoll.compressors import parse
+from refcoll.compressors.collective import compressed_allreduce, simulate_compressed
+from refcoll.conformance import build_compressor_cases, run_compressor_battery
+from refcoll.errors import MismatchError, UsageError
+from refcoll.ops import get_op
+from refcoll.transport.sim import SimWorld
+
+from conftest import mpiexec_path
+
+P = 3
+
+
+def _inputs(shape, p=P, steps=1, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return [[rng.standard_normal(shape).astype(dtype) for _ in range(p)] for _ in range(steps)]
+
+
+def _local_decompressed(spec, xs, seed):
+    """What each rank's payload stands for, computed without any communication."""
+    comp = parse(spec)
+    return [comp.decompress(comp.compress(x, comp.new_state(seed=seed, rank=r)))
+            for r, x in enumerate(xs)]
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "threshold:threshold=0.7", "qsgd:levels=4",
+                                  "terngrad", "int8:block=16", "sign:block=8"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_gather_sums_every_decompressed_payload_in_rank_order(spec, op):
+    inputs = _inputs((50,), seed=1)
+    res = simulate_compressed(spec, inputs, seed=5, op=op, pattern="gather")
+    parts = _local_decompressed(spec, inputs[0], seed=5)
+    want = parts[0].copy()
+    for part in parts[1:]:
+        want += part
+    get_op(op).finalize(want, P)
+    for out in res.outputs[0]:
+        assert np.array_equal(out, want)
+
+
+def test_linear_payloads_go_through_the_chosen_algorithm():
+    inputs = _inputs((101,), seed=2)
+    for algorithm in ("ring", "rabenseifner", "dbtree"):
+        got = simulate_compressed("none", inputs, algorithm=algorithm).outputs[0]
+        want = refcoll.simulate("allreduce", inputs[0], algorithm=algorithm).outputs
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)), algorithm
+    casts = [x.astype(np.float16) for x in inputs[0]]
+    want = refcoll.simulate("allreduce", casts, algorithm="ring").outputs[0].astype(np.float32)
+    got = simulate_compressed("fp16", inputs, algorithm="ring").outputs[0][0]
+    assert np.array_equal(got, want)
+
+
+def test_random_k_sums_the_shared_coordinates_only():
+    inputs = _inputs((200,), seed=3)
+    out = simulate_compressed("randomk:ratio=0.1", inputs, seed=9).outputs[0][0]
+    kept = np.flatnonzero(out)
+    assert 0 < kept.size <= 20
+    expected = sum(x[kept] for x in inputs[0]) * np.float32(10)
+    np.testing.assert_allclose(out[kept], expected, rtol=1e-5)
+
+
+def test_powersgd_at_full_rank_reconstructs_the_average():
+    inputs = _inputs((12, 5), dtype=np.float64, seed=4)
+    out = simulate_compressed("powersgd:rank=5,min_rate=0", inputs, op="avg").outputs[0][0]
+    np.testing.assert_allclose(out, np.mean(inputs[0], axis=0), rtol=1e-9, atol=1e-12)
+
+
+def test_powersgd_warm_start_is_the_shared_summed_q():
+    inputs = _inputs((30, 20), steps=2, seed=5)
+
+    def body(t):
+        comp = parse("powersgd:rank=2")
+        state = comp.new_state(seed=1, rank=t.rank)
+        for x in inputs:
+            compressed_allreduce(x[t.rank], t, compressor=comp, state=state)
+        return state.memory[("powersgd.q", 30, 20, 2)]
+
+    qs = SimWorld(P).run(body)
+    assert all(np.array_equal(q, qs[0]) for q in qs)
+
+
+@pytest.mark.parametrize("spec,pattern", [("topk:ratio=0.1", "gather"),
+                                          ("threshold:threshold=0.5", "gather"),
+                                          ("sign", "twophase"), ("onebit:block=8", "twophase"),
+                                          ("powersgd:rank=2", "allreduce"), ("bf16", "allreduce")])
+def test_bytes_sent_are_the_payloads_measured_on_the_wire(spec, pattern):
+    inputs = _inputs((40, 25), seed=6)
+    res = simulate_compressed(spec, inputs, seed=2, pattern=pattern)
+    traffic = res.traffic[0]
+    ledger = res.ledger
+    assert [m.sent for m in traffic] == [ledger.bytes_sent()[r] for r in range(P)]
+    assert [m.received for m in traffic] == [ledger.bytes_received()[r] for r in range(P)]
+    comp = parse(spec)
+    if pattern == "gather":
+        payloads = [comp.compress(x, comp.new_state(seed=2, rank=r)) for r, x in enumerate(inputs[0])]
+        counts = 8 * len(payloads[0].arrays) * (P - 1)
+        for r in range(P):  # a ring allgather forwards every payload but its right neighbour's
+            forwarded = sum(pl.nbytes for q, pl in enumerate(payloads) if q != (r + 1) % P)
+            assert traffic[r].sent == forwarded + counts
+            assert traffic[r].payload == payloads[r].nbytes
+    if pattern == "twophase":
+        n = 1000
+        chunk = [comp.compress(np.ones(b - a, np.float32), comp.new_state()).nbytes
+                 for a, b in refcoll.chunking.chunk_bounds(n, P)]
+        roles = len(comp.compress(np.ones(3, np.float32), comp.new_state()).arrays)
+        for r in range(P):
+            alltoall = sum(chunk[j] for j in range(P) if j != r)
+            allgather = sum(chunk[j] for j in range(P) if j != (r + 1) % P)
+            counts = 8 * roles * P * (P - 1) + 8 * roles * (P - 1)
+            assert traffic[r].sent == alltoall + allgather + counts
+    if pattern == "allreduce":
+        wire = traffic[0].payload
+        assert wire == (40 + 25) * 2 * 4 if spec.startswith("powersgd") else wire == 1000 * 2
+        # The ring sends 2(p-1)/p of each all-reduced array, up to chunk rounding.
+        assert abs(traffic[0].sent - 2 * (P - 1) * wire / P) <= 2 * (P - 1) * 8
+    dense = refcoll.simulate("allreduce", inputs[0], algorithm="ring").ledger.max_rank_bytes
+    assert all(m.dense == dense for m in traffic)
+
+
+def test_twophase_error_feedback_loses_nothing_at_either_stage():
+    inputs = _inputs((64,), steps=3, dtype=np.float64, seed=7)
+
+    def body(t):
+        comp = parse("ef(sign)")
+        state = comp.new_state(seed=0, rank=t.rank)
+        rows = []
+        for x in inputs:
+            old_worker = 0 if state.residual is None else state.residual.copy()
+            old_server = dict(state.memory)
+            out, _ = compressed_allreduce(x[t.rank], t, compressor=comp, state=state)
+            rows.append((out, old_worker, state.residual.copy(), old_server, dict(state.memory)))
+        return rows
+
+    per_rank = SimWorld(P).run(body)
+    bounds = refcoll.chunking.chunk_bounds(64, P)
+    key = ("twophase.server", 64, P)
+    for step, xs in enumerate(inputs):
+        out = per_rank[0][step][0]
+        incoming = sum(xs[r] + per_rank[r][step][1] - per_rank[r][step][2] for r in range(P))
+        server_old = np.concatenate([per_rank[r][step][3].get(key, np.zeros(b - a))
+                                     for r, (a, b) in enumerate(bounds)])
+        server_new = np.concatenate([per_rank[r][step][4][key] for r in range(P)])
+        np.testing.assert_allclose(out, incoming + server_old - server_new, rtol=0, atol=1e-12)
+
+
+def test_the_compressed_battery_passes_in_the_simulator():
+    cases = build_compressor_cases(P, algorithms_=["ring"], ops=["avg"], dtypes=["float32"])
+    assert {c.pattern for c in cases} == {"allreduce", "gather", "twophase"}
+    results = SimWorld(P).run(lambda t: run_compressor_battery(t, cases))[0]
+    failed = [f"{r.case.id}: {r.reason}" for r in results if not r.passed]
+    assert not failed and len(results) == len(cases)
+
+
+def test_allreduce_takes_a_compressor_and_keeps_its_state():
+    xs = _inputs((100,), seed=8)[0]
+
+    def body(t):
+        state = parse("ef(topk:ratio=0.05)").new_state(seed=0, rank=t.rank)
+        out = refcoll.allreduce(xs[t.rank], t, op="avg", compressor="ef(topk:ratio=0.05)",
+                                state=state)
+        return out, state
+
+    (out, state), *_ = SimWorld(P).run(body)
+    assert out.shape == (100,) and np.count_nonzero(out) <= 15
+    assert state.residual is not None and state.traffic.sent > 0
+    assert state.traffic.ratio > 1
+    with pytest.raises(UsageError, match="state= goes with compressor="):
+        SimWorld(1).run(lambda t: refcoll.allreduce(xs[0], t, state=state))
+
+
+@pytest.mark.parametrize("bad", ["int", "op", "pattern", "switch", "spec"])
+def test_a_bad_compressed_call_fails_on_every_rank(bad):
+    def body(t):
+        x = np.ones(10, np.int32 if bad == "int" and t.rank == 1 else np.float32)
+        kwargs = dict(compressor="topk:ratio=0.5")
+        if bad == "op":
+            kwargs["op"] = "max"
+        if bad == "pattern":
+            kwargs["pattern"] = "twophase"
+        if bad == "switch":
+            kwargs["algorithm"] = "switch"
+        if bad == "spec" and t.rank == 2:
+            kwargs["compressor"] = "topk:ratio=0.25"
+        try:
+            compressed_allreduce(x, t, **kwargs)
+        except (UsageError, MismatchError) as exc:
+            return type(exc).__name__, str(exc)
+        return None
+
+    results = SimWorld(P).run(body)
+    assert all(r is not None for r in results), results
+    if bad == "spec":
+        assert all(kind == "MismatchError" and "topk:ratio=0.25" in msg for kind, msg in results)
+    if bad == "int":
+        assert all("rank 1" in msg for _, msg in results)
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+def test_verify_compressors_under_mpi_equals_the_simulator(tmp_path):
+    out = tmp_path / "verify.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "refcoll", "verify", "-n", "2", "--algorithm", "ring,auto",
+         "--dtype", "float32", "--compressor", "none", "--compressor", "ef(topk:ratio=0.1)",
+         "--compressor", "ef(sign)", "--compressor", "powersgd:rank=2",
+         "--compressor", "qsgd", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert res.stdout.strip().splitlines()[-1] == f"{data['passed']} passed, 0 failed"
+    patterns = {c["pattern"] for c in data["cases"]}
+    assert patterns == {"allreduce", "gather", "twophase"} and data["passed"] > 50
