@@ -107,4 +107,4 @@ def main() -> None:
 
 
 from . import commands  # noqa: E402,F401  (registers the commands on main)
-from . import train  # noqa: E402,F401  (registers refcoll train)
+from . import bench, train  # noqa: E402,F401  (register refcoll bench and train)

@@ -1,0 +1,145 @@
+"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against the MPI library's own."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import main, relaunch, reports_errors, split_list, write_json
+from .. import algorithms
+from ..errors import UsageError
+
+#: Set by the launching process when its stderr is a terminal (mpiexec's ranks see pipes).
+_PROGRESS_VARIABLE = "REFCOLL_PROGRESS"
+
+
+@main.command("bench")
+@click.option("-n", "--np", "nprocs", type=int, default=2, show_default=True,
+              help="Processes to start with mpiexec (ignored inside an MPI job).")
+@click.option("-b", "--minbytes", default="8", show_default=True,
+              help="Smallest size in bytes (K, M, G suffixes: binary).")
+@click.option("-e", "--maxbytes", default="64M", show_default=True, help="Largest size in bytes.")
+@click.option("-f", "--stepfactor", type=int, default=2, show_default=True,
+              help="Multiply the size by this from one row to the next.")
+@click.option("--algorithm", default="auto", show_default=True,
+              help="Algorithms, comma-separated, or all (those with the collective).")
+@click.option("--collective", type=click.Choice(list(algorithms.COLLECTIVES)), default="allreduce",
+              show_default=True)
+@click.option("--op", default="sum", show_default=True, help="sum, prod, min, max or avg.")
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--against", type=click.Choice(["mpi", "nccl", "none"]), default="mpi",
+              show_default=True, help="The library collective timed beside refcoll's.")
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@click.option("-w", "--warmup", type=int, default=5, show_default=True,
+              help="Untimed iterations per size.")
+@click.option("-i", "--iters", type=int, default=20, show_default=True,
+              help="Timed iterations per size.")
+@click.option("-c", "--check", type=click.IntRange(0, 1), default=1, show_default=True,
+              help="1: compare every iteration's result with the expected one, bit for bit.")
+@click.option("--bound", is_flag=True,
+              help="Also time each algorithm's bare messages and reductions (its transport bound).")
+@click.option("--compressor", default=None,
+              help="Run a compressed all-reduce with this compressor spec (ef(topk:ratio=0.01)).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False),
+              help="Write the header, rows and summary as JSON.")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Write the rows as CSV.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="Draw busbw against size to this PNG (needs matplotlib).")
+@reports_errors
+def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dtype, against,
+          device, warmup, iters, check, bound, compressor, json_file, csv_file, plot_file):
+    """Time collectives over a size sweep, as nccl-tests does, beside the MPI library's own.
+
+    Prints size, count, type, redop, algorithm, time (the largest over ranks of
+    each rank's median), algbw, busbw and #wrong per size and algorithm, then
+    the baseline's time, busbw and time/base (below 1: refcoll is faster).
+    Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
+    """
+    from ..bench import BenchConfig, check_config, extra_ranks, parse_size, plotting, size_sweep
+    from ..launch import in_mpi_job
+
+    names = split_list(algorithm, algorithms.names(), "algorithm")
+    config = BenchConfig(
+        sizes=size_sweep(parse_size(minbytes), parse_size(maxbytes), stepfactor),
+        algorithms=names if names is not None else algorithms.names(collective),
+        collective=collective, op=op, dtype=dtype, against=against, device=device,
+        warmup=warmup, iters=iters, check=bool(check), bound=bound, compressor=compressor)
+    check_config(config)
+    if plot_file:
+        plotting()
+    if not in_mpi_job():
+        if nprocs < 1:
+            raise UsageError(f"-n must be at least 1, got {nprocs}")
+        env = {"REFCOLL_WORKERS": str(nprocs)}
+        if sys.stderr.isatty():
+            env[_PROGRESS_VARIABLE] = "1"
+        relaunch(nprocs + extra_ranks(config.algorithms, nprocs), env)
+    _bench_in_world(nprocs, config, json_file, csv_file, plot_file)
+
+
+def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
+    from mpi4py import MPI
+
+    from ..bench import bench_header, format_footer, format_header, format_row, plot, run_bench
+    from ..bench import summarize, write_csv
+
+    world = MPI.COMM_WORLD
+    lead = world.rank == 0
+    config.workers = int(os.environ.get("REFCOLL_WORKERS", world.size))
+    if lead and "REFCOLL_WORKERS" not in os.environ and nprocs != world.size:
+        click.echo(f"refcoll: note: already inside an MPI job of {world.size} processes; "
+                   f"using it (-n {nprocs} ignored)", err=True)
+    header = bench_header(world, config)
+    progress = _Progress() if lead and (os.environ.get(_PROGRESS_VARIABLE) == "1"
+                                        or sys.stderr.isatty()) else None
+    if lead:
+        click.echo(format_header(header))
+
+    def show(row: dict) -> None:
+        if lead:
+            if progress is not None:
+                progress.clear()
+            click.echo(format_row(row, header))
+            sys.stdout.flush()
+
+    rows = run_bench(world, config, on_row=show, progress=progress)
+    if progress is not None:
+        progress.clear()
+    summary = summarize(rows)
+    if lead:
+        click.echo(format_footer(summary))
+        write_json(json_file, {"schema": "refcoll-bench/1", "header": header, "rows": rows,
+                               "summary": summary})
+        if csv_file:
+            write_csv(rows, csv_file)
+        if plot_file:
+            plot(rows, plot_file, title=f"{header['collective']} {header['dtype']} "
+                                        f"{header['op']}, {header['workers']} ranks, "
+                                        f"{header['mpi']['library']}")
+    sys.stdout.flush()
+    sys.exit(0 if summary["passed"] else 1)
+
+
+class _Progress:
+    """A one-line progress bar on stderr, redrawn in place (rank 0 only)."""
+
+    WIDTH = 30
+
+    def __init__(self) -> None:
+        self._shown = False
+
+    def __call__(self, done: int, total: int, nbytes: int) -> None:
+        filled = self.WIDTH * done // max(total, 1)
+        click.echo(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} iterations, "
+                   f"at {nbytes} B ", nl=False, err=True)
+        sys.stderr.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        """Erase the bar so the next table row starts on a clean line."""
+        if self._shown:
+            click.echo("\r" + " " * (self.WIDTH + 50) + "\r", nl=False, err=True)
+            sys.stderr.flush()
+            self._shown = False

@@ -1,0 +1,207 @@
+"""refcoll bench: sizes, bus factors, the expected results it checks against, schedules, the CLI."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import mpiexec_path
+from refcoll import algorithms, simulate
+from refcoll.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong, parse_size,
+                           schedule, size_sweep)
+from refcoll.cli import main
+from refcoll.cost import ring_allreduce
+from refcoll.errors import UsageError
+
+needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
+                               reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+
+
+@pytest.mark.parametrize("text,nbytes", [
+    ("8", 8), ("64K", 64 * 1024), ("64k", 65536), ("16M", 16 << 20), (" 1G ", 1 << 30), ("0", 0),
+])
+def test_sizes_take_binary_suffixes_as_nccl_tests_does(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["1.5K", "-8", "8T", "", "K", "8KB", "eight"])
+def test_a_bad_size_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="bad size"):
+        parse_size(text)
+
+
+def test_the_sweep_multiplies_up_to_the_largest_size():
+    assert size_sweep(8, 64 * 1024, 8) == [8, 64, 512, 4096, 32768]
+    assert size_sweep(1024, 1024, 2) == [1024]
+    for args in [(0, 8, 2), (16, 8, 2), (8, 64, 1)]:
+        with pytest.raises(UsageError):
+            size_sweep(*args)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 17])
+def test_bus_factors_are_nccl_tests_definitions(n):
+    # doc/PERFORMANCE.md of nccl-tests: the bytes each rank's link must carry, per byte of S.
+    assert bus_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert bus_factor("allreduce", n, in_network=True) == pytest.approx((n - 1) / (n + 1))
+    assert bus_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
+    assert bus_factor("allgather", n) == pytest.approx((n - 1) / n)
+    assert bus_factor("broadcast", n) == 1.0
+    assert bus_factor("reduce", n) == 1.0
+
+
+def test_count_wrong_counts_every_differing_element_bit_for_bit():
+    want = np.arange(1000, dtype=np.float32)
+    got = want.copy()
+    assert count_wrong(got, want) == 0
+    got[[3, 500, 999]] += 1
+    got[0] = -0.0  # equal as a number, not as bits: a reduction order showing through
+    assert count_wrong(got, want) == 4
+    assert count_wrong(got[:10], want) == 1000  # a result of the wrong size is wrong throughout
+    nan = np.full(4, np.nan, dtype=np.float64)
+    assert count_wrong(nan, nan.copy()) == 0
+
+
+class _NoComm:
+    """Stands in for the participants' communicator in a one-rank check."""
+
+    def Barrier(self):
+        pass
+
+
+def test_the_check_catches_a_wrong_result_and_an_unwritten_one():
+    config = BenchConfig(collective="allreduce", op="sum", dtype="float32")
+    data = _make_data(config, 4096, 3, 1)
+    right = data.expected.copy()
+    wrong = right.copy()
+    wrong[::100] += 1
+    writes = {"right": lambda: np.copyto(data.out, right), "wrong": lambda: np.copyto(data.out, wrong),
+              "nothing": lambda: None}
+    counted = {}
+    for name, call in writes.items():
+        np.copyto(data.out, right)  # what the previous iteration left behind
+        item = _Item("ours", name, _NoComm(), call, data.out, data)
+        item.run(timed=True, check=True)
+        counted[name] = (item.wrong, item.checked)
+    assert counted["right"] == (0, 1024)
+    assert counted["wrong"] == (len(range(0, 1024, 100)), 1024)
+    assert counted["nothing"] == (1024, 1024)  # the buffer was poisoned before the call
+
+
+@pytest.mark.parametrize("collective,op,dtype", [
+    ("allreduce", "sum", "float32"), ("allreduce", "avg", "bfloat16"), ("allreduce", "prod", "int8"),
+    ("reduce_scatter", "max", "float64"), ("allgather", "sum", "uint16"),
+    ("broadcast", "sum", "float16"), ("reduce", "min", "float32"),
+])
+def test_the_expected_result_is_what_every_algorithm_returns(collective, op, dtype):
+    p = 3
+    config = BenchConfig(collective=collective, op=op, dtype=dtype)
+    datas = [_make_data(config, 1000, p, r) for r in range(p)]
+    for name in algorithms.names(collective):
+        if algorithms.get(name).workers is not None:
+            continue
+        result = simulate(collective, [d.x for d in datas], algorithm=name, op=op)
+        for r, (d, got) in enumerate(zip(datas, result.outputs)):
+            if d.expected is None:
+                assert got is None and collective == "reduce" and r != 0
+                continue
+            assert count_wrong(got, d.expected) == 0, (name, r)
+            assert count_wrong(d.poison, d.expected) == d.expected.size
+
+
+def test_the_schedule_is_the_ledger_and_matches_the_cost_formula():
+    p, n = 4, 1001
+    plans = schedule("allreduce", "ring", p, n, "float32")
+    sends = [(r, step, dest, nbytes) for r, plan in enumerate(plans)
+             for step, out, _, _ in plan for dest, nbytes in out]
+    recvs = sorted((source, step, r, nbytes) for r, plan in enumerate(plans)
+                   for step, _, inbox, _ in plan for source, nbytes in inbox)
+    assert sorted(sends) == recvs  # every send has its receive, in the same step
+    cost = ring_allreduce(p, n, 4)
+    assert len(sends) == cost.messages
+    assert sum(nbytes for *_, nbytes in sends) == cost.bytes
+    assert max(sum(e for *_, reds in plan for e in reds) for plan in plans) == cost.reduced
+    assert all([s for s, *_ in plan] == sorted({s for s, *_ in plan}) for plan in plans)
+
+
+def test_a_switch_run_starts_the_switch_processes_too(monkeypatch):
+    import refcoll.cli as cli
+    from refcoll.algorithms.switch import switch_count
+
+    seen = {}
+
+    def fake_run(cmd, env):
+        seen.update(cmd=cmd, env=env)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    res = CliRunner().invoke(main, ["bench", "-n", "5", "--algorithm", "switch,ring"])
+    assert res.exit_code == 0, res.output
+    assert seen["cmd"][:3] == ["mpiexec", "-n", str(5 + switch_count(5))]
+    assert seen["env"]["REFCOLL_WORKERS"] == "5"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--against", "nccl"], "--against nccl"),
+    (["--device", "gpu"], "--device gpu"),
+    (["-b", "1.5K"], "bad size '1.5K'"),
+    (["-f", "1"], "step factor"),
+    (["--algorithm", "rung"], "unknown algorithm 'rung'"),
+    (["--algorithm", "tree", "--collective", "allgather"], "does not implement allgather"),
+    (["--compressor", "topk", "--algorithm", "switch"], "switch"),
+])
+def test_what_cannot_run_here_exits_2_with_one_line(args, message):
+    res = CliRunner().invoke(main, ["bench", "-n", "2", *args])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], res.output
+
+
+def test_plot_without_matplotlib_exits_2(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # importing it now fails
+    res = CliRunner().invoke(main, ["bench", "-n", "2", "--plot", "out.png"])
+    assert res.exit_code == 2
+    assert "pip install 'refcoll[plot]'" in res.output
+
+
+@needs_mpi
+def test_a_real_sweep_reports_every_size_and_algorithm(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))  # auto's calibration, kept out of $HOME
+    out, table = tmp_path / "bench.json", tmp_path / "bench.csv"
+    args = [sys.executable, "-m", "refcoll", "bench", "-n", "2", "-b", "8", "-e", "64K", "-f", "8",
+            "--algorithm", "ring,auto", "-i", "3", "-w", "1", "--bound", "--json", str(out),
+            "--csv", str(table)]
+    png = tmp_path / "bench.png" if importlib.util.find_spec("matplotlib") else None
+    if png is not None:
+        args += ["--plot", str(png)]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    header, rows = data["header"], data["rows"]
+    assert header["workers"] == 2 and header["validate"] is False
+    assert header["mpi"]["library"] and header["machine"]["cpus"]
+    sizes = [8, 64, 512, 4096, 32768]
+    assert [(r["size"], r["algorithm"]) for r in rows] == [(s, a) for s in sizes
+                                                          for a in ("ring", "auto")]
+    for row in rows:
+        assert row["count"] == row["size"] // 4
+        assert row["wrong"] == 0 and row["checked"] == 4 * row["count"] * 2  # 4 runs, 2 ranks
+        assert row["algbw"] == pytest.approx(row["size"] / (row["time_us"] * 1e-6) / 1e9)
+        assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (2 - 1) / 2)
+        assert row["baseline"] == "MPI_Allreduce" and row["base_wrong"] == 0
+        assert row["time_over_base"] == pytest.approx(row["time_us"] / row["base_time_us"])
+        assert row["bound_us"] > 0
+        assert row["time_over_bound"] == pytest.approx(row["time_us"] / row["bound_us"])
+    assert all(r["resolved"] in algorithms.names("allreduce") for r in rows
+               if r["algorithm"] == "auto")
+    assert data["summary"]["passed"] and data["summary"]["wrong"] == 0
+    assert len(table.read_text().splitlines()) == 1 + len(rows)
+    assert "#wrong: 0 of" in res.stdout and "validate=False" in res.stdout
+    if png is not None:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
