@@ -107,4 +107,4 @@ def main() -> None:
 
 
 from . import commands  # noqa: E402,F401  (registers the commands on main)
-from . import bench, train  # noqa: E402,F401  (register refcoll bench and train)
+from . import bench, model, train  # noqa: E402,F401

@@ -1,0 +1,237 @@
+"""`refcoll model`: the cluster cost model, and its calibration against this machine."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import click
+
+from . import main, relaunch, reports_errors, split_list, write_json
+from ..errors import UsageError
+from ..model import human_bytes as _bytes
+from ..model import human_time as _time
+
+
+@main.command("model")
+@click.option("--nodes", type=int, help="Nodes in the cluster.")
+@click.option("--gpus-per-node", type=int, help="GPUs (ranks) per node.")
+@click.option("--intra-bw", help="Intra-node bandwidth per GPU, e.g. 900GB/s (NVLink).")
+@click.option("--inter-bw", help="Inter-node bandwidth per GPU, e.g. 400Gb/s or 50GB/s (its NIC).")
+@click.option("--bidirectional/--unidirectional", default=None,
+              help="Whether both bandwidths count both directions added (then each direction "
+                   "carries half) or one direction. Required unless each link says.")
+@click.option("--intra-quoted", type=click.Choice(["unidirectional", "bidirectional"]),
+              default=None, help="How --intra-bw is quoted, overriding the flag above.")
+@click.option("--inter-quoted", type=click.Choice(["unidirectional", "bidirectional"]),
+              default=None, help="How --inter-bw is quoted, overriding the flag above.")
+@click.option("--intra-latency", default="2us", show_default=True,
+              help="Intra-node latency per message (ns, us, ms, s).")
+@click.option("--inter-latency", default="5us", show_default=True,
+              help="Inter-node latency per message.")
+@click.option("--in-network", is_flag=True,
+              help="The switches can reduce (SHARP): price the 'switch' all-reduce too.")
+@click.option("--reduce-bw", default="1TB/s", show_default=True,
+              help="Element-wise reduction rate on a GPU, bytes of one operand per second "
+                   "(0: free).")
+@click.option("--params", type=float, help="Parameter count, e.g. 1.3e9 (one flat gradient).")
+@click.option("--layers", "layers_file", type=click.Path(exists=True, dir_okay=False),
+              help="JSON list of parameter shapes, or object name -> shape, in forward order.")
+@click.option("--bytes-per-element", type=int, default=4, show_default=True,
+              help="Gradient element size: 2 (float16), 4 (float32) or 8 (float64).")
+@click.option("--forward", default="0", show_default=True, help="Forward time per step.")
+@click.option("--backward", default="0", show_default=True, help="Backward time per step.")
+@click.option("--algorithm", default="all", show_default=True,
+              help="All-reduce algorithms, comma-separated, or all. With --calibrate: "
+                   "default ring,recursive_doubling,rabenseifner,auto.")
+@click.option("--inter", default="ring", show_default=True,
+              help="The hierarchical all-reduce's algorithm across nodes.")
+@click.option("--compressor", default=None, help="Compressor spec, e.g. topk:ratio=0.01 or "
+                                                 "ef(powersgd:rank=4).")
+@click.option("--pattern", type=click.Choice(["allreduce", "gather", "twophase"]), default=None,
+              help="Compressed collective pattern [default: the compressor's own].")
+@click.option("--buckets", type=int, default=None,
+              help="Gradient buckets all-reduced during the backward pass [default: 1, no "
+                   "overlap].")
+@click.option("--bucket-size", default=None,
+              help="Bucket size instead of a count, e.g. 25MB (PyTorch DDP's bucket_cap_mb).")
+@click.option("--calibrate", is_flag=True,
+              help="Measure α, β, γ on this machine under mpiexec and compare predicted "
+                   "all-reduce times with measured ones.")
+@click.option("-n", "--np", "nprocs", type=int, default=2, show_default=True,
+              help="With --calibrate: processes to start with mpiexec.")
+@click.option("--sizes", default="64K..64M", show_default=True,
+              help="With --calibrate: buffer sizes, a doubling range A..B or a list.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False),
+              help="Write the report as JSON.")
+@reports_errors
+def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted, inter_quoted,
+          intra_latency, inter_latency,
+          in_network, reduce_bw, params, layers_file, bytes_per_element, forward, backward,
+          algorithm, inter, compressor, pattern, buckets, bucket_size, calibrate, nprocs, sizes,
+          json_file):
+    """Model all-reduce and step time on a described cluster, or calibrate against this one.
+
+    Prints each algorithm's all-reduce time with its phases, the compressed
+    collective, and the step time with the speed-up of each technique stacked
+    (topology, compression, overlap). Units: bandwidths 300GB/s, 200Gb/s,
+    100Gbps; times 2us, 50ms, 0.05 (seconds); sizes 64K (KiB), 25MB.
+    """
+    from .. import model as m
+
+    if calibrate:
+        _calibrate(m, nprocs, algorithm, sizes, json_file)
+        return
+    if nodes is None or gpus_per_node is None:
+        raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
+    quoted = {"bidirectional": True, "unidirectional": False, None: bidirectional}
+    intra_bidirectional, inter_bidirectional = quoted[intra_quoted], quoted[inter_quoted]
+    if intra_bidirectional is None or inter_bidirectional is None:
+        raise UsageError("say how the bandwidths are quoted: --unidirectional (per direction) "
+                         "or --bidirectional (both directions added), or per link with "
+                         "--intra-quoted and --inter-quoted")
+    if (params is None) == (layers_file is None):
+        raise UsageError("give the model as exactly one of --params N or --layers FILE")
+    if (gpus_per_node or 0) > 1 and intra_bw is None or (nodes or 0) > 1 and inter_bw is None:
+        raise UsageError("give --intra-bw (more than one GPU per node) and --inter-bw (more "
+                         "than one node)")
+    intra = m.parse_bandwidth(intra_bw or inter_bw)
+    cluster = m.Cluster(nodes, gpus_per_node, intra, m.parse_bandwidth(inter_bw or intra_bw),
+                        intra_latency=m.parse_duration(intra_latency),
+                        inter_latency=m.parse_duration(inter_latency),
+                        intra_bidirectional=intra_bidirectional,
+                        inter_bidirectional=inter_bidirectional,
+                        in_network=in_network, reduce_bw=m.parse_bandwidth(reduce_bw))
+    compute = dict(bytes_per_element=bytes_per_element, forward=m.parse_duration(forward),
+                   backward=m.parse_duration(backward))
+    if layers_file is not None:
+        with open(layers_file, encoding="utf-8") as fh:
+            workload = m.Workload(m.load_layers(fh.read()), **compute)
+    else:
+        workload = m.Workload.from_params(params, **compute)
+    chosen = [a for a in m.ALGORITHMS if a != "switch" or in_network]
+    algorithms = split_list(algorithm, chosen, "algorithm") or chosen
+    if buckets is not None and bucket_size is not None:
+        raise UsageError("give --buckets or --bucket-size, not both")
+    if bucket_size is not None:
+        size = m.parse_size(bucket_size)
+        if size < 1:
+            raise UsageError("--bucket-size must be positive")
+        buckets = math.ceil(workload.nbytes / size)
+    options = m.Options(tuple(algorithms), compressor, pattern, buckets or 1, inter)
+    result = m.plan(cluster, workload, options)
+    _print_plan(result)
+    write_json(json_file, result.to_json())
+
+
+def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
+    from .. import algorithms as registry
+    from ..launch import in_mpi_job
+
+    if nprocs < 2:
+        raise UsageError(f"--calibrate needs at least 2 processes to measure messages, got -n "
+                         f"{nprocs}")
+    byte_sizes = m.parse_sizes(sizes)
+    usable = [a for a in registry.names("allreduce")
+              if "allreduce" in registry.get(a).costs and registry.get(a).workers is None]
+    names = split_list(algorithm, usable, "algorithm") or ["ring", "recursive_doubling",
+                                                           "rabenseifner", "auto"]
+    if not in_mpi_job():
+        relaunch(nprocs)
+    from mpi4py import MPI
+
+    from ..transport.mpi import MPITransport
+
+    t = MPITransport(MPI.COMM_WORLD)
+    lead = t.rank == 0
+    if lead and t.size != nprocs:
+        click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; using it "
+                   f"(-n {nprocs} ignored)", err=True)
+    if t.size < 2:
+        raise UsageError("--calibrate needs at least 2 processes to measure messages")
+    result = m.compare_with_measurement(t, names, byte_sizes)
+    if lead:
+        library = MPI.Get_library_version().splitlines()[0].strip()
+        _print_calibration(result, library)
+        write_json(json_file, {"ranks": t.size, "cores": os.cpu_count(), "library": library,
+                               **result.to_json()})
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------ printing
+
+def _binary(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def _phases(estimate) -> str:
+    parts = []
+    for ph in estimate.phases:
+        if ph.seconds or ph.rounds:
+            link = f" [{ph.link}]" if ph.link != "local" else ""
+            parts.append(f"{ph.name} {_time(ph.seconds)}{link}")
+    return ", ".join(parts)
+
+
+def _print_plan(result) -> None:
+    c, w = result.cluster, result.workload
+    intra_a, intra_b = c.link("intra")
+    inter_a, inter_b = c.link("inter")
+    reduction = f"{_bytes(c.reduce_bw)}/s" if c.reduce_bw else "free"
+    click.echo(f"cluster: {c.nodes} nodes × {c.gpus_per_node} GPUs = {c.gpus} GPUs; per GPU and "
+               f"direction: intra {_bytes(1 / intra_b)}/s, {_time(intra_a)}; inter "
+               f"{_bytes(1 / inter_b)}/s, {_time(inter_a)}; in-network reduction: "
+               f"{'yes' if c.in_network else 'no'}; reduction {reduction}")
+    tensors = f"{len(w.shapes)} tensor{'s' if len(w.shapes) > 1 else ''}"
+    click.echo(f"model: {w.elements:,} parameters ({tensors}) × "
+               f"{w.bytes_per_element} B = {_bytes(w.nbytes)}; forward {_time(w.forward)}, "
+               f"backward {_time(w.backward)}")
+    click.echo("")
+    click.echo(f"all-reduce of the gradient ({_bytes(w.nbytes)}), dense:")
+    click.echo(f"  {'algorithm':<26} {'time':>9} {'bytes/GPU':>10}  phases [link]")
+    for est in sorted(result.dense, key=lambda e: e.seconds):
+        click.echo(f"  {est.algorithm:<26} {_time(est.seconds):>9} {_bytes(est.bytes):>10}  "
+                   f"{_phases(est)}")
+    if result.compressed is not None:
+        e = result.compressed
+        click.echo("")
+        click.echo(f"compressed: {e.compressor}, pattern {e.pattern}, {e.algorithm}: payload "
+                   f"{_bytes(e.payload)} per GPU for {_bytes(e.dense)} dense "
+                   f"({e.dense / e.payload if e.payload else math.inf:.3g}×), "
+                   f"{_time(e.seconds)} with {_bytes(e.bytes)} on the wire per GPU")
+        click.echo(f"  {_phases(e)}")
+    click.echo("")
+    click.echo("step time, techniques stacked:")
+    click.echo(f"  {'step':<24} {'collective':<26} {'buckets':>7} {'comm':>9} {'exposed':>9} "
+               f"{'step':>9} {'comm %':>7} {'speed-up':>9} {'vs prev':>8}")
+    for row in result.stack:
+        click.echo(f"  {row.label:<24} {row.algorithm:<26} {row.buckets:>7} {_time(row.comm):>9} "
+                   f"{_time(row.exposed):>9} {_time(row.step):>9} {100 * row.fraction:>6.1f}% "
+                   f"{row.speedup:>8.2f}× {row.gain:>7.2f}×")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+
+
+def _print_calibration(result, library: str) -> None:
+    cal, rows = result.calibration, result.rows
+    click.echo(f"refcoll model --calibrate: {cal.ranks} ranks on {os.cpu_count()} cores, "
+               f"{library}")
+    click.echo(f"ping-pong fit: α = {_time(cal.alpha)}, β = {cal.beta * 1e9:.4g} ns/B "
+               f"({_bytes(1 / cal.beta) if cal.beta > 0 else 'inf'}/s); γ = "
+               f"{cal.gamma * 1e9:.4g} ns/B; call {_time(cal.call)}")
+    click.echo(f"  {'algorithm':<26} {'size':>8} {'predicted':>10} {'α-β-γ fit':>10} "
+               f"{'measured':>10} {'pred/meas':>9}")
+    for r in rows:
+        click.echo(f"  {r['algorithm']:<26} {_binary(r['bytes']):>8} {_time(r['predicted']):>10} "
+                   f"{_time(r['predicted_fit']):>10} {_time(r['measured']):>10} "
+                   f"{r['ratio']:>9.2f}")
+    click.echo(f"{result.within()} of {len(rows)} predictions within 30% of the measured time "
+               f"(α-β-γ fit: {result.within(fit=True)})")
+    if result.others is not None:
+        click.echo(f"other processes used {100 * result.others:.0f}% of the machine's CPU "
+                   f"meanwhile" + ("; the timings shared the cores, rerun on an idle machine"
+                                   if result.others > 0.05 else ""))
