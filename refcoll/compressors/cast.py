@@ -2,7 +2,9 @@
 
 Round to nearest even, once per element. Linear in the shared basis of the
 narrow type: payloads can be summed by any all-reduce in that type. A value
-representable in the narrow type comes back exactly.
+representable in the narrow type comes back exactly. On CuPy arrays the same
+bits (a cast rounds once on the device too); bfloat16 needs CuPy >= 14 with
+ml_dtypes, and an older CuPy is refused with the reason.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import ClassVar
 import ml_dtypes
 import numpy as np
 
+from ..gpu import array_namespace, check_device_dtype
 from .base import Compressor, Payload, check_float, register
 
 __all__ = ["CastFP16", "CastBF16"]
@@ -28,6 +31,7 @@ class _Cast(Compressor):
     def compress(self, x, state) -> Payload:
         """Return ``x`` rounded to the wire type."""
         check_float(x, self.name)
+        check_device_dtype(self.wire, array_namespace(x))
         return self._payload(x, {"values": x.reshape(-1).astype(self.wire)})
 
     def decompress(self, payload: Payload) -> np.ndarray:

@@ -17,6 +17,10 @@ which compression does not pay: a matrix is compressed only when
 exact up to rounding. In a data-parallel all-reduce ``P`` and ``Q`` are each
 summed over ranks (linear in the shared basis) — that two-round scheme is the
 collective's job; a single compress here makes one rank's step.
+
+On CuPy arrays the first ``Q`` is drawn on the host from the shared seed (the
+same numbers) and copied to the device; the products run in the device's BLAS,
+whose summation order (and so the last bits) differs from the CPU's.
 """
 
 from __future__ import annotations
@@ -27,23 +31,27 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace
 from .base import Compressor, Payload, compute_dtype, check_float, register
 
 __all__ = ["PowerSGD", "orthogonalise"]
 
 
-def orthogonalise(matrix: np.ndarray, eps: float) -> None:
+def orthogonalise(matrix, eps: float) -> None:
     """Orthonormalise the columns of ``matrix`` in place (modified Gram–Schmidt).
 
     A column is divided by ``max(norm, eps)``: a (numerically) zero column stays
     near zero instead of dividing by zero, and any other column is not biased.
+    On the device the norm stays there (no read back per column).
     """
+    xp = array_namespace(matrix)
     for i in range(matrix.shape[1]):
         column = matrix[:, i]
-        column /= max(np.linalg.norm(column), eps)
+        norm = xp.linalg.norm(column)
+        column /= max(norm, eps) if xp is np else xp.maximum(norm, column.dtype.type(eps))
         if i + 1 < matrix.shape[1]:
             rest = matrix[:, i + 1 :]
-            rest -= np.outer(column, column @ rest)
+            rest -= xp.outer(column, column @ rest)
 
 
 @register
@@ -80,12 +88,13 @@ class PowerSGD(Compressor):
         if plan is None:
             return self._payload(x, {"values": x.reshape(-1)})
         m, n, r = plan
+        xp = array_namespace(x)
         cd = compute_dtype(x.dtype)
         matrix = x.reshape(m, n).astype(cd)
         key = ("powersgd.q", m, n, r)
         q = state.memory.get(key)
         if q is None:
-            q = state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd)
+            q = xp.asarray(state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd))
         p = matrix @ q
         orthogonalise(p, self.eps)
         q = matrix.T @ p

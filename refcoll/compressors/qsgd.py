@@ -12,6 +12,10 @@ Wire: one float32 norm per bucket and one signed level ``sign·l`` per element,
 int8 for ``s <= 127`` and int16 up to 32767 (the paper's Elias coding of the
 levels is not used: fixed-width codes keep payload sizes predictable).
 Not linear: each rank's norms are its own.
+
+On CuPy arrays the rounding draws come from the state's device generator
+(:func:`refcoll.gpu.device_generator`), and the norms are sums the device may
+round differently in the last bits.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace, device_generator
 from .base import Compressor, Payload, check_float, compute_dtype, register
 
 __all__ = ["QSGD"]
@@ -43,32 +48,33 @@ class QSGD(Compressor):
         if self.bucket < 1:
             raise ValueError(f"bucket must be >= 1, got {self.bucket}")
 
-    def _buckets(self, flat: np.ndarray) -> np.ndarray:
+    def _buckets(self, flat):
         rows = math.ceil(flat.size / self.bucket)
-        padded = np.zeros(rows * self.bucket, dtype=flat.dtype)
+        padded = array_namespace(flat).zeros(rows * self.bucket, dtype=flat.dtype)
         padded[: flat.size] = flat
         return padded.reshape(rows, self.bucket)
 
     def compress(self, x, state) -> Payload:
         """Return per-bucket norms and the signed levels, drawn with ``state.rng``."""
         check_float(x, self.name)
+        xp = array_namespace(x)
         cd = compute_dtype(x.dtype)
         flat = x.reshape(-1).astype(cd)
         buckets = self._buckets(flat)
-        norms = np.sqrt(np.einsum("ij,ij->i", buckets, buckets))
+        norms = xp.sqrt(xp.einsum("ij,ij->i", buckets, buckets))
         with np.errstate(invalid="ignore", divide="ignore"):
-            scaled = np.where(norms[:, None] > 0, np.abs(buckets) / norms[:, None], 0) * self.levels
-        lower = np.floor(scaled)
-        up = state.rng.random(scaled.shape, dtype=cd) < (scaled - lower)
-        level = np.minimum(lower + up, self.levels)
+            scaled = xp.where(norms[:, None] > 0, xp.abs(buckets) / norms[:, None], 0) * self.levels
+        lower = xp.floor(scaled)
+        up = device_generator(state, xp).random(scaled.shape, dtype=cd) < (scaled - lower)
+        level = xp.minimum(lower + up, self.levels)
         code = np.int8 if self.levels <= 127 else np.int16
-        signed = (np.copysign(level, buckets).reshape(-1)[: flat.size]).astype(code)
+        signed = (xp.copysign(level, buckets).reshape(-1)[: flat.size]).astype(code)
         return self._payload(x, {"norms": norms.astype(cd), "levels": signed})
 
     def decompress(self, payload: Payload) -> np.ndarray:
         """Return ``norm · level / s`` per element."""
         levels = payload.arrays["levels"]
         norms = payload.arrays["norms"]
-        per_element = np.repeat(norms, self.bucket)[: levels.size]
+        per_element = array_namespace(norms).repeat(norms, self.bucket)[: levels.size]
         out = per_element * levels / norms.dtype.type(self.levels)
         return out.astype(payload.dtype).reshape(payload.shape)

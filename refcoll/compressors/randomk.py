@@ -5,6 +5,10 @@ uniformly without replacement, from ``(seed, step)``, so only the values go on
 the wire and payloads from different ranks add up element for element (linear
 in a shared basis). Values are scaled by ``n / k``: each element is kept with
 probability ``k / n``, so ``E[decompress(compress(x))] = x`` (unbiased).
+
+On CuPy arrays the indices are still drawn on the host, from the same seed (k
+numbers, cheap next to the tensor), and copied to the device: the payload is
+the same bits as on the CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace
 from .base import Compressor, Payload, check_float, register
 
 __all__ = ["RandomK"]
@@ -42,11 +47,12 @@ class RandomK(Compressor):
     def compress(self, x, state) -> Payload:
         """Return the scaled values at this step's shared indices; advance the step."""
         check_float(x, self.name)
+        xp = array_namespace(x)
         flat = x.reshape(-1)
         n = flat.size
         k = min(n, max(1, round(self.ratio * n))) if n else 0
         step, state.step = state.step, state.step + 1
-        idx = self.indices(n, k, state.seed, step)
+        idx = xp.asarray(self.indices(n, k, state.seed, step))
         values = flat[idx] * flat.dtype.type(n / k) if k else flat[idx]
         return self._payload(x, {"values": values}, seed=state.seed, step=step, k=k)
 
@@ -54,6 +60,7 @@ class RandomK(Compressor):
         """Return zeros with the values at the shared indices (not sent: redrawn)."""
         n = int(np.prod(payload.shape))
         m = payload.meta
-        out = np.zeros(n, dtype=payload.dtype)
-        out[self.indices(n, m["k"], m["seed"], m["step"])] = payload.arrays["values"]
+        xp = array_namespace(payload.arrays["values"])
+        out = xp.zeros(n, dtype=payload.dtype)
+        out[xp.asarray(self.indices(n, m["k"], m["seed"], m["step"]))] = payload.arrays["values"]
         return out.reshape(payload.shape)

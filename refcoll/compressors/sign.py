@@ -6,6 +6,10 @@ each block of ``block`` elements (``block = 0``: the whole tensor) gets one
 float32 scale ``||x_block||_1 / len(block)``, so decompression returns
 ``±scale``. Wire bytes: ``ceil(n / 8) + 4 * blocks``. Biased, not linear: use
 with error feedback.
+
+On CuPy arrays the bits are packed on the device (``cupy.packbits``, the same
+bytes); the scales are sums, which the device may round differently in the
+last bits.
 """
 
 from __future__ import annotations
@@ -15,20 +19,27 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace
 from ._blocks import Blockwise, block_lengths, block_sum, expand
 from .base import Payload, check_float, compute_dtype, register
 
 __all__ = ["Sign", "pack_signs", "unpack_signs"]
 
 
-def pack_signs(flat: np.ndarray) -> np.ndarray:
+def pack_signs(flat):
     """Return the bits ``flat >= 0`` packed eight to a byte."""
-    return np.packbits(flat >= 0)
+    xp = array_namespace(flat)
+    if xp is not np and flat.size == 0:
+        return xp.zeros(0, dtype=np.uint8)  # CuPy packs nothing into the input's own dtype
+    return xp.packbits(flat >= 0)
 
 
-def unpack_signs(packed: np.ndarray, n: int) -> np.ndarray:
+def unpack_signs(packed, n: int):
     """Return ``n`` booleans from packed sign bits."""
-    return np.unpackbits(packed, count=n).astype(bool)
+    xp = array_namespace(packed)
+    if xp is np:
+        return np.unpackbits(packed, count=n).astype(bool)
+    return xp.unpackbits(packed)[:n].astype(bool)  # CuPy's unpackbits has no count
 
 
 @register
@@ -46,15 +57,18 @@ class Sign(Blockwise):
     def compress(self, x, state) -> Payload:
         """Return packed sign bits and the per-block mean magnitudes."""
         check_float(x, self.name)
+        xp = array_namespace(x)
         flat = x.reshape(-1)
         cd = compute_dtype(x.dtype)
-        magnitude = np.abs(flat).astype(cd)
-        scales = block_sum(magnitude, self.block) / block_lengths(flat.size, self.block).astype(cd)
+        magnitude = xp.abs(flat).astype(cd)
+        lengths = block_lengths(flat.size, self.block, xp).astype(cd)
+        scales = block_sum(magnitude, self.block) / lengths
         return self._payload(x, {"signs": pack_signs(flat), "scales": scales.astype(cd)})
 
     def decompress(self, payload: Payload) -> np.ndarray:
         """Return ``±scale`` per element."""
         n = int(np.prod(payload.shape))
+        xp = array_namespace(payload.arrays["scales"])
         bits = unpack_signs(payload.arrays["signs"], n)
         scale = expand(payload.arrays["scales"], n, self.block)
-        return np.where(bits, scale, -scale).astype(payload.dtype).reshape(payload.shape)
+        return xp.where(bits, scale, -scale).astype(payload.dtype).reshape(payload.shape)

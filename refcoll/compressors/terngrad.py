@@ -6,6 +6,10 @@ decompression is ``s · t_i``, so ``E[s · t_i] = g_i`` (unbiased). The ternary
 codes are packed four to a byte (2 bits: 0 for -1, 1 for 0, 2 for +1, first
 element in the low bits); one float32 scale per block. Wire bytes:
 ``ceil(n / 4) + 4 * blocks``. The paper's gradient clipping is left to the caller.
+
+On CuPy arrays the Bernoulli draws come from the state's device generator
+(:func:`refcoll.gpu.device_generator`): reproducible from the seed, but other
+draws than the CPU's; the codes are packed on the device.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace, device_generator
 from ._blocks import Blockwise, block_max, expand
 from .base import Payload, check_float, compute_dtype, register
 
@@ -24,16 +29,25 @@ __all__ = ["TernGrad", "pack_ternary", "unpack_ternary"]
 _SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
 
 
-def pack_ternary(ternary: np.ndarray) -> np.ndarray:
+def _shifts(xp):
+    return _SHIFTS if xp is np else xp.asarray(_SHIFTS)
+
+
+def pack_ternary(ternary):
     """Return values in {-1, 0, 1} packed four to a byte."""
-    codes = np.zeros(math.ceil(ternary.size / 4) * 4, dtype=np.uint8)
+    xp = array_namespace(ternary)
+    codes = xp.zeros(math.ceil(ternary.size / 4) * 4, dtype=np.uint8)
     codes[: ternary.size] = ternary + 1
-    return np.bitwise_or.reduce(codes.reshape(-1, 4) << _SHIFTS, axis=1).astype(np.uint8)
+    fields = codes.reshape(-1, 4) << _shifts(xp)
+    if xp is np:
+        return np.bitwise_or.reduce(fields, axis=1).astype(np.uint8)
+    # The four fields occupy disjoint bits: OR them pairwise (no ufunc.reduce needed).
+    return (fields[:, 0] | fields[:, 1]) | (fields[:, 2] | fields[:, 3])
 
 
-def unpack_ternary(packed: np.ndarray, n: int) -> np.ndarray:
+def unpack_ternary(packed, n: int):
     """Return ``n`` values in {-1, 0, 1} as int8."""
-    codes = (packed[:, None] >> _SHIFTS) & 3
+    codes = (packed[:, None] >> _shifts(array_namespace(packed))) & 3
     return codes.reshape(-1)[:n].astype(np.int8) - 1
 
 
@@ -47,15 +61,16 @@ class TernGrad(Blockwise):
     def compress(self, x, state) -> Payload:
         """Return packed ternary codes and the per-block max magnitudes."""
         check_float(x, self.name)
+        xp = array_namespace(x)
         cd = compute_dtype(x.dtype)
         flat = x.reshape(-1).astype(cd)
-        magnitude = np.abs(flat)
+        magnitude = xp.abs(flat)
         scales = block_max(magnitude, self.block)
         per_element = expand(scales, flat.size, self.block)
         with np.errstate(invalid="ignore", divide="ignore"):
-            prob = np.where(per_element > 0, magnitude / per_element, 0)
-        keep = state.rng.random(flat.size, dtype=cd) < prob
-        ternary = (np.sign(flat) * keep).astype(np.int8)
+            prob = xp.where(per_element > 0, magnitude / per_element, 0)
+        keep = device_generator(state, xp).random(flat.size, dtype=cd) < prob
+        ternary = (xp.sign(flat) * keep).astype(np.int8)
         return self._payload(x, {"codes": pack_ternary(ternary), "scales": scales.astype(cd)})
 
     def decompress(self, payload: Payload) -> np.ndarray:

@@ -3,6 +3,7 @@
 The payload's size depends on the data. Indices ascending, int32 (int64 past
 ``2**31 - 1`` elements), values in the tensor's dtype. Not linear, biased: use
 with error feedback, which carries the small elements until they grow.
+On CuPy arrays the same indices and values, found on the device.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace
 from .base import Compressor, Payload, check_float, index_dtype, register
 from .topk import scatter_values
 
@@ -33,8 +35,9 @@ class Threshold(Compressor):
     def compress(self, x, state) -> Payload:
         """Return the values at or above the threshold and their indices."""
         check_float(x, self.name)
+        xp = array_namespace(x)
         flat = x.reshape(-1)
-        idx = np.flatnonzero(np.abs(flat) >= self.threshold)
+        idx = xp.flatnonzero(xp.abs(flat) >= self.threshold)
         return self._payload(
             x, {"values": flat[idx], "indices": idx.astype(index_dtype(flat.size))}
         )

@@ -11,6 +11,10 @@ by the lower index and the result is deterministic on every platform.
 The tensor must be finite (NaN has no magnitude order). Not linear: different
 ranks pick different indices, so payloads are gathered and summed after
 decompression. Biased: use with error feedback.
+
+On CuPy arrays the selection is :func:`select_by_bits`, a radix selection by
+bisection on the magnitudes' bit patterns (CuPy's ``argpartition`` sorts): the
+same indices, ties included, in one counting pass per bit.
 """
 
 from __future__ import annotations
@@ -20,27 +24,61 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..gpu import array_namespace
 from .base import Compressor, Payload, check_float, index_dtype, register
 
-__all__ = ["TopK", "topk_indices", "scatter_values"]
+__all__ = ["TopK", "topk_indices", "select_by_bits", "scatter_values"]
 
 
-def topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
+def topk_indices(magnitude, k: int):
     """Return the ascending indices of the k largest entries, ties to the lower index."""
+    xp = array_namespace(magnitude)
     n = magnitude.size
     if k >= n:
-        return np.arange(n)
+        return xp.arange(n)
     if k == 0:
-        return np.arange(0)
+        return xp.arange(0)
+    if xp is not np:
+        return select_by_bits(magnitude, k)
     boundary = magnitude[np.argpartition(magnitude, n - k)[n - k]]
     above = np.flatnonzero(magnitude > boundary)
     ties = np.flatnonzero(magnitude == boundary)[: k - above.size]
     return np.union1d(above, ties) if ties.size else above
 
 
-def scatter_values(payload: Payload) -> np.ndarray:
+def select_by_bits(magnitude, k: int):
+    """Return :func:`topk_indices` of non-negative floats by bisection on their bits, no sort.
+
+    Non-negative IEEE floats order as their bit patterns read as unsigned
+    integers do, so the k-th largest magnitude is the largest pattern ``t`` with
+    at least ``k`` patterns ``>= t``: a bisection over the integers, one
+    counting pass over the tensor per bit. Then, as in the NumPy path, every
+    element above ``t`` is kept and the first ``k - above`` equal to ``t`` by
+    index. Works on NumPy and CuPy arrays; ``0 < k < magnitude.size``.
+    """
+    xp = array_namespace(magnitude)
+    bits = magnitude.view(np.dtype(f"u{magnitude.dtype.itemsize}"))
+    word = bits.dtype.type
+    low, high = 0, int(bits.max())
+    while low < high:
+        middle = (low + high + 1) // 2
+        if int(xp.count_nonzero(bits >= word(middle))) >= k:
+            low = middle
+        else:
+            high = middle - 1
+    boundary = word(low)
+    above = bits > boundary
+    ties = bits == boundary
+    wanted = k - int(xp.count_nonzero(above))
+    if int(xp.count_nonzero(ties)) > wanted:
+        ties &= xp.cumsum(ties, dtype=np.int64) <= wanted
+    return xp.flatnonzero(above | ties)
+
+
+def scatter_values(payload: Payload):
     """Return a zero tensor with the payload's values at its indices."""
-    out = np.zeros(int(np.prod(payload.shape)), dtype=payload.dtype)
+    xp = array_namespace(payload.arrays["values"])
+    out = xp.zeros(int(np.prod(payload.shape)), dtype=payload.dtype)
     out[payload.arrays["indices"]] = payload.arrays["values"]
     return out.reshape(payload.shape)
 
@@ -65,7 +103,7 @@ class TopK(Compressor):
         """Return the k largest-magnitude values and their indices."""
         check_float(x, self.name)
         flat = x.reshape(-1)
-        idx = topk_indices(np.abs(flat), self.k(flat.size))
+        idx = topk_indices(array_namespace(x).abs(flat), self.k(flat.size))
         return self._payload(
             x, {"values": flat[idx], "indices": idx.astype(index_dtype(flat.size))}
         )

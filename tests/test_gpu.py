@@ -1,0 +1,782 @@
+"""GPU support: device arrays through the transports, compressors and NCCL helpers.
+
+Two kinds of test. Those marked by the ``device`` fixture run twice: on a fake
+CuPy (tests/fake_cupy.py, NumPy underneath, refusing any unrequested host copy
+and counting every copy) everywhere, and on the real CuPy where there is a GPU.
+The rest (``gpu``) need a GPU and skip, with the reason, where there is none:
+the collectives on CuPy arrays against the simulator, the MPI runs on the
+staging and direct paths, the compressors against their CPU results, NCCL.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fake_cupy
+from conftest import ROOT, mpiexec_path
+from refcoll import algorithms, gpu
+from refcoll.api import simulate
+from refcoll.compressors import ErrorFeedback, parse
+from refcoll.compressors.topk import select_by_bits, topk_indices
+from refcoll.errors import UsageError
+from refcoll.ops import get_op
+from refcoll.transport import SimWorld
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _clear_caches() -> None:
+    gpu._cupy_state.cache_clear()
+    gpu._detected.cache_clear()
+    gpu._device_dtype_problem.cache_clear()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """The fake CuPy as ``cupy``, counters at zero, one device."""
+    _clear_caches()
+    fake_cupy.reset()
+    yield fake_cupy.install(monkeypatch)
+    fake_cupy.reset()
+    _clear_caches()
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    """A Python where ``import cupy`` fails."""
+    _clear_caches()
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    yield
+    _clear_caches()
+
+
+def _real_cupy():
+    _clear_caches()
+    cupy = gpu.cupy_or_none()
+    if cupy is None:
+        pytest.skip(f"needs a CUDA GPU: {gpu.gpu_unavailable_reason()}")
+    return cupy
+
+
+@pytest.fixture
+def cuda():
+    """The real CuPy on a GPU; skips with the reason where there is none."""
+    return _real_cupy()
+
+
+@pytest.fixture(params=["fake", "cuda"])
+def device(request, monkeypatch):
+    """The array module of device arrays: the fake everywhere, CuPy where there is a GPU."""
+    if request.param == "cuda":
+        yield _real_cupy()
+        return
+    _clear_caches()
+    fake_cupy.reset()
+    yield fake_cupy.install(monkeypatch)
+    fake_cupy.reset()
+    _clear_caches()
+
+
+def _is_fake(xp) -> bool:
+    return xp is fake_cupy
+
+
+def _device_workspace(t, count: int, dtype, slot: int = 0):
+    """A workspace in the transport's array module (``t.array_module``; NumPy by default)."""
+    xp = getattr(t, "array_module", np)
+    nbytes = count * np.dtype(dtype).itemsize
+    cache = t.__dict__.setdefault("_workspace", {})
+    buf = cache.get(slot)
+    if buf is None or buf.nbytes < nbytes:
+        buf = xp.empty(max(nbytes, 64), dtype=np.uint8)
+        cache[slot] = buf
+    return buf[:nbytes].view(dtype)
+
+
+@pytest.fixture
+def device_workspaces(monkeypatch):
+    """Algorithms' scratch buffers in the transport's array module.
+
+    The workspace helper the algorithms import must allocate where the
+    transport's buffers live; where ``refcoll.algorithms._util.workspace``
+    allocates on the host only, this stands in for it.
+    """
+    for module in (algorithms.ring, algorithms.recursive, algorithms.tree, algorithms.naive,
+                   algorithms.hierarchical):
+        monkeypatch.setattr(module, "workspace", _device_workspace)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+# ----------------------------------------------------------------- namespaces, CuPy
+
+def test_a_numpy_array_never_imports_cupy(monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    x = np.zeros(3)
+    assert gpu.array_namespace(x) is np and not gpu.is_device_array(x)
+    assert gpu.array_namespace([1, 2]) is np
+    assert "cupy" not in sys.modules
+
+
+def test_a_device_array_has_the_device_namespace(fake):
+    x = fake.zeros(3, dtype=np.float32)
+    assert gpu.array_namespace(x) is fake and gpu.is_device_array(x)
+    assert gpu.array_namespace(np.zeros(3)) is np
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(x)  # the fake refuses a silent host copy, as CuPy does
+
+
+def test_without_cupy_the_reason_is_given(no_cupy):
+    assert gpu.cupy_or_none() is None
+    assert "CuPy is not installed" in gpu.gpu_unavailable_reason()
+    with pytest.raises(UsageError, match="needs a CUDA GPU and CuPy: CuPy is not installed"):
+        gpu.require_cupy("this benchmark")
+
+
+def test_without_a_device_the_reason_is_given(fake):
+    fake.reset(device_count=0)
+    assert gpu.cupy_or_none() is None
+    assert "no CUDA device" in gpu.gpu_unavailable_reason()
+    assert "cudaErrorNoDevice" in gpu.gpu_unavailable_reason()
+
+
+def test_with_a_device_cupy_is_returned(fake):
+    assert gpu.cupy_or_none() is fake and gpu.gpu_unavailable_reason() is None
+
+
+def test_device_dtypes_are_checked_with_the_reason(fake):
+    gpu.check_device_dtype(np.float16, fake)
+    gpu.check_device_dtype("bfloat16", np)
+    with pytest.raises(UsageError, match="cannot compute in bfloat16.*CuPy >= 14"):
+        gpu.check_device_dtype("bfloat16", fake)
+    with pytest.raises(UsageError, match="float8_e4m3fn"):
+        gpu.check_device_dtype("float8_e4m3fn", fake)
+    fake.reset(bfloat16=True)
+    gpu._device_dtype_problem.cache_clear()
+    gpu.check_device_dtype("bfloat16", fake)
+
+
+# ------------------------------------------------------------------- CUDA-aware MPI
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("0", False), (" yes ", True)])
+def test_the_environment_decides(monkeypatch, value, expected):
+    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, value)
+    assert gpu.cuda_aware() == (expected, f"{gpu.CUDA_AWARE_ENV}={value}")
+
+
+def test_a_bad_environment_value_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "maybe")
+    with pytest.raises(UsageError, match="set it to 1 .* or 0"):
+        gpu.cuda_aware()
+
+
+def test_the_mpi_librarys_own_query_answers(monkeypatch, no_cupy):
+    """The MPICH wheel exports MPIX_Query_cuda_support; without a GPU it answers 0."""
+    monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
+    paths = gpu.mpi_library_paths()
+    assert paths, "mpi4py's MPI library is not in this process's memory map"
+    library, answer = gpu.query_cuda_support(paths)
+    if answer is None:
+        pytest.skip(f"{', '.join(paths)} has no MPIX_Query_cuda_support")
+    aware, why = gpu.cuda_aware()
+    assert aware == bool(answer)
+    assert why.startswith(f"MPIX_Query_cuda_support() returned {answer} (")
+    assert Path(library).name in why
+
+
+def test_without_the_query_symbol_the_probe_decides(monkeypatch, no_cupy):
+    libc = ctypes.util.find_library("c")
+    monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
+    monkeypatch.setattr(gpu, "mpi_library_paths", lambda: [libc])
+    assert gpu.query_cuda_support([libc]) == (None, None)
+    aware, why = gpu.cuda_aware()
+    assert not aware
+    assert why.startswith(f"no MPIX_Query_cuda_support in {libc}; probe skipped: CuPy is not "
+                          "installed")
+
+
+@pytest.mark.parametrize("code, aware, said", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", False,
+     "killed the child (SIGSEGV)"),
+    ("print('ok')", True, "arrived intact"),
+    ("import sys; sys.exit('MPI_ERR_BUFFER: invalid buffer pointer')", False,
+     "exit code 1: MPI_ERR_BUFFER: invalid buffer pointer"),
+])
+def test_the_probe_reads_its_childs_fate(code, aware, said):
+    got, why = gpu.probe_cuda_aware([sys.executable, "-c", code])
+    assert got is aware and said in why
+
+
+def test_the_probe_gives_up_on_a_hung_child():
+    aware, why = gpu.probe_cuda_aware([sys.executable, "-c", "import time; time.sleep(30)"],
+                                      timeout=0.5)
+    assert not aware and "no answer in 0.5 s" in why
+
+
+def test_the_probe_sends_a_device_buffer_through_mpi(fake, tmp_path, monkeypatch):
+    """The real probe, in a child process whose ``cupy`` is the fake (memory the host can read)."""
+    (tmp_path / "cupy.py").write_text("import sys\nimport fake_cupy\n"
+                                      "sys.modules['cupy'] = fake_cupy\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{TESTS}:{ROOT}")
+    # A launcher's variable: a child that saw it would try to join a job through it, and fail.
+    monkeypatch.setenv("PMI_FD", "999")
+    assert gpu.probe_cuda_aware() == (True, "probe: a device buffer sent to self through MPI "
+                                            "arrived intact")
+
+
+def test_device_path_names_the_gpu_the_path_and_why(fake, monkeypatch):
+    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "0")
+    assert gpu.device_path() == {"gpu": "Fake GPU (NumPy)", "gpu_reason": None,
+                                 "cuda_aware": False, "path": "staging",
+                                 "why": f"{gpu.CUDA_AWARE_ENV}=0"}
+
+
+# ------------------------------------------------------------------ device transports
+
+def _world_run(p: int, body):
+    world = SimWorld(p)
+    return world.run(body), world.ledger
+
+
+def test_staging_cuts_messages_into_pieces_through_reused_pinned_buffers(fake):
+    sizes = [0, 1, 63, 64, 65, 1000, 16]  # bytes; pieces of 64
+    rng = np.random.default_rng(1)
+    data = [[rng.integers(0, 256, n, dtype=np.uint8) for n in sizes] for _ in range(2)]
+
+    def body(t):
+        st = gpu.StagingTransport(t, fake, chunk_bytes=64)
+        rounds = []
+        for _ in range(2):
+            got = []
+            for i, n in enumerate(sizes):
+                incoming = fake.empty(n, dtype=np.uint8)
+                st.sendrecv(fake.asarray(data[t.rank][i]), 1 - t.rank, incoming, 1 - t.rank, tag=i)
+                got.append(incoming)
+            rounds.append((st.pool.allocations, got))
+        return rounds
+
+    fake.reset()
+    results, ledger = _world_run(2, body)
+    stats = fake.stats
+    moved = 2 * 2 * sum(sizes)  # two ranks, two rounds
+    assert stats.d2h_bytes == stats.d2h_pinned_bytes == moved
+    assert stats.h2d_pinned_bytes == moved, "each received byte crossed pinned memory once"
+    pieces = sum(max(1, -(-n // 64)) for n in sizes)
+    assert ledger.total_messages == 2 * 2 * pieces
+    assert max(m.nbytes for m in ledger.messages) == 64
+    for rank, rounds in enumerate(results):
+        assert rounds[0][0] == rounds[1][0] == 4, "two pinned slots each way, then reused"
+        for _, got in rounds:
+            assert all(_same_bits(g.get(), want) for g, want in zip(got, data[1 - rank]))
+
+
+@pytest.mark.parametrize("path", ["staging", "direct"])
+@pytest.mark.parametrize("name", ["ring", "recursive_doubling", "rabenseifner", "tree", "dbtree",
+                                  "naive", "hierarchical"])
+def test_algorithms_on_device_arrays_are_the_numpy_bits(device, device_workspaces, name, path):
+    """Bit for bit the simulator's NumPy result; every staged byte crosses pinned memory once."""
+    p, n = 4, 1001
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    want = simulate("allreduce", inputs, algorithm=name).outputs
+    on_device = [device.asarray(x) for x in inputs]
+    fn = algorithms.implementation(name, "allreduce")
+    wrap = ((lambda t: gpu.StagingTransport(t, device, chunk_bytes=512)) if path == "staging"
+            else (lambda t: gpu.DirectTransport(t, device)))
+
+    def body(t):
+        dt = wrap(t)
+        out = device.empty(n, dtype=np.float32)
+        with dt.call("allreduce"):
+            fn(dt, on_device[t.rank], out, op=get_op("sum"))
+        return out
+
+    if _is_fake(device):
+        device.reset()
+    outputs, ledger = _world_run(p, body)
+    if _is_fake(device):
+        stats = device.stats
+        if path == "staging":
+            assert stats.d2h_bytes == stats.d2h_pinned_bytes == ledger.total_bytes
+            assert stats.h2d_bytes == stats.h2d_pinned_bytes == ledger.total_bytes
+        else:
+            assert stats.d2h_bytes == stats.h2d_bytes == 0, "the direct path copies nothing to host"
+            assert stats.stream_syncs >= ledger.total_messages
+    assert all(gpu.array_namespace(out) is device for out in outputs)
+    host = [device.asnumpy(out) for out in outputs]
+    assert all(_same_bits(got, exp) for got, exp in zip(host, want))
+    assert all(_same_bits(device.asnumpy(d), x) for d, x in zip(on_device, inputs))
+
+
+@pytest.mark.parametrize("op", ["prod", "min", "max", "avg"])
+def test_ops_reduce_on_the_device(device, device_workspaces, op):
+    p, n = 3, 37
+    inputs = [np.arange(1, n + 1, dtype=np.int32) * (r + 1) - 20 for r in range(p)]
+    want = simulate("allreduce", inputs, algorithm="ring", op=op).outputs
+
+    def body(t):
+        dt = gpu.StagingTransport(t, device)
+        out = device.empty(n, dtype=np.int32)
+        with dt.call("allreduce"):
+            algorithms.ring.ring_allreduce(dt, device.asarray(inputs[t.rank]), out, op=get_op(op))
+        get_op(op).finalize(out, p)
+        return out
+
+    outputs, ledger = _world_run(p, body)
+    assert all(_same_bits(device.asnumpy(got), exp) for got, exp in zip(outputs, want))
+    assert ledger.reductions, "reductions on the device are charged in the simulator's ledger"
+
+
+def test_host_buffers_pass_through_staging_untouched(fake):
+    def body(t):
+        st = gpu.StagingTransport(t, fake, chunk_bytes=8)
+        incoming = np.empty(20, np.uint8)
+        st.sendrecv(np.full(20, t.rank, np.uint8), 1 - t.rank, incoming, 1 - t.rank)
+        total = np.empty(20, np.uint8)
+        st.reduce_local(get_op("sum"), incoming, incoming, total)
+        return incoming, total
+
+    fake.reset()
+    results, ledger = _world_run(2, body)
+    assert all(np.all(got == 1 - rank) and np.all(total == 2 * (1 - rank))
+               for rank, (got, total) in enumerate(results))
+    assert ledger.total_messages == 2 * 3, "host messages are cut into the same pieces"
+    assert fake.stats.d2h_copies == fake.stats.h2d_copies == fake.stats.pinned_allocations == 0
+
+
+def test_device_transport_chooses_by_cuda_aware_and_is_cached(fake, monkeypatch):
+    x = fake.zeros(4, dtype=np.float32)
+    for value, kind in [("1", gpu.DirectTransport), ("0", gpu.StagingTransport)]:
+        monkeypatch.setenv(gpu.CUDA_AWARE_ENV, value)
+
+        def body(t):
+            chosen = gpu.device_transport(t, x)
+            assert gpu.device_transport(t, np.zeros(4)) is t
+            assert gpu.device_transport(t, x) is chosen
+            assert gpu.device_transport(chosen, x) is chosen
+            sub = chosen.split(t.rank % 2, t.rank)
+            return chosen, sub
+
+        results, ledger = _world_run(3, body)
+        assert all(type(c) is kind and type(s) is kind for c, s in results)
+        assert ledger.total_messages == 0, "simulated ranks share one process: no agreement"
+        if kind is gpu.StagingTransport:
+            assert all(s.pool is c.pool for c, s in results), "a split reuses its parent's pool"
+
+
+# ------------------------------------------------------------------------ compressors
+
+DETERMINISTIC = ["none", "fp16", "topk:ratio=0.1", "randomk:ratio=0.1",
+                 "threshold:threshold=0.8", "int8:block=64", "sign", "sign:block=16", "onebit",
+                 "onebit:block=30", "powersgd:rank=2", "ef(topk:ratio=0.05)", "ef(sign:block=16)"]
+STOCHASTIC = ["qsgd:levels=16,bucket=64", "terngrad", "terngrad:block=100"]
+
+
+def _tensor(shape, seed=0, dtype=np.float32):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    x.reshape(-1)[::5] = 0.25  # ties for top-k's rule
+    return x
+
+
+def _run_steps(comp, x, xp, steps=2):
+    state = comp.new_state(3, 1)
+    results = []
+    for step in range(steps):
+        payload = comp.compress(xp.asarray(x) * x.dtype.type(step + 1), state)
+        results.append((payload, comp.decompress(payload), state.residual))
+    return results
+
+
+@pytest.mark.parametrize("spec", DETERMINISTIC)
+@pytest.mark.parametrize("shape", [(0,), (7,), (37, 53)], ids=str)
+def test_deterministic_compressors_give_the_cpu_bits_on_device_arrays(device, spec, shape):
+    """Same payload and result bits as NumPy; nothing copied to the host on the way."""
+    comp, x = parse(spec), _tensor(shape)
+    cpu = _run_steps(comp, x, np)
+    if _is_fake(device):
+        device.reset()
+    gpu_steps = _run_steps(comp, x, device)
+    if _is_fake(device):
+        assert device.stats.d2h_bytes == 0, "a compressor read the tensor back to the host"
+    # Scales that are sums come out of the device's reduction order, products out of
+    # its BLAS: the last bits may differ there, and nowhere else.
+    summed = "sign" in spec or "onebit" in spec
+    blas = "powersgd" in spec and not _is_fake(device)
+    tolerance = {"rtol": 1e-5} if summed else {"rtol": 1e-3, "atol": 1e-5}
+    for (p_cpu, d_cpu, e_cpu), (p_dev, d_dev, e_dev) in zip(cpu, gpu_steps):
+        assert sorted(p_dev.arrays) == sorted(p_cpu.arrays) and p_dev.nbytes == p_cpu.nbytes
+        assert gpu.is_device_array(d_dev) and d_dev.shape == x.shape and d_dev.dtype == x.dtype
+        for role, array in p_dev.arrays.items():
+            assert gpu.is_device_array(array), f"{role} left the device"
+            host, want = device.asnumpy(array), p_cpu.arrays[role]
+            if role == "signs" and not spec.startswith("ef("):
+                assert _same_bits(host, want), "the sign bits are exact"
+            elif summed or blas:
+                np.testing.assert_allclose(host.astype(np.float64), want, **tolerance)
+            else:
+                assert _same_bits(host, want), role
+        if summed or blas:
+            np.testing.assert_allclose(device.asnumpy(d_dev), d_cpu, **tolerance)
+        else:
+            assert _same_bits(device.asnumpy(d_dev), d_cpu)
+        if e_cpu is not None:
+            assert gpu.is_device_array(e_dev)
+
+
+@pytest.mark.parametrize("spec", STOCHASTIC)
+def test_stochastic_compressors_draw_on_the_device_reproducibly(device, spec):
+    comp, x = parse(spec), _tensor((37, 53))
+    first = _run_steps(comp, x, device)
+    again = _run_steps(comp, x, device)
+    for (p1, d1, _), (p2, d2, _) in zip(first, again):
+        assert all(gpu.is_device_array(a) for a in p1.arrays.values())
+        assert _same_bits(device.asnumpy(d1), device.asnumpy(d2))
+    payload, decoded, _ = first[0]
+    values = device.asnumpy(decoded).reshape(-1)
+    if spec.startswith("terngrad"):  # every element is -s, 0 or +s of its block
+        scales = device.asnumpy(payload.arrays["scales"])
+        assert np.all(np.isin(np.abs(values), np.concatenate([[0], scales])))
+    else:
+        levels = device.asnumpy(payload.arrays["levels"])
+        assert np.abs(levels).max() <= 16 and levels.size == x.size
+
+
+def test_bf16_casts_on_the_device_where_cupy_has_bfloat16(fake):
+    comp, x = parse("bf16"), _tensor((9, 4))
+    with pytest.raises(UsageError, match="bfloat16 needs CuPy >= 14"):
+        comp.compress(fake.asarray(x), comp.new_state())
+    fake.reset(bfloat16=True)
+    gpu._device_dtype_problem.cache_clear()
+    cpu = comp.decompress(comp.compress(x, comp.new_state()))
+    assert _same_bits(fake.asnumpy(comp.decompress(comp.compress(fake.asarray(x),
+                                                                 comp.new_state()))), cpu)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_selection_by_bits_is_topk_with_its_tie_rule(dtype):
+    rng = np.random.default_rng(5)
+    for n, distinct in [(1000, 1000), (1000, 7), (33, 1)]:
+        magnitude = np.abs(rng.choice(rng.standard_normal(distinct), n)).astype(dtype)
+        for k in (1, 2, n // 3, n - 1):
+            assert np.array_equal(select_by_bits(magnitude, k), topk_indices(magnitude, k)), (n, k)
+
+
+def test_error_feedback_keeps_its_residual_on_the_device(fake):
+    ef = ErrorFeedback(parse("topk:ratio=0.1"))
+    state = ef.new_state()
+    x = fake.asarray(_tensor((50,)))
+    for _ in range(3):
+        before = state.residual
+        payload = ef.compress(x, state)
+        e_old = fake.zeros(50, np.float32) if before is None else before
+        assert fake.asnumpy(ef.decompress(payload) + state.residual).tobytes() == \
+            fake.asnumpy(x + e_old).tobytes()
+
+
+AGREE_SCRIPT = textwrap.dedent("""
+    import os
+    import sys
+    import numpy as np
+    import fake_cupy
+    sys.modules["cupy"] = fake_cupy
+    from mpi4py import MPI
+    from refcoll import gpu
+    from refcoll.api import as_transport
+    comm = MPI.COMM_WORLD
+    # Rank 0 alone says its MPI reads device memory: every rank must stage.
+    os.environ[gpu.CUDA_AWARE_ENV] = "1" if comm.rank == 0 else "0"
+    t = gpu.device_transport(as_transport(comm), fake_cupy.zeros(1))
+    peer = 1 - comm.rank
+    n = (8 << 20) + 3  # two pieces of the default 4 MiB and a short third
+    mine = fake_cupy.asarray(np.full(n, comm.rank + 1, np.uint8))
+    got = fake_cupy.empty(n, dtype=np.uint8)
+    fake_cupy.reset()
+    before = t.traffic.messages_sent
+    t.sendrecv(mine, peer, got, peer)
+    s = fake_cupy.stats
+    assert np.all(got.get() == peer + 1)
+    line = f"{type(t).__name__} {t.traffic.messages_sent - before} {s.d2h_pinned_bytes} "
+    lines = comm.gather(line + str(s.h2d_pinned_bytes), root=0)
+    if comm.rank == 0:
+        print("\\n".join(lines))
+""")
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_ranks_agree_on_the_path_and_stage_through_mpi(tmp_path):
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_SCRIPT)
+    res = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{TESTS}:{ROOT}"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    n = (8 << 20) + 3
+    assert sorted(res.stdout.split("\n")[:2]) == [f"StagingTransport 3 {n} {n}"] * 2
+
+
+# ------------------------------------------------------------------------------- NCCL
+
+class _StubComm:
+    """What the NCCL helpers ask of an mpi4py communicator, for ``size`` ranks on one node."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size, self.freed = rank, size, False
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def Split_type(self, kind, key):  # noqa: N802
+        return self
+
+    def Free(self) -> None:  # noqa: N802
+        self.freed = True
+
+    def bcast(self, value, root=0):
+        return value
+
+    def allreduce(self, value, op=None):
+        return value
+
+
+def test_nccl_types_map_refcolls_names():
+    assert gpu.nccl_types("float32", "sum") == (7, 0)
+    assert gpu.nccl_types(np.int64, "max") == (4, 2)
+    with pytest.raises(UsageError, match="NCCL has no int16 type"):
+        gpu.nccl_types("int16", "sum")
+    with pytest.raises(UsageError, match="NCCL has no float8_e5m2"):
+        gpu.nccl_types("float8_e5m2", "max")
+
+
+def test_nccl_types_for_bfloat16_and_avg_ask_the_version(fake, monkeypatch):
+    assert gpu.nccl_types("bfloat16", "avg") == (9, 4)
+    monkeypatch.setattr(fake.nccl, "get_version", lambda: 2804)
+    with pytest.raises(UsageError, match="needs NCCL >= 2.10"):
+        gpu.nccl_types("float32", "avg")
+
+
+def test_nccl_comm_and_allreduce_on_one_rank(fake):
+    comm = gpu.nccl_comm(_StubComm(0, 1))
+    assert (comm.ndev, comm.rank, len(comm.comm_id)) == (1, 0, 128)
+    x = fake.asarray(np.arange(10, dtype=np.float32))
+    out = fake.zeros(10, dtype=np.float32)
+    syncs = fake.stats.stream_syncs
+    gpu.nccl_allreduce(comm, x, out, "sum")
+    assert fake.asnumpy(out).tolist() == list(range(10))
+    assert fake.stats.nccl_calls == [("allReduce", 10, 7, 0, 0)]
+    assert fake.stats.stream_syncs == syncs + 1
+    with pytest.raises(UsageError, match="pass CuPy arrays"):
+        gpu.nccl_allreduce(comm, np.zeros(3), out)
+
+
+def test_one_gpu_per_rank_or_a_clear_error(fake):
+    fake.reset(device_count=2)
+    assert gpu.check_one_gpu_per_rank(_StubComm(1, 2)) == 1 and fake.stats.device_in_use == 1
+    with pytest.raises(UsageError, match="3 ranks share this node .* with 2 GPU.s. visible; NCCL "
+                                         "needs one process per GPU: start at most 2 rank"):
+        gpu.check_one_gpu_per_rank(_StubComm(2, 3))
+
+
+# ----------------------------------------------------------------------- measurements
+
+def test_copy_bandwidth_and_compressor_throughput_report_their_figures(fake):
+    copies = gpu.copy_bandwidth(1 << 16, repeats=2)
+    assert copies["bytes"] == 1 << 16
+    assert all(copies[f"{kind}_GBps"] > 0 for kind in
+               ("device_to_device", "device_to_host", "host_to_device"))
+    rows = gpu.compressor_throughput(["topk:ratio=0.01", "powersgd:rank=2"], 4096, repeats=2)
+    assert [r["spec"] for r in rows] == ["topk:ratio=0.01", "powersgd:rank=2"]
+    assert rows[0]["payload_bytes"] == 41 * 8 and rows[1]["elements"] == 4096
+    assert all(r["GBps"] > 0 and r["ratio"] > 1 for r in rows)
+
+
+# ------------------------------------------------------------------ on a GPU only
+
+COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
+
+
+def _device_run(cupy, collective, inputs, algorithm, op):
+    """Run ``collective`` through refcoll's API on CuPy arrays over simulated ranks."""
+    from refcoll import api
+
+    fn = getattr(api, collective)
+
+    def body(t):
+        x = cupy.asarray(inputs[t.rank])
+        dt = gpu.device_transport(t, x)
+        kwargs = {"algorithm": algorithm, "validate": False}
+        if collective not in ("allgather", "broadcast"):
+            kwargs["op"] = op
+        if collective in ("broadcast", "reduce"):
+            return fn(x, 0, dt, **kwargs)
+        return fn(x, dt, **kwargs)
+
+    return SimWorld(len(inputs)).run(body)
+
+
+@pytest.mark.parametrize("path", ["0", "1"], ids=["staging", "direct"])
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_gpu_conformance_battery(cuda, monkeypatch, collective, path):
+    """Every algorithm, several rank counts and sizes: CuPy in, CuPy out, the simulator's bits."""
+    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, path)
+    dtypes = (np.float32, np.int32) if collective == "allreduce" else (np.float32,)
+    for p in (1, 3, 5):
+        for n in (0, p + 1, 1001):
+            for dtype in dtypes:
+                inputs = [(np.random.default_rng(r).standard_normal(n) * 100).astype(dtype)
+                          for r in range(p)]
+                for name in algorithms.names(collective):
+                    if name == "switch":
+                        continue
+                    want = simulate(collective, inputs, algorithm=name,
+                                    **({"root": 0} if collective == "reduce" else {})).outputs
+                    got = _device_run(cuda, collective, inputs, name, "sum")
+                    for rank, (g, w) in enumerate(zip(got, want)):
+                        if w is None:
+                            assert g is None
+                            continue
+                        assert gpu.array_namespace(g) is cuda, (name, p, n, rank)
+                        assert _same_bits(cuda.asnumpy(g), w), (name, p, n, dtype, rank)
+
+
+@pytest.mark.parametrize("spec", ["none", "ef(topk:ratio=0.1)", "randomk:ratio=0.1", "int8",
+                                  "qsgd", "ef(sign)", "onebit", "powersgd:rank=2"])
+def test_gpu_compressed_allreduce(cuda, monkeypatch, spec):
+    """Every pattern on CuPy arrays: the simulator's NumPy result, exactly where deterministic."""
+    from refcoll.compressors.collective import run_steps, simulate_compressed
+
+    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "0")
+    p = 3
+    steps = [[_tensor((24, 40), seed=10 * s + r) for r in range(p)] for s in range(2)]
+    want = simulate_compressed(spec, steps, seed=4).outputs
+
+    def body(t):
+        mine = [cuda.asarray(step[t.rank]) for step in steps]
+        return run_steps(gpu.device_transport(t, mine[0]), spec, mine, seed=4, validate=False)[0]
+
+    got = SimWorld(p).run(body)
+    for s in range(len(steps)):
+        for r in range(p):
+            assert gpu.array_namespace(got[r][s]) is cuda
+            host = cuda.asnumpy(got[r][s])
+            if spec == "qsgd":  # the device draws its own rounding: same scale, other bits
+                assert np.abs(host - want[s][r]).max() < 2 * np.abs(want[s][r]).max()
+            elif any(m in spec for m in ("sign", "onebit", "powersgd")):
+                np.testing.assert_allclose(host, want[s][r], rtol=1e-3, atol=1e-4)
+            else:
+                assert _same_bits(host, want[s][r]), (spec, s, r)
+
+
+MPI_SCRIPT = textwrap.dedent("""
+    import sys
+    import cupy
+    import numpy as np
+    from mpi4py import MPI
+    import refcoll
+    from refcoll import gpu
+    from refcoll.api import as_transport
+    comm = MPI.COMM_WORLD
+    cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
+    t = gpu.device_transport(as_transport(comm), cupy.zeros(1))
+    for n in (1, 1001, 3 << 20):
+        x = cupy.arange(n, dtype=cupy.float32) * (comm.rank + 1)
+        for algorithm in ("ring", "recursive_doubling", "rabenseifner", "tree"):
+            got = refcoll.allreduce(x, t, algorithm=algorithm)
+            assert isinstance(got, cupy.ndarray), type(got)
+            want = np.arange(n, dtype=np.float32) * (comm.size * (comm.size + 1) // 2)
+            assert np.array_equal(cupy.asnumpy(got), want), (algorithm, n)
+    if comm.rank == 0:
+        print(type(t).__name__, gpu.cuda_aware()[1])
+""")
+
+
+@pytest.mark.parametrize("path", ["0", "1"], ids=["staging", "direct"])
+def test_gpu_allreduce_under_mpi(cuda, tmp_path, monkeypatch, path):
+    if mpiexec_path() is None:
+        pytest.skip("no mpiexec: pip install 'refcoll[mpi]'")
+    if path == "1":
+        monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
+        aware, why = gpu.cuda_aware()
+        if not aware:
+            pytest.skip(f"the MPI library does not read device memory: {why}")
+    script = tmp_path / "gpu_allreduce.py"
+    script.write_text(MPI_SCRIPT)
+    res = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, gpu.CUDA_AWARE_ENV: path})
+    assert res.returncode == 0, res.stdout + res.stderr
+    expected = "StagingTransport" if path == "0" else "DirectTransport"
+    assert res.stdout.splitlines()[0].startswith(expected)
+
+
+@pytest.mark.parametrize("spec", DETERMINISTIC + STOCHASTIC + ["bf16"])
+def test_gpu_compressors_at_scale(cuda, spec):
+    """One large tensor: results on the device, equal to the CPU's where deterministic."""
+    comp = parse(spec)
+    x = _tensor((1 << 10, 1 << 10))
+    if spec == "bf16":
+        try:
+            gpu.check_device_dtype("bfloat16", cuda)
+        except UsageError as exc:
+            pytest.skip(str(exc))
+    state_cpu, state_gpu = comp.new_state(1, 0), comp.new_state(1, 0)
+    d_cpu = comp.decompress(comp.compress(x, state_cpu))
+    d_gpu = comp.decompress(comp.compress(cuda.asarray(x), state_gpu))
+    assert gpu.array_namespace(d_gpu) is cuda
+    host = cuda.asnumpy(d_gpu)
+    if spec in STOCHASTIC:
+        assert np.abs(host.mean() - x.mean()) < 0.01  # unbiased on a million elements
+    elif "sign" in spec or "onebit" in spec or "powersgd" in spec:
+        np.testing.assert_allclose(host, d_cpu, rtol=1e-3, atol=1e-4)
+    else:
+        assert _same_bits(host, d_cpu)
+
+
+NCCL_SCRIPT = textwrap.dedent("""
+    import cupy
+    import numpy as np
+    from mpi4py import MPI
+    from refcoll import gpu
+    from refcoll.errors import UsageError
+    comm = MPI.COMM_WORLD
+    try:
+        gpu.check_one_gpu_per_rank(comm)
+    except UsageError as exc:
+        if comm.rank == 0:
+            print("usage:", exc)
+        raise SystemExit(2)
+    nc = gpu.nccl_comm(comm)
+    x = cupy.arange(1 << 20, dtype=cupy.float32)
+    out = cupy.empty_like(x)
+    gpu.nccl_allreduce(nc, x, out, "sum")
+    assert np.array_equal(cupy.asnumpy(out), cupy.asnumpy(x) * comm.size)
+    if comm.rank == 0:
+        print("nccl ok")
+""")
+
+
+def test_gpu_nccl_one_process_per_gpu(cuda, tmp_path):
+    if mpiexec_path() is None:
+        pytest.skip("no mpiexec: pip install 'refcoll[mpi]'")
+    script = tmp_path / "nccl.py"
+    script.write_text(NCCL_SCRIPT)
+    gpus = cuda.cuda.runtime.getDeviceCount()
+    ok = subprocess.run([mpiexec_path(), "-n", str(gpus), sys.executable, str(script)],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "nccl ok" in ok.stdout, ok.stdout + ok.stderr
+    crowded = subprocess.run([mpiexec_path(), "-n", str(gpus + 1), sys.executable, str(script)],
+                             capture_output=True, text=True, timeout=300)
+    assert crowded.returncode != 0
+    assert f"{gpus + 1} ranks share this node" in crowded.stdout
