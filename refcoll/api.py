@@ -4,11 +4,24 @@ Each call turns its input into a flat contiguous view (a copy only when the inpu
 is not contiguous), allocates the result unless ``out=`` is given, runs the
 algorithm in the transport's tag space for one call, and finishes ``avg``.
 The input is never modified unless it is also ``out``.
+
+Repeated all-reduces are prepared. The first call of an (algorithm, op, dtype,
+count) on a transport runs as above and keeps what it checked and resolved
+(``auto``'s choice included); later calls skip those steps. Small ones on MPI
+go further, as MPI-4's persistent collectives (``MPI_Allreduce_init``) do: the
+algorithm's schedule is recorded once on buffers of the plan's own, and a call
+copies the input in, replays the schedule over persistent requests and copies
+the result out. Below :data:`PLAN_BYTES` a call costs its messages and Python
+steps, not its bytes, and the replay drops most of the steps. The results are
+the same bits: the same exchanges and reductions, in the same order, on the
+same values.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,11 +30,15 @@ import numpy as np
 from . import algorithms
 from .chunking import chunk_slice, chunk_sizes
 from .errors import MismatchError, UsageError
-from .ops import check_supported, get_dtype, get_op
-from .transport.base import Ledger
+from .ops import check_supported, dtype_name, get_dtype, get_op
+from .transport.base import Ledger, TransportBase
+from .transport.mpi import transport_for
 from .transport.sim import SimWorld
+from .tuning import resolve
+from .validate import agree
 
 __all__ = [
+    "PLAN_BYTES",
     "allreduce",
     "reduce_scatter",
     "allgather",
@@ -39,10 +56,9 @@ def as_transport(comm=None):
     ``None`` means ``MPI.COMM_WORLD``. The wrapper (a ``Dup`` of the communicator)
     is cached on the communicator, so repeated calls cost nothing.
     """
-    if comm is not None and hasattr(comm, "sendrecv") and hasattr(comm, "reduce_local"):
+    if isinstance(comm, TransportBase) or (
+            comm is not None and hasattr(comm, "sendrecv") and hasattr(comm, "reduce_local")):
         return comm
-    from .transport.mpi import transport_for
-
     return transport_for(comm)
 
 
@@ -63,15 +79,16 @@ def _flat_input(x, t) -> np.ndarray:
 
 def _flat_out(out, shape, dtype, t, what: str) -> np.ndarray:
     """Check a user's ``out=`` buffer and return it as a flat view."""
+    count = math.prod(shape)
     if out is None:
-        return np.empty(int(np.prod(shape, dtype=np.int64)), dtype=dtype)
+        return np.empty(count, dtype=dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"rank {t.rank}: out= must be a NumPy array, got {type(out).__name__}")
     if out.dtype != dtype:
         raise TypeError(f"rank {t.rank}: out= has dtype {out.dtype}, the {what} needs {dtype}")
-    if out.size != int(np.prod(shape, dtype=np.int64)):
+    if out.size != count:
         raise ValueError(f"rank {t.rank}: out= has {out.size} elements, the {what} needs "
-                         f"{int(np.prod(shape, dtype=np.int64))} (shape {tuple(shape)})")
+                         f"{count} (shape {tuple(shape)})")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"rank {t.rank}: out= must be a writeable C-contiguous array")
     return out.reshape(-1)
@@ -137,53 +154,75 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     if state is not None:
         raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
     t = as_transport(comm)
-    with _shared_errors(t, validate, "allreduce"):
-        reduction = get_op(op)
-        fn = algorithms.implementation(algorithm, "allreduce")
-        workers = _workers(algorithms.get(algorithm), t, options)
-        flat = _flat_input(x, t)
-        check_supported(reduction, flat.dtype)
+    arr = np.asarray(x)
+    key = (algorithm, op, arr.dtype, arr.size)
+    prepared = None if options else _prepared(t, key)
+    if prepared is None:
+        with _shared_errors(t, validate, "allreduce"):
+            reduction = get_op(op)
+            fn = algorithms.implementation(algorithm, "allreduce")
+            workers = _workers(algorithms.get(algorithm), t, options)
+            flat = _flat_input(arr, t)
+            check_supported(reduction, flat.dtype)
+    else:  # the same call ran before: its arguments were checked and resolved then
+        reduction, workers = prepared.reduction, t.size
+        flat = np.ascontiguousarray(arr).reshape(-1)
     if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
         with t.call("allreduce"):
             _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
             fn(t, flat, None, op=reduction, **options)
         return None
-    shape = np.shape(x)
     with _shared_errors(t, validate, "allreduce"):
-        result = _flat_out(out, shape, flat.dtype, t, "all-reduce")
-        _check_overlap(flat, result, (flat, result), t, "all-reduce")
+        result = _flat_out(out, arr.shape, flat.dtype, t, "all-reduce")
+        if out is not arr:  # the one in-place layout needs no check
+            _check_overlap(flat, result, (flat, result), t, "all-reduce")
     with t.call("allreduce"):
         _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
-        fn(t, flat, result, op=reduction, **options)
+        if prepared is None:
+            fn(t, flat, result, op=reduction, **options)
+        else:
+            prepared.run(t, flat, result)
     reduction.finalize(result, workers)
-    return _shaped(result, out, shape)
+    if prepared is None and not options and workers == t.size > 1:
+        _prepare(t, key, reduction)
+    return _shaped(result, out, arr.shape)
 
 
-@contextlib.contextmanager
-def _shared_errors(t, validate: bool, collective: str):
+class _SharedErrors:
     """Make a bad argument on one rank an error on every rank, before any data moves.
 
-    With validation on, a rank whose arguments fail its local checks still takes
-    part in the argument agreement, carrying its error, so the other ranks raise
-    too instead of waiting for it; it then raises its own exception.
+    A rank whose arguments fail its local checks still takes part in the
+    argument agreement, carrying its error, so the other ranks raise too instead
+    of waiting for it; it then raises its own exception.
     """
-    try:
-        yield
-    except (TypeError, ValueError) as exc:
-        if validate and t.size > 1 and not isinstance(exc, MismatchError):
-            from .validate import agree
 
-            with t.call(collective):
-                agree(t, collective=collective, error=f"{type(exc).__name__}: {exc}")
-        raise
+    def __init__(self, t, collective: str):
+        self.t, self.collective = t, collective
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, MismatchError):
+            with self.t.call(self.collective):
+                agree(self.t, collective=self.collective, error=f"{type(exc).__name__}: {exc}")
+        return False
+
+
+#: Without validation (or on one rank) an error is raised where it happens, alone.
+_LOCAL_ERRORS = contextlib.nullcontext()
+
+
+def _shared_errors(t, validate: bool, collective: str):
+    """Return the context in which a call checks its arguments (see :class:`_SharedErrors`)."""
+    if validate and t.size > 1:
+        return _SharedErrors(t, collective)
+    return _LOCAL_ERRORS
 
 
 def _agree(t, validate: bool, collective: str, algorithm: str, op, flat, options,
            root: int = 0) -> None:
     if validate:
-        from .ops import dtype_name
-        from .validate import agree
-
         agree(t, collective=collective, algorithm=algorithm, op=op.name if op else "-",
               dtype=dtype_name(flat.dtype), count=flat.size, root=root,
               options=sorted(options.items()))
@@ -198,6 +237,134 @@ def _workers(algo, t, options) -> int:
         raise UsageError(f"rank {t.rank}: {algo.name} needs worker and switch processes; "
                          f"{t.size} ranks are too few (try more ranks)")
     return workers
+
+
+# --------------------------------------------------------- prepared all-reduces
+
+#: Largest all-reduce, in bytes, that runs from a recorded plan. Up to here the
+#: two copies a plan adds (input in, result out) cost less than the Python steps
+#: it saves; above it an out-of-place call should not copy its input at all.
+PLAN_BYTES = 64 << 10
+
+#: Prepared all-reduces kept per transport; past this the oldest is dropped (on
+#: every rank alike, as every rank makes the same calls).
+PREPARED_KEPT = 128
+
+#: Algorithms whose all-reduce, on two or more ranks, touches data only through
+#: the transport (no local copies, no ``split``), so a recording replays it exactly.
+PLANNABLE = frozenset({"ring", "recursive_doubling", "rabenseifner", "tree", "dbtree"})
+
+
+class _Prepared:
+    """An all-reduce already run once on a transport with this (algorithm, op, dtype, count).
+
+    It keeps what the first call checked and resolved (the op, the
+    implementation, ``auto``'s choice), so later calls skip those steps; below
+    :data:`PLAN_BYTES`, on a transport with persistent exchanges, it also holds
+    the recorded :class:`_Plan`. Every rank makes the same calls, so every rank
+    prepares the same calls and switches to a plan at the same call (a plan's
+    messages use tags ordinary calls do not).
+    """
+
+    def __init__(self, t, key: tuple, reduction):
+        algorithm, _, dtype, count = key
+        name = resolve(t, "allreduce", count, dtype.itemsize) if algorithm == "auto" else algorithm
+        self.fn = algorithms.implementation(name, "allreduce")
+        self.reduction = reduction
+        self.plan = None
+        if (count * dtype.itemsize <= PLAN_BYTES and name in PLANNABLE
+                and hasattr(t, "persistent")):
+            self.plan = _Plan(t, self.fn, reduction, dtype, count)
+
+    def run(self, t, x: np.ndarray, out: np.ndarray) -> None:
+        """Reduce the flat ``x`` into the flat ``out``, inside the caller's ``t.call``."""
+        if self.plan is None:
+            self.fn(t, x, out, op=self.reduction)
+            return
+        try:
+            self.plan.run(x, out)
+        except BaseException:
+            self.plan = None  # its requests may still be running: never restart them
+            raise
+
+    def free(self) -> None:
+        """Free the plan's persistent requests, if any."""
+        if self.plan is not None:
+            self.plan.free()
+
+
+def _prepared(t, key: tuple) -> _Prepared | None:
+    """Return the all-reduce prepared on ``t`` for ``key``; None the first time."""
+    try:
+        return t.__dict__.get("_allreduce", {}).get(key)
+    except TypeError:  # an unhashable op or algorithm: the ordinary checks name it
+        return None
+
+
+def _prepare(t, key: tuple, reduction) -> None:
+    """Keep ``key``'s all-reduce prepared on ``t`` after a call that ran the ordinary way."""
+    prepared = t.__dict__.setdefault("_allreduce", {})
+    if len(prepared) >= PREPARED_KEPT:
+        prepared.pop(next(iter(prepared))).free()
+    prepared[key] = _Prepared(t, key, reduction)
+
+
+class _Recorder:
+    """A stand-in transport that records an algorithm's steps instead of running them.
+
+    The schedules are data-oblivious (which message goes where never depends on
+    the values), so one recording over the plan's own buffers is every call's
+    schedule. Each send, receive or sendrecv becomes one persistent exchange of
+    the real transport; each local reduction, the real transport's call, bound.
+    """
+
+    def __init__(self, t):
+        self.rank, self.size = t.rank, t.size
+        self.steps: list = []
+        self._t = t
+
+    def send(self, buf, dest: int, tag: int = 0) -> None:
+        self.steps.append(self._t.persistent([(buf, dest, tag)], []))
+
+    def recv(self, buf, source: int, tag: int = 0) -> None:
+        self.steps.append(self._t.persistent([], [(buf, source, tag)]))
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
+        self.steps.append(self._t.persistent([(sendbuf, dest, tag)], [(recvbuf, source, tag)]))
+
+    def reduce_local(self, op, a, b, out) -> None:
+        self.steps.append(functools.partial(self._t.reduce_local, op, a, b, out))
+
+
+class _Plan:
+    """A small all-reduce recorded once: its own buffers and the steps that run on them.
+
+    MPI-4's persistent collectives (``MPI_Allreduce_init``) in Python: a run
+    copies the input in, replays the recorded exchanges (persistent requests)
+    and reductions in their order, and copies the result out. The same
+    exchanges and reductions on the same values give the same bits as the
+    algorithm itself.
+    """
+
+    def __init__(self, t, fn, reduction, dtype, count: int):
+        self.x = np.empty(count, dtype)
+        self.out = np.empty(count, dtype)
+        recorder = _Recorder(t)
+        fn(recorder, self.x, self.out, op=reduction)
+        self.steps = recorder.steps
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Reduce the flat ``x`` into the flat ``out`` (which may be ``x``)."""
+        np.copyto(self.x, x)
+        for step in self.steps:
+            step()
+        np.copyto(out, self.out)
+
+    def free(self) -> None:
+        """Free the persistent requests."""
+        for step in self.steps:
+            if hasattr(step, "free"):
+                step.free()
 
 
 def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,

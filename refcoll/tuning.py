@@ -172,9 +172,24 @@ def calibration_for(t) -> Calibration:
     return calibration
 
 
+#: Choices kept per transport; a training loop all-reduces a few dozen sizes.
+_CHOICES_KEPT = 4096
+
+
 def resolve(t, collective: str, count: int, itemsize: int) -> str:
-    """Return the algorithm auto runs for this call on ``t``."""
-    return choose(collective, t.size, count, itemsize, calibration_for(t))
+    """Return the algorithm auto runs for this call on ``t``.
+
+    Evaluating every candidate's cost takes tens of microseconds, as long as a
+    small all-reduce itself, so each choice is kept on the transport.
+    """
+    choices = t.__dict__.setdefault("_auto_choices", {})
+    key = (collective, count, itemsize)
+    name = choices.get(key)
+    if name is None:
+        if len(choices) >= _CHOICES_KEPT:
+            choices.clear()
+        name = choices[key] = choose(collective, t.size, count, itemsize, calibration_for(t))
+    return name
 
 
 def _dispatch(collective: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["workspace", "copy_into", "same_memory", "view"]
+__all__ = ["workspace", "copy_into", "same_memory", "view", "receive_into"]
 
 
 def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
@@ -38,3 +38,20 @@ def view(buf: np.ndarray, bounds, idx: int) -> np.ndarray:
     """Return chunk ``idx`` of ``buf`` as a view: ``buf[start:stop]``."""
     start, stop = bounds[idx]
     return buf[start:stop]
+
+
+def receive_into(target: np.ndarray, scratch: np.ndarray, *reading: np.ndarray) -> np.ndarray:
+    """Return where a step should receive the partial it then reduces into ``target``.
+
+    Straight into ``target`` when none of the buffers the step still reads
+    (``reading``: what it sends, the operand it reduces with) overlaps it, as in
+    an out-of-place call, whose result is written once per chunk: the incoming
+    bytes are then reduced where they landed, in cache, and no scratch buffer is
+    written and read again. Otherwise (in place, or a partial reused across
+    steps) into ``scratch``. The reduction is the same either way: ``out`` may be
+    either operand of an op.
+    """
+    for buf in reading:
+        if np.may_share_memory(target, buf):
+            return scratch
+    return target

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import copy_into, view, workspace
+from ._util import copy_into, receive_into, view, workspace
 from ..chunking import chunk_bounds
 
 __all__ = [
@@ -165,7 +165,8 @@ def fold_in(t, x: np.ndarray, *, op, into: np.ndarray, scratch: np.ndarray):
     """Run the fold's first half; return this rank's data for the power-of-two phase.
 
     A ``SENDS`` rank sends ``x`` to ``rank + 1`` and returns ``None`` (it sits
-    out); an ``ABSORBS`` rank receives ``x(rank-1)`` into ``scratch`` and returns
+    out); an ``ABSORBS`` rank receives ``x(rank-1)`` (into ``into`` itself when
+    that is not ``x``'s memory, else into ``scratch``) and returns
     ``into = x(rank-1) op x(rank)``; a ``STAYS`` rank returns ``x`` untouched.
     """
     role, partner = fold_role(t.rank, t.size)
@@ -173,7 +174,7 @@ def fold_in(t, x: np.ndarray, *, op, into: np.ndarray, scratch: np.ndarray):
         t.send(x, partner)  # whole buffer -> rank+1
         return None
     if role == ABSORBS:
-        incoming = scratch[: x.size]
+        incoming = receive_into(into, scratch[: x.size], x)
         t.recv(incoming, partner)  # whole buffer <- rank-1
         t.reduce_local(op, incoming, x, into)  # x(rank-1) op x(rank): lower rank first
         return into
@@ -206,17 +207,19 @@ def halving_reduce_scatter_steps(t, src: np.ndarray, ranges, me: int, *, op,
     lower rank first, into ``acc`` at the same offsets. The first step reads
     ``src``, later ones ``acc``. Afterwards ``acc[ranges[me]]`` holds position
     ``me`` reduced over every survivor (or ``last``, when given, which receives
-    the final step's reduction instead).
+    the final step's reduction instead). A step receives straight into its
+    target when that overlaps nothing it reads (the first step of an
+    out-of-place call), else into ``scratch``.
     """
     mask = len(ranges) // 2
     while mask:
         peer = doubling_partner(me, mask)
         dest = real_rank(peer, t.size)
         keep_start, keep_stop = _span(ranges, block_of(me, mask), mask)
-        incoming = scratch[: keep_stop - keep_start]
+        target = last if mask == 1 and last is not None else acc[keep_start:keep_stop]
+        incoming = receive_into(target, scratch[: keep_stop - keep_start], src)
         t.sendrecv(_blocks(src, ranges, block_of(peer, mask), mask), dest,
                    incoming, dest)  # partial of the peer's half -> peer; of ours <- peer
-        target = last if mask == 1 and last is not None else acc[keep_start:keep_stop]
         _reduce_in_rank_order(t, op, src[keep_start:keep_stop], incoming, target,
                               theirs_lower=peer < me)
         src = acc
@@ -258,7 +261,8 @@ def recursive_doubling_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> No
     Cost: lg p·α + n·lg p·β + n·lg p·γ (MPICH; Thakur, Rabenseifner and Gropp 2005)
       for p a power of two; the fold adds 2α + 2n·β + n·γ (lg p -> floor(lg p)).
     Restrictions: none on p or n (n == 0 sends empty messages). The first
-      reduction writes straight into ``out``: an out-of-place call never copies x.
+      reduction writes straight into ``out``: an out-of-place call never copies x,
+      and receives its first partial straight into ``out`` too.
     Spec: spec/recursive_doubling.md
     """
     size = t.size
@@ -273,8 +277,9 @@ def recursive_doubling_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> No
         while mask < pof2:
             peer = doubling_partner(me, mask)
             dest = real_rank(peer, size)
-            t.sendrecv(current, dest, scratch, dest)  # whole partial -> peer; its partial <- peer
-            _reduce_in_rank_order(t, op, current, scratch, out, theirs_lower=peer < me)
+            incoming = receive_into(out, scratch, current)
+            t.sendrecv(current, dest, incoming, dest)  # whole partial -> peer; its partial <- peer
+            _reduce_in_rank_order(t, op, current, incoming, out, theirs_lower=peer < me)
             current = out
             mask *= 2
     fold_out(t, out, out)
@@ -304,7 +309,8 @@ def rabenseifner_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
       (2·lg p'+2)·α + (2·((p'-1)/p') + 2)·n·β + (1 + (p'-1)/p')·n·γ.
     Restrictions: none (n < p' gives empty positions, sent as empty messages;
       MPICH instead requires n >= p'). The first reduction writes straight into
-      ``out`` (no copy of x); receives go to one reused workspace; sends are views.
+      ``out`` (no copy of x), on the partial received there (out of place);
+      later receives go to one reused workspace; sends are views.
     Spec: spec/rabenseifner.md
     """
     size = t.size

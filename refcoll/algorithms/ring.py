@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import copy_into, view, workspace
+from ._util import copy_into, receive_into, view, workspace
 from ..chunking import chunk_bounds, max_chunk
 
 __all__ = [
@@ -41,9 +41,11 @@ def ring_reduce_scatter_steps(t, x: np.ndarray, bounds, *, op, target, scratch) 
     """Run the ring reduce-scatter's ``p-1`` steps over chunks ``bounds`` of ``x``.
 
     Step ``s``: send the partial of chunk ``r-s-1`` right, receive the partial of
-    chunk ``r-s-2`` from the left into ``scratch`` and combine it with our own
-    chunk: ``target(idx) = incoming op x[idx]``. ``target(r)``, written in the
-    last step, is this rank's finished chunk; the others are partials in flight.
+    chunk ``r-s-2`` from the left and combine it with our own chunk:
+    ``target(idx) = incoming op x[idx]``. ``target(r)``, written in the last
+    step, is this rank's finished chunk; the others are partials in flight. The
+    partial lands straight in ``target(idx)`` when that overlaps neither the
+    chunk being sent nor ``x`` (an out-of-place all-reduce), else in ``scratch``.
 
     Reduction order: chunk ``c`` is combined ``c+1, c+2, ..., p-1, 0, ..., c``,
     each step appending one rank on the right of the running partial.
@@ -54,10 +56,10 @@ def ring_reduce_scatter_steps(t, x: np.ndarray, bounds, *, op, target, scratch) 
     for step in range(size - 1):
         recv_idx = (rank - step - 2) % size
         start, stop = bounds[recv_idx]
-        incoming = scratch[: stop - start]
+        dst, own = target(recv_idx), x[start:stop]
+        incoming = receive_into(dst, scratch[: stop - start], sending, own)
         t.sendrecv(sending, right, incoming, left)  # partial of chunk r-s-1 -> right; of r-s-2 <- left
-        dst = target(recv_idx)
-        t.reduce_local(op, incoming, x[start:stop], dst)
+        t.reduce_local(op, incoming, own, dst)
         sending = dst
 
 
@@ -87,7 +89,8 @@ def ring_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
     Cost: 2(p-1)·α + 2·((p-1)/p)·n·β + ((p-1)/p)·n·γ
     Restrictions: none on p or n (n < p gives empty chunks, sent as empty messages).
     The first step sends straight from ``x``, so an out-of-place call never copies
-    its input.   Spec: spec/ring.md
+    its input, and each partial is received straight into its chunk of ``out``
+    (in place: into one chunk of scratch).   Spec: spec/ring.md
     """
     size = t.size
     if size == 1:
