@@ -18,7 +18,6 @@ import functools
 import os
 import time
 
-
 from ..errors import CollectiveTimeout, RefcollError
 from .base import TAGS_PER_CALL, TransportBase
 from .sim import as_bytes
