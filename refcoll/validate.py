@@ -18,10 +18,13 @@ the same size get wrong numbers without an error.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 
 import numpy as np
 
+from .algorithms.recursive import rabenseifner_allgather
 from .errors import MismatchError, UsageError
 
 __all__ = ["agree", "RECORD_BYTES", "FIELDS"]
@@ -32,18 +35,25 @@ FIELDS = ("error", "collective", "algorithm", "op", "dtype", "count", "root", "o
 
 
 def _record(fields: dict) -> np.ndarray:
-    data = json.dumps([str(fields.get(k, "")) for k in FIELDS]).encode()
+    """Return this rank's fixed-size record of ``fields`` (read-only, cached by value)."""
+    return _encode(tuple(str(fields.get(k, "")) for k in FIELDS))
+
+
+@functools.lru_cache(maxsize=256)
+def _encode(values: tuple) -> np.ndarray:
+    """Encode one record; a loop of identical calls encodes it once."""
+    fields = dict(zip(FIELDS, values))
+    data = json.dumps(list(values)).encode()
     if len(data) > RECORD_BYTES and fields.get("error"):
         fields = dict(fields, error=str(fields["error"])[:300] + "...")
         data = json.dumps([str(fields.get(k, "")) for k in FIELDS]).encode()
     if len(data) > RECORD_BYTES:  # long option values: keep a digest, still comparable
-        import hashlib
-
         data = json.dumps([str(fields.get(k, ""))[:48] if k != "options" else
                            hashlib.sha1(str(fields.get(k)).encode()).hexdigest()
                            for k in FIELDS]).encode()[:RECORD_BYTES]
     buf = np.zeros(RECORD_BYTES, dtype=np.uint8)
     buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    buf.flags.writeable = False
     return buf
 
 
@@ -74,9 +84,7 @@ def agree(t, **fields) -> None:
     """Exchange the call's arguments; raise the same MismatchError on every rank if they differ."""
     if t.size == 1:
         return
-    from .algorithms.recursive import rabenseifner_allgather
-
-    everyone = np.zeros(t.size * RECORD_BYTES, dtype=np.uint8)
+    everyone = np.empty(t.size * RECORD_BYTES, dtype=np.uint8)
     everyone[t.rank * RECORD_BYTES:(t.rank + 1) * RECORD_BYTES] = _record(fields)
     rabenseifner_allgather(t, everyone)
     table = everyone.reshape(t.size, RECORD_BYTES)

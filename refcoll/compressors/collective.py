@@ -179,9 +179,8 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
         with t.call("compressed_allreduce"):
             agree(t, collective="compressed_allreduce", algorithm=algorithm, op=op,
                   dtype=dtype_name(flat.dtype), count=flat.size,
-                  options=sorted(options.items()) + [("compressor", comp.spec()),
-                                                     ("pattern", chosen),
-                                                     ("seed", state.seed)])
+                  compressor=comp.spec(),
+                  options=sorted(options.items()) + [("pattern", chosen), ("seed", state.seed)])
     if algorithm == "auto":
         # One choice for every payload array of the call, by the dense tensor's size,
         # so that an oracle resolving the same way predicts the same schedule.

@@ -9,10 +9,9 @@ ledger of every message).
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 __all__ = ["Transport", "TransportBase", "Traffic", "Ledger", "Message", "Reduction",
            "TAGS_PER_CALL"]
@@ -92,21 +91,9 @@ class TransportBase:
         self.current_call: str | None = None
         self.traffic = Traffic()  # shared with every transport split from this one
 
-    @contextlib.contextmanager
-    def call(self, name: str) -> Iterator[None]:
-        """Run one collective call in its own tag space (nested calls share it)."""
-        if self._depth == 0:
-            self._tag_base = (self._calls % self._tag_slots) * TAGS_PER_CALL
-            self._calls += 1
-            self._ops = 0
-            self.current_call = name
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.current_call = None
+    def call(self, name: str) -> "_CallScope":
+        """Return the context of one collective call: its own tag space (nested calls share it)."""
+        return _CallScope(self, name)
 
     def _wire_tag(self, tag: int) -> int:
         if not 0 <= tag < TAGS_PER_CALL:
@@ -116,6 +103,35 @@ class TransportBase:
     def reduce_local(self, op, a, b, out) -> None:
         """Compute ``out = op(a, b)`` elementwise through :meth:`refcoll.ops.Op.apply`."""
         op.apply(a, b, out)
+
+
+class _CallScope:
+    """The context :meth:`TransportBase.call` returns.
+
+    A plain class rather than a generator-based context manager: every call
+    enters one, and for small messages the difference is measurable.
+    """
+
+    __slots__ = ("t", "name")
+
+    def __init__(self, t: TransportBase, name: str):
+        self.t, self.name = t, name
+
+    def __enter__(self) -> None:
+        t = self.t
+        if t._depth == 0:
+            t._tag_base = (t._calls % t._tag_slots) * TAGS_PER_CALL
+            t._calls += 1
+            t._ops = 0
+            t.current_call = self.name
+        t._depth += 1
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        t = self.t
+        t._depth -= 1
+        if t._depth == 0:
+            t.current_call = None
+        return False
 
 
 @dataclass(frozen=True)
