@@ -367,10 +367,12 @@ class Replay:
         largest_send = max((n for _, sends, _, _ in plan for _, n in sends), default=0)
         largest_step = max((sum(n for _, n in recvs) for _, _, recvs, _ in plan), default=0)
         largest_reduction = max((e for *_, reds in plan for e in reds), default=0)
-        send = np.zeros(largest_send, np.uint8)  # concurrent sends may share a buffer
-        recv = np.zeros(largest_step, np.uint8)  # concurrent receives may not
-        acc = np.zeros(largest_reduction, dt)
-        other = np.zeros(largest_reduction, dt)
+        # Written once, so every page is real: reading never-written (zero-page)
+        # memory costs almost nothing and would make the bound too optimistic.
+        send = np.ones(largest_send, np.uint8)  # concurrent sends may share a buffer
+        recv = np.ones(largest_step, np.uint8)  # concurrent receives may not
+        acc = np.ones(largest_reduction, dt)
+        other = np.ones(largest_reduction, dt)
         self._steps = []
         for _, sends, recvs, reds in plan:
             receives, offset = [], 0
