@@ -30,6 +30,7 @@ import numpy as np
 from . import algorithms
 from .chunking import chunk_slice, chunk_sizes
 from .errors import MismatchError, UsageError
+from .gpu import array_namespace, check_device_dtype, device_transport, is_device_array
 from .ops import check_supported, dtype_name, get_dtype, get_op
 from .transport.base import Ledger, TransportBase
 from .transport.mpi import transport_for
@@ -64,9 +65,11 @@ def as_transport(comm=None):
 
 def _flat_input(x, t) -> np.ndarray:
     """Return ``x`` as a flat, C-contiguous, native-byte-order array of a supported dtype."""
-    arr = np.asarray(x)
+    xp = array_namespace(x)
+    arr = xp.asarray(x)
     try:
         get_dtype(arr.dtype)
+        check_device_dtype(arr.dtype, xp)
     except UsageError as exc:
         raise UsageError(f"rank {t.rank}: {exc}") from None
     if not arr.dtype.isnative:
@@ -74,16 +77,17 @@ def _flat_input(x, t) -> np.ndarray:
             f"rank {t.rank}: input has non-native byte order ({arr.dtype.str}); convert it "
             "with x.astype(x.dtype.newbyteorder('=')) so every rank sends the same bytes"
         )
-    return np.ascontiguousarray(arr).reshape(-1)
+    return xp.ascontiguousarray(arr).reshape(-1)
 
 
-def _flat_out(out, shape, dtype, t, what: str) -> np.ndarray:
-    """Check a user's ``out=`` buffer and return it as a flat view."""
+def _flat_out(out, shape, dtype, t, what: str, xp=np) -> np.ndarray:
+    """Check a user's ``out=`` buffer and return it as a flat view (new ones in ``xp``)."""
     count = math.prod(shape)
     if out is None:
-        return np.empty(count, dtype=dtype)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"rank {t.rank}: out= must be a NumPy array, got {type(out).__name__}")
+        return xp.empty(count, dtype=dtype)
+    if not isinstance(out, xp.ndarray):
+        raise TypeError(f"rank {t.rank}: out= must be a {xp.__name__} array like the input, "
+                        f"got {type(out).__name__}")
     if out.dtype != dtype:
         raise TypeError(f"rank {t.rank}: out= has dtype {out.dtype}, the {what} needs {dtype}")
     if out.size != count:
@@ -94,9 +98,12 @@ def _flat_out(out, shape, dtype, t, what: str) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _address(a) -> int:
+    return a.data.ptr if is_device_array(a) else a.__array_interface__["data"][0]
+
+
 def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.nbytes == b.nbytes)
+    return _address(a) == _address(b) and a.nbytes == b.nbytes
 
 
 def _check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str) -> None:
@@ -104,7 +111,8 @@ def _check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, wh
 
     A partial overlap would let the algorithm overwrite input it has not read yet.
     """
-    if data.size and out.size and np.shares_memory(data, out) and not _same_buffer(*allowed):
+    if (data.size and out.size and array_namespace(data).shares_memory(data, out)
+            and not _same_buffer(*allowed)):
         raise ValueError(f"rank {t.rank}: the input and out= of {what} overlap; pass disjoint "
                          "buffers, or the in-place layout the documentation gives")
 
@@ -153,8 +161,9 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         return result
     if state is not None:
         raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
-    t = as_transport(comm)
-    arr = np.asarray(x)
+    xp = array_namespace(x)
+    arr = xp.asarray(x)
+    t = device_transport(as_transport(comm), arr)
     key = (algorithm, op, arr.dtype, arr.size)
     prepared = None if options else _prepared(t, key)
     if prepared is None:
@@ -166,14 +175,14 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
             check_supported(reduction, flat.dtype)
     else:  # the same call ran before: its arguments were checked and resolved then
         reduction, workers = prepared.reduction, t.size
-        flat = np.ascontiguousarray(arr).reshape(-1)
+        flat = xp.ascontiguousarray(arr).reshape(-1)
     if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
         with t.call("allreduce"):
             _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
             fn(t, flat, None, op=reduction, **options)
         return None
     with _shared_errors(t, validate, "allreduce"):
-        result = _flat_out(out, arr.shape, flat.dtype, t, "all-reduce")
+        result = _flat_out(out, arr.shape, flat.dtype, t, "all-reduce", xp)
         if out is not arr:  # the one in-place layout needs no check
             _check_overlap(flat, result, (flat, result), t, "all-reduce")
     with t.call("allreduce"):
@@ -376,14 +385,15 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     longer), so ``n`` need not divide by ``p``. Returns a 1-D array. In place:
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
-    t = as_transport(comm)
+    xp = array_namespace(x)
+    t = device_transport(as_transport(comm), x)
     with _shared_errors(t, validate, "reduce_scatter"):
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce_scatter")
         flat = _flat_input(x, t)
         check_supported(reduction, flat.dtype)
         shape = (chunk_sizes(flat.size, t.size)[t.rank],)
-        result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter")
+        result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter", xp)
         _check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
                        "reduce-scatter")
     with t.call("reduce_scatter"):
@@ -401,16 +411,17 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     (``.reshape(-1)`` gives the flat concatenation NCCL and MPI return). In place:
     pass ``x`` as row ``r`` of ``out``.
     """
-    t = as_transport(comm)
+    xp = array_namespace(x)
+    t = device_transport(as_transport(comm), x)
     with _shared_errors(t, validate, "allgather"):
         fn = algorithms.implementation(algorithm, "allgather")
         flat = _flat_input(x, t)
-        shape = (t.size, *np.shape(x))
-        result = _flat_out(out, shape, flat.dtype, t, "allgather")
+        shape = (t.size, *xp.asarray(x).shape)
+        result = _flat_out(out, shape, flat.dtype, t, "allgather", xp)
         own_block = result[chunk_slice(result.size, t.size, t.rank)]
         _check_overlap(flat, result, (flat, own_block), t, "allgather")
-        if not (flat.size and np.shares_memory(own_block, flat)):
-            np.copyto(own_block, flat)
+        if not (flat.size and xp.shares_memory(own_block, flat)):
+            xp.copyto(own_block, flat)
     with t.call("allgather"):
         _agree(t, validate, "allgather", algorithm, None, flat, options)
         fn(t, result, **options)
@@ -424,16 +435,17 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     Non-root ranks' ``x`` gives only the shape and dtype; ``out=x`` overwrites it
     in place, as ``MPI_Bcast`` does.
     """
-    t = as_transport(comm)
+    xp = array_namespace(x)
+    t = device_transport(as_transport(comm), x)
     with _shared_errors(t, validate, "broadcast"):
         _check_root(root, t)
         fn = algorithms.implementation(algorithm, "broadcast")
         flat = _flat_input(x, t)
-        shape = np.shape(x)
-        result = _flat_out(out, shape, flat.dtype, t, "broadcast")
+        shape = xp.asarray(x).shape
+        result = _flat_out(out, shape, flat.dtype, t, "broadcast", xp)
         _check_overlap(flat, result, (flat, result), t, "broadcast")
-        if t.rank == root and not np.shares_memory(result, flat):
-            np.copyto(result, flat)
+        if t.rank == root and not xp.shares_memory(result, flat):
+            xp.copyto(result, flat)
     with t.call("broadcast"):
         _agree(t, validate, "broadcast", algorithm, None, flat, options, root)
         fn(t, result, root=root, **options)
@@ -443,15 +455,16 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
-    t = as_transport(comm)
+    xp = array_namespace(x)
+    t = device_transport(as_transport(comm), x)
     with _shared_errors(t, validate, "reduce"):
         _check_root(root, t)
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce")
         flat = _flat_input(x, t)
         check_supported(reduction, flat.dtype)
-        shape = np.shape(x)
-        result = _flat_out(out, shape, flat.dtype, t, "reduce") if t.rank == root else None
+        shape = xp.asarray(x).shape
+        result = _flat_out(out, shape, flat.dtype, t, "reduce", xp) if t.rank == root else None
         if result is not None:
             _check_overlap(flat, result, (flat, result), t, "reduce")
     with t.call("reduce"):
@@ -536,7 +549,7 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     workers = len(inputs)
     args = [(x,) for x in inputs]
     if algo.extra_ranks is not None:  # ranks that hold no data get a template of the buffer
-        template = np.zeros_like(np.asarray(inputs[0]))
+        template = array_namespace(inputs[0]).zeros_like(inputs[0])
         args += [(template,)] * algo.extra_ranks(workers, **options)
     world = SimWorld(len(args), timeout=timeout, record_payloads=record_payloads,
                      ranks_per_node=node_size)

@@ -89,31 +89,6 @@ def _is_fake(xp) -> bool:
     return xp is fake_cupy
 
 
-def _device_workspace(t, count: int, dtype, slot: int = 0):
-    """A workspace in the transport's array module (``t.array_module``; NumPy by default)."""
-    xp = getattr(t, "array_module", np)
-    nbytes = count * np.dtype(dtype).itemsize
-    cache = t.__dict__.setdefault("_workspace", {})
-    buf = cache.get(slot)
-    if buf is None or buf.nbytes < nbytes:
-        buf = xp.empty(max(nbytes, 64), dtype=np.uint8)
-        cache[slot] = buf
-    return buf[:nbytes].view(dtype)
-
-
-@pytest.fixture
-def device_workspaces(monkeypatch):
-    """Algorithms' scratch buffers in the transport's array module.
-
-    The workspace helper the algorithms import must allocate where the
-    transport's buffers live; where ``refcoll.algorithms._util.workspace``
-    allocates on the host only, this stands in for it.
-    """
-    for module in (algorithms.ring, algorithms.recursive, algorithms.tree, algorithms.naive,
-                   algorithms.hierarchical):
-        monkeypatch.setattr(module, "workspace", _device_workspace)
-
-
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -283,7 +258,7 @@ def test_staging_cuts_messages_into_pieces_through_reused_pinned_buffers(fake):
 @pytest.mark.parametrize("path", ["staging", "direct"])
 @pytest.mark.parametrize("name", ["ring", "recursive_doubling", "rabenseifner", "tree", "dbtree",
                                   "naive", "hierarchical"])
-def test_algorithms_on_device_arrays_are_the_numpy_bits(device, device_workspaces, name, path):
+def test_algorithms_on_device_arrays_are_the_numpy_bits(device, name, path):
     """Bit for bit the simulator's NumPy result; every staged byte crosses pinned memory once."""
     p, n = 4, 1001
     rng = np.random.default_rng(7)
@@ -319,7 +294,7 @@ def test_algorithms_on_device_arrays_are_the_numpy_bits(device, device_workspace
 
 
 @pytest.mark.parametrize("op", ["prod", "min", "max", "avg"])
-def test_ops_reduce_on_the_device(device, device_workspaces, op):
+def test_ops_reduce_on_the_device(device, op):
     p, n = 3, 37
     inputs = [np.arange(1, n + 1, dtype=np.int32) * (r + 1) - 20 for r in range(p)]
     want = simulate("allreduce", inputs, algorithm="ring", op=op).outputs

@@ -18,7 +18,8 @@ def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
     cache = t.__dict__.setdefault("_workspace", {})
     buf = cache.get(slot)
     if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+        # Where the transport's buffers live: a device transport names CuPy.
+        buf = getattr(t, "array_module", np).empty(max(nbytes, 64), dtype=np.uint8)
         cache[slot] = buf
     return buf[:nbytes].view(dtype)
 

@@ -57,6 +57,7 @@ from ..algorithms.ring import ring_allgather_steps
 from ..chunking import chunk_bounds
 from ..errors import UsageError
 from ..ops import get_op
+from ..gpu import array_namespace, device_transport
 from .base import Compressor, CompressorState, ErrorFeedback, Payload, check_float, compute_dtype, parse
 from .powersgd import PowerSGD, orthogonalise
 
@@ -150,7 +151,8 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
     """
     from ..api import _flat_input, _flat_out, _shared_errors, as_transport
 
-    t = as_transport(comm)
+    xp = array_namespace(x)
+    t = device_transport(as_transport(comm), x)
     with _shared_errors(t, validate, "compressed_allreduce"):
         comp = _resolve(compressor)
         if op not in ("sum", "avg"):
@@ -163,13 +165,13 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
         if algorithms.get(algorithm).workers is not None:
             raise UsageError(f"rank {t.rank}: {algorithm} needs switch processes, which cannot "
                              "combine compressed payloads; choose another algorithm")
-        arr = np.asarray(x)
+        arr = xp.asarray(x)
         flat = _flat_input(arr, t)
         try:
             check_float(arr, comp.name)
         except UsageError as exc:
             raise UsageError(f"rank {t.rank}: {exc}") from None
-        result = _flat_out(out, arr.shape, arr.dtype, t, "compressed all-reduce")
+        result = _flat_out(out, arr.shape, arr.dtype, t, "compressed all-reduce", xp)
         if state is None:
             state = comp.new_state(rank=t.rank)
     if validate:
@@ -217,7 +219,7 @@ def _finish_sum(acc: np.ndarray, op: str, p: int) -> np.ndarray:
 def _sum_in_rank_order(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
     """Return ``parts[0] + parts[1] + ...`` left to right in their dtype (``avg``: over len)."""
     add = get_op("sum")
-    acc = np.array(parts[0], copy=True)
+    acc = parts[0].copy()
     for part in parts[1:]:
         add.apply(acc, part, acc)
     return _finish_sum(acc, op, len(parts))
@@ -248,7 +250,7 @@ def _powersgd(t, inner: PowerSGD, ef: bool, state, x, op, algorithm, options):
     key = ("powersgd.q", m, n, r)
     q = state.memory.get(key)
     if q is None:
-        q = state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd)
+        q = array_namespace(x).asarray(state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd))
     p_local = matrix @ q
     p = allreduce(p_local, t, op="sum", algorithm=algorithm, validate=False, **options)
     orthogonalise(p, inner.eps)
@@ -269,9 +271,10 @@ def _counts(payload: Payload) -> np.ndarray:
 
 def _serialise(payload: Payload) -> np.ndarray:
     """Return the payload's wire arrays as one byte string, roles in sorted order."""
-    parts = [np.ascontiguousarray(payload.arrays[role]).reshape(-1).view(np.uint8)
+    xp = array_namespace(next(iter(payload.arrays.values()), np.empty(0)))
+    parts = [xp.ascontiguousarray(payload.arrays[role]).reshape(-1).view(np.uint8)
              for role in sorted(payload.arrays)]
-    return np.concatenate(parts) if parts else np.empty(0, np.uint8)
+    return xp.concatenate(parts) if parts else xp.empty(0, np.uint8)
 
 
 def _deserialise(record: np.ndarray, counts: np.ndarray, like: Payload) -> Payload:
@@ -304,7 +307,7 @@ def _allgather_counts(t, mine: np.ndarray) -> np.ndarray:
 def _allgatherv(t, record: np.ndarray, lengths: Sequence[int]) -> list[np.ndarray]:
     """Ring allgather of byte strings of the given lengths; return them in rank order."""
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    buf = np.empty(int(offsets[-1]), np.uint8)
+    buf = array_namespace(record).empty(int(offsets[-1]), np.uint8)
     bounds = [(int(offsets[i]), int(offsets[i + 1])) for i in range(t.size)]
     start, stop = bounds[t.rank]
     buf[start:stop] = record
@@ -324,7 +327,8 @@ def _gather_payloads(t, payloads: list[Payload], like: list[Payload]) -> list[li
     itemsizes = np.concatenate([[a.dtype.itemsize for _, a in sorted(pl.arrays.items())]
                                 for pl in like]).astype(np.int64)
     lengths = [int((row * itemsizes).sum()) for row in table]
-    record = np.concatenate([_serialise(pl) for pl in payloads])
+    records = [_serialise(pl) for pl in payloads]
+    record = array_namespace(records[0]).concatenate(records)
     records = _allgatherv(t, record, lengths)
     result = []
     for rec, row in zip(records, table):
@@ -357,8 +361,9 @@ def _twophase_pattern(t, comp, state, x, op):
     bounds = chunk_bounds(flat.size, p)
     with t.call("compressed_allreduce"):
         chunks = [inner.compress(corrected[a:b], state) for a, b in bounds]
+        xp = array_namespace(x)
         if ef:
-            approximation = np.concatenate([inner.decompress(c) for c in chunks])
+            approximation = xp.concatenate([inner.decompress(c) for c in chunks])
             state.residual = (corrected - approximation).reshape(x.shape)
         mine = _alltoall_payloads(t, chunks)
         total = _sum_in_rank_order([inner.decompress(c) for c in mine], op)
@@ -373,7 +378,7 @@ def _twophase_pattern(t, comp, state, x, op):
         merged = [inner.decompress(dataclasses.replace(pls[0], shape=like[j].shape))
                   for j, pls in enumerate(everyone)]
     payload = sum(c.nbytes for c in chunks) - chunks[r].nbytes + server.nbytes
-    return np.concatenate(merged).reshape(x.shape), payload
+    return xp.concatenate(merged).reshape(x.shape), payload
 
 
 def _alltoall_payloads(t, chunks: list[Payload]) -> list[Payload]:
@@ -389,10 +394,11 @@ def _alltoall_payloads(t, chunks: list[Payload]) -> list[Payload]:
     received: list[Payload] = [None] * p
     received[r] = chunks[r]
     tagged = _Tagged(t, _TAG_ALLTOALL)
+    xp = array_namespace(next(iter(chunks[r].arrays.values())))
     for step in range(1, p):
         dst, src = (r + step) % p, (r - step) % p
         counts = table[src, r * width:(r + 1) * width]
-        incoming = np.empty(int((counts * itemsizes).sum()), np.uint8)
+        incoming = xp.empty(int((counts * itemsizes).sum()), np.uint8)
         tagged.sendrecv(_serialise(chunks[dst]), dst, incoming, src)
         received[src] = _deserialise(incoming, counts, chunks[r])
     return received
