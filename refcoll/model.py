@@ -119,6 +119,7 @@ import numpy as np
 from . import cost as _cost
 from .chunking import max_chunk
 from .errors import UsageError
+from .tuning import ping_pong
 
 __all__ = [
     "ALGORITHMS",
@@ -1209,12 +1210,7 @@ def _pingpong(t, sizes: list[int]) -> list[tuple[int, float]]:
             peer = 1 - t.rank
 
             def round_trip(_: int) -> None:
-                if t.rank == 0:
-                    t.send(send, peer)
-                    t.recv(recv, peer)
-                else:
-                    t.recv(recv, peer)
-                    t.send(send, peer)
+                ping_pong(t, send, recv, peer)
 
             times = [s / 2 for s in _timed(t, round_trip, _repeats(b), sync=False)]
         points.append((b, _largest_median(t, times)))

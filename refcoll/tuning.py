@@ -94,6 +94,16 @@ def _save(key: str, calibration: Calibration) -> None:
         pass  # a read-only home only costs a re-measurement next time
 
 
+def ping_pong(t, send, recv, peer: int) -> None:
+    """One round trip between ranks 0 and 1: rank 0 sends ``send`` first, the other answers."""
+    if t.rank == 0:
+        t.send(send, peer)
+        t.recv(recv, peer)
+    else:
+        t.recv(recv, peer)
+        t.send(send, peer)
+
+
 def measure(t, *, repeats: int = 20) -> Calibration:
     """Measure α, β and γ on ranks 0 and 1 of ``t`` (every rank must call; collective).
 
@@ -112,12 +122,7 @@ def measure(t, *, repeats: int = 20) -> Calibration:
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                if t.rank == 0:
-                    t.send(buf, peer)
-                    t.recv(buf, peer)
-                else:
-                    t.recv(buf, peer)
-                    t.send(buf, peer)
+                ping_pong(t, buf, buf, peer)
                 times.append(time.perf_counter() - start)
             return float(np.median(times)) / 2
 
