@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# refcoll's GPU checks in one go: the GPU tests, the NCCL comparison and the
-# compressor throughput, on a machine with an NVIDIA GPU, CuPy, mpi4py and NCCL.
+# refcoll's GPU checks in one go: the GPU tests, the conformance batteries on device
+# arrays, the NCCL comparison and the compressor throughput, on a machine with an
+# NVIDIA GPU, CuPy, mpi4py and NCCL.
 #
 #   benchmarks/gpu.sh [RESULTS]     RESULTS: a folder (default: $OUT, else ./gpu-results)
 #
@@ -9,14 +10,15 @@
 # Wheels in $REFCOLL_WHEELS (default ./.whl) are installed there without an
 # index: an MPI library (the mpich wheel) where mpi4py finds none, and refcoll's
 # own wheel; without one, refcoll runs from this checkout. Every step runs, under
-# its own time limit (together under ten minutes), even when one before it
-# failed; summary.txt lists each step's exit status and the script exits with the
-# first failure's.
+# its own time limit (together 550 s), even when one before it failed;
+# summary.txt lists each step's exit status and the script exits with the first
+# failure's. One rank per GPU: the batteries and the benchmark run on one rank.
 #
 # Results, eight files:
 #   environment.txt   GPU, driver, Python, CuPy, NCCL, MPI; refcoll's device path and why
 #   tests.txt         python -m pytest tests/test_gpu.py -v -rs (skips give their reason)
-#   tests.xml         the same as JUnit XML
+#   verify.txt        refcoll verify --device gpu: the battery (ring, auto, rabenseifner),
+#                     then the compressed battery (every compressor, ring)
 #   bench_nccl.txt    refcoll bench --device gpu --against nccl -n 1 -b 8 -e 256M -f 4
 #   bench_nccl.json   the same as JSON (schema refcoll-bench/1)
 #   compressors.txt   device copy bandwidth, and every compressor's throughput on 256M float32
@@ -49,16 +51,17 @@ export PATH="$VENV/bin:$PATH:$lender/bin" PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$VENV/lib:$lender/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 status=0
-step() {  # step NAME SECONDS LOG COMMAND...: run COMMAND under a time limit, output to LOG
+step() {  # step NAME SECONDS LOG COMMAND...: run COMMAND under a time limit, output added to LOG
     local name=$1 limit=$2 log=$3 start=$SECONDS rc
     shift 3
-    timeout "$limit" "$@" > "$RESULTS/$log" 2>&1
+    echo "== $name" >> "$RESULTS/$log"
+    timeout -k 10 "$limit" "$@" >> "$RESULTS/$log" 2>&1
     rc=$?
     echo "$name: exit $rc, $((SECONDS - start)) s" | tee -a "$RESULTS/summary.txt"
     if [ "$status" -eq 0 ] && [ "$rc" -ne 0 ]; then status=$rc; fi
 }
 
-step environment 60 environment.txt bash -c '
+step environment 40 environment.txt bash -c '
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     "$0" - <<"EOF"
 import json, platform
@@ -78,13 +81,18 @@ print("libraries", gpu.mpi_library_paths())
 print(json.dumps(gpu.device_path(), indent=2))
 EOF' "$PY"
 
-step tests 200 tests.txt "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider \
-    --junitxml "$RESULTS/tests.xml"
+step tests 170 tests.txt "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
 
-step bench_nccl 150 bench_nccl.txt "$PY" -m refcoll bench --device gpu --against nccl \
+step verify 60 verify.txt "$PY" -m refcoll verify -n 1 --device gpu \
+    --algorithm ring,auto,rabenseifner
+
+step verify_compressed 60 verify.txt "$PY" -m refcoll verify -n 1 --device gpu \
+    --compressor all --algorithm ring
+
+step bench_nccl 120 bench_nccl.txt "$PY" -m refcoll bench --device gpu --against nccl \
     -n 1 -b 8 -e 256M -f 4 --json "$RESULTS/bench_nccl.json"
 
-step compressors 150 compressors.txt "$PY" - "$RESULTS/compressors.json" <<'EOF'
+step compressors 100 compressors.txt "$PY" - "$RESULTS/compressors.json" <<'EOF'
 """Device copy bandwidth and each compressor's throughput on 256M float32 (1 GiB)."""
 import json
 import sys

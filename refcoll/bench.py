@@ -28,6 +28,16 @@ What is reported, per size and algorithm (nccl-tests' ``doc/PERFORMANCE.md``):
   ``MPI_Bcast``, ``MPI_Reduce``) time, busbw and ``time/base`` (below 1: refcoll
   is faster). ``avg`` has no MPI op: the baseline runs ``MPI_SUM`` and is not
   checked. Types MPI lacks (bfloat16, float8) have no baseline.
+* on GPUs (``device="gpu"``): the buffers are CuPy arrays on this rank's GPU,
+  refcoll's collectives move them as :func:`refcoll.gpu.device_transport`
+  decides (directly through a CUDA-aware MPI, else staged through pinned host
+  memory), and every timed call ends by synchronising the current stream, so
+  the time is the device's, not the launch's. The baseline is NCCL
+  (``against="nccl"``: ``ncclAllReduce``... through ``cupy.cuda.nccl``, one
+  process per GPU, the communicator's unique id broadcast over MPI) or the MPI
+  library's collective on the device buffers, which needs a CUDA-aware MPI.
+  The expected results stay on the host; results are copied there to be
+  checked, outside the timed region.
 * with ``bound``: the transport bound of each algorithm, the time of the bare
   point-to-point exchanges its schedule needs plus its local reductions (the
   schedule from the simulator's ledger, replayed with nonblocking MPI calls step
@@ -41,7 +51,9 @@ separate cost, not part of the algorithm's. Roots are rank 0.
 
 JSON (``--json``): ``{"schema": "refcoll-bench/1", "header": {...}, "rows": [...],
 "summary": {...}}``. ``header`` describes the run (machine, MPI library and
-versions, ranks, collective, op, dtype, sizes, iterations, notes); each row has
+versions (CuPy's and NCCL's on GPUs), ranks, collective, op, dtype, sizes,
+iterations, the baseline, notes; on GPUs ``gpu``: the device and how its
+buffers travel, from :func:`refcoll.gpu.device_path`); each row has
 the fields of :data:`ROW_FIELDS` (``None`` where not applicable); ``summary`` has
 ``avg_busbw`` per algorithm and for the baseline, ``wrong``, ``checked``
 (elements compared) and ``passed``. ``--csv`` writes the rows with the same fields.
@@ -60,7 +72,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, gpu
 from .chunking import chunk_slice
 from .errors import UsageError
 from .inputs import make_input, make_inputs
@@ -76,9 +88,11 @@ __all__ = [
     "bus_factor",
     "element_count",
     "count_wrong",
+    "NCCL_BASELINES",
     "array_module",
-    "gpu_unavailable",
+    "use_device",
     "check_config",
+    "baseline_name",
     "baseline_unavailable",
     "extra_ranks",
     "schedule",
@@ -103,6 +117,9 @@ BASELINES = {
     "broadcast": "MPI_Bcast",
     "reduce": "MPI_Reduce",
 }
+
+#: NCCL's collective that each refcoll collective is timed against with ``--against nccl``.
+NCCL_BASELINES = gpu.NCCL_CALLS
 
 #: The fields of every row, in the order ``--csv`` writes them.
 ROW_FIELDS = (
@@ -199,31 +216,39 @@ def _complement(expected: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------- the device
 
-def gpu_unavailable(what: str) -> str:
-    """Return why ``what`` (``--device gpu``, ``--against nccl``) cannot run here, in one line."""
-    try:
-        import cupy
-    except ImportError:
-        return f"{what} needs CuPy and a CUDA GPU; CuPy is not installed (pip install 'refcoll[gpu]')"
-    try:
-        gpus = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - any CUDA failure means no usable GPU
-        return f"{what} needs a CUDA GPU; CuPy finds none ({type(exc).__name__}: {exc})"
-    if gpus < 1:
-        return f"{what} needs a CUDA GPU; CuPy finds none"
-    return f"{what}: GPU benchmarks are not in this version of refcoll bench"
-
-
 def array_module(device: str):
-    """Return the array module buffers of ``device`` are allocated with (``cpu``: NumPy).
+    """Return the array module buffers of ``device`` are allocated with: NumPy or CuPy.
 
-    This is the one place a device is chosen; GPU buffers (CuPy) will come in here.
+    Raises:
+        UsageError: an unknown device, or ``gpu`` where CuPy or a GPU is missing
+            (the reason in one line).
     """
     if device == "cpu":
         return np
     if device == "gpu":
-        raise UsageError(gpu_unavailable("--device gpu"))
+        return gpu.require_cupy("--device gpu")
     raise UsageError(f"unknown device {device!r}: choose cpu or gpu")
+
+
+def use_device(comm, config: "BenchConfig") -> int | None:
+    """Make this rank's GPU current, collectively over ``comm``; return its number (None: CPU).
+
+    With NCCL each rank needs a GPU of its own (an error says so when ranks
+    would share one); refcoll alone shares GPUs round robin among a node's
+    ranks. The dtype is checked on the device here, in the ranks, rather than
+    in :func:`check_config`: a check there would open a CUDA context in the
+    launching process, which a GPU in exclusive-process mode refuses to its ranks.
+
+    Raises:
+        UsageError: ranks that would share a GPU under NCCL; a dtype the device
+            cannot compute in.
+    """
+    if config.device != "gpu":
+        return None
+    device = (gpu.check_one_gpu_per_rank(comm) if config.against == "nccl"
+              else gpu.use_node_gpu(comm))
+    gpu.check_device_dtype(get_dtype(config.dtype), array_module("gpu"))
+    return device
 
 
 # ------------------------------------------------------------------- the config
@@ -267,7 +292,9 @@ def check_config(config: BenchConfig) -> None:
 
     Unknown or unsupported names, an algorithm without the collective, an op the
     dtype lacks, a compressor outside a floating sum/avg all-reduce, a GPU or NCCL
-    where there is none, iteration counts below their minimum.
+    where there is none, NCCL without ``--device gpu`` or with a dtype or op it
+    lacks, ``--bound`` on a GPU, iteration counts below their minimum. Nothing
+    here opens a CUDA context (:func:`use_device` checks the dtype on the device).
     """
     if not config.sizes:
         raise UsageError("no message sizes to run")
@@ -286,9 +313,14 @@ def check_config(config: BenchConfig) -> None:
                          f"-i {config.iters}")
     if config.against not in ("mpi", "nccl", "none"):
         raise UsageError(f"unknown baseline {config.against!r}: choose mpi, nccl or none")
-    array_module(config.device)
+    if config.against == "nccl" and config.device != "gpu":
+        raise UsageError("--against nccl needs --device gpu (NCCL runs on GPUs)")
+    if array_module(config.device) is not np and config.bound:
+        raise UsageError("--bound replays schedules on host buffers: it runs with "
+                         "--device cpu only")
     if config.against == "nccl":
-        raise UsageError(gpu_unavailable("--against nccl"))
+        gpu.require_nccl("--against nccl")
+        gpu.nccl_types(dt, "sum" if config.collective in ("allgather", "broadcast") else config.op)
     if config.compressor is not None:
         from .compressors import parse
 
@@ -400,15 +432,19 @@ class Replay:
 
 @dataclass
 class _Data:
-    """One rank's buffers for one size and one number of data ranks ``p``."""
+    """One rank's buffers for one size and one number of data ranks ``p``.
+
+    ``x``, ``out``, ``theirs`` and ``poison`` are arrays of the device (NumPy or
+    CuPy); ``expected`` is always on the host, where results are checked.
+    """
 
     p: int
     count: int                       # elements of the whole array
-    x: np.ndarray                    # this rank's input (zeros on a switch process)
-    out: np.ndarray | None = None    # refcoll's result (None on a switch, non-roots of reduce)
-    theirs: np.ndarray | None = None  # the baseline's result
+    x: Any                           # this rank's input (zeros on a switch process)
+    out: Any = None                  # refcoll's result (None on a switch, non-roots of reduce)
+    theirs: Any = None               # the baseline's result
     expected: np.ndarray | None = None
-    poison: np.ndarray | None = None  # expected's complement: what a buffer holds before a call
+    poison: Any = None               # expected's complement: what a buffer holds before a call
 
 
 def _make_data(config: BenchConfig, nbytes: int, p: int, rank: int, root: int = 0) -> _Data:
@@ -436,14 +472,16 @@ def _make_data(config: BenchConfig, nbytes: int, p: int, rank: int, root: int = 
         x = make_input("exact", dt, in_count, rank, p, op=op)
     shapes = {"allreduce": (count,), "reduce_scatter": (count // p,), "allgather": (p, in_count),
               "broadcast": (count,), "reduce": (count,)}
+    x = xp.asarray(x)
     out = xp.empty(shapes[coll], dt) if coll != "reduce" or rank == root else None
     theirs = None
     if coll == "broadcast":
         theirs = x.copy() if rank == root else xp.empty(count, dt)
     elif coll != "reduce" or rank == root:
         theirs = xp.empty(int(np.prod(shapes[coll])), dt)
-    poison = _complement(expected) if expected is not None else None
-    return _Data(p, count, xp.asarray(x), out, theirs, expected, poison)
+    poison = xp.asarray(_complement(expected)) if expected is not None else None
+    gpu.synchronize(xp)  # the buffers are written before anything reads them
+    return _Data(p, count, x, out, theirs, expected, poison)
 
 
 # --------------------------------------------------------------- the timed items
@@ -461,20 +499,28 @@ class _Item:
     times: list = field(default_factory=list)
     wrong: int = 0
     checked: int = 0
+    xp: Any = np                    # the array module of the buffers: NumPy, or CuPy on a GPU
 
     def run(self, timed: bool, check: bool) -> None:
-        """Run once after a barrier of the participants; time it and check it."""
+        """Run once after a barrier of the participants; time it and check it.
+
+        On a device the clock stops once the current stream has drained, and
+        the poisoning copy has finished before the barrier.
+        """
         checking = check and self.result is not None and self.data.expected is not None
+        xp = self.xp
         if checking:
-            np.copyto(self.result.reshape(-1), self.data.poison)
+            xp.copyto(self.result.reshape(-1), self.data.poison)
+        gpu.synchronize(xp)
         self.comm.Barrier()
         start = time.perf_counter()
         self.call()
+        gpu.synchronize(xp)
         elapsed = time.perf_counter() - start
         if timed:
             self.times.append(elapsed)
         if checking:
-            self.wrong += count_wrong(self.result, self.data.expected)
+            self.wrong += count_wrong(gpu.to_host(self.result), self.data.expected)
             self.checked += self.data.expected.size
 
 
@@ -498,21 +544,50 @@ def _our_call(config: BenchConfig, t, data: _Data, algorithm: str, root: int, st
     return lambda: api.reduce(x, root, t, op=op, out=out, **common)
 
 
+def baseline_name(config: BenchConfig) -> str | None:
+    """Return the library collective timed beside refcoll's: ``MPI_Allreduce``, ``ncclAllReduce``..."""
+    if config.against == "nccl":
+        return NCCL_BASELINES[config.collective]
+    if config.against == "mpi":
+        return BASELINES[config.collective]
+    return None
+
+
 def baseline_unavailable(config: BenchConfig) -> str | None:
-    """Return why the MPI baseline cannot run for ``config`` (None: it can)."""
-    if config.against != "mpi":
+    """Return why the baseline cannot run for ``config`` (None: it can).
+
+    NCCL's availability is :func:`check_config`'s to refuse. The MPI library's
+    collective on device buffers needs a CUDA-aware MPI (:func:`refcoll.gpu.cuda_aware`,
+    the same answer on every rank of a job, as its sources are).
+    """
+    if config.against == "none":
         return "no baseline requested"
+    if config.against == "nccl":
+        return None
+    name = BASELINES[config.collective]
     try:
         from mpi4py import MPI
 
         MPI.Datatype.fromcode(get_dtype(config.dtype).char)
     except (ImportError, ValueError, KeyError):
         return f"MPI has no {dtype_name(get_dtype(config.dtype))} type"
+    if config.device == "gpu":
+        aware, why = gpu.cuda_aware()
+        if not aware:
+            return f"{name} on device buffers needs a CUDA-aware MPI ({why})"
     return None
 
 
-def _base_call(config: BenchConfig, comm, data: _Data, root: int):
-    """Return the zero-argument call of the MPI library's collective on ``data``'s buffers."""
+def _base_call(config: BenchConfig, comm, data: _Data, root: int, nccl=None):
+    """Return the zero-argument call of the library's collective on ``data``'s buffers.
+
+    ``nccl``: the NCCL communicator, for NCCL's collective; else the MPI library's
+    on ``comm`` (on device buffers, given to mpi4py as they are: a CUDA-aware MPI
+    reads them).
+    """
+    if nccl is not None:
+        op = "sum" if config.collective in ("allgather", "broadcast") else config.op
+        return gpu.nccl_call(nccl, config.collective, data.x, data.theirs, op=op, root=root)
     from mpi4py import MPI
 
     mtype = MPI.Datatype.fromcode(get_dtype(config.dtype).char)  # predefined: ops apply
@@ -561,6 +636,9 @@ class _Groups:
             color = 0 if world.rank < total else MPI.UNDEFINED
             comm = world.Split(color, world.rank)
             self._comms[total] = None if comm == MPI.COMM_NULL else comm
+        self.nccl = None  # NCCL's communicator of the data ranks, made once for the sweep
+        if config.against == "nccl" and self._comms[self.workers] is not None:
+            self.nccl = gpu.nccl_comm(self._comms[self.workers])
 
     def comm(self, total: int):
         """Return the communicator of the first ``total`` ranks (None on the others)."""
@@ -568,6 +646,8 @@ class _Groups:
 
     def free(self) -> None:
         """Free every communicator this run made."""
+        if self.nccl is not None and hasattr(self.nccl, "destroy"):
+            self.nccl.destroy()
         for comm in self._comms.values():
             if comm is not None:
                 comm.Free()
@@ -590,6 +670,7 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
         the same on every rank.
     """
     check_config(config)
+    use_device(comm, config)
     groups = _Groups(comm, config)
     rows: list[dict] = []
     schedules: dict[tuple, list] = {}  # a schedule serves every size and algorithm it fits
@@ -645,17 +726,19 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
         return datas[p]
 
     bound = config.bound and config.compressor is None
+    xp = array_module(config.device)
     items: list[_Item] = []
     resolved: dict[str, str | None] = dict.fromkeys(config.algorithms)
     base_comm = groups.comm(groups.workers)
     if baseline_unavailable(config) is None:
         data = data_for(groups.workers) if base_comm is not None else None
-        # Not checked: avg (MPI sums), and the root's broadcast buffer (it is the source).
+        # Not checked: avg (MPI sums; NCCL may scale before summing), and the root's
+        # broadcast buffer (it is the source).
         checked = data is not None and get_op(config.op).name != "avg" and not (
             config.collective == "broadcast" and rank == root)
-        items.append(_Item("base", BASELINES[config.collective], base_comm,
-                           _base_call(config, base_comm, data, root) if data else None,
-                           data.theirs if checked else None, data))
+        call = _base_call(config, base_comm, data, root, groups.nccl) if data else None
+        items.append(_Item("base", baseline_name(config), base_comm, call,
+                           data.theirs if checked else None, data, xp=xp))
     for name in config.algorithms:
         p, total = groups.layout[name]
         sub = groups.comm(total)
@@ -669,7 +752,9 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
             from .tuning import resolve
 
             in_count = data.count // p if config.collective == "allgather" else data.count
-            resolved[name] = resolve(t, config.collective, in_count, data.x.itemsize)
+            # Resolved where the call resolves it: on the transport that carries the buffers.
+            resolved[name] = resolve(gpu.device_transport(t, data.x), config.collective,
+                                     in_count, data.x.itemsize)
         state = None
         if config.compressor is not None:
             from .compressors import parse
@@ -677,7 +762,7 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
             comp = parse(config.compressor)
             state = states[name] = _Compressed(comp, comp.new_state(seed=0, rank=sub.rank))
         items.append(_Item("ours", name, sub, _our_call(config, t, data, name, root, state),
-                           data.out if config.compressor is None else None, data))
+                           data.out if config.compressor is None else None, data, xp=xp))
         if bound:
             algorithm = resolved[name] or name
             key = (algorithm, p, total, data.count)
@@ -753,7 +838,7 @@ def _row(config: BenchConfig, groups: _Groups, nbytes: int, name: str, resolved:
                time_us=seconds * 1e6, algbw=algbw, busbw=algbw * factor)
     if config.check and config.compressor is None:
         row.update(wrong=wrong, checked=checked)
-    base_name = BASELINES[config.collective]
+    base_name = baseline_name(config)
     if ("base", base_name) in by_key:
         base_seconds, base_wrong, base_checked = by_key[("base", base_name)]
         base_count = element_count(config.collective, nbytes, dt.itemsize, groups.workers)
@@ -782,7 +867,10 @@ def bench_header(comm, config: BenchConfig) -> dict:
     """Return the run's description: machine, MPI library, versions, ranks, settings, notes.
 
     Collective over ``comm`` when ``auto`` is selected (its calibration may be
-    measured here, once).
+    measured here, once) and on GPUs (each rank's GPU is chosen here, as
+    :func:`run_bench` does). ``gpu`` describes the device path
+    (:func:`refcoll.gpu.device_path`: the GPU, direct or staged transfers and
+    why) on GPUs, and is None on CPUs.
     """
     from importlib.metadata import PackageNotFoundError, version
 
@@ -795,6 +883,7 @@ def bench_header(comm, config: BenchConfig) -> dict:
             return None
 
     workers = config.workers or comm.size
+    use_device(comm, config)
     unavailable = baseline_unavailable(config)
     notes = [
         "timed calls pass validate=False: the argument agreement round trip is not timed",
@@ -802,7 +891,11 @@ def bench_header(comm, config: BenchConfig) -> dict:
         f"busbw = algbw x nccl-tests' factor for {config.collective}",
     ]
     if unavailable is None and get_op(config.op).name == "avg":
-        notes.append("avg: MPI has no average; the baseline runs MPI_SUM and is not checked")
+        notes.append("avg: NCCL's ncclAvg may scale before summing; the baseline is not checked"
+                     if config.against == "nccl" else
+                     "avg: MPI has no average; the baseline runs MPI_SUM and is not checked")
+    if config.device == "gpu":
+        notes.append("device time: every timed call ends when the current stream has drained")
     if any(algorithms.get(n).workers is not None for n in config.algorithms):
         notes.append("switch: busbw factor (n-1)/(n+1) of in-network reduction, n the workers")
     header = {
@@ -816,6 +909,7 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "mpi4py": package("mpi4py"), "refcoll": package("refcoll"),
                      "ml_dtypes": package("ml_dtypes")},
+        "gpu": gpu.device_path() if config.device == "gpu" else None,
         "world": comm.size,
         "workers": workers,
         "collective": config.collective,
@@ -824,9 +918,10 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "root": 0 if config.collective in ("broadcast", "reduce") else None,
         "algorithms": list(config.algorithms),
         "sizes": list(config.sizes),
-        "baseline": BASELINES[config.collective] if unavailable is None else None,
+        "baseline": baseline_name(config) if unavailable is None else None,
         "baseline_note": unavailable,
         "device": config.device,
+        "against": config.against,
         "warmup": config.warmup,
         "iters": config.iters,
         "check": config.check,
@@ -836,13 +931,19 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "notes": notes,
         "calibration": None,
     }
+    if config.device == "gpu":
+        cupy = array_module("gpu")
+        header["versions"]["cupy"] = getattr(cupy, "__version__", None)
+        header["versions"]["nccl"] = gpu.nccl_version()
     if "auto" in config.algorithms:
         from .api import as_transport
         from .tuning import calibration_for
 
         sub = comm.Split(0 if comm.rank < workers else MPI.UNDEFINED, comm.rank)
         if sub != MPI.COMM_NULL:
-            cal = calibration_for(as_transport(sub))
+            # The calibration of the transport the calls run on (device buffers: its wrapper).
+            template = array_module(config.device).zeros(1, np.uint8)
+            cal = calibration_for(gpu.device_transport(as_transport(sub), template))
             header["calibration"] = {"alpha": cal.alpha, "beta": cal.beta, "gamma": cal.gamma,
                                      "source": cal.source}
             sub.Free()
@@ -887,7 +988,8 @@ def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
     if header["check"] and not header["compressor"]:
         cols.append(("#wrong", "", 7, lambda r: _opt(r["wrong"], "{}")))
     if header["baseline"]:
-        short = header["baseline"].replace("MPI_", "").replace("Reduce_scatter_block", "RSblock")
+        short = ("NCCL" if header["baseline"].startswith("nccl") else
+                 header["baseline"].replace("MPI_", "").replace("Reduce_scatter_block", "RSblock"))
         cols += [(short, "(us)", 10, lambda r: _us(r["base_time_us"])),
                  ("busbw", "(GB/s)", 7, lambda r: _opt(r["base_busbw"], "{:.2f}")),
                  ("time/base", "", 9, lambda r: _opt(r["time_over_base"], "{:.2f}"))]
@@ -926,9 +1028,14 @@ def format_header(header: dict) -> str:
         + ", ".join(f"{k} {v}" for k, v in header["versions"].items() if v),
         f"# iterations: {header['warmup']} warm-up + {header['iters']} timed per size; check: "
         + _check_label(header),
-        "# baseline: " + (f"{header['baseline']} on the same buffers, interleaved"
+        "# baseline: " + (f"{header['baseline']} on the same "
+                          f"{'device ' if header.get('gpu') else ''}buffers, interleaved"
                           if header["baseline"] else f"none ({header['baseline_note']})"),
     ]
+    if header.get("gpu"):
+        g = header["gpu"]
+        lines.insert(2, f"# device: {g['gpu'] or 'none (' + str(g['gpu_reason']) + ')'}; "
+                        f"transfers: {g['path']} ({g['why']})")
     if header["compressor"]:
         lines.append(f"# compressor: {header['compressor']} (algbw and busbw of the dense size)")
     if header["calibration"]:

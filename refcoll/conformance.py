@@ -16,6 +16,11 @@ and checks, on every rank:
 Inputs are deterministic per (case, rank), so each rank regenerates every rank's
 input and computes the expected result locally; only verdicts travel, over a
 separate control communicator.
+
+On GPUs (``xp=cupy``) the same cases run on device arrays: each rank's input is
+copied to its GPU, the collective must return a device array, and the checks
+run on host copies of the results. The expected results are the same host
+references, so a GPU run is held to the CPU's bits.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, gpu
 from .api import allgather, allreduce, broadcast, reduce, reduce_scatter, simulate
 from .chunking import chunk_slice
 from .inputs import make_inputs
@@ -172,7 +177,7 @@ def _collectives_and_options(name: str, colls: Sequence[str]):
 
 # ----------------------------------------------------------------- running a case
 
-def _run_collective(t, case: Case, x: np.ndarray):
+def _run_collective(t, case: Case, x, xp=np):
     """Run the case's collective on this rank's ``x``; return (output, in-place target)."""
     size, rank = case.ranks, t.rank
     opts = {"algorithm": case.algorithm, **case.kwargs}
@@ -183,7 +188,7 @@ def _run_collective(t, case: Case, x: np.ndarray):
         return reduce_scatter(x, t, op=case.op, out=target, **opts), target
     if case.collective == "allgather":
         if case.inplace:
-            buf = np.empty((size, x.size), dtype=x.dtype)
+            buf = xp.empty((size, x.size), dtype=x.dtype)
             buf[rank] = x
             return allgather(buf[rank], t, out=buf, **opts), buf
         return allgather(x, t, **opts), None
@@ -231,7 +236,8 @@ def _ordered(case: Case) -> bool:
 def _digest(arr) -> bytes:
     if arr is None:
         return b"none"
-    return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(np.ascontiguousarray(gpu.to_host(arr)).tobytes(),
+                           digest_size=16).digest()
 
 
 def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
@@ -243,8 +249,13 @@ def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
             f"({len(differs)} of {got.size} differ)")
 
 
-def _local_checks(t, case: Case, seed: int, x, before, output, target, error) -> list[str]:
-    """Return this rank's problems with its own output (empty: all good)."""
+def _local_checks(t, case: Case, seed: int, x, before, output, target, error,
+                  xp=np) -> list[str]:
+    """Return this rank's problems with its own output (empty: all good).
+
+    ``x`` and ``output`` are arrays of ``xp``; ``before`` is the input as it was,
+    on the host. Values are compared on host copies.
+    """
     rank = t.rank
     if error is not None:
         return [f"raised {type(error).__name__}: {error}"]
@@ -258,13 +269,17 @@ def _local_checks(t, case: Case, seed: int, x, before, output, target, error) ->
         return problems
     if output is None:
         return ["returned None"]
+    if gpu.array_namespace(output) is not xp:
+        return [f"returned a {type(output).__module__}.{type(output).__name__} for "
+                f"{xp.__name__} input: the result must live where the input does"]
     if output.dtype != expected.dtype or output.size != expected.size:
         return [f"output is {output.dtype}[{output.size}], expected {expected.dtype}[{expected.size}]"]
-    if case.inplace and target is not None and output.size and not np.shares_memory(output, target):
+    if case.inplace and target is not None and output.size and not xp.shares_memory(output, target):
         problems.append("in-place call did not return its out= buffer")
-    if not case.inplace and not np.array_equal(x.view(np.uint8), before.view(np.uint8)):
+    if not case.inplace and not np.array_equal(gpu.to_host(x).view(np.uint8),
+                                               before.view(np.uint8)):
         problems.append("input was modified by an out-of-place call")
-    got = output.reshape(-1)
+    got = gpu.to_host(output).reshape(-1)
     want = expected.reshape(-1)
     if _ordered(case):
         idx, err, bound = violations(got, _expected(case, ref, rank, "exact"),
@@ -352,12 +367,13 @@ def _case_inputs(kind: str, dtype: str, count: int, size: int, op: str, seed: in
 _inputs_lock = threading.Lock()
 
 
-def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
+def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
     """Run one case on the case's ranks of ``t`` (``t`` is None on idle ranks).
 
     ``ctl`` spans every rank of the battery and carries the verdicts. Ranks
     ``case.ranks .. case.total-1`` hold no data (switches): they serve the call
-    with a template buffer and must get ``None`` back.
+    with a template buffer and must get ``None`` back. ``xp`` is the array
+    module the inputs are made in (CuPy: on this rank's GPU).
     """
     with _inputs_lock:  # simulated ranks are threads: generate each case's inputs once
         inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum",
@@ -365,22 +381,24 @@ def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
     rank = ctl.rank
     problems: list[str] = []
     output = None
+    # The transport the calls run on (device arrays: its wrapper, agreed on by every rank of
+    # ``t`` here rather than inside a call that might fail first); auto resolves on it.
+    carrier = None if t is None else gpu.device_transport(t, xp.zeros(0, np.uint8))
     if rank < case.ranks:
-        x = inputs[rank].copy()
-        before = x.copy()
+        x = xp.array(inputs[rank])  # a writeable copy, on the device for a GPU run
         target = error = None
         try:
-            output, target = _run_collective(t, case, x)
+            output, target = _run_collective(t, case, x, xp)
         except CollectiveTimeout:
             raise  # the job cannot go on: the caller aborts it
         except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
             error = exc
         _barrier(ctl)  # every rank has finished the case: nothing may still be in flight
         problems += [f"{m} left unreceived" for m in t.unreceived()]
-        problems += _local_checks(t, case, seed, x, before, output, target, error)
+        problems += _local_checks(t, case, seed, x, inputs[rank], output, target, error, xp)
     elif rank < case.total:
         try:
-            served, _ = _run_collective(t, case, np.zeros_like(inputs[0]))
+            served, _ = _run_collective(t, case, xp.zeros(inputs[0].shape, inputs[0].dtype), xp)
             if served is not None:
                 problems.append("a rank without data (switch) returned a result")
         except Exception as exc:  # noqa: BLE001
@@ -394,7 +412,7 @@ def run_case(t, ctl, case: Case, *, seed: int = 0) -> CaseResult:
     if ctl.rank == 0:
         algorithm, options = case.algorithm, case.kwargs
         if algorithm == "auto":
-            algorithm = resolve(t, case.collective, case.count, DTYPES[case.dtype].itemsize)
+            algorithm = resolve(carrier, case.collective, case.count, DTYPES[case.dtype].itemsize)
         if algorithm == "hierarchical" and "ranks_per_node" not in options:
             # The real nodes (MPI_COMM_TYPE_SHARED) shape the order: predict with them,
             # assuming the launcher placed consecutive ranks on a node, as MPICH's does.
@@ -431,15 +449,16 @@ def _judge(case: Case, inputs, reports: list[dict], algorithm: str, options: dic
 
 
 def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
-                progress: Callable[[int, int, CaseResult], None] | None = None) -> list[CaseResult]:
-    """Run ``cases`` on every rank of ``t`` (all ranks pass the same list)."""
+                progress: Callable[[int, int, CaseResult], None] | None = None,
+                xp=np) -> list[CaseResult]:
+    """Run ``cases`` on every rank of ``t`` (all ranks pass the same list), on arrays of ``xp``."""
     ctl = t.split(0, t.rank)
     by_size = {t.size: t}  # one communicator per rank count the cases need, split once
     results = []
     for i, case in enumerate(cases):
         if case.total not in by_size:
             by_size[case.total] = t.split(0 if t.rank < case.total else -1, t.rank)
-        result = run_case(by_size[case.total], ctl, case, seed=seed)
+        result = run_case(by_size[case.total], ctl, case, seed=seed, xp=xp)
         results.append(result)
         if progress is not None:
             progress(i, len(cases), result)
@@ -579,20 +598,28 @@ def _compressor_inputs(case: CompressorCase, p: int, seed: int):
     return tuple(steps)
 
 
-def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0) -> CaseResult:
+def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0, xp=np) -> CaseResult:
     """Run one compressed case on every rank of ``t`` and judge it against the simulator.
 
-    Checked: each step's result has the tensor's shape and dtype and leaves the
-    input unchanged; every rank holds the same bits; each rank's result and the
-    bytes it sent and received equal the simulator's run of the same code
+    Checked: each step's result has the tensor's shape and dtype, lives where
+    the input does and leaves the input unchanged; every rank holds the same
+    bits; each rank's result and the bytes it sent and received equal the
+    simulator's run of the same code
     (:func:`refcoll.compressors.collective.simulate_compressed`); with ``none``
     on exact inputs, the naive reduction.
+
+    With ``xp`` CuPy the tensors are on the GPU and the simulator runs on the
+    GPU too: stochastic compressors draw their rounding from the device's
+    generator and summed scales come out of the device's reduction order, so
+    the same code on the same device is the prediction that holds bit for bit.
     """
     from .compressors.collective import run_steps, simulate_compressed
 
     with _inputs_lock:
         inputs = _compressor_inputs(case, t.size, seed)
-    mine = [np.array(step[t.rank]) for step in inputs]
+    mine = [xp.array(step[t.rank]) for step in inputs]
+    # The transport the calls run on, agreed on by every rank before any call can fail.
+    carrier = gpu.device_transport(t, xp.zeros(0, np.uint8))
     problems: list[str] = []
     outputs, traffic = [], []
     try:
@@ -603,9 +630,13 @@ def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0) -> CaseR
     except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
         problems.append(f"raised {type(exc).__name__}: {exc}")
     for step, (x, out) in enumerate(zip(mine, outputs)):
-        if not np.array_equal(x.view(np.uint8), inputs[step][t.rank].view(np.uint8)):
+        if not np.array_equal(gpu.to_host(x).view(np.uint8),
+                              inputs[step][t.rank].view(np.uint8)):
             problems.append(f"step {step}: the input was modified")
-        if out.shape != x.shape or out.dtype != x.dtype:
+        if gpu.array_namespace(out) is not xp:
+            problems.append(f"step {step}: the result is a {type(out).__name__}, not an array "
+                            f"of {xp.__name__} like the input")
+        elif out.shape != x.shape or out.dtype != x.dtype:
             problems.append(f"step {step}: result has shape {out.shape} and dtype {out.dtype}, "
                             f"not {x.shape} and {x.dtype}")
     _barrier(ctl)
@@ -619,8 +650,9 @@ def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0) -> CaseR
     if ctl.rank == 0:
         verdict = [f"rank {r}: {msg}" for r, rep in enumerate(reports) for msg in rep["problems"]]
         if not verdict:
-            predicted = simulate_compressed(case.compressor, inputs, seed=seed, op=case.op,
-                                            algorithm=_oracle_algorithm(t, case),
+            on_device = [[xp.asarray(x) for x in step] for step in inputs]
+            predicted = simulate_compressed(case.compressor, on_device, seed=seed, op=case.op,
+                                            algorithm=_oracle_algorithm(carrier, case),
                                             pattern=case.pattern)
             verdict += _judge_compressed(case, inputs, reports, predicted)
     verdict = _bcast_report(ctl, verdict)
@@ -628,7 +660,10 @@ def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0) -> CaseR
 
 
 def _oracle_algorithm(t, case: CompressorCase) -> str:
-    """Return the algorithm the simulator must run to predict ``t``'s (``auto`` resolved)."""
+    """Return the algorithm the simulator must run to predict ``t``'s (``auto`` resolved).
+
+    ``t`` is the transport the calls ran on (for device arrays, its wrapper).
+    """
     if case.algorithm == "auto":
         return resolve(t, "allreduce", case.count, DTYPES[case.dtype].itemsize)
     return case.algorithm
@@ -657,13 +692,13 @@ def _judge_compressed(case: CompressorCase, inputs, reports: list[dict], predict
 
 
 def run_compressor_battery(t, cases: Sequence[CompressorCase], *, seed: int = 0,
-                           progress: Callable[[int, int, CaseResult], None] | None = None
-                           ) -> list[CaseResult]:
-    """Run compressed ``cases`` on every rank of ``t`` (all ranks pass the same list)."""
+                           progress: Callable[[int, int, CaseResult], None] | None = None,
+                           xp=np) -> list[CaseResult]:
+    """Run compressed ``cases`` on every rank of ``t`` (all ranks pass the same list), on ``xp``."""
     ctl = t.split(0, t.rank)
     results = []
     for i, case in enumerate(cases):
-        result = run_compressor_case(t, ctl, case, seed=seed)
+        result = run_compressor_case(t, ctl, case, seed=seed, xp=xp)
         results.append(result)
         if progress is not None:
             progress(i, len(cases), result)

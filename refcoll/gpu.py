@@ -21,7 +21,9 @@ Which of the two applies is :func:`cuda_aware`'s answer, explained: the
 (Open MPI, MPICH), or a probe in a child process.
 
 NCCL is the baseline ``refcoll bench --against nccl`` times beside refcoll:
-:func:`nccl_comm`, :func:`nccl_allreduce` and :func:`check_one_gpu_per_rank`.
+:func:`nccl_comm`, :func:`nccl_call` (every collective NCCL has),
+:func:`nccl_allreduce` and :func:`check_one_gpu_per_rank`; :func:`use_node_gpu`
+picks a rank's GPU when ranks may share one.
 :func:`copy_bandwidth` and :func:`compressor_throughput` measure what the GPU
 benchmarks compare compressors with.
 
@@ -56,6 +58,9 @@ __all__ = [
     "array_namespace",
     "is_device_array",
     "check_device_dtype",
+    "device_supports",
+    "synchronize",
+    "to_host",
     "cuda_aware",
     "mpi_library_paths",
     "query_cuda_support",
@@ -67,10 +72,15 @@ __all__ = [
     "StagingTransport",
     "device_transport",
     "device_generator",
+    "NCCL_CALLS",
+    "require_nccl",
+    "nccl_version",
     "nccl_comm",
+    "nccl_call",
     "nccl_allreduce",
     "nccl_types",
     "check_one_gpu_per_rank",
+    "use_node_gpu",
     "copy_bandwidth",
     "compressor_throughput",
 ]
@@ -158,6 +168,28 @@ def check_device_dtype(dtype, xp) -> None:
         )
 
 
+def device_supports(dtype, xp) -> bool:
+    """Return whether arrays of ``xp`` compute in ``dtype`` (NumPy: every refcoll dtype)."""
+    return xp is np or _device_dtype_problem(xp, np.dtype(dtype)) is None
+
+
+def synchronize(xp) -> None:
+    """Wait for the work queued on the current stream of ``xp`` (nothing for NumPy).
+
+    Timings of device work end here: a call returns once its kernels are queued,
+    not when they have run.
+    """
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+def to_host(a):
+    """Return ``a`` as a NumPy array: a device array copied to the host, others as they are."""
+    if a is None or not is_device_array(a):
+        return a
+    return array_namespace(a).asnumpy(a)
+
+
 @functools.lru_cache(maxsize=64)
 def _device_dtype_problem(xp, dtype: np.dtype) -> str | None:
     try:
@@ -202,7 +234,10 @@ def cuda_aware() -> tuple[bool, str]:
 
 @functools.cache
 def _detected() -> tuple[bool, str]:
-    paths = mpi_library_paths()
+    try:
+        paths = mpi_library_paths()
+    except (ImportError, RuntimeError) as exc:  # no mpi4py, or no MPI library under it
+        return False, f"no MPI library to ask ({type(exc).__name__}: {exc})"
     library, answer = query_cuda_support(paths)
     if answer is not None:
         return bool(answer), (f"MPIX_Query_cuda_support() returned {answer} "
@@ -680,18 +715,46 @@ _NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _NCCL_2_10 = 21000
 
 
-def _nccl():
-    require_cupy("NCCL")
+#: The NCCL function that does each refcoll collective; ``cupy.cuda.nccl``'s
+#: ``NcclCommunicator`` calls them allReduce, reduceScatter, allGather, broadcast, reduce.
+NCCL_CALLS = {
+    "allreduce": "ncclAllReduce",
+    "reduce_scatter": "ncclReduceScatter",
+    "allgather": "ncclAllGather",
+    "broadcast": "ncclBroadcast",
+    "reduce": "ncclReduce",
+}
+
+
+def require_nccl(what: str | None = None):
+    """Return ``cupy.cuda.nccl``, or raise :class:`UsageError` saying why ``what`` cannot run."""
+    require_cupy(what or "NCCL")
     import importlib
 
+    prefix = f"{what}: " if what else ""
     try:
         nccl = importlib.import_module("cupy.cuda.nccl")
     except ImportError as exc:
-        raise UsageError(f"NCCL is not available to CuPy ({exc})") from None
+        raise UsageError(f"{prefix}NCCL is not available to CuPy ({exc})") from None
     if not getattr(nccl, "available", True):
-        raise UsageError("NCCL is not available to CuPy: install the NCCL library "
+        raise UsageError(f"{prefix}NCCL is not available to CuPy: install the NCCL library "
                          "(pip install nvidia-nccl-cu12, or the one matching CuPy's CUDA)")
     return nccl
+
+
+def nccl_version() -> str | None:
+    """Return the NCCL library's version as ``2.23.4`` (None: no NCCL here).
+
+    NCCL encodes it as ``major·10000 + minor·100 + patch`` since 2.9, as
+    ``major·1000 + minor·100 + patch`` before.
+    """
+    try:
+        code = int(require_nccl().get_version())
+    except UsageError:
+        return None
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
 def nccl_types(dtype, op) -> tuple[int, int]:
@@ -708,7 +771,7 @@ def nccl_types(dtype, op) -> tuple[int, int]:
         raise UsageError(f"NCCL has no {name} type; NCCL reduces "
                          f"{', '.join(_NCCL_DTYPES)}")
     if name == "bfloat16" or op_name == "avg":
-        version = _nccl().get_version()
+        version = require_nccl().get_version()
         if version < _NCCL_2_10:
             raise UsageError(f"NCCL {version} has no {'bfloat16' if name == 'bfloat16' else 'avg'}"
                              "; it needs NCCL >= 2.10")
@@ -721,10 +784,67 @@ def nccl_comm(mpi_comm):
     Rank 0 makes the unique id and MPI broadcasts it; every rank must have
     chosen its GPU first (:func:`check_one_gpu_per_rank`).
     """
-    nccl = _nccl()
+    nccl = require_nccl()
     uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
     uid = mpi_comm.bcast(uid, root=0)
     return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+
+
+def nccl_call(comm, collective: str, sendbuf, recvbuf, *, op="sum", root: int = 0):
+    """Return a zero-argument call of NCCL's ``collective`` on these device buffers.
+
+    The buffers follow refcoll's layout of the collective: ``sendbuf`` this
+    rank's input (what the root sends, in a broadcast), ``recvbuf`` its result
+    (``count / n`` elements of a reduce-scatter, ``n`` inputs of an allgather;
+    ``None`` on the non-roots of a reduce). Types, counts and the stream are
+    resolved here, once, so the call is NCCL's own and nothing else; it is
+    queued on the current stream and returns without waiting
+    (:func:`synchronize` waits).
+
+    Raises:
+        UsageError: host arrays, mismatched dtypes, a dtype or op NCCL lacks, an
+            unknown collective.
+    """
+    xp = array_namespace(sendbuf)
+    if xp is np or (recvbuf is not None and array_namespace(recvbuf) is np):
+        raise UsageError("NCCL reduces device arrays: pass CuPy arrays")
+    if recvbuf is not None and sendbuf.dtype != recvbuf.dtype:
+        raise UsageError(f"NCCL needs buffers of one dtype, got {sendbuf.dtype} and "
+                         f"{recvbuf.dtype}")
+    if collective not in NCCL_CALLS:
+        raise UsageError(f"NCCL has no {collective!r}: it runs {', '.join(NCCL_CALLS)}")
+    if recvbuf is None and collective != "reduce":
+        raise UsageError(f"NCCL {collective} needs a receive buffer on every rank")
+    datatype, redop = nccl_types(sendbuf.dtype, op)
+    send = sendbuf.data.ptr
+    recv = send if recvbuf is None else recvbuf.data.ptr
+    stream = xp.cuda.get_current_stream().ptr
+    if collective == "allreduce":
+        _check_count(sendbuf.size, recvbuf.size, collective)
+        count = sendbuf.size
+        return lambda: comm.allReduce(send, recv, count, datatype, redop, stream)
+    if collective == "reduce_scatter":
+        count = recvbuf.size
+        _check_count(sendbuf.size, count * comm.size(), collective)
+        return lambda: comm.reduceScatter(send, recv, count, datatype, redop, stream)
+    if collective == "allgather":
+        count = sendbuf.size
+        _check_count(count * comm.size(), recvbuf.size, collective)
+        return lambda: comm.allGather(send, recv, count, datatype, stream)
+    if collective == "broadcast":
+        count = recvbuf.size
+        _check_count(sendbuf.size, count, collective)
+        return lambda: comm.broadcast(send, recv, count, datatype, root, stream)
+    count = sendbuf.size
+    if recvbuf is not None:
+        _check_count(count, recvbuf.size, collective)
+    return lambda: comm.reduce(send, recv, count, datatype, redop, root, stream)
+
+
+def _check_count(have: int, want: int, collective: str) -> None:
+    if have != want:
+        raise UsageError(f"NCCL {collective}: the buffers hold {have} and {want} elements, "
+                         "which its layout does not allow")
 
 
 def nccl_allreduce(comm, sendbuf, recvbuf, op="sum", *, synchronize: bool = True) -> None:
@@ -733,17 +853,20 @@ def nccl_allreduce(comm, sendbuf, recvbuf, op="sum", *, synchronize: bool = True
     Runs on the current stream; with ``synchronize`` (the default) it returns
     once the result is there, as refcoll's calls do, so the two time alike.
     """
-    xp = array_namespace(sendbuf)
-    if xp is np or array_namespace(recvbuf) is np:
-        raise UsageError("NCCL reduces device arrays: pass CuPy arrays")
-    if sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size:
-        raise UsageError(f"NCCL all-reduce needs buffers of one dtype and size, got "
-                         f"{sendbuf.dtype}[{sendbuf.size}] and {recvbuf.dtype}[{recvbuf.size}]")
-    datatype, redop = nccl_types(sendbuf.dtype, op)
-    stream = xp.cuda.get_current_stream()
-    comm.allReduce(sendbuf.data.ptr, recvbuf.data.ptr, sendbuf.size, datatype, redop, stream.ptr)
+    nccl_call(comm, "allreduce", sendbuf, recvbuf, op=op)()
     if synchronize:
-        stream.synchronize()
+        array_namespace(sendbuf).cuda.get_current_stream().synchronize()
+
+
+def _node_rank(mpi_comm) -> tuple[int, int]:
+    """Return this rank's place among the ranks of ``mpi_comm`` on its node, and their count."""
+    from mpi4py import MPI
+
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, mpi_comm.Get_rank())
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
 
 
 def check_one_gpu_per_rank(mpi_comm) -> int:
@@ -759,11 +882,7 @@ def check_one_gpu_per_rank(mpi_comm) -> int:
     from mpi4py import MPI
 
     rank = mpi_comm.Get_rank()
-    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, rank)
-    try:
-        local_rank, local_size = node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
+    local_rank, local_size = _node_rank(mpi_comm)
     cupy = cupy_or_none()
     gpus = cupy.cuda.runtime.getDeviceCount() if cupy is not None else 0
     crowded = mpi_comm.allreduce(int(local_size > gpus), op=MPI.MAX)
@@ -779,6 +898,22 @@ def check_one_gpu_per_rank(mpi_comm) -> int:
                          "process per GPU")
     cupy.cuda.Device(local_rank).use()
     return local_rank
+
+
+def use_node_gpu(mpi_comm) -> int:
+    """Make GPU ``local rank mod GPUs`` current on each rank of ``mpi_comm``; return its number.
+
+    For refcoll's own collectives, which run with several ranks on one GPU
+    (slower, but correct); NCCL does not (:func:`check_one_gpu_per_rank`).
+
+    Raises:
+        UsageError: there is no usable GPU here.
+    """
+    cupy = require_cupy("a GPU run")
+    local_rank, _ = _node_rank(mpi_comm)
+    device = local_rank % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    return device
 
 
 # --------------------------------------------------------------------- measurements

@@ -149,11 +149,15 @@ def calibration_for(t) -> Calibration:
     The simulator (and any transport but MPI's) uses :data:`DEFAULT`, as does
     ``REFCOLL_CALIBRATION=default``. On MPI, rank 0 reads the cache file (or, the
     first time on this host and library, measures and writes it) and broadcasts
-    the numbers.
+    the numbers. A device transport uses the calibration of the transport it wraps.
     """
     cached = t.__dict__.get("_calibration")
     if cached is not None:
         return cached
+    inner = getattr(t, "inner", None)
+    if inner is not None:  # a device transport: the MPI transport under it was measured
+        t.__dict__["_calibration"] = calibration_for(inner)
+        return t.__dict__["_calibration"]
     from .transport.mpi import MPITransport
 
     if not isinstance(t, MPITransport) or os.environ.get("REFCOLL_CALIBRATION") == "default":

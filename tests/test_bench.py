@@ -147,16 +147,28 @@ def test_a_switch_run_starts_the_switch_processes_too(monkeypatch):
     assert seen["env"]["REFCOLL_WORKERS"] == "5"
 
 
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A Python where ``import cupy`` fails, as on a machine without a GPU."""
+    from refcoll import gpu
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    gpu._cupy_state.cache_clear()
+    yield
+    gpu._cupy_state.cache_clear()
+
+
 @pytest.mark.parametrize("args,message", [
-    (["--against", "nccl"], "--against nccl"),
-    (["--device", "gpu"], "--device gpu"),
+    (["--against", "nccl"], "--against nccl needs --device gpu (NCCL runs on GPUs)"),
+    (["--device", "gpu"], "--device gpu needs a CUDA GPU and CuPy: CuPy is not installed"),
+    (["--device", "gpu", "--against", "nccl"], "--device gpu needs a CUDA GPU and CuPy"),
     (["-b", "1.5K"], "bad size '1.5K'"),
     (["-f", "1"], "step factor"),
     (["--algorithm", "rung"], "unknown algorithm 'rung'"),
     (["--algorithm", "tree", "--collective", "allgather"], "does not implement allgather"),
     (["--compressor", "topk", "--algorithm", "switch"], "switch"),
 ])
-def test_what_cannot_run_here_exits_2_with_one_line(args, message):
+def test_what_cannot_run_here_exits_2_with_one_line(no_gpu, args, message):
     res = CliRunner().invoke(main, ["bench", "-n", "2", *args])
     assert res.exit_code == 2
     lines = [line for line in res.output.splitlines() if line.strip()]

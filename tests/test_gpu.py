@@ -3,14 +3,21 @@
 Two kinds of test. Those marked by the ``device`` fixture run twice: on a fake
 CuPy (tests/fake_cupy.py, NumPy underneath, refusing any unrequested host copy
 and counting every copy) everywhere, and on the real CuPy where there is a GPU.
-The rest (``gpu``) need a GPU and skip, with the reason, where there is none:
+The rest (``cuda``) need a GPU and skip, with the reason, where there is none:
 the collectives on CuPy arrays against the simulator, the MPI runs on the
 staging and direct paths, the compressors against their CPU results, NCCL.
+
+The commands (``refcoll bench --device gpu --against nccl``, ``verify --device
+gpu``, ``list``) run in this process on an MPI world of one rank; the fake
+cannot cross processes, and its NCCL communicator, given every collective here,
+copies and records on one rank.
 """
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
+import json
 import os
 import subprocess
 import sys
@@ -526,6 +533,38 @@ class _StubComm:
         return value
 
 
+COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
+
+
+class _RecordingNccl(fake_cupy.NcclCommunicator):
+    """The fake's NCCL communicator with NCCL's other collectives, one rank: recorded copies."""
+
+    def size(self) -> int:
+        return self.ndev
+
+    def _copy(self, name: str, send: int, recv: int, count: int, datatype: int, *rest) -> None:
+        assert self.ndev == 1, "a stand-in for one rank"
+        fake_cupy.stats.nccl_calls.append((name, count, datatype, *rest))
+        if send != recv:
+            ctypes.memmove(recv, send, count * fake_cupy._NCCL_ITEMSIZE[datatype])
+
+    def reduceScatter(self, send, recv, count, datatype, op, stream):  # noqa: N802 - CuPy's
+        self._copy("reduceScatter", send, recv, count, datatype, op, stream)
+
+    def allGather(self, send, recv, count, datatype, stream):  # noqa: N802
+        self._copy("allGather", send, recv, count, datatype, stream)
+
+    def broadcast(self, send, recv, count, datatype, root, stream):
+        self._copy("broadcast", send, recv, count, datatype, root, stream)
+
+    def reduce(self, send, recv, count, datatype, op, root, stream):
+        self._copy("reduce", send, recv, count, datatype, op, root, stream)
+
+
+NCCL_METHODS = {"allreduce": "allReduce", "reduce_scatter": "reduceScatter",
+                "allgather": "allGather", "broadcast": "broadcast", "reduce": "reduce"}
+
+
 def test_nccl_types_map_refcolls_names():
     assert gpu.nccl_types("float32", "sum") == (7, 0)
     assert gpu.nccl_types(np.int64, "max") == (4, 2)
@@ -556,6 +595,34 @@ def test_nccl_comm_and_allreduce_on_one_rank(fake):
         gpu.nccl_allreduce(comm, np.zeros(3), out)
 
 
+def test_nccl_calls_follow_refcolls_layouts(fake, monkeypatch):
+    monkeypatch.setattr(fake.nccl, "NcclCommunicator", _RecordingNccl)
+    comm = gpu.nccl_comm(_StubComm(0, 1))
+    x = fake.asarray(np.arange(6, dtype=np.float64))
+    for collective in COLLECTIVES:
+        out = fake.zeros(6, dtype=np.float64)
+        gpu.nccl_call(comm, collective, x, out, op="max", root=0)()
+        assert fake.asnumpy(out).tolist() == list(range(6)), collective
+    assert [c[:3] for c in fake.stats.nccl_calls] == [(m, 6, 8) for m in NCCL_METHODS.values()]
+    gpu.nccl_call(comm, "reduce", x, None)()  # a non-root's reduce has no result buffer
+    with pytest.raises(UsageError, match="NCCL allgather: the buffers hold 6 and 5 elements"):
+        gpu.nccl_call(comm, "allgather", x, fake.zeros(5, dtype=np.float64))
+    with pytest.raises(UsageError, match="NCCL needs buffers of one dtype"):
+        gpu.nccl_call(comm, "allreduce", x, fake.zeros(6, dtype=np.float32))
+    with pytest.raises(UsageError, match="NCCL has no 'alltoall'"):
+        gpu.nccl_call(comm, "alltoall", x, x)
+
+
+def test_nccl_version_reads_both_encodings(fake, monkeypatch):
+    assert gpu.nccl_version() == "2.23.4"
+    monkeypatch.setattr(fake.nccl, "get_version", lambda: 2804)
+    assert gpu.nccl_version() == "2.8.4"
+    monkeypatch.setattr(fake.nccl, "available", False)
+    assert gpu.nccl_version() is None
+    with pytest.raises(UsageError, match="--against nccl: NCCL is not available to CuPy"):
+        gpu.require_nccl("--against nccl")
+
+
 def test_one_gpu_per_rank_or_a_clear_error(fake):
     fake.reset(device_count=2)
     assert gpu.check_one_gpu_per_rank(_StubComm(1, 2)) == 1 and fake.stats.device_in_use == 1
@@ -577,10 +644,268 @@ def test_copy_bandwidth_and_compressor_throughput_report_their_figures(fake):
     assert all(r["GBps"] > 0 and r["ratio"] > 1 for r in rows)
 
 
+# ------------------------------------------------------------ the commands on a device
+
+@pytest.fixture
+def mpi_self(monkeypatch):
+    """``MPI.COMM_SELF``, and ``refcoll`` commands that take this process for an MPI job."""
+    mpi = pytest.importorskip("mpi4py.MPI")
+    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: True)
+    monkeypatch.delenv("REFCOLL_WORKERS", raising=False)
+    return mpi.COMM_SELF
+
+
+def _on_fake(xp, monkeypatch, aware: str = "0") -> None:
+    """Give the fake NCCL's every collective and a fixed transfer path (the real CuPy: as is)."""
+    if _is_fake(xp):
+        monkeypatch.setattr(xp.nccl, "NcclCommunicator", _RecordingNccl)
+        monkeypatch.setenv(gpu.CUDA_AWARE_ENV, aware)
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, collective):
+    from refcoll.bench import BenchConfig, run_bench
+
+    _on_fake(device, monkeypatch)
+    algorithm = "tree" if collective in ("broadcast", "reduce") else "ring"
+    config = BenchConfig(sizes=[8, 4096], algorithms=[algorithm], collective=collective,
+                         against="nccl", device="gpu", warmup=1, iters=2, workers=1)
+    if _is_fake(device):
+        device.reset()
+    rows = run_bench(mpi_self, config)
+    name = gpu.NCCL_CALLS[collective]
+    assert [(r["size"], r["baseline"]) for r in rows] == [(8, name), (4096, name)]
+    for row in rows:
+        assert row["wrong"] == 0 and row["checked"] == 3 * row["count"]  # 1 + 2 runs, 1 rank
+        assert row["base_time_us"] > 0 and row["time_over_base"] > 0 and row["base_wrong"] == 0
+    if _is_fake(device):
+        stats = device.stats
+        assert [c[:2] for c in stats.nccl_calls] == [(NCCL_METHODS[collective], 2)] * 3 + [
+            (NCCL_METHODS[collective], 1024)] * 3
+        assert stats.device_in_use == 0, "NCCL's rank took its own GPU"
+        assert stats.stream_syncs >= 4 * 6, "each timed call ends with a synchronisation"
+        checked = 3 * 4 * (2 + 1024) * (1 if collective == "broadcast" else 2)
+        assert stats.d2h_bytes >= checked, "results are checked on host copies"
+
+
+def test_bench_counts_an_unwritten_device_result_as_wrong(fake, mpi_self, monkeypatch):
+    from refcoll import api
+    from refcoll.bench import BenchConfig, run_bench
+
+    _on_fake(fake, monkeypatch)
+    monkeypatch.setattr(api, "allreduce", lambda x, t, out=None, **kwargs: out)
+    config = BenchConfig(sizes=[64], algorithms=["ring"], against="nccl", device="gpu",
+                         warmup=0, iters=2, workers=1)
+    (row,) = run_bench(mpi_self, config)
+    assert row["wrong"] == row["checked"] == 2 * 16, "the device buffer was poisoned first"
+    assert row["base_wrong"] == 0
+
+
+@pytest.mark.parametrize("aware", ["0", "1"])
+def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_self,
+                                                                     monkeypatch, aware):
+    """The fake's device memory is host memory: MPI reads it as a CUDA-aware MPI would."""
+    from refcoll.bench import BenchConfig, bench_header, format_header, run_bench
+
+    _on_fake(fake, monkeypatch, aware)
+    config = BenchConfig(sizes=[4096], algorithms=["ring"], device="gpu", warmup=1, iters=2,
+                         workers=1)
+    header = bench_header(mpi_self, config)
+    (row,) = run_bench(mpi_self, config)
+    text = format_header(header)
+    assert header["gpu"]["gpu"] == "Fake GPU (NumPy)"
+    assert header["versions"]["cupy"] == fake.__version__ and header["versions"]["nccl"] == "2.23.4"
+    path = "direct" if aware == "1" else "staging"
+    assert f"# device: Fake GPU (NumPy); transfers: {path} ({gpu.CUDA_AWARE_ENV}={aware})" in text
+    assert row["wrong"] == 0
+    if aware == "1":
+        assert header["baseline"] == row["baseline"] == "MPI_Allreduce" and row["base_wrong"] == 0
+        assert "# baseline: MPI_Allreduce on the same device buffers, interleaved" in text
+    else:
+        assert header["baseline"] is None and row["baseline"] is None
+        assert "# baseline: none (MPI_Allreduce on device buffers needs a CUDA-aware MPI (" in text
+
+
+def test_ranks_share_gpus_unless_nccl_runs(fake):
+    from refcoll.bench import BenchConfig, use_device
+
+    fake.reset(device_count=2)
+    assert use_device(_StubComm(2, 3), BenchConfig(device="gpu")) == 0
+    assert use_device(_StubComm(1, 3), BenchConfig(device="gpu")) == 1
+    assert use_device(_StubComm(0, 1), BenchConfig(device="cpu")) is None
+    with pytest.raises(UsageError, match="3 ranks share this node .*NCCL needs one process per"):
+        use_device(_StubComm(2, 3), BenchConfig(device="gpu", against="nccl"))
+    with pytest.raises(UsageError, match="cannot compute in float8_e5m2"):
+        use_device(_StubComm(0, 1), BenchConfig(device="gpu", dtype="float8_e5m2"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--against", "nccl", "--dtype", "int16"], "NCCL has no int16 type"),
+    (["--against", "nccl", "--device", "cpu"], "--against nccl needs --device gpu (NCCL runs on"),
+    (["--bound"], "--bound replays schedules on host buffers: it runs with --device cpu only"),
+])
+def test_bench_on_a_device_refuses_what_cannot_run_in_one_line(fake, args, message):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "-n", "1", "--device", "gpu", *args])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
+
+
+def test_bench_command_against_nccl_writes_the_device_path(fake, mpi_self, monkeypatch,
+                                                           tmp_path):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    _on_fake(fake, monkeypatch)
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "-n", "1", "--device", "gpu", "--against", "nccl",
+                                    "-b", "8", "-e", "512", "-f", "8", "--algorithm", "ring,auto",
+                                    "-w", "1", "-i", "2", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["header"]["gpu"] == gpu.device_path()
+    assert data["header"]["baseline"] == "ncclAllReduce" and data["summary"]["passed"]
+    assert [(r["size"], r["algorithm"], r["baseline"]) for r in data["rows"]] == [
+        (s, a, "ncclAllReduce") for s in (8, 64, 512) for a in ("ring", "auto")]
+    assert "# device: Fake GPU (NumPy); transfers: staging" in res.output
+    assert "# ncclAllReduce #wrong: 0" in res.output
+
+
+def test_list_names_the_gpu_and_the_device_path(fake, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "1")
+    out = tmp_path / "list.json"
+    res = CliRunner().invoke(main, ["list", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["gpu"] == gpu.device_path()
+    assert res.output.splitlines()[-2:] == [
+        "gpu: Fake GPU (NumPy)", f"device buffers: direct ({gpu.CUDA_AWARE_ENV}=1)"]
+
+
+def test_list_without_mpi_or_cupy_says_why(no_cupy, monkeypatch):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # importing it now fails
+    res = CliRunner().invoke(main, ["list"])
+    assert res.exit_code == 0, res.output
+    gpu_line, path_line = res.output.splitlines()[-2:]
+    assert gpu_line.startswith("gpu: none (CuPy is not installed")
+    assert path_line.startswith("device buffers: staging (no MPI library to ask")
+
+
+def test_verify_runs_the_battery_on_device_arrays(fake, mpi_self, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    _on_fake(fake, monkeypatch)
+    out = tmp_path / "verify.json"
+    res = CliRunner().invoke(main, ["verify", "-n", "1", "--device", "gpu", "--algorithm",
+                                    "ring,auto", "--collective", "allreduce,reduce",
+                                    "--op", "sum,max", "--sizes", "0,3", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["device"] == "gpu" and data["gpu"]["path"] == "staging"
+    assert data["passed"] == len(data["cases"]) > 100 and data["failed"] == 0
+    assert {c["dtype"] for c in data["cases"]} == {
+        "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+        "float32", "float64"}
+    lines = res.output.splitlines()
+    assert lines[1] == f"device: Fake GPU (NumPy); transfers: staging ({gpu.CUDA_AWARE_ENV}=0)"
+    assert lines[2] == "left out on this device: bfloat16, float8_e4m3fn, float8_e5m2"
+    assert lines[-1] == f"{data['passed']} passed, 0 failed"
+
+
+def test_verify_runs_the_compressed_battery_on_device_arrays(fake, mpi_self, monkeypatch):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    _on_fake(fake, monkeypatch)
+    res = CliRunner().invoke(main, ["verify", "-n", "1", "--device", "gpu", "--compressor", "all",
+                                    "--algorithm", "ring", "--dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    assert "left out on this device: bf16" in res.output
+    assert res.output.splitlines()[-1].endswith(" passed, 0 failed")
+    named = CliRunner().invoke(main, ["verify", "-n", "1", "--device", "gpu", "--compressor",
+                                      "bf16"])
+    assert named.exit_code == 2 and "--compressor bf16 on the device: " in named.output
+
+
+def test_verify_on_a_gpu_without_one_exits_2_with_the_reason(no_cupy):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    res = CliRunner().invoke(main, ["verify", "-n", "1", "--device", "gpu"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1
+    assert "--device gpu needs a CUDA GPU and CuPy: CuPy is not installed" in lines[0]
+
+
+def test_the_battery_runs_on_device_arrays(device):
+    from refcoll.conformance import build_cases, run_battery
+
+    cases = build_cases(3, algorithms_=["ring", "auto", "rabenseifner"], ops=["sum", "max"],
+                        dtypes=["float32", "int32"], sizes=[0, 4, 11], inplace=(False, True))
+    results = SimWorld(3).run(lambda t: run_battery(t, cases, xp=device))[0]
+    failed = [f"{r.case.id}: {r.reason}" for r in results if not r.passed]
+    assert not failed, failed[:3]
+    assert {r.case.collective for r in results} == set(COLLECTIVES)
+
+
+def test_the_battery_catches_a_wrong_or_misplaced_device_result(fake, monkeypatch):
+    from refcoll import conformance
+    from refcoll.conformance import Case, run_case
+
+    real = conformance.allreduce
+
+    def corrupt(x, t, **kwargs):
+        result = real(x, t, **kwargs)
+        if t.rank == 1:
+            result[2] += 1  # on the device
+        return result
+
+    case = Case("ring", "allreduce", "sum", "float32", 7, False, "exact", ranks=3, total=3)
+
+    def run(t):
+        ctl = t.split(0, t.rank)
+        return run_case(t, ctl, case, xp=fake)
+
+    monkeypatch.setattr(conformance, "allreduce", corrupt)
+    verdict = SimWorld(3).run(run)[0]
+    assert not verdict.passed and "rank 1: element 2 is" in verdict.reason
+    assert "ranks [1] hold different bits from rank 0" in verdict.reason
+    monkeypatch.setattr(conformance, "allreduce", lambda x, t, **kwargs: fake.asnumpy(
+        real(x, t, **kwargs)))
+    verdict = SimWorld(3).run(run)[0]
+    assert not verdict.passed and "the result must live where the input does" in verdict.reason
+
+
+def test_the_compressed_battery_on_device_arrays_is_judged_on_the_device(device):
+    """QSGD draws on the device's generator: only the device's simulator predicts its bits."""
+    from refcoll.conformance import build_compressor_cases, run_compressor_battery
+
+    cases = build_compressor_cases(2, compressors=["none", "qsgd:levels=4,bucket=64",
+                                                   "ef(topk:ratio=0.1)"],
+                                   algorithms_=["ring"], ops=["sum"], dtypes=["float32"])
+    results = SimWorld(2).run(lambda t: run_compressor_battery(t, cases, xp=device))[0]
+    failed = [f"{r.case.id}: {r.reason}" for r in results if not r.passed]
+    assert not failed, failed[:3]
+    assert {r.case.pattern for r in results} >= {"allreduce", "gather"}
+
+
 # ------------------------------------------------------------------ on a GPU only
-
-COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
-
 
 def _device_run(cupy, collective, inputs, algorithm, op):
     """Run ``collective`` through refcoll's API on CuPy arrays over simulated ranks."""

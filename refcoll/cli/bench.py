@@ -1,4 +1,4 @@
-"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against the MPI library's own."""
+"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against the MPI library's or NCCL's."""
 
 from __future__ import annotations
 
@@ -30,8 +30,11 @@ _PROGRESS_VARIABLE = "REFCOLL_PROGRESS"
 @click.option("--op", default="sum", show_default=True, help="sum, prod, min, max or avg.")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--against", type=click.Choice(["mpi", "nccl", "none"]), default="mpi",
-              show_default=True, help="The library collective timed beside refcoll's.")
-@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+              show_default=True,
+              help="The library collective timed beside refcoll's: the MPI library's, or "
+                   "NCCL's through CuPy (with --device gpu, one process per GPU).")
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="Where the buffers live: host memory (NumPy) or each rank's GPU (CuPy).")
 @click.option("-w", "--warmup", type=int, default=5, show_default=True,
               help="Untimed iterations per size.")
 @click.option("-i", "--iters", type=int, default=20, show_default=True,
@@ -55,6 +58,8 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     Prints size, count, type, redop, algorithm, time (the largest over ranks of
     each rank's median), algbw, busbw and #wrong per size and algorithm, then
     the baseline's time, busbw and time/base (below 1: refcoll is faster).
+    With --device gpu the header names the GPU and how device buffers travel
+    (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
     """
     from ..bench import BenchConfig, check_config, extra_ranks, parse_size, plotting, size_sweep

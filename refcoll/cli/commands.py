@@ -19,7 +19,11 @@ from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op, supports
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the listing as JSON.")
 @reports_errors
 def list_(json_file):
-    """List algorithms, collectives, ops and dtypes, with each algorithm's cost."""
+    """List algorithms, collectives, ops and dtypes, with each algorithm's cost.
+
+    Ends with the GPU, if any, and how device buffers would travel (directly
+    through a CUDA-aware MPI, or staged through host memory) and why.
+    """
     from ..tuning import candidates
 
     payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
@@ -55,7 +59,22 @@ def list_(json_file):
         ok = [op for op in OPS if supports(op, dt)]
         payload["dtypes"][name] = ok
         click.echo(f"  {name:<14} {', '.join(ok)}")
+    payload["gpu"] = _device_lines()
     write_json(json_file, payload)
+
+
+def _device_lines() -> dict:
+    """Print the GPU and the device-buffer path; return :func:`refcoll.gpu.device_path`'s answer.
+
+    Without mpi4py (or an MPI library under it) the path is staging, said so:
+    ``refcoll list`` runs without MPI.
+    """
+    from .. import gpu
+
+    info = gpu.device_path()
+    click.echo(f"gpu: {info['gpu'] or 'none (' + str(info['gpu_reason']) + ')'}")
+    click.echo(f"device buffers: {info['path']} ({info['why']})")
+    return info
 
 
 def _human(nbytes: int) -> str:
@@ -81,9 +100,11 @@ def _human(nbytes: int) -> str:
 @click.option("--compressor", "compressors", multiple=True, metavar="SPEC",
               help="Verify compressed all-reduce instead: a compressor spec (repeatable), "
                    "or all.")
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="Where the inputs live: host memory (NumPy) or each rank's GPU (CuPy).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write every case's verdict as JSON.")
 @reports_errors
-def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compressors,
+def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compressors, device,
            json_file):
     """Run the conformance battery on N MPI processes; end with 'N passed, N failed'.
 
@@ -91,8 +112,19 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     compressor allows, ops sum and avg, float32 and float64 unless --op and
     --dtype say otherwise, three steps of one state each, judged bit for bit
     against the simulator running the same code.
+
+    With --device gpu, the inputs are CuPy arrays on each rank's GPU (ranks of a
+    node share its GPUs in turn) and results must come back there, with the
+    same bits as on the CPU; the compressed battery is judged against the
+    simulator running on the GPU. Dtypes the GPU cannot compute in are left out
+    of --dtype all.
     """
     from ..launch import in_mpi_job
+
+    if device == "gpu":
+        from .. import gpu
+
+        gpu.require_cupy("--device gpu")
 
     if compressors:
         from ..conformance import build_compressor_cases
@@ -109,7 +141,7 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
         build_compressor_cases(nprocs, **selection)  # bad specs fail here, before mpiexec
         if not in_mpi_job():
             relaunch(nprocs)
-        _verify_in_world(nprocs, selection, seed, json_file, compressed=True)
+        _verify_in_world(nprocs, selection, seed, json_file, device, compressed=True)
         return
     selection = dict(
         algorithms_=split_list(algorithm, algorithms.names(), "algorithm"),
@@ -126,7 +158,7 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
                      if algorithms.get(name).extra_ranks is not None
                      for opts in algorithms.get(name).battery_options], default=0)
         relaunch(nprocs + extra, {"REFCOLL_WORKERS": str(nprocs)})
-    _verify_in_world(nprocs, selection, seed, json_file)
+    _verify_in_world(nprocs, selection, seed, json_file, device)
 
 
 def _parse_sizes(sizes: str | None) -> list[int] | None:
@@ -141,15 +173,24 @@ def _parse_sizes(sizes: str | None) -> list[int] | None:
     return values
 
 
-def _verify_in_world(nprocs, selection, seed, json_file, compressed: bool = False) -> None:
+def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu",
+                     compressed: bool = False) -> None:
+    import numpy as np
     from mpi4py import MPI
 
+    from .. import gpu
     from ..conformance import (build_cases, build_compressor_cases, group_rows, run_battery,
                                run_compressor_battery)
     from ..transport.mpi import MPITransport
 
     t = MPITransport(MPI.COMM_WORLD)
     lead = t.rank == 0
+    xp, where, left_out = np, None, []
+    if device == "gpu":
+        gpu.use_node_gpu(MPI.COMM_WORLD)
+        xp = gpu.require_cupy("--device gpu")
+        selection, left_out = _on_device(selection, xp, compressed)
+        where = gpu.device_path()
     workers = int(os.environ.get("REFCOLL_WORKERS", t.size))
     if not 1 <= workers <= t.size:
         raise UsageError(f"REFCOLL_WORKERS={workers} does not fit a world of {t.size} ranks")
@@ -166,6 +207,10 @@ def _verify_in_world(nprocs, selection, seed, json_file, compressed: bool = Fals
         library = MPI.Get_library_version().splitlines()[0].strip()
         helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
         click.echo(f"refcoll verify: {workers} ranks{helpers}, {library}, {len(cases)} cases")
+        if where is not None:
+            click.echo(f"device: {where['gpu']}; transfers: {where['path']} ({where['why']})")
+            if left_out:
+                click.echo(f"left out on this device: {', '.join(left_out)}")
         click.echo(f"{'algorithm':<19} {'collective':<15} {'op':<5} {'dtypes':>6} {'cases':>6} "
                    f"{'passed':>7} {'failed':>7}  options")
     state = {"group": None, "rows": []}
@@ -182,16 +227,59 @@ def _verify_in_world(nprocs, selection, seed, json_file, compressed: bool = Fals
             if row["failed"]:
                 click.echo(f"    first failure: {row['first_failure']}")
 
-    results = run(t, cases, seed=seed, progress=progress)
+    results = run(t, cases, seed=seed, progress=progress, xp=xp)
     passed = sum(r.passed for r in results)
     failed = len(results) - passed
     if lead:
-        write_json(json_file, {"world_size": t.size, "seed": seed, "passed": passed,
-                               "failed": failed, "groups": group_rows(results),
+        write_json(json_file, {"world_size": t.size, "seed": seed, "device": device,
+                               "gpu": where, "passed": passed, "failed": failed,
+                               "groups": group_rows(results),
                                "cases": [r.to_json() for r in results]})
         click.echo(f"{passed} passed, {failed} failed")
     sys.stdout.flush()
     sys.exit(0 if failed == 0 else 1)
+
+
+def _on_device(selection: dict, xp, compressed: bool) -> tuple[dict, list[str]]:
+    """Return the selection the device can run, and what ``all`` lost on the way.
+
+    Dtypes the device cannot compute in (float8; bfloat16 before CuPy 14) and
+    compressors that need one (bf16) leave ``all``; named explicitly, they are
+    an error.
+
+    Raises:
+        UsageError: a dtype or compressor named explicitly that the device cannot run.
+    """
+    import numpy as np
+
+    from .. import gpu
+
+    chosen = selection["dtypes"]
+    if chosen is not None:
+        for name in chosen:
+            gpu.check_device_dtype(get_dtype(name), xp)
+    left_out: list[str] = []
+    if not compressed:
+        if chosen is None:
+            chosen = [name for name in DTYPES if gpu.device_supports(DTYPES[name], xp)]
+            left_out = [name for name in DTYPES if name not in chosen]
+        return dict(selection, dtypes=chosen), left_out
+    from ..compressors import parse
+    from ..conformance import COMPRESSOR_BATTERY
+
+    specs = selection["compressors"]
+    runnable = []
+    for spec in specs if specs is not None else COMPRESSOR_BATTERY:
+        comp = parse(spec)
+        try:
+            comp.compress(xp.zeros(8, np.float32), comp.new_state())
+        except UsageError as exc:
+            if specs is not None:
+                raise UsageError(f"--compressor {spec} on the device: {exc}") from None
+            left_out.append(spec)
+            continue
+        runnable.append(spec)
+    return dict(selection, compressors=runnable), left_out
 
 
 def _group_of(case):
