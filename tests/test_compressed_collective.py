@@ -70,6 +70,26 @@ def test_random_k_sums_the_shared_coordinates_only():
     np.testing.assert_allclose(out[kept], expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("p", [2, 3, 7])
+def test_shared_scale_int8_sums_codes_in_int8_without_overflow(p):
+    inputs = _inputs((300,), p=p, seed=11)
+    res = simulate_compressed("int8:block=64", inputs, pattern="allreduce")
+    levels = 127 // p
+    flat = np.stack([x.reshape(-1) for x in inputs[0]])
+    blocks = [slice(a, min(a + 64, 300)) for a in range(0, 300, 64)]
+    want = np.empty(300, np.float32)
+    for b in blocks:  # the shared scale, then the codes every rank sends, computed here
+        scale = np.abs(flat[:, b]).max() / np.float32(levels)
+        codes = np.clip(np.rint(flat[:, b] / scale), -levels, levels)
+        assert np.abs(codes.sum(axis=0)).max() <= 127
+        want[b] = codes.sum(axis=0).astype(np.int8) * scale
+        exact = flat[:, b].astype(np.float64).sum(axis=0)
+        assert np.all(np.abs(res.outputs[0][0][b] - exact) <= p * scale / 2 * (1 + 1e-5))
+    assert all(np.array_equal(out, want) for out in res.outputs[0])
+    wire = res.traffic[0][0].payload
+    assert wire == 300 + 4 * len(blocks)  # int8 codes and one float32 maximum per block
+
+
 def test_powersgd_at_full_rank_reconstructs_the_average():
     inputs = _inputs((12, 5), dtype=np.float64, seed=4)
     out = simulate_compressed("powersgd:rank=5,min_rate=0", inputs, op="avg").outputs[0][0]

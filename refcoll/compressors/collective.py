@@ -4,10 +4,12 @@ A compressor never communicates; this module does, in one of three patterns,
 chosen from what the compressor declares (:attr:`Compressor.patterns`, the
 default first, or ``pattern=`` to pick another it allows):
 
-``allreduce`` (casts, shared-seed random-k, PowerSGD, ``none``)
+``allreduce`` (casts, shared-seed random-k, PowerSGD, ``none``; int8 by choice)
     The payloads add up element for element in a basis every rank shares, so
     each wire array goes through the chosen all-reduce algorithm as it is and
-    the sum is decompressed once. PowerSGD takes two all-reduces (Vogels et
+    the sum is decompressed once. int8 first agrees on shared scales (an
+    all-reduce of each block's ``max|x|``) and quantises to ``127 // p`` levels,
+    so the int8 codes of ``p`` ranks sum without overflow. PowerSGD takes two all-reduces (Vogels et
     al. 2019, Algorithm 1): ``P = M Q`` summed, orthogonalised, then
     ``Q = M^T P`` summed; the summed ``Q`` is every rank's next warm start.
     With error feedback its residual is ``M - P Q_local^T`` (the shared ``P``,
@@ -59,6 +61,8 @@ from ..errors import UsageError
 from ..ops import get_op
 from ..gpu import array_namespace, device_transport
 from .base import Compressor, CompressorState, ErrorFeedback, Payload, check_float, compute_dtype, parse
+from ._blocks import block_max
+from .int8 import Int8
 from .powersgd import PowerSGD, orthogonalise
 
 __all__ = [
@@ -233,6 +237,8 @@ def _allreduce_pattern(t, comp, state, x, op, algorithm, options):
     inner, ef = _unwrap(comp)
     if isinstance(inner, PowerSGD) and inner.plan(x.shape) is not None:
         return _powersgd(t, inner, ef, state, x, op, algorithm, options)
+    if isinstance(inner, Int8):
+        return _int8_shared(t, inner, ef, state, x, op, algorithm, options)
     payload = comp.compress(x, state)
     summed = {role: allreduce(arr, t, op=op, algorithm=algorithm, validate=False, **options)
               for role, arr in sorted(payload.arrays.items())}
@@ -260,6 +266,34 @@ def _powersgd(t, inner: PowerSGD, ef: bool, state, x, op, algorithm, options):
     q = allreduce(q_local, t, op=op, algorithm=algorithm, validate=False, **options)
     state.memory[key] = q
     return (p @ q.T).astype(x.dtype).reshape(x.shape), p_local.nbytes + q_local.nbytes
+
+
+def _int8_shared(t, inner: Int8, ef: bool, state, x, op, algorithm, options):
+    """Shared-scale int8: all-reduce each block's ``max|x|``, then sum the codes as int8.
+
+    With ``L = 127 // p`` levels per side the sum of ``p`` codes fits in int8, so
+    the codes go through the all-reduce as they are; the sum decompresses with
+    the shared scales.
+    """
+    from ..api import allreduce
+
+    levels = 127 // t.size
+    if levels < 1:
+        raise UsageError(f"shared-scale int8 sums at most 127 ranks' codes in int8; "
+                         f"{t.size} ranks are too many: use the gather pattern")
+    corrected = x if not ef or state.residual is None else x + state.residual
+    xp = array_namespace(x)
+    cd = compute_dtype(x.dtype)
+    flat = corrected.reshape(-1).astype(cd)
+    local = block_max(xp.abs(flat), inner.block)
+    shared = allreduce(local, t, op="max", algorithm=algorithm, validate=False, **options)
+    scales = shared / cd.type(levels)
+    codes = inner.encode(flat, scales, levels)
+    if ef:
+        state.residual = corrected - inner.decode(codes, scales).astype(x.dtype).reshape(x.shape)
+    total = allreduce(codes, t, op="sum", algorithm=algorithm, validate=False, **options)
+    result = _finish_sum(inner.decode(total, scales), op, t.size)
+    return result.astype(x.dtype).reshape(x.shape), codes.nbytes + local.nbytes
 
 
 # --- gather: payloads summed after decompression -------------------------------------------

@@ -4,7 +4,15 @@ Per block of ``block`` elements: ``scale = max|x| / 127`` (float32; 0 for an
 all-zero block), ``q = round(x / scale)`` (half to even) as int8 in
 ``[-127, 127]``; decompression is ``q * scale``, within ``scale / 2`` of ``x``.
 Wire bytes: ``n + 4 * ceil(n / block)``. Each rank's scales are its own, so
-payloads are not linear (summing them needs a shared scale agreed first).
+these payloads are not linear: they are gathered (the default pattern).
+
+Its ``allreduce`` pattern (``compressors/collective.py``) shares the scales
+instead: the ranks first all-reduce each block's ``max|x|`` (``max``), then
+quantise against ``scale = shared max / L`` with ``L = 127 // p`` levels, so the
+sum of ``p`` codes stays within int8 and the codes are summed by any all-reduce
+algorithm as int8. It trades resolution for linearity: ``L`` falls as ``p``
+grows (31 levels at 4 ranks, 1 at 64), so each element is within
+``p · scale / 2`` of the exact sum.
 
 On CuPy arrays the result is the same bits: a maximum, a correctly rounded
 division and a rounding, all exact on the device too.
@@ -36,6 +44,11 @@ class Int8(Compressor):
         if self.block < 1:
             raise ValueError(f"block must be >= 1, got {self.block}")
 
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """Gathered with per-rank scales by default; all-reduced with shared scales by choice."""
+        return ("gather", "allreduce")
+
     def compress(self, x, state) -> Payload:
         """Return int8 codes and the per-block scales."""
         check_float(x, self.name)
@@ -43,14 +56,22 @@ class Int8(Compressor):
         cd = compute_dtype(x.dtype)
         flat = x.reshape(-1).astype(cd)
         scales = block_max(xp.abs(flat), self.block) / cd.type(127)
-        per_element = expand(scales, flat.size, self.block)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            codes = xp.where(per_element > 0, xp.rint(flat / per_element), 0)
-        codes = xp.clip(codes, -127, 127).astype(np.int8)
+        codes = self.encode(flat, scales, 127)
         return self._payload(x, {"codes": codes, "scales": scales.astype(cd)})
 
     def decompress(self, payload: Payload) -> np.ndarray:
         """Return ``codes * scale``."""
-        codes = payload.arrays["codes"]
-        scale = expand(payload.arrays["scales"], codes.size, self.block)
-        return (codes * scale).astype(payload.dtype).reshape(payload.shape)
+        return self.decode(payload.arrays["codes"], payload.arrays["scales"]).astype(
+            payload.dtype).reshape(payload.shape)
+
+    def encode(self, flat, scales, levels: int):
+        """Return ``round(flat / scale)`` per block, within ``±levels``, as int8 (0 where scale is 0)."""
+        xp = array_namespace(flat)
+        per_element = expand(scales, flat.size, self.block)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            codes = xp.where(per_element > 0, xp.rint(flat / per_element), 0)
+        return xp.clip(codes, -levels, levels).astype(np.int8)
+
+    def decode(self, codes, scales):
+        """Return ``codes * scale`` per block, in the scales' dtype."""
+        return codes * expand(scales, codes.size, self.block)
