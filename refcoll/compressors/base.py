@@ -149,6 +149,8 @@ class Compressor:
     name: ClassVar[str] = ""
     linear: ClassVar[bool] = False
     unbiased: ClassVar[bool] = False
+    #: The patterns a method declares itself, the default first; empty: from ``linear``.
+    declared_patterns: ClassVar[tuple[str, ...]] = ()
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -158,7 +160,11 @@ class Compressor:
         them; ``gather``: every payload is gathered and the sum taken after
         decompression; ``twophase``: compressed all-to-all, sum and recompress
         per chunk, compressed allgather (see ``compressors/collective.py``).
+        Unless a method declares its own, linear ones allow ``allreduce`` (the
+        default) and ``gather``, the others ``gather``.
         """
+        if self.declared_patterns:
+            return self.declared_patterns
         return ("allreduce", "gather") if self.linear else ("gather",)
 
     def new_state(self, seed: int = 0, rank: int = 0) -> CompressorState:

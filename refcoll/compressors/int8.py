@@ -38,16 +38,13 @@ class Int8(Compressor):
     """Symmetric int8 with one absmax scale per ``block`` elements."""
 
     name: ClassVar[str] = "int8"
+    # Gathered with per-rank scales by default; all-reduced with shared scales by choice.
+    declared_patterns: ClassVar[tuple[str, ...]] = ("gather", "allreduce")
     block: int = 256
 
     def __post_init__(self):
         if self.block < 1:
             raise ValueError(f"block must be >= 1, got {self.block}")
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        """Gathered with per-rank scales by default; all-reduced with shared scales by choice."""
-        return ("gather", "allreduce")
 
     def compress(self, x, state) -> Payload:
         """Return int8 codes and the per-block scales."""

@@ -32,11 +32,8 @@ class OneBit(Blockwise):
     """Sign bits plus the mean of the non-negative and of the negative elements."""
 
     name: ClassVar[str] = "onebit"
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        """Two-phase compressed all-reduce by default (1-bit Adam's scheme); gather too."""
-        return ("twophase", "gather")
+    # Two-phase compressed all-reduce by default (1-bit Adam's scheme); gather too.
+    declared_patterns: ClassVar[tuple[str, ...]] = ("twophase", "gather")
 
     def compress(self, x, state) -> Payload:
         """Return packed bits and the per-block means of each side."""

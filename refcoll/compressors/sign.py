@@ -48,11 +48,8 @@ class Sign(Blockwise):
     """One bit per element and one L1 scale per block."""
 
     name: ClassVar[str] = "sign"
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        """Two-phase compressed all-reduce by default (1-bit Adam's scheme); gather too."""
-        return ("twophase", "gather")
+    # Two-phase compressed all-reduce by default (1-bit Adam's scheme); gather too.
+    declared_patterns: ClassVar[tuple[str, ...]] = ("twophase", "gather")
 
     def compress(self, x, state) -> Payload:
         """Return packed sign bits and the per-block mean magnitudes."""

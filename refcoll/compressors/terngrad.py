@@ -58,6 +58,7 @@ class TernGrad(Blockwise):
 
     name: ClassVar[str] = "terngrad"
     unbiased: ClassVar[bool] = True
+
     def compress(self, x, state) -> Payload:
         """Return packed ternary codes and the per-block max magnitudes."""
         check_float(x, self.name)
