@@ -233,6 +233,14 @@ def _ordered(case: Case) -> bool:
             and is_float(DTYPES[case.dtype]))
 
 
+def _misplaced(output, xp) -> str:
+    """Return why ``output`` is not an array of ``xp`` like the input, or ``""``."""
+    if gpu.array_namespace(output) is xp:
+        return ""
+    return (f"returned a {type(output).__module__}.{type(output).__name__} for {xp.__name__} "
+            "input: the result must live where the input does")
+
+
 def _digest(arr) -> bytes:
     if arr is None:
         return b"none"
@@ -269,9 +277,9 @@ def _local_checks(t, case: Case, seed: int, x, before, output, target, error,
         return problems
     if output is None:
         return ["returned None"]
-    if gpu.array_namespace(output) is not xp:
-        return [f"returned a {type(output).__module__}.{type(output).__name__} for "
-                f"{xp.__name__} input: the result must live where the input does"]
+    misplaced = _misplaced(output, xp)
+    if misplaced:
+        return [misplaced]
     if output.dtype != expected.dtype or output.size != expected.size:
         return [f"output is {output.dtype}[{output.size}], expected {expected.dtype}[{expected.size}]"]
     if case.inplace and target is not None and output.size and not xp.shares_memory(output, target):
@@ -633,9 +641,8 @@ def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0, xp=np) -
         if not np.array_equal(gpu.to_host(x).view(np.uint8),
                               inputs[step][t.rank].view(np.uint8)):
             problems.append(f"step {step}: the input was modified")
-        if gpu.array_namespace(out) is not xp:
-            problems.append(f"step {step}: the result is a {type(out).__name__}, not an array "
-                            f"of {xp.__name__} like the input")
+        if _misplaced(out, xp):
+            problems.append(f"step {step}: {_misplaced(out, xp)}")
         elif out.shape != x.shape or out.dtype != x.dtype:
             problems.append(f"step {step}: result has shape {out.shape} and dtype {out.dtype}, "
                             f"not {x.shape} and {x.dtype}")
