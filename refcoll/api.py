@@ -51,16 +51,33 @@ __all__ = [
 ]
 
 
-def as_transport(comm=None):
+def as_transport(comm=None, collective: str | None = None):
     """Return the transport for ``comm``: a Transport as is, an mpi4py communicator wrapped.
 
-    ``None`` means ``MPI.COMM_WORLD``. The wrapper (a ``Dup`` of the communicator)
-    is cached on the communicator, so repeated calls cost nothing.
+    ``None`` means ``MPI.COMM_WORLD``. The wrapper (an ``Idup`` of the
+    communicator, waited for by the deadline) is cached on the communicator, so
+    repeated calls cost nothing. ``collective`` names the call, for the timeout
+    when some rank never comes to this first one.
+
+    Raises:
+        TypeError: ``comm`` is neither a Transport nor an mpi4py intracommunicator.
     """
     if isinstance(comm, TransportBase) or (
             comm is not None and hasattr(comm, "sendrecv") and hasattr(comm, "reduce_local")):
         return comm
-    return transport_for(comm)
+    if comm is not None and not _is_intracomm(comm):
+        raise TypeError(f"comm= must be an mpi4py intracommunicator (such as MPI.COMM_WORLD), a "
+                        f"refcoll Transport, or None for MPI.COMM_WORLD; got {comm!r} "
+                        f"({type(comm).__name__})")
+    return transport_for(comm, collective)
+
+
+def _is_intracomm(comm) -> bool:
+    """Return whether ``comm`` is an mpi4py intracommunicator (imports mpi4py only if it is loaded)."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(comm, mpi.Intracomm)
 
 
 def _flat_input(x, t) -> np.ndarray:
@@ -163,7 +180,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
     xp = array_namespace(x)
     arr = xp.asarray(x)
-    t = device_transport(as_transport(comm), arr)
+    t = device_transport(as_transport(comm, "allreduce"), arr)
     key = (algorithm, op, arr.dtype, arr.size)
     prepared = None if options else _prepared(t, key)
     if prepared is None:
@@ -386,7 +403,7 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm), x)
+    t = device_transport(as_transport(comm, "reduce_scatter"), x)
     with _shared_errors(t, validate, "reduce_scatter"):
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce_scatter")
@@ -412,7 +429,7 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     pass ``x`` as row ``r`` of ``out``.
     """
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm), x)
+    t = device_transport(as_transport(comm, "allgather"), x)
     with _shared_errors(t, validate, "allgather"):
         fn = algorithms.implementation(algorithm, "allgather")
         flat = _flat_input(x, t)
@@ -436,7 +453,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     in place, as ``MPI_Bcast`` does.
     """
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm), x)
+    t = device_transport(as_transport(comm, "broadcast"), x)
     with _shared_errors(t, validate, "broadcast"):
         _check_root(root, t)
         fn = algorithms.implementation(algorithm, "broadcast")
@@ -456,7 +473,7 @@ def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm), x)
+    t = device_transport(as_transport(comm, "reduce"), x)
     with _shared_errors(t, validate, "reduce"):
         _check_root(root, t)
         reduction = get_op(op)
@@ -509,7 +526,7 @@ class SimResult:
 
 def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
              timeout: float | None = None, record_payloads: bool = False,
-             node_size: int | None = None, **options) -> SimResult:
+             node_size: int | None = None, calibration=None, **options) -> SimResult:
     """Run one collective on ``len(inputs)`` simulated ranks in this process.
 
     The same algorithm code runs as under MPI, over threads and a rendezvous
@@ -527,7 +544,10 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     ``record_payloads=True`` keeps every message's bytes in the ledger;
     ``node_size`` gives the simulated world its node shape (what
     ``Transport.split_node`` sees), as ``refcoll.algorithms.hierarchical`` uses
-    when no ``ranks_per_node`` option is passed to it.
+    when no ``ranks_per_node`` option is passed to it. ``calibration`` is the
+    :class:`~refcoll.tuning.Calibration` ``algorithm="auto"`` resolves with
+    (default :data:`~refcoll.tuning.DEFAULT`): pass the one an MPI job agreed on
+    (``refcoll.tuning.calibration_for(transport)``) to predict that job's bits.
 
     Algorithms with ranks that hold no data (``switch``) get them added after
     the ``len(inputs)`` data ranks; the ledger shows their traffic too.
@@ -552,6 +572,6 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
         template = array_namespace(inputs[0]).zeros_like(inputs[0])
         args += [(template,)] * algo.extra_ranks(workers, **options)
     world = SimWorld(len(args), timeout=timeout, record_payloads=record_payloads,
-                     ranks_per_node=node_size)
+                     ranks_per_node=node_size, calibration=calibration)
     outputs = world.run(lambda t, x: fn(x, comm=t, **kwargs), args)
     return SimResult(outputs[:workers], world.ledger, world)

@@ -1,13 +1,16 @@
 """The ``refcoll`` command line: thin click commands over library calls.
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or environment (with a
-one-line reason), 3 a collective timed out.
+one-line reason), 3 a collective timed out. A reader that closes the pipe early
+(``refcoll model ... | head``) ends the command quietly with 141, the status of
+a Unix tool that SIGPIPE ended.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 
@@ -25,12 +28,24 @@ def _fail(message: str, code: int) -> None:
 
 def _abort_job(code: int) -> None:
     """Exit with ``code``, ending every rank of the MPI job so none is left waiting."""
-    sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
-            and mpi.COMM_WORLD.Get_size() > 1:
-        mpi.COMM_WORLD.Abort(code)
+    from ..transport.mpi import abort_job
+
+    abort_job(code)
     sys.exit(code)
+
+
+#: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
+BROKEN_PIPE = 141
+
+
+def _quiet_broken_pipe() -> None:
+    """Exit quietly after the reader of stdout went away, as Unix tools do."""
+    try:  # later writes (and Python's own flush at exit) must not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    os._exit(BROKEN_PIPE)
 
 
 def reports_errors(fn):
@@ -39,6 +54,8 @@ def reports_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except UsageError as exc:
             _fail(str(exc), 2)
         except CollectiveTimeout as exc:
@@ -49,6 +66,29 @@ def reports_errors(fn):
         except OSError as exc:  # a --json path that cannot be written, a missing file
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
     return wrapper
+
+
+def check_output_paths(**paths: str | None) -> None:
+    """Refuse, before any work, output files that could not be written afterwards.
+
+    ``paths`` maps an option's name (``json``, ``csv``, ``plot``) to its path or
+    None. A missing folder, a folder in the file's place or a folder without
+    write permission is a :class:`~refcoll.errors.UsageError` naming the option,
+    so a long run never ends in an error it could have given at the start.
+    """
+    for option, path in paths.items():
+        if not path:
+            continue
+        flag = f"--{option.replace('_', '-')}"
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: folder {folder} does not exist; create it first")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise UsageError(f"{flag} {path}: file is not writable")
 
 
 def write_json(path: str | None, payload: dict) -> None:
@@ -71,17 +111,30 @@ def split_list(value: str | None, choices, what: str) -> list[str] | None:
     return items
 
 
+def check_environment() -> None:
+    """Refuse, before starting any process, a ``REFCOLL_*`` setting every rank would refuse."""
+    from ..transport.base import default_timeout
+    from ..tuning import algo_filter, calibration_mode
+
+    default_timeout()
+    calibration_mode()
+    algo_filter()
+
+
 def relaunch(nprocs: int, env: dict | None = None) -> None:
     """Re-run this very command under ``mpiexec -n nprocs`` and exit with its status."""
     import os
 
     from ..launch import mpiexec_command
 
+    check_environment()
     cmd = mpiexec_command(nprocs, _invoked_args)
     try:
         code = subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
     except OSError as exc:
         raise UsageError(f"could not start {cmd[0]}: {exc}") from None
+    if code == BROKEN_PIPE:
+        sys.exit(code)  # the reader went away: nothing to say
     if code not in (0, 1, 2, 3):  # a rank killed, or the launcher failing
         click.echo(f"refcoll: error: {cmd[0]} exited with status {code}", err=True)
         code = 1

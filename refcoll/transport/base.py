@@ -9,15 +9,48 @@ ledger of every message).
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from ..errors import UsageError
+
 __all__ = ["Transport", "TransportBase", "Traffic", "Ledger", "Message", "Reduction",
-           "TAGS_PER_CALL"]
+           "TAGS_PER_CALL", "DEFAULT_TIMEOUT", "default_timeout"]
 
 #: Tags an algorithm may use inside one collective call: ``0 <= tag < TAGS_PER_CALL``.
 TAGS_PER_CALL = 1024
+
+
+#: Seconds a blocking wait may take when neither ``timeout=`` nor ``REFCOLL_TIMEOUT`` says.
+DEFAULT_TIMEOUT = 300.0
+
+#: Values of ``REFCOLL_TIMEOUT`` that mean "wait forever".
+_FOREVER = ("0", "none", "inf", "infinity")
+
+
+def default_timeout() -> float | None:
+    """Return ``REFCOLL_TIMEOUT`` in seconds (``0``, ``none`` or ``inf``: wait forever), else 300.
+
+    Raises:
+        UsageError: the value is not a positive number of seconds, so that a
+            typo neither crashes every rank with a traceback nor (``-1``)
+            times every call out at once.
+    """
+    value = os.environ.get("REFCOLL_TIMEOUT")
+    if value is None or not value.strip():
+        return DEFAULT_TIMEOUT
+    if value.strip().lower() in _FOREVER:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(f"REFCOLL_TIMEOUT={value!r} is not a number of seconds: give a positive "
+                         "number (for example 300), or 0 to wait forever")
+    return seconds
 
 
 @runtime_checkable

@@ -16,13 +16,15 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import sys
 import time
 
 from ..errors import CollectiveTimeout, RefcollError
-from .base import TAGS_PER_CALL, TransportBase
+from .base import TAGS_PER_CALL, TransportBase, default_timeout
 from .sim import as_bytes
 
-__all__ = ["MPITransport", "PersistentExchange", "transport_for"]
+__all__ = ["MPITransport", "PersistentExchange", "transport_for", "bounded_barrier", "duplicate",
+           "default_timeout", "timed_out", "wait_by_deadline", "abort_job"]
 
 
 @functools.cache
@@ -59,12 +61,13 @@ class MPITransport(TransportBase):
             or 300 (``REFCOLL_TIMEOUT=0``: wait forever).
     """
 
-    def __init__(self, comm=None, *, dup: bool = True, timeout: float | None = None):
+    def __init__(self, comm=None, *, dup: bool = True, timeout: float | None = None,
+                 collective: str | None = None):
         super().__init__()
         MPI = _mpi()
         self.timeout = timeout if timeout is not None else default_timeout()
         comm = MPI.COMM_WORLD if comm is None else comm
-        self.comm = comm.Dup() if dup else comm
+        self.comm = duplicate(comm, self.timeout, collective) if dup else comm
         self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -134,7 +137,7 @@ class MPITransport(TransportBase):
             if polls > POLLS_BEFORE_YIELD:
                 os.sched_yield()  # let an oversubscribed peer run
             if time.monotonic() > deadline:
-                raise CollectiveTimeout(
+                timed_out(
                     f"rank {self.rank}: {self.current_call or 'point-to-point'} timed out after "
                     f"{self.timeout:g} s at its exchange {self._ops} of this call, still waiting "
                     f"{waiting_for()}; that rank may be dead, slow, or in a different call "
@@ -151,23 +154,37 @@ class MPITransport(TransportBase):
             )
 
     def split(self, color: int, key: int) -> "MPITransport | None":
+        """Return the transport of the ranks that passed ``color`` (``MPI_Comm_split``).
+
+        MPI has no nonblocking split, so a deadline-bounded ``MPI_Ibarrier``
+        runs first: a rank that never comes is a :class:`CollectiveTimeout`
+        here, not a hang inside ``MPI_Comm_split``.
+        """
         MPI = _mpi()
+        self._setup_barrier("MPI_Comm_split")
         sub = self.comm.Split(MPI.UNDEFINED if color is None or color < 0 else color, key)
         if sub == MPI.COMM_NULL:
             return None
+        return self._child(sub)
+
+    def split_node(self) -> "MPITransport":
+        """Return the transport of the ranks on this rank's node (``MPI.COMM_TYPE_SHARED``)."""
+        MPI = _mpi()
+        self._setup_barrier("MPI_Comm_split_type")
+        return self._child(self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.rank))
+
+    def _child(self, sub) -> "MPITransport":
+        """Wrap a communicator split from this one: freed here, counted in this traffic."""
         t = MPITransport(sub, dup=False, timeout=self.timeout)
         t._owned = True  # created here, so freed here
         t.traffic = self.traffic
         return t
 
-    def split_node(self) -> "MPITransport":
-        """Return the transport of the ranks on this rank's node (``MPI.COMM_TYPE_SHARED``)."""
-        MPI = _mpi()
-        t = MPITransport(self.comm.Split_type(MPI.COMM_TYPE_SHARED, self.rank), dup=False,
-                         timeout=self.timeout)
-        t._owned = True
-        t.traffic = self.traffic
-        return t
+    def _setup_barrier(self, what: str) -> None:
+        """Wait, by the deadline, until every rank has reached the blocking call ``what``."""
+        if self.size > 1:
+            bounded_barrier(self.comm, f"{self.current_call or 'communicator setup'} ({what})",
+                            self.timeout)
 
     def unreceived(self) -> list[str]:
         """Return a description of a message sent to this rank and not received, if any."""
@@ -252,29 +269,111 @@ def _free_persistent() -> None:
             exchange.free()
 
 
-#: Seconds a blocking wait may take when neither ``timeout=`` nor ``REFCOLL_TIMEOUT`` says.
-DEFAULT_TIMEOUT = 300.0
+def abort_on_timeout() -> bool:
+    """Return whether ``REFCOLL_ABORT_ON_TIMEOUT`` asks a timeout to end the whole MPI job."""
+    return os.environ.get("REFCOLL_ABORT_ON_TIMEOUT", "").strip().lower() in ("1", "true", "yes")
 
 
-def default_timeout() -> float | None:
-    """Return ``REFCOLL_TIMEOUT`` in seconds (``0`` or ``none``: wait forever), else 300."""
-    value = os.environ.get("REFCOLL_TIMEOUT")
-    if value is None:
-        return DEFAULT_TIMEOUT
-    if value.strip().lower() in ("0", "none", "inf", ""):
-        return None
-    return float(value)
+#: Exit status of a job that a timeout aborted (the CLI's for a timeout too).
+TIMEOUT_STATUS = 3
+
+
+def timed_out(message: str):
+    """Raise :class:`CollectiveTimeout`, or abort the MPI job when asked to.
+
+    With ``REFCOLL_ABORT_ON_TIMEOUT=1`` the message goes to stderr and
+    ``MPI_Abort`` ends every process of the job, as PyTorch's NCCL watchdog
+    tears a job down (``TORCH_NCCL_ASYNC_ERROR_HANDLING``): for programs that
+    would rather die at once than have every rank handle the exception.
+    """
+    if abort_on_timeout():
+        sys.stderr.write(f"refcoll: error: {message}; aborting the MPI job "
+                         "(REFCOLL_ABORT_ON_TIMEOUT=1)\n")
+        abort_job(TIMEOUT_STATUS)
+    raise CollectiveTimeout(message)
+
+
+#: Seconds between writing the last message and ``MPI_Abort``. The launcher
+#: forwards each process's stderr from a pipe, and tears the job down when asked
+#: to abort: without the pause the reason can be lost with the job.
+ABORT_GRACE = 1.0
+
+
+def abort_job(code: int) -> None:
+    """End every process of the MPI job with ``code`` (nothing when there is no job)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1:
+        time.sleep(ABORT_GRACE)
+        mpi.COMM_WORLD.Abort(code)
+
+
+def wait_by_deadline(request, timeout: float | None, describe) -> None:
+    """Complete one request (a nonblocking collective's) by the deadline, or time out."""
+    if timeout is None:
+        request.Wait()
+        return
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while not request.Test():
+        polls += 1
+        if polls > POLLS_BEFORE_YIELD:
+            os.sched_yield()
+        if time.monotonic() > deadline:
+            timed_out(describe())
+
+
+def _not_arrived(comm, collective: str | None, what: str, timeout: float) -> str:
+    size = comm.Get_size()
+    return (f"rank {comm.Get_rank()}: {collective or 'refcoll'} timed out after {timeout:g} s at "
+            f"communicator setup ({what} over {size} ranks): not every rank has reached it, "
+            "and MPI cannot tell which have not (a nonblocking collective completes on all of "
+            "them or none); a rank may be dead, slow, or on another code path "
+            "(set REFCOLL_TIMEOUT to wait longer)")
+
+
+def duplicate(comm, timeout: float | None, collective: str | None = None):
+    """Return ``MPI_Comm_idup(comm)``, waited for by the deadline.
+
+    ``MPI_Comm_dup`` is a blocking collective: a rank that never makes its
+    first refcoll call would hang every other rank there, before any deadline
+    applies. The nonblocking form is waited for like every other exchange.
+    """
+    if comm.Get_size() == 1:
+        return comm.Dup()  # nothing to wait for
+    new, request = comm.Idup()
+    wait_by_deadline(request, timeout,
+                     lambda: _not_arrived(comm, collective, "MPI_Comm_idup", timeout))
+    return new
+
+
+def bounded_barrier(comm, what: str, timeout: float | None = None) -> None:
+    """``MPI_Ibarrier`` on ``comm``, waited for by the deadline (``timeout`` None: the default).
+
+    Put before an MPI call that has no nonblocking form (``MPI_Comm_split``, a
+    library's own collective in a benchmark): once every rank has passed the
+    barrier, the call cannot wait for a rank that never comes.
+    """
+    if comm.Get_size() == 1:
+        return
+    if timeout is None:
+        timeout = default_timeout()
+    wait_by_deadline(comm.Ibarrier(), timeout,
+                     lambda: _not_arrived(comm, what, "MPI_Ibarrier", timeout))
 
 
 _KEYVAL = None
 
 
-def transport_for(comm=None) -> MPITransport:
+def transport_for(comm=None, collective: str | None = None) -> MPITransport:
     """Return the cached :class:`MPITransport` of an mpi4py communicator.
 
     The transport is kept as an MPI attribute of ``comm`` (MPI's own caching
-    mechanism), so the ``Dup`` happens once per communicator, not once per call,
-    and is freed when ``comm`` is.
+    mechanism), so the ``Idup`` happens once per communicator, not once per call,
+    and is freed when ``comm`` is. ``collective`` names the call that needed it,
+    for the timeout's message when a rank never comes to that first call.
     """
     global _KEYVAL
     MPI = _mpi()
@@ -283,6 +382,6 @@ def transport_for(comm=None) -> MPITransport:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=lambda c, k, t: t.free())
     t = comm.Get_attr(_KEYVAL)
     if t is None:
-        t = MPITransport(comm)
+        t = MPITransport(comm, collective=collective)
         comm.Set_attr(_KEYVAL, t)
     return t

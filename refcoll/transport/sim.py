@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import CollectiveTimeout, DeadlockError, PeerFailure, RefcollError
-from .base import Ledger, Message, Reduction, TransportBase
+from .base import Ledger, Message, Reduction, TransportBase, default_timeout
 
 __all__ = ["SimWorld", "SimTransport", "as_bytes"]
 
@@ -85,17 +85,22 @@ class SimWorld:
             :class:`~refcoll.errors.CollectiveTimeout`; ``None`` reads
             ``REFCOLL_TIMEOUT`` and otherwise waits (the deadlock detector still
             ends every wait that can never complete).
+        calibration: the :class:`~refcoll.tuning.Calibration` ``auto`` resolves
+            with on this world's ranks (default: :data:`refcoll.tuning.DEFAULT`),
+            to predict what an MPI job that agreed on it returns.
     """
 
     def __init__(self, size: int, *, timeout: float | None = None,
-                 ranks_per_node: int | None = None, record_payloads: bool = False):
+                 ranks_per_node: int | None = None, record_payloads: bool = False,
+                 calibration=None):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
         self.size = size
         self.ranks_per_node = ranks_per_node or size
         self.record_payloads = record_payloads
+        self.calibration = calibration
         env = os.environ.get("REFCOLL_TIMEOUT")
-        self.timeout = timeout if timeout is not None else (float(env) if env else None)
+        self.timeout = timeout if timeout is not None else (default_timeout() if env else None)
         self.ledger = Ledger()
         self._lock = threading.Lock()
         self._wake = [threading.Condition(self._lock) for _ in range(size)]
