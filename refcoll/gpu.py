@@ -784,9 +784,13 @@ def nccl_comm(mpi_comm):
     Rank 0 makes the unique id and MPI broadcasts it; every rank must have
     chosen its GPU first (:func:`check_one_gpu_per_rank`).
     """
+    from .transport.mpi import bounded_barrier
+
     nccl = require_nccl()
     uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
+    bounded_barrier(mpi_comm, "NCCL communicator setup (MPI_Bcast of the unique id)")
     uid = mpi_comm.bcast(uid, root=0)
+    # ncclCommInitRank blocks until every rank joins; all of them passed the barrier.
     return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
 
 
@@ -862,6 +866,9 @@ def _node_rank(mpi_comm) -> tuple[int, int]:
     """Return this rank's place among the ranks of ``mpi_comm`` on its node, and their count."""
     from mpi4py import MPI
 
+    from .transport.mpi import bounded_barrier
+
+    bounded_barrier(mpi_comm, "GPU selection (MPI_Comm_split_type)")
     node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, mpi_comm.Get_rank())
     try:
         return node.Get_rank(), node.Get_size()
@@ -881,10 +888,13 @@ def check_one_gpu_per_rank(mpi_comm) -> int:
     """
     from mpi4py import MPI
 
+    from .transport.mpi import bounded_barrier
+
     rank = mpi_comm.Get_rank()
     local_rank, local_size = _node_rank(mpi_comm)
     cupy = cupy_or_none()
     gpus = cupy.cuda.runtime.getDeviceCount() if cupy is not None else 0
+    bounded_barrier(mpi_comm, "GPU selection (MPI_Allreduce)")
     crowded = mpi_comm.allreduce(int(local_size > gpus), op=MPI.MAX)
     if crowded:
         if local_size > gpus:

@@ -84,8 +84,9 @@ _EXCLUDED = {"naive", "auto", "hierarchical", "switch"}
 #: (switch) ranks the caller must provide.
 _NEVER_PINNED = {"auto", "switch"}
 
-#: A measurement whose spread (interquartile range over median of its round
-#: trips) passes this is too noisy to keep: a busy machine measured it.
+#: A measurement whose spread (how far the medians of its blocks of round trips
+#: disagree, over their median) passes this is too noisy to keep: a busy machine
+#: measured it.
 NOISE_LIMIT = 0.5
 
 
@@ -325,19 +326,30 @@ def ping_pong(t, send, recv, peer: int) -> None:
         t.send(send, peer)
 
 
+#: The ping-pongs run in this many blocks; their medians must agree for a measurement to keep.
+BLOCKS = 3
+
+
 def _spread(times: list[float]) -> float:
-    """Return the interquartile range of ``times`` over their median."""
-    q1, median, q3 = np.percentile(times, [25, 50, 75])
-    return float((q3 - q1) / median) if median > 0 else 0.0
+    """Return how far the medians of :data:`BLOCKS` consecutive blocks of ``times`` disagree.
+
+    The range of the block medians over the median of all: on a quiet machine
+    the blocks measure the same thing, a few per cent apart; when another job
+    takes the cores, some block waits for the scheduler and the medians part.
+    """
+    blocks = np.array_split(np.asarray(times), BLOCKS)
+    medians = [float(np.median(b)) for b in blocks if b.size]
+    overall = float(np.median(times))
+    return (max(medians) - min(medians)) / overall if overall > 0 else 0.0
 
 
-def measure(t, *, repeats: int = 20) -> Calibration:
+def measure(t, *, repeats: int = 30) -> Calibration:
     """Measure α, β and γ on ranks 0 and 1 of ``t`` (every rank must call; collective).
 
     α: half the round trip of an 8-byte ping-pong; β: from a 4 MiB ping-pong, less
     α; γ: a NumPy float32 addition of 1 Mi elements with ``out=``. Medians of
-    ``repeats``; ``spread`` is the larger interquartile range over median of the
-    two ping-pongs. Rank 0's result is broadcast so every rank returns the same.
+    ``repeats``; ``spread`` is the larger :func:`_spread` of the two
+    ping-pongs. Rank 0's result is broadcast so every rank returns the same.
     """
     from .algorithms.naive import naive_broadcast
 
@@ -347,6 +359,7 @@ def measure(t, *, repeats: int = 20) -> Calibration:
         small, large = np.zeros(1, np.float64), np.zeros(1 << 20, np.float32)
 
         def round_trip(buf) -> tuple[float, float]:
+            ping_pong(t, buf, buf, peer)  # a first exchange sets up the connection: not timed
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -401,7 +414,7 @@ def _key_of(t) -> CalibrationKey:
     for row in everyone.reshape(t.size, _HOST_RECORD):
         name, cores = json.loads(row.tobytes().rstrip(b"\0"))
         hosts.setdefault(name, []).append(int(cores))
-    library = MPI.Get_library_version().splitlines()[0].strip()
+    library = " ".join(MPI.Get_library_version().split("\n")[0].split())
     return CalibrationKey(
         host=json.loads(everyone[:_HOST_RECORD].tobytes().rstrip(b"\0"))[0] or platform.node(),
         library=library,
@@ -416,18 +429,20 @@ def _why_not_saved(key: CalibrationKey, calibration: Calibration) -> str | None:
         return ("the ranks outnumber the cores, so every rank waits for a core and the "
                 "latency measured is the scheduler's")
     if calibration.spread is not None and calibration.spread > NOISE_LIMIT:
-        return (f"it was too noisy (interquartile range {calibration.spread:.0%} of the median, "
-                f"above {NOISE_LIMIT:.0%}): another job is probably using the cores")
+        return (f"it was too noisy (the medians of its blocks of round trips differ by "
+                f"{calibration.spread:.0%}, above {NOISE_LIMIT:.0%}): another job is probably "
+                "using the cores; measure again on a quiet machine with refcoll calibrate")
     return None
 
 
-def calibrate(t, *, force: bool = False, save: bool = True) -> tuple[Calibration, str | None]:
+def calibrate(t, *, force: bool = False, save: bool = True,
+              announce: bool = True) -> tuple[Calibration, str | None]:
     """Return ``t``'s calibration and, if it was measured and not saved, why not.
 
     Collective on an MPI transport. Rank 0 reads the cache under ``t``'s key;
     without an entry (or with ``force``) the ranks measure, and rank 0 saves
-    the result unless :func:`_why_not_saved` objects (the reason goes to
-    stderr and comes back on rank 0; None elsewhere).
+    the result unless :func:`_why_not_saved` objects (the reason comes back
+    on rank 0, None elsewhere, and with ``announce`` goes to stderr).
     """
     from .algorithms.naive import naive_broadcast
 
@@ -444,11 +459,12 @@ def calibrate(t, *, force: bool = False, save: bool = True) -> tuple[Calibration
                            spread=float(record[5])), None
     calibration = replace(measure(t), key=key.text())
     why = _why_not_saved(key, calibration)
-    if t.rank == 0:
-        if why is None and save:
+    if why is None and save:
+        if t.rank == 0:
             _save(key.text(), calibration)
-            calibration = replace(calibration, source=f"measured, saved in {cache_path()}")
-        elif why is not None:
+        calibration = replace(calibration, source=f"measured, saved in {cache_path()}")
+    if t.rank == 0:
+        if why is not None and announce:
             print(f"refcoll: note: auto's calibration was measured for this job only and not "
                   f"saved: {why}", file=sys.stderr, flush=True)
     if why is not None:

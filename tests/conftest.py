@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from refcoll.conformance import build_cases, run_battery
@@ -15,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Simulated ranks are threads that hand over on every message: a shorter switch
 # interval than CPython's 5 ms default makes the simulated suite several times faster.
 sys.setswitchinterval(1e-3)
+
+# auto's calibrations measured by the suite's MPI jobs go to a cache of the suite's own
+# (inherited by every job it starts), never into the user's ~/.cache/refcoll.
+os.environ.setdefault("REFCOLL_CACHE", tempfile.mkdtemp(prefix="refcoll-test-cache-"))
 
 # tests/mpi/ runs under mpiexec (see test_mpi.py); the serial run does not collect it.
 collect_ignore = [] if "--with-mpi" in sys.argv else ["mpi"]

@@ -1,0 +1,242 @@
+"""auto's calibration depends on what it should depend on, and nothing else.
+
+The key holds the host, the MPI library, the ranks per node and whether the
+ranks outnumber the cores; measurements taken oversubscribed or noisy are never
+saved; ``REFCOLL_CALIBRATION=default`` is deterministic; ``REFCOLL_ALGO`` pins
+auto's choice, and a bad value is an error on every rank. No test here depends
+on what a measurement measured: only on what was done with it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import refcoll
+from conftest import mpiexec_path
+from refcoll import tuning
+from refcoll.errors import UsageError
+from refcoll.transport import SimWorld
+
+MPIEXEC = mpiexec_path()
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+CORES = os.cpu_count() or 1
+
+REPORT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from mpi4py import MPI
+    import refcoll
+    from refcoll import tuning
+    from refcoll.api import as_transport
+
+    comm = MPI.COMM_WORLD
+
+    def report(**fields):  # one file a rank: lines printed by several ranks may interleave
+        with open(os.path.join(os.environ["REPORTS"], f"{comm.rank}.json"), "w") as fh:
+            json.dump(dict(fields, rank=comm.rank), fh)
+
+    if len(sys.argv) > 1 and comm.rank == 1:
+        os.environ["REFCOLL_ALGO"] = sys.argv[1]  # this rank alone
+    t = as_transport(comm)
+    try:
+        refcoll.allreduce(np.ones(1000, np.float32), comm, algorithm="auto")
+    except refcoll.RefcollError as exc:
+        report(error=f"{type(exc).__name__}: {exc}")
+        sys.exit(0)
+    cal = tuning.calibration_for(t)
+    picks = {n: tuning.resolve(t, "allreduce", n, 4) for n in (1, 1 << 12, 1 << 22)}
+    report(alpha=cal.alpha, beta=cal.beta, gamma=cal.gamma, key=cal.key, source=cal.source,
+           picks=picks)
+""")
+
+
+def run_report(tmp_path, n, *args, **env_extra):
+    path = tmp_path / "report.py"
+    path.write_text(REPORT)
+    reports_dir = tmp_path / "reports"
+    reports_dir.mkdir(exist_ok=True)
+    for old in reports_dir.iterdir():
+        old.unlink()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "REFCOLL_ALGO", "REFCOLL_CALIBRATION"))}
+    env.update(REFCOLL_CACHE=str(tmp_path / "cache"), REFCOLL_TIMEOUT="60",
+               REPORTS=str(reports_dir), **env_extra)
+    res = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(path), *args],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    reports = [json.loads((reports_dir / f"{r}.json").read_text()) for r in range(n)]
+    return reports, res.stderr
+
+
+def cache_file(tmp_path):
+    return tmp_path / "cache" / "calibration.json"
+
+
+@needs_mpi
+def test_the_key_names_ranks_per_node_and_oversubscription(tmp_path):
+    n = 2
+    reports, stderr = run_report(tmp_path, n)
+    key = reports[0]["key"]
+    over = "yes" if n > CORES else "no"
+    assert key.endswith(f"|ranks_per_node={n}|oversubscribed={over}"), key
+    assert len({json.dumps(dict(r, rank=0), sort_keys=True) for r in reports}) == 1, \
+        "every rank must resolve with the same calibration"
+    saved = json.loads(cache_file(tmp_path).read_text()) if cache_file(tmp_path).exists() else {}
+    # Saved, or not saved with the reason on stderr: never saved silently under another key.
+    assert list(saved) == [key] or "not saved" in stderr, (saved, stderr)
+
+
+@needs_mpi
+def test_an_oversubscribed_measurement_is_used_but_never_saved(tmp_path):
+    n = CORES + 1
+    reports, stderr = run_report(tmp_path, n)
+    assert reports[0]["key"].endswith(f"ranks_per_node={n}|oversubscribed=yes")
+    assert "measured for this job only" in reports[0]["source"]
+    assert "not saved: the ranks outnumber the cores" in stderr
+    assert not cache_file(tmp_path).exists()
+
+
+@needs_mpi
+def test_a_cached_calibration_is_used_only_under_its_own_key(tmp_path):
+    reports, _ = run_report(tmp_path, 2, REFCOLL_CALIBRATION="measure")
+    key = reports[0]["key"]
+    # A calibration so slow per message that auto must pick recursive doubling everywhere,
+    # cached under this key and under another shape.
+    planted = {"alpha": 1.0, "beta": 1e-12, "gamma": 1e-12, "measured_at": 0, "spread": 0}
+    other = key.replace("ranks_per_node=2", "ranks_per_node=7")
+    cache_file(tmp_path).parent.mkdir(exist_ok=True)
+    cache_file(tmp_path).write_text(json.dumps({key: planted, other: dict(planted, alpha=2.0)}))
+    reports, _ = run_report(tmp_path, 2)
+    assert reports[0]["alpha"] == 1.0 and "cached in" in reports[0]["source"]
+    expected = {str(n): tuning.choose("allreduce", 2, n, 4, tuning.Calibration(1.0, 1e-12, 1e-12))
+                for n in (1, 1 << 12, 1 << 22)}
+    assert reports[0]["picks"] == expected
+
+
+@needs_mpi
+def test_the_deterministic_mode_never_measures(tmp_path):
+    reports, _ = run_report(tmp_path, 2, REFCOLL_CALIBRATION="default")
+    assert (reports[0]["alpha"], reports[0]["beta"], reports[0]["gamma"]) == (
+        tuning.DEFAULT.alpha, tuning.DEFAULT.beta, tuning.DEFAULT.gamma)
+    assert reports[0]["picks"] == {str(n): tuning.choose("allreduce", 2, n, 4)
+                                   for n in (1, 1 << 12, 1 << 22)}
+    assert not cache_file(tmp_path).exists()
+
+
+@needs_mpi
+def test_refcoll_algo_pins_auto_under_mpi(tmp_path):
+    reports, _ = run_report(tmp_path, 2, REFCOLL_ALGO="allreduce:tree",
+                            REFCOLL_CALIBRATION="default")
+    assert set(reports[0]["picks"].values()) == {"tree"}
+
+
+@needs_mpi
+@pytest.mark.parametrize("value,message", [
+    ("rign", "unknown algorithm 'rign'"),
+    ("^ring,recursive_doubling,rabenseifner,tree,dbtree", "leaves auto no algorithm"),
+])
+def test_a_bad_refcoll_algo_is_an_error_on_every_rank(tmp_path, value, message):
+    reports, _ = run_report(tmp_path, 2, REFCOLL_ALGO=value, REFCOLL_CALIBRATION="default")
+    assert all(message in r.get("error", "") for r in reports), reports
+
+
+@needs_mpi
+def test_ranks_whose_refcoll_algo_differs_fail_together(tmp_path):
+    reports, _ = run_report(tmp_path, 2, "ring", REFCOLL_CALIBRATION="default")
+    assert all("MismatchError" in r.get("error", "") and "REFCOLL_ALGO" in r["error"]
+               for r in reports), reports
+
+
+def test_a_noisy_measurement_is_not_saved():
+    key = tuning.CalibrationKey("host", "lib", 2, False)
+    noisy = tuning.Calibration(1e-5, 1e-9, 1e-9, spread=tuning.NOISE_LIMIT * 2)
+    quiet = tuning.Calibration(1e-5, 1e-9, 1e-9, spread=tuning.NOISE_LIMIT / 2)
+    assert "too noisy" in tuning._why_not_saved(key, noisy)
+    assert tuning._why_not_saved(key, quiet) is None
+    over = tuning.CalibrationKey("host", "lib", 3, True)
+    assert "outnumber the cores" in tuning._why_not_saved(over, quiet)
+
+
+def test_spread_sees_blocks_that_disagree():
+    assert tuning._spread([1.0] * 30) == 0.0
+    assert tuning._spread([1.0] * 20 + [3.0] * 10) > tuning.NOISE_LIMIT
+
+
+@pytest.mark.parametrize("value,collective,expected", [
+    ("ring", "allreduce", ["ring"]),
+    ("ring,tree", "allreduce", ["ring", "tree"]),
+    ("^recursive_doubling", "allreduce", ["ring", "rabenseifner", "tree", "dbtree"]),
+    ("allreduce:ring;reduce_scatter:rabenseifner", "reduce_scatter", ["rabenseifner"]),
+    ("allreduce:ring", "reduce_scatter", tuning.candidates("reduce_scatter")),
+    ("rabenseifner", "broadcast", tuning.candidates("broadcast")),  # it has no broadcast
+    ("allreduce:hierarchical", "allreduce", ["hierarchical"]),  # pinned, not auto's own pick
+])
+def test_refcoll_algo_grammar(value, collective, expected):
+    assert tuning.AlgoFilter.parse(value).allowed(collective) == expected
+
+
+@pytest.mark.parametrize("value,message", [
+    ("rign", "unknown algorithm 'rign'; choose from"),
+    ("bcast:ring", "unknown collective 'bcast'"),
+    ("allgather:tree", "tree does not implement allgather"),
+    ("allreduce:", "names no algorithm"),
+    ("switch", "unknown algorithm 'switch'"),
+])
+def test_refcoll_algo_errors(value, message):
+    with pytest.raises(UsageError, match=message):
+        tuning.AlgoFilter.parse(value)
+
+
+def test_refcoll_algo_steers_the_simulator_too(monkeypatch):
+    xs = [np.arange(1 << 12, dtype=np.float32) + r for r in range(4)]
+    monkeypatch.setenv("REFCOLL_ALGO", "allreduce:tree")
+    auto = refcoll.simulate("allreduce", xs, algorithm="auto")
+    tree = refcoll.simulate("allreduce", xs, algorithm="tree")
+    assert auto.outputs[0].tobytes() == tree.outputs[0].tobytes()
+    assert auto.ledger.counts() == tree.ledger.counts()
+    monkeypatch.setenv("REFCOLL_ALGO", "nope")
+    with pytest.raises(UsageError, match="unknown algorithm 'nope'"):
+        refcoll.simulate("allreduce", xs, algorithm="auto")
+
+
+def test_simulate_resolves_auto_with_the_calibration_given():
+    slow_messages = tuning.Calibration(1.0, 1e-12, 1e-12)
+    count = 1 << 20
+    pick = tuning.choose("allreduce", 4, count, 4, slow_messages)
+    assert pick != tuning.choose("allreduce", 4, count, 4)  # the two calibrations disagree
+    xs = [np.ones(count, np.float32)] * 4
+    got = SimWorld(4, calibration=slow_messages).run(
+        lambda t: (tuning.resolve(t, "allreduce", count, 4), tuning.calibration_for(t)))
+    assert got[0] == (pick, slow_messages)
+    result = refcoll.simulate("allreduce", xs, algorithm="auto", calibration=slow_messages)
+    assert result.ledger.counts() == refcoll.simulate("allreduce", xs,
+                                                      algorithm=pick).ledger.counts()
+
+
+def test_a_bad_calibration_mode_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv("REFCOLL_CALIBRATION", "sometimes")
+    with pytest.raises(UsageError, match="REFCOLL_CALIBRATION='sometimes'"):
+        tuning.calibration_mode()
+
+
+@needs_mpi
+def test_calibrate_command_saves_or_says_why_not(tmp_path):
+    env = dict(os.environ, REFCOLL_CACHE=str(tmp_path / "cache"))
+    out = tmp_path / "cal.json"
+    res = subprocess.run([sys.executable, "-m", "refcoll", "calibrate", "-n", "2", "--force",
+                          "--json", str(out)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    report = json.loads(out.read_text())
+    assert report["calibration"]["key"].endswith("ranks_per_node=2|oversubscribed="
+                                                 + ("yes" if CORES < 2 else "no"))
+    if report["saved"]:
+        assert res.returncode == 0, res.stderr
+        assert report["calibration"]["key"] in json.loads(cache_file(tmp_path).read_text())
+    else:
+        assert res.returncode == 1 and "not saved" in res.stderr
+        assert not cache_file(tmp_path).exists()
