@@ -160,4 +160,4 @@ def main() -> None:
 
 
 from . import commands  # noqa: E402,F401  (registers the commands on main)
-from . import bench, model, train  # noqa: E402,F401
+from . import bench, calibrate, model, train  # noqa: E402,F401
