@@ -78,6 +78,7 @@ from .errors import UsageError
 from .inputs import make_input, make_inputs
 from .ops import check_supported, dtype_name, get_dtype, get_op, is_float
 from .oracle import fold
+from .transport.mpi import bounded_barrier, default_timeout, duplicate, wait_by_deadline
 
 __all__ = [
     "BenchConfig",
@@ -107,6 +108,8 @@ __all__ = [
     "write_csv",
     "plotting",
     "plot",
+    "bar_target",
+    "TableWriter",
 ]
 
 #: The MPI library's own collective that each refcoll collective is timed against.
@@ -245,6 +248,9 @@ def use_device(comm, config: "BenchConfig") -> int | None:
     """
     if config.device != "gpu":
         return None
+    # The GPU choice starts with MPI_Comm_split_type, which has no nonblocking form:
+    # a bounded MPI_Ibarrier first, so a rank that never comes times out here.
+    bounded_barrier(comm, "refcoll bench (choosing GPUs: MPI_Comm_split_type)")
     device = (gpu.check_one_gpu_per_rank(comm) if config.against == "nccl"
               else gpu.use_node_gpu(comm))
     gpu.check_device_dtype(get_dtype(config.dtype), array_module("gpu"))
@@ -387,13 +393,17 @@ class Replay:
         comm: an mpi4py communicator of the schedule's ranks (duplicated here).
         plan: this rank's plan from :func:`schedule`.
         dtype: the elements' dtype; op: the reduction op.
+        timeout: seconds the duplication may wait for the other ranks (None:
+            ``REFCOLL_TIMEOUT``'s, see :func:`refcoll.transport.mpi.default_timeout`).
     """
 
-    def __init__(self, comm, plan: list[tuple], dtype, op) -> None:
+    def __init__(self, comm, plan: list[tuple], dtype, op, *, timeout: float | None = None) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
-        self.comm = comm.Dup()
+        # MPI_Comm_idup waited by the deadline, not the blocking MPI_Comm_dup.
+        self.comm = duplicate(comm, default_timeout() if timeout is None else timeout,
+                              "refcoll bench (the transport bound's communicator)")
         self._ufunc = get_op(op).ufunc
         dt = get_dtype(dtype)
         largest_send = max((n for _, sends, _, _ in plan for _, n in sends), default=0)
@@ -415,6 +425,8 @@ class Replay:
                                 [(acc[:e], other[:e]) for e in reds]))
 
     def __call__(self) -> None:
+        # Timed, so a bare Waitall with no deadline: bounded by the MPI_Ibarrier before
+        # every run (:meth:`_Item.run`), after which every peer is in this very replay.
         comm, ufunc, waitall = self.comm, self._ufunc, self._mpi.Request.Waitall
         for receives, sends, reductions in self._steps:
             if receives or sends:
@@ -500,6 +512,8 @@ class _Item:
     wrong: int = 0
     checked: int = 0
     xp: Any = np                    # the array module of the buffers: NumPy, or CuPy on a GPU
+    what: str = "refcoll bench"     # names the call in a timeout's message
+    timeout: float | None = None    # the barrier's deadline (None: REFCOLL_TIMEOUT's)
 
     def run(self, timed: bool, check: bool) -> None:
         """Run once after a barrier of the participants; time it and check it.
@@ -512,7 +526,12 @@ class _Item:
         if checking:
             xp.copyto(self.result.reshape(-1), self.data.poison)
         gpu.synchronize(xp)
-        self.comm.Barrier()
+        # MPI_Ibarrier waited by the deadline, before the clock starts (not timed). Once it
+        # completes every participant is at this call, so the call itself cannot wait for
+        # a rank that never comes: this bounds the MPI library's (or NCCL's) own blocking
+        # collective and the bound's replay, which have no deadline of their own. refcoll's
+        # calls wait by the transport's deadline anyway.
+        bounded_barrier(self.comm, self.what, self.timeout)
         start = time.perf_counter()
         self.call()
         gpu.synchronize(xp)
@@ -620,7 +639,7 @@ class _Compressed:
 class _Groups:
     """The communicators of a run: the data ranks, and data ranks plus switches per algorithm."""
 
-    def __init__(self, world, config: BenchConfig) -> None:
+    def __init__(self, world, config: BenchConfig, timeout: float | None = None) -> None:
         from mpi4py import MPI
 
         from .conformance import case_ranks
@@ -634,10 +653,17 @@ class _Groups:
         self._comms: dict[int, Any] = {}
         for total in sorted({self.workers} | {total for _, total in self.layout.values()}):
             color = 0 if world.rank < total else MPI.UNDEFINED
+            # MPI has no nonblocking split: a bounded MPI_Ibarrier first, after which
+            # every rank is at this MPI_Comm_split.
+            bounded_barrier(world, f"refcoll bench (MPI_Comm_split of the first {total} ranks)",
+                            timeout)
             comm = world.Split(color, world.rank)
             self._comms[total] = None if comm == MPI.COMM_NULL else comm
         self.nccl = None  # NCCL's communicator of the data ranks, made once for the sweep
         if config.against == "nccl" and self._comms[self.workers] is not None:
+            # NCCL's unique id goes out in a blocking MPI bcast: a bounded MPI_Ibarrier first.
+            bounded_barrier(self._comms[self.workers], "refcoll bench (making NCCL's communicator)",
+                            timeout)
             self.nccl = gpu.nccl_comm(self._comms[self.workers])
 
     def comm(self, total: int):
@@ -645,7 +671,7 @@ class _Groups:
         return self._comms[total]
 
     def free(self) -> None:
-        """Free every communicator this run made."""
+        """Free every communicator this run made (MPI_Comm_free does not wait for the others)."""
         if self.nccl is not None and hasattr(self.nccl, "destroy"):
             self.nccl.destroy()
         for comm in self._comms.values():
@@ -670,8 +696,9 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
         the same on every rank.
     """
     check_config(config)
+    timeout = default_timeout()  # a bad REFCOLL_TIMEOUT is a UsageError on every rank, up front
     use_device(comm, config)
-    groups = _Groups(comm, config)
+    groups = _Groups(comm, config, timeout)
     rows: list[dict] = []
     schedules: dict[tuple, list] = {}  # a schedule serves every size and algorithm it fits
     runs = config.warmup + config.iters
@@ -679,7 +706,7 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
         for i, nbytes in enumerate(config.sizes):
             step = None if progress is None else (
                 lambda k, done=i * runs, n=nbytes: progress(done + k, len(config.sizes) * runs, n))
-            size_rows = _run_size(groups, config, nbytes, schedules, step)
+            size_rows = _run_size(groups, config, nbytes, schedules, step, timeout)
             rows += size_rows
             if on_row is not None:
                 for row in size_rows:
@@ -690,10 +717,10 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
 
 
 def _run_size(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
-              step) -> list[dict]:
+              step, timeout: float | None = None) -> list[dict]:
     """Time every item at one size; return its rows."""
     states: dict[str, _Compressed] = {}
-    items, resolved = _items(groups, config, nbytes, schedules, states)
+    items, resolved = _items(groups, config, nbytes, schedules, states, timeout)
     try:
         for it in range(config.warmup + config.iters):
             k = it % len(items)
@@ -706,14 +733,14 @@ def _run_size(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict
         for item in items:
             if isinstance(item.call, Replay):
                 item.call.free()
-    by_key = _reduce_items(groups.world, items)
-    wires = _wire_bytes(groups.world, config, states)
+    by_key = _reduce_items(groups.world, items, timeout)
+    wires = _wire_bytes(groups.world, config, states, timeout)
     return [_row(config, groups, nbytes, name, resolved[name], by_key, wires.get(name))
             for name in config.algorithms]
 
 
 def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
-           states: dict) -> tuple[list[_Item], dict]:
+           states: dict, timeout: float | None = None) -> tuple[list[_Item], dict]:
     """Return this rank's timed items at one size, and what ``auto`` resolved to (rank 0's)."""
     from .api import as_transport
 
@@ -738,7 +765,9 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
             config.collective == "broadcast" and rank == root)
         call = _base_call(config, base_comm, data, root, groups.nccl) if data else None
         items.append(_Item("base", baseline_name(config), base_comm, call,
-                           data.theirs if checked else None, data, xp=xp))
+                           data.theirs if checked else None, data, xp=xp,
+                           what=f"refcoll bench (before {baseline_name(config)} at {nbytes} B)",
+                           timeout=timeout))
     for name in config.algorithms:
         p, total = groups.layout[name]
         sub = groups.comm(total)
@@ -762,7 +791,8 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
             comp = parse(config.compressor)
             state = states[name] = _Compressed(comp, comp.new_state(seed=0, rank=sub.rank))
         items.append(_Item("ours", name, sub, _our_call(config, t, data, name, root, state),
-                           data.out if config.compressor is None else None, data, xp=xp))
+                           data.out if config.compressor is None else None, data, xp=xp,
+                           what=f"refcoll bench (before {name} at {nbytes} B)", timeout=timeout))
         if bound:
             algorithm = resolved[name] or name
             key = (algorithm, p, total, data.count)
@@ -774,20 +804,40 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
                                      node_size=_node_size(t, algorithm))
                 elif algorithm == "hierarchical":
                     _node_size(t, algorithm)  # collective: every rank splits the nodes
+                # After rank 0's simulation: a bounded MPI_Ibarrier, then the blocking scatter.
+                bounded_barrier(sub, f"refcoll bench (sending {name}'s schedule at {nbytes} B)",
+                                timeout)
                 schedules[key] = sub.scatter(plans, root=0)
-            items.append(_Item("bound", name, sub, Replay(sub, schedules[key], config.dtype,
-                                                          config.op)))
+            items.append(_Item("bound", name, sub,
+                               Replay(sub, schedules[key], config.dtype, config.op,
+                                      timeout=timeout),
+                               what=f"refcoll bench (before {name}'s bound at {nbytes} B)",
+                               timeout=timeout))
+    # A bounded MPI_Ibarrier, then the blocking (pickled) bcast of auto's choices.
+    bounded_barrier(groups.world, f"refcoll bench (setting up {nbytes} B)", timeout)
     return items, groups.world.bcast(resolved, root=0)
 
 
-def _reduce_items(world, items: list[_Item]) -> dict:
+def _iallreduce(comm, buf: np.ndarray, op, what: str, timeout: float | None) -> None:
+    """All-reduce ``buf`` in place with ``MPI_Iallreduce``, waited for by the deadline."""
+    from mpi4py import MPI
+
+    wait_by_deadline(
+        comm.Iallreduce(MPI.IN_PLACE, buf, op=op), timeout,
+        lambda: f"rank {comm.rank}: refcoll bench timed out after {timeout:g} s {what} "
+                f"(MPI_Iallreduce over {comm.size} ranks): not every rank has reached it, and "
+                "MPI cannot tell which; a rank may be dead, slow, or still timing "
+                "(set REFCOLL_TIMEOUT to wait longer)")
+
+
+def _reduce_items(world, items: list[_Item], timeout: float | None = None) -> dict:
     """Return ``(kind, name) -> (time, wrong, checked)``: the slowest rank's median, summed counts."""
     from mpi4py import MPI
 
     medians = np.array([float(np.median(item.times)) if item.times else 0.0 for item in items])
     counts = np.array([[item.wrong, item.checked] for item in items], dtype=np.int64)
-    world.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
-    world.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
+    _iallreduce(world, medians, MPI.MAX, "gathering the timings", timeout)
+    _iallreduce(world, counts, MPI.SUM, "gathering the checks", timeout)
     return {(item.kind, item.name): (float(medians[j]), int(counts[j, 0]), int(counts[j, 1]))
             for j, item in enumerate(items)}
 
@@ -801,7 +851,7 @@ def _node_size(t, algorithm: str) -> int | None:
     return node_layout(t).sizes[0]
 
 
-def _wire_bytes(world, config: BenchConfig, states: dict) -> dict:
+def _wire_bytes(world, config: BenchConfig, states: dict, timeout: float | None = None) -> dict:
     """Return each compressed algorithm's wire bytes in its last call: the largest over ranks."""
     if config.compressor is None:
         return {}
@@ -814,7 +864,9 @@ def _wire_bytes(world, config: BenchConfig, states: dict) -> dict:
         if traffic is not None:
             values[j] = traffic.sent, traffic.received, traffic.dense
         patterns.append(getattr(traffic, "pattern", None))
-    world.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    _iallreduce(world, values, MPI.MAX, "gathering the wire bytes", timeout)
+    # The all-reduce completed, so every rank has reached it and comes to this blocking
+    # (pickled) bcast next: bounded as if by a barrier.
     patterns = world.bcast(patterns, root=0)  # rank 0 holds data: it ran every pattern
     return {name: {"wire_sent": int(values[j, 0]), "wire_received": int(values[j, 1]),
                    "dense_sent": int(values[j, 2]), "pattern": patterns[j]}
@@ -883,6 +935,7 @@ def bench_header(comm, config: BenchConfig) -> dict:
             return None
 
     workers = config.workers or comm.size
+    timeout = default_timeout()
     use_device(comm, config)
     unavailable = baseline_unavailable(config)
     notes = [
@@ -939,14 +992,20 @@ def bench_header(comm, config: BenchConfig) -> dict:
         from .api import as_transport
         from .tuning import calibration_for
 
+        # MPI has no nonblocking split: a bounded MPI_Ibarrier first.
+        bounded_barrier(comm, "refcoll bench (MPI_Comm_split for auto's calibration)", timeout)
         sub = comm.Split(0 if comm.rank < workers else MPI.UNDEFINED, comm.rank)
         if sub != MPI.COMM_NULL:
-            # The calibration of the transport the calls run on (device buffers: its wrapper).
+            # The calibration of the transport the calls run on (device buffers: its wrapper);
+            # its messages wait by the transport's deadline.
             template = array_module(config.device).zeros(1, np.uint8)
             cal = calibration_for(gpu.device_transport(as_transport(sub), template))
             header["calibration"] = {"alpha": cal.alpha, "beta": cal.beta, "gamma": cal.gamma,
                                      "source": cal.source}
             sub.Free()
+        # A bounded MPI_Ibarrier (the spare ranks wait here through the calibration),
+        # then the blocking (pickled) bcast.
+        bounded_barrier(comm, "refcoll bench (sharing auto's calibration)", timeout)
         header["calibration"] = comm.bcast(header["calibration"], root=0)
     return header
 
@@ -1136,3 +1195,99 @@ def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
         ax.legend()
     fig.savefig(path, format="png", dpi=100)
 
+
+
+# ---------------------------------------------------------------- the terminal
+
+def bar_target(out_fd: int = 1, err_fd: int = 2) -> tuple[str, int] | None:
+    """Return where a progress bar may be drawn, ``("stdout" | "stderr", columns)``, or None.
+
+    A bar is drawn only when stderr is a terminal. When stdout is that same
+    terminal (``os.path.samestat`` of the two descriptors) the bar goes to
+    ``"stdout"``, the stream that carries the table: see :class:`TableWriter`
+    for why. ``columns`` is that terminal's width (80 when it reports none).
+    Call it where the terminal is, in the process that starts ``mpiexec``:
+    the ranks' streams are pipes to the launcher.
+    """
+    if not os.isatty(err_fd):
+        return None
+    shared = os.isatty(out_fd) and os.path.samestat(os.fstat(out_fd), os.fstat(err_fd))
+    fd = out_fd if shared else err_fd
+    try:
+        columns = os.get_terminal_size(fd).columns
+    except OSError:
+        columns = 0
+    return ("stdout" if shared else "stderr"), columns or 80
+
+
+class TableWriter:
+    """Rank 0's report: the table's lines on ``out``, and a progress bar between them.
+
+    One process writes both, in one thread, and erases the bar before every
+    line of the table, so no row is written while a bar stands on the line.
+    That is not enough by itself: under ``mpiexec`` a rank's stdout and stderr
+    are two pipes, which the launcher reads as data comes and copies to its own
+    stdout and stderr, so bytes flushed to stderr before a row was flushed to
+    stdout can still reach the terminal after it (a row glued to a bar, then
+    erased). Order holds only within one stream. So when stdout and stderr are
+    the same terminal (``shared``, from :func:`bar_target`) the bar is drawn on
+    ``out`` itself: bar, erasure and row travel down one pipe and arrive in the
+    order written. Otherwise the bar is on stderr and the rows go to a file, a
+    pipe or another terminal: they never share a line with it. Either way the
+    bar's stream is flushed after each erasure, before the row is written, and
+    ``out`` after each row. The bar is erased by overwriting it with spaces
+    (it never wraps: it is cut to the terminal's width), which every terminal
+    understands.
+
+    Args:
+        out: the table's stream (stdout).
+        err: the bar's stream when it is not ``out`` (stderr).
+        tty: whether the bar's stream is a terminal; without one no bar is drawn.
+        shared: ``out`` and ``err`` are the same terminal: draw the bar on ``out``.
+        width: the terminal's columns.
+        min_interval: seconds between two redraws of the bar (a sweep of small
+            sizes would otherwise redraw it thousands of times a second).
+        clock: the time source of ``min_interval`` (seconds).
+    """
+
+    BAR = 30
+
+    def __init__(self, out, err, *, tty: bool, shared: bool = False, width: int = 80,
+                 min_interval: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+        self._out = out
+        self._bar = (out if shared else err) if tty else None
+        self._width = max(width - 1, 1)  # the last column would wrap on some terminals
+        self._min_interval = min_interval
+        self._clock = clock
+        self._drawn = 0  # characters of the bar now on the line (0: none)
+        self._last = None
+
+    def line(self, text: str) -> None:
+        """Erase the bar, then write ``text`` and a newline to ``out``; flush both."""
+        self.clear()
+        self._out.write(text + "\n")
+        self._out.flush()
+
+    def progress(self, done: int, total: int, nbytes: int) -> None:
+        """Redraw the bar (at most once per ``min_interval``): ``run_bench``'s ``progress``."""
+        if self._bar is None:
+            return
+        now = self._clock()
+        if self._last is not None and now - self._last < self._min_interval:
+            return
+        self._last = now
+        filled = self.BAR * done // max(total, 1)
+        text = (f"[{'#' * filled}{'.' * (self.BAR - filled)}] {done}/{total} iterations, "
+                f"at {nbytes} B")[:self._width]
+        self._bar.write("\r" + text.ljust(self._drawn))  # covers a longer bar before it
+        self._bar.flush()
+        self._drawn = max(self._drawn, len(text))
+
+    __call__ = progress
+
+    def clear(self) -> None:
+        """Erase the bar, if one is drawn, and flush its stream."""
+        if self._drawn:
+            self._bar.write("\r" + " " * self._drawn + "\r")
+            self._bar.flush()
+            self._drawn = 0

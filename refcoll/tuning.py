@@ -447,14 +447,20 @@ def calibrate(t, *, force: bool = False, save: bool = True,
     from .algorithms.naive import naive_broadcast
 
     key = _key_of(t)
-    found = None if force else (_load(key.text()) if t.rank == 0 else None)
-    record = np.zeros(6)
+    found, kind = None, 0.0
+    if t.rank == 0 and not force:
+        found, kind = _load(key.text()), 1.0
+        if found is None:
+            found, kind = _THIS_JOB.get(key.text()), 2.0
+    record = np.zeros(6)  # kind (0: measure, 1: cached in the file, 2: this job's), α, β, γ...
     if found is not None:
-        record[:] = 1, found.alpha, found.beta, found.gamma, found.measured_at or 0, \
+        record[:] = kind, found.alpha, found.beta, found.gamma, found.measured_at or 0, \
             found.spread or 0
     naive_broadcast(t, record, root=0)
     if record[0]:
-        return Calibration(*map(float, record[1:4]), source=f"cached in {cache_path()}",
+        source = (f"cached in {cache_path()}" if record[0] == 1 else
+                  "measured earlier in this job, not saved")
+        return Calibration(*map(float, record[1:4]), source=source,
                            key=key.text(), measured_at=float(record[4]) or None,
                            spread=float(record[5])), None
     calibration = replace(measure(t), key=key.text())
@@ -469,7 +475,14 @@ def calibrate(t, *, force: bool = False, save: bool = True,
                   f"saved: {why}", file=sys.stderr, flush=True)
     if why is not None:
         calibration = replace(calibration, source=f"measured for this job only ({why})")
+        if t.rank == 0:
+            _THIS_JOB[key.text()] = calibration  # other communicators of this job reuse it
     return calibration, why if t.rank == 0 else None
+
+
+#: Measurements this process took and could not save, by key: a second
+#: communicator of the same shape in the same job uses them instead of measuring again.
+_THIS_JOB: dict[str, Calibration] = {}
 
 
 @dataclass

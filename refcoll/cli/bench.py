@@ -7,11 +7,12 @@ import sys
 
 import click
 
-from . import main, relaunch, reports_errors, split_list, write_json
+from . import check_output_paths, main, relaunch, reports_errors, split_list, write_json
 from .. import algorithms
 from ..errors import UsageError
 
-#: Set by the launching process when its stderr is a terminal (mpiexec's ranks see pipes).
+#: Set by the launching process when its stderr is a terminal (mpiexec's ranks see pipes):
+#: ``stdout:COLUMNS`` (stdout is that terminal too: draw the bar there) or ``stderr:COLUMNS``.
 _PROGRESS_VARIABLE = "REFCOLL_PROGRESS"
 
 
@@ -62,9 +63,14 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
     """
-    from ..bench import BenchConfig, check_config, extra_ranks, parse_size, plotting, size_sweep
+    from ..bench import BenchConfig, bar_target, check_config, extra_ranks, parse_size, plotting
+    from ..bench import size_sweep
     from ..launch import in_mpi_job
 
+    if not in_mpi_job():
+        # Before anything runs. Inside an MPI job only rank 0 writes the files, so
+        # only it checks (_bench_in_world): another node may lack the folder.
+        check_output_paths(json=json_file, csv=csv_file, plot=plot_file)
     names = split_list(algorithm, algorithms.names(), "algorithm")
     config = BenchConfig(
         sizes=size_sweep(parse_size(minbytes), parse_size(maxbytes), stepfactor),
@@ -78,8 +84,8 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         if nprocs < 1:
             raise UsageError(f"-n must be at least 1, got {nprocs}")
         env = {"REFCOLL_WORKERS": str(nprocs)}
-        if sys.stderr.isatty():
-            env[_PROGRESS_VARIABLE] = "1"
+        target = bar_target()  # the terminal is here: the ranks' streams are pipes
+        env[_PROGRESS_VARIABLE] = "%s:%d" % target if target is not None else ""
         relaunch(nprocs + extra_ranks(config.algorithms, nprocs), env)
     _bench_in_world(nprocs, config, json_file, csv_file, plot_file)
 
@@ -92,29 +98,28 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
 
     world = MPI.COMM_WORLD
     lead = world.rank == 0
+    _check_paths_on_lead(world, json=json_file, csv=csv_file, plot=plot_file)
     config.workers = int(os.environ.get("REFCOLL_WORKERS", world.size))
     if lead and "REFCOLL_WORKERS" not in os.environ and nprocs != world.size:
         click.echo(f"refcoll: note: already inside an MPI job of {world.size} processes; "
                    f"using it (-n {nprocs} ignored)", err=True)
     header = bench_header(world, config)
-    progress = _Progress() if lead and (os.environ.get(_PROGRESS_VARIABLE) == "1"
-                                        or sys.stderr.isatty()) else None
+    writer = _writer() if lead else None  # rank 0 writes the table and the bar, nobody else
     if lead:
-        click.echo(format_header(header))
+        writer.line(format_header(header))
 
     def show(row: dict) -> None:
         if lead:
-            if progress is not None:
-                progress.clear()
-            click.echo(format_row(row, header))
-            sys.stdout.flush()
+            writer.line(format_row(row, header))
 
-    rows = run_bench(world, config, on_row=show, progress=progress)
-    if progress is not None:
-        progress.clear()
+    try:
+        rows = run_bench(world, config, on_row=show, progress=writer)
+    finally:
+        if writer is not None:
+            writer.clear()  # an error's message must not land on the bar's line
     summary = summarize(rows)
     if lead:
-        click.echo(format_footer(summary))
+        writer.line(format_footer(summary))
         write_json(json_file, {"schema": "refcoll-bench/1", "header": header, "rows": rows,
                                "summary": summary})
         if csv_file:
@@ -127,24 +132,46 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
     sys.exit(0 if summary["passed"] else 1)
 
 
-class _Progress:
-    """A one-line progress bar on stderr, redrawn in place (rank 0 only)."""
+def _check_paths_on_lead(world, **paths) -> None:
+    """Check the output paths on rank 0, the one that writes them; every rank exits 2 if bad."""
+    from ..transport.mpi import bounded_barrier
 
-    WIDTH = 30
+    problem = None
+    if world.rank == 0:
+        try:
+            check_output_paths(**paths)
+        except UsageError as exc:
+            problem = str(exc)
+    # A bounded MPI_Ibarrier, then the blocking bcast of rank 0's verdict.
+    bounded_barrier(world, "refcoll bench (checking the output paths)")
+    problem = world.bcast(problem, root=0)
+    if problem is not None:
+        if world.rank == 0:
+            raise UsageError(problem)
+        sys.exit(2)  # rank 0 says why, once
 
-    def __init__(self) -> None:
-        self._shown = False
 
-    def __call__(self, done: int, total: int, nbytes: int) -> None:
-        filled = self.WIDTH * done // max(total, 1)
-        click.echo(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} iterations, "
-                   f"at {nbytes} B ", nl=False, err=True)
-        sys.stderr.flush()
-        self._shown = True
+def _writer():
+    """Return rank 0's :class:`~refcoll.bench.TableWriter` over this process's stdout and stderr.
 
-    def clear(self) -> None:
-        """Erase the bar so the next table row starts on a clean line."""
-        if self._shown:
-            click.echo("\r" + " " * (self.WIDTH + 50) + "\r", nl=False, err=True)
-            sys.stderr.flush()
-            self._shown = False
+    Where the bar goes was decided by the launching process, which sees the
+    terminal (``REFCOLL_PROGRESS``); started by a user's ``mpiexec``, this
+    process looks at its own streams (terminals under ``srun --pty``, else pipes: no bar).
+    """
+    from ..bench import TableWriter, bar_target
+
+    setting = os.environ.get(_PROGRESS_VARIABLE)
+    target = None
+    if setting:
+        where, _, columns = setting.partition(":")
+        if where in ("stdout", "stderr"):
+            target = where, int(columns) if columns.isdigit() else 80
+    elif _PROGRESS_VARIABLE not in os.environ:
+        try:
+            target = bar_target(sys.stdout.fileno(), sys.stderr.fileno())
+        except (OSError, ValueError):  # streams without a descriptor
+            target = None
+    if target is None:
+        return TableWriter(sys.stdout, sys.stderr, tty=False)
+    return TableWriter(sys.stdout, sys.stderr, tty=True, shared=target[0] == "stdout",
+                       width=target[1])

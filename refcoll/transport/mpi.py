@@ -183,8 +183,8 @@ class MPITransport(TransportBase):
     def _setup_barrier(self, what: str) -> None:
         """Wait, by the deadline, until every rank has reached the blocking call ``what``."""
         if self.size > 1:
-            bounded_barrier(self.comm, f"{self.current_call or 'communicator setup'} ({what})",
-                            self.timeout)
+            bounded_barrier(self.comm, f"{self.current_call or 'refcoll'} ({what})",
+                            self.timeout, stage="at communicator setup")
 
     def unreceived(self) -> list[str]:
         """Return a description of a message sent to this rank and not received, if any."""
@@ -325,10 +325,11 @@ def wait_by_deadline(request, timeout: float | None, describe) -> None:
             timed_out(describe())
 
 
-def _not_arrived(comm, collective: str | None, what: str, timeout: float) -> str:
+def _not_arrived(comm, collective: str | None, what: str, timeout: float,
+                 stage: str = "at communicator setup") -> str:
     size = comm.Get_size()
-    return (f"rank {comm.Get_rank()}: {collective or 'refcoll'} timed out after {timeout:g} s at "
-            f"communicator setup ({what} over {size} ranks): not every rank has reached it, "
+    return (f"rank {comm.Get_rank()}: {collective or 'refcoll'} timed out after {timeout:g} s "
+            f"{stage} ({what} over {size} ranks): not every rank has reached it, "
             "and MPI cannot tell which have not (a nonblocking collective completes on all of "
             "them or none); a rank may be dead, slow, or on another code path "
             "(set REFCOLL_TIMEOUT to wait longer)")
@@ -349,7 +350,8 @@ def duplicate(comm, timeout: float | None, collective: str | None = None):
     return new
 
 
-def bounded_barrier(comm, what: str, timeout: float | None = None) -> None:
+def bounded_barrier(comm, what: str, timeout: float | None = None, *,
+                    stage: str = "waiting for every rank") -> None:
     """``MPI_Ibarrier`` on ``comm``, waited for by the deadline (``timeout`` None: the default).
 
     Put before an MPI call that has no nonblocking form (``MPI_Comm_split``, a
@@ -361,7 +363,7 @@ def bounded_barrier(comm, what: str, timeout: float | None = None) -> None:
     if timeout is None:
         timeout = default_timeout()
     wait_by_deadline(comm.Ibarrier(), timeout,
-                     lambda: _not_arrived(comm, what, "MPI_Ibarrier", timeout))
+                     lambda: _not_arrived(comm, what, "MPI_Ibarrier", timeout, stage))
 
 
 _KEYVAL = None
