@@ -146,21 +146,23 @@ def leftovers(path) -> list[str]:
 
 @needs_mpi
 def test_mpi_mismatch_ends_every_rank_with_the_named_error_quickly(tmp_path):
-    res, elapsed, _ = run_mpi(tmp_path, MISMATCH, 4)
+    # With a ten-minute deadline, only an immediate error ends the job inside run_mpi's
+    # two-minute limit: this bounds no duration that the machine's load could stretch.
+    res, _, _ = run_mpi(tmp_path, MISMATCH, 4, timeout_env="600")
     assert res.returncode == 1, res.stdout + res.stderr
     # Ranks print concurrently, so lines may interleave: count the messages instead.
     reports = re.findall(r"rank (\d): ranks called allreduce with different arguments: "
                          r"count: rank 0 has 1000, rank 3 has 999", res.stdout)
     assert sorted(reports) == ["0", "1", "2", "3"], res.stdout
-    assert elapsed < 5 + 5  # the error itself is immediate; mpiexec start-up is the rest
 
 
 @needs_mpi
 @pytest.mark.parametrize("how", ["stall", "kill"])
 def test_a_dead_or_stalled_peer_ends_the_job_within_the_timeout(tmp_path, how):
-    res, elapsed, path = run_mpi(tmp_path, STALL, 4, how)
+    # The stalled rank sleeps ten minutes: a job that ends inside run_mpi's two-minute
+    # limit was ended by the 5 s deadline (or by mpiexec, for the killed rank).
+    res, _, path = run_mpi(tmp_path, STALL, 4, how)
     assert res.returncode != 0
-    assert elapsed < 5 + 10, f"job took {elapsed:.1f} s"
     if how == "stall":
         assert res.returncode == 3, res.stderr
         # Ranks wait on each other in a chain that ends at rank 2, and whichever rank's
@@ -169,7 +171,10 @@ def test_a_dead_or_stalled_peer_ends_the_job_within_the_timeout(tmp_path, how):
         assert re.search(r"rank \d: allreduce timed out after 5 s at its exchange \d+ of this "
                          r"call, still waiting to (receive|send) \d+ B (from|to) rank \d",
                          res.stderr), res.stderr
-    time.sleep(0.5)
+    for _ in range(300):  # mpiexec has returned; its processes may take a moment to go
+        if not leftovers(path):
+            break
+        time.sleep(0.1)
     assert leftovers(path) == [], "no process of the job may be left"
 
 
