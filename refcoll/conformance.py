@@ -124,14 +124,21 @@ def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
                 collectives: Iterable[str] | None = None, ops: Iterable[str] | None = None,
                 dtypes: Iterable[str] | None = None, sizes: Iterable[int] | None = None,
                 inplace: Iterable[bool] = (False, True),
-                world_size: int | None = None) -> list[Case]:
+                world_size: int | None = None, allow_empty: bool = True) -> list[Case]:
     """Return every applicable case for ``p`` data ranks, in a deterministic order.
 
     ``None`` means all registered algorithms, collectives, ops and dtypes and
     :func:`default_sizes`. Combinations that do not exist (an algorithm without
     that collective, float8 with ``prod``) are left out. Each case runs once per
     option set of the algorithm's ``battery_options``. ``world_size`` (default
-    ``p``) is how many ranks the battery runs on, switches included.
+    ``p``) is how many ranks the battery runs on, switches included. The
+    selection needs no MPI: ``refcoll verify`` builds it before it starts
+    ``mpiexec``.
+
+    Raises:
+        UsageError: an unknown name; or, with ``allow_empty=False``, a selection
+            that leaves no case, saying which choice left nothing (a battery that
+            checks nothing must not pass).
     """
     world_size = p if world_size is None else world_size
     algos = list(algorithms_) if algorithms_ is not None else algorithms.names()
@@ -164,7 +171,51 @@ def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
                                 root = (count + 1) % ranks if coll in ("broadcast", "reduce") else 0
                                 cases.append(Case(name, coll, op, dt, count, mode, kind, root,
                                                   options, ranks, total))
+    if not cases and not allow_empty:
+        raise UsageError("no conformance case matches the selection: " + _why_no_case(
+            p, algos, colls, op_names, dtype_names, size_list, list(inplace), world_size))
     return cases
+
+
+def _why_no_case(p: int, algos: list[str], colls: list[str], op_names: list[str],
+                 dtype_names: list[str], size_list: list[int], modes: list[bool],
+                 world_size: int) -> str:
+    """Say which choice of an empty selection left nothing, and what to choose instead.
+
+    The filters are tried in the order :func:`build_cases` applies them, so the
+    reason is the first one that emptied the selection.
+    """
+    if p < 1:
+        return f"the battery needs at least 1 rank, got {p}"
+    for what, chosen in (("algorithm", algos), ("collective", colls), ("dtype", dtype_names),
+                         ("size", size_list), ("mode (in place or out of place)", modes)):
+        if not chosen:
+            return f"no {what} is selected; name at least one, or all"
+    pairs = [(name, coll) for name in algos for coll in colls
+             if coll in algorithms.get(name).implementations]
+    if not pairs:
+        wanted = " or ".join(colls)
+        implemented = "; ".join(f"{name} implements {', '.join(algorithms.get(name).collectives)}"
+                                for name in algos)
+        having = [a for a in algorithms.names()
+                  if any(c in algorithms.get(a).implementations for c in colls)]
+        if len(algos) == 1:
+            return (f"{implemented}, not {wanted}: choose a collective it implements, or an "
+                    f"algorithm with {wanted} ({', '.join(having)})")
+        return (f"{implemented}; none implements {wanted}: choose a collective one of them "
+                f"implements, or an algorithm with {wanted} ({', '.join(having)})")
+    fitting = [(name, coll) for name, coll in pairs
+               if any(case_ranks(name, p, world_size, options)[0] >= 1
+                      for options in algorithms.get(name).battery_options)]
+    if not fitting:
+        crowded = sorted({name for name, _ in pairs})
+        need = "needs" if len(crowded) == 1 else "need"
+        return (f"{', '.join(crowded)} {need} switch processes beside the data ranks, and a "
+                f"world of {world_size} ranks leaves room for no data rank: start more processes")
+    if not op_names and all(coll in REDUCING for _, coll in fitting):
+        return "no op is selected; name at least one, or all"
+    return (f"no selected op ({', '.join(op_names)}) is defined on a selected dtype "
+            f"({', '.join(dtype_names)}): `refcoll list` shows the ops each dtype takes")
 
 
 def _collectives_and_options(name: str, colls: Sequence[str]):
@@ -550,7 +601,8 @@ def compressor_shapes(p: int) -> list[tuple]:
 def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
                            algorithms_: Iterable[str] | None = None,
                            ops: Iterable[str] | None = None,
-                           dtypes: Iterable[str] | None = None) -> list[CompressorCase]:
+                           dtypes: Iterable[str] | None = None,
+                           allow_empty: bool = True) -> list[CompressorCase]:
     """Return the compressed battery for ``p`` ranks.
 
     Every compressor runs every pattern it allows; the ``allreduce`` pattern
@@ -558,6 +610,10 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
     the others (which use no all-reduce algorithm) once. Ops: ``sum`` and
     ``avg``; dtypes: float32 and float64 unless given. ``none`` runs on exact
     inputs as well, where it must equal the naive reduction bit for bit.
+
+    Raises:
+        UsageError: an unknown or unusable name, no algorithm selected; or, with
+            ``allow_empty=False``, a selection that leaves no case, saying why.
     """
     from .compressors import parse
 
@@ -565,6 +621,9 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
     comps = [parse(s) for s in specs]
     algos = (list(algorithms_) if algorithms_ is not None else
              [a for a in algorithms.names() if algorithms.get(a).workers is None])
+    if not algos:  # every pattern names an algorithm, if only for its dense bytes
+        raise UsageError("no all-reduce algorithm is selected for the compressed battery; "
+                         "name at least one, or all")
     for name in algos:
         if algorithms.get(name).workers is not None:
             raise UsageError(f"{name} needs switch processes and cannot run compressed payloads")
@@ -590,6 +649,13 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
                             for kind in kinds:
                                 cases.append(CompressorCase(comp.spec(), pattern, algo, op, dt,
                                                             shape, kind))
+    if not cases and not allow_empty:
+        for what, chosen in (("compressor", specs), ("op", op_names), ("dtype", dtype_names)):
+            if not chosen:
+                raise UsageError(f"no compressed case matches the selection: no {what} is "
+                                 "selected; name at least one, or all")
+        raise UsageError("no compressed case matches the selection: the selected compressors "
+                         f"({', '.join(specs)}) allow no pattern")
     return cases
 
 

@@ -63,6 +63,8 @@ def reports_errors(fn):
             _abort_job(3)
         except RefcollError as exc:
             _fail(str(exc), 1)
+        except MemoryError as exc:
+            _fail(f"out of memory ({str(exc).strip() or 'MemoryError'}); try a smaller size", 2)
         except OSError as exc:  # a --json path that cannot be written, a missing file
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
     return wrapper
@@ -89,6 +91,29 @@ def check_output_paths(**paths: str | None) -> None:
             raise UsageError(f"{flag} {path}: folder {folder} is not writable")
         if os.path.exists(path) and not os.access(path, os.W_OK):
             raise UsageError(f"{flag} {path}: file is not writable")
+
+
+def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:
+    """Check the output paths on rank 0 of an MPI job, the rank that writes them.
+
+    Another node may lack the folder, so only rank 0 looks; a bounded
+    ``MPI_Ibarrier`` and a broadcast of its verdict make a bad path exit 2 on
+    every rank, with rank 0 saying why, once.
+    """
+    from ..transport.mpi import bounded_barrier
+
+    problem = None
+    if world.Get_rank() == 0:
+        try:
+            check_output_paths(**paths)
+        except UsageError as exc:
+            problem = str(exc)
+    bounded_barrier(world, f"{what} (checking the output paths)")
+    problem = world.bcast(problem, root=0)
+    if problem is not None:
+        if world.Get_rank() == 0:
+            raise UsageError(problem)
+        sys.exit(2)
 
 
 def write_json(path: str | None, payload: dict) -> None:

@@ -7,7 +7,9 @@ import sys
 
 import click
 
-from . import check_output_paths, main, relaunch, reports_errors, split_list, write_json
+from . import (check_output_paths, check_output_paths_on_lead,
+               main, relaunch, reports_errors, split_list, write_json)
+from .commands import require_processes
 from .. import algorithms
 from ..errors import UsageError
 
@@ -80,9 +82,8 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     check_config(config)
     if plot_file:
         plotting()
+    require_processes(nprocs)
     if not in_mpi_job():
-        if nprocs < 1:
-            raise UsageError(f"-n must be at least 1, got {nprocs}")
         env = {"REFCOLL_WORKERS": str(nprocs)}
         target = bar_target()  # the terminal is here: the ranks' streams are pipes
         env[_PROGRESS_VARIABLE] = "%s:%d" % target if target is not None else ""
@@ -98,7 +99,8 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
 
     world = MPI.COMM_WORLD
     lead = world.rank == 0
-    _check_paths_on_lead(world, json=json_file, csv=csv_file, plot=plot_file)
+    check_output_paths_on_lead(world, "refcoll bench", json=json_file, csv=csv_file,
+                               plot=plot_file)
     config.workers = int(os.environ.get("REFCOLL_WORKERS", world.size))
     if lead and "REFCOLL_WORKERS" not in os.environ and nprocs != world.size:
         click.echo(f"refcoll: note: already inside an MPI job of {world.size} processes; "
@@ -130,25 +132,6 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
                                         f"{header['mpi']['library']}")
     sys.stdout.flush()
     sys.exit(0 if summary["passed"] else 1)
-
-
-def _check_paths_on_lead(world, **paths) -> None:
-    """Check the output paths on rank 0, the one that writes them; every rank exits 2 if bad."""
-    from ..transport.mpi import bounded_barrier
-
-    problem = None
-    if world.rank == 0:
-        try:
-            check_output_paths(**paths)
-        except UsageError as exc:
-            problem = str(exc)
-    # A bounded MPI_Ibarrier, then the blocking bcast of rank 0's verdict.
-    bounded_barrier(world, "refcoll bench (checking the output paths)")
-    problem = world.bcast(problem, root=0)
-    if problem is not None:
-        if world.rank == 0:
-            raise UsageError(problem)
-        sys.exit(2)  # rank 0 says why, once
 
 
 def _writer():

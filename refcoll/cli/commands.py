@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 
 import click
 
-from . import main, relaunch, reports_errors, split_list, write_json
+from . import (check_output_paths, check_output_paths_on_lead,
+               main, relaunch, reports_errors, split_list, write_json)
 from .. import algorithms
 from ..errors import UsageError
 from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op, supports
@@ -84,6 +87,137 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+# ------------------------------------------------------------- shared checks
+
+def require_processes(nprocs: int, *, minimum: int = 1, flag: str = "-n") -> None:
+    """Refuse a process count below ``minimum`` (``-n 0``, ``-n -1``) with a plain reason.
+
+    Every command with ``-n`` calls it first, inside an MPI job too (where ``-n``
+    is otherwise ignored): a count that no launch could use is bad usage, not
+    something a collective should discover.
+
+    Raises:
+        UsageError: ``nprocs < minimum``.
+    """
+    if nprocs < minimum:
+        raise UsageError(f"{flag} {nprocs}: the number of MPI processes to start must be at "
+                         f"least {minimum}; give {flag} {minimum} or more")
+
+
+#: The most ranks ``refcoll simulate`` runs. Simulated ranks are threads of one
+#: process: a ring all-reduce of one element takes about 1 s at 64 ranks, 5 s at
+#: 128 and 25 s at 256 on two cores (its p² messages each switch threads), and
+#: grows as p² beyond.
+MAX_SIMULATED_RANKS = 256
+
+#: The memory ``simulate`` and ``gen-inputs`` may plan for where /proc/meminfo
+#: (MemAvailable) cannot be read.
+FALLBACK_MEMORY_CAP = 4 << 30
+
+#: Seconds between "still running" notes of a long simulation on stderr.
+_HEARTBEAT_S = 10.0
+
+_MEMINFO = "/proc/meminfo"
+
+
+def available_memory() -> tuple[int, str]:
+    """Return the bytes a run may allocate and where that number comes from.
+
+    MemAvailable of /proc/meminfo (Linux); elsewhere :data:`FALLBACK_MEMORY_CAP`.
+    """
+    try:
+        with open(_MEMINFO, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available (MemAvailable, /proc/meminfo)"
+    except (OSError, ValueError, IndexError):
+        pass
+    return FALLBACK_MEMORY_CAP, "of the fixed cap (no MemAvailable in /proc/meminfo)"
+
+
+def _amount(nbytes: int) -> str:
+    """Return ``nbytes`` in the largest binary unit it reaches, to one decimal."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def simulation_bytes(collective: str, p: int, count: int, itemsize: int) -> int:
+    """Return an upper estimate of the bytes :func:`refcoll.simulate` allocates.
+
+    Per rank and element: the input, the output (allgather's is ``p`` inputs
+    long), one receive or accumulation buffer in the dtype, and 8 bytes for the
+    wider temporaries (the float64 or int64 draws of the inputs, the switch
+    processes' accumulators). Measured peaks stay under it for every algorithm.
+    """
+    outputs = p if collective == "allgather" else 1
+    return p * count * (itemsize * (2 + outputs) + 8)
+
+
+def require_memory(needed: int, what: str, advice: str) -> None:
+    """Refuse a run whose estimated ``needed`` bytes exceed the memory it may use.
+
+    Raises:
+        UsageError: naming the estimate, the limit and where the limit comes from.
+    """
+    limit, source = available_memory()
+    if needed > limit:
+        raise UsageError(f"{what} needs about {_amount(needed)}, more than the "
+                         f"{_amount(limit)} {source}; {advice}")
+
+
+@contextlib.contextmanager
+def out_of_memory_is_usage(what: str, advice: str):
+    """Turn a MemoryError (the estimate was too low, or memory went) into a one-line exit 2."""
+    try:
+        yield
+    except MemoryError as exc:
+        detail = str(exc).strip() or "MemoryError"
+        raise UsageError(f"{what} ran out of memory ({detail}); {advice}") from None
+
+
+@contextlib.contextmanager
+def _still_running(label: str):
+    """Note on stderr every :data:`_HEARTBEAT_S` seconds that a long run is still going."""
+    done = threading.Event()
+
+    def beat() -> None:
+        waited = 0.0
+        while not done.wait(_HEARTBEAT_S):
+            waited += _HEARTBEAT_S
+            click.echo(f"refcoll: {label}: still running after {waited:g} s", err=True)
+
+    beater = threading.Thread(target=beat, name="refcoll-heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()
+
+
+def check_output_directory(flag: str, path: str) -> None:
+    """Refuse, before any work, a folder that files could not be written into.
+
+    The folder may be missing (it is created, with its parents), but then the
+    nearest folder above it that exists must be writable.
+
+    Raises:
+        UsageError: ``path`` is a file, or it or the folder above is not writable.
+    """
+    target = os.path.abspath(path)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder name")
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{flag} {path}: {existing} is a file, so the folder cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: folder {existing} is not writable")
+
+
 # ------------------------------------------------------------------------ verify
 
 @main.command()
@@ -119,16 +253,20 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     simulator running on the GPU. Dtypes the GPU cannot compute in are left out
     of --dtype all.
     """
+    from ..conformance import build_cases, build_compressor_cases
     from ..launch import in_mpi_job
 
+    if not in_mpi_job():
+        # Before anything runs. Inside an MPI job only rank 0 writes the file, so
+        # only it checks (_verify_in_world): another node may lack the folder.
+        check_output_paths(json=json_file)
+    require_processes(nprocs)
     if device == "gpu":
         from .. import gpu
 
         gpu.require_cupy("--device gpu")
 
     if compressors:
-        from ..conformance import build_compressor_cases
-
         names = [a for a in algorithms.names() if algorithms.get(a).workers is None]
         specs = None if [c.strip().lower() for c in compressors] == ["all"] else list(compressors)
         selection = dict(
@@ -138,7 +276,8 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
             dtypes=split_list(dtype, ["float16", "bfloat16", "float32", "float64"],
                               "dtype for a compressor"),
         )
-        build_compressor_cases(nprocs, **selection)  # bad specs fail here, before mpiexec
+        # Bad specs and empty selections fail here, before mpiexec.
+        build_compressor_cases(nprocs, allow_empty=False, **selection)
         if not in_mpi_job():
             relaunch(nprocs)
         _verify_in_world(nprocs, selection, seed, json_file, device, compressed=True)
@@ -157,6 +296,7 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
                      for name in (selection["algorithms_"] or algorithms.names())
                      if algorithms.get(name).extra_ranks is not None
                      for opts in algorithms.get(name).battery_options], default=0)
+        build_cases(nprocs, world_size=nprocs + extra, allow_empty=False, **selection)
         relaunch(nprocs + extra, {"REFCOLL_WORKERS": str(nprocs)})
     _verify_in_world(nprocs, selection, seed, json_file, device)
 
@@ -183,7 +323,8 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu",
                                run_compressor_battery)
     from ..transport.mpi import MPITransport
 
-    t = MPITransport(MPI.COMM_WORLD)
+    check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll verify", json=json_file)
+    t = MPITransport(MPI.COMM_WORLD, collective="refcoll verify")
     lead = t.rank == 0
     xp, where, left_out = np, None, []
     if device == "gpu":
@@ -198,10 +339,10 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu",
         click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; "
                    f"using it (-n {nprocs} ignored)", err=True)
     if compressed:
-        cases = build_compressor_cases(t.size, **selection)
+        cases = build_compressor_cases(t.size, allow_empty=False, **selection)
         run = run_compressor_battery
     else:
-        cases = build_cases(workers, world_size=t.size, **selection)
+        cases = build_cases(workers, world_size=t.size, allow_empty=False, **selection)
         run = run_battery
     if lead:
         library = MPI.Get_library_version().splitlines()[0].strip()
@@ -290,8 +431,11 @@ def _group_of(case):
 
 @main.command()
 @click.option("--algorithm", required=True, help="Algorithm to simulate.")
-@click.option("-p", "--procs", "p", type=int, required=True, help="Number of simulated ranks.")
-@click.option("--count", type=int, required=True, help="Elements per rank.")
+@click.option("-p", "--procs", "p", type=int, required=True,
+              help=f"Number of simulated ranks, 1 to {MAX_SIMULATED_RANKS} (they are threads of "
+                   "this one process).")
+@click.option("--count", type=int, required=True,
+              help="Elements per rank; inputs, outputs and buffers must fit in available memory.")
 @click.option("--collective", default="allreduce", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True)
@@ -302,12 +446,27 @@ def _group_of(case):
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the ledger summary as JSON.")
 @reports_errors
 def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, json_file):
-    """Run one collective in-process and print its ledger beside the cost formula."""
+    """Run one collective in-process and print its ledger beside the cost formula.
+
+    The simulated ranks are threads of this process: -p is at most 256, and a
+    run whose inputs, outputs and per-rank buffers would not fit in available
+    memory (MemAvailable of /proc/meminfo; 4 GiB where it cannot be read) is
+    refused before it starts. A run longer than 10 s says so on stderr every
+    10 s.
+    """
     from ..api import simulate as run_simulation
     from ..inputs import make_inputs
 
-    if p < 1 or count < 0:
-        raise UsageError("-p must be at least 1 and --count non-negative")
+    check_output_paths(json=json_file)
+    if p < 1:
+        raise UsageError(f"-p {p}: a simulation needs at least 1 rank; give -p 1 or more")
+    if p > MAX_SIMULATED_RANKS:
+        raise UsageError(f"-p {p}: simulated ranks are threads of this one process, so at "
+                         f"most {MAX_SIMULATED_RANKS} (a ring over 256 already takes tens of "
+                         f"seconds); give -p {MAX_SIMULATED_RANKS} or fewer (the cost formulas "
+                         "of `refcoll list` hold for any p)")
+    if count < 0:
+        raise UsageError(f"--count {count}: the element count per rank must be 0 or more")
     algo = algorithms.get(algorithm)
     algorithms.implementation(algorithm, collective)
     dt = get_dtype(dtype)
@@ -315,11 +474,16 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, j
     check_supported(reduction, dt)
     if ranks_per_node is not None and ranks_per_node < 1:
         raise UsageError(f"--ranks-per-node must be at least 1, got {ranks_per_node}")
-    inputs = make_inputs("exact", dt, count, p, op=reduction.name)
+    what = f"simulating {collective} on {p} ranks of {count} x {dtype}"
+    advice = "lower --count or -p"
+    require_memory(simulation_bytes(collective, p, count, dt.itemsize), what, advice)
     options = {"root": root} if collective in ("broadcast", "reduce") else {}
     if algorithm == "hierarchical" and ranks_per_node is not None:
         options["ranks_per_node"] = ranks_per_node
-    result = run_simulation(collective, inputs, algorithm=algorithm, op=reduction.name, **options)
+    with out_of_memory_is_usage(what, advice), _still_running(f"simulate {algorithm} -p {p}"):
+        inputs = make_inputs("exact", dt, count, p, op=reduction.name)
+        result = run_simulation(collective, inputs, algorithm=algorithm, op=reduction.name,
+                                **options)
     ledger = result.ledger
     cost_options = {k: v for k, v in options.items() if k != "root"}
     predicted = (algo.costs[collective](p, count, dt.itemsize, **cost_options)
@@ -385,9 +549,15 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
     """
     from ..inputs import make_inputs, write_rank_files
 
+    check_output_directory("DIRECTORY", directory)
     dt = get_dtype(dtype)
     reduction = get_op(op)
-    arrays = make_inputs(kind, dt, count, p, op=reduction.name, seed=seed)
+    what = f"generating {p} inputs of {count} x {dtype}"
+    advice = "lower --count or -p"
+    # Every rank's input is held at once, beside one float64/int64 draw.
+    require_memory(p * count * dt.itemsize + 8 * count, what, advice)
+    with out_of_memory_is_usage(what, advice):
+        arrays = make_inputs(kind, dt, count, p, op=reduction.name, seed=seed)
     write_rank_files(directory, arrays, meta={"p": p, "count": count, "kind": kind,
                                               "op": reduction.name, "seed": seed})
     click.echo(f"wrote {p} inputs of {count} x {dtype} ({kind}) to {directory}")
@@ -413,13 +583,20 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     from ..inputs import read_rank_files, write_rank_files
     from ..oracle import expected_outputs
 
+    check_output_directory("OUT_DIR", out_dir)
     algorithms.implementation(algorithm, collective)
     inputs = read_rank_files(in_dir)
     if any(x is None for x in inputs):
         raise UsageError(f"{in_dir}: rank files are missing (need rank0.npy .. rank{len(inputs) - 1}.npy)")
     if root >= len(inputs):
         raise UsageError(f"--root {root} is not one of the {len(inputs)} ranks")
-    outputs = expected_outputs(collective, inputs, algorithm=algorithm, op=get_op(op).name, root=root)
+    what = f"predicting {algorithm} {collective} for {len(inputs)} ranks"
+    advice = "predict fewer or smaller inputs"
+    require_memory(simulation_bytes(collective, len(inputs), inputs[0].size,
+                                    inputs[0].dtype.itemsize), what, advice)
+    with out_of_memory_is_usage(what, advice):
+        outputs = expected_outputs(collective, inputs, algorithm=algorithm, op=get_op(op).name,
+                                   root=root)
     write_rank_files(out_dir, outputs, meta={"algorithm": algorithm, "collective": collective,
                                              "op": get_op(op).name, "root": root})
     click.echo(f"wrote {sum(o is not None for o in outputs)} expected outputs of {algorithm} "
@@ -442,6 +619,7 @@ def check(algorithm, any_order, op, collective, root, json_file, in_dir, out_dir
     from ..inputs import read_rank_files
     from ..oracle import check_outputs
 
+    check_output_paths(json=json_file)
     if algorithm and any_order:
         raise UsageError("give --algorithm A or --any, not both")
     if algorithm:
@@ -450,8 +628,10 @@ def check(algorithm, any_order, op, collective, root, json_file, in_dir, out_dir
     if root >= len(inputs):
         raise UsageError(f"--root {root} is not one of the {len(inputs)} ranks")
     outputs = read_rank_files(out_dir, dtype=inputs[0].dtype, size=len(inputs))
-    report = check_outputs(inputs, outputs, collective=collective, op=get_op(op).name,
-                           algorithm=algorithm, root=root)
+    with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs",
+                                "judge fewer or smaller outputs"):
+        report = check_outputs(inputs, outputs, collective=collective, op=get_op(op).name,
+                               algorithm=algorithm, root=root)
     against = f", against {algorithm}" if algorithm else ""
     click.echo(f"refcoll check: {collective} {report.op}, {report.ranks} ranks, {report.count} x "
                f"{report.dtype}{against}")

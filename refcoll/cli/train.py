@@ -6,7 +6,9 @@ import importlib.util
 
 import click
 
-from . import main, relaunch, reports_errors, write_json
+from . import (check_output_paths, check_output_paths_on_lead,
+               main, relaunch, reports_errors, write_json)
+from .commands import require_processes
 from ..errors import UsageError
 
 
@@ -47,6 +49,11 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
     from ..launch import in_mpi_job
     from ..train import EXAMPLES_HINT, TrainConfig
 
+    if not in_mpi_job():
+        # Before anything runs. Inside an MPI job only rank 0 writes the files, so
+        # only it checks (_train_in_world): another node may lack the folder.
+        check_output_paths(json=json_file, plot=plot_file)
+    require_processes(nprocs)
     configs = [TrainConfig(compressor=spec, steps=steps, lr=lr, momentum=momentum, batch=batch,
                            hidden=hidden, seed=seed, algorithm=algorithm) for spec in compressors]
     if importlib.util.find_spec("sklearn") is None:
@@ -64,6 +71,7 @@ def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
     from ..api import as_transport
     from ..train import plot_histories, train as train_model
 
+    check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
     t = as_transport(MPI.COMM_WORLD)
     lead = t.rank == 0
     first = configs[0]

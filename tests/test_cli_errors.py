@@ -1,0 +1,219 @@
+"""Bad usage the CLI must refuse up front: one line, exit 2, no traceback, no work done."""
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from refcoll.cli import main
+from refcoll.cli import commands
+from refcoll.conformance import build_cases, build_compressor_cases
+from refcoll.errors import UsageError
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_line_error(res, *fragments):
+    """Assert exit 2 with a single ``refcoll: error:`` line holding every fragment."""
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith("refcoll: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Outside an MPI job, with relaunching under mpiexec (and so any run) forbidden."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("relaunched under mpiexec although the usage was bad")
+
+    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr(commands, "relaunch", forbidden)
+    monkeypatch.setattr("refcoll.cli.train.relaunch", forbidden)
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("simulated although the usage was bad")
+
+    monkeypatch.setattr("refcoll.api.simulate", forbidden)
+
+
+# ----------------------------------------------------------------- -n below 1
+
+@pytest.mark.parametrize("command", [["verify"], ["verify", "--compressor", "none"], ["train"]],
+                         ids=["verify", "verify-compressor", "train"])
+@pytest.mark.parametrize("n", [0, -1])
+def test_a_process_count_below_one_is_refused_plainly(no_launch, command, n):
+    line = one_line_error(invoke(*command, "-n", n), f"-n {n}", "at least 1", "give -n 1 or more")
+    assert "switch" not in line
+
+
+@pytest.mark.parametrize("args", [["bench", "-n", "0"], ["model", "--calibrate", "-n", "0"]],
+                         ids=["bench", "model-calibrate"])
+def test_the_other_commands_with_n_refuse_it_too(no_launch, args):
+    # Their own checks (refcoll/cli/bench.py, model.py) word it their way.
+    one_line_error(invoke(*args), "-n", "at least", "0")
+
+
+def test_require_processes_is_shared():
+    commands.require_processes(1)
+    with pytest.raises(UsageError, match="-n 1: .* at least 2"):
+        commands.require_processes(1, minimum=2)
+
+
+# ------------------------------------------------------- selections of no case
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--algorithm", "dbtree", "--collective", "broadcast"],
+     ["dbtree implements allreduce, not broadcast", "naive, tree, auto"]),
+    (["--algorithm", "dbtree,ring", "--collective", "broadcast,reduce"],
+     ["ring implements allreduce, reduce_scatter, allgather",
+      "none implements broadcast or reduce"]),
+    (["--algorithm", "naive", "--op", "prod", "--dtype", "float8_e5m2", "--collective", "reduce"],
+     ["no selected op (prod) is defined on a selected dtype (float8_e5m2)"]),
+    (["--sizes", ","], ["no size is selected"]),
+    (["--algorithm", ","], ["no algorithm is selected"]),
+    (["--compressor", "none", "--op", ","], ["no compressed case", "no op is selected"]),
+    (["--compressor", "none", "--dtype", ","], ["no compressed case", "no dtype is selected"]),
+    (["--compressor", "none", "--algorithm", ","], ["no all-reduce algorithm is selected"]),
+], ids=["collective", "collectives", "op-dtype", "sizes", "algorithms", "compressor-op",
+        "compressor-dtype", "compressor-algorithm"])
+def test_a_selection_of_no_case_is_an_error_before_mpiexec(no_launch, args, fragments):
+    one_line_error(invoke("verify", "-n", 2, *args), *fragments)
+
+
+def test_a_selection_with_cases_still_relaunches(monkeypatch):
+    seen = []
+    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr(commands, "relaunch", lambda n, env=None: seen.append(n))
+    monkeypatch.setattr(commands, "_verify_in_world", lambda *args, **kwargs: None)
+    res = invoke("verify", "-n", 3, "--algorithm", "dbtree", "--collective", "allreduce")
+    assert res.exit_code == 0, res.output
+    assert seen == [3]
+
+
+def test_build_cases_says_why_it_is_empty_only_when_asked():
+    assert build_cases(4, algorithms_=["dbtree"], collectives=["broadcast"]) == []
+    with pytest.raises(UsageError, match="dbtree implements allreduce, not broadcast"):
+        build_cases(4, algorithms_=["dbtree"], collectives=["broadcast"], allow_empty=False)
+    assert build_cases(4, algorithms_=["dbtree"], collectives=["allreduce"], allow_empty=False)
+    assert build_compressor_cases(2, compressors=["none"], ops=[]) == []
+    with pytest.raises(UsageError, match="no op is selected"):
+        build_compressor_cases(2, compressors=["none"], ops=[], allow_empty=False)
+
+
+# ------------------------------------------------------------ simulate's bounds
+
+def test_simulate_refuses_a_count_that_cannot_fit_in_memory(no_simulation):
+    line = one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 4,
+                                 "--count", 100_000_000_000),
+                          "needs about", "TiB", "MemAvailable", "lower --count or -p")
+    assert "100000000000 x float32" in line
+
+
+def test_allgathers_outputs_count_in_the_estimate():
+    ring = commands.simulation_bytes("allreduce", 8, 1000, 4)
+    gather = commands.simulation_bytes("allgather", 8, 1000, 4)
+    assert ring == 8 * 1000 * (3 * 4 + 8)
+    assert gather == 8 * 1000 * ((2 + 8) * 4 + 8)
+
+
+def test_without_meminfo_the_fixed_cap_holds(monkeypatch, tmp_path, no_simulation):
+    monkeypatch.setattr(commands, "_MEMINFO", str(tmp_path / "no-meminfo"))
+    assert commands.available_memory()[0] == commands.FALLBACK_MEMORY_CAP
+    count = commands.FALLBACK_MEMORY_CAP // (3 * 4 + 8) // 4 + 1
+    one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 4, "--count", count),
+                   "4.0 GiB of the fixed cap")
+
+
+def test_a_memory_error_is_a_clear_exit_2(monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 12.0 GiB for an array")
+
+    monkeypatch.setattr("refcoll.api.simulate", exhausted)
+    one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 2, "--count", 8),
+                   "ran out of memory", "Unable to allocate 12.0 GiB", "lower --count or -p")
+
+
+def test_gen_inputs_refuses_a_count_that_cannot_fit(tmp_path):
+    one_line_error(invoke("gen-inputs", "-p", 2, "--count", 100_000_000_000, tmp_path / "in"),
+                   "needs about", "lower --count or -p")
+    assert not (tmp_path / "in").exists()
+
+
+@pytest.mark.parametrize("p", [commands.MAX_SIMULATED_RANKS + 1, 1024])
+def test_simulate_bounds_the_simulated_ranks(no_simulation, p):
+    one_line_error(invoke("simulate", "--algorithm", "ring", "-p", p, "--count", 1),
+                   f"-p {p}", "threads", f"-p {commands.MAX_SIMULATED_RANKS} or fewer")
+
+
+@pytest.mark.parametrize("args,fragment", [(["-p", 0, "--count", 1], "-p 0"),
+                                           (["-p", 2, "--count", -1], "--count -1")])
+def test_simulate_refuses_nonsense_sizes(no_simulation, args, fragment):
+    one_line_error(invoke("simulate", "--algorithm", "ring", *args), fragment)
+
+
+def test_simulate_documents_its_limits():
+    res = invoke("simulate", "--help")
+    text = " ".join(res.output.split())
+    assert f"1 to {commands.MAX_SIMULATED_RANKS}" in text and "threads" in text
+    assert "available memory" in text
+
+
+def test_a_long_simulation_says_it_is_still_running(monkeypatch):
+    import refcoll.api
+
+    real = refcoll.api.simulate
+
+    def slow(*args, **kwargs):
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(commands, "_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr("refcoll.api.simulate", slow)
+    res = invoke("simulate", "--algorithm", "ring", "-p", 3, "--count", 5)
+    assert res.exit_code == 0, res.output
+    assert "refcoll: simulate ring -p 3: still running after" in res.output  # on stderr
+
+
+# --------------------------------------------------------------- output paths
+
+@pytest.mark.parametrize("args", [
+    ["verify", "-n", 2, "--json", "{missing}/v.json"],
+    ["verify", "-n", 2, "--compressor", "none", "--json", "{missing}/v.json"],
+    ["simulate", "--algorithm", "ring", "-p", 2, "--count", 4, "--json", "{missing}/s.json"],
+    ["check", "--json", "{missing}/c.json", "{tmp}", "{tmp}"],
+    ["train", "-n", 2, "--json", "{missing}/t.json"],
+    ["train", "-n", 2, "--plot", "{missing}/t.png"],
+], ids=["verify", "verify-compressor", "simulate", "check", "train-json", "train-plot"])
+def test_an_output_file_in_a_missing_folder_fails_before_the_run(no_launch, no_simulation,
+                                                                 tmp_path, args):
+    missing = tmp_path / "missing"
+    args = [str(a).format(missing=missing, tmp=tmp_path) for a in args]
+    flag = next(a for a in args if a in ("--json", "--plot"))
+    one_line_error(invoke(*args), flag, f"folder {missing} does not exist", "create it first")
+
+
+@pytest.mark.parametrize("command", ["gen-inputs", "oracle"])
+def test_an_output_folder_under_a_file_fails_before_the_run(no_simulation, tmp_path, command):
+    (tmp_path / "afile").write_text("")
+    target = tmp_path / "afile" / "out"
+    if command == "gen-inputs":
+        args = ["gen-inputs", "-p", 2, "--count", 4, target]
+    else:
+        args = ["oracle", "--algorithm", "ring", tmp_path / "in", target]
+    one_line_error(invoke(*args), "is a file, so the folder cannot be created")
+
+
+def test_gen_inputs_still_creates_a_missing_folder(tmp_path):
+    res = invoke("gen-inputs", "-p", 2, "--count", 4, tmp_path / "a" / "b")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "a" / "b" / "rank1.npy").exists()
