@@ -145,7 +145,8 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     Args:
         x: this rank's array (any shape; reduced elementwise, shape kept).
         comm: an mpi4py communicator or a Transport; ``None``: ``MPI.COMM_WORLD``.
-        op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.ops`).
+        op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.ops`),
+            or mpi4py's ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX``.
         algorithm: a name from ``refcoll list``.
         compressor: a compressor or its spec string (``"ef(topk:ratio=0.01)"``):
             run the compressed all-reduce of
@@ -153,15 +154,22 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
             picks the pattern the compressor declares (op ``sum`` or ``avg``;
             floating tensors only).
         state: with ``compressor``, this tensor's
-            :class:`~refcoll.compressors.base.CompressorState`; it carries the
-            error-feedback residual and warm starts from call to call, and after
-            the call ``state.traffic`` holds the bytes this rank sent and
-            received. ``None``: a fresh state for this call alone.
+            :class:`~refcoll.compressors.base.CompressorState`
+            (``compressor.new_state(seed=S, rank=r)``, the same ``S`` on every
+            rank), kept per tensor and passed again on every call; it carries
+            the error-feedback residual and warm starts from call to call, and
+            after the call ``state.traffic`` holds the bytes this rank sent and
+            received. Error feedback (``ef(...)``) requires it: without one the
+            residual would be thrown away, so ``state=None`` there is a
+            UsageError on every rank. ``None`` otherwise: a fresh state for
+            this call alone.
         out: result buffer (``out=x`` runs in place); a new array otherwise.
         validate: first check that every rank passed the same collective,
             algorithm, op, dtype, count and options (:mod:`refcoll.validate`);
             ``False`` saves that round trip.
-        **options: passed to the algorithm (segment sizes and the like).
+        **options: passed to the algorithm (segment sizes and the like); one
+            the algorithm does not take is a UsageError on every rank, before
+            any data moves.
 
     Returns:
         The reduced array, ``out`` when given. With ``algorithm="switch"`` the
@@ -187,6 +195,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         with _shared_errors(t, validate, "allreduce"):
             reduction = get_op(op)
             fn = algorithms.implementation(algorithm, "allreduce")
+            algorithms.check_options(algorithm, "allreduce", options, rank=t.rank)
             workers = _workers(algorithms.get(algorithm), t, options)
             flat = _flat_input(arr, t)
             check_supported(reduction, flat.dtype)
@@ -329,6 +338,10 @@ def _prepared(t, key: tuple) -> _Prepared | None:
 
 def _prepare(t, key: tuple, reduction) -> None:
     """Keep ``key``'s all-reduce prepared on ``t`` after a call that ran the ordinary way."""
+    try:
+        hash(key)
+    except TypeError:  # an op object that cannot key a cache (mpi4py's MPI.SUM): never prepared
+        return
     prepared = t.__dict__.setdefault("_allreduce", {})
     if len(prepared) >= PREPARED_KEPT:
         prepared.pop(next(iter(prepared))).free()
@@ -407,6 +420,7 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     with _shared_errors(t, validate, "reduce_scatter"):
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce_scatter")
+        algorithms.check_options(algorithm, "reduce_scatter", options, rank=t.rank)
         flat = _flat_input(x, t)
         check_supported(reduction, flat.dtype)
         shape = (chunk_sizes(flat.size, t.size)[t.rank],)
@@ -432,6 +446,7 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     t = device_transport(as_transport(comm, "allgather"), x)
     with _shared_errors(t, validate, "allgather"):
         fn = algorithms.implementation(algorithm, "allgather")
+        algorithms.check_options(algorithm, "allgather", options, rank=t.rank)
         flat = _flat_input(x, t)
         shape = (t.size, *xp.asarray(x).shape)
         result = _flat_out(out, shape, flat.dtype, t, "allgather", xp)
@@ -457,6 +472,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     with _shared_errors(t, validate, "broadcast"):
         _check_root(root, t)
         fn = algorithms.implementation(algorithm, "broadcast")
+        algorithms.check_options(algorithm, "broadcast", options, rank=t.rank)
         flat = _flat_input(x, t)
         shape = xp.asarray(x).shape
         result = _flat_out(out, shape, flat.dtype, t, "broadcast", xp)
@@ -478,6 +494,7 @@ def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None
         _check_root(root, t)
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce")
+        algorithms.check_options(algorithm, "reduce", options, rank=t.rank)
         flat = _flat_input(x, t)
         check_supported(reduction, flat.dtype)
         shape = xp.asarray(x).shape

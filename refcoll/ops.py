@@ -19,6 +19,10 @@ Ops:
     (C's ``/``, which is what NCCL's ``SumPostDiv`` computes for integers):
     ``-7`` averaged over 2 ranks is ``-3``, not ``-4``.
 
+Wherever an op is asked for, mpi4py's ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN`` and
+``MPI.MAX`` stand for ``sum``, ``prod``, ``min`` and ``max``; MPI's other ops
+(``MPI.BAND``, ``MPI.MAXLOC``...) have no counterpart here and are refused.
+
 Types: int8..uint64, float16, bfloat16, float32, float64 for every op; the two
 OCP float8 formats (``float8_e4m3fn``, ``float8_e5m2``) for sum, min and max only,
 since a product or average of 3-bit mantissas is rarely what anyone means.
@@ -26,6 +30,7 @@ since a product or average of 3-bit mantissas is rarely what anyone means.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -38,6 +43,7 @@ __all__ = [
     "OPS",
     "DTYPES",
     "get_op",
+    "MPI_OPS",
     "get_dtype",
     "dtype_name",
     "check_supported",
@@ -133,14 +139,59 @@ _FLOAT8_OPS = {"sum", "min", "max"}
 _FLOATS = {DTYPES[n] for n in ("float16", "bfloat16", "float32", "float64")} | _FLOAT8
 
 
+#: mpi4py's predefined reductions refcoll has, by their name in mpi4py.MPI.
+MPI_OPS = {"SUM": "sum", "PROD": "prod", "MIN": "min", "MAX": "max"}
+
+#: mpi4py's other predefined ops, named in the error that refuses them.
+_OTHER_MPI_OPS = ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC",
+                  "REPLACE", "NO_OP", "OP_NULL")
+
+
+def _mpi_op_name(op) -> str | None:
+    """Return ``"SUM"``, ``"BAND"``... for one of mpi4py's predefined ops, ``""`` for a
+    user-defined ``MPI.Op``, and None for anything that is not an ``MPI.Op``.
+
+    mpi4py is not imported here: an ``MPI.Op`` can only exist once it has been.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not isinstance(op, mpi.Op):
+        return None
+    for name in (*MPI_OPS, *_OTHER_MPI_OPS):
+        predefined = getattr(mpi, name, None)
+        if predefined is not None and op == predefined:
+            return name
+    return ""
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def get_op(op: "str | Op") -> Op:
-    """Return the :class:`Op` for a name; raise :class:`UsageError` for unknown ones."""
+    """Return the :class:`Op` for a name, an :class:`Op` or mpi4py's ``MPI.SUM``/``PROD``/``MIN``/``MAX``.
+
+    Raises:
+        UsageError: an unknown name, another MPI op (``MPI.BAND``...), or any
+            other object; the message names it and the ops refcoll takes.
+    """
     if isinstance(op, Op):
         return op
-    try:
-        return OPS[str(op).lower()]
-    except KeyError:
-        raise UsageError(f"unknown op {op!r}: choose one of {', '.join(OPS)}") from None
+    choices = ", ".join(OPS)
+    if isinstance(op, str):
+        try:
+            return OPS[op.lower()]
+        except KeyError:
+            raise UsageError(f"unknown op {op!r}: choose one of {choices}") from None
+    mpi_name = _mpi_op_name(op)
+    if mpi_name in MPI_OPS:
+        return OPS[MPI_OPS[mpi_name]]
+    if mpi_name is not None:
+        what = f"op MPI.{mpi_name}" if mpi_name else "a user-defined MPI.Op"
+        raise UsageError(f"{what} is not an op refcoll reduces with: pass one of {choices} "
+                         f"(or MPI.{', MPI.'.join(MPI_OPS)})")
+    raise UsageError(f"op takes a name; got an object of type {_type_name(op)}: pass one of "
+                     f"{choices} (or MPI.{', MPI.'.join(MPI_OPS)})")
 
 
 def get_dtype(dtype) -> np.dtype:

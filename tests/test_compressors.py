@@ -346,7 +346,7 @@ def test_integer_tensor_refused():
 @pytest.mark.parametrize(
     "spec",
     SPECS + ["topk:ratio=0.001", "qsgd:levels=16", "powersgd:rank=4", "ef(topk:ratio=0.01)",
-             "ef(ef(sign))", " powersgd:rank=4 ", "randomk", "threshold"],
+             " powersgd:rank=4 ", "randomk", "threshold"],
 )
 def test_parse_round_trips(spec):
     c = parse(spec)

@@ -9,11 +9,16 @@ An implementation has one of these signatures, by collective:
 * ``reduce(t, x, out, *, op, root, **options)``: ``out`` written on the root only.
 
 ``x`` and ``out`` are flat, C-contiguous arrays; ``op`` is the base combine of
-:mod:`refcoll.ops` (``avg`` is finished by the caller).
+:mod:`refcoll.ops` (``avg`` is finished by the caller). The options an
+implementation takes are its keyword-only parameters other than ``op``, ``root``
+and ``out`` (:func:`options`); a catch-all ``**kwargs`` adds none, and
+:func:`check_options` refuses any other before a collective moves data.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -21,7 +26,8 @@ from .. import cost as _cost
 from ..errors import UsageError
 from . import hierarchical, naive, recursive, ring, switch, tree
 
-__all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "get", "implementation", "names"]
+__all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "get", "implementation", "names", "options",
+           "check_options"]
 
 #: The collectives, in the order the CLI lists them.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
@@ -209,6 +215,61 @@ def implementation(name: str, collective: str) -> Callable:
             f"{', '.join(algo.collectives)}; algorithms with {collective}: "
             f"{', '.join(names(collective))}"
         ) from None
+
+
+#: Keyword-only parameters the collective fills in itself: never user options.
+_CALL_PARAMETERS = frozenset({"op", "root", "out"})
+
+
+@functools.lru_cache(maxsize=None)
+def _keyword_options(fn: Callable) -> tuple[str, ...]:
+    return tuple(param.name for param in inspect.signature(fn).parameters.values()
+                 if param.kind is param.KEYWORD_ONLY and param.name not in _CALL_PARAMETERS)
+
+
+def options(name: str, collective: str) -> tuple[str, ...]:
+    """Return the options ``name``'s ``collective`` takes (``segment``, ``ranks_per_node``...).
+
+    They are the implementation's keyword-only parameters other than ``op``,
+    ``root`` and ``out``, in signature order.
+    """
+    return _keyword_options(implementation(name, collective))
+
+
+def check_options(name: str, collective: str, given: Mapping, *, rank: int | None = None) -> None:
+    """Refuse options ``name``'s ``collective`` does not take, before any data moves.
+
+    Args:
+        name: the algorithm.
+        collective: the collective it runs.
+        given: the options the caller passed (``{"segment": 4}``).
+        rank: the calling rank, named in the message.
+
+    Raises:
+        UsageError: an unknown algorithm or collective, or an option it does not
+            take; the message lists the options it does take and the algorithms
+            that take the refused ones.
+    """
+    taken = options(name, collective)
+    unknown = sorted(set(given) - set(taken))
+    if not unknown:
+        return
+    where = f"rank {rank}: " if rank is not None else ""
+    them = "it" if len(unknown) == 1 else "them"
+    others = [other for other in names(collective)
+              if other != name and set(unknown) <= set(options(other, collective))]
+    if name == "auto" and others:  # auto chooses per call: options belong to a named one
+        fix = f"name an algorithm that takes {them} instead: {', '.join(others)}"
+    elif others:
+        fix = f"drop {them}, or choose an algorithm that takes {them}: {', '.join(others)}"
+    else:
+        fix = f"drop {them}"
+    if not taken:
+        raise UsageError(f"{where}algorithm {name!r} takes no algorithm options for "
+                         f"{collective} (got {', '.join(unknown)}); {fix}")
+    noun = "option" if len(unknown) == 1 else "options"
+    raise UsageError(f"{where}algorithm {name!r} does not take the {noun} {', '.join(unknown)} "
+                     f"for {collective}: its {collective} takes {', '.join(taken)}; {fix}")
 
 
 from ..tuning import auto_algorithm  # noqa: E402  (auto is built from every entry above)

@@ -41,17 +41,31 @@ def list_(json_file):
         click.echo(f"  {algo.name:<19} {algo.summary}")
         for coll in algo.collectives:
             click.echo(f"      {coll:<16} {costs[coll]}")
-    from ..tuning import choice_table, current_calibration
+    from ..tuning import (algo_filter, cache_path, cached_calibrations, calibration_mode,
+                          choice_table, current_calibration)
+    from .calibrate import as_json, describe
 
     calibration = current_calibration()
+    mode, allowed = calibration_mode(), algo_filter()
+    cached = cached_calibrations()
     table = choice_table(calibration)
-    payload["auto"] = {"calibration": {"alpha": calibration.alpha, "beta": calibration.beta,
-                                       "gamma": calibration.gamma, "source": calibration.source},
+    payload["auto"] = {"calibration": as_json(calibration), "mode": mode,
+                       "refcoll_algo": allowed.text or None, "cache": str(cache_path()),
+                       "cached": [as_json(c) for c in cached],
                        "allreduce_float32": table}
+    steering = [f"REFCOLL_CALIBRATION={mode}" if mode != "cache" else "from the cache",
+                f"REFCOLL_ALGO={allowed.text}" if allowed.text else ""]
+    click.echo(f"auto's calibration in force ({'; '.join(filter(None, steering))}):")
+    click.echo(f"  {describe(calibration)}")
+    click.echo(f"  key:    {calibration.key or '(fixed defaults: no measurement)'}")
+    click.echo(f"  source: {calibration.source}")
+    if len(cached) > (1 if calibration.key else 0):
+        click.echo(f"  also cached in {cache_path()} (a job uses the entry of its own key):")
+        for other in cached:
+            if other.key != calibration.key:
+                click.echo(f"    {other.key}: {describe(other)}")
     sizes = sorted({row["bytes"] for row in table})
-    click.echo(f"auto picks for all-reduce of float32 (α={calibration.alpha:.2g} s, "
-               f"β={calibration.beta:.2g} s/B, γ={calibration.gamma:.2g} s/element; "
-               f"{calibration.source}):")
+    click.echo("auto picks for all-reduce of float32 with it:")
     click.echo("  " + f"{'p':>4} " + " ".join(f"{_human(b):>18}" for b in sizes))
     for p in sorted({row["p"] for row in table}):
         picks = {row["bytes"]: row["algorithm"] for row in table if row["p"] == p}

@@ -4,7 +4,10 @@ Spec strings (see :func:`parse`): ``none``, ``fp16``, ``bf16``,
 ``topk:ratio=0.001``, ``randomk:ratio=0.01``, ``threshold:threshold=1e-3``,
 ``qsgd:levels=16,bucket=512``, ``terngrad:block=0``, ``sign:block=0``,
 ``onebit:block=0``, ``powersgd:rank=4,min_rate=2``, ``int8:block=256``, and
-``ef(<spec>)`` for error feedback around any of them.
+``ef(<spec>)`` for error feedback around any of them (once: ``ef(ef(...))`` is
+refused). Error feedback keeps its residual in a :class:`CompressorState`, so a
+compressed all-reduce with ``ef(...)`` needs ``state=``, one per tensor, kept
+across calls.
 
 Importing this package imports every method module, and each registers itself
 in :data:`COMPRESSORS`.

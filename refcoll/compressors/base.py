@@ -211,6 +211,21 @@ class ErrorFeedback(Compressor):
     name: ClassVar[str] = "ef"
     inner: Compressor = None
 
+    def __post_init__(self):
+        # A state holds one residual per tensor: an ef inside an ef would need two,
+        # and the outer one would feed back an error the inner has already kept.
+        if isinstance(self.inner, ErrorFeedback):
+            raise UsageError(
+                f"error feedback around error feedback ({self.spec()!r}) is refused: a "
+                "tensor keeps one residual, and ef of ef would keep two, which means "
+                f"nothing; wrap the compressor once: {ErrorFeedback(self.inner.inner).spec()!r}"
+            )
+        if not isinstance(self.inner, Compressor):
+            raise UsageError(
+                f"ErrorFeedback wraps a compressor, got {type(self.inner).__name__}; "
+                "pass one: ErrorFeedback(parse('topk:ratio=0.01'))"
+            )
+
     @property
     def linear(self) -> bool:  # type: ignore[override]
         return self.inner.linear
@@ -242,10 +257,10 @@ _SPEC = re.compile(r"^\s*([a-z0-9_]+)\s*(?::(.*))?$")
 def _convert(cls, key: str, raw: str, spec: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if key not in fields:
-        known = ", ".join(fields) or "none"
+        takes = (f"its parameters: {', '.join(fields)}" if fields
+                 else f"it takes no parameters: write just {cls.name!r}")
         raise UsageError(
-            f"compressor {cls.name!r} has no parameter {key!r} (in {spec!r}); "
-            f"its parameters: {known}"
+            f"compressor {cls.name!r} has no parameter {key!r} (in {spec!r}); {takes}"
         )
     kind = type(fields[key].default)
     try:
@@ -261,31 +276,57 @@ def _convert(cls, key: str, raw: str, spec: str) -> Any:
         ) from None
 
 
+def _options(cls, text: str, spec: str) -> dict:
+    """Return the ``key=value`` parameters of ``text`` (what follows ``name:``), converted."""
+    if not text.strip():
+        raise UsageError(f"nothing follows ':' in {spec!r}; write {cls.name!r} or "
+                         f"'{cls.name}:key=value'")
+    opts = {}
+    for item in text.split(","):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            what = "an empty parameter (a stray comma?)" if not item.strip() else (
+                f"parameter {item.strip()!r} has no name" if eq else
+                f"parameter {item.strip()!r} has no value")
+            raise UsageError(f"{what} in {spec!r}; write key=value[,key=value...]")
+        if key in opts:
+            raise UsageError(f"parameter {key!r} is given twice in {spec!r}; give each "
+                             "parameter once")
+        opts[key] = _convert(cls, key, raw.strip(), spec)
+    return opts
+
+
 def parse(spec: str) -> Compressor:
     """Build a compressor from a spec string.
 
     Grammar: ``name`` | ``name:key=value[,key=value...]`` | ``ef(<spec>)``, e.g.
     ``topk:ratio=0.001``, ``qsgd:levels=16``, ``powersgd:rank=4``,
-    ``ef(topk:ratio=0.01)``, ``none``, ``fp16``, ``bf16``.
+    ``ef(topk:ratio=0.01)``, ``none``, ``fp16``, ``bf16``. Each parameter is given
+    at most once, and ``ef`` wraps a compressor that is not itself ``ef(...)``.
 
     Raises:
-        UsageError: an unknown name or parameter, or a value of the wrong type.
+        UsageError: an unknown name or parameter, a parameter given twice, a
+            malformed ``key=value``, a value of the wrong type, or ``ef(ef(...))``.
     """
+    if not isinstance(spec, str):
+        raise UsageError(f"a compressor spec is a string such as 'topk:ratio=0.01', got "
+                         f"{type(spec).__name__}")
     text = spec.strip()
     if text.startswith("ef(") and text.endswith(")"):
-        return ErrorFeedback(inner=parse(text[3:-1]))
+        inner = text[3:-1].strip()
+        if inner.startswith("ef(") and inner.endswith(")"):
+            raise UsageError(
+                f"{spec!r} nests error feedback: a tensor keeps one residual, and ef of ef "
+                f"would keep two, which means nothing; write {f'ef({inner[3:-1].strip()})'!r}"
+            )
+        return ErrorFeedback(inner=parse(inner))
     m = _SPEC.match(text)
     if not m or m.group(1) not in COMPRESSORS or m.group(1) == "ef":
         known = ", ".join(sorted(n for n in COMPRESSORS if n != "ef"))
         raise UsageError(f"unknown compressor {spec!r}; known: {known}, and ef(<spec>)")
     cls = COMPRESSORS[m.group(1)]
-    opts = {}
-    if m.group(2):
-        for item in m.group(2).split(","):
-            key, eq, raw = item.partition("=")
-            if not eq or not key.strip():
-                raise UsageError(f"bad parameter {item!r} in {spec!r}; write key=value")
-            opts[key.strip()] = _convert(cls, key.strip(), raw.strip(), spec)
+    opts = _options(cls, m.group(2), spec) if m.group(2) is not None else {}
     try:
         return cls(**opts)
     except ValueError as exc:

@@ -137,28 +137,49 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
         compressor: a :class:`Compressor` or a spec string (``"ef(topk:ratio=0.01)"``).
         state: this tensor stream's state (residuals, warm starts, RNG); ``None``
             makes a fresh one for this call. Build it with
-            ``compressor.new_state(seed=S, rank=r)``, the same ``S`` on every rank.
-            After the call ``state.traffic`` is the returned traffic.
-        op: ``sum`` or ``avg``.
+            ``compressor.new_state(seed=S, rank=r)`` (a
+            :class:`~refcoll.compressors.base.CompressorState`), the same ``S`` on
+            every rank, and keep it per tensor across calls. Error feedback
+            (``ef(...)``) requires it: its residual lives in the state, so without
+            one every call would throw the residual away. After the call
+            ``state.traffic`` is the returned traffic.
+        op: ``sum`` or ``avg`` (or ``MPI.SUM``).
         algorithm: the all-reduce algorithm of the ``allreduce`` pattern;
             ``auto`` chooses once per call, by the dense tensor's size.
         pattern: ``allreduce``, ``gather`` or ``twophase``; default: the
             compressor's first.
         out: result buffer (``out=x`` allowed); a new array otherwise.
         validate: agree on the arguments, compressor and pattern included, first.
-        **options: the algorithm's options.
+        **options: the algorithm's options (those it does not take are refused).
 
     Raises:
         UsageError: an unknown compressor, op, pattern or algorithm, a pattern
-            the compressor does not allow, a non-floating tensor, ``switch``.
+            the compressor does not allow, an option the algorithm does not
+            take, error feedback without ``state``, a non-floating tensor,
+            ``switch``; raised on every rank when any rank's call has one.
         MismatchError: ranks passed different arguments (with ``validate``).
     """
     from ..api import _flat_input, _flat_out, _shared_errors, as_transport
 
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm), x)
+    t = device_transport(as_transport(comm, "compressed allreduce"), x)
     with _shared_errors(t, validate, "compressed_allreduce"):
-        comp = _resolve(compressor)
+        try:
+            comp = _resolve(compressor)
+        except UsageError as exc:
+            raise UsageError(f"rank {t.rank}: {exc}") from None
+        if isinstance(comp, ErrorFeedback) and state is None:
+            raise UsageError(
+                f"rank {t.rank}: compressor {comp.spec()!r} keeps an error-feedback residual "
+                "in its state, and with state=None it would be thrown away after every call; "
+                "pass state=refcoll.compressors.CompressorState(seed=S, rank=rank) (or "
+                "compressor.new_state(seed=S, rank=rank)), one per tensor, the same seed on "
+                "every rank, and the same object on every call for that tensor")
+        if not isinstance(op, str):  # MPI.SUM and the like; anything else is refused here
+            try:
+                op = get_op(op).name
+            except UsageError as exc:
+                raise UsageError(f"rank {t.rank}: {exc}") from None
         if op not in ("sum", "avg"):
             raise UsageError(f"rank {t.rank}: a compressed all-reduce takes op sum or avg, "
                              f"not {op!r}")
@@ -169,6 +190,7 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
         if algorithms.get(algorithm).workers is not None:
             raise UsageError(f"rank {t.rank}: {algorithm} needs switch processes, which cannot "
                              "combine compressed payloads; choose another algorithm")
+        algorithms.check_options(algorithm, "allreduce", options, rank=t.rank)
         arr = xp.asarray(x)
         flat = _flat_input(arr, t)
         try:
