@@ -240,3 +240,32 @@ def test_calibrate_command_saves_or_says_why_not(tmp_path):
     else:
         assert res.returncode == 1 and "not saved" in res.stderr
         assert not cache_file(tmp_path).exists()
+
+
+def test_list_shows_the_calibration_in_force_with_its_age_and_key(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
+    monkeypatch.delenv("REFCOLL_CALIBRATION", raising=False)
+    host = __import__("platform").node()
+    quiet = f"{host}|lib|ranks_per_node=2|oversubscribed=no"
+    other = f"{host}|lib|ranks_per_node=8|oversubscribed=no"
+    now = __import__("time").time()
+    (tmp_path / "calibration.json").write_text(json.dumps({
+        quiet: {"alpha": 7e-6, "beta": 1e-10, "gamma": 2e-10, "measured_at": now - 7200,
+                "spread": 0.1},
+        other: {"alpha": 9e-6, "beta": 1e-10, "gamma": 2e-10, "measured_at": now - 3 * 86400,
+                "spread": 0.1}}))
+    out = tmp_path / "list.json"
+    res = CliRunner().invoke(main, ["list", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"key:    {quiet}" in res.output and "measured 2.0 h ago" in res.output
+    assert f"{other}: α=9e-06 s" in res.output and "measured 3.0 days ago" in res.output
+    auto = json.loads(out.read_text())["auto"]
+    assert auto["calibration"]["key"] == quiet and auto["calibration"]["alpha"] == 7e-6
+    assert sorted(c["key"] for c in auto["cached"]) == sorted([quiet, other])
+    monkeypatch.setenv("REFCOLL_CALIBRATION", "default")
+    res = CliRunner().invoke(main, ["list"])
+    assert "REFCOLL_CALIBRATION=default" in res.output and "(fixed defaults" in res.output
