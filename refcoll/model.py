@@ -40,8 +40,19 @@ bytes per element; ``reduce_bw`` the device's element-wise reduction rate).
   ``2α + n·β``, half a ring's bytes. ``inter="switch"`` puts the switch inside
   the hierarchical all-reduce instead: each GPU sends its shard ``n/g``.
 
-The double binary tree is not modelled: its exact count replays every segment's
-messages, which takes minutes for a model-sized buffer.
+* ``dbtree`` (NCCL's double binary tree, :func:`refcoll.cost.dbtree_allreduce`'s
+  counts, segments of :data:`refcoll.algorithms.tree.DBTREE_SEGMENT`): its tree
+  edges join ranks at every distance, so every round is priced on the slowest
+  link (an upper bound) unless the cluster has one kind of link. The counts
+  replay the schedule's messages with the simulator's clock rule, each run of
+  equal segments jumped over once it repeats (:func:`dbtree_cost`), so a
+  model-sized buffer costs a fraction of a second, not a replay per segment.
+
+**Limits** (so that no input makes the model run for ever or exhaust memory):
+at most :data:`MAX_GPUS` GPUs (``nodes·g``; some exact counts take time
+quadratic in ``p``) and from 1 to ``min(parameters, MAX_BUCKETS)`` buckets (each
+bucket is priced on its own). Every number must be finite; counts, bandwidths
+and sizes positive; times and latencies may be 0.
 
 **Compression** (:func:`compressed_estimate`) runs the pattern of
 ``refcoll/compressors/collective.py`` (the compressor's default, or one it allows):
@@ -126,6 +137,10 @@ __all__ = [
     "INTER_ALGORITHMS",
     "EXACT_LIMIT",
     "SAMPLE",
+    "MAX_GPUS",
+    "MAX_BUCKETS",
+    "CALIBRATE_LIMIT",
+    "BANDWIDTH_UNITS",
     "Cluster",
     "Workload",
     "Options",
@@ -134,15 +149,21 @@ __all__ = [
     "StepTime",
     "Plan",
     "allreduce_estimate",
+    "dbtree_cost",
+    "select_algorithms",
     "compressed_estimate",
     "payload_arrays",
     "powersgd_elements",
     "buckets_of",
+    "bucket_limit",
+    "check_buckets",
+    "buckets_for_size",
     "overlap",
     "step_time",
     "plan",
     "human_time",
     "human_bytes",
+    "parse_count",
     "parse_bandwidth",
     "parse_duration",
     "parse_size",
@@ -157,10 +178,22 @@ __all__ = [
 ]
 
 #: The all-reduce algorithms the cluster model prices, in table order.
-ALGORITHMS = ("ring", "tree", "recursive_doubling", "rabenseifner", "hierarchical", "switch")
+ALGORITHMS = ("ring", "tree", "dbtree", "recursive_doubling", "rabenseifner", "hierarchical",
+              "switch")
 
 #: What the hierarchical all-reduce may run across nodes.
-INTER_ALGORITHMS = ("ring", "tree", "recursive_doubling", "rabenseifner", "switch")
+INTER_ALGORITHMS = ("ring", "tree", "dbtree", "recursive_doubling", "rabenseifner", "switch")
+
+#: The most GPUs (nodes × GPUs per node) the model prices: Rabenseifner's exact
+#: counts on a number of ranks that is not a power of two take time quadratic in it.
+MAX_GPUS = 16384
+
+#: The largest buffer ``refcoll model --calibrate`` measures (every rank holds a few).
+CALIBRATE_LIMIT = 1 << 30
+
+#: The most gradient buckets the overlap model cuts a gradient into: each is priced
+#: on its own, so the work grows with their number.
+MAX_BUCKETS = 100_000
 
 #: Tensors up to this many elements are compressed whole to find their payload.
 EXACT_LIMIT = 1 << 18
@@ -207,11 +240,17 @@ class Cluster:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise UsageError(f"a cluster needs at least one node of one GPU, got {self.nodes} "
                              f"nodes of {self.gpus_per_node}")
-        if not (self.intra_bw > 0 and self.inter_bw > 0):
-            raise UsageError(f"bandwidths must be positive, got intra {self.intra_bw:g} and "
-                             f"inter {self.inter_bw:g} bytes/s")
-        if self.intra_latency < 0 or self.inter_latency < 0 or self.reduce_bw < 0:
-            raise UsageError("latencies and the reduction bandwidth must not be negative")
+        if self.gpus > MAX_GPUS:
+            raise UsageError(f"{self.nodes} nodes × {self.gpus_per_node} GPUs = {self.gpus:,} "
+                             f"GPUs: give at most {MAX_GPUS:,} GPUs in all (--nodes × "
+                             f"--gpus-per-node), the most the model prices")
+        if not all(math.isfinite(v) and v > 0 for v in (self.intra_bw, self.inter_bw)):
+            raise UsageError(f"bandwidths must be positive and finite, got intra "
+                             f"{self.intra_bw:g} and inter {self.inter_bw:g} bytes/s")
+        if not all(math.isfinite(v) and v >= 0
+                   for v in (self.intra_latency, self.inter_latency, self.reduce_bw)):
+            raise UsageError("latencies and the reduction bandwidth must be finite and not "
+                             "negative")
 
     @property
     def gpus(self) -> int:
@@ -263,16 +302,19 @@ class Workload:
 
     def __post_init__(self):
         if self.bytes_per_element not in _FLOAT_DTYPES:
-            raise UsageError(f"bytes per element must be 2, 4 or 8 (float16, float32, float64), "
-                             f"got {self.bytes_per_element}")
+            raise UsageError(f"bytes per element (--bytes-per-element) must be 2, 4 or 8 "
+                             f"(float16, float32, float64), got {self.bytes_per_element}")
         if any(any(d < 0 for d in s) for s in self.shapes) or self.elements < 1:
             raise UsageError("the model needs at least one parameter, and no negative dimension")
-        if self.forward < 0 or self.backward < 0:
-            raise UsageError("forward and backward times must not be negative")
+        if not all(math.isfinite(v) and v >= 0 for v in (self.forward, self.backward)):
+            raise UsageError(f"forward and backward times must be finite and not negative, "
+                             f"got {self.forward:g} and {self.backward:g} s")
 
     @classmethod
     def from_params(cls, params: float, **kwargs) -> "Workload":
         """Return a workload of ``params`` parameters in one flat tensor."""
+        if not math.isfinite(params):
+            raise UsageError(f"a model needs a finite parameter count, got {params:g}")
         count = int(round(params))
         if count < 1:
             raise UsageError(f"a model needs at least one parameter, got {params:g}")
@@ -320,8 +362,8 @@ class Options:
             raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown)) or '(none)'}: the "
                              f"model prices {', '.join(ALGORITHMS)}")
         if self.inter not in INTER_ALGORITHMS:
-            raise UsageError(f"unknown inter-node algorithm {self.inter!r}: choose one of "
-                             f"{', '.join(INTER_ALGORITHMS)}")
+            raise UsageError(f"unknown inter-node algorithm {self.inter!r} (--inter): choose "
+                             f"one of {', '.join(INTER_ALGORITHMS)}")
         if self.buckets < 1:
             raise UsageError(f"buckets must be at least 1, got {self.buckets}")
 
@@ -494,6 +536,78 @@ def _tree(cluster: Cluster, count: int, itemsize: int) -> list[Phase]:
                    itemsize)]
 
 
+@functools.lru_cache(maxsize=64)
+def _dbtree_pairs(p: int) -> dict[tuple[int, str], tuple[tuple[int, int], ...]]:
+    """Return the ``(source, dest)`` of every message of one segment, by tree and phase."""
+    from .algorithms.tree import dbtree_messages
+
+    pairs: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for tree, phase, source, dest, _ in dbtree_messages(p, 2, None):  # one segment a half
+        pairs.setdefault((tree, phase), []).append((source, dest))
+    return {key: tuple(v) for key, v in pairs.items()}
+
+
+def dbtree_cost(p: int, count: int, itemsize: int) -> _cost.Cost:
+    """Return :func:`refcoll.cost.dbtree_allreduce`'s counts, without a replay per segment.
+
+    The schedule (:func:`refcoll.algorithms.tree.dbtree_messages`) is, for each
+    tree, the reduce of every segment then the broadcast of every segment, each
+    segment the same messages; segments of a half differ by at most one element
+    (the longer first). So it is at most eight runs of one repeated group of
+    messages, which :func:`refcoll.cost._lamport_replay` replays with the
+    simulator's clock rule, jumping over a run's remaining repeats once a repeat
+    leaves the clocks as it found them (shifted). The other counts are sums.
+    Equal to ``dbtree_allreduce(p, count, itemsize)`` (held by the tests), at the
+    default segment :data:`refcoll.algorithms.tree.DBTREE_SEGMENT`.
+    """
+    from .algorithms.tree import DBTREE_SEGMENT
+
+    if p == 1 or count == 0:
+        return _cost.ZERO
+    pairs = _dbtree_pairs(p)
+    runs = []
+    sent, sends, reduced = [0] * p, [0] * p, [0] * p
+    messages = elements = 0
+    for tree, (start, stop) in enumerate(((0, (count + 1) // 2), ((count + 1) // 2, count))):
+        half = stop - start
+        if half == 0:
+            continue
+        pieces = -(-half // DBTREE_SEGMENT)
+        size, longer = divmod(half, pieces)  # ``longer`` pieces of size + 1, then the rest
+        for phase in ("reduce", "broadcast"):
+            group = pairs[tree, phase]
+            for elems, repeat in ((size + 1, longer), (size, pieces - longer)):
+                if repeat:
+                    runs.append((tuple((a, b, elems) for a, b in group), repeat))
+            for source, dest in group:
+                sent[source] += half
+                sends[source] += pieces
+                if phase == "reduce":
+                    reduced[dest] += half  # every partial received is folded once
+            messages += len(group) * pieces
+            elements += len(group) * half
+    rounds, critical = _cost._lamport_replay(runs, itemsize)
+    return _cost.Cost(rounds, messages, elements * itemsize, max(sends), max(sent) * itemsize,
+                      critical, max(reduced), _dbtree_formula())
+
+
+@functools.lru_cache(maxsize=1)
+def _dbtree_formula() -> str:
+    return _cost.dbtree_allreduce(2, 2, 1).formula  # the registry's own text, for display
+
+
+def _allreduce_cost(name: str) -> Callable[[int, int, int], _cost.Cost]:
+    """Return the all-reduce counts of registry algorithm ``name`` (dbtree's fast replay)."""
+    return dbtree_cost if name == "dbtree" else _flat(name)
+
+
+def _dbtree(cluster: Cluster, count: int, itemsize: int) -> list[Phase]:
+    # Tree edges join ranks at every distance: like a ring step, a round waits for the
+    # slowest link unless the cluster has only one kind.
+    return [_phase(cluster, "two pipelined trees (reduce + broadcast)", _ring_link(cluster),
+                   dbtree_cost(cluster.gpus, count, itemsize), itemsize)]
+
+
 def _switch_cost(p: int, count: int, itemsize: int) -> _cost.Cost:
     """Counts of an in-network all-reduce: ``n`` up and ``n`` down at once, two latencies."""
     if p == 1 or count == 0:
@@ -514,11 +628,12 @@ def _hierarchical(cluster: Cluster, count: int, itemsize: int, inter: str) -> li
     shard = max_chunk(count, g)
     if inter == "switch":
         if not cluster.in_network:
-            raise UsageError("inter-node algorithm 'switch' needs in-network reduction "
-                             "(--in-network)")
+            raise UsageError("inter-node algorithm 'switch' (--inter) needs in-network "
+                             "reduction: add --in-network, or choose one of "
+                             f"{', '.join(a for a in INTER_ALGORITHMS if a != 'switch')}")
         across = _switch_cost(m, shard, itemsize)
     else:
-        across = _flat(inter)(m, shard, itemsize)
+        across = _allreduce_cost(inter)(m, shard, itemsize)
     return [_phase(cluster, "intra reduce-scatter", "intra",
                    _cost.ring_reduce_scatter(g, count, itemsize), itemsize),
             _phase(cluster, f"inter {inter} all-reduce", "inter", across, itemsize),
@@ -545,8 +660,8 @@ def allreduce_estimate(cluster: Cluster, algorithm: str, count: int, itemsize: i
         phases = _hierarchical(cluster, count, itemsize, inter)
     else:
         phases = {"ring": _ring, "recursive_doubling": _recursive_doubling, "tree": _tree,
-                  "rabenseifner": _rabenseifner, "switch": _switch}[algorithm](cluster, count,
-                                                                             itemsize)
+                  "dbtree": _dbtree, "rabenseifner": _rabenseifner,
+                  "switch": _switch}[algorithm](cluster, count, itemsize)
     name = f"hierarchical(inter={inter})" if algorithm == "hierarchical" and inter != "ring" \
         else algorithm
     return Estimate(name, tuple(phases), dense=count * itemsize)
@@ -731,6 +846,39 @@ def compressed_estimate(cluster: Cluster, spec: str, shapes: Sequence[tuple[int,
 
 # ------------------------------------------------------------------- buckets and overlap
 
+def bucket_limit(workload: Workload) -> int:
+    """Return the most buckets ``workload`` may be cut into: one a parameter, MAX_BUCKETS."""
+    return min(workload.elements, MAX_BUCKETS)
+
+
+def check_buckets(count: int, workload: Workload, *, name: str = "buckets") -> int:
+    """Return ``count`` if it is from 1 to :func:`bucket_limit`; else raise UsageError.
+
+    ``name`` is what the message calls the number (an option, ``--buckets``).
+    """
+    limit = bucket_limit(workload)
+    if count < 1:
+        raise UsageError(f"{name} {count}: give at least 1 (1 means one bucket: no overlap)")
+    if count > limit:
+        raise UsageError(f"{name} {count:,}: give at most {limit:,} (at most one bucket per "
+                         f"parameter and at most {MAX_BUCKETS:,})")
+    return count
+
+
+def buckets_for_size(workload: Workload, nbytes: int, *, name: str = "bucket size") -> int:
+    """Return how many buckets of at most ``nbytes`` the gradient fills (checked as above)."""
+    if nbytes < 1:
+        raise UsageError(f"{name} {nbytes}: give a positive size, e.g. 25MB")
+    count = -(-workload.nbytes // nbytes)
+    limit = bucket_limit(workload)
+    if count > limit:
+        smallest = -(-workload.nbytes // limit)
+        raise UsageError(f"{name} {nbytes:,} B cuts the {human_bytes(workload.nbytes)} gradient "
+                         f"into {count:,} buckets, more than the {limit:,} the model takes: "
+                         f"give at least {smallest:,} B")
+    return count
+
+
 def buckets_of(workload: Workload, count: int) -> list[tuple[tuple[tuple[int, ...], ...], float]]:
     """Cut the gradient into at most ``count`` buckets, last layers first.
 
@@ -739,7 +887,9 @@ def buckets_of(workload: Workload, count: int) -> list[tuple[tuple[tuple[int, ..
     last gradient exists (gradients appear at a uniform rate per parameter). A
     flat parameter count is cut into ``count`` equal pieces; layers are never
     split (as in PyTorch DDP), so big layers can leave fewer buckets than asked.
+    ``count`` runs from 1 to :func:`bucket_limit` (:func:`check_buckets`).
     """
+    check_buckets(count, workload)
     total = workload.elements
     if not workload.layered:
         sizes = [total // count + (1 if i < total % count else 0) for i in range(count)]
@@ -822,15 +972,18 @@ def step_time(cluster: Cluster, workload: Workload, algorithm: str, *,
               inter: str = "ring", label: str = "") -> StepTime:
     """Return the modelled step with ``algorithm``, an optional compressor and ``buckets``."""
     cut = buckets_of(workload, buckets)
-    comm = []
+    comm, seen = [], {}  # buckets of the same shapes (all of a flat count's) cost the same
     for shapes, _ in cut:
-        if compressor is None:
-            count = sum(math.prod(s) for s in shapes)
-            comm.append(allreduce_estimate(cluster, algorithm, count, workload.bytes_per_element,
-                                           inter=inter).seconds)
-        else:
-            comm.append(compressed_estimate(cluster, compressor, shapes, workload.dtype, algorithm,
-                                            pattern=pattern, inter=inter).seconds)
+        if shapes not in seen:
+            if compressor is None:
+                count = sum(math.prod(s) for s in shapes)
+                seen[shapes] = allreduce_estimate(cluster, algorithm, count,
+                                                  workload.bytes_per_element, inter=inter).seconds
+            else:
+                seen[shapes] = compressed_estimate(cluster, compressor, shapes, workload.dtype,
+                                                   algorithm, pattern=pattern,
+                                                   inter=inter).seconds
+        comm.append(seen[shapes])
     exposed, _ = overlap([ready * workload.backward for _, ready in cut], comm, workload.backward)
     chosen = _pattern(compressor, pattern) if compressor else None
     name = algorithm if chosen in (None, "allreduce") else \
@@ -880,6 +1033,30 @@ def _stacked(row: StepTime, label: str, baseline: StepTime, previous: StepTime) 
                    gain=previous.step / row.step if row.step else 1.0)
 
 
+def select_algorithms(text: str | None, *, in_network: bool) -> tuple[str, ...]:
+    """Return the algorithms named in ``ring,dbtree`` or ``all`` (None: all) for a cluster.
+
+    ``all`` is every algorithm of :data:`ALGORITHMS` the cluster can run:
+    ``switch`` only with in-network reduction. Naming ``switch`` without it, or
+    an unknown name, is a :class:`UsageError` that says what is supported.
+    """
+    usable = tuple(a for a in ALGORITHMS if a != "switch" or in_network)
+    if text is None or text.strip().lower() == "all":
+        return usable
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if unknown or not names:
+        raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown)) or '(none)'} "
+                         f"(--algorithm): choose from {', '.join(usable)}"
+                         f"{'' if in_network else ', switch with --in-network'}, or all")
+    if "switch" in names and not in_network:
+        raise UsageError("algorithm 'switch' (--algorithm) is an in-network all-reduce: add "
+                         "--in-network if the switches can reduce (SHARP; it is priced on each "
+                         "GPU's inter-node link, --inter-bw and --inter-latency), or choose from "
+                         f"{', '.join(usable)}")
+    return tuple(dict.fromkeys(names))
+
+
 def plan(cluster: Cluster, workload: Workload, options: Options) -> Plan:
     """Price every chosen algorithm, the compressor and overlap, and stack their speed-ups.
 
@@ -891,6 +1068,7 @@ def plan(cluster: Cluster, workload: Workload, options: Options) -> Plan:
     """
     if "switch" in options.algorithms and not cluster.in_network:
         raise UsageError("algorithm 'switch' needs in-network reduction (--in-network)")
+    check_buckets(options.buckets, workload)
     if options.compressor is not None:
         _pattern(options.compressor, options.pattern)
         if _is_powersgd(options.compressor) and not workload.layered:
@@ -969,43 +1147,114 @@ def human_bytes(nbytes: float) -> str:
 
 # ------------------------------------------------------------------------------- units
 
-_NUMBER = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+# A number, or the words float() reads as non-finite, so they are refused by name.
+_NUMBER = (r"\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+           r"|[-+]?(?i:nan|inf(?:inity)?))\s*")
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
           "Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40}
 
+#: The bandwidth units :func:`parse_bandwidth` reads, for messages and help.
+BANDWIDTH_UNITS = "B/s, kB/s, MB/s, GB/s, TB/s, KiB/s, MiB/s, GiB/s, Gb/s (= Gbit/s = Gbps), Mb/s"
 
-def parse_bandwidth(text: str) -> float:
-    """Return bytes per second from ``300GB/s``, ``25 GB/s``, ``200Gb/s``, ``100Gbps``, ``1e9``.
 
-    ``B`` is bytes and ``b`` bits; ``k M G T`` are powers of 1000 and ``Ki Mi Gi
-    Ti`` of 1024; a bare number is bytes per second.
+def _finite(text: str, value: float, name: str, example: str) -> float:
+    """Return ``value`` if finite and not negative; else a UsageError naming ``name``."""
+    if not math.isfinite(value):
+        raise UsageError(f"{name} {text!r}: not a finite number; give e.g. {example}")
+    if value < 0:
+        raise UsageError(f"{name} {text!r}: must not be negative; give e.g. {example}")
+    return value
+
+
+def parse_count(text, *, name: str = "count", minimum: int | None = 1,
+                maximum: int | None = None, example: str = "4") -> int:
+    """Return a whole number from ``4``, ``1300000000`` or ``1.3e9``.
+
+    Refused with a :class:`UsageError` that names ``name`` (an option, ``--nodes``):
+    what is not a number, not finite, not whole, below ``minimum`` (None: no
+    bound) or above ``maximum``.
     """
-    m = re.fullmatch(_NUMBER + r"(?:([kKMGT]i?)?([Bb])(?:/s|ps))?\s*", str(text))
-    if not m or (m.group(2) and not m.group(3)):
-        raise UsageError(f"cannot read bandwidth {text!r}: write e.g. 300GB/s, 200Gb/s or 25e9")
-    value = float(m.group(1)) * _SCALE[m.group(2) or ""]
-    return value / 8 if m.group(3) == "b" else value
+    raw = str(text).strip()
+    try:
+        value = int(raw)  # exact for long integers
+    except ValueError:
+        m = re.fullmatch(_NUMBER, raw)
+        if not m:
+            raise UsageError(f"{name} {text!r}: not a number; give a whole number, e.g. "
+                             f"{example}") from None
+        number = float(m.group(1))
+        if not math.isfinite(number):
+            raise UsageError(f"{name} {text!r}: not a finite number; give a whole number, e.g. "
+                             f"{example}") from None
+        if not number.is_integer():
+            raise UsageError(f"{name} {text!r}: not a whole number; give e.g. {example}") \
+                from None
+        value = int(number)
+    if minimum is not None and value < minimum:
+        raise UsageError(f"{name} {text}: must be at least {minimum}; give e.g. {example}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{name} {text}: must be at most {maximum:,}; give e.g. {example}")
+    return value
 
 
-def parse_duration(text: str) -> float:
-    """Return seconds from ``2us``, ``2µs``, ``500ns``, ``0.05``, ``50ms``, ``1s``."""
+def parse_bandwidth(text: str, *, name: str = "bandwidth", zero: bool = False) -> float:
+    """Return bytes per second from ``300GB/s``, ``200Gb/s``, ``200Gbit/s``, ``1e9B/s``.
+
+    ``B`` is bytes and ``b`` or ``bit`` bits; ``k M G T`` are powers of 1000 and
+    ``Ki Mi Gi Ti`` of 1024. A number without a unit is refused (``600`` is
+    more likely 600 GB/s than 600 B/s), but ``0`` where ``zero`` allows it (a
+    free reduction). Otherwise the bandwidth must be positive and finite.
+    ``name`` (an option, ``--intra-bw``) is what messages call it.
+    """
+    example = "300GB/s or 200Gb/s"
+    m = re.fullmatch(_NUMBER + r"(?:([kKMGT]i?)?(B|bit|b)(?:/s|ps))?\s*", str(text))
+    if not m:
+        raise UsageError(f"{name} {text!r}: cannot read a bandwidth; write a number and a unit, "
+                         f"e.g. {example} (units: {BANDWIDTH_UNITS})")
+    value = _finite(text, float(m.group(1)), name, example)
+    if value == 0 and not zero:
+        raise UsageError(f"{name} {text!r}: a bandwidth must be positive; give e.g. {example}")
+    if not m.group(3):
+        if value == 0:
+            return 0.0
+        raise UsageError(f"{name} {text!r}: a bandwidth needs a unit: add one, e.g. "
+                         f"{text.strip()}GB/s (units: {BANDWIDTH_UNITS})")
+    value *= _SCALE[m.group(2) or ""]
+    return value / 8 if m.group(3) != "B" else value
+
+
+def parse_duration(text: str, *, name: str = "duration", unit: bool = False) -> float:
+    """Return seconds from ``2us``, ``2µs``, ``500ns``, ``50ms``, ``1s`` or ``0.05`` (seconds).
+
+    With ``unit`` a number needs its unit (a latency of ``5`` is more likely
+    5 µs than 5 s), but for ``0``. The time must be finite and not negative.
+    ``name`` (an option, ``--inter-latency``) is what messages call it.
+    """
+    example = "5us, 500ns or 0" if unit else "50ms, 0.1s or 0.05 (seconds)"
     m = re.fullmatch(_NUMBER + r"(ns|us|µs|ms|s)?\s*", str(text))
     if not m:
-        raise UsageError(f"cannot read duration {text!r}: write e.g. 5us, 50ms or 0.05")
-    return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0,
-                                None: 1.0}[m.group(2)]
+        raise UsageError(f"{name} {text!r}: cannot read a time; write e.g. {example} "
+                         f"(units: ns, us, µs, ms, s)")
+    value = _finite(text, float(m.group(1)), name, example)
+    if unit and m.group(2) is None and value != 0:
+        raise UsageError(f"{name} {text!r}: a time needs a unit: add one, e.g. "
+                         f"{text.strip()}us (units: ns, us, µs, ms, s)")
+    return value * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0,
+                    None: 1.0}[m.group(2)]
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, *, name: str = "size") -> int:
     """Return bytes from ``64K``, ``64KiB``, ``25MB``, ``1G``, ``4096``.
 
     ``K M G`` alone and ``KiB MiB GiB`` are powers of 1024 (message sizes, as
-    nccl-tests reads them); ``kB MB GB`` are powers of 1000.
+    nccl-tests reads them); ``kB MB GB`` are powers of 1000. The size must be
+    finite and not negative.
     """
+    example = "64K, 64KiB, 25MB or 4096"
     m = re.fullmatch(_NUMBER + r"(?:([kKMGT])(i?B|B)?)?\s*", str(text))
     if not m:
-        raise UsageError(f"cannot read size {text!r}: write e.g. 64K, 64KiB, 25MB or 4096")
-    value = float(m.group(1))
+        raise UsageError(f"{name} {text!r}: cannot read a size; write e.g. {example}")
+    value = _finite(text, float(m.group(1)), name, example)
     if m.group(2):
         unit = m.group(2).upper()
         decimal = m.group(3) == "B"
@@ -1013,24 +1262,42 @@ def parse_size(text: str) -> int:
     return int(round(value))
 
 
-def parse_sizes(text: str) -> list[int]:
-    """Return byte sizes from ``64K,1M,16M`` or a doubling range ``64K..64M``."""
+def parse_sizes(text: str, *, name: str = "sizes", largest: int | None = None) -> list[int]:
+    """Return byte sizes from ``64K,1M,16M`` or a doubling range ``64K..64M``.
+
+    Every size must be positive, and at most ``largest`` bytes if given;
+    ``name`` (an option, ``--sizes``) is what messages call them.
+    """
     sizes: list[int] = []
     for item in str(text).split(","):
         if not item.strip():
             continue
         if ".." in item:
-            low, high = (parse_size(v) for v in item.split("..", 1))
+            low, high = (parse_size(v, name=name) for v in item.split("..", 1))
             if low < 1 or high < low:
-                raise UsageError(f"size range {item!r} must run from a positive size upwards")
+                raise UsageError(f"{name} {item!r}: a range must run from a positive size "
+                                 f"upwards, e.g. 64K..64M")
+            if largest is not None and high > largest:
+                raise UsageError(f"{name} {item!r}: give sizes up to {_binary_size(largest)} "
+                                 f"(the largest buffer it measures)")
             while low <= high:
                 sizes.append(low)
                 low *= 2
         else:
-            sizes.append(parse_size(item))
+            sizes.append(parse_size(item, name=name))
     if not sizes or any(s < 1 for s in sizes):
-        raise UsageError(f"sizes {text!r}: give positive sizes, e.g. 64K..64M or 64K,1M,16M")
+        raise UsageError(f"{name} {text!r}: give positive sizes, e.g. 64K..64M or 64K,1M,16M")
+    if largest is not None and max(sizes) > largest:
+        raise UsageError(f"{name} {text!r}: give sizes up to {_binary_size(largest)} (the "
+                         f"largest buffer it measures)")
     return sizes
+
+
+def _binary_size(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes} B"
 
 
 def load_layers(text: str) -> tuple[tuple[int, ...], ...]:

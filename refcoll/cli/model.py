@@ -8,17 +8,24 @@ import sys
 
 import click
 
-from . import main, relaunch, reports_errors, split_list, write_json
+from . import (check_output_paths, main, relaunch, reports_errors, split_list,
+               write_json)
 from ..errors import UsageError
+from ..model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_GPUS
 from ..model import human_bytes as _bytes
 from ..model import human_time as _time
 
 
 @main.command("model")
-@click.option("--nodes", type=int, help="Nodes in the cluster.")
-@click.option("--gpus-per-node", type=int, help="GPUs (ranks) per node.")
-@click.option("--intra-bw", help="Intra-node bandwidth per GPU, e.g. 900GB/s (NVLink).")
-@click.option("--inter-bw", help="Inter-node bandwidth per GPU, e.g. 400Gb/s or 50GB/s (its NIC).")
+@click.option("--nodes", metavar="N",
+              help=f"Nodes in the cluster, a whole number >= 1 (nodes × GPUs per node: at most "
+                   f"{MAX_GPUS}).")
+@click.option("--gpus-per-node", metavar="G", help="GPUs (ranks) per node, a whole number >= 1.")
+@click.option("--intra-bw", help=f"Intra-node bandwidth per GPU with its unit, e.g. 900GB/s "
+                                 f"(NVLink). Units: {BANDWIDTH_UNITS}; a number without a unit "
+                                 f"is refused.")
+@click.option("--inter-bw", help="Inter-node bandwidth per GPU with its unit, e.g. 400Gb/s or "
+                                 "50GB/s (its NIC).")
 @click.option("--bidirectional/--unidirectional", default=None,
               help="Whether both bandwidths count both directions added (then each direction "
                    "carries half) or one direction. Required unless each link says.")
@@ -27,44 +34,56 @@ from ..model import human_time as _time
 @click.option("--inter-quoted", type=click.Choice(["unidirectional", "bidirectional"]),
               default=None, help="How --inter-bw is quoted, overriding the flag above.")
 @click.option("--intra-latency", default="2us", show_default=True,
-              help="Intra-node latency per message (ns, us, ms, s).")
+              help="Intra-node latency per message with its unit (ns, us, ms, s), or 0.")
 @click.option("--inter-latency", default="5us", show_default=True,
-              help="Inter-node latency per message.")
+              help="Inter-node latency per message with its unit, or 0.")
 @click.option("--in-network", is_flag=True,
-              help="The switches can reduce (SHARP): price the 'switch' all-reduce too.")
+              help="The switches can reduce (SHARP): price the 'switch' all-reduce too, on each "
+                   "GPU's inter-node link (--inter-bw, --inter-latency): 2 latencies, n bytes "
+                   "each way.")
 @click.option("--reduce-bw", default="1TB/s", show_default=True,
-              help="Element-wise reduction rate on a GPU, bytes of one operand per second "
-                   "(0: free).")
-@click.option("--params", type=float, help="Parameter count, e.g. 1.3e9 (one flat gradient).")
+              help="Element-wise reduction rate on a GPU, bytes of one operand per second, with "
+                   "its unit (0: free).")
+@click.option("--params", metavar="N",
+              help="Parameter count, a whole number >= 1, e.g. 1.3e9 (one flat gradient).")
 @click.option("--layers", "layers_file", type=click.Path(exists=True, dir_okay=False),
               help="JSON list of parameter shapes, or object name -> shape, in forward order.")
-@click.option("--bytes-per-element", type=int, default=4, show_default=True,
+@click.option("--bytes-per-element", default="4", show_default=True, metavar="2|4|8",
               help="Gradient element size: 2 (float16), 4 (float32) or 8 (float64).")
-@click.option("--forward", default="0", show_default=True, help="Forward time per step.")
-@click.option("--backward", default="0", show_default=True, help="Backward time per step.")
+@click.option("--forward", default="0", show_default=True,
+              help="Forward time per step, e.g. 50ms (a number without a unit is seconds; "
+                   ">= 0).")
+@click.option("--backward", default="0", show_default=True,
+              help="Backward time per step, e.g. 0.1s (>= 0).")
 @click.option("--algorithm", default="all", show_default=True,
-              help="All-reduce algorithms, comma-separated, or all. With --calibrate: "
-                   "default ring,recursive_doubling,rabenseifner,auto.")
+              help="All-reduce algorithms, comma-separated, or all: ring, tree, dbtree, "
+                   "recursive_doubling, rabenseifner, hierarchical, and switch with "
+                   "--in-network. With --calibrate: default ring,recursive_doubling,"
+                   "rabenseifner,auto.")
 @click.option("--inter", default="ring", show_default=True,
-              help="The hierarchical all-reduce's algorithm across nodes.")
+              help="The hierarchical all-reduce's algorithm across nodes: ring, tree, dbtree, "
+                   "recursive_doubling, rabenseifner, or switch with --in-network.")
 @click.option("--compressor", default=None, help="Compressor spec, e.g. topk:ratio=0.01 or "
                                                  "ef(powersgd:rank=4).")
 @click.option("--pattern", type=click.Choice(["allreduce", "gather", "twophase"]), default=None,
               help="Compressed collective pattern [default: the compressor's own].")
-@click.option("--buckets", type=int, default=None,
-              help="Gradient buckets all-reduced during the backward pass [default: 1, no "
-                   "overlap].")
+@click.option("--buckets", default=None, metavar="B",
+              help=f"Gradient buckets all-reduced during the backward pass: 1 (one bucket, no "
+                   f"overlap) up to the number of parameters and at most {MAX_BUCKETS} "
+                   f"[default: 1].")
 @click.option("--bucket-size", default=None,
-              help="Bucket size instead of a count, e.g. 25MB (PyTorch DDP's bucket_cap_mb).")
+              help="Bucket size instead of a count, e.g. 25MB (PyTorch DDP's bucket_cap_mb); "
+                   "it must make at most as many buckets as --buckets allows.")
 @click.option("--calibrate", is_flag=True,
               help="Measure α, β, γ on this machine under mpiexec and compare predicted "
                    "all-reduce times with measured ones.")
-@click.option("-n", "--np", "nprocs", type=int, default=2, show_default=True,
-              help="With --calibrate: processes to start with mpiexec.")
+@click.option("-n", "--np", "nprocs", default="2", show_default=True, metavar="N",
+              help="With --calibrate: processes to start with mpiexec (>= 2).")
 @click.option("--sizes", default="64K..64M", show_default=True,
-              help="With --calibrate: buffer sizes, a doubling range A..B or a list.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False),
-              help="Write the report as JSON.")
+              help=f"With --calibrate: buffer sizes, a doubling range A..B or a list, each at "
+                   f"most {CALIBRATE_LIMIT >> 30}G.")
+@click.option("--json", "json_file", type=click.Path(),
+              help="Write the report as JSON (its folder must exist).")
 @reports_errors
 def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted, inter_quoted,
           intra_latency, inter_latency,
@@ -76,15 +95,21 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
     Prints each algorithm's all-reduce time with its phases, the compressed
     collective, and the step time with the speed-up of each technique stacked
     (topology, compression, overlap). Units: bandwidths 300GB/s, 200Gb/s,
-    100Gbps; times 2us, 50ms, 0.05 (seconds); sizes 64K (KiB), 25MB.
+    100Gbps (a unit is required); latencies 2us, 500ns (a unit is required,
+    but for 0); forward and backward 50ms or 0.05 (seconds); sizes 64K (KiB),
+    25MB. Every number must be finite and not negative; counts and bandwidths
+    positive. The GPUs in all and the buckets are bounded: see --nodes and --buckets.
     """
     from .. import model as m
 
+    check_output_paths(json=json_file)
     if calibrate:
         _calibrate(m, nprocs, algorithm, sizes, json_file)
         return
     if nodes is None or gpus_per_node is None:
         raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
+    nodes = m.parse_count(nodes, name="--nodes", example="4")
+    gpus_per_node = m.parse_count(gpus_per_node, name="--gpus-per-node", example="8")
     quoted = {"bidirectional": True, "unidirectional": False, None: bidirectional}
     intra_bidirectional, inter_bidirectional = quoted[intra_quoted], quoted[inter_quoted]
     if intra_bidirectional is None or inter_bidirectional is None:
@@ -93,46 +118,56 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
                          "--intra-quoted and --inter-quoted")
     if (params is None) == (layers_file is None):
         raise UsageError("give the model as exactly one of --params N or --layers FILE")
-    if (gpus_per_node or 0) > 1 and intra_bw is None or (nodes or 0) > 1 and inter_bw is None:
+    if gpus_per_node > 1 and intra_bw is None or nodes > 1 and inter_bw is None:
         raise UsageError("give --intra-bw (more than one GPU per node) and --inter-bw (more "
                          "than one node)")
-    intra = m.parse_bandwidth(intra_bw or inter_bw)
-    cluster = m.Cluster(nodes, gpus_per_node, intra, m.parse_bandwidth(inter_bw or intra_bw),
-                        intra_latency=m.parse_duration(intra_latency),
-                        inter_latency=m.parse_duration(inter_latency),
+    # A link that is absent (one GPU a node, or one node) takes the other's figure.
+    intra_b = m.parse_bandwidth(intra_bw, name="--intra-bw") if intra_bw is not None else None
+    inter_b = m.parse_bandwidth(inter_bw, name="--inter-bw") if inter_bw is not None else None
+    cluster = m.Cluster(nodes, gpus_per_node, intra_b or inter_b, inter_b or intra_b,
+                        intra_latency=m.parse_duration(intra_latency, name="--intra-latency",
+                                                       unit=True),
+                        inter_latency=m.parse_duration(inter_latency, name="--inter-latency",
+                                                       unit=True),
                         intra_bidirectional=intra_bidirectional,
-                        inter_bidirectional=inter_bidirectional,
-                        in_network=in_network, reduce_bw=m.parse_bandwidth(reduce_bw))
-    compute = dict(bytes_per_element=bytes_per_element, forward=m.parse_duration(forward),
-                   backward=m.parse_duration(backward))
+                        inter_bidirectional=inter_bidirectional, in_network=in_network,
+                        reduce_bw=m.parse_bandwidth(reduce_bw, name="--reduce-bw", zero=True))
+    compute = dict(bytes_per_element=m.parse_count(bytes_per_element,
+                                                   name="--bytes-per-element", example="4"),
+                   forward=m.parse_duration(forward, name="--forward"),
+                   backward=m.parse_duration(backward, name="--backward"))
     if layers_file is not None:
         with open(layers_file, encoding="utf-8") as fh:
             workload = m.Workload(m.load_layers(fh.read()), **compute)
     else:
-        workload = m.Workload.from_params(params, **compute)
-    chosen = [a for a in m.ALGORITHMS if a != "switch" or in_network]
-    algorithms = split_list(algorithm, chosen, "algorithm") or chosen
+        workload = m.Workload.from_params(m.parse_count(params, name="--params",
+                                                        example="1.3e9"), **compute)
+    algorithms = m.select_algorithms(algorithm, in_network=in_network)
     if buckets is not None and bucket_size is not None:
         raise UsageError("give --buckets or --bucket-size, not both")
     if bucket_size is not None:
-        size = m.parse_size(bucket_size)
-        if size < 1:
-            raise UsageError("--bucket-size must be positive")
-        buckets = math.ceil(workload.nbytes / size)
-    options = m.Options(tuple(algorithms), compressor, pattern, buckets or 1, inter)
+        count = m.buckets_for_size(workload, m.parse_size(bucket_size, name="--bucket-size"),
+                                   name="--bucket-size")
+    elif buckets is not None:
+        count = m.check_buckets(m.parse_count(buckets, name="--buckets", minimum=None,
+                                              example="25"), workload, name="--buckets")
+    else:
+        count = 1
+    options = m.Options(algorithms, compressor, pattern, count, inter)
     result = m.plan(cluster, workload, options)
-    _print_plan(result)
-    write_json(json_file, result.to_json())
+    write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
+    _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 
 
 def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
     from .. import algorithms as registry
     from ..launch import in_mpi_job
 
+    nprocs = m.parse_count(nprocs, name="-n", minimum=None, example="2")
     if nprocs < 2:
-        raise UsageError(f"--calibrate needs at least 2 processes to measure messages, got -n "
-                         f"{nprocs}")
-    byte_sizes = m.parse_sizes(sizes)
+        raise UsageError(f"-n {nprocs}: --calibrate needs at least 2 processes to measure "
+                         f"messages; give -n 2 or more")
+    byte_sizes = m.parse_sizes(sizes, name="--sizes", largest=m.CALIBRATE_LIMIT)
     usable = [a for a in registry.names("allreduce")
               if "allreduce" in registry.get(a).costs and registry.get(a).workers is None]
     names = split_list(algorithm, usable, "algorithm") or ["ring", "recursive_doubling",
@@ -153,9 +188,9 @@ def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
     result = m.compare_with_measurement(t, names, byte_sizes)
     if lead:
         library = MPI.Get_library_version().splitlines()[0].strip()
-        _print_calibration(result, library)
         write_json(json_file, {"ranks": t.size, "cores": os.cpu_count(), "library": library,
                                **result.to_json()})
+        _print_calibration(result, library)
     sys.stdout.flush()
 
 
