@@ -48,6 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import UsageError
+from .transport.mpi import bounded_barrier
 
 __all__ = [
     "CUDA_AWARE_ENV",
@@ -784,8 +785,6 @@ def nccl_comm(mpi_comm):
     Rank 0 makes the unique id and MPI broadcasts it; every rank must have
     chosen its GPU first (:func:`check_one_gpu_per_rank`).
     """
-    from .transport.mpi import bounded_barrier
-
     nccl = require_nccl()
     uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
     bounded_barrier(mpi_comm, "NCCL communicator setup (MPI_Bcast of the unique id)")
@@ -866,8 +865,6 @@ def _node_rank(mpi_comm) -> tuple[int, int]:
     """Return this rank's place among the ranks of ``mpi_comm`` on its node, and their count."""
     from mpi4py import MPI
 
-    from .transport.mpi import bounded_barrier
-
     bounded_barrier(mpi_comm, "GPU selection (MPI_Comm_split_type)")
     node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, mpi_comm.Get_rank())
     try:
@@ -887,8 +884,6 @@ def check_one_gpu_per_rank(mpi_comm) -> int:
         UsageError: some node has more ranks than GPUs (or there is no GPU).
     """
     from mpi4py import MPI
-
-    from .transport.mpi import bounded_barrier
 
     rank = mpi_comm.Get_rank()
     local_rank, local_size = _node_rank(mpi_comm)

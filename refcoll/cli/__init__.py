@@ -17,6 +17,9 @@ import sys
 import click
 
 from ..errors import CollectiveTimeout, RefcollError, UsageError
+from ..transport.base import default_timeout
+from ..transport.mpi import abort_job, bounded_barrier
+from ..tuning import algo_filter, calibration_mode
 
 __all__ = ["main"]
 
@@ -28,8 +31,6 @@ def _fail(message: str, code: int) -> None:
 
 def _abort_job(code: int) -> None:
     """Exit with ``code``, ending every rank of the MPI job so none is left waiting."""
-    from ..transport.mpi import abort_job
-
     abort_job(code)
     sys.exit(code)
 
@@ -100,8 +101,6 @@ def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:
     ``MPI_Ibarrier`` and a broadcast of its verdict make a bad path exit 2 on
     every rank, with rank 0 saying why, once.
     """
-    from ..transport.mpi import bounded_barrier
-
     problem = None
     if world.Get_rank() == 0:
         try:
@@ -138,9 +137,6 @@ def split_list(value: str | None, choices, what: str) -> list[str] | None:
 
 def check_environment() -> None:
     """Refuse, before starting any process, a ``REFCOLL_*`` setting every rank would refuse."""
-    from ..transport.base import default_timeout
-    from ..tuning import algo_filter, calibration_mode
-
     default_timeout()
     calibration_mode()
     algo_filter()
