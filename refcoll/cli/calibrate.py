@@ -69,7 +69,7 @@ def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
     from ..transport.mpi import MPITransport
     from ..tuning import cache_path, calibrate as measure_and_save
 
-    t = MPITransport(MPI.COMM_WORLD, collective="calibrate")
+    t = MPITransport(MPI.COMM_WORLD, collective="refcoll calibrate")
     if t.size < 2:
         raise UsageError("calibrate needs at least 2 processes: α and β come from a ping-pong")
     if t.rank == 0 and nprocs != t.size:

@@ -178,7 +178,7 @@ def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
 
     from ..transport.mpi import MPITransport
 
-    t = MPITransport(MPI.COMM_WORLD)
+    t = MPITransport(MPI.COMM_WORLD, collective="refcoll model --calibrate")
     lead = t.rank == 0
     if lead and t.size != nprocs:
         click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; using it "

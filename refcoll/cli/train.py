@@ -72,7 +72,7 @@ def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
     from ..train import plot_histories, train as train_model
 
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
-    t = as_transport(MPI.COMM_WORLD)
+    t = as_transport(MPI.COMM_WORLD, "refcoll train")
     lead = t.rank == 0
     first = configs[0]
     if lead:
