@@ -164,9 +164,6 @@ class AlgoFilter:
                     raise UsageError(f"REFCOLL_ALGO={text!r}: {', '.join(wrong)} does not "
                                      f"implement {coll}; algorithms with {coll}: "
                                      f"{', '.join(n for n in algorithms.names(coll) if n in known)}")
-            if coll is None and not exclude and not any(
-                    c in algorithms.get(n).costs for n in names for c in algorithms.COLLECTIVES):
-                raise UsageError(f"REFCOLL_ALGO={text!r}: {part!r} has no cost model to choose by")
             rules.append((coll, frozenset(names), exclude))
         parsed = cls(text.strip(), tuple(rules))
         for coll in algorithms.COLLECTIVES:
@@ -512,8 +509,7 @@ def _agreed_settings(t) -> _AutoSettings:
     from .transport.mpi import MPITransport
 
     if not isinstance(t, MPITransport):  # the simulator: one process, one environment
-        preset = t.__dict__.get("_calibration") or getattr(
-            getattr(t, "world", None), "calibration", None)
+        preset = getattr(getattr(t, "world", None), "calibration", None)
         return _AutoSettings(preset or DEFAULT, algo_filter())
     from .validate import agree
 
