@@ -47,7 +47,7 @@ from .errors import UsageError
 __all__ = ["Calibration", "CalibrationKey", "AlgoFilter", "DEFAULT", "calibration_for",
            "measure", "choose", "candidates", "cache_path", "resolve", "auto_algorithm",
            "choice_table", "current_calibration", "cached_calibrations", "calibrate",
-           "algo_filter", "calibration_mode", "NOISE_LIMIT"]
+           "algo_filter", "calibration_mode", "LOAD_LIMIT"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ class Calibration:
     """α (s per message), β (s per byte), γ (s per element combined), and where they came from.
 
     ``key`` is the :class:`CalibrationKey` text it was measured under, ``measured_at``
-    the Unix time of the measurement and ``spread`` its noise (see :func:`measure`);
-    all three are empty for :data:`DEFAULT`.
+    the Unix time of the measurement and ``load`` the runnable tasks per core while
+    it ran (see :func:`measure`); all three are empty for :data:`DEFAULT`.
     """
 
     alpha: float
@@ -65,7 +65,7 @@ class Calibration:
     source: str = "default"
     key: str = ""
     measured_at: float | None = None
-    spread: float | None = None
+    load: float | None = None
 
     def age(self, now: float | None = None) -> float | None:
         """Return seconds since the measurement (None for a fixed calibration)."""
@@ -84,10 +84,10 @@ _EXCLUDED = {"naive", "auto", "hierarchical", "switch"}
 #: (switch) ranks the caller must provide.
 _NEVER_PINNED = {"auto", "switch"}
 
-#: A measurement whose spread (how far the medians of its blocks of round trips
-#: disagree, over their median) passes this is too noisy to keep: a busy machine
-#: measured it.
-NOISE_LIMIT = 0.5
+#: A measurement taken while more tasks were runnable than there are cores
+#: (runnable tasks per core above this) is too noisy to keep: another job was
+#: taking the cores, and every round trip waited for the scheduler.
+LOAD_LIMIT = 1.0
 
 
 def candidates(collective: str) -> list[str]:
@@ -260,7 +260,7 @@ def _from_record(key: str, record: dict) -> Calibration | None:
     try:
         fields = {k: record[k] for k in ("alpha", "beta", "gamma")}
         cal = Calibration(**{k: float(v) for k, v in fields.items()},
-                          measured_at=record.get("measured_at"), spread=record.get("spread"),
+                          measured_at=record.get("measured_at"), load=record.get("load"),
                           source=f"cached in {cache_path()}", key=key)
     except (KeyError, TypeError, ValueError):
         return None
@@ -280,7 +280,7 @@ def _save(key: str, calibration: Calibration) -> None:
         data = _read_cache()
         data[key] = {"alpha": calibration.alpha, "beta": calibration.beta,
                      "gamma": calibration.gamma, "measured_at": calibration.measured_at,
-                     "spread": calibration.spread}
+                     "load": calibration.load}
         path.write_text(json.dumps(data, indent=2))
     except OSError as exc:  # a read-only home only costs a re-measurement next time
         print(f"refcoll: note: could not save the calibration in {path}: {exc}",
@@ -323,21 +323,17 @@ def ping_pong(t, send, recv, peer: int) -> None:
         t.send(send, peer)
 
 
-#: The ping-pongs run in this many blocks; their medians must agree for a measurement to keep.
-BLOCKS = 3
+def runnable_tasks() -> int | None:
+    """Return how many tasks are runnable on this machine now, or None where it cannot be read.
 
-
-def _spread(times: list[float]) -> float:
-    """Return how far the medians of :data:`BLOCKS` consecutive blocks of ``times`` disagree.
-
-    The range of the block medians over the median of all: on a quiet machine
-    the blocks measure the same thing, a few per cent apart; when another job
-    takes the cores, some block waits for the scheduler and the medians part.
+    The fourth field of Linux's ``/proc/loadavg``: the instantaneous count,
+    not the load average, so it sees another job the moment it runs.
     """
-    blocks = np.array_split(np.asarray(times), BLOCKS)
-    medians = [float(np.median(b)) for b in blocks if b.size]
-    overall = float(np.median(times))
-    return (max(medians) - min(medians)) / overall if overall > 0 else 0.0
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            return int(fh.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def measure(t, *, repeats: int = 30) -> Calibration:
@@ -345,29 +341,40 @@ def measure(t, *, repeats: int = 30) -> Calibration:
 
     α: half the round trip of an 8-byte ping-pong; β: from a 4 MiB ping-pong, less
     α; γ: a NumPy float32 addition of 1 Mi elements with ``out=``. Medians of
-    ``repeats``; ``spread`` is the larger :func:`_spread` of the two
-    ping-pongs. Rank 0's result is broadcast so every rank returns the same.
+    ``repeats``. ``load``: rank 0 counts the runnable tasks of its machine
+    (:func:`runnable_tasks`) three times in each ping-pong and keeps the fewest,
+    per core: a task that runs for an instant (a kernel thread) is missed, a job
+    that runs all along is in every count. The ranks of this job poll while they
+    wait, so on a machine of its own a job that fills the cores reads 1.0;
+    another job running makes it more. Rank 0's result is broadcast so every
+    rank returns the same.
     """
     from .algorithms.naive import naive_broadcast
 
-    values = np.zeros(5, dtype=np.float64)  # α, β, γ, spread, and when rank 0 measured
+    values = np.zeros(6, dtype=np.float64)  # α, β, γ, load (-1: unknown), when, unused
+    values[3] = -1.0
+    samples: list[int] = []
     if t.rank in (0, 1) and t.size > 1:
         peer = 1 - t.rank
         small, large = np.zeros(1, np.float64), np.zeros(1 << 20, np.float32)
+        every = max(1, repeats // 3)
 
-        def round_trip(buf) -> tuple[float, float]:
+        def round_trip(buf) -> float:
             ping_pong(t, buf, buf, peer)  # a first exchange sets up the connection: not timed
             times = []
-            for _ in range(repeats):
+            for i in range(repeats):
                 start = time.perf_counter()
                 ping_pong(t, buf, buf, peer)
                 times.append(time.perf_counter() - start)
-            return float(np.median(times)) / 2, _spread(times)
+                if t.rank == 0 and i % every == every - 1:
+                    count = runnable_tasks()  # between round trips: never timed
+                    if count is not None:
+                        samples.append(count)
+            return float(np.median(times)) / 2
 
-        alpha, spread_small = round_trip(small)
-        large_time, spread_large = round_trip(large)
-        beta = max(large_time - alpha, 0.0) / large.nbytes
-        values[:4] = alpha, beta, 0.0, max(spread_small, spread_large)
+        alpha = round_trip(small)
+        beta = max(round_trip(large) - alpha, 0.0) / large.nbytes
+        values[:2] = alpha, beta
     if t.rank == 0:
         a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
         times = []
@@ -376,12 +383,14 @@ def measure(t, *, repeats: int = 30) -> Calibration:
             np.add(a, b, out=a)
             times.append(time.perf_counter() - start)
         values[2] = float(np.median(times)) / a.size
+        if samples:
+            values[3] = min(samples) / (os.cpu_count() or 1)
         values[4] = time.time()
         if t.size == 1:
             values[0], values[1] = DEFAULT.alpha, DEFAULT.beta
     naive_broadcast(t, values, root=0)
     return Calibration(*map(float, values[:3]), source="measured", measured_at=float(values[4]),
-                       spread=float(values[3]))
+                       load=float(values[3]) if values[3] >= 0 else None)
 
 
 #: Bytes of one rank's record in the exchange that finds the key: host name and cores.
@@ -425,10 +434,11 @@ def _why_not_saved(key: CalibrationKey, calibration: Calibration) -> str | None:
     if key.oversubscribed:
         return ("the ranks outnumber the cores, so every rank waits for a core and the "
                 "latency measured is the scheduler's")
-    if calibration.spread is not None and calibration.spread > NOISE_LIMIT:
-        return (f"it was too noisy (the medians of its blocks of round trips differ by "
-                f"{calibration.spread:.0%}, above {NOISE_LIMIT:.0%}): another job is probably "
-                "using the cores; measure again on a quiet machine with refcoll calibrate")
+    if calibration.load is not None and calibration.load > LOAD_LIMIT:
+        return (f"it was too noisy: {calibration.load:.2g} runnable tasks per core while it ran "
+                "(more than the cores, so another job was taking them and the round trips "
+                "waited for the scheduler); measure again on a quiet machine with "
+                "refcoll calibrate")
     return None
 
 
@@ -452,14 +462,14 @@ def calibrate(t, *, force: bool = False, save: bool = True,
     record = np.zeros(6)  # kind (0: measure, 1: cached in the file, 2: this job's), α, β, γ...
     if found is not None:
         record[:] = kind, found.alpha, found.beta, found.gamma, found.measured_at or 0, \
-            found.spread or 0
+            -1.0 if found.load is None else found.load
     naive_broadcast(t, record, root=0)
     if record[0]:
         source = (f"cached in {cache_path()}" if record[0] == 1 else
                   "measured earlier in this job, not saved")
         return Calibration(*map(float, record[1:4]), source=source,
                            key=key.text(), measured_at=float(record[4]) or None,
-                           spread=float(record[5])), None
+                           load=float(record[5]) if record[5] >= 0 else None), None
     calibration = replace(measure(t), key=key.text())
     why = _why_not_saved(key, calibration)
     if why is None and save:

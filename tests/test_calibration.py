@@ -107,7 +107,7 @@ def test_a_cached_calibration_is_used_only_under_its_own_key(tmp_path):
     key = reports[0]["key"]
     # A calibration so slow per message that auto must pick recursive doubling everywhere,
     # cached under this key and under another shape.
-    planted = {"alpha": 1.0, "beta": 1e-12, "gamma": 1e-12, "measured_at": 0, "spread": 0}
+    planted = {"alpha": 1.0, "beta": 1e-12, "gamma": 1e-12, "measured_at": 0, "load": 0.5}
     other = key.replace("ranks_per_node=2", "ranks_per_node=7")
     cache_file(tmp_path).parent.mkdir(exist_ok=True)
     cache_file(tmp_path).write_text(json.dumps({key: planted, other: dict(planted, alpha=2.0)}))
@@ -154,17 +154,42 @@ def test_ranks_whose_refcoll_algo_differs_fail_together(tmp_path):
 
 def test_a_noisy_measurement_is_not_saved():
     key = tuning.CalibrationKey("host", "lib", 2, False)
-    noisy = tuning.Calibration(1e-5, 1e-9, 1e-9, spread=tuning.NOISE_LIMIT * 2)
-    quiet = tuning.Calibration(1e-5, 1e-9, 1e-9, spread=tuning.NOISE_LIMIT / 2)
-    assert "too noisy" in tuning._why_not_saved(key, noisy)
+    busy = tuning.Calibration(1e-5, 1e-9, 1e-9, load=tuning.LOAD_LIMIT * 1.5)
+    quiet = tuning.Calibration(1e-5, 1e-9, 1e-9, load=tuning.LOAD_LIMIT)
+    unknown = tuning.Calibration(1e-5, 1e-9, 1e-9, load=None)
+    assert "too noisy: 1.5 runnable tasks per core" in tuning._why_not_saved(key, busy)
     assert tuning._why_not_saved(key, quiet) is None
+    assert tuning._why_not_saved(key, unknown) is None  # no /proc/loadavg: cannot tell
     over = tuning.CalibrationKey("host", "lib", 3, True)
     assert "outnumber the cores" in tuning._why_not_saved(over, quiet)
 
 
-def test_spread_sees_blocks_that_disagree():
-    assert tuning._spread([1.0] * 30) == 0.0
-    assert tuning._spread([1.0] * 20 + [3.0] * 10) > tuning.NOISE_LIMIT
+def test_runnable_tasks_reads_the_instantaneous_count(tmp_path, monkeypatch):
+    import builtins
+
+    fake = tmp_path / "loadavg"
+    fake.write_text("0.52 0.58 0.59 3/467 12345\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
+        fake if path == "/proc/loadavg" else path, *a, **k))
+    assert tuning.runnable_tasks() == 3
+    fake.write_text("garbage")
+    assert tuning.runnable_tasks() is None
+
+
+@needs_mpi
+def test_a_measurement_beside_another_job_is_not_saved(tmp_path):
+    # A busy loop on every core but the ones the job's ranks poll on: more runnable tasks
+    # than cores whatever the machine, so the measurement must not be kept.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(CORES)]
+    try:
+        reports, stderr = run_report(tmp_path, 2, REFCOLL_CALIBRATION="measure")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert "too noisy" in reports[0]["source"] or "outnumber the cores" in reports[0]["source"]
+    assert not cache_file(tmp_path).exists()
 
 
 @pytest.mark.parametrize("value,collective,expected", [
@@ -255,9 +280,9 @@ def test_list_shows_the_calibration_in_force_with_its_age_and_key(tmp_path, monk
     now = __import__("time").time()
     (tmp_path / "calibration.json").write_text(json.dumps({
         quiet: {"alpha": 7e-6, "beta": 1e-10, "gamma": 2e-10, "measured_at": now - 7200,
-                "spread": 0.1},
+                "load": 0.5},
         other: {"alpha": 9e-6, "beta": 1e-10, "gamma": 2e-10, "measured_at": now - 3 * 86400,
-                "spread": 0.1}}))
+                "load": 0.5}}))
     out = tmp_path / "list.json"
     res = CliRunner().invoke(main, ["list", "--json", str(out)])
     assert res.exit_code == 0, res.output

@@ -56,8 +56,8 @@ def test_measured_calibration_is_cached(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "calibration.json").read_text())
     assert data["host|lib"]["alpha"] == cal[0].alpha
     loaded = tuning._load("host|lib")
-    assert (loaded.alpha, loaded.beta, loaded.gamma, loaded.measured_at, loaded.spread) == \
-        (cal[0].alpha, cal[0].beta, cal[0].gamma, cal[0].measured_at, cal[0].spread)
+    assert (loaded.alpha, loaded.beta, loaded.gamma, loaded.measured_at, loaded.load) == \
+        (cal[0].alpha, cal[0].beta, cal[0].gamma, cal[0].measured_at, cal[0].load)
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8])

@@ -12,10 +12,10 @@ def describe(calibration: Calibration) -> str:
     """Return one line of a calibration: its numbers, its age and where it came from."""
     age = calibration.age()
     when = "" if age is None else f", measured {_age(age)} ago"
-    spread = "" if calibration.spread is None else f", spread {calibration.spread:.0%}"
+    load = "" if calibration.load is None else f", {calibration.load:.2g} runnable tasks per core"
     return (f"α={calibration.alpha:.3g} s, β={calibration.beta:.3g} s/B "
             f"({1 / calibration.beta / 1e9 if calibration.beta else float('inf'):.3g} GB/s), "
-            f"γ={calibration.gamma:.3g} s/element{spread}{when}")
+            f"γ={calibration.gamma:.3g} s/element{load}{when}")
 
 
 def _age(seconds: float) -> str:
@@ -30,7 +30,7 @@ def as_json(calibration: Calibration) -> dict:
     return {"alpha": calibration.alpha, "beta": calibration.beta, "gamma": calibration.gamma,
             "source": calibration.source, "key": calibration.key or None,
             "measured_at": calibration.measured_at, "age_s": calibration.age(),
-            "spread": calibration.spread}
+            "load": calibration.load}
 
 
 @main.command()
