@@ -151,12 +151,13 @@ STALLED = textwrap.dedent("""
     from refcoll.errors import CollectiveTimeout
 
     comm = MPI.COMM_WORLD
+    comm.Barrier()  # every rank has started: no deadline below can catch a slow start-up
     x = np.ones(16, np.float32)
     for _ in range(3):
         refcoll.allreduce(x, comm, algorithm="auto", validate=False)
     assert as_transport(comm)._allreduce[("auto", "sum", x.dtype, 16)].plan is not None
     if comm.rank == 1:
-        time.sleep(10)  # ten deadlines late: rank 0's planned call gives up first, under any load
+        time.sleep(5)  # five deadlines late: rank 0's planned call gives up first, under any load
         refcoll.allreduce(x, comm, algorithm="auto", validate=False)
     else:
         try:

@@ -26,7 +26,7 @@ MPIEXEC = mpiexec_path()
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
 
 #: Seconds of REFCOLL_TIMEOUT in these jobs; the sleeping rank sleeps far longer.
-TIMEOUT = 3
+TIMEOUT = 2
 
 ABSENT = textwrap.dedent("""
     import sys, time
@@ -35,6 +35,7 @@ ABSENT = textwrap.dedent("""
     import refcoll
 
     comm = MPI.COMM_WORLD
+    comm.Barrier()  # every rank has started: no deadline below can catch a slow start-up
     where = sys.argv[1]
     x = np.arange(64, dtype=np.float64)
     if where != "first":

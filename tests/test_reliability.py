@@ -113,6 +113,7 @@ STALL = textwrap.dedent("""
     import refcoll
     from refcoll.cli import reports_errors
     comm = MPI.COMM_WORLD
+    comm.Barrier()  # every rank has started: no deadline below can catch a slow start-up
     x = np.ones(4096, np.float32)
     refcoll.allreduce(x, comm)
 
