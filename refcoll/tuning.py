@@ -43,6 +43,7 @@ import numpy as np
 
 from . import algorithms
 from .errors import UsageError
+from .transport.mpi import MPITransport
 
 __all__ = ["Calibration", "CalibrationKey", "AlgoFilter", "DEFAULT", "calibration_for",
            "measure", "choose", "candidates", "cache_path", "resolve", "auto_algorithm",
@@ -516,8 +517,6 @@ def _settings(t) -> _AutoSettings:
 
 
 def _agreed_settings(t) -> _AutoSettings:
-    from .transport.mpi import MPITransport
-
     if not isinstance(t, MPITransport):  # the simulator: one process, one environment
         preset = getattr(getattr(t, "world", None), "calibration", None)
         return _AutoSettings(preset or DEFAULT, algo_filter())

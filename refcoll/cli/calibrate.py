@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from . import check_output_paths, main, relaunch, reports_errors, write_json
-from ..tuning import Calibration
+from ..errors import UsageError
+from .. import launch
+from ..transport.mpi import MPITransport
+from ..tuning import Calibration, cache_path
+from ..tuning import calibrate as measure_and_save
 
 
 def describe(calibration: Calibration) -> str:
@@ -53,21 +59,13 @@ def calibrate(nprocs, force, json_file):
     calibration already cached under this key is shown, not measured again.
     """
     check_output_paths(json=json_file)
-    from ..launch import in_mpi_job
-
-    if not in_mpi_job():
+    if not launch.in_mpi_job():
         relaunch(nprocs)
     _calibrate_in_world(nprocs, force, json_file)
 
 
 def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
-    import sys
-
     from mpi4py import MPI
-
-    from ..errors import UsageError
-    from ..transport.mpi import MPITransport
-    from ..tuning import cache_path, calibrate as measure_and_save
 
     t = MPITransport(MPI.COMM_WORLD, collective="refcoll calibrate")
     if t.size < 2:
