@@ -94,10 +94,11 @@ def _device_lines() -> dict:
     return info
 
 
-def _human(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+def _human(nbytes: int, digits: str = "g") -> str:
+    """Return ``nbytes`` in the largest binary unit it reaches, formatted with ``digits``."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
+            return f"{nbytes / scale:{digits}} {unit}"
     return f"{nbytes} B"
 
 
@@ -149,14 +150,6 @@ def available_memory() -> tuple[int, str]:
     return FALLBACK_MEMORY_CAP, "of the fixed cap (no MemAvailable in /proc/meminfo)"
 
 
-def _amount(nbytes: int) -> str:
-    """Return ``nbytes`` in the largest binary unit it reaches, to one decimal."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def simulation_bytes(collective: str, p: int, count: int, itemsize: int) -> int:
     """Return an upper estimate of the bytes :func:`refcoll.simulate` allocates.
 
@@ -177,8 +170,8 @@ def require_memory(needed: int, what: str, advice: str) -> None:
     """
     limit, source = available_memory()
     if needed > limit:
-        raise UsageError(f"{what} needs about {_amount(needed)}, more than the "
-                         f"{_amount(limit)} {source}; {advice}")
+        raise UsageError(f"{what} needs about {_human(needed, '.1f')}, more than the "
+                         f"{_human(limit, '.1f')} {source}; {advice}")
 
 
 @contextlib.contextmanager
