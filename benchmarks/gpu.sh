@@ -67,7 +67,8 @@ step environment 40 environment.txt bash -c '
 import json, platform
 import cupy, numpy
 from mpi4py import MPI
-from refcoll import gpu
+from refcoll.transport import cuda_aware as cuda
+from refcoll.measure import throughput
 print("python", platform.python_version(), "numpy", numpy.__version__, "cupy", cupy.__version__)
 runtime = cupy.cuda.runtime
 print("cuda runtime", runtime.runtimeGetVersion(), "driver", runtime.driverGetVersion())
@@ -77,8 +78,8 @@ try:
 except Exception as exc:
     print("nccl: unavailable:", exc)
 print("mpi", MPI.Get_library_version().splitlines()[0])
-print("libraries", gpu.mpi_library_paths())
-print(json.dumps(gpu.device_path(), indent=2))
+print("libraries", cuda.mpi_library_paths())
+print(json.dumps(cuda.device_path(), indent=2))
 EOF' "$PY"
 
 step tests 170 tests.txt "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
@@ -103,12 +104,12 @@ from compressors import SPECS  # noqa: E402 - the CPU benchmark's list of compre
 from refcoll import gpu  # noqa: E402
 
 n = 256 << 20
-copies = gpu.copy_bandwidth(4 * n)
-rows = gpu.compressor_throughput(SPECS, n)
+copies = throughput.copy_bandwidth(4 * n)
+rows = throughput.compressor_throughput(SPECS, n)
 for row in rows:
     row["vs_device_copy"] = row["GBps"] / copies["device_to_device_GBps"]
 json.dump({"schema": "refcoll-gpu-compressors/1", "elements": n, "dtype": "float32",
-           "copy": copies, "device_path": gpu.device_path(), "rows": rows},
+           "copy": copies, "device_path": cuda.device_path(), "rows": rows},
           open(sys.argv[1], "w"), indent=2)
 print(f"device copy {copies['device_to_device_GBps']:.0f} GB/s, to host "
       f"{copies['device_to_host_GBps']:.1f} GB/s, "

@@ -13,9 +13,9 @@ communicators are ``COMM_WORLD``, the world in reverse rank order, its two halve
 and its even and odd ranks (``comm.Split``); on a split, each group runs the call
 at the same time on its own ranks.
 
-Inputs are :func:`refcoll.inputs.make_inputs` ``exact`` inputs seeded per call, so
+Inputs are :func:`refcoll.verify.inputs.make_inputs` ``exact`` inputs seeded per call, so
 every rank regenerates its group's inputs and checks its own result against
-:func:`refcoll.oracle.fold` (the gathered rows, the root's data) bit for bit; it
+:func:`refcoll.verify.oracle.fold` (the gathered rows, the root's data) bit for bit; it
 also checks that an out-of-place call left its input alone and that all-reduce,
 allgather and broadcast results are bitwise the same on every rank of the group
 (a digest per rank, compared over the group).
@@ -65,11 +65,11 @@ from mpi4py import MPI  # noqa: E402
 
 import refcoll  # noqa: E402
 from refcoll import algorithms  # noqa: E402
-from refcoll.chunking import chunk_slice  # noqa: E402
-from refcoll.errors import CollectiveTimeout  # noqa: E402
-from refcoll.inputs import make_inputs  # noqa: E402
-from refcoll.ops import DTYPES, OPS, supports  # noqa: E402
-from refcoll.oracle import fold  # noqa: E402
+from refcoll.core.chunking import chunk_slice  # noqa: E402
+from refcoll.core.errors import CollectiveTimeout  # noqa: E402
+from refcoll.verify.inputs import make_inputs  # noqa: E402
+from refcoll.core.ops import DTYPES, OPS, supports  # noqa: E402
+from refcoll.verify.oracle import fold  # noqa: E402
 
 #: Algorithms the soak leaves out, and why (printed in the summary).
 SKIPPED = {"switch": "needs switch processes beyond the data ranks"}

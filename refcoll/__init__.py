@@ -5,11 +5,13 @@
     res = refcoll.simulate("allreduce", xs, algorithm="ring")  # in one process
 """
 
-from .api import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter, simulate, SimResult
+from .calls.collectives import (allgather, allreduce, as_transport, broadcast, reduce,
+                                reduce_scatter, simulate, SimResult)
 from .algorithms import COLLECTIVES, REGISTRY
-from .errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure, RefcollError,
-                     UsageError)
-from .ops import DTYPES, OPS
+from . import compressors  # also routes allreduce(compressor=...) to it
+from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,
+                          RefcollError, UsageError)
+from .core.ops import DTYPES, OPS
 from .transport import SimTransport, SimWorld, Transport
 
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ Bytes are counted by the transport (``Traffic``) around the gradient all-reduces
 alone, so they are exactly what the gradients put on the wire, compressed
 payloads, indices, scales and element counts included. The dense equivalent is
 what the same all-reduce algorithm sends uncompressed, from its cost formula in
-:mod:`refcoll.cost` (the uncompressed run's measured bytes equal it exactly).
+:mod:`refcoll.core.cost` (the uncompressed run's measured bytes equal it exactly).
 Both are reported per rank, averaged over the ranks.
 """
 
@@ -42,8 +42,8 @@ from typing import Callable
 import numpy as np
 
 from . import algorithms
-from .api import allreduce, as_transport
-from .errors import RefcollError, UsageError
+from .calls.collectives import allreduce, as_transport
+from .core.errors import RefcollError, UsageError
 
 __all__ = [
     "TrainConfig",
@@ -354,7 +354,7 @@ def train(comm, config: TrainConfig,
 def _dense_bytes(t, algorithm: str, tensor: np.ndarray) -> int:
     """Return the bytes all ranks together send in the uncompressed all-reduce of ``tensor``."""
     if algorithm == "auto":
-        from .tuning import resolve
+        from .calls.auto import resolve
 
         algorithm = resolve(t, "allreduce", tensor.size, tensor.itemsize)
     return algorithms.get(algorithm).costs["allreduce"](t.size, tensor.size, tensor.itemsize).bytes

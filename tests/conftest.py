@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from refcoll.conformance import build_cases, run_battery
+from refcoll.verify.conformance import build_cases, run_battery
 from refcoll.transport import SimWorld
 
 ROOT = Path(__file__).resolve().parents[1]

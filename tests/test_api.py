@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import refcoll
-from refcoll.errors import UsageError
-from refcoll.oracle import fold
+from refcoll.core.errors import UsageError
+from refcoll.verify.oracle import fold
 from refcoll.transport import SimWorld
 
 
@@ -115,7 +115,7 @@ def test_partially_overlapping_buffers_are_refused():
 
 
 def test_avg_at_large_p_divides_once_and_never_overflows():
-    from refcoll.ops import OPS
+    from refcoll.core.ops import OPS
 
     ints = np.array([100, -100, 5], dtype=np.int8)
     OPS["avg"].finalize(ints, 200)

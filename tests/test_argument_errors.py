@@ -16,8 +16,8 @@ import refcoll
 import refcoll.compressors
 from refcoll import algorithms
 from refcoll.compressors import ErrorFeedback, parse
-from refcoll.errors import UsageError
-from refcoll.ops import OPS, get_op
+from refcoll.core.errors import UsageError
+from refcoll.core.ops import OPS, get_op
 from refcoll.transport import SimWorld
 
 P = 4
@@ -159,8 +159,8 @@ MPI_OPS_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     import refcoll
-    from refcoll.errors import UsageError
-    from refcoll.ops import OPS, get_op
+    from refcoll.core.errors import UsageError
+    from refcoll.core.ops import OPS, get_op
     from refcoll.transport import SimWorld
     assert "mpi4py.MPI" not in sys.modules, "importing refcoll imported mpi4py.MPI"
     from mpi4py import MPI

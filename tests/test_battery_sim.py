@@ -9,7 +9,7 @@ algorithms the same way.
 import pytest
 
 from conftest import failure_text, sim_battery
-from refcoll.conformance import LARGE_SIZE
+from refcoll.verify.conformance import LARGE_SIZE
 
 FOUNDATION = ["naive", "ring"]
 
@@ -28,7 +28,7 @@ def test_covering_battery(p):
 
 
 def test_large_odd_size_is_in_the_default_battery():
-    from refcoll.conformance import default_sizes
+    from refcoll.verify.conformance import default_sizes
 
     assert LARGE_SIZE % 2 == 1
     assert default_sizes(4) == [0, 1, 3, 4, 5, LARGE_SIZE]
@@ -60,7 +60,7 @@ def test_battery_catches_a_broken_algorithm(monkeypatch):
 @pytest.mark.parametrize("p,k", [(4, 2), (6, 3), (7, 3)])
 def test_battery_on_multi_node_worlds_predicts_with_the_real_nodes(p, k):
     """hierarchical without ranks_per_node finds the nodes itself; the oracle must too."""
-    from refcoll.conformance import build_cases, run_battery
+    from refcoll.verify.conformance import build_cases, run_battery
     from refcoll.transport import SimWorld
 
     cases = [c for c in build_cases(p, algorithms_=["hierarchical"], ops=["sum", "avg"],

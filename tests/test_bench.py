@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from conftest import mpiexec_path
 from refcoll import algorithms, simulate
-from refcoll.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong, parse_size,
-                           schedule, size_sweep)
+from refcoll.measure.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong,
+                                   parse_size, schedule, size_sweep)
 from refcoll.cli import main
-from refcoll.cost import ring_allreduce
-from refcoll.errors import UsageError
+from refcoll.core.cost import ring_allreduce
+from refcoll.core.errors import UsageError
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")
@@ -138,8 +138,8 @@ def test_a_switch_run_starts_the_switch_processes_too(monkeypatch):
         return type("Done", (), {"returncode": 0})()
 
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
-    monkeypatch.setattr("refcoll.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
     monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
     res = CliRunner().invoke(main, ["bench", "-n", "5", "--algorithm", "switch,ring"])
     assert res.exit_code == 0, res.output
@@ -150,12 +150,12 @@ def test_a_switch_run_starts_the_switch_processes_too(monkeypatch):
 @pytest.fixture
 def no_gpu(monkeypatch):
     """A Python where ``import cupy`` fails, as on a machine without a GPU."""
-    from refcoll import gpu
+    from refcoll.core import xp as xp_module
 
     monkeypatch.setitem(sys.modules, "cupy", None)
-    gpu._cupy_state.cache_clear()
+    xp_module._cupy_state.cache_clear()
     yield
-    gpu._cupy_state.cache_clear()
+    xp_module._cupy_state.cache_clear()
 
 
 @pytest.mark.parametrize("args,message", [

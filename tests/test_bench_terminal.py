@@ -1,11 +1,11 @@
 """refcoll bench on a terminal, its refusals before any work, and the deadlines of its MPI calls.
 
-The table and the progress bar are checked through :class:`refcoll.bench.TableWriter`
+The table and the progress bar are checked through :class:`refcoll.measure.bench.TableWriter`
 over recording streams (no real terminal): every write is logged, in order, and a
 small terminal model replays the log to show what a user would see. Where the bar
 goes is checked on pseudo-terminals (``os.openpty``). The deadlines are checked with
 communicators that never complete, so a missing rank is a
-:class:`~refcoll.errors.CollectiveTimeout` naming the point, not a hang.
+:class:`~refcoll.core.errors.CollectiveTimeout` naming the point, not a hang.
 """
 
 import os
@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import mpiexec_path
-from refcoll.bench import (BenchConfig, Replay, TableWriter, _Groups, _Item, _reduce_items,
-                           bar_target)
+from refcoll.measure.bench import (BenchConfig, Replay, TableWriter, _Groups, _Item,
+                                   _reduce_items, bar_target)
 from refcoll.cli import main
-from refcoll.errors import CollectiveTimeout
+from refcoll.core.errors import CollectiveTimeout
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")
@@ -231,7 +231,7 @@ def test_an_output_in_a_missing_folder_is_refused_before_mpiexec(monkeypatch, tm
         raise AssertionError("mpiexec was started")
 
     monkeypatch.setattr(cli.subprocess, "run", never)
-    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
     path = tmp_path / "missing" / "out.file"
     res = CliRunner().invoke(main, ["bench", "-n", "2", option, str(path)])
     assert res.exit_code == 2, res.output
@@ -325,7 +325,7 @@ def test_a_rank_that_never_comes_ends_the_run_with_a_message(tmp_path):
     script.write_text(textwrap.dedent("""
         import time
         from mpi4py import MPI
-        from refcoll.bench import BenchConfig, run_bench
+        from refcoll.measure.bench import BenchConfig, run_bench
 
         if MPI.COMM_WORLD.rank == 0:
             run_bench(MPI.COMM_WORLD, BenchConfig(sizes=[8], algorithms=["ring"], iters=1))

@@ -1,9 +1,9 @@
 """Every algorithm's float sums, averages and products lie within the error bound, and how tightly.
 
-The bound is :func:`refcoll.oracle.error_bound` (Higham, *Accuracy and Stability
+The bound is :func:`refcoll.verify.oracle.error_bound` (Higham, *Accuracy and Stability
 of Numerical Algorithms*, §4.2): any summation order of ``p`` terms gives
 ``|computed - exact| <= γ(p-1)·Σ|x_i|`` elementwise, ``avg`` ``γ(p)·Σ|x_i|/p``,
-``prod`` ``γ(p-1)·|Π x_i|``, against :func:`refcoll.oracle.exact_reduce`. Since it
+``prod`` ``γ(p-1)·|Π x_i|``, against :func:`refcoll.verify.oracle.exact_reduce`. Since it
 holds for every order, every algorithm must meet it on every input: the
 simulated all-reduce (and reduce-scatter where implemented) of every registered
 algorithm, on ``exact``, ``random`` and ``adversarial`` inputs, ``sum``/``avg``/
@@ -68,9 +68,9 @@ import pytest
 
 import refcoll
 from refcoll import algorithms
-from refcoll.chunking import chunk_slice
-from refcoll.inputs import KINDS, make_inputs
-from refcoll.oracle import error_bound, exact_reduce, violations
+from refcoll.core.chunking import chunk_slice
+from refcoll.verify.inputs import KINDS, make_inputs
+from refcoll.verify.oracle import error_bound, exact_reduce, violations
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "avg", "prod")

@@ -18,8 +18,8 @@ import pytest
 
 import refcoll
 from conftest import mpiexec_path
-from refcoll import tuning
-from refcoll.errors import UsageError
+from refcoll.calls import auto as tuning
+from refcoll.core.errors import UsageError
 from refcoll.transport import SimWorld
 
 MPIEXEC = mpiexec_path()
@@ -31,8 +31,8 @@ REPORT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import refcoll
-    from refcoll import tuning
-    from refcoll.api import as_transport
+    from refcoll.calls import auto as tuning
+    from refcoll.calls.collectives import as_transport
 
     comm = MPI.COMM_WORLD
 

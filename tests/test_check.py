@@ -12,8 +12,8 @@ from click.testing import CliRunner
 import refcoll
 from conftest import mpiexec_path
 from refcoll.cli import main
-from refcoll.inputs import make_inputs, read_rank_files, write_rank_files
-from refcoll.oracle import check_outputs
+from refcoll.verify.inputs import make_inputs, read_rank_files, write_rank_files
+from refcoll.verify.oracle import check_outputs
 
 
 def invoke(*args):
@@ -67,7 +67,7 @@ def test_a_flipped_bit_names_the_rank_and_element():
 
 def test_a_missing_and_a_doubled_contribution_are_named():
     xs = make_inputs("exact", "float32", 64, 5)
-    total = refcoll.oracle.fold("sum", xs)
+    total = refcoll.verify.oracle.fold("sum", xs)
     missing = check_outputs(xs, [total - xs[3]] * 5)
     finding = next(f for f in missing.findings if f.check.startswith("every rank"))
     assert not finding.passed and finding.data["missing"] == [3]
@@ -99,7 +99,7 @@ MPI_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from mpi4py import MPI
-    from refcoll.inputs import read_rank_files
+    from refcoll.verify.inputs import read_rank_files
     comm = MPI.COMM_WORLD
     x = read_rank_files(sys.argv[1])[comm.rank]
     y = np.empty_like(x)

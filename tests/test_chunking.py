@@ -1,6 +1,6 @@
 import pytest
 
-from refcoll.chunking import chunk_bounds, chunk_sizes, chunk_slice, max_chunk
+from refcoll.core.chunking import chunk_bounds, chunk_sizes, chunk_slice, max_chunk
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8, 17])

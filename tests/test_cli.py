@@ -81,7 +81,7 @@ def test_verify_under_mpi_ends_with_the_tally(tmp_path):
 def test_the_oracle_bound_holds_for_float64_edge_sums():
     import numpy as np
 
-    from refcoll.oracle import bound_violations, fold
+    from refcoll.verify.oracle import bound_violations, fold
 
     xs = [np.array([1.0]), np.array([2.0 ** -53]), np.array([2.0 ** -53]), np.array([2.0 ** -53])]
     idx, _, _ = bound_violations("sum", xs, fold("sum", xs))
@@ -89,7 +89,7 @@ def test_the_oracle_bound_holds_for_float64_edge_sums():
 
 
 def test_a_long_report_keeps_its_shape():
-    from refcoll.conformance import _pack, _unpack
+    from refcoll.verify.conformance import _pack, _unpack
 
     rep = {"problems": ["raised PeerFailure: " + "x" * 5000] * 7, "digest": "ab" * 16}
     back = _unpack(_pack(rep))
@@ -111,8 +111,8 @@ def test_relaunch_runs_the_command_it_was_given(monkeypatch):
 
     monkeypatch.setattr(sys, "argv", ["host-program.py", "list"])
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
-    monkeypatch.setattr("refcoll.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
     monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
     res = CliRunner().invoke(main, ["verify", "-n", "3", "--algorithm", "ring"])
     assert res.exit_code == 0

@@ -7,8 +7,8 @@ from click.testing import CliRunner
 
 from refcoll.cli import main
 from refcoll.cli import commands
-from refcoll.conformance import build_cases, build_compressor_cases
-from refcoll.errors import UsageError
+from refcoll.verify.conformance import build_cases, build_compressor_cases
+from refcoll.core.errors import UsageError
 
 
 def invoke(*args):
@@ -33,7 +33,7 @@ def no_launch(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("relaunched under mpiexec although the usage was bad")
 
-    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
     monkeypatch.setattr(commands, "relaunch", forbidden)
     monkeypatch.setattr("refcoll.cli.train.relaunch", forbidden)
 
@@ -43,7 +43,7 @@ def no_simulation(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("simulated although the usage was bad")
 
-    monkeypatch.setattr("refcoll.api.simulate", forbidden)
+    monkeypatch.setattr("refcoll.calls.collectives.simulate", forbidden)
 
 
 # ----------------------------------------------------------------- -n below 1
@@ -92,7 +92,7 @@ def test_a_selection_of_no_case_is_an_error_before_mpiexec(no_launch, args, frag
 
 def test_a_selection_with_cases_still_relaunches(monkeypatch):
     seen = []
-    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
     monkeypatch.setattr(commands, "relaunch", lambda n, env=None: seen.append(n))
     monkeypatch.setattr(commands, "_verify_in_world", lambda *args, **kwargs: None)
     res = invoke("verify", "-n", 3, "--algorithm", "dbtree", "--collective", "allreduce")
@@ -138,7 +138,7 @@ def test_a_memory_error_is_a_clear_exit_2(monkeypatch):
     def exhausted(*args, **kwargs):
         raise MemoryError("Unable to allocate 12.0 GiB for an array")
 
-    monkeypatch.setattr("refcoll.api.simulate", exhausted)
+    monkeypatch.setattr("refcoll.calls.collectives.simulate", exhausted)
     one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 2, "--count", 8),
                    "ran out of memory", "Unable to allocate 12.0 GiB", "lower --count or -p")
 
@@ -169,16 +169,16 @@ def test_simulate_documents_its_limits():
 
 
 def test_a_long_simulation_says_it_is_still_running(monkeypatch):
-    import refcoll.api
+    import refcoll.calls.collectives
 
-    real = refcoll.api.simulate
+    real = refcoll.calls.collectives.simulate
 
     def slow(*args, **kwargs):
         time.sleep(0.3)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(commands, "_HEARTBEAT_S", 0.05)
-    monkeypatch.setattr("refcoll.api.simulate", slow)
+    monkeypatch.setattr("refcoll.calls.collectives.simulate", slow)
     res = invoke("simulate", "--algorithm", "ring", "-p", 3, "--count", 5)
     assert res.exit_code == 0, res.output
     assert "refcoll: simulate ring -p 3: still running after" in res.output  # on stderr

@@ -12,9 +12,9 @@ import pytest
 import refcoll
 from refcoll.compressors import parse
 from refcoll.compressors.collective import compressed_allreduce, simulate_compressed
-from refcoll.conformance import build_compressor_cases, run_compressor_battery
-from refcoll.errors import MismatchError, UsageError
-from refcoll.ops import get_op
+from refcoll.verify.conformance import build_compressor_cases, run_compressor_battery
+from refcoll.core.errors import MismatchError, UsageError
+from refcoll.core.ops import get_op
 from refcoll.transport.sim import SimWorld
 
 from conftest import mpiexec_path
@@ -132,7 +132,7 @@ def test_bytes_sent_are_the_payloads_measured_on_the_wire(spec, pattern):
     if pattern == "twophase":
         n = 1000
         chunk = [comp.compress(np.ones(b - a, np.float32), comp.new_state()).nbytes
-                 for a, b in refcoll.chunking.chunk_bounds(n, P)]
+                 for a, b in refcoll.core.chunking.chunk_bounds(n, P)]
         roles = len(comp.compress(np.ones(3, np.float32), comp.new_state()).arrays)
         for r in range(P):
             alltoall = sum(chunk[j] for j in range(P) if j != r)
@@ -163,7 +163,7 @@ def test_twophase_error_feedback_loses_nothing_at_either_stage():
         return rows
 
     per_rank = SimWorld(P).run(body)
-    bounds = refcoll.chunking.chunk_bounds(64, P)
+    bounds = refcoll.core.chunking.chunk_bounds(64, P)
     key = ("twophase.server", 64, P)
     for step, xs in enumerate(inputs):
         out = per_rank[0][step][0]

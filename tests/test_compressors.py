@@ -12,7 +12,7 @@ from refcoll.compressors import COMPRESSORS, ErrorFeedback, parse
 from refcoll.compressors.base import index_dtype
 from refcoll.compressors.powersgd import PowerSGD
 from refcoll.compressors.topk import topk_indices
-from refcoll.errors import UsageError
+from refcoll.core.errors import UsageError
 
 SPECS = [
     "none",

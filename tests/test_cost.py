@@ -5,7 +5,7 @@ import pytest
 
 import refcoll
 from refcoll import algorithms
-from refcoll.inputs import make_inputs
+from refcoll.verify.inputs import make_inputs
 
 PAIRS = [(name, coll) for name, algo in algorithms.REGISTRY.items() for coll in algo.costs]
 

@@ -4,7 +4,7 @@ The first all-reduce of an (algorithm, op, dtype, count) runs the algorithm; lat
 ones run what it prepared (small ones: a recorded plan over persistent MPI
 requests). Under ``mpiexec`` every prepared result is compared bit for bit with
 the ordinary run and with the simulator, and a stalled peer still ends a planned
-call with :class:`~refcoll.errors.CollectiveTimeout`.
+call with :class:`~refcoll.core.errors.CollectiveTimeout`.
 """
 
 import os
@@ -17,8 +17,8 @@ import pytest
 
 import refcoll
 from conftest import mpiexec_path
-from refcoll import api
-from refcoll.ops import get_op
+from refcoll.calls import collectives as api
+from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
 
 MPIEXEC = mpiexec_path()
@@ -79,7 +79,7 @@ def test_a_repeated_call_on_the_simulator_is_prepared_and_agrees():
         x = np.arange(10, dtype=np.float64) * (t.rank + 1)
         first = refcoll.allreduce(x, t, algorithm="auto", validate=False)
         again = refcoll.allreduce(x, t, algorithm="auto", validate=False)
-        return first.tobytes() == again.tobytes(), ("auto", "sum", x.dtype, 10) in t._allreduce
+        return first.tobytes() == again.tobytes(), ("auto", "sum", x.dtype, 10) in t.cache["prepared"]
 
     assert SimWorld(3).run(body) == [(True, True)] * 3
 
@@ -88,9 +88,9 @@ PREPARED = textwrap.dedent("""
     import numpy as np, ml_dtypes
     from mpi4py import MPI
     import refcoll
-    from refcoll import api
-    from refcoll.api import as_transport
-    from refcoll.tuning import calibration_for
+    from refcoll.calls import collectives as api
+    from refcoll.calls.collectives import as_transport
+    from refcoll.calls.auto import calibration_for
 
     comm = MPI.COMM_WORLD
     t = as_transport(comm)
@@ -124,7 +124,7 @@ PREPARED = textwrap.dedent("""
                     results.append(refcoll.allreduce(inplace, comm, algorithm=algorithm, op=op,
                                                      out=inplace, validate=False))
                     key = (algorithm, op, np.dtype(dtype), count)
-                    planned += t._allreduce[key].plan is not None
+                    planned += t.cache["prepared"][key].plan is not None
                     case = f"{algorithm} {np.dtype(dtype)} {op} {count}"
                     if any(r.tobytes() != first.tobytes() for r in results):
                         bad.append(f"{case}: a prepared call differs from the first")
@@ -136,7 +136,7 @@ PREPARED = textwrap.dedent("""
                         bad.append(f"{case}: the input changed")
                     if moved_again.tolist() != moved.tolist():
                         bad.append(f"{case}: traffic {moved_again}, first {moved}")
-    assert len(t._allreduce) <= api.PREPARED_KEPT
+    assert len(t.cache["prepared"]) <= api.PREPARED_KEPT
     lines = comm.gather(f"rank {comm.rank}: planned {planned}; " + ("; ".join(bad[:5]) or "OK"))
     if comm.rank == 0:
         print("\\n".join(lines))
@@ -147,15 +147,15 @@ STALLED = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import refcoll
-    from refcoll.api import as_transport
-    from refcoll.errors import CollectiveTimeout
+    from refcoll.calls.collectives import as_transport
+    from refcoll.core.errors import CollectiveTimeout
 
     comm = MPI.COMM_WORLD
     comm.Barrier()  # every rank has started: no deadline below can catch a slow start-up
     x = np.ones(16, np.float32)
     for _ in range(3):
         refcoll.allreduce(x, comm, algorithm="auto", validate=False)
-    assert as_transport(comm)._allreduce[("auto", "sum", x.dtype, 16)].plan is not None
+    assert as_transport(comm).cache["prepared"][("auto", "sum", x.dtype, 16)].plan is not None
     if comm.rank == 1:
         time.sleep(5)  # five deadlines late: rank 0's planned call gives up first, under any load
         refcoll.allreduce(x, comm, algorithm="auto", validate=False)

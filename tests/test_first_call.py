@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from conftest import mpiexec_path
-from refcoll.errors import UsageError
+from refcoll.core.errors import UsageError
 from refcoll.transport.base import default_timeout
 
 MPIEXEC = mpiexec_path()

@@ -2,11 +2,11 @@
 
 One drawn case is: an algorithm (every entry of the registry, ``auto`` and
 ``switch`` included), a collective it implements, ``p`` data ranks (1..9), a count
-(0..300), a dtype and op that go together (:func:`refcoll.ops.supports`),
+(0..300), a dtype and op that go together (:func:`refcoll.core.ops.supports`),
 the algorithm's options (``hierarchical``: ``ranks_per_node`` 1..p and ``inter``;
 ``tree``/``dbtree``: ``segment`` 1..64; ``switch``: ``radix`` 2..4, ``packet``
 1..64, ``slots`` 1..4), in place or out of place, the root, the input kind
-(``exact``/``random``, :mod:`refcoll.inputs`) and the seed.
+(``exact``/``random``, :mod:`refcoll.verify.inputs`) and the seed.
 
 The case runs through the public API on a :class:`~refcoll.SimWorld` (argument
 agreement on, in place as the API documents it per collective; switch ranks
@@ -18,17 +18,17 @@ added after the data ranks), and the checks are:
   same algorithm and options (the out-of-place oracle run), so in place and out
   of place agree bit for bit;
 * integers, ``exact`` float inputs, ``min``/``max``, allgather and broadcast:
-  equal to :func:`refcoll.oracle.fold` (the gathered or broadcast data) bit for
+  equal to :func:`refcoll.verify.oracle.fold` (the gathered or broadcast data) bit for
   bit (``min``/``max`` of ``random`` floats by value: a ``±0`` tie's sign shows
   the order);
 * ``random`` floats with ``sum``/``avg``/``prod``: no element outside
-  :func:`refcoll.oracle.bound_violations`;
+  :func:`refcoll.verify.oracle.bound_violations`;
 * all-reduce, allgather and broadcast: every rank holds the same bits;
 * out of place: the input is unchanged; in place: the result is the ``out=``
   buffer; no message is left unreceived;
 * the oracle run's ledger equals the algorithm's cost function with the same
   options (except ``hierarchical`` over ``naive``/``dbtree``/``auto``, whose
-  counts :func:`refcoll.cost.hierarchical_allreduce` documents as estimates).
+  counts :func:`refcoll.core.cost.hierarchical_allreduce` documents as estimates).
 
 The default test is deterministic (``derandomize=True``) and small enough for
 CI; ``test_fuzz_long`` (``-m slow``) runs many more examples, and
@@ -48,11 +48,11 @@ from hypothesis import strategies as st
 
 import refcoll
 from refcoll import algorithms
-from refcoll.chunking import chunk_slice
-from refcoll.errors import DeadlockError
-from refcoll.inputs import make_inputs
-from refcoll.ops import DTYPES, OPS, is_float, supports
-from refcoll.oracle import bound_violations, fold
+from refcoll.core.chunking import chunk_slice
+from refcoll.core.errors import DeadlockError
+from refcoll.verify.inputs import make_inputs
+from refcoll.core.ops import DTYPES, OPS, is_float, supports
+from refcoll.verify.oracle import bound_violations, fold
 from refcoll.transport import SimWorld
 
 MAX_P = 9
@@ -283,7 +283,7 @@ def _check_cost(case: FuzzCase, ledger, itemsize: int) -> None:
     if cost_fn is None:
         return
     if case.algorithm == "hierarchical" and case.kwargs.get("inter", "ring") not in EXACT_INTER:
-        return  # documented as estimates in refcoll.cost.hierarchical_allreduce
+        return  # documented as estimates in refcoll.core.cost.hierarchical_allreduce
     predicted = cost_fn(case.p, case.count, itemsize, **case.kwargs)
     assert ledger.counts() == predicted.counts(), (
         f"the ledger {ledger.counts()} differs from {case.algorithm}'s cost function "

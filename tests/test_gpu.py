@@ -29,21 +29,26 @@ import pytest
 
 import fake_cupy
 from conftest import ROOT, mpiexec_path
-from refcoll import algorithms, gpu
-from refcoll.api import simulate
+from refcoll import algorithms
+from refcoll.transport import cuda_aware
+from refcoll.transport import device as devices
+from refcoll.baselines import nccl
+from refcoll.measure import throughput
+from refcoll.core import xp as xp_module
+from refcoll.calls.collectives import simulate
 from refcoll.compressors import ErrorFeedback, parse
 from refcoll.compressors.topk import select_by_bits, topk_indices
-from refcoll.errors import UsageError
-from refcoll.ops import get_op
+from refcoll.core.errors import UsageError
+from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
 
 TESTS = Path(__file__).resolve().parent
 
 
 def _clear_caches() -> None:
-    gpu._cupy_state.cache_clear()
-    gpu._detected.cache_clear()
-    gpu._device_dtype_problem.cache_clear()
+    xp_module._cupy_state.cache_clear()
+    cuda_aware._detected.cache_clear()
+    xp_module._device_dtype_problem.cache_clear()
 
 
 @pytest.fixture
@@ -67,9 +72,9 @@ def no_cupy(monkeypatch):
 
 def _real_cupy():
     _clear_caches()
-    cupy = gpu.cupy_or_none()
+    cupy = xp_module.cupy_or_none()
     if cupy is None:
-        pytest.skip(f"needs a CUDA GPU: {gpu.gpu_unavailable_reason()}")
+        pytest.skip(f"needs a CUDA GPU: {xp_module.gpu_unavailable_reason()}")
     return cupy
 
 
@@ -105,72 +110,72 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def test_a_numpy_array_never_imports_cupy(monkeypatch):
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     x = np.zeros(3)
-    assert gpu.array_namespace(x) is np and not gpu.is_device_array(x)
-    assert gpu.array_namespace([1, 2]) is np
+    assert xp_module.array_namespace(x) is np and not xp_module.is_device_array(x)
+    assert xp_module.array_namespace([1, 2]) is np
     assert "cupy" not in sys.modules
 
 
 def test_a_device_array_has_the_device_namespace(fake):
     x = fake.zeros(3, dtype=np.float32)
-    assert gpu.array_namespace(x) is fake and gpu.is_device_array(x)
-    assert gpu.array_namespace(np.zeros(3)) is np
+    assert xp_module.array_namespace(x) is fake and xp_module.is_device_array(x)
+    assert xp_module.array_namespace(np.zeros(3)) is np
     with pytest.raises(TypeError, match="Implicit conversion"):
         np.asarray(x)  # the fake refuses a silent host copy, as CuPy does
 
 
 def test_without_cupy_the_reason_is_given(no_cupy):
-    assert gpu.cupy_or_none() is None
-    assert "CuPy is not installed" in gpu.gpu_unavailable_reason()
+    assert xp_module.cupy_or_none() is None
+    assert "CuPy is not installed" in xp_module.gpu_unavailable_reason()
     with pytest.raises(UsageError, match="needs a CUDA GPU and CuPy: CuPy is not installed"):
-        gpu.require_cupy("this benchmark")
+        xp_module.require_cupy("this benchmark")
 
 
 def test_without_a_device_the_reason_is_given(fake):
     fake.reset(device_count=0)
-    assert gpu.cupy_or_none() is None
-    assert "no CUDA device" in gpu.gpu_unavailable_reason()
-    assert "cudaErrorNoDevice" in gpu.gpu_unavailable_reason()
+    assert xp_module.cupy_or_none() is None
+    assert "no CUDA device" in xp_module.gpu_unavailable_reason()
+    assert "cudaErrorNoDevice" in xp_module.gpu_unavailable_reason()
 
 
 def test_with_a_device_cupy_is_returned(fake):
-    assert gpu.cupy_or_none() is fake and gpu.gpu_unavailable_reason() is None
+    assert xp_module.cupy_or_none() is fake and xp_module.gpu_unavailable_reason() is None
 
 
 def test_device_dtypes_are_checked_with_the_reason(fake):
-    gpu.check_device_dtype(np.float16, fake)
-    gpu.check_device_dtype("bfloat16", np)
+    xp_module.check_device_dtype(np.float16, fake)
+    xp_module.check_device_dtype("bfloat16", np)
     with pytest.raises(UsageError, match="cannot compute in bfloat16.*CuPy >= 14"):
-        gpu.check_device_dtype("bfloat16", fake)
+        xp_module.check_device_dtype("bfloat16", fake)
     with pytest.raises(UsageError, match="float8_e4m3fn"):
-        gpu.check_device_dtype("float8_e4m3fn", fake)
+        xp_module.check_device_dtype("float8_e4m3fn", fake)
     fake.reset(bfloat16=True)
-    gpu._device_dtype_problem.cache_clear()
-    gpu.check_device_dtype("bfloat16", fake)
+    xp_module._device_dtype_problem.cache_clear()
+    xp_module.check_device_dtype("bfloat16", fake)
 
 
 # ------------------------------------------------------------------- CUDA-aware MPI
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("0", False), (" yes ", True)])
 def test_the_environment_decides(monkeypatch, value, expected):
-    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, value)
-    assert gpu.cuda_aware() == (expected, f"{gpu.CUDA_AWARE_ENV}={value}")
+    monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, value)
+    assert cuda_aware.cuda_aware() == (expected, f"{cuda_aware.CUDA_AWARE_ENV}={value}")
 
 
 def test_a_bad_environment_value_is_a_usage_error(monkeypatch):
-    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "maybe")
+    monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, "maybe")
     with pytest.raises(UsageError, match="set it to 1 .* or 0"):
-        gpu.cuda_aware()
+        cuda_aware.cuda_aware()
 
 
 def test_the_mpi_librarys_own_query_answers(monkeypatch, no_cupy):
     """The MPICH wheel exports MPIX_Query_cuda_support; without a GPU it answers 0."""
-    monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
-    paths = gpu.mpi_library_paths()
+    monkeypatch.delenv(cuda_aware.CUDA_AWARE_ENV, raising=False)
+    paths = cuda_aware.mpi_library_paths()
     assert paths, "mpi4py's MPI library is not in this process's memory map"
-    library, answer = gpu.query_cuda_support(paths)
+    library, answer = cuda_aware.query_cuda_support(paths)
     if answer is None:
         pytest.skip(f"{', '.join(paths)} has no MPIX_Query_cuda_support")
-    aware, why = gpu.cuda_aware()
+    aware, why = cuda_aware.cuda_aware()
     assert aware == bool(answer)
     assert why.startswith(f"MPIX_Query_cuda_support() returned {answer} (")
     assert Path(library).name in why
@@ -178,10 +183,10 @@ def test_the_mpi_librarys_own_query_answers(monkeypatch, no_cupy):
 
 def test_without_the_query_symbol_the_probe_decides(monkeypatch, no_cupy):
     libc = ctypes.util.find_library("c")
-    monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
-    monkeypatch.setattr(gpu, "mpi_library_paths", lambda: [libc])
-    assert gpu.query_cuda_support([libc]) == (None, None)
-    aware, why = gpu.cuda_aware()
+    monkeypatch.delenv(cuda_aware.CUDA_AWARE_ENV, raising=False)
+    monkeypatch.setattr(cuda_aware, "mpi_library_paths", lambda: [libc])
+    assert cuda_aware.query_cuda_support([libc]) == (None, None)
+    aware, why = cuda_aware.cuda_aware()
     assert not aware
     assert why.startswith(f"no MPIX_Query_cuda_support in {libc}; probe skipped: CuPy is not "
                           "installed")
@@ -195,12 +200,12 @@ def test_without_the_query_symbol_the_probe_decides(monkeypatch, no_cupy):
      "exit code 1: MPI_ERR_BUFFER: invalid buffer pointer"),
 ])
 def test_the_probe_reads_its_childs_fate(code, aware, said):
-    got, why = gpu.probe_cuda_aware([sys.executable, "-c", code])
+    got, why = cuda_aware.probe_cuda_aware([sys.executable, "-c", code])
     assert got is aware and said in why
 
 
 def test_the_probe_gives_up_on_a_hung_child():
-    aware, why = gpu.probe_cuda_aware([sys.executable, "-c", "import time; time.sleep(30)"],
+    aware, why = cuda_aware.probe_cuda_aware([sys.executable, "-c", "import time; time.sleep(30)"],
                                       timeout=0.5)
     assert not aware and "no answer in 0.5 s" in why
 
@@ -212,15 +217,15 @@ def test_the_probe_sends_a_device_buffer_through_mpi(fake, tmp_path, monkeypatch
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{TESTS}:{ROOT}")
     # A launcher's variable: a child that saw it would try to join a job through it, and fail.
     monkeypatch.setenv("PMI_FD", "999")
-    assert gpu.probe_cuda_aware() == (True, "probe: a device buffer sent to self through MPI "
+    assert cuda_aware.probe_cuda_aware() == (True, "probe: a device buffer sent to self through MPI "
                                             "arrived intact")
 
 
 def test_device_path_names_the_gpu_the_path_and_why(fake, monkeypatch):
-    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "0")
-    assert gpu.device_path() == {"gpu": "Fake GPU (NumPy)", "gpu_reason": None,
+    monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, "0")
+    assert cuda_aware.device_path() == {"gpu": "Fake GPU (NumPy)", "gpu_reason": None,
                                  "cuda_aware": False, "path": "staging",
-                                 "why": f"{gpu.CUDA_AWARE_ENV}=0"}
+                                 "why": f"{cuda_aware.CUDA_AWARE_ENV}=0"}
 
 
 # ------------------------------------------------------------------ device transports
@@ -236,7 +241,7 @@ def test_staging_cuts_messages_into_pieces_through_reused_pinned_buffers(fake):
     data = [[rng.integers(0, 256, n, dtype=np.uint8) for n in sizes] for _ in range(2)]
 
     def body(t):
-        st = gpu.StagingTransport(t, fake, chunk_bytes=64)
+        st = devices.StagingTransport(t, fake, chunk_bytes=64)
         rounds = []
         for _ in range(2):
             got = []
@@ -273,8 +278,8 @@ def test_algorithms_on_device_arrays_are_the_numpy_bits(device, name, path):
     want = simulate("allreduce", inputs, algorithm=name).outputs
     on_device = [device.asarray(x) for x in inputs]
     fn = algorithms.implementation(name, "allreduce")
-    wrap = ((lambda t: gpu.StagingTransport(t, device, chunk_bytes=512)) if path == "staging"
-            else (lambda t: gpu.DirectTransport(t, device)))
+    wrap = ((lambda t: devices.StagingTransport(t, device, chunk_bytes=512)) if path == "staging"
+            else (lambda t: devices.DirectTransport(t, device)))
 
     def body(t):
         dt = wrap(t)
@@ -294,7 +299,7 @@ def test_algorithms_on_device_arrays_are_the_numpy_bits(device, name, path):
         else:
             assert stats.d2h_bytes == stats.h2d_bytes == 0, "the direct path copies nothing to host"
             assert stats.stream_syncs >= ledger.total_messages
-    assert all(gpu.array_namespace(out) is device for out in outputs)
+    assert all(xp_module.array_namespace(out) is device for out in outputs)
     host = [device.asnumpy(out) for out in outputs]
     assert all(_same_bits(got, exp) for got, exp in zip(host, want))
     assert all(_same_bits(device.asnumpy(d), x) for d, x in zip(on_device, inputs))
@@ -307,7 +312,7 @@ def test_ops_reduce_on_the_device(device, op):
     want = simulate("allreduce", inputs, algorithm="ring", op=op).outputs
 
     def body(t):
-        dt = gpu.StagingTransport(t, device)
+        dt = devices.StagingTransport(t, device)
         out = device.empty(n, dtype=np.int32)
         with dt.call("allreduce"):
             algorithms.ring.ring_allreduce(dt, device.asarray(inputs[t.rank]), out, op=get_op(op))
@@ -321,7 +326,7 @@ def test_ops_reduce_on_the_device(device, op):
 
 def test_host_buffers_pass_through_staging_untouched(fake):
     def body(t):
-        st = gpu.StagingTransport(t, fake, chunk_bytes=8)
+        st = devices.StagingTransport(t, fake, chunk_bytes=8)
         incoming = np.empty(20, np.uint8)
         st.sendrecv(np.full(20, t.rank, np.uint8), 1 - t.rank, incoming, 1 - t.rank)
         total = np.empty(20, np.uint8)
@@ -338,21 +343,21 @@ def test_host_buffers_pass_through_staging_untouched(fake):
 
 def test_device_transport_chooses_by_cuda_aware_and_is_cached(fake, monkeypatch):
     x = fake.zeros(4, dtype=np.float32)
-    for value, kind in [("1", gpu.DirectTransport), ("0", gpu.StagingTransport)]:
-        monkeypatch.setenv(gpu.CUDA_AWARE_ENV, value)
+    for value, kind in [("1", devices.DirectTransport), ("0", devices.StagingTransport)]:
+        monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, value)
 
         def body(t):
-            chosen = gpu.device_transport(t, x)
-            assert gpu.device_transport(t, np.zeros(4)) is t
-            assert gpu.device_transport(t, x) is chosen
-            assert gpu.device_transport(chosen, x) is chosen
+            chosen = devices.device_transport(t, x)
+            assert devices.device_transport(t, np.zeros(4)) is t
+            assert devices.device_transport(t, x) is chosen
+            assert devices.device_transport(chosen, x) is chosen
             sub = chosen.split(t.rank % 2, t.rank)
             return chosen, sub
 
         results, ledger = _world_run(3, body)
         assert all(type(c) is kind and type(s) is kind for c, s in results)
         assert ledger.total_messages == 0, "simulated ranks share one process: no agreement"
-        if kind is gpu.StagingTransport:
+        if kind is devices.StagingTransport:
             assert all(s.pool is c.pool for c, s in results), "a split reuses its parent's pool"
 
 
@@ -397,9 +402,9 @@ def test_deterministic_compressors_give_the_cpu_bits_on_device_arrays(device, sp
     tolerance = {"rtol": 1e-5} if summed else {"rtol": 1e-3, "atol": 1e-5}
     for (p_cpu, d_cpu, e_cpu), (p_dev, d_dev, e_dev) in zip(cpu, gpu_steps):
         assert sorted(p_dev.arrays) == sorted(p_cpu.arrays) and p_dev.nbytes == p_cpu.nbytes
-        assert gpu.is_device_array(d_dev) and d_dev.shape == x.shape and d_dev.dtype == x.dtype
+        assert xp_module.is_device_array(d_dev) and d_dev.shape == x.shape and d_dev.dtype == x.dtype
         for role, array in p_dev.arrays.items():
-            assert gpu.is_device_array(array), f"{role} left the device"
+            assert xp_module.is_device_array(array), f"{role} left the device"
             host, want = device.asnumpy(array), p_cpu.arrays[role]
             if role == "signs" and not spec.startswith("ef("):
                 assert _same_bits(host, want), "the sign bits are exact"
@@ -412,7 +417,7 @@ def test_deterministic_compressors_give_the_cpu_bits_on_device_arrays(device, sp
         else:
             assert _same_bits(device.asnumpy(d_dev), d_cpu)
         if e_cpu is not None:
-            assert gpu.is_device_array(e_dev)
+            assert xp_module.is_device_array(e_dev)
 
 
 @pytest.mark.parametrize("spec", STOCHASTIC)
@@ -421,7 +426,7 @@ def test_stochastic_compressors_draw_on_the_device_reproducibly(device, spec):
     first = _run_steps(comp, x, device)
     again = _run_steps(comp, x, device)
     for (p1, d1, _), (p2, d2, _) in zip(first, again):
-        assert all(gpu.is_device_array(a) for a in p1.arrays.values())
+        assert all(xp_module.is_device_array(a) for a in p1.arrays.values())
         assert _same_bits(device.asnumpy(d1), device.asnumpy(d2))
     payload, decoded, _ = first[0]
     values = device.asnumpy(decoded).reshape(-1)
@@ -438,7 +443,7 @@ def test_bf16_casts_on_the_device_where_cupy_has_bfloat16(fake):
     with pytest.raises(UsageError, match="bfloat16 needs CuPy >= 14"):
         comp.compress(fake.asarray(x), comp.new_state())
     fake.reset(bfloat16=True)
-    gpu._device_dtype_problem.cache_clear()
+    xp_module._device_dtype_problem.cache_clear()
     cpu = comp.decompress(comp.compress(x, comp.new_state()))
     assert _same_bits(fake.asnumpy(comp.decompress(comp.compress(fake.asarray(x),
                                                                  comp.new_state()))), cpu)
@@ -472,12 +477,16 @@ AGREE_SCRIPT = textwrap.dedent("""
     import fake_cupy
     sys.modules["cupy"] = fake_cupy
     from mpi4py import MPI
-    from refcoll import gpu
-    from refcoll.api import as_transport
+    from refcoll.transport import cuda_aware
+    from refcoll.transport import device as devices
+    from refcoll.baselines import nccl
+    from refcoll.measure import throughput
+    from refcoll.core import xp as xp_module
+    from refcoll.calls.collectives import as_transport, device_for
     comm = MPI.COMM_WORLD
     # Rank 0 alone says its MPI reads device memory: every rank must stage.
-    os.environ[gpu.CUDA_AWARE_ENV] = "1" if comm.rank == 0 else "0"
-    t = gpu.device_transport(as_transport(comm), fake_cupy.zeros(1))
+    os.environ[cuda_aware.CUDA_AWARE_ENV] = "1" if comm.rank == 0 else "0"
+    t = device_for(as_transport(comm), fake_cupy.zeros(1))
     peer = 1 - comm.rank
     n = (8 << 20) + 3  # two pieces of the default 4 MiB and a short third
     mine = fake_cupy.asarray(np.full(n, comm.rank + 1, np.uint8))
@@ -579,79 +588,79 @@ NCCL_METHODS = {"allreduce": "allReduce", "reduce_scatter": "reduceScatter",
 
 
 def test_nccl_types_map_refcolls_names():
-    assert gpu.nccl_types("float32", "sum") == (7, 0)
-    assert gpu.nccl_types(np.int64, "max") == (4, 2)
+    assert nccl.nccl_types("float32", "sum") == (7, 0)
+    assert nccl.nccl_types(np.int64, "max") == (4, 2)
     with pytest.raises(UsageError, match="NCCL has no int16 type"):
-        gpu.nccl_types("int16", "sum")
+        nccl.nccl_types("int16", "sum")
     with pytest.raises(UsageError, match="NCCL has no float8_e5m2"):
-        gpu.nccl_types("float8_e5m2", "max")
+        nccl.nccl_types("float8_e5m2", "max")
 
 
 def test_nccl_types_for_bfloat16_and_avg_ask_the_version(fake, monkeypatch):
-    assert gpu.nccl_types("bfloat16", "avg") == (9, 4)
+    assert nccl.nccl_types("bfloat16", "avg") == (9, 4)
     monkeypatch.setattr(fake.nccl, "get_version", lambda: 2804)
     with pytest.raises(UsageError, match="needs NCCL >= 2.10"):
-        gpu.nccl_types("float32", "avg")
+        nccl.nccl_types("float32", "avg")
 
 
 def test_nccl_comm_and_allreduce_on_one_rank(fake):
-    comm = gpu.nccl_comm(_StubComm(0, 1))
+    comm = nccl.nccl_comm(_StubComm(0, 1))
     assert (comm.ndev, comm.rank, len(comm.comm_id)) == (1, 0, 128)
     x = fake.asarray(np.arange(10, dtype=np.float32))
     out = fake.zeros(10, dtype=np.float32)
     syncs = fake.stats.stream_syncs
-    gpu.nccl_allreduce(comm, x, out, "sum")
+    nccl.nccl_allreduce(comm, x, out, "sum")
     assert fake.asnumpy(out).tolist() == list(range(10))
     assert fake.stats.nccl_calls == [("allReduce", 10, 7, 0, 0)]
     assert fake.stats.stream_syncs == syncs + 1
     with pytest.raises(UsageError, match="pass CuPy arrays"):
-        gpu.nccl_allreduce(comm, np.zeros(3), out)
+        nccl.nccl_allreduce(comm, np.zeros(3), out)
 
 
 def test_nccl_calls_follow_refcolls_layouts(fake, monkeypatch):
     monkeypatch.setattr(fake.nccl, "NcclCommunicator", _RecordingNccl)
-    comm = gpu.nccl_comm(_StubComm(0, 1))
+    comm = nccl.nccl_comm(_StubComm(0, 1))
     x = fake.asarray(np.arange(6, dtype=np.float64))
     for collective in COLLECTIVES:
         out = fake.zeros(6, dtype=np.float64)
-        gpu.nccl_call(comm, collective, x, out, op="max", root=0)()
+        nccl.nccl_call(comm, collective, x, out, op="max", root=0)()
         assert fake.asnumpy(out).tolist() == list(range(6)), collective
     assert [c[:3] for c in fake.stats.nccl_calls] == [(m, 6, 8) for m in NCCL_METHODS.values()]
-    gpu.nccl_call(comm, "reduce", x, None)()  # a non-root's reduce has no result buffer
+    nccl.nccl_call(comm, "reduce", x, None)()  # a non-root's reduce has no result buffer
     with pytest.raises(UsageError, match="NCCL allgather: the buffers hold 6 and 5 elements"):
-        gpu.nccl_call(comm, "allgather", x, fake.zeros(5, dtype=np.float64))
+        nccl.nccl_call(comm, "allgather", x, fake.zeros(5, dtype=np.float64))
     with pytest.raises(UsageError, match="NCCL needs buffers of one dtype"):
-        gpu.nccl_call(comm, "allreduce", x, fake.zeros(6, dtype=np.float32))
+        nccl.nccl_call(comm, "allreduce", x, fake.zeros(6, dtype=np.float32))
     with pytest.raises(UsageError, match="NCCL has no 'alltoall'"):
-        gpu.nccl_call(comm, "alltoall", x, x)
+        nccl.nccl_call(comm, "alltoall", x, x)
 
 
 def test_nccl_version_reads_both_encodings(fake, monkeypatch):
-    assert gpu.nccl_version() == "2.23.4"
+    assert nccl.nccl_version() == "2.23.4"
     monkeypatch.setattr(fake.nccl, "get_version", lambda: 2804)
-    assert gpu.nccl_version() == "2.8.4"
+    assert nccl.nccl_version() == "2.8.4"
     monkeypatch.setattr(fake.nccl, "available", False)
-    assert gpu.nccl_version() is None
+    assert nccl.nccl_version() is None
     with pytest.raises(UsageError, match="--against nccl: NCCL is not available to CuPy"):
-        gpu.require_nccl("--against nccl")
+        nccl.require_nccl("--against nccl")
 
 
 def test_one_gpu_per_rank_or_a_clear_error(fake):
     fake.reset(device_count=2)
-    assert gpu.check_one_gpu_per_rank(_StubComm(1, 2)) == 1 and fake.stats.device_in_use == 1
+    assert devices.check_one_gpu_per_rank(_StubComm(1, 2)) == 1 and fake.stats.device_in_use == 1
     with pytest.raises(UsageError, match="3 ranks share this node .* with 2 GPU.s. visible; NCCL "
                                          "needs one process per GPU: start at most 2 rank"):
-        gpu.check_one_gpu_per_rank(_StubComm(2, 3))
+        devices.check_one_gpu_per_rank(_StubComm(2, 3))
 
 
 # ----------------------------------------------------------------------- measurements
 
 def test_copy_bandwidth_and_compressor_throughput_report_their_figures(fake):
-    copies = gpu.copy_bandwidth(1 << 16, repeats=2)
+    copies = throughput.copy_bandwidth(1 << 16, repeats=2)
     assert copies["bytes"] == 1 << 16
     assert all(copies[f"{kind}_GBps"] > 0 for kind in
                ("device_to_device", "device_to_host", "host_to_device"))
-    rows = gpu.compressor_throughput(["topk:ratio=0.01", "powersgd:rank=2"], 4096, repeats=2)
+    rows = throughput.compressor_throughput(["topk:ratio=0.01", "powersgd:rank=2"], 4096, repeats=2)
     assert [r["spec"] for r in rows] == ["topk:ratio=0.01", "powersgd:rank=2"]
     assert rows[0]["payload_bytes"] == 41 * 8 and rows[1]["elements"] == 4096
     assert all(r["GBps"] > 0 and r["ratio"] > 1 for r in rows)
@@ -663,7 +672,7 @@ def test_copy_bandwidth_and_compressor_throughput_report_their_figures(fake):
 def mpi_self(monkeypatch):
     """``MPI.COMM_SELF``, and ``refcoll`` commands that take this process for an MPI job."""
     mpi = pytest.importorskip("mpi4py.MPI")
-    monkeypatch.setattr("refcoll.launch.in_mpi_job", lambda: True)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: True)
     monkeypatch.delenv("REFCOLL_WORKERS", raising=False)
     return mpi.COMM_SELF
 
@@ -672,12 +681,12 @@ def _on_fake(xp, monkeypatch, aware: str = "0") -> None:
     """Give the fake NCCL's every collective and a fixed transfer path (the real CuPy: as is)."""
     if _is_fake(xp):
         monkeypatch.setattr(xp.nccl, "NcclCommunicator", _RecordingNccl)
-        monkeypatch.setenv(gpu.CUDA_AWARE_ENV, aware)
+        monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, aware)
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, collective):
-    from refcoll.bench import BenchConfig, run_bench
+    from refcoll.measure.bench import BenchConfig, run_bench
 
     _on_fake(device, monkeypatch)
     algorithm = "tree" if collective in ("broadcast", "reduce") else "ring"
@@ -686,7 +695,7 @@ def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, 
     if _is_fake(device):
         device.reset()
     rows = run_bench(mpi_self, config)
-    name = gpu.NCCL_CALLS[collective]
+    name = nccl.NCCL_CALLS[collective]
     assert [(r["size"], r["baseline"]) for r in rows] == [(8, name), (4096, name)]
     for row in rows:
         assert row["wrong"] == 0 and row["checked"] == 3 * row["count"]  # 1 + 2 runs, 1 rank
@@ -702,8 +711,8 @@ def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, 
 
 
 def test_bench_counts_an_unwritten_device_result_as_wrong(fake, mpi_self, monkeypatch):
-    from refcoll import api
-    from refcoll.bench import BenchConfig, run_bench
+    from refcoll.calls import collectives as api
+    from refcoll.measure.bench import BenchConfig, run_bench
 
     _on_fake(fake, monkeypatch)
     monkeypatch.setattr(api, "allreduce", lambda x, t, out=None, **kwargs: out)
@@ -718,7 +727,7 @@ def test_bench_counts_an_unwritten_device_result_as_wrong(fake, mpi_self, monkey
 def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_self,
                                                                      monkeypatch, aware):
     """The fake's device memory is host memory: MPI reads it as a CUDA-aware MPI would."""
-    from refcoll.bench import BenchConfig, bench_header, format_header, run_bench
+    from refcoll.measure.bench import BenchConfig, bench_header, format_header, run_bench
 
     _on_fake(fake, monkeypatch, aware)
     config = BenchConfig(sizes=[4096], algorithms=["ring"], device="gpu", warmup=1, iters=2,
@@ -729,7 +738,7 @@ def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_s
     assert header["gpu"]["gpu"] == "Fake GPU (NumPy)"
     assert header["versions"]["cupy"] == fake.__version__ and header["versions"]["nccl"] == "2.23.4"
     path = "direct" if aware == "1" else "staging"
-    assert f"# device: Fake GPU (NumPy); transfers: {path} ({gpu.CUDA_AWARE_ENV}={aware})" in text
+    assert f"# device: Fake GPU (NumPy); transfers: {path} ({cuda_aware.CUDA_AWARE_ENV}={aware})" in text
     assert row["wrong"] == 0
     if aware == "1":
         assert header["baseline"] == row["baseline"] == "MPI_Allreduce" and row["base_wrong"] == 0
@@ -740,7 +749,7 @@ def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_s
 
 
 def test_ranks_share_gpus_unless_nccl_runs(fake):
-    from refcoll.bench import BenchConfig, use_device
+    from refcoll.measure.bench import BenchConfig, use_device
 
     fake.reset(device_count=2)
     assert use_device(_StubComm(2, 3), BenchConfig(device="gpu")) == 0
@@ -780,7 +789,7 @@ def test_bench_command_against_nccl_writes_the_device_path(fake, mpi_self, monke
                                     "-w", "1", "-i", "2", "--json", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert data["header"]["gpu"] == gpu.device_path()
+    assert data["header"]["gpu"] == cuda_aware.device_path()
     assert data["header"]["baseline"] == "ncclAllReduce" and data["summary"]["passed"]
     assert [(r["size"], r["algorithm"], r["baseline"]) for r in data["rows"]] == [
         (s, a, "ncclAllReduce") for s in (8, 64, 512) for a in ("ring", "auto")]
@@ -793,13 +802,13 @@ def test_list_names_the_gpu_and_the_device_path(fake, monkeypatch, tmp_path):
 
     from refcoll.cli import main
 
-    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "1")
+    monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, "1")
     out = tmp_path / "list.json"
     res = CliRunner().invoke(main, ["list", "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert json.loads(out.read_text())["gpu"] == gpu.device_path()
+    assert json.loads(out.read_text())["gpu"] == cuda_aware.device_path()
     assert res.output.splitlines()[-2:] == [
-        "gpu: Fake GPU (NumPy)", f"device buffers: direct ({gpu.CUDA_AWARE_ENV}=1)"]
+        "gpu: Fake GPU (NumPy)", f"device buffers: direct ({cuda_aware.CUDA_AWARE_ENV}=1)"]
 
 
 def test_list_without_mpi_or_cupy_says_why(no_cupy, monkeypatch):
@@ -807,7 +816,7 @@ def test_list_without_mpi_or_cupy_says_why(no_cupy, monkeypatch):
 
     from refcoll.cli import main
 
-    monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
+    monkeypatch.delenv(cuda_aware.CUDA_AWARE_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # importing it now fails
     res = CliRunner().invoke(main, ["list"])
     assert res.exit_code == 0, res.output
@@ -834,7 +843,7 @@ def test_verify_runs_the_battery_on_device_arrays(fake, mpi_self, monkeypatch, t
         "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
         "float32", "float64"}
     lines = res.output.splitlines()
-    assert lines[1] == f"device: Fake GPU (NumPy); transfers: staging ({gpu.CUDA_AWARE_ENV}=0)"
+    assert lines[1] == f"device: Fake GPU (NumPy); transfers: staging ({cuda_aware.CUDA_AWARE_ENV}=0)"
     assert lines[2] == "left out on this device: bfloat16, float8_e4m3fn, float8_e5m2"
     assert lines[-1] == f"{data['passed']} passed, 0 failed"
 
@@ -867,7 +876,7 @@ def test_verify_on_a_gpu_without_one_exits_2_with_the_reason(no_cupy):
 
 
 def test_the_battery_runs_on_device_arrays(device):
-    from refcoll.conformance import build_cases, run_battery
+    from refcoll.verify.conformance import build_cases, run_battery
 
     cases = build_cases(3, algorithms_=["ring", "auto", "rabenseifner"], ops=["sum", "max"],
                         dtypes=["float32", "int32"], sizes=[0, 4, 11], inplace=(False, True))
@@ -878,8 +887,8 @@ def test_the_battery_runs_on_device_arrays(device):
 
 
 def test_the_battery_catches_a_wrong_or_misplaced_device_result(fake, monkeypatch):
-    from refcoll import conformance
-    from refcoll.conformance import Case, run_case
+    from refcoll.verify import conformance
+    from refcoll.verify.conformance import Case, run_case
 
     real = conformance.allreduce
 
@@ -907,7 +916,7 @@ def test_the_battery_catches_a_wrong_or_misplaced_device_result(fake, monkeypatc
 
 def test_the_compressed_battery_on_device_arrays_is_judged_on_the_device(device):
     """QSGD draws on the device's generator: only the device's simulator predicts its bits."""
-    from refcoll.conformance import build_compressor_cases, run_compressor_battery
+    from refcoll.verify.conformance import build_compressor_cases, run_compressor_battery
 
     cases = build_compressor_cases(2, compressors=["none", "qsgd:levels=4,bucket=64",
                                                    "ef(topk:ratio=0.1)"],
@@ -922,13 +931,13 @@ def test_the_compressed_battery_on_device_arrays_is_judged_on_the_device(device)
 
 def _device_run(cupy, collective, inputs, algorithm, op):
     """Run ``collective`` through refcoll's API on CuPy arrays over simulated ranks."""
-    from refcoll import api
+    from refcoll.calls import collectives as api
 
     fn = getattr(api, collective)
 
     def body(t):
         x = cupy.asarray(inputs[t.rank])
-        dt = gpu.device_transport(t, x)
+        dt = devices.device_transport(t, x)
         kwargs = {"algorithm": algorithm, "validate": False}
         if collective not in ("allgather", "broadcast"):
             kwargs["op"] = op
@@ -943,7 +952,7 @@ def _device_run(cupy, collective, inputs, algorithm, op):
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_gpu_conformance_battery(cuda, monkeypatch, collective, path):
     """Every algorithm, several rank counts and sizes: CuPy in, CuPy out, the simulator's bits."""
-    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, path)
+    monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, path)
     dtypes = (np.float32, np.int32) if collective == "allreduce" else (np.float32,)
     for p in (1, 3, 5):
         for n in (0, p + 1, 1001):
@@ -960,7 +969,7 @@ def test_gpu_conformance_battery(cuda, monkeypatch, collective, path):
                         if w is None:
                             assert g is None
                             continue
-                        assert gpu.array_namespace(g) is cuda, (name, p, n, rank)
+                        assert xp_module.array_namespace(g) is cuda, (name, p, n, rank)
                         assert _same_bits(cuda.asnumpy(g), w), (name, p, n, dtype, rank)
 
 
@@ -970,19 +979,19 @@ def test_gpu_compressed_allreduce(cuda, monkeypatch, spec):
     """Every pattern on CuPy arrays: the simulator's NumPy result, exactly where deterministic."""
     from refcoll.compressors.collective import run_steps, simulate_compressed
 
-    monkeypatch.setenv(gpu.CUDA_AWARE_ENV, "0")
+    monkeypatch.setenv(cuda_aware.CUDA_AWARE_ENV, "0")
     p = 3
     steps = [[_tensor((24, 40), seed=10 * s + r) for r in range(p)] for s in range(2)]
     want = simulate_compressed(spec, steps, seed=4).outputs
 
     def body(t):
         mine = [cuda.asarray(step[t.rank]) for step in steps]
-        return run_steps(gpu.device_transport(t, mine[0]), spec, mine, seed=4, validate=False)[0]
+        return run_steps(devices.device_transport(t, mine[0]), spec, mine, seed=4, validate=False)[0]
 
     got = SimWorld(p).run(body)
     for s in range(len(steps)):
         for r in range(p):
-            assert gpu.array_namespace(got[r][s]) is cuda
+            assert xp_module.array_namespace(got[r][s]) is cuda
             host = cuda.asnumpy(got[r][s])
             if spec == "qsgd":  # the device draws its own rounding: same scale, other bits
                 assert np.abs(host - want[s][r]).max() < 2 * np.abs(want[s][r]).max()
@@ -998,11 +1007,15 @@ MPI_SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import refcoll
-    from refcoll import gpu
-    from refcoll.api import as_transport
+    from refcoll.transport import cuda_aware
+    from refcoll.transport import device as devices
+    from refcoll.baselines import nccl
+    from refcoll.measure import throughput
+    from refcoll.core import xp as xp_module
+    from refcoll.calls.collectives import as_transport
     comm = MPI.COMM_WORLD
     cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
-    t = gpu.device_transport(as_transport(comm), cupy.zeros(1))
+    t = devices.device_transport(as_transport(comm), cupy.zeros(1))
     for n in (1, 1001, 3 << 20):
         x = cupy.arange(n, dtype=cupy.float32) * (comm.rank + 1)
         for algorithm in ("ring", "recursive_doubling", "rabenseifner", "tree"):
@@ -1011,7 +1024,7 @@ MPI_SCRIPT = textwrap.dedent("""
             want = np.arange(n, dtype=np.float32) * (comm.size * (comm.size + 1) // 2)
             assert np.array_equal(cupy.asnumpy(got), want), (algorithm, n)
     if comm.rank == 0:
-        print(type(t).__name__, gpu.cuda_aware()[1])
+        print(type(t).__name__, cuda_aware.cuda_aware()[1])
 """)
 
 
@@ -1020,15 +1033,15 @@ def test_gpu_allreduce_under_mpi(cuda, tmp_path, monkeypatch, path):
     if mpiexec_path() is None:
         pytest.skip("no mpiexec: pip install 'refcoll[mpi]'")
     if path == "1":
-        monkeypatch.delenv(gpu.CUDA_AWARE_ENV, raising=False)
-        aware, why = gpu.cuda_aware()
+        monkeypatch.delenv(cuda_aware.CUDA_AWARE_ENV, raising=False)
+        aware, why = cuda_aware.cuda_aware()
         if not aware:
             pytest.skip(f"the MPI library does not read device memory: {why}")
     script = tmp_path / "gpu_allreduce.py"
     script.write_text(MPI_SCRIPT)
     res = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)],
                          capture_output=True, text=True, timeout=300,
-                         env={**os.environ, gpu.CUDA_AWARE_ENV: path})
+                         env={**os.environ, cuda_aware.CUDA_AWARE_ENV: path})
     assert res.returncode == 0, res.stdout + res.stderr
     expected = "StagingTransport" if path == "0" else "DirectTransport"
     assert res.stdout.splitlines()[0].startswith(expected)
@@ -1041,13 +1054,13 @@ def test_gpu_compressors_at_scale(cuda, spec):
     x = _tensor((1 << 10, 1 << 10))
     if spec == "bf16":
         try:
-            gpu.check_device_dtype("bfloat16", cuda)
+            xp_module.check_device_dtype("bfloat16", cuda)
         except UsageError as exc:
             pytest.skip(str(exc))
     state_cpu, state_gpu = comp.new_state(1, 0), comp.new_state(1, 0)
     d_cpu = comp.decompress(comp.compress(x, state_cpu))
     d_gpu = comp.decompress(comp.compress(cuda.asarray(x), state_gpu))
-    assert gpu.array_namespace(d_gpu) is cuda
+    assert xp_module.array_namespace(d_gpu) is cuda
     host = cuda.asnumpy(d_gpu)
     if spec in STOCHASTIC:
         assert np.abs(host.mean() - x.mean()) < 0.01  # unbiased on a million elements
@@ -1061,19 +1074,23 @@ NCCL_SCRIPT = textwrap.dedent("""
     import cupy
     import numpy as np
     from mpi4py import MPI
-    from refcoll import gpu
-    from refcoll.errors import UsageError
+    from refcoll.transport import cuda_aware
+    from refcoll.transport import device as devices
+    from refcoll.baselines import nccl
+    from refcoll.measure import throughput
+    from refcoll.core import xp as xp_module
+    from refcoll.core.errors import UsageError
     comm = MPI.COMM_WORLD
     try:
-        gpu.check_one_gpu_per_rank(comm)
+        devices.check_one_gpu_per_rank(comm)
     except UsageError as exc:
         if comm.rank == 0:
             print("usage:", exc)
         raise SystemExit(2)
-    nc = gpu.nccl_comm(comm)
+    nc = nccl.nccl_comm(comm)
     x = cupy.arange(1 << 20, dtype=cupy.float32)
     out = cupy.empty_like(x)
-    gpu.nccl_allreduce(nc, x, out, "sum")
+    nccl.nccl_allreduce(nc, x, out, "sum")
     assert np.array_equal(cupy.asnumpy(out), cupy.asnumpy(x) * comm.size)
     if comm.rank == 0:
         print("nccl ok")

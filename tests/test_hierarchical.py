@@ -12,13 +12,13 @@ import refcoll
 from conftest import failure_text, sim_battery
 from refcoll import algorithms
 from refcoll.algorithms.hierarchical import node_layout, node_sizes, node_traffic
-from refcoll.chunking import chunk_bounds
-from refcoll.cost import hierarchical_allreduce as hierarchical_cost
-from refcoll.cost import hierarchical_traffic
-from refcoll.errors import UsageError
-from refcoll.inputs import make_inputs
-from refcoll.ops import get_op
-from refcoll.oracle import fold
+from refcoll.core.chunking import chunk_bounds
+from refcoll.core.cost import hierarchical_allreduce as hierarchical_cost
+from refcoll.core.cost import hierarchical_traffic
+from refcoll.core.errors import UsageError
+from refcoll.verify.inputs import make_inputs
+from refcoll.core.ops import get_op
+from refcoll.verify.oracle import fold
 from refcoll.transport import Ledger, SimWorld
 
 #: (p, ranks_per_node): equal nodes, a smaller last node, one node, one rank a node.

@@ -1,7 +1,7 @@
 """Counts past 2**31: chunking, cost formulas, the ledger, and a real MPI run.
 
 Fast tests hold the arithmetic to Python ints (no 32-bit overflow anywhere):
-:func:`refcoll.chunking.chunk_bounds` and friends at ``n = 2**33 + 5``, the cost
+:func:`refcoll.core.chunking.chunk_bounds` and friends at ``n = 2**33 + 5``, the cost
 functions of ring, Rabenseifner and the binomial tree at ``n = 3·2**31`` against
 their closed forms, and the :class:`~refcoll.transport.base.Ledger`'s sums over
 messages of more than 2**31 bytes.
@@ -40,8 +40,8 @@ import time
 import numpy as np
 import pytest
 
-from refcoll import cost
-from refcoll.chunking import chunk_bounds, chunk_sizes, chunk_slice, max_chunk
+from refcoll.core import cost
+from refcoll.core.chunking import chunk_bounds, chunk_sizes, chunk_slice, max_chunk
 from refcoll.transport.base import Ledger, Message
 
 #: Elements of the large runs: past INT_MAX, odd, so chunks are uneven.

@@ -15,12 +15,12 @@ import refcoll
 from conftest import mpiexec_path
 from refcoll.cli import main
 from refcoll.compressors import parse
-from refcoll.errors import UsageError
-from refcoll.inputs import make_inputs
-from refcoll.model import (EXACT_LIMIT, Cluster, Options, Workload, allreduce_estimate,
-                           buckets_of, compressed_estimate, load_layers, overlap, parse_bandwidth,
-                           parse_duration, parse_size, parse_sizes, payload_arrays, plan,
-                           step_time)
+from refcoll.core.errors import UsageError
+from refcoll.verify.inputs import make_inputs
+from refcoll.measure.model import (EXACT_LIMIT, Cluster, Options, Workload, allreduce_estimate,
+                                   buckets_of, compressed_estimate, load_layers, overlap,
+                                   parse_bandwidth, parse_duration, parse_size, parse_sizes,
+                                   payload_arrays, plan, step_time)
 
 GB = 1e9
 
@@ -244,7 +244,7 @@ def test_the_stack_reports_each_technique():
 # --------------------------------------------------------------------------------- units
 
 def test_the_fit_of_a_line_never_goes_negative():
-    from refcoll.model import _fit_line
+    from refcoll.measure.model import _fit_line
 
     a, b = _fit_line([(8, 4e-6), (1 << 20, 4e-6 + (1 << 20) * 1e-10), (1 << 24, 2e-3)])
     assert a == pytest.approx(4e-6, rel=0.5) and b > 0

@@ -12,12 +12,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from refcoll import cost
+from refcoll.core import cost
 from refcoll.cli import main
-from refcoll.errors import UsageError
-from refcoll.model import (MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload, allreduce_estimate,
-                           buckets_of, dbtree_cost, parse_bandwidth, parse_count, parse_duration,
-                           plan, select_algorithms)
+from refcoll.core.errors import UsageError
+from refcoll.measure.model import (MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
+                                   allreduce_estimate, buckets_of, dbtree_cost, parse_bandwidth,
+                                   parse_count, parse_duration, plan, select_algorithms)
 
 BASE = ["model", "--nodes", "2", "--gpus-per-node", "4", "--intra-bw", "900GB/s",
         "--inter-bw", "400Gb/s", "--bidirectional"]

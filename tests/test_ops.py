@@ -2,8 +2,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from refcoll.errors import UsageError
-from refcoll.ops import DTYPES, OPS, check_supported, exact_integer_limit, get_dtype, get_op
+from refcoll.core.errors import UsageError
+from refcoll.core.ops import DTYPES, OPS, check_supported, exact_integer_limit, get_dtype, get_op
 
 
 def test_unknown_op_and_dtype_name_the_choices():

@@ -7,11 +7,10 @@ import pytest
 
 import refcoll
 from refcoll import algorithms
-from refcoll.algorithms.recursive import (
-    ABSORBS, SENDS, STAYS, fold_role, new_rank, pof2_below, real_rank, survivor_ranges,
-)
-from refcoll.chunking import chunk_bounds, chunk_slice
-from refcoll.inputs import make_inputs
+from refcoll.algorithms.recursive import (ABSORBS, SENDS, STAYS, fold_role, new_rank, pof2_below,
+                                          real_rank, survivor_ranges)
+from refcoll.core.chunking import chunk_bounds, chunk_slice
+from refcoll.verify.inputs import make_inputs
 from refcoll.transport import SimWorld
 
 from conftest import failure_text, sim_battery
@@ -227,8 +226,8 @@ def test_rabenseifner_reuses_its_workspace_across_calls(p):
 
     def twice(t, x):
         refcoll.allreduce(x, t, algorithm="rabenseifner")
-        first = {k: id(v) for k, v in t.__dict__["_workspace"].items()}
+        first = {k: id(v) for k, v in t.cache["workspace"].items()}
         refcoll.allreduce(x, t, algorithm="rabenseifner")
-        return first == {k: id(v) for k, v in t.__dict__["_workspace"].items()}
+        return first == {k: id(v) for k, v in t.cache["workspace"].items()}
 
     assert all(SimWorld(p).run(twice, [(x,) for x in xs]))

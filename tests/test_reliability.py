@@ -13,8 +13,8 @@ import pytest
 
 import refcoll
 from conftest import mpiexec_path
-from refcoll.errors import MismatchError, RefcollError
-from refcoll.oracle import fold
+from refcoll.core.errors import MismatchError, RefcollError
+from refcoll.verify.oracle import fold
 from refcoll.transport import SimWorld
 
 MPIEXEC = mpiexec_path()

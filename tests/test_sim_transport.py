@@ -3,8 +3,8 @@ import time
 import numpy as np
 import pytest
 
-from refcoll.errors import CollectiveTimeout, DeadlockError, RefcollError
-from refcoll.ops import get_op
+from refcoll.core.errors import CollectiveTimeout, DeadlockError, RefcollError
+from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
 
 

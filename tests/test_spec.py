@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from refcoll import REGISTRY, simulate
-from refcoll.chunking import chunk_bounds
-from refcoll.oracle import fold
-from refcoll import trace
-from refcoll.trace import Expressions, SymbolicOp, TraceError, reduction_tree, step_table
+from refcoll.core.chunking import chunk_bounds
+from refcoll.verify.oracle import fold
+from refcoll.verify import trace
+from refcoll.verify.trace import Expressions, SymbolicOp, TraceError, reduction_tree, step_table
 
 from conftest import ROOT
 

@@ -11,26 +11,16 @@ import pytest
 import refcoll
 from conftest import failure_text
 from refcoll import algorithms
-from refcoll.algorithms.switch import (
-    PACKET,
-    RADIX,
-    SLOTS,
-    int_error_bound,
-    packet_bounds,
-    switch_allreduce,
-    switch_count,
-    switch_levels,
-    switch_links,
-    switch_schedule,
-    switch_workers,
-)
-from refcoll.chunking import chunk_bounds
-from refcoll.conformance import build_cases, run_battery
-from refcoll.cost import switch_allreduce as switch_cost
-from refcoll.errors import UsageError
-from refcoll.inputs import make_inputs
-from refcoll.ops import get_op
-from refcoll.oracle import exact_reduce, fold
+from refcoll.algorithms.switch import (PACKET, RADIX, SLOTS, int_error_bound, packet_bounds,
+                                       switch_allreduce, switch_count, switch_levels,
+                                       switch_links, switch_schedule, switch_workers)
+from refcoll.core.chunking import chunk_bounds
+from refcoll.verify.conformance import build_cases, run_battery
+from refcoll.core.cost import switch_allreduce as switch_cost
+from refcoll.core.errors import UsageError
+from refcoll.verify.inputs import make_inputs
+from refcoll.core.ops import get_op
+from refcoll.verify.oracle import exact_reduce, fold
 from refcoll.transport import SimWorld
 
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import refcoll
-from refcoll import algorithms, cost
-from refcoll.algorithms.tree import (
-    DBTREE_SEGMENT, binomial_children, binomial_parent, btree_links, dbtree_links,
-    dbtree_messages, dbtree_position, dbtree_rank, segment_bounds, tree_position,
-)
-from refcoll.chunking import chunk_bounds
-from refcoll.conformance import LARGE_SIZE, build_cases, run_battery
-from refcoll.ops import get_op
+from refcoll import algorithms
+from refcoll.core import cost
+from refcoll.algorithms.tree import (DBTREE_SEGMENT, binomial_children, binomial_parent,
+                                     btree_links, dbtree_links, dbtree_messages, dbtree_position,
+                                     dbtree_rank, segment_bounds, tree_position)
+from refcoll.core.chunking import chunk_bounds
+from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
+from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
 
 from conftest import ROOT, failure_text, mpiexec_path

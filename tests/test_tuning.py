@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import refcoll
-from refcoll import algorithms, tuning
+from refcoll import algorithms
+from refcoll.calls import auto as tuning
 from refcoll.transport import SimWorld
 
 

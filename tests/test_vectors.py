@@ -10,9 +10,9 @@ import pytest
 
 import refcoll
 from refcoll import algorithms
-from refcoll.inputs import make_inputs
-from refcoll.ops import get_dtype
-from refcoll.vectors import PROCESS_COUNTS, generate, load, plan, read_manifest, verify
+from refcoll.verify.inputs import make_inputs
+from refcoll.core.ops import get_dtype
+from refcoll.verify.vectors import PROCESS_COUNTS, generate, load, plan, read_manifest, verify
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 

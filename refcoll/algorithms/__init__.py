@@ -9,7 +9,7 @@ An implementation has one of these signatures, by collective:
 * ``reduce(t, x, out, *, op, root, **options)``: ``out`` written on the root only.
 
 ``x`` and ``out`` are flat, C-contiguous arrays; ``op`` is the base combine of
-:mod:`refcoll.ops` (``avg`` is finished by the caller). The options an
+:mod:`refcoll.core.ops` (``avg`` is finished by the caller). The options an
 implementation takes are its keyword-only parameters other than ``op``, ``root``
 and ``out`` (:func:`options`); a catch-all ``**kwargs`` adds none, and
 :func:`check_options` refuses any other before a collective moves data.
@@ -22,8 +22,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from .. import cost as _cost
-from ..errors import UsageError
+from ..core import cost as _cost
+from ..core.errors import UsageError
 from . import hierarchical, naive, recursive, ring, switch, tree
 
 __all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "get", "implementation", "names", "options",
@@ -272,6 +272,6 @@ def check_options(name: str, collective: str, given: Mapping, *, rank: int | Non
                      f"for {collective}: its {collective} takes {', '.join(taken)}; {fix}")
 
 
-from ..tuning import auto_algorithm  # noqa: E402  (auto is built from every entry above)
+from ..calls.auto import auto_algorithm  # noqa: E402  (auto is built from every entry above)
 
 register(auto_algorithm())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..transport.base import transport_cache
+
 __all__ = ["workspace", "copy_into", "same_memory", "view", "receive_into"]
 
 
@@ -15,7 +17,7 @@ def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
     separates buffers one algorithm needs at the same time.
     """
     nbytes = count * np.dtype(dtype).itemsize
-    cache = t.__dict__.setdefault("_workspace", {})
+    cache = transport_cache(t, "workspace")
     buf = cache.get(slot)
     if buf is None or buf.nbytes < nbytes:
         # Where the transport's buffers live: a device transport names CuPy.

@@ -42,8 +42,9 @@ import numpy as np
 from ._util import copy_into, view, workspace
 from .naive import naive_broadcast, naive_reduce
 from .ring import ring_allgather, ring_allgather_steps, ring_reduce_scatter_steps
-from ..chunking import chunk_bounds, max_chunk
-from ..errors import UsageError
+from ..core.chunking import chunk_bounds, max_chunk
+from ..core.errors import UsageError
+from ..transport.base import transport_cache
 
 __all__ = [
     "NodeLayout",
@@ -102,7 +103,7 @@ def node_layout(t, ranks_per_node: int | None = None) -> NodeLayout:
     ``t`` must make the same calls in the same order (they do: the key is the same
     option on every rank).
     """
-    cache = t.__dict__.setdefault("_node_layouts", {})
+    cache = transport_cache(t, "node_layouts")
     if ranks_per_node not in cache:
         cache[ranks_per_node] = _split_nodes(t, ranks_per_node)
     return cache[ranks_per_node]
@@ -198,7 +199,7 @@ def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
     Cost (equal, ring inter): 2(k-1)·α + 2((k-1)/k)·n·β_intra + ((k-1)/k)·n·γ
       + 2(g-1)·α + 2((g-1)/g)·(n/k)·β_inter + ((g-1)/g)·(n/k)·γ;
       unequal: 2(k-1)·α + 2(k-1)·n·β_intra + (k-1)·n·γ + the inter all-reduce of n
-      over g. Exact counts: :func:`refcoll.cost.hierarchical_allreduce`.
+      over g. Exact counts: :func:`refcoll.core.cost.hierarchical_allreduce`.
     Restrictions: none on p or n (any node shape; n < k gives empty shards, sent
       as empty messages); p == 1 copies; one node is the ring all-reduce; one
       rank a node is the ``inter`` all-reduce over all ranks. The nodes come from
@@ -261,7 +262,7 @@ def node_traffic(ledger, ranks_per_node: int) -> tuple[int, int]:
     ``a // ranks_per_node == b // ranks_per_node``, the grouping of both the
     ``ranks_per_node`` option and ``SimWorld(p, ranks_per_node=...)``. Works for
     the ledger of any algorithm (so a flat ring can be compared with this one).
-    :func:`refcoll.cost.hierarchical_traffic` predicts it for this algorithm.
+    :func:`refcoll.core.cost.hierarchical_traffic` predicts it for this algorithm.
     """
     if ranks_per_node < 1:
         raise UsageError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._util import copy_into, same_memory, view, workspace
-from ..chunking import chunk_bounds
+from ..core.chunking import chunk_bounds
 
 __all__ = [
     "naive_reduce",

@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._util import copy_into, receive_into, view, workspace
-from ..chunking import chunk_bounds
+from ..core.chunking import chunk_bounds
 
 __all__ = [
     "SENDS",

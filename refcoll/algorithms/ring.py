@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._util import copy_into, receive_into, view, workspace
-from ..chunking import chunk_bounds, max_chunk
+from ..core.chunking import chunk_bounds, max_chunk
 
 __all__ = [
     "ring_peers",

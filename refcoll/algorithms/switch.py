@@ -39,9 +39,9 @@ import math
 import numpy as np
 
 from ._util import copy_into, view, workspace
-from ..chunking import chunk_bounds, max_chunk
-from ..errors import UsageError
-from ..ops import OPS, dtype_name, is_float
+from ..core.chunking import chunk_bounds, max_chunk
+from ..core.errors import UsageError
+from ..core.ops import OPS, dtype_name, is_float
 from ..transport.base import TAGS_PER_CALL
 
 __all__ = [
@@ -137,7 +137,7 @@ def switch_links(rank: int, workers: int, *, radix: int = RADIX) -> tuple[int | 
 
     Ranks are numbered level by level: workers ``0..W-1``, then the level-1
     switches, and so on; the root is the last. The ``m`` nodes of a level are
-    shared among the switches above it by :func:`~refcoll.chunking.chunk_bounds`:
+    shared among the switches above it by :func:`~refcoll.core.chunking.chunk_bounds`:
     switch ``j`` of level ``k+1`` has children chunk ``j`` of level ``k``.
     """
     levels = switch_levels(workers, radix=radix)
@@ -186,7 +186,7 @@ def switch_schedule(workers: int, count: int, *, radix: int = RADIX, packet: int
     The order is the proof of deadlock freedom: every rank's own sends and
     receives appear in it in that rank's program order, so running the messages
     one at a time in this order is an execution of the rendezvous program, which
-    therefore cannot wait forever. :func:`refcoll.cost.switch_allreduce` replays
+    therefore cannot wait forever. :func:`refcoll.core.cost.switch_allreduce` replays
     its Lamport clock; the spec's step table is its first ticks.
     """
     levels = switch_levels(workers, radix=radix)
@@ -260,7 +260,7 @@ def int_error_bound(inputs, *, packet: int = PACKET, slots: int = SLOTS) -> np.n
     """
     from ml_dtypes import finfo
 
-    from ..ops import unit_roundoff
+    from ..core.ops import unit_roundoff
 
     arrays = [np.asarray(x).reshape(-1) for x in inputs]
     workers = len(arrays)
@@ -467,7 +467,7 @@ def switch_allreduce(t, x: np.ndarray, out: np.ndarray | None, *, op, radix: int
     Cost: per packet of m bytes, every tree link carries it once up and once
       down: 2(W+S-1)·P messages; a worker sends n bytes and receives n bytes
       whatever W is. The ledger serializes a switch's ports, so a round per port:
-      about (2·R+2)·P rounds (see :func:`refcoll.cost.switch_allreduce`).
+      about (2·R+2)·P rounds (see :func:`refcoll.core.cost.switch_allreduce`).
     Restrictions: radix >= 2; 1 <= slots <= 1024 (the slot is the tag); int
       mode: float dtypes, op sum or avg, and a block holding NaN or Inf on any
       worker comes back all NaN. W == 1: no switch, the result is a copy.

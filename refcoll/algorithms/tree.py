@@ -27,7 +27,7 @@ an interior node with one child in tree 1). With ``p = 6``::
 
 Segments: every function takes ``segment``, the most elements one message
 carries; a buffer (a half, for the double tree) is cut into
-``S = ceil(n / segment)`` pieces by :func:`~refcoll.chunking.chunk_bounds`, which
+``S = ceil(n / segment)`` pieces by :func:`~refcoll.core.chunking.chunk_bounds`, which
 flow through the tree one after another. Defaults: no segmentation for the
 binomial tree (MPICH's choice: its root sends the whole buffer ``⌈log2 p⌉``
 times however it is cut, so pieces only add α), :data:`DBTREE_SEGMENT` elements
@@ -43,7 +43,7 @@ from typing import Iterator
 import numpy as np
 
 from ._util import copy_into, workspace
-from ..chunking import chunk_bounds
+from ..core.chunking import chunk_bounds
 
 __all__ = [
     "DBTREE_SEGMENT",
@@ -74,7 +74,7 @@ def segment_bounds(n: int, segment: int | None) -> list[tuple[int, int]]:
     """Return the pipeline pieces of ``n`` elements, at most ``segment`` each.
 
     ``S = ceil(n / segment)`` pieces cut by the one chunking rule
-    (:func:`~refcoll.chunking.chunk_bounds`), so they differ by at most one
+    (:func:`~refcoll.core.chunking.chunk_bounds`), so they differ by at most one
     element, the longer ones first. ``segment=None``: one piece. ``n == 0``: no
     pieces at all (nothing moves).
     """
@@ -380,7 +380,7 @@ def dbtree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
     Cost: S segments per half through two trees of depth ~log2 p, one tree after
       the other: ≈ (8·lg p - 4 + 12(S-1))·α + (8·lg p - 4 + 12(S-1))·(n/2S)·β
       + n·γ, exact in rounds for p a power of two >= 4; exact counts for any p in
-      :func:`refcoll.cost.dbtree_allreduce` (replayed from the schedule). Every
+      :func:`refcoll.core.cost.dbtree_allreduce` (replayed from the schedule). Every
       rank sends at most 2n elements in all (interior: n/2 up and twice n/2
       down; leaf: n/2 up).
     Restrictions: none. Any p: the in-order tree cuts its right edge at p (NCCL's

@@ -16,10 +16,10 @@ import sys
 
 import click
 
-from ..errors import CollectiveTimeout, RefcollError, UsageError
+from ..core.errors import CollectiveTimeout, RefcollError, UsageError
 from ..transport.base import default_timeout
 from ..transport.mpi import abort_job, bounded_barrier
-from ..tuning import algo_filter, calibration_mode
+from ..calls.auto import algo_filter, calibration_mode
 
 __all__ = ["main"]
 
@@ -76,7 +76,7 @@ def check_output_paths(**paths: str | None) -> None:
 
     ``paths`` maps an option's name (``json``, ``csv``, ``plot``) to its path or
     None. A missing folder, a folder in the file's place or a folder without
-    write permission is a :class:`~refcoll.errors.UsageError` naming the option,
+    write permission is a :class:`~refcoll.core.errors.UsageError` naming the option,
     so a long run never ends in an error it could have given at the start.
     """
     for option, path in paths.items():
@@ -146,7 +146,7 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
     """Re-run this very command under ``mpiexec -n nprocs`` and exit with its status."""
     import os
 
-    from ..launch import mpiexec_command
+    from .launch import mpiexec_command
 
     check_environment()
     cmd = mpiexec_command(nprocs, _invoked_args)

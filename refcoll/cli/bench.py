@@ -7,11 +7,11 @@ import sys
 
 import click
 
-from . import (check_output_paths, check_output_paths_on_lead,
-               main, relaunch, reports_errors, split_list, write_json)
+from . import (check_output_paths, check_output_paths_on_lead, main, relaunch, reports_errors,
+               split_list, write_json)
 from .commands import require_processes
 from .. import algorithms
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 #: Set by the launching process when its stderr is a terminal (mpiexec's ranks see pipes):
 #: ``stdout:COLUMNS`` (stdout is that terminal too: draw the bar there) or ``stderr:COLUMNS``.
@@ -65,9 +65,10 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
     """
-    from ..bench import BenchConfig, bar_target, check_config, extra_ranks, parse_size, plotting
-    from ..bench import size_sweep
-    from ..launch import in_mpi_job
+    from ..measure.bench import (BenchConfig, bar_target, check_config, extra_ranks, parse_size,
+                                 plotting)
+    from ..measure.bench import size_sweep
+    from .launch import in_mpi_job
 
     if not in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
@@ -94,8 +95,9 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
 def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
     from mpi4py import MPI
 
-    from ..bench import bench_header, format_footer, format_header, format_row, plot, run_bench
-    from ..bench import summarize, write_csv
+    from ..measure.bench import (bench_header, format_footer, format_header, format_row, plot,
+                                 run_bench)
+    from ..measure.bench import summarize, write_csv
 
     world = MPI.COMM_WORLD
     lead = world.rank == 0
@@ -135,13 +137,13 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
 
 
 def _writer():
-    """Return rank 0's :class:`~refcoll.bench.TableWriter` over this process's stdout and stderr.
+    """Return rank 0's :class:`~refcoll.measure.bench.TableWriter` over this process's stdout and stderr.
 
     Where the bar goes was decided by the launching process, which sees the
     terminal (``REFCOLL_PROGRESS``); started by a user's ``mpiexec``, this
     process looks at its own streams (terminals under ``srun --pty``, else pipes: no bar).
     """
-    from ..bench import TableWriter, bar_target
+    from ..measure.bench import TableWriter, bar_target
 
     setting = os.environ.get(_PROGRESS_VARIABLE)
     target = None

@@ -7,11 +7,11 @@ import sys
 import click
 
 from . import check_output_paths, main, relaunch, reports_errors, write_json
-from ..errors import UsageError
-from .. import launch
+from ..core.errors import UsageError
+from . import launch
 from ..transport.mpi import MPITransport
-from ..tuning import Calibration, cache_path
-from ..tuning import calibrate as measure_and_save
+from ..calls.auto import Calibration, cache_path
+from ..calls.auto import calibrate as measure_and_save
 
 
 def describe(calibration: Calibration) -> str:

@@ -9,11 +9,11 @@ import threading
 
 import click
 
-from . import (check_output_paths, check_output_paths_on_lead,
-               main, relaunch, reports_errors, split_list, write_json)
+from . import (check_output_paths, check_output_paths_on_lead, main, relaunch, reports_errors,
+               split_list, write_json)
 from .. import algorithms
-from ..errors import UsageError
-from ..ops import DTYPES, OPS, check_supported, get_dtype, get_op, supports
+from ..core.errors import UsageError
+from ..core.ops import DTYPES, OPS, check_supported, get_dtype, get_op, supports
 
 
 # -------------------------------------------------------------------------- list
@@ -27,7 +27,7 @@ def list_(json_file):
     Ends with the GPU, if any, and how device buffers would travel (directly
     through a CUDA-aware MPI, or staged through host memory) and why.
     """
-    from ..tuning import candidates
+    from ..calls.auto import candidates
 
     payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
     click.echo("algorithms:")
@@ -41,8 +41,8 @@ def list_(json_file):
         click.echo(f"  {algo.name:<19} {algo.summary}")
         for coll in algo.collectives:
             click.echo(f"      {coll:<16} {costs[coll]}")
-    from ..tuning import (algo_filter, cache_path, cached_calibrations, calibration_mode,
-                          choice_table, current_calibration)
+    from ..calls.auto import (algo_filter, cache_path, cached_calibrations, calibration_mode,
+                              choice_table, current_calibration)
     from .calibrate import as_json, describe
 
     calibration = current_calibration()
@@ -81,14 +81,16 @@ def list_(json_file):
 
 
 def _device_lines() -> dict:
-    """Print the GPU and the device-buffer path; return :func:`refcoll.gpu.device_path`'s answer.
+    """Print the GPU and the device-buffer path; return :func:`refcoll.transport.cuda_aware.device_path`'s answer.
 
     Without mpi4py (or an MPI library under it) the path is staging, said so:
     ``refcoll list`` runs without MPI.
     """
-    from .. import gpu
+    from ..transport import cuda_aware as cuda
+    from ..transport import device as devices
+    from ..core import xp as xp_module
 
-    info = gpu.device_path()
+    info = cuda.device_path()
     click.echo(f"gpu: {info['gpu'] or 'none (' + str(info['gpu_reason']) + ')'}")
     click.echo(f"device buffers: {info['path']} ({info['why']})")
     return info
@@ -260,8 +262,8 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     simulator running on the GPU. Dtypes the GPU cannot compute in are left out
     of --dtype all.
     """
-    from ..conformance import build_cases, build_compressor_cases
-    from ..launch import in_mpi_job
+    from ..verify.conformance import build_cases, build_compressor_cases
+    from .launch import in_mpi_job
 
     if not in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the file, so
@@ -269,9 +271,11 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
         check_output_paths(json=json_file)
     require_processes(nprocs)
     if device == "gpu":
-        from .. import gpu
+        from ..transport import cuda_aware as cuda
+        from ..transport import device as devices
+        from ..core import xp as xp_module
 
-        gpu.require_cupy("--device gpu")
+        xp_module.require_cupy("--device gpu")
 
     if compressors:
         names = [a for a in algorithms.names() if algorithms.get(a).workers is None]
@@ -325,9 +329,11 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu",
     import numpy as np
     from mpi4py import MPI
 
-    from .. import gpu
-    from ..conformance import (build_cases, build_compressor_cases, group_rows, run_battery,
-                               run_compressor_battery)
+    from ..transport import cuda_aware as cuda
+    from ..transport import device as devices
+    from ..core import xp as xp_module
+    from ..verify.conformance import (build_cases, build_compressor_cases, group_rows,
+                                      run_battery, run_compressor_battery)
     from ..transport.mpi import MPITransport
 
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll verify", json=json_file)
@@ -335,10 +341,10 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu",
     lead = t.rank == 0
     xp, where, left_out = np, None, []
     if device == "gpu":
-        gpu.use_node_gpu(MPI.COMM_WORLD)
-        xp = gpu.require_cupy("--device gpu")
+        devices.use_node_gpu(MPI.COMM_WORLD)
+        xp = xp_module.require_cupy("--device gpu")
         selection, left_out = _on_device(selection, xp, compressed)
-        where = gpu.device_path()
+        where = cuda.device_path()
     workers = int(os.environ.get("REFCOLL_WORKERS", t.size))
     if not 1 <= workers <= t.size:
         raise UsageError(f"REFCOLL_WORKERS={workers} does not fit a world of {t.size} ranks")
@@ -400,20 +406,22 @@ def _on_device(selection: dict, xp, compressed: bool) -> tuple[dict, list[str]]:
     """
     import numpy as np
 
-    from .. import gpu
+    from ..transport import cuda_aware as cuda
+    from ..transport import device as devices
+    from ..core import xp as xp_module
 
     chosen = selection["dtypes"]
     if chosen is not None:
         for name in chosen:
-            gpu.check_device_dtype(get_dtype(name), xp)
+            xp_module.check_device_dtype(get_dtype(name), xp)
     left_out: list[str] = []
     if not compressed:
         if chosen is None:
-            chosen = [name for name in DTYPES if gpu.device_supports(DTYPES[name], xp)]
+            chosen = [name for name in DTYPES if xp_module.device_supports(DTYPES[name], xp)]
             left_out = [name for name in DTYPES if name not in chosen]
         return dict(selection, dtypes=chosen), left_out
     from ..compressors import parse
-    from ..conformance import COMPRESSOR_BATTERY
+    from ..verify.conformance import COMPRESSOR_BATTERY
 
     specs = selection["compressors"]
     runnable = []
@@ -461,8 +469,8 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, j
     refused before it starts. A run longer than 10 s says so on stderr every
     10 s.
     """
-    from ..api import simulate as run_simulation
-    from ..inputs import make_inputs
+    from ..calls.collectives import simulate as run_simulation
+    from ..verify.inputs import make_inputs
 
     check_output_paths(json=json_file)
     if p < 1:
@@ -512,7 +520,7 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, j
     node_traffic = None
     if ranks_per_node is not None:
         from ..algorithms.hierarchical import node_traffic as split_traffic
-        from ..cost import hierarchical_traffic
+        from ..core.cost import hierarchical_traffic
 
         intra, inter = split_traffic(ledger, ranks_per_node)
         want = (hierarchical_traffic(p, count, dt.itemsize, ranks_per_node=ranks_per_node)
@@ -554,7 +562,7 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
     random: normal values; adversarial: cancelling large values that expose the
     reduction order. bfloat16 and float8 are stored as their integer bits.
     """
-    from ..inputs import make_inputs, write_rank_files
+    from ..verify.inputs import make_inputs, write_rank_files
 
     check_output_directory("DIRECTORY", directory)
     dt = get_dtype(dtype)
@@ -587,8 +595,8 @@ def _collective_options(f):
 @reports_errors
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit."""
-    from ..inputs import read_rank_files, write_rank_files
-    from ..oracle import expected_outputs
+    from ..verify.inputs import read_rank_files, write_rank_files
+    from ..verify.oracle import expected_outputs
 
     check_output_directory("OUT_DIR", out_dir)
     algorithms.implementation(algorithm, collective)
@@ -623,8 +631,8 @@ def check(algorithm, any_order, op, collective, root, json_file, in_dir, out_dir
 
     Exit 0 conforming, 1 not conforming, 2 the files cannot be judged.
     """
-    from ..inputs import read_rank_files
-    from ..oracle import check_outputs
+    from ..verify.inputs import read_rank_files
+    from ..verify.oracle import check_outputs
 
     check_output_paths(json=json_file)
     if algorithm and any_order:

@@ -8,12 +8,11 @@ import sys
 
 import click
 
-from . import (check_output_paths, main, relaunch, reports_errors, split_list,
-               write_json)
-from ..errors import UsageError
-from ..model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_GPUS
-from ..model import human_bytes as _bytes
-from ..model import human_time as _time
+from . import check_output_paths, main, relaunch, reports_errors, split_list, write_json
+from ..core.errors import UsageError
+from ..measure.model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_GPUS
+from ..measure.model import human_bytes as _bytes
+from ..measure.model import human_time as _time
 
 
 @main.command("model")
@@ -100,7 +99,7 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
     25MB. Every number must be finite and not negative; counts and bandwidths
     positive. The GPUs in all and the buckets are bounded: see --nodes and --buckets.
     """
-    from .. import model as m
+    from ..measure import model as m
 
     check_output_paths(json=json_file)
     if calibrate:
@@ -161,7 +160,7 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
 
 def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
     from .. import algorithms as registry
-    from ..launch import in_mpi_job
+    from .launch import in_mpi_job
 
     nprocs = m.parse_count(nprocs, name="-n", minimum=None, example="2")
     if nprocs < 2:

@@ -6,10 +6,10 @@ import importlib.util
 
 import click
 
-from . import (check_output_paths, check_output_paths_on_lead,
-               main, relaunch, reports_errors, write_json)
+from . import (check_output_paths, check_output_paths_on_lead, main, relaunch, reports_errors,
+               write_json)
 from .commands import require_processes
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 
 @main.command("train")
@@ -46,7 +46,7 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
     "step", "loss", "test_accuracy", "bytes_sent", "dense_bytes", "ratio"}], "final":
     {"test_accuracy", "loss", "bytes_sent", "dense_bytes", "ratio"}}]}.
     """
-    from ..launch import in_mpi_job
+    from .launch import in_mpi_job
     from ..train import EXAMPLES_HINT, TrainConfig
 
     if not in_mpi_job():
@@ -68,7 +68,7 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
 def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
     from mpi4py import MPI
 
-    from ..api import as_transport
+    from ..calls.collectives import as_transport
     from ..train import plot_histories, train as train_model
 
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)

@@ -17,15 +17,8 @@ Spec: spec/compressors.md
 
 from __future__ import annotations
 
-from .base import (
-    COMPRESSORS,
-    Compressor,
-    CompressorState,
-    ErrorFeedback,
-    Payload,
-    parse,
-    register,
-)
+from ..calls.collectives import use_compressed
+from .base import COMPRESSORS, Compressor, CompressorState, ErrorFeedback, Payload, parse, register
 from .cast import CastBF16, CastFP16
 from .int8 import Int8
 from .none import NoCompression
@@ -36,7 +29,11 @@ from .randomk import RandomK
 from .sign import Sign
 from .terngrad import TernGrad
 from .threshold import Threshold
+from .collective import compressed_allreduce
 from .topk import TopK
+
+# refcoll.allreduce(..., compressor=...) is a layer below: hand it the implementation.
+use_compressed(compressed_allreduce)
 
 __all__ = [
     "COMPRESSORS",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from .base import Compressor
 
 __all__ = ["Blockwise", "block_starts", "block_lengths", "block_sum", "block_max", "expand"]

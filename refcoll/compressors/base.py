@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 __all__ = [
     "Payload",
@@ -64,7 +64,7 @@ def compute_dtype(dtype) -> np.dtype:
 
 def check_float(x: np.ndarray, name: str) -> None:
     """Refuse a non-floating tensor: compressing integers is not defined here."""
-    from ..ops import is_float
+    from ..core.ops import is_float
 
     if not is_float(x.dtype):
         raise UsageError(

@@ -15,7 +15,7 @@ from typing import ClassVar
 import ml_dtypes
 import numpy as np
 
-from ..gpu import array_namespace, check_device_dtype
+from ..core.xp import array_namespace, check_device_dtype
 from .base import Compressor, Payload, check_float, register
 
 __all__ = ["CastFP16", "CastBF16"]

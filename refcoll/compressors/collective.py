@@ -23,7 +23,7 @@ default first, or ``pattern=`` to pick another it allows):
     rank sends grow with ``p``: ``(p - 1)`` payloads.
 
 ``twophase`` (sign and 1-bit by default: 1-bit Adam's compressed all-reduce, Tang et al. 2021)
-    The tensor is cut into ``p`` chunks (:func:`refcoll.chunking.chunk_bounds`).
+    The tensor is cut into ``p`` chunks (:func:`refcoll.core.chunking.chunk_bounds`).
     Each rank compresses every chunk; an all-to-all sends chunk ``j`` to rank
     ``j``; rank ``j`` decompresses the ``p`` versions of its chunk, sums them in
     rank order (divides by ``p`` for ``avg``), compresses the sum again and the
@@ -37,7 +37,7 @@ and sum in the same order), and :func:`simulate_compressed` runs this very code
 on simulated ranks, so it predicts an MPI run bit for bit, fixed seeds given.
 
 Ops are ``sum`` and ``avg`` (``avg`` divides the sum by ``p`` once, as
-:mod:`refcoll.ops` defines it). Each call measures the bytes this rank really
+:mod:`refcoll.core.ops` defines it). Each call measures the bytes this rank really
 sent and received (the transport's counters, sub-communicators included) and
 returns them with the payload's ``nbytes`` and the dense equivalent: the bytes
 the same all-reduce would send uncompressed.
@@ -56,11 +56,15 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms.ring import ring_allgather_steps
-from ..chunking import chunk_bounds
-from ..errors import UsageError
-from ..ops import get_op
-from ..gpu import array_namespace, device_transport
-from .base import Compressor, CompressorState, ErrorFeedback, Payload, check_float, compute_dtype, parse
+from ..core.chunking import chunk_bounds
+from ..core.errors import UsageError
+from ..core.ops import get_op
+from ..calls.args import flat_input, flat_out, shared_errors
+from ..calls.collectives import allreduce, as_transport, device_for
+from ..core.xp import array_namespace
+from ..transport.sim import SimWorld
+from .base import (Compressor, CompressorState, ErrorFeedback, Payload, check_float,
+                   compute_dtype, parse)
 from ._blocks import block_max
 from .int8 import Int8
 from .powersgd import PowerSGD, orthogonalise
@@ -159,11 +163,10 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
             ``switch``; raised on every rank when any rank's call has one.
         MismatchError: ranks passed different arguments (with ``validate``).
     """
-    from ..api import _flat_input, _flat_out, _shared_errors, as_transport
 
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm, "compressed allreduce"), x)
-    with _shared_errors(t, validate, "compressed_allreduce"):
+    t = device_for(as_transport(comm, "compressed allreduce"), x)
+    with shared_errors(t, validate, "compressed_allreduce"):
         try:
             comp = _resolve(compressor)
         except UsageError as exc:
@@ -192,17 +195,17 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
                              "combine compressed payloads; choose another algorithm")
         algorithms.check_options(algorithm, "allreduce", options, rank=t.rank)
         arr = xp.asarray(x)
-        flat = _flat_input(arr, t)
+        flat = flat_input(arr, t)
         try:
             check_float(arr, comp.name)
         except UsageError as exc:
             raise UsageError(f"rank {t.rank}: {exc}") from None
-        result = _flat_out(out, arr.shape, arr.dtype, t, "compressed all-reduce", xp)
+        result = flat_out(out, arr.shape, arr.dtype, t, "compressed all-reduce", xp)
         if state is None:
             state = comp.new_state(rank=t.rank)
     if validate:
-        from ..ops import dtype_name
-        from ..validate import agree
+        from ..core.ops import dtype_name
+        from ..calls.agree import agree
 
         with t.call("compressed_allreduce"):
             agree(t, collective="compressed_allreduce", algorithm=algorithm, op=op,
@@ -212,7 +215,7 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
     if algorithm == "auto":
         # One choice for every payload array of the call, by the dense tensor's size,
         # so that an oracle resolving the same way predicts the same schedule.
-        from ..tuning import resolve
+        from ..calls.auto import resolve
 
         algorithm = resolve(t, "allreduce", flat.size, flat.dtype.itemsize)
     before = t.traffic.snapshot()
@@ -254,8 +257,6 @@ def _sum_in_rank_order(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
 # --- allreduce: payloads that add up -------------------------------------------------------
 
 def _allreduce_pattern(t, comp, state, x, op, algorithm, options):
-    from ..api import allreduce
-
     inner, ef = _unwrap(comp)
     if isinstance(inner, PowerSGD) and inner.plan(x.shape) is not None:
         return _powersgd(t, inner, ef, state, x, op, algorithm, options)
@@ -269,8 +270,6 @@ def _allreduce_pattern(t, comp, state, x, op, algorithm, options):
 
 def _powersgd(t, inner: PowerSGD, ef: bool, state, x, op, algorithm, options):
     """Distributed PowerSGD: all-reduce ``P``, orthogonalise, all-reduce ``Q``."""
-    from ..api import allreduce
-
     m, n, r = inner.plan(x.shape)
     corrected = x if not ef or state.residual is None else x + state.residual
     cd = compute_dtype(x.dtype)
@@ -297,8 +296,6 @@ def _int8_shared(t, inner: Int8, ef: bool, state, x, op, algorithm, options):
     the codes go through the all-reduce as they are; the sum decompresses with
     the shared scales.
     """
-    from ..api import allreduce
-
     levels = 127 // t.size
     if levels < 1:
         raise UsageError(f"shared-scale int8 sums at most 127 ranks' codes in int8; "
@@ -517,8 +514,6 @@ def simulate_compressed(compressor, inputs: Sequence[Sequence[np.ndarray]], *, s
     ``inputs[step][rank]`` is rank ``rank``'s tensor at step ``step``; every rank's
     state starts from ``compressor.new_state(seed, rank)``, as :func:`run_steps` does.
     """
-    from ..transport.sim import SimWorld
-
     steps = [list(step) for step in inputs]
     p = len(steps[0]) if steps else 0
     if p < 1 or any(len(step) != p for step in steps):

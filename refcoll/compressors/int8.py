@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from ._blocks import block_max, expand
 from .base import Compressor, Payload, check_float, compute_dtype, register
 

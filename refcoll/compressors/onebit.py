@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from ._blocks import Blockwise, block_sum, expand
 from .base import Payload, check_float, compute_dtype, register
 from .sign import pack_signs, unpack_signs

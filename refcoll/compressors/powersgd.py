@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from .base import Compressor, Payload, compute_dtype, check_float, register
 
 __all__ = ["PowerSGD", "orthogonalise"]

@@ -14,7 +14,7 @@ levels is not used: fixed-width codes keep payload sizes predictable).
 Not linear: each rank's norms are its own.
 
 On CuPy arrays the rounding draws come from the state's device generator
-(:func:`refcoll.gpu.device_generator`), and the norms are sums the device may
+(:func:`refcoll.core.xp.device_generator`), and the norms are sums the device may
 round differently in the last bits.
 """
 
@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace, device_generator
+from ..core.xp import array_namespace, device_generator
 from .base import Compressor, Payload, check_float, compute_dtype, register
 
 __all__ = ["QSGD"]

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from .base import Compressor, Payload, check_float, register
 
 __all__ = ["RandomK"]

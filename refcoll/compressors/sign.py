@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from ._blocks import Blockwise, block_lengths, block_sum, expand
 from .base import Payload, check_float, compute_dtype, register
 

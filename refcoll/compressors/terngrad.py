@@ -8,7 +8,7 @@ element in the low bits); one float32 scale per block. Wire bytes:
 ``ceil(n / 4) + 4 * blocks``. The paper's gradient clipping is left to the caller.
 
 On CuPy arrays the Bernoulli draws come from the state's device generator
-(:func:`refcoll.gpu.device_generator`): reproducible from the seed, but other
+(:func:`refcoll.core.xp.device_generator`): reproducible from the seed, but other
 draws than the CPU's; the codes are packed on the device.
 """
 
@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace, device_generator
+from ..core.xp import array_namespace, device_generator
 from ._blocks import Blockwise, block_max, expand
 from .base import Payload, check_float, compute_dtype, register
 

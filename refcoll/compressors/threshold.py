@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from .base import Compressor, Payload, check_float, index_dtype, register
 from .topk import scatter_values
 

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..gpu import array_namespace
+from ..core.xp import array_namespace
 from .base import Compressor, Payload, check_float, index_dtype, register
 
 __all__ = ["TopK", "topk_indices", "select_by_bits", "scatter_values"]

@@ -10,14 +10,16 @@ ledger of every message).
 from __future__ import annotations
 
 import os
+import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 __all__ = ["Transport", "TransportBase", "Traffic", "Ledger", "Message", "Reduction",
-           "TAGS_PER_CALL", "DEFAULT_TIMEOUT", "default_timeout"]
+           "TAGS_PER_CALL", "DEFAULT_TIMEOUT", "default_timeout", "CACHE_OWNERS",
+           "transport_cache"]
 
 #: Tags an algorithm may use inside one collective call: ``0 <= tag < TAGS_PER_CALL``.
 TAGS_PER_CALL = 1024
@@ -104,6 +106,34 @@ class Traffic:
         return self.sent, self.received
 
 
+#: Who keeps what in a transport's cache (:func:`transport_cache`), one dict each:
+#: the algorithms' receive buffers by shape (``workspace``), hierarchical's node
+#: split (``node_layouts``), prepared small all-reduces (``prepared``), ``auto``'s
+#: agreed settings (``auto``), the device transport over a host one (``device``)
+#: and the cluster model's timing buffers (``model``).
+CACHE_OWNERS = ("workspace", "node_layouts", "prepared", "auto", "device", "model")
+
+#: Caches of transports that are not :class:`TransportBase` (a user's own), kept
+#: beside them and dropped with them.
+_OTHER_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def transport_cache(t, owner: str) -> dict:
+    """Return the dict ``owner`` keeps on transport ``t``: the one per-transport cache.
+
+    What a transport keeps between calls (buffers, plans, agreed settings) lives
+    here, declared in :data:`CACHE_OWNERS`, rather than in attributes each module
+    invents. :class:`TransportBase` holds the caches in its ``cache`` attribute;
+    any other transport gets them in a table that forgets them with it.
+    """
+    if owner not in CACHE_OWNERS:
+        raise ValueError(f"unknown transport cache {owner!r}: declare it in CACHE_OWNERS")
+    caches = getattr(t, "cache", None)
+    if caches is None:
+        caches = _OTHER_CACHES.setdefault(t, {})
+    return caches.setdefault(owner, {})
+
+
 class TransportBase:
     """Machinery both transports share: tag spaces per call and local reductions.
 
@@ -123,6 +153,7 @@ class TransportBase:
         self._tag_base = 0
         self.current_call: str | None = None
         self.traffic = Traffic()  # shared with every transport split from this one
+        self.cache: dict[str, dict] = {}  # see transport_cache
 
     def call(self, name: str) -> "_CallScope":
         """Return the context of one collective call: its own tag space (nested calls share it)."""
@@ -134,7 +165,7 @@ class TransportBase:
         return self._tag_base + tag
 
     def reduce_local(self, op, a, b, out) -> None:
-        """Compute ``out = op(a, b)`` elementwise through :meth:`refcoll.ops.Op.apply`."""
+        """Compute ``out = op(a, b)`` elementwise through :meth:`refcoll.core.ops.Op.apply`."""
         op.apply(a, b, out)
 
 
@@ -271,7 +302,7 @@ class Ledger:
         return inside, across
 
     def counts(self) -> dict:
-        """Return the counts a :class:`~refcoll.cost.Cost` predicts, under its field names."""
+        """Return the counts a :class:`~refcoll.core.cost.Cost` predicts, under its field names."""
         return {
             "rounds": self.rounds,
             "messages": self.total_messages,

@@ -8,7 +8,7 @@ special here.
 An exchange that repeats with the same buffers can be made persistent
 (:meth:`MPITransport.persistent`, MPI's ``MPI_Send_init``/``MPI_Recv_init``): the
 requests are built once and each run is one ``MPI_Startall`` and the wait. The
-prepared small-message all-reduce of :mod:`refcoll.api` runs on them.
+prepared small-message all-reduce of :mod:`refcoll.calls.collectives` runs on them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from ..errors import CollectiveTimeout, RefcollError
+from ..core.errors import CollectiveTimeout, RefcollError
 from .base import TAGS_PER_CALL, TransportBase, default_timeout
 from .sim import as_bytes
 
@@ -57,7 +57,7 @@ class MPITransport(TransportBase):
         dup: duplicate ``comm`` (the default) so refcoll's messages can never
             match the application's.
         timeout: seconds any one blocking wait may take before
-            :class:`~refcoll.errors.CollectiveTimeout`; default ``REFCOLL_TIMEOUT``
+            :class:`~refcoll.core.errors.CollectiveTimeout`; default ``REFCOLL_TIMEOUT``
             or 300 (``REFCOLL_TIMEOUT=0``: wait forever).
     """
 

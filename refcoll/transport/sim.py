@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, DeadlockError, PeerFailure, RefcollError
+from ..core.errors import CollectiveTimeout, DeadlockError, PeerFailure, RefcollError
 from .base import Ledger, Message, Reduction, TransportBase, default_timeout
 
 __all__ = ["SimWorld", "SimTransport", "as_bytes"]
@@ -82,11 +82,11 @@ class SimWorld:
         record_payloads: keep a copy of every message's bytes in the ledger
             (``Message.payload``), for tracing which data moves where.
         timeout: seconds any one blocking wait may take before
-            :class:`~refcoll.errors.CollectiveTimeout`; ``None`` reads
+            :class:`~refcoll.core.errors.CollectiveTimeout`; ``None`` reads
             ``REFCOLL_TIMEOUT`` and otherwise waits (the deadlock detector still
             ends every wait that can never complete).
-        calibration: the :class:`~refcoll.tuning.Calibration` ``auto`` resolves
-            with on this world's ranks (default: :data:`refcoll.tuning.DEFAULT`),
+        calibration: the :class:`~refcoll.calls.auto.Calibration` ``auto`` resolves
+            with on this world's ranks (default: :data:`refcoll.calls.auto.DEFAULT`),
             to predict what an MPI job that agreed on it returns.
     """
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import refcoll
-from refcoll.conformance import build_cases, run_battery
+from refcoll.verify.conformance import build_cases, run_battery
 
 pytestmark = pytest.mark.mpi
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import UsageError
+from ..core.errors import UsageError
 
 __all__ = ["in_mpi_job", "find_mpiexec", "mpiexec_command", "INSTALL_HINT"]
 

@@ -27,16 +27,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import algorithms
-from .chunking import chunk_slice, chunk_sizes
-from .errors import MismatchError, UsageError
-from .gpu import array_namespace, check_device_dtype, device_transport, is_device_array
-from .ops import check_supported, dtype_name, get_dtype, get_op
-from .transport.base import Ledger, TransportBase
-from .transport.mpi import transport_for
-from .transport.sim import SimWorld
-from .tuning import resolve
-from .validate import agree
+from .. import algorithms
+from ..core.chunking import chunk_slice, chunk_sizes
+from ..core.errors import MismatchError, UsageError
+from ..core.xp import array_namespace, check_device_dtype, is_device_array
+from ..transport.device import device_transport
+from ..core.ops import check_supported, dtype_name, get_dtype, get_op
+from ..transport.base import Ledger, TransportBase, transport_cache
+from ..transport.mpi import transport_for
+from ..transport.sim import SimWorld
+from .auto import resolve
+from .agree import agree
+from .args import (agree_arguments, check_overlap, check_root, flat_input, flat_out, shaped,
+                   shared_errors, workers_of)
 
 __all__ = [
     "PLAN_BYTES",
@@ -48,7 +51,20 @@ __all__ = [
     "simulate",
     "SimResult",
     "as_transport",
+    "device_for",
+    "use_compressed",
 ]
+
+
+#: The compressed all-reduce, which lives a layer above (:mod:`refcoll.compressors`) and
+#: hands itself in when it is imported (:func:`use_compressed`).
+_COMPRESSED = None
+
+
+def use_compressed(fn) -> None:
+    """Route ``allreduce(..., compressor=...)`` to ``fn`` (the compressors package does this)."""
+    global _COMPRESSED
+    _COMPRESSED = fn
 
 
 def as_transport(comm=None, collective: str | None = None):
@@ -72,70 +88,27 @@ def as_transport(comm=None, collective: str | None = None):
     return transport_for(comm, collective)
 
 
+def device_for(t, x=None):
+    """Return the transport that carries ``x`` over ``t``: ``t`` itself for host arrays.
+
+    For device arrays, the direct or staged device transport over ``t``
+    (:func:`~refcoll.transport.device.device_transport`), the ranks agreeing on
+    the path with a one-byte ``min`` all-reduce.
+    """
+    return device_transport(t, x, agree=_every_rank_aware)
+
+
+def _every_rank_aware(t, aware: bool) -> bool:
+    return bool(allreduce(np.array([int(aware)], np.int8), t, op="min", algorithm="ring",
+                          validate=False)[0])
+
+
 def _is_intracomm(comm) -> bool:
     """Return whether ``comm`` is an mpi4py intracommunicator (imports mpi4py only if it is loaded)."""
     import sys
 
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and isinstance(comm, mpi.Intracomm)
-
-
-def _flat_input(x, t) -> np.ndarray:
-    """Return ``x`` as a flat, C-contiguous, native-byte-order array of a supported dtype."""
-    xp = array_namespace(x)
-    arr = xp.asarray(x)
-    try:
-        get_dtype(arr.dtype)
-        check_device_dtype(arr.dtype, xp)
-    except UsageError as exc:
-        raise UsageError(f"rank {t.rank}: {exc}") from None
-    if not arr.dtype.isnative:
-        raise TypeError(
-            f"rank {t.rank}: input has non-native byte order ({arr.dtype.str}); convert it "
-            "with x.astype(x.dtype.newbyteorder('=')) so every rank sends the same bytes"
-        )
-    return xp.ascontiguousarray(arr).reshape(-1)
-
-
-def _flat_out(out, shape, dtype, t, what: str, xp=np) -> np.ndarray:
-    """Check a user's ``out=`` buffer and return it as a flat view (new ones in ``xp``)."""
-    count = math.prod(shape)
-    if out is None:
-        return xp.empty(count, dtype=dtype)
-    if not isinstance(out, xp.ndarray):
-        raise TypeError(f"rank {t.rank}: out= must be a {xp.__name__} array like the input, "
-                        f"got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise TypeError(f"rank {t.rank}: out= has dtype {out.dtype}, the {what} needs {dtype}")
-    if out.size != count:
-        raise ValueError(f"rank {t.rank}: out= has {out.size} elements, the {what} needs "
-                         f"{count} (shape {tuple(shape)})")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"rank {t.rank}: out= must be a writeable C-contiguous array")
-    return out.reshape(-1)
-
-
-def _address(a) -> int:
-    return a.data.ptr if is_device_array(a) else a.__array_interface__["data"][0]
-
-
-def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
-    return _address(a) == _address(b) and a.nbytes == b.nbytes
-
-
-def _check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str) -> None:
-    """Refuse buffers that overlap other than in the one in-place layout ``allowed``.
-
-    A partial overlap would let the algorithm overwrite input it has not read yet.
-    """
-    if (data.size and out.size and array_namespace(data).shares_memory(data, out)
-            and not _same_buffer(*allowed)):
-        raise ValueError(f"rank {t.rank}: the input and out= of {what} overlap; pass disjoint "
-                         "buffers, or the in-place layout the documentation gives")
-
-
-def _shaped(flat: np.ndarray, out, shape) -> np.ndarray:
-    return out if out is not None else flat.reshape(shape)
 
 
 def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, state=None,
@@ -145,7 +118,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     Args:
         x: this rank's array (any shape; reduced elementwise, shape kept).
         comm: an mpi4py communicator or a Transport; ``None``: ``MPI.COMM_WORLD``.
-        op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.ops`),
+        op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.core.ops`),
             or mpi4py's ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX``.
         algorithm: a name from ``refcoll list``.
         compressor: a compressor or its spec string (``"ef(topk:ratio=0.01)"``):
@@ -165,7 +138,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
             this call alone.
         out: result buffer (``out=x`` runs in place); a new array otherwise.
         validate: first check that every rank passed the same collective,
-            algorithm, op, dtype, count and options (:mod:`refcoll.validate`);
+            algorithm, op, dtype, count and options (:mod:`refcoll.calls.agree`);
             ``False`` saves that round trip.
         **options: passed to the algorithm (segment sizes and the like); one
             the algorithm does not take is a UsageError on every rank, before
@@ -178,9 +151,10 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         get ``None`` back.
     """
     if compressor is not None:
-        from .compressors.collective import compressed_allreduce
-
-        result, _ = compressed_allreduce(x, comm, compressor=compressor, state=state, op=op,
+        if _COMPRESSED is None:
+            raise UsageError("compressor= needs refcoll.compressors: import refcoll, "
+                             "which loads it")
+        result, _ = _COMPRESSED(x, comm, compressor=compressor, state=state, op=op,
                                          algorithm=algorithm, out=out, validate=validate,
                                          **options)
         return result
@@ -188,31 +162,31 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
     xp = array_namespace(x)
     arr = xp.asarray(x)
-    t = device_transport(as_transport(comm, "allreduce"), arr)
+    t = device_for(as_transport(comm, "allreduce"), arr)
     key = (algorithm, op, arr.dtype, arr.size)
     prepared = None if options else _prepared(t, key)
     if prepared is None:
-        with _shared_errors(t, validate, "allreduce"):
+        with shared_errors(t, validate, "allreduce"):
             reduction = get_op(op)
             fn = algorithms.implementation(algorithm, "allreduce")
             algorithms.check_options(algorithm, "allreduce", options, rank=t.rank)
-            workers = _workers(algorithms.get(algorithm), t, options)
-            flat = _flat_input(arr, t)
+            workers = workers_of(algorithms.get(algorithm), t, options)
+            flat = flat_input(arr, t)
             check_supported(reduction, flat.dtype)
     else:  # the same call ran before: its arguments were checked and resolved then
         reduction, workers = prepared.reduction, t.size
         flat = xp.ascontiguousarray(arr).reshape(-1)
     if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
         with t.call("allreduce"):
-            _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
+            agree_arguments(t, validate, "allreduce", algorithm, reduction, flat, options)
             fn(t, flat, None, op=reduction, **options)
         return None
-    with _shared_errors(t, validate, "allreduce"):
-        result = _flat_out(out, arr.shape, flat.dtype, t, "all-reduce", xp)
+    with shared_errors(t, validate, "allreduce"):
+        result = flat_out(out, arr.shape, flat.dtype, t, "all-reduce", xp)
         if out is not arr:  # the one in-place layout needs no check
-            _check_overlap(flat, result, (flat, result), t, "all-reduce")
+            check_overlap(flat, result, (flat, result), t, "all-reduce")
     with t.call("allreduce"):
-        _agree(t, validate, "allreduce", algorithm, reduction, flat, options)
+        agree_arguments(t, validate, "allreduce", algorithm, reduction, flat, options)
         if prepared is None:
             fn(t, flat, result, op=reduction, **options)
         else:
@@ -220,58 +194,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     reduction.finalize(result, workers)
     if prepared is None and not options and workers == t.size > 1:
         _prepare(t, key, reduction)
-    return _shaped(result, out, arr.shape)
-
-
-class _SharedErrors:
-    """Make a bad argument on one rank an error on every rank, before any data moves.
-
-    A rank whose arguments fail its local checks still takes part in the
-    argument agreement, carrying its error, so the other ranks raise too instead
-    of waiting for it; it then raises its own exception.
-    """
-
-    def __init__(self, t, collective: str):
-        self.t, self.collective = t, collective
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, MismatchError):
-            with self.t.call(self.collective):
-                agree(self.t, collective=self.collective, error=f"{type(exc).__name__}: {exc}")
-        return False
-
-
-#: Without validation (or on one rank) an error is raised where it happens, alone.
-_LOCAL_ERRORS = contextlib.nullcontext()
-
-
-def _shared_errors(t, validate: bool, collective: str):
-    """Return the context in which a call checks its arguments (see :class:`_SharedErrors`)."""
-    if validate and t.size > 1:
-        return _SharedErrors(t, collective)
-    return _LOCAL_ERRORS
-
-
-def _agree(t, validate: bool, collective: str, algorithm: str, op, flat, options,
-           root: int = 0) -> None:
-    if validate:
-        agree(t, collective=collective, algorithm=algorithm, op=op.name if op else "-",
-              dtype=dtype_name(flat.dtype), count=flat.size, root=root,
-              options=sorted(options.items()))
-
-
-def _workers(algo, t, options) -> int:
-    """Return how many of ``t``'s ranks hold data for ``algo`` (all, unless it has switches)."""
-    if algo.workers is None:
-        return t.size
-    workers = algo.workers(t.size, **options)
-    if workers < 1:
-        raise UsageError(f"rank {t.rank}: {algo.name} needs worker and switch processes; "
-                         f"{t.size} ranks are too few (try more ranks)")
-    return workers
+    return shaped(result, out, arr.shape)
 
 
 # --------------------------------------------------------- prepared all-reduces
@@ -331,7 +254,7 @@ class _Prepared:
 def _prepared(t, key: tuple) -> _Prepared | None:
     """Return the all-reduce prepared on ``t`` for ``key``; None the first time."""
     try:
-        return t.__dict__.get("_allreduce", {}).get(key)
+        return transport_cache(t, "prepared").get(key)
     except TypeError:  # an unhashable op or algorithm: the ordinary checks name it
         return None
 
@@ -342,7 +265,7 @@ def _prepare(t, key: tuple, reduction) -> None:
         hash(key)
     except TypeError:  # an op object that cannot key a cache (mpi4py's MPI.SUM): never prepared
         return
-    prepared = t.__dict__.setdefault("_allreduce", {})
+    prepared = transport_cache(t, "prepared")
     if len(prepared) >= PREPARED_KEPT:
         prepared.pop(next(iter(prepared))).free()
     prepared[key] = _Prepared(t, key, reduction)
@@ -411,27 +334,27 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     """Reduce ``x`` over all ranks and give rank ``r`` chunk ``r`` of the result.
 
     ``x`` is flattened; its ``n`` elements are cut into ``p`` chunks by
-    :func:`refcoll.chunking.chunk_bounds` (the first ``n % p`` chunks one element
+    :func:`refcoll.core.chunking.chunk_bounds` (the first ``n % p`` chunks one element
     longer), so ``n`` need not divide by ``p``. Returns a 1-D array. In place:
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm, "reduce_scatter"), x)
-    with _shared_errors(t, validate, "reduce_scatter"):
+    t = device_for(as_transport(comm, "reduce_scatter"), x)
+    with shared_errors(t, validate, "reduce_scatter"):
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce_scatter")
         algorithms.check_options(algorithm, "reduce_scatter", options, rank=t.rank)
-        flat = _flat_input(x, t)
+        flat = flat_input(x, t)
         check_supported(reduction, flat.dtype)
         shape = (chunk_sizes(flat.size, t.size)[t.rank],)
-        result = _flat_out(out, shape, flat.dtype, t, "reduce-scatter", xp)
-        _check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
+        result = flat_out(out, shape, flat.dtype, t, "reduce-scatter", xp)
+        check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
                        "reduce-scatter")
     with t.call("reduce_scatter"):
-        _agree(t, validate, "reduce_scatter", algorithm, reduction, flat, options)
+        agree_arguments(t, validate, "reduce_scatter", algorithm, reduction, flat, options)
         fn(t, flat, result, op=reduction, **options)
     reduction.finalize(result, t.size)
-    return _shaped(result, out, shape)
+    return shaped(result, out, shape)
 
 
 def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True,
@@ -443,21 +366,21 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     pass ``x`` as row ``r`` of ``out``.
     """
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm, "allgather"), x)
-    with _shared_errors(t, validate, "allgather"):
+    t = device_for(as_transport(comm, "allgather"), x)
+    with shared_errors(t, validate, "allgather"):
         fn = algorithms.implementation(algorithm, "allgather")
         algorithms.check_options(algorithm, "allgather", options, rank=t.rank)
-        flat = _flat_input(x, t)
+        flat = flat_input(x, t)
         shape = (t.size, *xp.asarray(x).shape)
-        result = _flat_out(out, shape, flat.dtype, t, "allgather", xp)
+        result = flat_out(out, shape, flat.dtype, t, "allgather", xp)
         own_block = result[chunk_slice(result.size, t.size, t.rank)]
-        _check_overlap(flat, result, (flat, own_block), t, "allgather")
+        check_overlap(flat, result, (flat, own_block), t, "allgather")
         if not (flat.size and xp.shares_memory(own_block, flat)):
             xp.copyto(own_block, flat)
     with t.call("allgather"):
-        _agree(t, validate, "allgather", algorithm, None, flat, options)
+        agree_arguments(t, validate, "allgather", algorithm, None, flat, options)
         fn(t, result, **options)
-    return _shaped(result, out, shape)
+    return shaped(result, out, shape)
 
 
 def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, validate: bool = True,
@@ -468,52 +391,46 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     in place, as ``MPI_Bcast`` does.
     """
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm, "broadcast"), x)
-    with _shared_errors(t, validate, "broadcast"):
-        _check_root(root, t)
+    t = device_for(as_transport(comm, "broadcast"), x)
+    with shared_errors(t, validate, "broadcast"):
+        check_root(root, t)
         fn = algorithms.implementation(algorithm, "broadcast")
         algorithms.check_options(algorithm, "broadcast", options, rank=t.rank)
-        flat = _flat_input(x, t)
+        flat = flat_input(x, t)
         shape = xp.asarray(x).shape
-        result = _flat_out(out, shape, flat.dtype, t, "broadcast", xp)
-        _check_overlap(flat, result, (flat, result), t, "broadcast")
+        result = flat_out(out, shape, flat.dtype, t, "broadcast", xp)
+        check_overlap(flat, result, (flat, result), t, "broadcast")
         if t.rank == root and not xp.shares_memory(result, flat):
             xp.copyto(result, flat)
     with t.call("broadcast"):
-        _agree(t, validate, "broadcast", algorithm, None, flat, options, root)
+        agree_arguments(t, validate, "broadcast", algorithm, None, flat, options, root)
         fn(t, result, root=root, **options)
-    return _shaped(result, out, shape)
+    return shaped(result, out, shape)
 
 
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
     xp = array_namespace(x)
-    t = device_transport(as_transport(comm, "reduce"), x)
-    with _shared_errors(t, validate, "reduce"):
-        _check_root(root, t)
+    t = device_for(as_transport(comm, "reduce"), x)
+    with shared_errors(t, validate, "reduce"):
+        check_root(root, t)
         reduction = get_op(op)
         fn = algorithms.implementation(algorithm, "reduce")
         algorithms.check_options(algorithm, "reduce", options, rank=t.rank)
-        flat = _flat_input(x, t)
+        flat = flat_input(x, t)
         check_supported(reduction, flat.dtype)
         shape = xp.asarray(x).shape
-        result = _flat_out(out, shape, flat.dtype, t, "reduce", xp) if t.rank == root else None
+        result = flat_out(out, shape, flat.dtype, t, "reduce", xp) if t.rank == root else None
         if result is not None:
-            _check_overlap(flat, result, (flat, result), t, "reduce")
+            check_overlap(flat, result, (flat, result), t, "reduce")
     with t.call("reduce"):
-        _agree(t, validate, "reduce", algorithm, reduction, flat, options, root)
+        agree_arguments(t, validate, "reduce", algorithm, reduction, flat, options, root)
         fn(t, flat, result, op=reduction, root=root, **options)
     if t.rank != root:
         return None
     reduction.finalize(result, t.size)
-    return _shaped(result, out, shape)
-
-
-def _check_root(root: int, t) -> None:
-    if not isinstance(root, (int, np.integer)) or not 0 <= root < t.size:
-        raise UsageError(f"rank {t.rank}: root {root!r} is not a rank of this communicator "
-                         f"(0..{t.size - 1})")
+    return shaped(result, out, shape)
 
 
 _COLLECTIVE_FUNCTIONS = {
@@ -562,9 +479,9 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     ``node_size`` gives the simulated world its node shape (what
     ``Transport.split_node`` sees), as ``refcoll.algorithms.hierarchical`` uses
     when no ``ranks_per_node`` option is passed to it. ``calibration`` is the
-    :class:`~refcoll.tuning.Calibration` ``algorithm="auto"`` resolves with
-    (default :data:`~refcoll.tuning.DEFAULT`): pass the one an MPI job agreed on
-    (``refcoll.tuning.calibration_for(transport)``) to predict that job's bits.
+    :class:`~refcoll.calls.auto.Calibration` ``algorithm="auto"`` resolves with
+    (default :data:`~refcoll.calls.auto.DEFAULT`): pass the one an MPI job agreed on
+    (``refcoll.calls.auto.calibration_for(transport)``) to predict that job's bits.
 
     Algorithms with ranks that hold no data (``switch``) get them added after
     the ``len(inputs)`` data ranks; the ledger shows their traffic too.

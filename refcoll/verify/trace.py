@@ -10,7 +10,7 @@ blocks, so a page cannot disagree with the code.
 algorithm cannot be handed Python objects; it can be handed *handles*. Rank
 ``r``'s input element ``i`` is a ``uint64`` handle naming the leaf ``x_r``
 (element ``i``) in a shared table, and the op is :class:`SymbolicOp`, a
-:class:`~refcoll.ops.Op` whose ``apply(a, b, out)`` writes, for each element, the
+:class:`~refcoll.core.ops.Op` whose ``apply(a, b, out)`` writes, for each element, the
 handle of the node ``(a op b)``, interned in the table (the same operands in the
 same order give the same handle, whichever rank computes them). Every algorithm
 combines only through ``t.reduce_local(op, a, b, out)``, which computes
@@ -59,9 +59,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import simulate
-from .errors import RefcollError
-from .ops import Op
+from ..calls.collectives import simulate
+from ..core.errors import RefcollError
+from ..core.ops import Op
 
 __all__ = [
     "TraceError",

@@ -1,6 +1,6 @@
 """The cluster cost model: all-reduce phases, compression and overlap, for runs no one can try.
 
-Everything here is arithmetic on the exact counts of :mod:`refcoll.cost` (α
+Everything here is arithmetic on the exact counts of :mod:`refcoll.core.cost` (α
 terms, β bytes, γ elements) and on the compressors' real ``Payload.nbytes``,
 priced with the links of a described cluster. ``refcoll model`` prints it; the
 formulas are in ``spec/model.md``.
@@ -40,7 +40,7 @@ bytes per element; ``reduce_bw`` the device's element-wise reduction rate).
   ``2α + n·β``, half a ring's bytes. ``inter="switch"`` puts the switch inside
   the hierarchical all-reduce instead: each GPU sends its shard ``n/g``.
 
-* ``dbtree`` (NCCL's double binary tree, :func:`refcoll.cost.dbtree_allreduce`'s
+* ``dbtree`` (NCCL's double binary tree, :func:`refcoll.core.cost.dbtree_allreduce`'s
   counts, segments of :data:`refcoll.algorithms.tree.DBTREE_SEGMENT`): its tree
   edges join ranks at every distance, so every round is priced on the slowest
   link (an upper bound) unless the cluster has one kind of link. The counts
@@ -110,7 +110,7 @@ counts to measured all-reduces on this machine. The textbook fit (α and β by
 least squares over ping-pong times, γ over NumPy reductions) misses them by two
 to five times: β depends on the message size and on whether the buffers are in
 cache, and with more ranks than cores a round waits for its peers to be
-scheduled. So the prediction keeps each algorithm's :class:`~refcoll.cost.Cost`
+scheduled. So the prediction keeps each algorithm's :class:`~refcoll.core.cost.Cost`
 and prices its rounds and reductions with steps measured at the message sizes
 and buffer sizes the all-reduce uses (see :class:`Calibration`).
 """
@@ -127,10 +127,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import cost as _cost
-from .chunking import max_chunk
-from .errors import UsageError
-from .tuning import ping_pong
+from ..core import cost as _cost
+from ..core.chunking import max_chunk
+from ..core.errors import UsageError
+from ..calls.auto import ping_pong
 
 __all__ = [
     "ALGORITHMS",
@@ -452,7 +452,7 @@ def _pow2(x: int) -> bool:
 # ------------------------------------------------------------------ dense all-reduces
 
 def _flat(name: str) -> Callable[[int, int, int], _cost.Cost]:
-    from . import algorithms
+    from .. import algorithms
 
     return algorithms.get(name).costs["allreduce"]
 
@@ -539,7 +539,7 @@ def _tree(cluster: Cluster, count: int, itemsize: int) -> list[Phase]:
 @functools.lru_cache(maxsize=64)
 def _dbtree_pairs(p: int) -> dict[tuple[int, str], tuple[tuple[int, int], ...]]:
     """Return the ``(source, dest)`` of every message of one segment, by tree and phase."""
-    from .algorithms.tree import dbtree_messages
+    from ..algorithms.tree import dbtree_messages
 
     pairs: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for tree, phase, source, dest, _ in dbtree_messages(p, 2, None):  # one segment a half
@@ -548,19 +548,19 @@ def _dbtree_pairs(p: int) -> dict[tuple[int, str], tuple[tuple[int, int], ...]]:
 
 
 def dbtree_cost(p: int, count: int, itemsize: int) -> _cost.Cost:
-    """Return :func:`refcoll.cost.dbtree_allreduce`'s counts, without a replay per segment.
+    """Return :func:`refcoll.core.cost.dbtree_allreduce`'s counts, without a replay per segment.
 
     The schedule (:func:`refcoll.algorithms.tree.dbtree_messages`) is, for each
     tree, the reduce of every segment then the broadcast of every segment, each
     segment the same messages; segments of a half differ by at most one element
     (the longer first). So it is at most eight runs of one repeated group of
-    messages, which :func:`refcoll.cost._lamport_replay` replays with the
+    messages, which :func:`refcoll.core.cost._lamport_replay` replays with the
     simulator's clock rule, jumping over a run's remaining repeats once a repeat
     leaves the clocks as it found them (shifted). The other counts are sums.
     Equal to ``dbtree_allreduce(p, count, itemsize)`` (held by the tests), at the
     default segment :data:`refcoll.algorithms.tree.DBTREE_SEGMENT`.
     """
-    from .algorithms.tree import DBTREE_SEGMENT
+    from ..algorithms.tree import DBTREE_SEGMENT
 
     if p == 1 or count == 0:
         return _cost.ZERO
@@ -671,13 +671,13 @@ def allreduce_estimate(cluster: Cluster, algorithm: str, count: int, itemsize: i
 
 @functools.lru_cache(maxsize=256)
 def _compressor(spec: str):
-    from .compressors import parse
+    from ..compressors import parse
 
     return parse(spec)
 
 
 def _innermost(comp):
-    from .compressors import ErrorFeedback
+    from ..compressors import ErrorFeedback
 
     while isinstance(comp, ErrorFeedback):
         comp = comp.inner
@@ -705,7 +705,7 @@ def payload_arrays(spec: str, count: int, dtype: str) -> tuple[tuple[str, int, i
     compressors give them at ``count`` elements. ``Σ elements·itemsize`` is
     ``Payload.nbytes``.
     """
-    from .compressors.base import index_dtype
+    from ..compressors.base import index_dtype
 
     dt = np.dtype(dtype)
     if count <= EXACT_LIMIT:
@@ -791,7 +791,7 @@ def compressed_estimate(cluster: Cluster, spec: str, shapes: Sequence[tuple[int,
 
     if chosen == "allreduce":
         if _is_powersgd(spec):
-            from .compressors.base import compute_dtype
+            from ..compressors.base import compute_dtype
 
             if len(shapes) == 1 and len(shapes[0]) < 2 and n > 1:
                 raise UsageError("PowerSGD compresses matrices: give the layer shapes "
@@ -1410,7 +1410,7 @@ def _barrier(t) -> None:
 
 def _largest_median(t, times: list[float]) -> float:
     """Return the largest over ranks of each rank's median time (every rank calls)."""
-    from .api import allreduce
+    from ..calls.collectives import allreduce
 
     mine = np.array([float(np.median(times)) if times else 0.0])
     return float(allreduce(mine, t, op="max", algorithm="recursive_doubling", validate=False)[0])
@@ -1460,7 +1460,7 @@ def _buffers(t, nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     memory for a second or two, on a core the ranks need, and the next
     measurements come out several times too slow.
     """
-    kept = t.__dict__.setdefault("_model_buffers", [])
+    kept = transport_cache(t, "model").setdefault("buffers", [])
     count = max(nbytes // 4, 1)
     if not kept or kept[0].size < count:
         kept[:] = [np.ones(count, np.float32) for _ in range(3)]
@@ -1500,7 +1500,7 @@ def _step_table(t, nbytes: int) -> list[tuple[int, int, float, float, float, flo
     Returns ``(nbytes, message, first, later, reduction after first, reduction
     after later)`` rows, seconds.
     """
-    from .ops import get_op
+    from ..core.ops import get_op
 
     add = get_op("sum")
     left, right = (t.rank - 1) % t.size, (t.rank + 1) % t.size
@@ -1554,7 +1554,7 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     small and medium sizes for a while. Everything goes through ``Transport``
     calls, as the algorithms make them; every rank returns the same numbers.
     """
-    from .ops import get_op
+    from ..core.ops import get_op
 
     if t.size < 2:
         raise UsageError("calibration needs at least 2 ranks to measure messages")
@@ -1583,7 +1583,7 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
 
 def _call_overhead(t) -> float:
     """Return the median time of a one-element all-reduce on a one-rank split of ``t``."""
-    from .api import allreduce
+    from ..calls.collectives import allreduce
 
     solo = t.split(t.rank, 0)
     x, out = np.ones(1, np.float32), np.empty(1, np.float32)
@@ -1612,7 +1612,7 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     """Return the predicted time of a single-machine all-reduce of ``nbytes``.
 
     With ``fit`` (or for a size the calibration has no steps for): the textbook
-    ``rounds·α + critical_bytes·β + reduced·s·γ`` of :mod:`refcoll.cost` at the
+    ``rounds·α + critical_bytes·β + reduced·s·γ`` of :mod:`refcoll.core.cost` at the
     fitted α, β, γ. Otherwise the measured-step model: ``call + F(b) +
     (rounds-1)·L(b) + RF(b) + (k-1)·RL(b)``, ``b = critical_bytes/rounds`` the
     algorithm's mean message, ``k = reduced·s/b`` its reductions, ``F``, ``L``,
@@ -1646,7 +1646,7 @@ def measure_allreduce(t, algorithm: str, nbytes: int, *, repeats: int | None = N
     Out of place into a preallocated ``out=``, argument agreement off: the
     algorithm alone, as ``refcoll bench`` times it.
     """
-    from .api import allreduce
+    from ..calls.collectives import allreduce
 
     x, out, _ = _buffers(t, nbytes)
     times = _timed(t, lambda _: allreduce(x, t, algorithm=algorithm, validate=False, out=out),
@@ -1711,8 +1711,8 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
     :func:`calibrate`); the predictions use the calibration alone. The CPU
     time the machine spent beyond this job's own ranks is reported with them.
     """
-    from .api import allreduce
-    from .tuning import resolve
+    from ..calls.collectives import allreduce
+    from ..calls.auto import resolve
 
     measured: dict[tuple[str, int], tuple[str, float]] = {}
 

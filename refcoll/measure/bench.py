@@ -19,7 +19,7 @@ What is reported, per size and algorithm (nccl-tests' ``doc/PERFORMANCE.md``):
   reduce-scatter and allgather ``(n-1)/n``, broadcast and reduce ``1``;
 * ``#wrong``: with checking on, the elements that differ bit for bit from the
   expected result, summed over every iteration (warm-up included) and rank. The
-  inputs are ``exact`` (:mod:`refcoll.inputs`: integer-valued floats whose every
+  inputs are ``exact`` (:mod:`refcoll.verify.inputs`: integer-valued floats whose every
   partial result is exact), so the expected result is the naive fold of all
   ranks' inputs, computed once per size, and any correct algorithm matches it
   bit for bit. Before each call the result buffer is filled with the bitwise
@@ -29,7 +29,7 @@ What is reported, per size and algorithm (nccl-tests' ``doc/PERFORMANCE.md``):
   is faster). ``avg`` has no MPI op: the baseline runs ``MPI_SUM`` and is not
   checked. Types MPI lacks (bfloat16, float8) have no baseline.
 * on GPUs (``device="gpu"``): the buffers are CuPy arrays on this rank's GPU,
-  refcoll's collectives move them as :func:`refcoll.gpu.device_transport`
+  refcoll's collectives move them as :func:`refcoll.transport.device.device_transport`
   decides (directly through a CUDA-aware MPI, else staged through pinned host
   memory), and every timed call ends by synchronising the current stream, so
   the time is the device's, not the launch's. The baseline is NCCL
@@ -53,7 +53,7 @@ JSON (``--json``): ``{"schema": "refcoll-bench/1", "header": {...}, "rows": [...
 "summary": {...}}``. ``header`` describes the run (machine, MPI library and
 versions (CuPy's and NCCL's on GPUs), ranks, collective, op, dtype, sizes,
 iterations, the baseline, notes; on GPUs ``gpu``: the device and how its
-buffers travel, from :func:`refcoll.gpu.device_path`); each row has
+buffers travel, from :func:`refcoll.transport.cuda_aware.device_path`); each row has
 the fields of :data:`ROW_FIELDS` (``None`` where not applicable); ``summary`` has
 ``avg_busbw`` per algorithm and for the baseline, ``wrong``, ``checked``
 (elements compared) and ``passed``. ``--csv`` writes the rows with the same fields.
@@ -72,13 +72,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import algorithms, gpu
-from .chunking import chunk_slice
-from .errors import UsageError
-from .inputs import make_input, make_inputs
-from .ops import check_supported, dtype_name, get_dtype, get_op, is_float
-from .oracle import fold
-from .transport.mpi import bounded_barrier, default_timeout, duplicate, wait_by_deadline
+from .. import algorithms
+from ..transport import cuda_aware as cuda
+from ..transport import device as devices
+from ..baselines import nccl
+from ..core import xp as xp_module
+from ..core.chunking import chunk_slice
+from ..core.errors import UsageError
+from ..verify.inputs import make_input, make_inputs
+from ..core.ops import check_supported, dtype_name, get_dtype, get_op, is_float
+from ..verify.oracle import fold
+from ..transport.mpi import bounded_barrier, default_timeout, duplicate, wait_by_deadline
 
 __all__ = [
     "BenchConfig",
@@ -122,7 +126,7 @@ BASELINES = {
 }
 
 #: NCCL's collective that each refcoll collective is timed against with ``--against nccl``.
-NCCL_BASELINES = gpu.NCCL_CALLS
+NCCL_BASELINES = nccl.NCCL_CALLS
 
 #: The fields of every row, in the order ``--csv`` writes them.
 ROW_FIELDS = (
@@ -229,7 +233,7 @@ def array_module(device: str):
     if device == "cpu":
         return np
     if device == "gpu":
-        return gpu.require_cupy("--device gpu")
+        return xp_module.require_cupy("--device gpu")
     raise UsageError(f"unknown device {device!r}: choose cpu or gpu")
 
 
@@ -251,9 +255,9 @@ def use_device(comm, config: "BenchConfig") -> int | None:
     # The GPU choice starts with MPI_Comm_split_type, which has no nonblocking form:
     # a bounded MPI_Ibarrier first, so a rank that never comes times out here.
     bounded_barrier(comm, "refcoll bench (choosing GPUs: MPI_Comm_split_type)")
-    device = (gpu.check_one_gpu_per_rank(comm) if config.against == "nccl"
-              else gpu.use_node_gpu(comm))
-    gpu.check_device_dtype(get_dtype(config.dtype), array_module("gpu"))
+    device = (devices.check_one_gpu_per_rank(comm) if config.against == "nccl"
+              else devices.use_node_gpu(comm))
+    xp_module.check_device_dtype(get_dtype(config.dtype), array_module("gpu"))
     return device
 
 
@@ -325,10 +329,10 @@ def check_config(config: BenchConfig) -> None:
         raise UsageError("--bound replays schedules on host buffers: it runs with "
                          "--device cpu only")
     if config.against == "nccl":
-        gpu.require_nccl("--against nccl")
-        gpu.nccl_types(dt, "sum" if config.collective in ("allgather", "broadcast") else config.op)
+        nccl.require_nccl("--against nccl")
+        nccl.nccl_types(dt, "sum" if config.collective in ("allgather", "broadcast") else config.op)
     if config.compressor is not None:
-        from .compressors import parse
+        from ..compressors import parse
 
         parse(config.compressor)
         if config.collective != "allreduce" or config.op not in ("sum", "avg") or not is_float(dt):
@@ -361,7 +365,7 @@ def schedule(collective: str, algorithm: str, p: int, count: int, dtype, *, op: 
     (:func:`element_count`); the schedule depends on sizes only, so the
     simulated inputs are zeros.
     """
-    from .api import simulate
+    from ..calls.collectives import simulate
 
     in_count = count // p if collective == "allgather" else count
     x = np.zeros(in_count, dtype=get_dtype(dtype))
@@ -492,7 +496,7 @@ def _make_data(config: BenchConfig, nbytes: int, p: int, rank: int, root: int = 
     elif coll != "reduce" or rank == root:
         theirs = xp.empty(int(np.prod(shapes[coll])), dt)
     poison = xp.asarray(_complement(expected)) if expected is not None else None
-    gpu.synchronize(xp)  # the buffers are written before anything reads them
+    xp_module.synchronize(xp)  # the buffers are written before anything reads them
     return _Data(p, count, x, out, theirs, expected, poison)
 
 
@@ -525,7 +529,7 @@ class _Item:
         xp = self.xp
         if checking:
             xp.copyto(self.result.reshape(-1), self.data.poison)
-        gpu.synchronize(xp)
+        xp_module.synchronize(xp)
         # MPI_Ibarrier waited by the deadline, before the clock starts (not timed). Once it
         # completes every participant is at this call, so the call itself cannot wait for
         # a rank that never comes: this bounds the MPI library's (or NCCL's) own blocking
@@ -534,18 +538,18 @@ class _Item:
         bounded_barrier(self.comm, self.what, self.timeout)
         start = time.perf_counter()
         self.call()
-        gpu.synchronize(xp)
+        xp_module.synchronize(xp)
         elapsed = time.perf_counter() - start
         if timed:
             self.times.append(elapsed)
         if checking:
-            self.wrong += count_wrong(gpu.to_host(self.result), self.data.expected)
+            self.wrong += count_wrong(xp_module.to_host(self.result), self.data.expected)
             self.checked += self.data.expected.size
 
 
 def _our_call(config: BenchConfig, t, data: _Data, algorithm: str, root: int, state=None):
     """Return the zero-argument call of refcoll's collective on ``data``'s buffers."""
-    from . import api
+    from ..calls import collectives as api
 
     coll, op, x, out = config.collective, get_op(config.op).name, data.x, data.out
     common = {"algorithm": algorithm, "validate": False}
@@ -576,7 +580,7 @@ def baseline_unavailable(config: BenchConfig) -> str | None:
     """Return why the baseline cannot run for ``config`` (None: it can).
 
     NCCL's availability is :func:`check_config`'s to refuse. The MPI library's
-    collective on device buffers needs a CUDA-aware MPI (:func:`refcoll.gpu.cuda_aware`,
+    collective on device buffers needs a CUDA-aware MPI (:func:`refcoll.transport.cuda_aware.cuda_aware`,
     the same answer on every rank of a job, as its sources are).
     """
     if config.against == "none":
@@ -591,7 +595,7 @@ def baseline_unavailable(config: BenchConfig) -> str | None:
     except (ImportError, ValueError, KeyError):
         return f"MPI has no {dtype_name(get_dtype(config.dtype))} type"
     if config.device == "gpu":
-        aware, why = gpu.cuda_aware()
+        aware, why = cuda.cuda_aware()
         if not aware:
             return f"{name} on device buffers needs a CUDA-aware MPI ({why})"
     return None
@@ -606,7 +610,7 @@ def _base_call(config: BenchConfig, comm, data: _Data, root: int, nccl=None):
     """
     if nccl is not None:
         op = "sum" if config.collective in ("allgather", "broadcast") else config.op
-        return gpu.nccl_call(nccl, config.collective, data.x, data.theirs, op=op, root=root)
+        return nccl.nccl_call(nccl, config.collective, data.x, data.theirs, op=op, root=root)
     from mpi4py import MPI
 
     mtype = MPI.Datatype.fromcode(get_dtype(config.dtype).char)  # predefined: ops apply
@@ -642,7 +646,7 @@ class _Groups:
     def __init__(self, world, config: BenchConfig, timeout: float | None = None) -> None:
         from mpi4py import MPI
 
-        from .conformance import case_ranks
+        from ..verify.conformance import case_ranks
 
         self.world = world
         self.workers = config.workers or world.size
@@ -664,7 +668,7 @@ class _Groups:
             # NCCL's unique id goes out in a blocking MPI bcast: a bounded MPI_Ibarrier first.
             bounded_barrier(self._comms[self.workers], "refcoll bench (making NCCL's communicator)",
                             timeout)
-            self.nccl = gpu.nccl_comm(self._comms[self.workers])
+            self.nccl = nccl.nccl_comm(self._comms[self.workers])
 
     def comm(self, total: int):
         """Return the communicator of the first ``total`` ranks (None on the others)."""
@@ -742,7 +746,7 @@ def _run_size(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict
 def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
            states: dict, timeout: float | None = None) -> tuple[list[_Item], dict]:
     """Return this rank's timed items at one size, and what ``auto`` resolved to (rank 0's)."""
-    from .api import as_transport
+    from ..calls.collectives import as_transport, device_for
 
     rank, root = groups.world.rank, 0
     datas: dict[int, _Data] = {}
@@ -778,15 +782,15 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
         t = as_transport(sub)
         data = data_for(p)
         if name == "auto":
-            from .tuning import resolve
+            from ..calls.auto import resolve
 
             in_count = data.count // p if config.collective == "allgather" else data.count
             # Resolved where the call resolves it: on the transport that carries the buffers.
-            resolved[name] = resolve(gpu.device_transport(t, data.x), config.collective,
+            resolved[name] = resolve(device_for(t, data.x), config.collective,
                                      in_count, data.x.itemsize)
         state = None
         if config.compressor is not None:
-            from .compressors import parse
+            from ..compressors import parse
 
             comp = parse(config.compressor)
             state = states[name] = _Compressed(comp, comp.new_state(seed=0, rank=sub.rank))
@@ -846,7 +850,7 @@ def _node_size(t, algorithm: str) -> int | None:
     """Return the node size the simulator needs to predict ``algorithm`` on ``t`` (hierarchical)."""
     if algorithm != "hierarchical":
         return None
-    from .algorithms.hierarchical import node_layout
+    from ..algorithms.hierarchical import node_layout
 
     return node_layout(t).sizes[0]
 
@@ -921,7 +925,7 @@ def bench_header(comm, config: BenchConfig) -> dict:
     Collective over ``comm`` when ``auto`` is selected (its calibration may be
     measured here, once) and on GPUs (each rank's GPU is chosen here, as
     :func:`run_bench` does). ``gpu`` describes the device path
-    (:func:`refcoll.gpu.device_path`: the GPU, direct or staged transfers and
+    (:func:`refcoll.transport.cuda_aware.device_path`: the GPU, direct or staged transfers and
     why) on GPUs, and is None on CPUs.
     """
     from importlib.metadata import PackageNotFoundError, version
@@ -962,7 +966,7 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "mpi4py": package("mpi4py"), "refcoll": package("refcoll"),
                      "ml_dtypes": package("ml_dtypes")},
-        "gpu": gpu.device_path() if config.device == "gpu" else None,
+        "gpu": cuda.device_path() if config.device == "gpu" else None,
         "world": comm.size,
         "workers": workers,
         "collective": config.collective,
@@ -987,10 +991,10 @@ def bench_header(comm, config: BenchConfig) -> dict:
     if config.device == "gpu":
         cupy = array_module("gpu")
         header["versions"]["cupy"] = getattr(cupy, "__version__", None)
-        header["versions"]["nccl"] = gpu.nccl_version()
+        header["versions"]["nccl"] = nccl.nccl_version()
     if "auto" in config.algorithms:
-        from .api import as_transport
-        from .tuning import calibration_for
+        from ..calls.collectives import as_transport, device_for
+        from ..calls.auto import calibration_for
 
         # MPI has no nonblocking split: a bounded MPI_Ibarrier first.
         bounded_barrier(comm, "refcoll bench (MPI_Comm_split for auto's calibration)", timeout)
@@ -999,7 +1003,7 @@ def bench_header(comm, config: BenchConfig) -> dict:
             # The calibration of the transport the calls run on (device buffers: its wrapper);
             # its messages wait by the transport's deadline.
             template = array_module(config.device).zeros(1, np.uint8)
-            cal = calibration_for(gpu.device_transport(as_transport(sub), template))
+            cal = calibration_for(device_for(as_transport(sub), template))
             header["calibration"] = {"alpha": cal.alpha, "beta": cal.beta, "gamma": cal.gamma,
                                      "source": cal.source}
             sub.Free()

@@ -1,6 +1,6 @@
 """``algorithm="auto"``: pick the algorithm the cost model says is fastest, like NCCL's tuner.
 
-The model is each algorithm's :class:`~refcoll.cost.Cost` evaluated at this
+The model is each algorithm's :class:`~refcoll.core.cost.Cost` evaluated at this
 machine's α (latency per message), β (seconds per byte) and γ (seconds per element
 combined). Those three numbers come from a small calibration (:func:`measure`),
 kept in ``$REFCOLL_CACHE/calibration.json`` (default ``~/.cache/refcoll``) under a
@@ -41,9 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import algorithms
-from .errors import UsageError
-from .transport.mpi import MPITransport
+from .. import algorithms
+from ..core.calibration import DEFAULT, Calibration
+from ..core.errors import UsageError
+from ..transport.base import transport_cache
+from ..transport.mpi import MPITransport
 
 __all__ = ["Calibration", "CalibrationKey", "AlgoFilter", "DEFAULT", "calibration_for",
            "measure", "choose", "candidates", "cache_path", "resolve", "auto_algorithm",
@@ -51,32 +53,6 @@ __all__ = ["Calibration", "CalibrationKey", "AlgoFilter", "DEFAULT", "calibratio
            "algo_filter", "calibration_mode", "LOAD_LIMIT"]
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """α (s per message), β (s per byte), γ (s per element combined), and where they came from.
-
-    ``key`` is the :class:`CalibrationKey` text it was measured under, ``measured_at``
-    the Unix time of the measurement and ``load`` the runnable tasks per core while
-    it ran (see :func:`measure`); all three are empty for :data:`DEFAULT`.
-    """
-
-    alpha: float
-    beta: float
-    gamma: float
-    source: str = "default"
-    key: str = ""
-    measured_at: float | None = None
-    load: float | None = None
-
-    def age(self, now: float | None = None) -> float | None:
-        """Return seconds since the measurement (None for a fixed calibration)."""
-        if self.measured_at is None:
-            return None
-        return (time.time() if now is None else now) - self.measured_at
-
-
-#: Shared-memory MPI on a current CPU: ~3 µs latency, ~4 GB/s, ~1 G additions/s.
-DEFAULT = Calibration(alpha=3e-6, beta=1 / 4e9, gamma=1e-9, source="default")
 
 #: Algorithms auto never picks: the reference, and those needing a node shape or switches.
 _EXCLUDED = {"naive", "auto", "hierarchical", "switch"}
@@ -350,7 +326,7 @@ def measure(t, *, repeats: int = 30) -> Calibration:
     another job running makes it more. Rank 0's result is broadcast so every
     rank returns the same.
     """
-    from .algorithms.naive import naive_broadcast
+    from ..algorithms.naive import naive_broadcast
 
     values = np.zeros(6, dtype=np.float64)  # α, β, γ, load (-1: unknown), when, unused
     values[3] = -1.0
@@ -409,7 +385,7 @@ def _key_of(t) -> CalibrationKey:
     """
     from mpi4py import MPI
 
-    from .algorithms.recursive import rabenseifner_allgather
+    from ..algorithms.recursive import rabenseifner_allgather
 
     mine = json.dumps([MPI.Get_processor_name(), os.cpu_count() or 1]).encode()[:_HOST_RECORD]
     everyone = np.zeros(t.size * _HOST_RECORD, dtype=np.uint8)
@@ -452,7 +428,7 @@ def calibrate(t, *, force: bool = False, save: bool = True,
     the result unless :func:`_why_not_saved` objects (the reason comes back
     on rank 0, None elsewhere, and with ``announce`` goes to stderr).
     """
-    from .algorithms.naive import naive_broadcast
+    from ..algorithms.naive import naive_broadcast
 
     key = _key_of(t)
     found, kind = None, 0.0
@@ -504,7 +480,8 @@ class _AutoSettings:
 
 def _settings(t) -> _AutoSettings:
     """Return the auto settings of ``t``, agreeing on them the first time (collective)."""
-    settings = t.__dict__.get("_auto")
+    cache = transport_cache(t, "auto")
+    settings = cache.get("settings")
     if settings is not None:
         return settings
     inner = getattr(t, "inner", None)
@@ -512,7 +489,7 @@ def _settings(t) -> _AutoSettings:
         settings = _settings(inner)
     else:
         settings = _agreed_settings(t)
-    t.__dict__["_auto"] = settings
+    cache["settings"] = settings
     return settings
 
 
@@ -520,7 +497,7 @@ def _agreed_settings(t) -> _AutoSettings:
     if not isinstance(t, MPITransport):  # the simulator: one process, one environment
         preset = getattr(getattr(t, "world", None), "calibration", None)
         return _AutoSettings(preset or DEFAULT, algo_filter())
-    from .validate import agree
+    from .agree import agree
 
     error, mode, allowed = None, "cache", AlgoFilter()
     try:

@@ -24,8 +24,8 @@ import json
 
 import numpy as np
 
-from .algorithms.recursive import rabenseifner_allgather
-from .errors import MismatchError, UsageError
+from ..algorithms.recursive import rabenseifner_allgather
+from ..core.errors import MismatchError, UsageError
 
 __all__ = ["agree", "RECORD_BYTES", "FIELDS"]
 

@@ -145,8 +145,8 @@ def _hierarchical_parts(p: int, n: int, itemsize: int, ranks_per_node, inter: st
     intra is a naive reduce and a naive broadcast per node, inter one
     all-reduce of the whole buffer among the leaders.
     """
-    from .algorithms import get  # late: the registry imports this module
-    from .algorithms.hierarchical import node_sizes
+    from ..algorithms import get  # late: the registry imports this module
+    from ..algorithms.hierarchical import node_sizes
 
     sizes = node_sizes(p, ranks_per_node or p)
     g = len(sizes)
@@ -474,7 +474,7 @@ def switch_allreduce(p: int, n: int, itemsize: int, *, radix: int = 4, packet: i
     switch's ports one at a time, where SHARP's latency is ``2·D`` hops.
     """
     # Imported here: the registry imports this module before the algorithms.
-    from .algorithms.switch import packet_count, switch_levels, switch_schedule
+    from ..algorithms.switch import packet_count, switch_levels, switch_schedule
 
     levels = switch_levels(p, radix=radix)
     packets = packet_count(n, packet)
@@ -505,7 +505,7 @@ def switch_allreduce(p: int, n: int, itemsize: int, *, radix: int = 4, packet: i
 # stays ⌈lg p⌉·n however the buffer is cut.
 
 def _segment_count(n: int, segment: int | None) -> int:
-    from .algorithms.tree import segment_bounds  # late: the registry imports this module
+    from ..algorithms.tree import segment_bounds  # late: the registry imports this module
 
     return len(segment_bounds(n, segment))
 
@@ -558,7 +558,7 @@ def dbtree_allreduce(p: int, n: int, itemsize: int, *, segment: int | None = 1 <
     ``4(p-1)·S`` steps of Python. For ``p`` a power of two >= 4, rounds are
     exactly ``4(2 lg p - 1) + 12(S-1)`` with ``S`` segments per half.
     """
-    from .algorithms.tree import dbtree_messages  # late: the registry imports this module
+    from ..algorithms.tree import dbtree_messages  # late: the registry imports this module
 
     if p == 1:
         return ZERO

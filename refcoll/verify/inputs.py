@@ -34,7 +34,7 @@ import zlib
 
 import numpy as np
 
-from .ops import dtype_name, exact_integer_limit, get_dtype, is_integer
+from ..core.ops import dtype_name, exact_integer_limit, get_dtype, is_integer
 
 __all__ = ["KINDS", "make_input", "make_inputs"]
 
@@ -147,7 +147,7 @@ def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
     import json
     from pathlib import Path
 
-    from .errors import UsageError
+    from ..core.errors import UsageError
 
     path = Path(directory)
     if not path.is_dir():

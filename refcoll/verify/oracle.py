@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .ops import dtype_name, get_op, is_float, is_integer, unit_roundoff
+from ..core.ops import dtype_name, get_op, is_float, is_integer, unit_roundoff
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
            "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps"]
@@ -174,7 +174,7 @@ class CheckReport:
 def expected_outputs(collective: str, inputs, *, algorithm: str, op="sum", root: int = 0,
                      **options) -> list:
     """Return every rank's output of ``algorithm``, bit for bit, from the simulator."""
-    from .api import simulate
+    from ..calls.collectives import simulate
 
     if collective in ("broadcast", "reduce"):
         options["root"] = root
@@ -185,7 +185,7 @@ def expected_outputs(collective: str, inputs, *, algorithm: str, op="sum", root:
 
 def _reference(collective: str, inputs, op, root: int):
     """Per-rank (naive fold, exact, bound) triples; exact and bound None where not float."""
-    from .chunking import chunk_slice
+    from ..core.chunking import chunk_slice
 
     p = len(inputs)
     flat = [np.asarray(x).reshape(-1) for x in inputs]
@@ -236,7 +236,7 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     Raises:
         UsageError: the outputs cannot be judged (wrong number of ranks, missing files).
     """
-    from .errors import UsageError
+    from ..core.errors import UsageError
 
     reduction = get_op(op) if collective in ("allreduce", "reduce_scatter", "reduce") else None
     p = len(inputs)
@@ -352,7 +352,7 @@ def _oracle_finding(collective, inputs, got, ranks, algorithm, reduction, root) 
 
 def _sums_are_exact(inputs) -> bool:
     """Whether every partial sum of these inputs is exact (integer-valued, small enough)."""
-    from .ops import exact_integer_limit
+    from ..core.ops import exact_integer_limit
 
     dt = np.asarray(inputs[0]).dtype
     if is_integer(dt):
@@ -364,7 +364,7 @@ def _sums_are_exact(inputs) -> bool:
 
 def _contribution_finding(inputs, refs, got, ranks, reduction, collective) -> Finding:
     """Name ranks whose contribution is missing or counted twice, from exact inputs."""
-    from .chunking import chunk_slice
+    from ..core.chunking import chunk_slice
 
     stacked = np.stack([np.asarray(x).reshape(-1).astype(np.float64) for x in inputs])
     p = len(inputs)

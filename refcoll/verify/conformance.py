@@ -6,7 +6,7 @@ and checks, on every rank:
 * the output has the right shape and dtype, and the input is unchanged (out of
   place) or the result landed in the input (in place);
 * integers, ``exact`` float inputs, ``min``/``max``, allgather and broadcast:
-  equal to the naive reference (:func:`refcoll.oracle.fold`) bit for bit;
+  equal to the naive reference (:func:`refcoll.verify.oracle.fold`) bit for bit;
 * ``random`` float inputs of ``sum``/``avg``/``prod``: within the summation error
   bound of the exactly computed result, and bit-exact against the simulator's
   prediction for the same algorithm (rank 0 runs the oracle);
@@ -34,15 +34,17 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import algorithms, gpu
-from .api import allgather, allreduce, broadcast, reduce, reduce_scatter, simulate
-from .chunking import chunk_slice
+from .. import algorithms
+from ..core import xp as xp_module
+from ..calls.collectives import (allgather, allreduce, broadcast, device_for, reduce, reduce_scatter,
+                                 simulate)
+from ..core.chunking import chunk_slice
 from .inputs import make_inputs
-from .ops import DTYPES, OPS, get_dtype, get_op, is_float, supports
+from ..core.ops import DTYPES, OPS, get_dtype, get_op, is_float, supports
 from .oracle import error_bound, exact_reduce, fold, violations
-from .errors import CollectiveTimeout, UsageError
-from .tuning import resolve
-from .algorithms.naive import naive_broadcast
+from ..core.errors import CollectiveTimeout, UsageError
+from ..calls.auto import resolve
+from ..algorithms.naive import naive_broadcast
 
 __all__ = ["Case", "CaseResult", "build_cases", "default_sizes", "run_battery", "run_case",
            "group_rows", "LARGE_SIZE", "REDUCING", "COMPRESSOR_BATTERY", "CompressorCase",
@@ -286,7 +288,7 @@ def _ordered(case: Case) -> bool:
 
 def _misplaced(output, xp) -> str:
     """Return why ``output`` is not an array of ``xp`` like the input, or ``""``."""
-    if gpu.array_namespace(output) is xp:
+    if xp_module.array_namespace(output) is xp:
         return ""
     return (f"returned a {type(output).__module__}.{type(output).__name__} for {xp.__name__} "
             "input: the result must live where the input does")
@@ -295,7 +297,7 @@ def _misplaced(output, xp) -> str:
 def _digest(arr) -> bytes:
     if arr is None:
         return b"none"
-    return hashlib.blake2b(np.ascontiguousarray(gpu.to_host(arr)).tobytes(),
+    return hashlib.blake2b(np.ascontiguousarray(xp_module.to_host(arr)).tobytes(),
                            digest_size=16).digest()
 
 
@@ -335,10 +337,10 @@ def _local_checks(t, case: Case, seed: int, x, before, output, target, error,
         return [f"output is {output.dtype}[{output.size}], expected {expected.dtype}[{expected.size}]"]
     if case.inplace and target is not None and output.size and not xp.shares_memory(output, target):
         problems.append("in-place call did not return its out= buffer")
-    if not case.inplace and not np.array_equal(gpu.to_host(x).view(np.uint8),
+    if not case.inplace and not np.array_equal(xp_module.to_host(x).view(np.uint8),
                                                before.view(np.uint8)):
         problems.append("input was modified by an out-of-place call")
-    got = gpu.to_host(output).reshape(-1)
+    got = xp_module.to_host(output).reshape(-1)
     want = expected.reshape(-1)
     if _ordered(case):
         idx, err, bound = violations(got, _expected(case, ref, rank, "exact"),
@@ -442,7 +444,7 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
     output = None
     # The transport the calls run on (device arrays: its wrapper, agreed on by every rank of
     # ``t`` here rather than inside a call that might fail first); auto resolves on it.
-    carrier = None if t is None else gpu.device_transport(t, xp.zeros(0, np.uint8))
+    carrier = None if t is None else device_for(t, xp.zeros(0, np.uint8))
     if rank < case.ranks:
         x = xp.array(inputs[rank])  # a writeable copy, on the device for a GPU run
         target = error = None
@@ -475,7 +477,7 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
         if algorithm == "hierarchical" and "ranks_per_node" not in options:
             # The real nodes (MPI_COMM_TYPE_SHARED) shape the order: predict with them,
             # assuming the launcher placed consecutive ranks on a node, as MPICH's does.
-            from .algorithms.hierarchical import node_layout
+            from ..algorithms.hierarchical import node_layout
 
             sizes = node_layout(t).sizes
             if len(sizes) > 1:
@@ -615,7 +617,7 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
         UsageError: an unknown or unusable name, no algorithm selected; or, with
             ``allow_empty=False``, a selection that leaves no case, saying why.
     """
-    from .compressors import parse
+    from ..compressors import parse
 
     specs = list(compressors) if compressors is not None else list(COMPRESSOR_BATTERY)
     comps = [parse(s) for s in specs]
@@ -687,13 +689,13 @@ def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0, xp=np) -
     generator and summed scales come out of the device's reduction order, so
     the same code on the same device is the prediction that holds bit for bit.
     """
-    from .compressors.collective import run_steps, simulate_compressed
+    from ..compressors.collective import run_steps, simulate_compressed
 
     with _inputs_lock:
         inputs = _compressor_inputs(case, t.size, seed)
     mine = [xp.array(step[t.rank]) for step in inputs]
     # The transport the calls run on, agreed on by every rank before any call can fail.
-    carrier = gpu.device_transport(t, xp.zeros(0, np.uint8))
+    carrier = device_for(t, xp.zeros(0, np.uint8))
     problems: list[str] = []
     outputs, traffic = [], []
     try:
@@ -704,7 +706,7 @@ def run_compressor_case(t, ctl, case: CompressorCase, *, seed: int = 0, xp=np) -
     except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
         problems.append(f"raised {type(exc).__name__}: {exc}")
     for step, (x, out) in enumerate(zip(mine, outputs)):
-        if not np.array_equal(gpu.to_host(x).view(np.uint8),
+        if not np.array_equal(xp_module.to_host(x).view(np.uint8),
                               inputs[step][t.rank].view(np.uint8)):
             problems.append(f"step {step}: the input was modified")
         if _misplaced(out, xp):

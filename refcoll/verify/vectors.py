@@ -24,15 +24,15 @@ only picks one of the others) and every collective it implements, over
 
 Random floats are the vectors that pin a reduction order; integers and ``exact``
 inputs pin data movement and wrapping. Inputs come from
-:func:`refcoll.inputs.make_inputs` with seed :data:`SEED`.
+:func:`refcoll.verify.inputs.make_inputs` with seed :data:`SEED`.
 
 Bytes: each file is an uncompressed zip with a fixed date, its members written in
 sorted order with ``.npy`` format 1.0, little-endian, so regenerating gives the
 same bytes and the manifest's sha256 of each file is stable; ``verify`` checks
 both the digests and, by simulating again, every output.
 
-Run ``python -m refcoll.vectors spec/vectors`` to regenerate and
-``python -m refcoll.vectors --verify spec/vectors`` to check.
+Run ``python -m refcoll.verify.vectors spec/vectors`` to regenerate and
+``python -m refcoll.verify.vectors --verify spec/vectors`` to check.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import algorithms
-from .api import simulate
+from .. import algorithms
+from ..calls.collectives import simulate
 from .inputs import _storage as stored_dtype
 from .inputs import make_inputs
-from .ops import dtype_name, get_dtype
+from ..core.ops import dtype_name, get_dtype
 
 __all__ = ["FORMAT", "SEED", "VARIANTS", "Vector", "plan", "generate", "verify", "load",
            "read_manifest", "main"]
@@ -238,7 +238,7 @@ def generate(directory) -> dict:
             stale.unlink()
     header = {
         "format": FORMAT,
-        "generator": "python -m refcoll.vectors spec/vectors",
+        "generator": "python -m refcoll.verify.vectors spec/vectors",
         "expected_by": "refcoll.simulate",
         "bytes": ("stable: uncompressed zip, fixed member dates, members in sorted order, "
                   ".npy format 1.0 little-endian; sha256 is of the whole file"),
@@ -326,7 +326,7 @@ def verify(directory) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate (or, with ``--verify``, check) the vectors in a directory."""
-    parser = argparse.ArgumentParser(prog="python -m refcoll.vectors",
+    parser = argparse.ArgumentParser(prog="python -m refcoll.verify.vectors",
                                      description="Write or verify refcoll's golden test vectors.")
     parser.add_argument("directory", help="where the vectors live, e.g. spec/vectors")
     parser.add_argument("--verify", action="store_true",
