@@ -96,7 +96,7 @@ TIGHT = 3 / 4
 
 def _algorithms() -> list[str]:
     # auto only picks one of the others: checked at small p.
-    return algorithms.names()
+    return algorithms.names("allreduce")
 
 
 def _options(name: str, p: int) -> dict:

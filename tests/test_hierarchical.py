@@ -13,8 +13,8 @@ from conftest import failure_text, sim_battery
 from refcoll import algorithms
 from refcoll.algorithms.hierarchical import node_layout, node_sizes, node_traffic
 from refcoll.core.chunking import chunk_bounds
-from refcoll.core.cost import hierarchical_allreduce as hierarchical_cost
-from refcoll.core.cost import hierarchical_traffic
+from refcoll.algorithms.hierarchical import hierarchical_allreduce_cost as hierarchical_cost
+from refcoll.algorithms.hierarchical import hierarchical_traffic
 from refcoll.core.errors import UsageError
 from refcoll.verify.inputs import make_inputs
 from refcoll.core.ops import get_op

@@ -40,7 +40,11 @@ import time
 import numpy as np
 import pytest
 
-from refcoll.core import cost
+from refcoll.algorithms.naive import naive_broadcast_cost
+from refcoll.algorithms.rabenseifner import rabenseifner_allreduce_cost
+from refcoll.algorithms.recursive_doubling import recursive_doubling_allreduce_cost
+from refcoll.algorithms.ring import ring_allreduce_cost
+from refcoll.algorithms.tree import tree_allreduce_cost
 from refcoll.core.chunking import chunk_bounds, chunk_sizes, chunk_slice, max_chunk
 from refcoll.transport.base import Ledger, Message
 
@@ -99,7 +103,7 @@ def _all_ints(c) -> bool:
 def test_ring_allreduce_cost_past_int32(p):
     n, s = N_BIG, ITEMSIZE
     q, e = divmod(n, p)
-    c = cost.ring_allreduce(p, n, s)
+    c = ring_allreduce_cost(p, n, s)
     assert _all_ints(c)
     # Rank r sends all chunks but r and r+1's; the smallest adjacent pair is two short
     # chunks unless only the last chunk is short (then short + long).
@@ -121,7 +125,7 @@ def test_ring_allreduce_cost_past_int32(p):
 def test_rabenseifner_allreduce_cost_past_int32_power_of_two(p):
     n, s = N_BIG, ITEMSIZE
     lg = p.bit_length() - 1
-    c = cost.rabenseifner_allreduce(p, n, s)
+    c = rabenseifner_allreduce_cost(p, n, s)
     assert _all_ints(c)
     # Thakur, Rabenseifner & Gropp 2005: 2 lg p·α + 2((p-1)/p)·n·β + ((p-1)/p)·n·γ.
     assert c.counts() == {
@@ -140,7 +144,7 @@ def test_rabenseifner_allreduce_cost_past_int32_with_the_fold(p):
     n, s = N_BIG, ITEMSIZE
     pof2 = 1 << (p.bit_length() - 1)
     rem, lg = p - pof2, pof2.bit_length() - 1
-    c = cost.rabenseifner_allreduce(p, n, s)
+    c = rabenseifner_allreduce_cost(p, n, s)
     assert _all_ints(c)
     # The docstring's form: (2 lg p' + 2)·α + (2(p'-1)/p' + 2)·n·β + (1 + (p'-1)/p')·n·γ.
     assert c.rounds == 2 * lg + 2
@@ -156,7 +160,7 @@ def test_tree_allreduce_cost_past_int32(p, segment):
     n, s = N_BIG, ITEMSIZE
     lg = (p - 1).bit_length()
     segments = 1 if segment is None else -(-n // segment)
-    c = cost.tree_allreduce(p, n, s, segment=segment)
+    c = tree_allreduce_cost(p, n, s, segment=segment)
     assert _all_ints(c)
     assert c.counts() == {
         "rounds": 2 * lg * segments,
@@ -315,7 +319,7 @@ def test_simulator_moves_a_message_past_2_31_bytes():
 
     results = world.run(rank_main)
     assert [m.nbytes for m in world.ledger.messages] == [n]  # one message past 2**31 bytes
-    assert world.ledger.counts() == cost.naive_broadcast(2, n, 1).counts()
+    assert world.ledger.counts() == naive_broadcast_cost(2, n, 1).counts()
     for bad, sampled in results:
         assert bad == 0
         assert sampled == [pattern_byte(i, 0) for i in sample_positions(n)]
@@ -330,8 +334,8 @@ def test_mpi_allreduce_of_2_31_plus_3_int8_elements():
     if mpiexec is None:
         pytest.skip("no mpiexec: install with pip install 'refcoll[mpi]'")
     # At p = 2 recursive doubling's one exchange is the whole buffer: past 2**31 bytes.
-    assert cost.recursive_doubling_allreduce(2, LARGE_N, 1).max_rank_bytes == LARGE_N
-    assert cost.ring_allreduce(2, LARGE_N, 1).critical_bytes == 2 * max_chunk(LARGE_N, 2)
+    assert recursive_doubling_allreduce_cost(2, LARGE_N, 1).max_rank_bytes == LARGE_N
+    assert ring_allreduce_cost(2, LARGE_N, 1).critical_bytes == 2 * max_chunk(LARGE_N, 2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     cmd = [mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__)]
     started = time.perf_counter()

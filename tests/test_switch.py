@@ -16,7 +16,7 @@ from refcoll.algorithms.switch import (PACKET, RADIX, SLOTS, int_error_bound, pa
                                        switch_links, switch_schedule, switch_workers)
 from refcoll.core.chunking import chunk_bounds
 from refcoll.verify.conformance import build_cases, run_battery
-from refcoll.core.cost import switch_allreduce as switch_cost
+from refcoll.algorithms.switch import switch_allreduce_cost as switch_cost
 from refcoll.core.errors import UsageError
 from refcoll.verify.inputs import make_inputs
 from refcoll.core.ops import get_op
@@ -27,7 +27,7 @@ from refcoll.transport import SimWorld
 def run_switch(inputs, *, op="sum", inplace=False, spare=0, **options):
     """Run ``switch_allreduce`` on the workers and their switches; return (outputs, world)."""
     workers = len(inputs)
-    total = workers + switch_count(workers, **options) + spare
+    total = workers + refcoll.algorithms.get("switch").extra_ranks(workers, **options) + spare
     template = np.zeros_like(inputs[0])
     xs = [x.copy() for x in inputs]
     outs = [x if inplace else np.empty_like(x) for x in xs]
@@ -71,9 +71,13 @@ def test_switch_count_and_workers_are_inverse(radix):
             assert switch_workers(total + spare, radix=radix) == workers
         if 2 <= workers <= radix:
             assert switch_count(workers, radix=radix) == 1
-    assert switch_count(64, radix=radix, packet=5, mode="int", unknown=1) \
+    # The record's functions take every switch option; only radix shapes the tree.
+    record = refcoll.algorithms.get("switch")
+    assert record.extra_ranks(64, radix=radix, packet=5, mode="int") \
         == switch_count(64, radix=radix)
-    assert switch_workers(2, radix=radix, slots=3) == 1
+    assert record.workers(2, radix=radix, slots=3) == 1
+    with pytest.raises(TypeError):  # an option no switch takes is not swallowed
+        record.extra_ranks(64, radix=radix, unknown=1)
 
 
 @pytest.mark.parametrize("radix", [2, 3, 4, 7])

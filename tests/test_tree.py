@@ -12,10 +12,11 @@ import pytest
 
 import refcoll
 from refcoll import algorithms
-from refcoll.core import cost
-from refcoll.algorithms.tree import (DBTREE_SEGMENT, binomial_children, binomial_parent,
-                                     btree_links, dbtree_links, dbtree_messages, dbtree_position,
-                                     dbtree_rank, segment_bounds, tree_position)
+from refcoll.algorithms.dbtree import (DBTREE_SEGMENT, btree_links, dbtree_allreduce_cost,
+                                       dbtree_links, dbtree_messages, dbtree_position, dbtree_rank)
+from refcoll.algorithms.tree import (binomial_children, binomial_parent, segment_bounds,
+                                     tree_allreduce_cost, tree_broadcast_cost, tree_position,
+                                     tree_reduce_cost)
 from refcoll.core.chunking import chunk_bounds
 from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
 from refcoll.core.ops import get_op
@@ -209,7 +210,7 @@ def test_ledger_equals_cost_function(name, collective, p, segment):
 
 
 def test_cost_defaults_are_the_algorithms_defaults():
-    from refcoll.algorithms import tree
+    from refcoll.algorithms import dbtree
 
     for name, collective in PAIRS:
         algo_default = inspect.signature(algorithms.get(name).implementations[collective]) \
@@ -217,7 +218,7 @@ def test_cost_defaults_are_the_algorithms_defaults():
         cost_default = inspect.signature(algorithms.get(name).costs[collective]) \
             .parameters["segment"].default
         assert algo_default == cost_default, (name, collective)
-    assert tree.dbtree_allreduce.__kwdefaults__["segment"] == DBTREE_SEGMENT
+    assert dbtree.dbtree_allreduce.__kwdefaults__["segment"] == DBTREE_SEGMENT
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5, 8, 13, 16, 64])
@@ -225,13 +226,13 @@ def test_binomial_costs_are_mpichs_formulas_unsegmented(p):
     """⌈lg p⌉·α + ⌈lg p⌉·n·β (+ ⌈lg p⌉·n·γ) per reduce or broadcast; twice in the all-reduce."""
     n, s = 1000, 4
     lg = int(np.ceil(np.log2(p)))
-    for fn, twice in [(cost.tree_reduce, 1), (cost.tree_broadcast, 1), (cost.tree_allreduce, 2)]:
+    for fn, twice in [(tree_reduce_cost, 1), (tree_broadcast_cost, 1), (tree_allreduce_cost, 2)]:
         c = fn(p, n, s)
         assert (c.rounds, c.critical_bytes) == (twice * lg, twice * lg * n * s)
-    assert cost.tree_reduce(p, n, s).reduced == cost.tree_allreduce(p, n, s).reduced == lg * n
-    assert cost.tree_broadcast(p, n, s).reduced == 0
+    assert tree_reduce_cost(p, n, s).reduced == tree_allreduce_cost(p, n, s).reduced == lg * n
+    assert tree_broadcast_cost(p, n, s).reduced == 0
     # Segmenting a binomial tree only adds α: the root still moves ⌈lg p⌉·n.
-    seg = cost.tree_allreduce(p, n, s, segment=100)
+    seg = tree_allreduce_cost(p, n, s, segment=100)
     assert (seg.rounds, seg.critical_bytes) == (2 * lg * 10, 2 * lg * n * s)
 
 
@@ -241,13 +242,13 @@ def test_dbtree_rounds_closed_form_for_powers_of_two(p, segments):
     """The formula the cost function's docstring states: 4(2 lg p - 1) + 12(S-1)."""
     lg = p.bit_length() - 1
     n = 2 * 5 * segments  # two halves of S segments of 5
-    rounds = cost.dbtree_allreduce(p, n, 4, segment=5).rounds
+    rounds = dbtree_allreduce_cost(p, n, 4, segment=5).rounds
     assert rounds == 4 * (2 * lg - 1) + 12 * (segments - 1)
 
 
 def test_dbtree_rank_sends_at_most_twice_its_buffer():
     for p in [2, 3, 6, 7, 16, 17]:
-        c = cost.dbtree_allreduce(p, 1000, 4)
+        c = dbtree_allreduce_cost(p, 1000, 4)
         assert c.max_rank_bytes <= 2 * 1000 * 4 and c.reduced <= 1000
 
 

@@ -35,16 +35,17 @@ Spec: spec/hierarchical.md
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ._util import copy_into, view, workspace
-from .naive import naive_broadcast, naive_reduce
-from .ring import ring_allgather, ring_allgather_steps, ring_reduce_scatter_steps
-from ..core.chunking import chunk_bounds, max_chunk
+from ..core.chunking import chunk_bounds, chunk_sizes, max_chunk
+from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
-from ..transport.base import transport_cache
+from ._nodes import NodeLayout, node_layout, node_sizes, node_traffic
+from ._util import copy_into, view, workspace
+from .naive import naive_broadcast, naive_broadcast_cost, naive_reduce, naive_reduce_cost
+from .registry import Algorithm, LinkCost, REGISTRY, get, implementation, register
+from .ring import (ring_allgather_cost, ring_allgather_steps, ring_allreduce_cost,
+                   ring_reduce_scatter_cost, ring_reduce_scatter_steps)
 
 __all__ = [
     "NodeLayout",
@@ -52,105 +53,14 @@ __all__ = [
     "node_layout",
     "node_traffic",
     "hierarchical_allreduce",
+    "hierarchical_allreduce_cost",
+    "hierarchical_traffic",
+    "hierarchical_price",
 ]
-
-#: The color that leaves a rank out of a ``split`` (``MPI_UNDEFINED``).
-NOT_A_MEMBER = -1
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """This rank's place in the two-level shape, and the transports of its phases.
-
-    Attributes:
-        sizes: ranks on each node, by node index; the same tuple on every rank.
-        node: this rank's node index.
-        intra: the transport of this rank's node (``intra.rank`` is the local rank).
-        cross: equal nodes: the ranks with this rank's local index, one per node,
-            ordered by node; unequal nodes: the node leaders (local rank 0) ordered
-            by node, and ``None`` on every other rank.
-    """
-
-    sizes: tuple
-    node: int
-    intra: object
-    cross: object
-
-    @property
-    def equal(self) -> bool:
-        """Whether every node has the same number of ranks (the sharded schedule runs)."""
-        return len(set(self.sizes)) == 1
-
-
-def node_sizes(p: int, ranks_per_node: int) -> tuple:
-    """Return the node sizes of ``p`` ranks grouped ``ranks_per_node`` consecutive ranks a node.
-
-    Rank ``r`` is on node ``r // ranks_per_node``; the last node holds the rest:
-    ``node_sizes(7, 3) == (3, 3, 1)``, ``node_sizes(4, 6) == (4,)``.
-    """
-    return tuple(min(ranks_per_node, p - start) for start in range(0, p, ranks_per_node))
-
-
-def node_layout(t, ranks_per_node: int | None = None) -> NodeLayout:
-    """Return ``t``'s :class:`NodeLayout`, splitting ``t`` on the first call only.
-
-    ``ranks_per_node=k`` puts consecutive ranks ``r // k`` on one node (nodes
-    simulated on one machine); ``None`` asks the transport (``t.split_node()``:
-    ``MPI_COMM_TYPE_SHARED`` under MPI, ``SimWorld(ranks_per_node=...)`` in the
-    simulator). Splitting is collective over ``t`` and costs a communicator
-    creation under MPI, so the layout is cached on ``t`` per node shape, as
-    :func:`~refcoll.algorithms._util.workspace` caches buffers. Every rank of
-    ``t`` must make the same calls in the same order (they do: the key is the same
-    option on every rank).
-    """
-    cache = transport_cache(t, "node_layouts")
-    if ranks_per_node not in cache:
-        cache[ranks_per_node] = _split_nodes(t, ranks_per_node)
-    return cache[ranks_per_node]
-
-
-def _split_nodes(t, ranks_per_node: int | None) -> NodeLayout:
-    """Split ``t`` into its nodes and the cross-node transport of the phase in between."""
-    if ranks_per_node is None:
-        intra = t.split_node()
-        sizes, node = _agree_on_nodes(t, intra)
-    else:
-        sizes = node_sizes(t.size, ranks_per_node)
-        node = t.rank // ranks_per_node
-        intra = t.split(node, t.rank)
-    if len(set(sizes)) == 1:
-        cross = t.split(intra.rank, node)  # same local index, one rank per node, in node order
-    else:
-        cross = t.split(0 if intra.rank == 0 else NOT_A_MEMBER, node)  # the node leaders
-    return NodeLayout(sizes, node, intra, cross)
-
-
-def _agree_on_nodes(t, intra) -> tuple[tuple, int]:
-    """Return ``(sizes, node)`` for the nodes ``t.split_node()`` found, the same on every rank.
-
-    Each node's leader (local rank 0) tells its node its rank in ``t`` (a naive
-    broadcast inside the node), then a ring allgather over ``t`` tells every rank
-    every rank's leader. Nodes are numbered by their leader's rank in ``t``.
-    Paid once per transport: ``p - g`` messages of 8 B inside the nodes and a
-    ring allgather of ``p`` 8-byte blocks over ``t``. Nothing is sent when the
-    node is all of ``t`` (one machine): then it is so on every rank.
-    """
-    if intra.size == t.size:
-        return (t.size,), 0
-    leader = np.array([t.rank], dtype=np.int64)
-    naive_broadcast(intra, leader, root=0)  # the leader's rank in t -> every rank of the node
-    leaders = np.empty(t.size, dtype=np.int64)
-    leaders[t.rank] = leader[0]
-    ring_allgather(t, leaders)  # every rank's leader -> every rank
-    order, counts = np.unique(leaders, return_counts=True)
-    node = int(np.searchsorted(order, leader[0]))
-    return tuple(int(c) for c in counts), node
 
 
 def _inter_implementation(inter: str):
-    """Return the registry's all-reduce called ``inter`` (imported late: the registry imports us)."""
-    from . import get, implementation
-
+    """Return the registry's all-reduce called ``inter``."""
     if inter == "hierarchical":
         raise UsageError("inter='hierarchical' would split the inter-node ranks again without "
                          "end: choose a flat all-reduce such as 'ring'")
@@ -199,7 +109,7 @@ def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
     Cost (equal, ring inter): 2(k-1)·α + 2((k-1)/k)·n·β_intra + ((k-1)/k)·n·γ
       + 2(g-1)·α + 2((g-1)/g)·(n/k)·β_inter + ((g-1)/g)·(n/k)·γ;
       unequal: 2(k-1)·α + 2(k-1)·n·β_intra + (k-1)·n·γ + the inter all-reduce of n
-      over g. Exact counts: :func:`refcoll.core.cost.hierarchical_allreduce`.
+      over g. Exact counts: :func:`hierarchical_allreduce_cost`.
     Restrictions: none on p or n (any node shape; n < k gives empty shards, sent
       as empty messages); p == 1 copies; one node is the ring all-reduce; one
       rank a node is the ``inter`` all-reduce over all ranks. The nodes come from
@@ -255,15 +165,136 @@ def _leader_allreduce(layout: NodeLayout, x, out, *, op, inter_allreduce) -> Non
         naive_broadcast(intra, out, root=0)  # the result -> every rank of the node
 
 
-def node_traffic(ledger, ranks_per_node: int) -> tuple[int, int]:
-    """Return ``(intra-node bytes, inter-node bytes)`` of a simulated run's ledger.
+# ------------------------------------------------------------------ cost
 
-    Ranks ``a`` and ``b`` (world ranks) share a node when
-    ``a // ranks_per_node == b // ranks_per_node``, the grouping of both the
-    ``ranks_per_node`` option and ``SimWorld(p, ranks_per_node=...)``. Works for
-    the ledger of any algorithm (so a flat ring can be compared with this one).
-    :func:`refcoll.core.cost.hierarchical_traffic` predicts it for this algorithm.
+def _hierarchical_parts(p: int, n: int, itemsize: int, ranks_per_node, inter: str):
+    """Return ``(sizes, intra costs, inter costs, inter's formula)`` of the phases.
+
+    Equal nodes: intra is one ring all-reduce per node (its reduce-scatter and
+    allgather halves), inter one ``inter`` all-reduce per shard ``j``. Unequal:
+    intra is a naive reduce and a naive broadcast per node, inter one
+    all-reduce of the whole buffer among the leaders.
     """
-    if ranks_per_node < 1:
-        raise UsageError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
-    return ledger.split_bytes(lambda a, b: a // ranks_per_node == b // ranks_per_node)
+    sizes = node_sizes(p, ranks_per_node or p)
+    g = len(sizes)
+    inter_cost = get(inter).costs["allreduce"]
+    if len(set(sizes)) == 1:
+        intra = [ring_allreduce_cost(sizes[0], n, itemsize)] * g
+        across = [inter_cost(g, shard, itemsize) for shard in chunk_sizes(n, sizes[0])]
+    else:
+        intra = [naive_reduce_cost(m, n, itemsize) for m in sizes] + \
+                [naive_broadcast_cost(m, n, itemsize) for m in sizes]
+        across = [inter_cost(g, n, itemsize)]
+    return sizes, intra, across, inter_cost(2, 1, itemsize).formula  # general even when g == 1
+
+
+def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node: int | None = None,
+                           inter: str = "ring") -> Cost:
+    """Two-level all-reduce: ``g`` nodes of ``k`` ranks (``None``: one node of ``p``).
+
+    Equal nodes: a ring all-reduce's two halves inside each node around an
+    ``inter`` all-reduce of each shard ``j`` (``chunk_sizes(n, k)[j]`` elements)
+    over ``g`` ranks, the ``k`` shards' all-reduces running side by side.
+    Unequal nodes (the last one smaller): a naive reduce to each leader, an
+    ``inter`` all-reduce of ``n`` among the ``g`` leaders, a naive broadcast.
+
+    Rank (node i, local j) sends ``2n - n_j - n_(j+1)`` elements and reduces
+    ``n - n_(j-1)`` inside an equal node (the ring's counts), a leader ``k-1``
+    whole buffers each way inside an unequal one.
+
+    Only ``inter``'s totals are known here, not its per-rank or per-round counts,
+    so the composition is exact when ``inter`` (1) runs the same rounds for every
+    shard size, with messages that do not shrink as ``n`` grows, (2) ends in the
+    same round on every rank, and (3) has cross rank 0 among its busiest ranks.
+    ``ring``, ``recursive_doubling``, ``rabenseifner`` and ``tree`` are held to the
+    ledger exactly. ``naive`` breaks (2): a node that finishes early overlaps its
+    allgather with the others' inter rounds, so ``critical_bytes`` (and, with
+    unequal nodes, ``rounds``) are upper bounds. ``dbtree`` breaks (1) and (3): its
+    counts here are estimates.
+    """
+    if p == 1:
+        return ZERO
+    sizes, intra, across, inter_formula = _hierarchical_parts(p, n, itemsize, ranks_per_node,
+                                                              inter)
+    k, g = sizes[0], len(sizes)
+    if len(set(sizes)) == 1:
+        shards = chunk_sizes(n, k)
+        # Rank j sends every shard but j (reduce-scatter) and but j+1 (allgather) inside its
+        # node and reduces every shard but j-1; the shards' all-reduces run side by side.
+        return Cost(
+            intra[0].rounds + max(c.rounds for c in across),
+            sum(c.messages for c in intra) + sum(c.messages for c in across),
+            sum(c.bytes for c in intra) + sum(c.bytes for c in across),
+            intra[0].max_rank_messages + max(c.max_rank_messages for c in across),
+            max((2 * n - shards[j] - shards[(j + 1) % k]) * itemsize + across[j].max_rank_bytes
+                for j in range(k)),
+            intra[0].critical_bytes + max(c.critical_bytes for c in across),
+            max(n - shards[j - 1] + across[j].reduced for j in range(k)),
+            f"k={k} ranks per node, g={g} nodes: 2(k-1)·α + 2((k-1)/k)·n·β + ((k-1)/k)·n·γ "
+            f"inside the nodes + {inter} all-reduce of n/k over g [{inter_formula}, p=g, n=n/k]",
+        )
+    reduce_k, bcast_k = intra[0], intra[g]  # the first node is a full one: the slowest
+    return Cost(
+        reduce_k.rounds + across[0].rounds + bcast_k.rounds,
+        sum(c.messages for c in intra) + across[0].messages,
+        sum(c.bytes for c in intra) + across[0].bytes,
+        bcast_k.max_rank_messages + across[0].max_rank_messages,
+        bcast_k.max_rank_bytes + across[0].max_rank_bytes,
+        reduce_k.critical_bytes + across[0].critical_bytes + bcast_k.critical_bytes,
+        reduce_k.reduced + across[0].reduced,
+        f"nodes {'+'.join(map(str, sizes))} (unequal: leader-based), k={k}, g={g}: "
+        f"2(k-1)·α + 2(k-1)·n·β + (k-1)·n·γ inside the nodes + {inter} all-reduce of n over "
+        f"the g leaders [{inter_formula}, p=g]",
+    )
+
+
+def hierarchical_traffic(p: int, n: int, itemsize: int, *, ranks_per_node: int | None = None,
+                         inter: str = "ring") -> tuple[int, int]:
+    """Return the hierarchical all-reduce's ``(intra-node bytes, inter-node bytes)``.
+
+    Every byte of the inter phase crosses nodes and no other byte does, so with
+    ``g`` nodes of ``k`` ranks and ``inter="ring"`` the inter-node total is
+    ``2(g-1)·n`` bytes·itemsize (each rank sends ``2((g-1)/g)·(n/k)``), and the
+    intra-node total ``2g(k-1)·n``. :func:`node_traffic`
+    measures the same split on a ledger.
+    """
+    if p == 1:
+        return 0, 0
+    _, intra, across, _ = _hierarchical_parts(p, n, itemsize, ranks_per_node, inter)
+    return sum(c.bytes for c in intra), sum(c.bytes for c in across)
+
+
+# ------------------------------------------------------------ cluster pricing
+
+def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
+    """Price the two levels on a cluster: ring halves inside the nodes, ``inter`` across them.
+
+    With ``g`` ranks a node and ``m`` nodes each rank sends ``(g-1)/g·n`` in each
+    ring half and its shard's ``inter`` all-reduce across nodes (``2(m-1)/m·n/g``
+    for a ring).
+    """
+    g, m = shape.per_node, shape.nodes
+    shard = max_chunk(count, g)
+    across_algo = get(inter)
+    if across_algo.needs_in_network and not shape.in_network:
+        usable = [a.name for a in REGISTRY.values() if a.across_nodes and not a.needs_in_network]
+        raise UsageError(f"inter-node algorithm {inter!r} (--inter) needs in-network "
+                         f"reduction: add --in-network, or choose one of {', '.join(usable)}")
+    return [LinkCost("intra reduce-scatter", "intra", ring_reduce_scatter_cost(g, count, itemsize)),
+            LinkCost(f"inter {inter} all-reduce", "inter", across_algo.flat_cost(m, shard, itemsize)),
+            LinkCost("intra allgather", "intra", ring_allgather_cost(g, shard, itemsize))]
+
+
+register(Algorithm(
+    "hierarchical",
+    "ring reduce-scatter in each node, all-reduce across nodes, ring allgather in each node",
+    {"allreduce": hierarchical_allreduce},
+    {"allreduce": hierarchical_allreduce_cost},
+    "spec/hierarchical.md",
+    order=20,
+    battery_options=({"ranks_per_node": 2}, {"ranks_per_node": 3}, {}),
+    vector_variants=({"ranks_per_node": 2}, {"ranks_per_node": 3}),
+    node_option="ranks_per_node",
+    node_traffic=hierarchical_traffic,
+    price=hierarchical_price,
+))

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.chunking import chunk_bounds, chunk_sizes
+from ..core.cost import ZERO, Cost
 from ._util import copy_into, same_memory, view, workspace
-from ..core.chunking import chunk_bounds
+from .registry import Algorithm, register
 
 __all__ = [
     "naive_reduce",
@@ -21,6 +23,11 @@ __all__ = [
     "naive_allreduce",
     "naive_reduce_scatter",
     "naive_allgather",
+    "naive_reduce_cost",
+    "naive_broadcast_cost",
+    "naive_allreduce_cost",
+    "naive_reduce_scatter_cost",
+    "naive_allgather_cost",
 ]
 
 
@@ -40,20 +47,25 @@ def naive_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0)
     if size == 1:
         copy_into(out, x)
         return
-    if root != 0 and same_memory(out, x):
-        x = x.copy()  # rank 0's buffer lands in out before the root's own is folded
+    # The running partial lives in out and starts as x0: the root's own input when
+    # the root is rank 0, else rank 0's buffer, received straight into out (an
+    # in-place root first keeps its own input aside, as out is about to change).
+    if root == 0:
+        partial = x
+    else:
+        if same_memory(out, x):
+            x = x.copy()
+        t.recv(out, 0)  # whole buffer <- rank 0
+        partial = out
     incoming = workspace(t, x.size, x.dtype)
-    for src in range(size):
+    for src in range(1, size):
         if src == root:
             contribution = x
         else:
-            contribution = out if src == 0 else incoming
-            t.recv(contribution, src)  # whole buffer <- rank src
-        if src == 1:
-            first = x if root == 0 else out
-            t.reduce_local(op, first, contribution, out)
-        elif src > 1:
-            t.reduce_local(op, out, contribution, out)
+            t.recv(incoming, src)  # whole buffer <- rank src
+            contribution = incoming
+        t.reduce_local(op, partial, contribution, out)  # ((x0 op x1) ...) op x(src)
+        partial = out
 
 
 def naive_broadcast(t, buf: np.ndarray, *, root: int = 0) -> None:
@@ -111,3 +123,74 @@ def naive_allgather(t, out: np.ndarray) -> None:
     else:
         t.send(view(out, bounds, rank), 0)  # own block -> rank 0
     naive_broadcast(t, out, root=0)
+
+
+# ------------------------------------------------------------------ cost
+
+def naive_reduce_cost(p: int, n: int, itemsize: int) -> Cost:
+    """Linear reduce: the root receives ``p-1`` whole buffers, one after another."""
+    if p == 1:
+        return ZERO
+    b = n * itemsize
+    return Cost(p - 1, p - 1, (p - 1) * b, 1, b, (p - 1) * b, (p - 1) * n,
+                "(p-1)·α + (p-1)·n·β + (p-1)·n·γ")
+
+
+def naive_broadcast_cost(p: int, n: int, itemsize: int) -> Cost:
+    """Linear broadcast: the root sends the whole buffer to each rank in turn."""
+    if p == 1:
+        return ZERO
+    b = n * itemsize
+    return Cost(p - 1, p - 1, (p - 1) * b, p - 1, (p - 1) * b, (p - 1) * b, 0,
+                "(p-1)·α + (p-1)·n·β")
+
+
+def naive_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
+    """Linear reduce to rank 0, then linear broadcast from it."""
+    if p == 1:
+        return ZERO
+    b = n * itemsize
+    return Cost(2 * (p - 1), 2 * (p - 1), 2 * (p - 1) * b, p - 1, (p - 1) * b,
+                2 * (p - 1) * b, (p - 1) * n, "2(p-1)·α + 2(p-1)·n·β + (p-1)·n·γ")
+
+
+def naive_reduce_scatter_cost(p: int, n: int, itemsize: int) -> Cost:
+    """Linear reduce to rank 0, then rank 0 sends chunk i to rank i."""
+    if p == 1:
+        return ZERO
+    b = n * itemsize
+    scattered = (n - chunk_sizes(n, p)[0]) * itemsize
+    return Cost(2 * (p - 1), 2 * (p - 1), (p - 1) * b + scattered, p - 1, max(b, scattered),
+                (p - 1) * b + scattered, (p - 1) * n,
+                "2(p-1)·α + (p-1)·n·β + ((p-1)/p)·n·β + (p-1)·n·γ")
+
+
+def naive_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
+    """Linear gather of ``m`` elements per rank to rank 0, then linear broadcast of all ``p·m``."""
+    if p == 1:
+        return ZERO
+    b = m * itemsize
+    return Cost(2 * (p - 1), 2 * (p - 1), (p - 1) * b + (p - 1) * p * b, p - 1, (p - 1) * p * b,
+                (p - 1) * b + (p - 1) * p * b, 0, "2(p-1)·α + (p-1)·m·β + (p-1)·p·m·β")
+
+
+register(Algorithm(
+    "naive",
+    "everything through rank 0 in rank order: the reference every variant is checked against",
+    {
+        "allreduce": naive_allreduce,
+        "reduce_scatter": naive_reduce_scatter,
+        "allgather": naive_allgather,
+        "broadcast": naive_broadcast,
+        "reduce": naive_reduce,
+    },
+    {
+        "allreduce": naive_allreduce_cost,
+        "reduce_scatter": naive_reduce_scatter_cost,
+        "allgather": naive_allgather_cost,
+        "broadcast": naive_broadcast_cost,
+        "reduce": naive_reduce_cost,
+    },
+    "spec/naive.md",
+    order=0,
+))

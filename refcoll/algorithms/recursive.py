@@ -1,4 +1,7 @@
-"""Recursive doubling and Rabenseifner's all-reduce, with MPICH's non-power-of-two fold.
+"""The steps recursive doubling and Rabenseifner share: the fold, halving, doubling.
+
+The algorithms are :mod:`~refcoll.algorithms.recursive_doubling` and
+:mod:`~refcoll.algorithms.rabenseifner`; this module registers none.
 
 Both pair rank ``i`` with ``i ^ mask`` (MPICH ``src/mpi/coll/allreduce/``
 ``allreduce_intra_recursive_doubling.c`` and
@@ -45,8 +48,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import copy_into, receive_into, view, workspace
 from ..core.chunking import chunk_bounds
+from ._util import receive_into, view
 
 __all__ = [
     "SENDS",
@@ -63,10 +66,14 @@ __all__ = [
     "fold_out",
     "halving_reduce_scatter_steps",
     "doubling_allgather_steps",
-    "recursive_doubling_allreduce",
-    "rabenseifner_allreduce",
-    "rabenseifner_reduce_scatter",
-    "rabenseifner_allgather",
+    "reduce_in_rank_order",
+    "largest_receive",
+    "pof2_fold",
+    "own_blocks",
+    "halving_rounds",
+    "doubling_rounds",
+    "sum_of_largest",
+    "survivor_sizes",
 ]
 
 #: Fold roles (see :func:`fold_role`).
@@ -151,7 +158,7 @@ def survivor_ranges(bounds, size: int) -> list[tuple[int, int]]:
     return out
 
 
-def _reduce_in_rank_order(t, op, mine, theirs, out, *, theirs_lower: bool) -> None:
+def reduce_in_rank_order(t, op, mine, theirs, out, *, theirs_lower: bool) -> None:
     """Set ``out = lower op higher``: the lower rank's partial is always the left operand."""
     if theirs_lower:
         t.reduce_local(op, theirs, mine, out)
@@ -220,7 +227,7 @@ def halving_reduce_scatter_steps(t, src: np.ndarray, ranges, me: int, *, op,
         incoming = receive_into(target, scratch[: keep_stop - keep_start], src)
         t.sendrecv(_blocks(src, ranges, block_of(peer, mask), mask), dest,
                    incoming, dest)  # partial of the peer's half -> peer; of ours <- peer
-        _reduce_in_rank_order(t, op, src[keep_start:keep_stop], incoming, target,
+        reduce_in_rank_order(t, op, src[keep_start:keep_stop], incoming, target,
                               theirs_lower=peer < me)
         src = acc
         mask //= 2
@@ -244,90 +251,7 @@ def doubling_allgather_steps(t, buf: np.ndarray, ranges, me: int) -> None:
         mask *= 2
 
 
-# --------------------------------------------------------------- the collectives
-
-def recursive_doubling_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
-    """Recursive-doubling all-reduce: ``lg p`` exchanges of the whole buffer.
-
-    Schedule (p' = pof2_below(p), survivors numbered by :func:`new_rank`):
-      0. fold (p not a power of two): rank 2i sends x to 2i+1, which reduces.
-      1. step k = 1..lg p', mask m = 1, 2, ..., p'/2: send the whole partial to
-         survivor ``me ^ m``, receive its partial, reduce lower rank first.
-      2. unfold: rank 2i+1 sends the result to rank 2i.
-    Reduction order: lower-rank partial op higher-rank partial, so every rank holds
-      the balanced tree over the leaves in rank order,
-      ``((L0 op L1) op (L2 op L3)) op ...``, with ``L(i) = x(2i) op x(2i+1)`` for
-      ``i < rem`` and ``x(i + rem)`` otherwise; both partners compute the same bits.
-    Cost: lg p·α + n·lg p·β + n·lg p·γ (MPICH; Thakur, Rabenseifner and Gropp 2005)
-      for p a power of two; the fold adds 2α + 2n·β + n·γ (lg p -> floor(lg p)).
-    Restrictions: none on p or n (n == 0 sends empty messages). The first
-      reduction writes straight into ``out``: an out-of-place call never copies x,
-      and receives its first partial straight into ``out`` too.
-    Spec: spec/recursive_doubling.md
-    """
-    size = t.size
-    if size == 1:
-        copy_into(out, x)
-        return
-    scratch = workspace(t, x.size, x.dtype)
-    current = fold_in(t, x, op=op, into=out, scratch=scratch)
-    if current is not None:
-        me, pof2 = new_rank(t.rank, size), pof2_below(size)
-        mask = 1
-        while mask < pof2:
-            peer = doubling_partner(me, mask)
-            dest = real_rank(peer, size)
-            incoming = receive_into(out, scratch, current)
-            t.sendrecv(current, dest, incoming, dest)  # whole partial -> peer; its partial <- peer
-            _reduce_in_rank_order(t, op, current, incoming, out, theirs_lower=peer < me)
-            current = out
-            mask *= 2
-    fold_out(t, out, out)
-
-
-def rabenseifner_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
-    """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling allgather.
-
-    Schedule (p' = pof2_below(p); positions = chunk_bounds(n, p'), the one rule):
-      0. fold (p not a power of two): rank 2i sends x to 2i+1, which reduces.
-      1. halving, step k = 1..lg p', mask m = p'/2, ..., 1: send the partial of the
-         m positions holding survivor ``me ^ m`` to it, receive the partial of ours,
-         reduce lower rank first into ``out``. Survivor i ends with position i.
-      2. doubling, step k = 1..lg p', mask m = 1, ..., p'/2: swap our m positions
-         for the peer's m.
-      3. unfold: rank 2i+1 sends the result to rank 2i.
-    MPICH's file pairs distance 1 first on the way down (so survivor i ends with
-    position bitreverse(i)); pairing the top bit first instead leaves position i at
-    survivor i, which makes the two halves exactly :func:`rabenseifner_reduce_scatter`
-    and :func:`rabenseifner_allgather`. Message sizes, rounds and cost are the same.
-    Reduction order: the balanced tree over the leaves in bit-reversed order of
-      survivor: ``T(c, m) = T(c, 2m) op T(c+m, 2m)``, ``T(c, p') = L(c)``, result
-      ``T(0, 1)``; for p' = 4: ``(L0 op L2) op (L1 op L3)``. Each element is reduced
-      by one rank and copied to the others, so all ranks agree bitwise.
-    Cost: 2·lg p·α + 2·((p-1)/p)·n·β + ((p-1)/p)·n·γ (Thakur, Rabenseifner and
-      Gropp 2005; MPICH) for p a power of two; otherwise, with p' for p,
-      (2·lg p'+2)·α + (2·((p'-1)/p') + 2)·n·β + (1 + (p'-1)/p')·n·γ.
-    Restrictions: none (n < p' gives empty positions, sent as empty messages;
-      MPICH instead requires n >= p'). The first reduction writes straight into
-      ``out`` (no copy of x), on the partial received there (out of place);
-      later receives go to one reused workspace; sends are views.
-    Spec: spec/rabenseifner.md
-    """
-    size = t.size
-    if size == 1:
-        copy_into(out, x)
-        return
-    ranges = chunk_bounds(x.size, pof2_below(size))
-    scratch = workspace(t, _largest_receive(x.size, ranges, t.rank, size), x.dtype)
-    current = fold_in(t, x, op=op, into=out, scratch=scratch)
-    if current is not None:
-        me = new_rank(t.rank, size)
-        halving_reduce_scatter_steps(t, current, ranges, me, op=op, acc=out, scratch=scratch)
-        doubling_allgather_steps(t, out, ranges, me)
-    fold_out(t, out, out)
-
-
-def _largest_receive(n: int, ranges, rank: int, size: int) -> int:
+def largest_receive(n: int, ranges, rank: int, size: int) -> int:
     """Return the largest receive of a halving run: the fold's n, or the larger half."""
     if fold_role(rank, size)[0] == ABSORBS:
         return n
@@ -335,58 +259,82 @@ def _largest_receive(n: int, ranges, rank: int, size: int) -> int:
     return max(stop - start for start, stop in (_span(ranges, 0, half), _span(ranges, half, half)))
 
 
-def rabenseifner_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
-    """Recursive-halving reduce-scatter: rank r gets chunk r (``chunk_bounds(n, p)``).
+# ------------------------------------------------- the costs' fold arithmetic
+#
+# p' = 2^floor(lg p) survivors, rem = p - p' (the fold of MPICH's recursive
+# doubling and Rabenseifner files: ranks 2i -> 2i+1 for i < rem, then back).
+# Survivor i of the halving and doubling steps owns "position" i: the elements
+# ``sizes[i]``. Ranks that stood in the fold start one round late (Lamport step
+# 1 was the fold), so a message's round is its step number plus one when the
+# group of survivors it depends on contains a folded one; after ``lg p'`` steps
+# every group is everyone, and the rounds line up again.
 
-    Schedule: the fold, then :func:`halving_reduce_scatter_steps` over the
-      survivors' ranges (:func:`survivor_ranges`: survivor i's position is the
-      chunks of the ranks it stands for, so it ends holding exactly those), then
-      each absorbing rank 2i+1 sends chunk 2i to rank 2i. Positions are the p
-      chunks of the one chunking rule, regrouped, so no ring fallback is needed.
-    Reduction order: as :func:`rabenseifner_allreduce` (bit-reversed balanced tree
-      over the leaves).
-    Cost: lg p·α + ((p-1)/p)·n·β + ((p-1)/p)·n·γ for p a power of two (Thakur,
-      Rabenseifner and Gropp 2005); the fold adds 2α + n·β + (n/p)·β + n·γ.
-    Restrictions: none. Partials live in one n-element workspace (``acc``); the
-      last step of a rank that stands for itself writes straight into ``out``.
+def pof2_fold(p: int) -> tuple[int, int, int]:
+    """Return ``(p', rem, lg p')`` of the non-power-of-two fold."""
+    pof2 = 1 << (p.bit_length() - 1)
+    return pof2, p - pof2, pof2.bit_length() - 1
+
+
+def own_blocks(sizes: list[int], i: int) -> int:
+    """Elements of the aligned blocks of 1, 2, ..., p'/2 positions that hold position ``i``.
+
+    What survivor ``i`` reduces in a recursive halving (it keeps those blocks), and
+    what it sends in a recursive-doubling allgather (it passes them on).
     """
-    size, rank = t.size, t.rank
-    if size == 1:
-        copy_into(out, x)
-        return
-    bounds = chunk_bounds(x.size, size)
-    ranges = survivor_ranges(bounds, size)
-    role, partner = fold_role(rank, size)
-    scratch = workspace(t, _largest_receive(x.size, ranges, rank, size), x.dtype, slot=0)
-    acc = workspace(t, x.size, x.dtype, slot=1)
-    current = fold_in(t, x, op=op, into=acc, scratch=scratch)
-    if current is not None:
-        halving_reduce_scatter_steps(t, current, ranges, new_rank(rank, size), op=op, acc=acc,
-                                     scratch=scratch, last=out if role == STAYS else None)
-        if role == ABSORBS:
-            copy_into(out, view(acc, bounds, rank))
-    fold_out(t, view(acc, bounds, partner) if role == ABSORBS else out, out)
+    total, mask = 0, 1
+    while mask < len(sizes):
+        first = i & ~(mask - 1)
+        total += sum(sizes[first:first + mask])
+        mask *= 2
+    return total
 
 
-def rabenseifner_allgather(t, out: np.ndarray) -> None:
-    """Recursive-doubling allgather, in place: ``out`` holds p equal blocks, block r filled.
+def halving_rounds(sizes: list[int], rem: int, start: int) -> dict[int, int]:
+    """Return ``{round: largest message}`` (elements) of recursive halving over ``sizes``.
 
-    Schedule: fold (rank 2i sends block 2i to rank 2i+1, into place), then
-      :func:`doubling_allgather_steps` over the survivors' ranges (survivor i's
-      position is the blocks of the ranks it stands for), then unfold (rank 2i+1
-      sends the whole buffer to rank 2i).
-    Cost: lg p·α + (p-1)·m·β for p a power of two (Thakur, Rabenseifner and Gropp
-      2005); the fold adds 2α + m·β + p·m·β.   Restrictions: none.
+    Step ``k`` (mask ``m = p'/2^k``) links survivors that agree modulo ``m``; the
+    group holds a folded survivor (``< rem``) when its smallest member ``i % m`` does.
     """
-    size, rank = t.size, t.rank
-    if size == 1:
-        return
-    bounds = chunk_bounds(out.size, size)
-    role, partner = fold_role(rank, size)
-    if role == SENDS:
-        t.send(view(out, bounds, rank), partner)  # own block -> rank+1
-    elif role == ABSORBS:
-        t.recv(view(out, bounds, partner), partner)  # block rank-1 <- rank-1
-    if role != SENDS:
-        doubling_allgather_steps(t, out, survivor_ranges(bounds, size), new_rank(rank, size))
-    fold_out(t, out, out)
+    largest: dict[int, int] = {}
+    pof2, mask, k = len(sizes), len(sizes) // 2, 1
+    while mask:
+        for i in range(pof2):
+            first = (i ^ mask) & ~(mask - 1)  # the peer's half, which we send
+            step = start + k + (1 if i % mask < rem else 0)
+            largest[step] = max(largest.get(step, 0), sum(sizes[first:first + mask]))
+        mask, k = mask // 2, k + 1
+    return largest
+
+
+def doubling_rounds(sizes: list[int], rem: int, start: int) -> dict[int, int]:
+    """Return ``{round: largest message}`` (elements) of a recursive-doubling allgather.
+
+    Step ``k`` (mask ``m = 2^(k-1)``) links the aligned groups of ``2m`` survivors;
+    the group holds a folded survivor when its first member does (``rem = 0``:
+    none lags).
+    """
+    largest: dict[int, int] = {}
+    pof2, mask, k = len(sizes), 1, 1
+    while mask < pof2:
+        for i in range(pof2):
+            first = i & ~(mask - 1)  # our block, which we send
+            step = start + k + (1 if i & ~(2 * mask - 1) < rem else 0)
+            largest[step] = max(largest.get(step, 0), sum(sizes[first:first + mask]))
+        mask, k = mask * 2, k + 1
+    return largest
+
+
+def sum_of_largest(*rounds: dict[int, int]) -> int:
+    """Return the sum over rounds of the largest message in any of ``rounds``."""
+    largest: dict[int, int] = {}
+    for table in rounds:
+        for step, size in table.items():
+            largest[step] = max(largest.get(step, 0), size)
+    return sum(largest.values())
+
+
+def survivor_sizes(per_rank: list[int], p: int) -> list[int]:
+    """Return, per survivor, the elements of the ranks it stands for (2i and 2i+1, or i+rem)."""
+    pof2, rem, _ = pof2_fold(p)
+    return [per_rank[2 * i] + per_rank[2 * i + 1] if i < rem else per_rank[i + rem]
+            for i in range(pof2)]

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.chunking import chunk_bounds, chunk_sizes, max_chunk
+from ..core.cost import ZERO, Cost
 from ._util import copy_into, receive_into, view, workspace
-from ..core.chunking import chunk_bounds, max_chunk
+from .registry import Algorithm, LinkCost, register
 
 __all__ = [
     "ring_peers",
@@ -29,6 +31,10 @@ __all__ = [
     "ring_allreduce",
     "ring_reduce_scatter",
     "ring_allgather",
+    "ring_reduce_scatter_cost",
+    "ring_allgather_cost",
+    "ring_allreduce_cost",
+    "ring_price",
 ]
 
 
@@ -52,15 +58,17 @@ def ring_reduce_scatter_steps(t, x: np.ndarray, bounds, *, op, target, scratch) 
     """
     size, rank = t.size, t.rank
     left, right = ring_peers(rank, size)
-    sending = view(x, bounds, (rank - 1) % size)
+    finished = None  # the partial this rank combined in the previous step
     for step in range(size - 1):
+        send_idx = (rank - step - 1) % size  # our own input at step 0, then last step's partial
         recv_idx = (rank - step - 2) % size
+        sending = view(x, bounds, send_idx) if finished is None else finished
         start, stop = bounds[recv_idx]
         dst, own = target(recv_idx), x[start:stop]
         incoming = receive_into(dst, scratch[: stop - start], sending, own)
-        t.sendrecv(sending, right, incoming, left)  # partial of chunk r-s-1 -> right; of r-s-2 <- left
-        t.reduce_local(op, incoming, own, dst)
-        sending = dst
+        t.sendrecv(sending, right, incoming, left)  # partial of send_idx -> right; of recv_idx <- left
+        t.reduce_local(op, incoming, own, dst)  # chunk recv_idx: the left's partial, then ours
+        finished = dst
 
 
 def ring_allgather_steps(t, buf: np.ndarray, bounds) -> None:
@@ -75,7 +83,7 @@ def ring_allgather_steps(t, buf: np.ndarray, bounds) -> None:
         send_idx = (rank - step) % size
         recv_idx = (rank - step - 1) % size
         t.sendrecv(view(buf, bounds, send_idx), right,
-                   view(buf, bounds, recv_idx), left)  # chunk r-s -> right; chunk r-s-1 <- left
+                   view(buf, bounds, recv_idx), left)  # chunk send_idx -> right; recv_idx <- left
 
 
 def ring_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
@@ -132,3 +140,66 @@ def ring_allgather(t, out: np.ndarray) -> None:
     """
     if t.size > 1:
         ring_allgather_steps(t, out, chunk_bounds(out.size, t.size))
+
+
+# ------------------------------------------------------------------ cost
+
+def ring_reduce_scatter_cost(p: int, n: int, itemsize: int) -> Cost:
+    """Ring reduce-scatter: ``p-1`` rounds, each rank passes one chunk right per round."""
+    if p == 1:
+        return ZERO
+    sizes = chunk_sizes(n, p)
+    # Rank r sends every chunk but its own (chunk r) and reduces every chunk but r-1.
+    return Cost(p - 1, p * (p - 1), (p - 1) * n * itemsize, p - 1,
+                (n - min(sizes)) * itemsize, (p - 1) * max_chunk(n, p) * itemsize,
+                n - min(sizes), "(p-1)·α + ((p-1)/p)·n·β + ((p-1)/p)·n·γ")
+
+
+def ring_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
+    """Ring allgather of ``m`` elements per rank: ``p-1`` rounds of one block each."""
+    if p == 1:
+        return ZERO
+    b = m * itemsize
+    return Cost(p - 1, p * (p - 1), p * (p - 1) * b, p - 1, (p - 1) * b, (p - 1) * b, 0,
+                "(p-1)·α + (p-1)·m·β")
+
+
+def ring_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
+    """Ring all-reduce: ring reduce-scatter then ring allgather of the chunks."""
+    if p == 1:
+        return ZERO
+    sizes = chunk_sizes(n, p)
+    # Rank r sends all chunks but r in the reduce-scatter, all but r+1 in the allgather.
+    busiest = max(2 * n - sizes[r] - sizes[(r + 1) % p] for r in range(p))
+    return Cost(2 * (p - 1), 2 * p * (p - 1), 2 * (p - 1) * n * itemsize, 2 * (p - 1),
+                busiest * itemsize, 2 * (p - 1) * max_chunk(n, p) * itemsize, n - min(sizes),
+                "2(p-1)·α + 2((p-1)/p)·n·β + ((p-1)/p)·n·γ")
+
+
+def ring_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
+    """Price the flat ring on a cluster: each step waits for the slowest link it uses."""
+    p, link = shape.ranks, shape.ring_link()
+    return [LinkCost("reduce-scatter", link, ring_reduce_scatter_cost(p, count, itemsize)),
+            LinkCost("allgather", link, ring_allgather_cost(p, max_chunk(count, p), itemsize))]
+
+
+register(Algorithm(
+    "ring",
+    "ring reduce-scatter + ring allgather: bandwidth-optimal, 2(p-1) rounds",
+    {
+        "allreduce": ring_allreduce,
+        "reduce_scatter": ring_reduce_scatter,
+        "allgather": ring_allgather,
+    },
+    {
+        "allreduce": ring_allreduce_cost,
+        "reduce_scatter": ring_reduce_scatter_cost,
+        "allgather": ring_allgather_cost,
+    },
+    "spec/ring.md",
+    order=10,
+    replayable=True,
+    auto=True,
+    price=ring_price,
+    across_nodes=True,
+))

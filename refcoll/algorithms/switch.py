@@ -36,13 +36,19 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
-from ._util import copy_into, view, workspace
-from ..core.chunking import chunk_bounds, max_chunk
+from ..core.chunking import max_chunk
+from ..core.cost import ZERO, Cost, lamport_replay
 from ..core.errors import UsageError
-from ..core.ops import OPS, dtype_name, is_float
+from ..core.ops import OPS, dtype_name, is_float, unit_roundoff
 from ..transport.base import TAGS_PER_CALL
+from ._util import copy_into, view, workspace
+from .registry import Algorithm, LinkCost, register
+from .switch_tree import (MODES, PACKET, RADIX, SLOTS, check_radix, is_count, packet_bounds,
+                          packet_count, switch_count, switch_levels, switch_links, switch_schedule,
+                          switch_workers)
 
 __all__ = [
     "RADIX",
@@ -58,16 +64,10 @@ __all__ = [
     "int_headroom",
     "int_error_bound",
     "switch_allreduce",
+    "switch_allreduce_cost",
+    "switch_ideal_cost",
+    "switch_price",
 ]
-
-#: Default children per switch.
-RADIX = 4
-#: Default packet size, in elements.
-PACKET = 256
-#: Default size of a switch's aggregation pool, in packets.
-SLOTS = 8
-#: ``float``: SHARP, reduce in the buffer's dtype; ``int``: SwitchML, int32 fixed point.
-MODES = ("float", "int")
 
 #: Bits of an int32 a quantized value may fill before the headroom for W summands.
 _FIXED_BITS = 30
@@ -75,151 +75,6 @@ _FIXED_BITS = 30
 _ZERO_EXPONENT = -1100
 #: Block exponent of a block holding NaN or Inf: above every finite float's (float64's is 1024).
 _NONFINITE_EXPONENT = 1 << 16
-
-
-# ---------------------------------------------------------------------- the tree
-
-def _is_count(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _check_radix(radix) -> int:
-    if not _is_count(radix) or radix < 2:
-        raise UsageError(f"switch radix must be an integer >= 2 (children per switch), "
-                         f"got {radix!r}")
-    return int(radix)
-
-
-def switch_levels(workers: int, *, radix: int = RADIX) -> list[int]:
-    """Return the node count of each tree level: ``[W, ceil(W/R), ..., 1]``.
-
-    Level 0 is the workers; each level above has ``ceil(m / radix)`` switches over
-    the ``m`` nodes below, up to a single root. One worker needs no switch: ``[1]``.
-    """
-    radix = _check_radix(radix)
-    if workers < 1:
-        raise UsageError(f"the switch tree needs at least one worker, got {workers}")
-    levels = [int(workers)]
-    while levels[-1] > 1:
-        levels.append(-(-levels[-1] // radix))
-    return levels
-
-
-def switch_count(workers: int, *, radix: int = RADIX, **_) -> int:
-    """Return how many switch processes a radix-``radix`` tree over ``workers`` needs.
-
-    The internal nodes of the tree of :func:`switch_levels`:
-    ``ceil(W/R) + ceil(W/R^2) + ... + 1`` for ``W >= 2``, and 0 for ``W == 1``
-    (a lone worker's all-reduce is a copy; no switch, no message).
-    """
-    return sum(switch_levels(workers, radix=radix)[1:])
-
-
-def switch_workers(total: int, *, radix: int = RADIX, **_) -> int:
-    """Return the largest ``W`` with ``W + switch_count(W) <= total``: the workers among ``total``.
-
-    ``W + switch_count(W)`` grows strictly with ``W``, so this inverts
-    :func:`switch_count`: ``switch_workers(W + switch_count(W)) == W``. Ranks past
-    ``W + switch_count(W)`` are spares that take no part. Every ``total >= 1``
-    has at least one worker.
-    """
-    radix = _check_radix(radix)
-    if total < 1:
-        raise UsageError(f"a switch all-reduce needs at least one rank, got {total}")
-    workers = 1
-    while workers + 1 + switch_count(workers + 1, radix=radix) <= total:
-        workers += 1
-    return workers
-
-
-def switch_links(rank: int, workers: int, *, radix: int = RADIX) -> tuple[int | None, list[int]]:
-    """Return ``(parent, children)`` of ``rank`` in the tree (``parent`` None at the root).
-
-    Ranks are numbered level by level: workers ``0..W-1``, then the level-1
-    switches, and so on; the root is the last. The ``m`` nodes of a level are
-    shared among the switches above it by :func:`~refcoll.core.chunking.chunk_bounds`:
-    switch ``j`` of level ``k+1`` has children chunk ``j`` of level ``k``.
-    """
-    levels = switch_levels(workers, radix=radix)
-    starts = np.concatenate(([0], np.cumsum(levels))).tolist()
-    level = next(k for k in range(len(levels)) if rank < starts[k + 1])
-    index = rank - starts[level]
-    parent = None
-    if level + 1 < len(levels):
-        groups = chunk_bounds(levels[level], levels[level + 1])
-        parent = starts[level + 1] + next(j for j, (lo, hi) in enumerate(groups)
-                                          if lo <= index < hi)
-    children = []
-    if level > 0:
-        lo, hi = chunk_bounds(levels[level - 1], levels[level])[index]
-        children = list(range(starts[level - 1] + lo, starts[level - 1] + hi))
-    return parent, children
-
-
-def packet_count(count: int, packet: int) -> int:
-    """Return how many packets carry ``count`` elements: ``ceil(count / packet)``."""
-    return -(-count // packet)
-
-
-def packet_bounds(count: int, packet: int) -> list[tuple[int, int]]:
-    """Return the packets of a buffer: ``ceil(count/packet)`` chunks, each at most ``packet``.
-
-    The chunking rule cuts the buffer, so packets differ by at most one element,
-    the longer ones first.
-    """
-    return chunk_bounds(count, packet_count(count, packet)) if count else []
-
-
-def switch_schedule(workers: int, count: int, *, radix: int = RADIX, packet: int = PACKET,
-                    slots: int = SLOTS, mode: str = "float") -> list[tuple[tuple, int]]:
-    """Return every message of one call in one global order, as runs of identical ticks.
-
-    Each run is ``(transfers, repeat)``: the tick ``transfers``, a tuple of
-    ``(source, dest, elements)`` in order (``elements`` on the wire: int mode
-    counts int32, its exponent included), happens ``repeat`` times in a row.
-
-    Tick ``b`` (``lag = slots - 1``): packet ``b`` goes up level by level, each
-    switch taking its children in order; then the result of packet ``b - lag``
-    comes down level by level, each switch sending to its children in order.
-    Int mode's exponent exchange is one such tick first.
-
-    The order is the proof of deadlock freedom: every rank's own sends and
-    receives appear in it in that rank's program order, so running the messages
-    one at a time in this order is an execution of the rendezvous program, which
-    therefore cannot wait forever. :func:`refcoll.core.cost.switch_allreduce` replays
-    its Lamport clock; the spec's step table is its first ticks.
-    """
-    levels = switch_levels(workers, radix=radix)
-    packets = packet_count(count, packet)
-    if workers == 1 or packets == 0:
-        return []
-    shortest, longer = divmod(count, packets)  # chunking: the first count % P are one longer
-    starts = np.concatenate(([0], np.cumsum(levels))).tolist()
-    tree = [(switch, switch_links(switch, workers, radix=radix)[1])
-            for k in range(1, len(levels)) for switch in range(starts[k], starts[k + 1])]
-
-    def tick(up: int | None, down: int | None) -> tuple:
-        going_up = [(child, switch, up) for switch, children in tree for child in children]
-        coming_down = [(switch, child, down) for switch, children in reversed(tree)
-                       for child in children]
-        return tuple((going_up if up is not None else [])
-                     + (coming_down if down is not None else []))
-
-    def wire(b: int) -> int:  # elements of packet b on the wire (int mode: + its exponent)
-        return shortest + (b < longer) + (mode == "int")
-
-    lag = slots - 1
-    runs = [(tick(min(slots, packets), min(slots, packets)), 1)] if mode == "int" else []
-    # A tick's shape changes only where a packet's size does (after the long
-    # packets) or where the up or the down stream starts or stops.
-    edges = sorted({0, lag, longer, longer + lag, packets, packets + lag})
-    for first, stop in zip(edges, edges[1:]):
-        if first >= packets + lag:
-            break
-        done = first - lag
-        runs.append((tick(wire(first) if first < packets else None,
-                          wire(done) if done >= 0 else None), stop - first))
-    return runs
 
 
 # ------------------------------------------------------------- int mode numbers
@@ -258,10 +113,6 @@ def int_error_bound(inputs, *, packet: int = PACKET, slots: int = SLOTS) -> np.n
     where ``tiny`` is half the dtype's least subnormal (an underflowing result).
     ``slots`` does not change the bound; it is accepted so option dicts pass through.
     """
-    from ml_dtypes import finfo
-
-    from ..core.ops import unit_roundoff
-
     arrays = [np.asarray(x).reshape(-1) for x in inputs]
     workers = len(arrays)
     dtype = arrays[0].dtype
@@ -273,7 +124,7 @@ def int_error_bound(inputs, *, packet: int = PACKET, slots: int = SLOTS) -> np.n
         e = max(_block_exponent(x[lo:hi]) for x in arrays)
         quantum[lo:hi] = workers * 2.0 ** (e + int_headroom(workers) - 31)
     u = unit_roundoff(dtype)
-    tiny = float(finfo(dtype).smallest_subnormal) / 2
+    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal) / 2
     # float64 accumulation of ``exact`` above is itself rounded: widen by W·2**-53·Σ|x|.
     slack = workers * 2.0 ** -53 * sum(np.abs(x.astype(np.float64)) for x in arrays)
     return quantum + u * (np.abs(exact) + quantum) + tiny + slack
@@ -306,10 +157,10 @@ def _dequantize(wire: np.ndarray, exponent: int, workers: int, block: np.ndarray
 
 def _check_options(x: np.ndarray, op, radix, packet, slots, mode) -> None:
     """Raise :class:`UsageError` on every rank alike for options no rank can run with."""
-    _check_radix(radix)
-    if not _is_count(packet) or packet < 1:
+    check_radix(radix)
+    if not is_count(packet) or packet < 1:
         raise UsageError(f"switch packet must be an integer >= 1 (elements), got {packet!r}")
-    if not _is_count(slots) or not 1 <= slots <= TAGS_PER_CALL:
+    if not is_count(slots) or not 1 <= slots <= TAGS_PER_CALL:
         raise UsageError(f"switch slots must be an integer in 1..{TAGS_PER_CALL} "
                          f"(packets a switch aggregates at once), got {slots!r}")
     if mode not in MODES:
@@ -438,8 +289,7 @@ def _worker_int(t, x: np.ndarray, out: np.ndarray, parent: int, bounds, *, worke
 
 
 def switch_allreduce(t, x: np.ndarray, out: np.ndarray | None, *, op, radix: int = RADIX,
-                     packet: int = PACKET, slots: int = SLOTS, mode: str = "float",
-                     **_) -> None:
+                     packet: int = PACKET, slots: int = SLOTS, mode: str = "float") -> None:
     """In-network all-reduce over a tree of switch processes (SHARP, SwitchML).
 
     Runs on every rank of ``t``: ranks ``0..W-1`` are workers (``W =
@@ -467,7 +317,7 @@ def switch_allreduce(t, x: np.ndarray, out: np.ndarray | None, *, op, radix: int
     Cost: per packet of m bytes, every tree link carries it once up and once
       down: 2(W+S-1)·P messages; a worker sends n bytes and receives n bytes
       whatever W is. The ledger serializes a switch's ports, so a round per port:
-      about (2·R+2)·P rounds (see :func:`refcoll.core.cost.switch_allreduce`).
+      about (2·R+2)·P rounds (see :func:`switch_allreduce_cost`).
     Restrictions: radix >= 2; 1 <= slots <= 1024 (the slot is the tag); int
       mode: float dtypes, op sum or avg, and a block holding NaN or Inf on any
       worker comes back all NaN. W == 1: no switch, the result is a copy.
@@ -495,3 +345,89 @@ def switch_allreduce(t, x: np.ndarray, out: np.ndarray | None, *, op, radix: int
         _stream(t, parent, len(bounds), lag=int(slots) - 1, slots=int(slots),
                 outgoing=lambda b: view(x, bounds, b),  # packet b of the input
                 landing=lambda b: view(out, bounds, b))  # its result, in place
+
+
+# ------------------------------------------------------------------ cost
+
+def switch_allreduce_cost(p: int, n: int, itemsize: int, *, radix: int = RADIX,
+                          packet: int = PACKET, slots: int = SLOTS, mode: str = "float") -> Cost:
+    """In-network all-reduce over ``p`` workers and ``switch_count(p)`` switches.
+
+    ``P = ceil(n/packet)`` packets; each of the ``W+S-1`` tree links carries every
+    packet once up and once down, so a worker sends ``n`` and receives ``n``
+    bytes whatever ``p`` is (int mode: int32 on the wire, ``4·(n + P)`` bytes
+    each way, the exponents included, plus ``4·min(slots, P)`` for the first
+    exponents). Rounds and critical bytes replay the schedule's Lamport clock
+    (:func:`switch_schedule`): the ledger serves a
+    switch's ports one at a time, where SHARP's latency is ``2·D`` hops.
+    """
+    levels = switch_levels(p, radix=radix)
+    packets = packet_count(n, packet)
+    if p == 1 or packets == 0:
+        return ZERO
+    links = sum(levels) - 1
+    ticks, carried = packets, n  # messages per link each way; elements per link each way
+    if mode == "int":
+        itemsize = 4
+        ticks, carried = packets + 1, n + packets + min(slots, packets)
+    fan = [max_chunk(below, here) for below, here in zip(levels, levels[1:])]
+    sends = max([f + 1 for f in fan[:-1]] + [fan[-1]])  # a switch: its children and its parent
+    rounds, critical = lamport_replay(
+        switch_schedule(p, n, radix=radix, packet=packet, slots=slots, mode=mode), itemsize)
+    return Cost(rounds, 2 * links * ticks, 2 * links * carried * itemsize, sends * ticks,
+                sends * carried * itemsize, critical, (max(fan) - 1) * carried,
+                "2·⌈log_R p⌉·α + 2·n·β + (R-1)·n·γ, in ⌈n/packet⌉ pipelined packets "
+                "(the ledger serves a switch's R ports one after another)")
+
+
+def switch_ideal_cost(p: int, count: int, itemsize: int) -> Cost:
+    """Counts of an ideal in-network all-reduce: ``n`` up and ``n`` down at once, two latencies.
+
+    What the cluster model takes for SHARP-class hardware, which serves a
+    switch's ports at once (the ledger serves them one after another).
+    """
+    if p == 1 or count == 0:
+        return ZERO
+    b = count * itemsize
+    return Cost(2, 2 * p, 2 * p * b, 1, b, b, 0, "2α + n·β")
+
+
+def switch_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
+    """Price it on a cluster: reduce and multicast in the network, across the nodes."""
+    if not shape.in_network:
+        raise UsageError("algorithm 'switch' needs in-network reduction (--in-network)")
+    return [LinkCost("in-network reduce + multicast", "inter",
+                     switch_ideal_cost(shape.ranks, count, itemsize))]
+
+
+def switch_extra_ranks(workers: int, *, radix: int = RADIX, packet: int = PACKET,
+                       slots: int = SLOTS, mode: str = "float") -> int:
+    """Return the switch processes the options need beside ``workers`` (only radix counts)."""
+    return switch_count(workers, radix=radix)
+
+
+def switch_worker_ranks(total: int, *, radix: int = RADIX, packet: int = PACKET,
+                        slots: int = SLOTS, mode: str = "float") -> int:
+    """Return the workers among ``total`` ranks for the options (only radix counts)."""
+    return switch_workers(total, radix=radix)
+
+
+register(Algorithm(
+    "switch",
+    "in-network reduction (SHARP, SwitchML): packets summed up a tree of switch processes",
+    {"allreduce": switch_allreduce},
+    {"allreduce": switch_allreduce_cost},
+    "spec/switch.md",
+    order=70,
+    # Few slots so the pool wraps; radix 3 leaves one-child switches at some W.
+    battery_options=({}, {"radix": 2, "packet": 1001, "slots": 2},
+                     {"radix": 3, "packet": 401, "slots": 3}),
+    vector_variants=({}, {"radix": 2, "packet": 8, "slots": 2}, {"mode": "int", "packet": 8}),
+    extra_ranks=switch_extra_ranks,
+    workers=switch_worker_ranks,
+    pinnable=False,
+    price=switch_price,
+    model_cost=switch_ideal_cost,
+    across_nodes=True,
+    needs_in_network=True,
+))

@@ -1,4 +1,4 @@
-"""Tree collectives: MPICH's binomial reduce and broadcast, and NCCL's double binary tree.
+"""Binomial tree collectives: MPICH's binomial reduce and broadcast, and their all-reduce.
 
 **Binomial tree** (MPICH ``reduce/reduce_intra_binomial.c`` and
 ``bcast/bcast_intra_binomial.c``; Thakur, Rabenseifner and Gropp 2005). Ranks
@@ -11,42 +11,27 @@ root 0::
     ├── 2 ── 3                  step 2: 2->0                      step 2: 0->2
     └── 4                       step 3: 4->0                      step 3: 0->1, 2->3
 
-**Double binary tree** (Sanders, Speck and Träff 2009; NCCL's ``ncclGetBtree``
-and ``ncclGetDtree`` in ``src/graph/trees.cc``): two binary trees over all
-ranks, each carrying half the buffer. Tree 0 is NCCL's in-order "balanced" tree
-rooted at rank 0, whose leaves are the odd ranks; tree 1 is its mirror
-``r -> p-1-r`` when ``p`` is even and its shift ``r -> r+1`` when ``p`` is odd.
-So a rank that is a leaf of one tree is interior in the other, and every rank
-has at most two children over both trees together (the one exception to "interior
-in one tree only" is rank 0 for odd ``p``: the root of tree 0 with one child, and
-an interior node with one child in tree 1). With ``p = 6``::
-
-    tree 0:  0 ── 4 ┬─ 2 ┬─ 1        tree 1:  5 ── 1 ┬─ 3 ┬─ 4
-                    │    └─ 3                        │    └─ 2
-                    └─ 5                             └─ 0
-
 Segments: every function takes ``segment``, the most elements one message
 carries; a buffer (a half, for the double tree) is cut into
 ``S = ceil(n / segment)`` pieces by :func:`~refcoll.core.chunking.chunk_bounds`, which
 flow through the tree one after another. Defaults: no segmentation for the
 binomial tree (MPICH's choice: its root sends the whole buffer ``⌈log2 p⌉``
-times however it is cut, so pieces only add α), :data:`DBTREE_SEGMENT` elements
-for the double binary tree (its pipeline pays).
+times however it is cut, so pieces only add α); the double binary tree
+(:mod:`~refcoll.algorithms.dbtree`) pipelines its segments.
 
-Spec: spec/tree.md, spec/double_binary_tree.md
+Spec: spec/tree.md
 """
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 
-from ._util import copy_into, workspace
 from ..core.chunking import chunk_bounds
+from ..core.cost import ZERO, Cost
+from ._util import copy_into, workspace
+from .registry import Algorithm, LinkCost, register
 
 __all__ = [
-    "DBTREE_SEGMENT",
     "segment_bounds",
     "tree_reduce_steps",
     "tree_broadcast_steps",
@@ -57,17 +42,12 @@ __all__ = [
     "tree_reduce",
     "tree_broadcast",
     "tree_allreduce",
-    "btree_links",
-    "dbtree_position",
-    "dbtree_rank",
-    "dbtree_links",
-    "dbtree_messages",
-    "dbtree_allreduce",
+    "tree_reduce_cost",
+    "tree_broadcast_cost",
+    "tree_allreduce_cost",
+    "tree_price",
 ]
 
-#: Elements per pipeline segment of the double binary tree when the caller gives
-#: none (256 KiB of float32); halves up to this size move in one piece.
-DBTREE_SEGMENT = 1 << 16
 
 
 def segment_bounds(n: int, segment: int | None) -> list[tuple[int, int]]:
@@ -149,7 +129,7 @@ def tree_rank(position: int, size: int, root: int) -> int:
     return (position + root) % size
 
 
-def _lowest_bit(position: int, size: int) -> int:
+def lowest_bit(position: int, size: int) -> int:
     """Return the lowest set bit of ``position``; for 0, the first power of two >= size."""
     mask = 1
     while mask < size and not position & mask:
@@ -165,7 +145,7 @@ def binomial_parent(rank: int, size: int, root: int) -> int | None:
     position = tree_position(rank, size, root)
     if position == 0:
         return None
-    return tree_rank(position - _lowest_bit(position, size), size, root)
+    return tree_rank(position - lowest_bit(position, size), size, root)
 
 
 def binomial_children(rank: int, size: int, root: int) -> list[int]:
@@ -176,7 +156,7 @@ def binomial_children(rank: int, size: int, root: int) -> list[int]:
     at ``size``), so the root has ``⌈log2 size⌉`` children.
     """
     position = tree_position(rank, size, root)
-    lowest = _lowest_bit(position, size)
+    lowest = lowest_bit(position, size)
     children = []
     mask = 1
     while mask < lowest and position + mask < size:
@@ -256,147 +236,87 @@ def tree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, segment: int | None
     tree_broadcast_steps(t, out, parent=parent, children=children[::-1], segments=segments)
 
 
-# ------------------------------------------------------------ double binary tree
+# ------------------------------------------------------------------ cost
+#
+# Binomial trees (MPICH; Thakur, Rabenseifner and Gropp 2005): the root of a
+# reduce receives ⌈lg p⌉ partials per segment, and of a broadcast sends ⌈lg p⌉
+# copies, one per round. With S = ⌈n/segment⌉ segments (1 unsegmented; 0 when
+# n = 0, and nothing moves) the root is busy in each of the ⌈lg p⌉·S rounds, and
+# the largest message of each round is the root's current segment, so the β term
+# stays ⌈lg p⌉·n however the buffer is cut.
 
-def btree_links(position: int, size: int) -> tuple[int | None, list[int]]:
-    """Return ``(parent, children)`` of a position in NCCL's in-order binary tree.
+def _segment_count(n: int, segment: int | None) -> int:
+    return len(segment_bounds(n, segment))
 
-    Position 0 is the root; its one child is the largest power of two below
-    ``size``. Position ``q`` with lowest set bit ``b`` has parent ``(q ^ b) | 2b``,
-    or ``q ^ b`` when that is past the end, and children ``q - b/2`` and the
-    first of ``q + b/2, q + b/4, ..., q + 1`` below ``size``; odd positions are
-    leaves. In order: a left subtree holds smaller positions, a right one larger.
-    Children are listed left first.
+
+def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None) -> Cost:
+    """Binomial reduce: ``⌈lg p⌉·S`` rounds; the root folds ``⌈lg p⌉`` whole buffers."""
+    if p == 1:
+        return ZERO
+    segments = _segment_count(n, segment)
+    lg, b = (p - 1).bit_length(), n * itemsize
+    return Cost(lg * segments, (p - 1) * segments, (p - 1) * b, segments, b, lg * b, lg * n,
+                "⌈lg p⌉·S·α + ⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
+
+
+def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = None) -> Cost:
+    """Binomial broadcast: ``⌈lg p⌉·S`` rounds; the root sends ``⌈lg p⌉`` whole buffers."""
+    if p == 1:
+        return ZERO
+    segments = _segment_count(n, segment)
+    lg, b = (p - 1).bit_length(), n * itemsize
+    return Cost(lg * segments, (p - 1) * segments, (p - 1) * b, lg * segments, lg * b, lg * b, 0,
+                "⌈lg p⌉·S·α + ⌈lg p⌉·n·β (S segments; 1 unsegmented)")
+
+
+def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None) -> Cost:
+    """Binomial reduce to rank 0, then binomial broadcast: the two add up round for round.
+
+    The broadcast starts when the root has its result, so its rounds follow the
+    reduce's. A rank at position q sends ``S`` messages up and ``S`` to each of
+    its ``c(q) < ⌈lg p⌉`` children, so the root, with ``⌈lg p⌉·S``, is the busiest.
     """
-    if position == 0:
-        return None, ([_lowest_bit(0, size) >> 1] if size > 1 else [])
-    bit = _lowest_bit(position, size)
-    parent = (position ^ bit) | (bit << 1)
-    if parent >= size:
-        parent = position ^ bit
-    half = bit >> 1
-    if not half:
-        return parent, []
-    children = [position - half]
-    while half and position + half >= size:
-        half >>= 1
-    if half:
-        children.append(position + half)
-    return parent, children
+    if p == 1:
+        return ZERO
+    segments = _segment_count(n, segment)
+    lg, b = (p - 1).bit_length(), n * itemsize
+    return Cost(2 * lg * segments, 2 * (p - 1) * segments, 2 * (p - 1) * b, lg * segments,
+                lg * b, 2 * lg * b, lg * n,
+                "2⌈lg p⌉·S·α + 2⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
 
 
-def dbtree_position(rank: int, size: int, tree: int) -> int:
-    """Return ``rank``'s position in tree 0 (the rank itself) or tree 1 (mirror / shift)."""
-    if tree == 0:
-        return rank
-    return size - 1 - rank if size % 2 == 0 else (rank - 1) % size
+def tree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
+    """Price it on a cluster: when the levels split, inside the nodes, then across, then back."""
+    g, m, levels = shape.per_node, shape.nodes, shape.levels()
+    p = shape.ranks
+    if levels != "split":
+        return [LinkCost("binomial reduce", levels, tree_reduce_cost(p, count, itemsize)),
+                LinkCost("binomial broadcast", levels, tree_broadcast_cost(p, count, itemsize))]
+    return [LinkCost("intra reduce", "intra", tree_reduce_cost(g, count, itemsize)),
+            LinkCost("inter reduce", "inter", tree_reduce_cost(m, count, itemsize)),
+            LinkCost("inter broadcast", "inter", tree_broadcast_cost(m, count, itemsize)),
+            LinkCost("intra broadcast", "intra", tree_broadcast_cost(g, count, itemsize))]
 
 
-def dbtree_rank(position: int, size: int, tree: int) -> int:
-    """Return the rank at ``position`` of tree 0 or 1 (inverse of :func:`dbtree_position`)."""
-    if tree == 0:
-        return position
-    return size - 1 - position if size % 2 == 0 else (position + 1) % size
-
-
-def dbtree_links(rank: int, size: int, tree: int) -> tuple[int | None, list[int], list[int]]:
-    """Return ``(parent, left, right)`` of ``rank`` in tree ``tree`` (0 or 1), as ranks.
-
-    ``left`` and ``right`` hold the child (at most one each) whose subtree comes
-    before, and after, this rank in the tree's position order; the root has only
-    a right child.
-    """
-    position = dbtree_position(rank, size, tree)
-    parent, children = btree_links(position, size)
-    ranks = {q: dbtree_rank(q, size, tree) for q in children}
-    return (None if parent is None else dbtree_rank(parent, size, tree),
-            [ranks[q] for q in children if q < position],
-            [ranks[q] for q in children if q > position])
-
-
-def _btree_orders(size: int) -> tuple[list[int], list[int]]:
-    """Return the positions of the in-order binary tree in pre-order and in post-order."""
-    pre, post = [], []
-
-    def visit(position: int) -> None:
-        pre.append(position)
-        for child in btree_links(position, size)[1]:
-            visit(child)
-        post.append(position)
-
-    visit(0)
-    return pre, post
-
-
-def _half_segments(n: int, segment: int | None) -> list[list[tuple[int, int]]]:
-    """Return the segments of each half: tree ``h`` carries ``chunk_bounds(n, 2)[h]``."""
-    return [[(lo + start, lo + stop) for start, stop in segment_bounds(hi - lo, segment)]
-            for lo, hi in chunk_bounds(n, 2)]
-
-
-def dbtree_messages(size: int, n: int, segment: int | None = DBTREE_SEGMENT
-                    ) -> Iterator[tuple[int, str, int, int, int]]:
-    """Yield every message of :func:`dbtree_allreduce`: ``(tree, phase, source, dest, elements)``.
-
-    ``phase`` is ``"reduce"`` (a partial going up) or ``"broadcast"``.
-
-    The order is one global order in which every rank meets its own sends and
-    receives in program order (that is why the schedule cannot deadlock): tree 0
-    then tree 1; in each, the reduce of every segment, children before parents
-    (post-order), then the broadcast of every segment, parents before children
-    (pre-order). Replaying it with the simulator's clock rule gives the ledger.
-    """
-    if size == 1:
-        return
-    pre, post = _btree_orders(size)
-    parent = {q: btree_links(q, size)[0] for q in pre}
-    for tree, segments in enumerate(_half_segments(n, segment)):
-        ranks = [dbtree_rank(q, size, tree) for q in range(size)]
-        for start, stop in segments:
-            for q in post[:-1]:  # the root (last in post-order) sends nothing up
-                yield tree, "reduce", ranks[q], ranks[parent[q]], stop - start  # partial up
-        for start, stop in segments:
-            for q in pre[1:]:
-                yield tree, "broadcast", ranks[parent[q]], ranks[q], stop - start  # result down
-
-
-def dbtree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
-                     segment: int | None = DBTREE_SEGMENT) -> None:
-    """Double-binary-tree all-reduce (NCCL's ``TREE``): each tree reduces and broadcasts a half.
-
-    Schedule: half ``h = chunk_bounds(n, 2)[h]`` belongs to tree ``h``. For tree 0,
-      then tree 1: for each segment of the half, receive the left child's
-      partial, then the right child's, fold, send to the parent (the reduce);
-      then for each segment, receive it from the parent and send it to the left
-      child, then the right one (the broadcast). Tag ``h`` marks tree ``h``.
-      A rank that is a leaf of a tree only sends its input up and receives the
-      result; its work is in the other tree. NCCL runs the two trees at once on
-      separate channels; with one blocking thread per rank refcoll runs them one
-      after another, which keeps the order global (see :func:`dbtree_messages`),
-      and therefore free of deadlock under rendezvous sends.
-    Reduction order: half ``h`` is folded over tree ``h``'s positions 0..p-1 left
-      to right, bracketed by the in-order tree (left subtree op node op right
-      subtree): ranks 0..p-1 for tree 0; p-1..0 (even p) or 1..p-1, 0 (odd p) for tree 1.
-    Cost: S segments per half through two trees of depth ~log2 p, one tree after
-      the other: ≈ (8·lg p - 4 + 12(S-1))·α + (8·lg p - 4 + 12(S-1))·(n/2S)·β
-      + n·γ, exact in rounds for p a power of two >= 4; exact counts for any p in
-      :func:`refcoll.core.cost.dbtree_allreduce` (replayed from the schedule). Every
-      rank sends at most 2n elements in all (interior: n/2 up and twice n/2
-      down; leaf: n/2 up).
-    Restrictions: none. Any p: the in-order tree cuts its right edge at p (NCCL's
-      rule). ``n < 2``: tree 1 carries nothing. ``n == 0``: nothing moves.
-      ``p == 1``: a copy.   Spec: spec/double_binary_tree.md
-    """
-    size, rank = t.size, t.rank
-    if size == 1:
-        copy_into(out, x)
-        return
-    halves = _half_segments(x.size, segment)
-    largest = max((stop - start for segments in halves for start, stop in segments), default=0)
-    scratch = workspace(t, largest, x.dtype)
-    for tree, segments in enumerate(halves):
-        parent, left, right = dbtree_links(rank, size, tree)
-        tree_reduce_steps(t, x, op=op, parent=parent, left=left, right=right, segments=segments,
-                          target=lambda start, stop: out[start:stop], scratch=scratch, tag=tree)
-        tree_broadcast_steps(t, out, parent=parent, children=left + right, segments=segments,
-                             tag=tree)
+register(Algorithm(
+    "tree",
+    "binomial reduce to rank 0 + binomial broadcast (MPICH): 2⌈lg p⌉ rounds of the whole buffer",
+    {
+        "allreduce": tree_allreduce,
+        "reduce": tree_reduce,
+        "broadcast": tree_broadcast,
+    },
+    {
+        "allreduce": tree_allreduce_cost,
+        "reduce": tree_reduce_cost,
+        "broadcast": tree_broadcast_cost,
+    },
+    "spec/tree.md",
+    order=50,
+    battery_options=({}, {"segment": 1024}),
+    vector_variants=({}, {"segment": 4}),
+    replayable=True,
+    auto=True,
+    price=tree_price,
+    across_nodes=True,
+))

@@ -1,0 +1,128 @@
+"""Nodes: which ranks of a transport share a machine, and the traffic between machines.
+
+Shared by the algorithms that care where ranks live (the hierarchical
+all-reduce) and the code that predicts them on the real nodes (the bench, the
+battery). :func:`node_layout` splits a transport into its nodes once and keeps
+the split in the transport's cache; :func:`node_traffic` splits a simulated
+run's bytes into those inside and those between nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import UsageError
+from ..transport.base import transport_cache
+from .naive import naive_broadcast
+from .ring import ring_allgather
+
+__all__ = ["NodeLayout", "node_sizes", "node_layout", "node_traffic", "NOT_A_MEMBER"]
+
+
+#: The color that leaves a rank out of a ``split`` (``MPI_UNDEFINED``).
+NOT_A_MEMBER = -1
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """This rank's place in the two-level shape, and the transports of its phases.
+
+    Attributes:
+        sizes: ranks on each node, by node index; the same tuple on every rank.
+        node: this rank's node index.
+        intra: the transport of this rank's node (``intra.rank`` is the local rank).
+        cross: equal nodes: the ranks with this rank's local index, one per node,
+            ordered by node; unequal nodes: the node leaders (local rank 0) ordered
+            by node, and ``None`` on every other rank.
+    """
+
+    sizes: tuple
+    node: int
+    intra: object
+    cross: object
+
+    @property
+    def equal(self) -> bool:
+        """Whether every node has the same number of ranks (the sharded schedule runs)."""
+        return len(set(self.sizes)) == 1
+
+
+def node_sizes(p: int, ranks_per_node: int) -> tuple:
+    """Return the node sizes of ``p`` ranks grouped ``ranks_per_node`` consecutive ranks a node.
+
+    Rank ``r`` is on node ``r // ranks_per_node``; the last node holds the rest:
+    ``node_sizes(7, 3) == (3, 3, 1)``, ``node_sizes(4, 6) == (4,)``.
+    """
+    return tuple(min(ranks_per_node, p - start) for start in range(0, p, ranks_per_node))
+
+
+def node_layout(t, ranks_per_node: int | None = None) -> NodeLayout:
+    """Return ``t``'s :class:`NodeLayout`, splitting ``t`` on the first call only.
+
+    ``ranks_per_node=k`` puts consecutive ranks ``r // k`` on one node (nodes
+    simulated on one machine); ``None`` asks the transport (``t.split_node()``:
+    ``MPI_COMM_TYPE_SHARED`` under MPI, ``SimWorld(ranks_per_node=...)`` in the
+    simulator). Splitting is collective over ``t`` and costs a communicator
+    creation under MPI, so the layout is cached on ``t`` per node shape, as
+    :func:`~refcoll.algorithms._util.workspace` caches buffers. Every rank of
+    ``t`` must make the same calls in the same order (they do: the key is the same
+    option on every rank).
+    """
+    cache = transport_cache(t, "node_layouts")
+    if ranks_per_node not in cache:
+        cache[ranks_per_node] = _split_nodes(t, ranks_per_node)
+    return cache[ranks_per_node]
+
+
+def _split_nodes(t, ranks_per_node: int | None) -> NodeLayout:
+    """Split ``t`` into its nodes and the cross-node transport of the phase in between."""
+    if ranks_per_node is None:
+        intra = t.split_node()
+        sizes, node = _agree_on_nodes(t, intra)
+    else:
+        sizes = node_sizes(t.size, ranks_per_node)
+        node = t.rank // ranks_per_node
+        intra = t.split(node, t.rank)
+    if len(set(sizes)) == 1:
+        cross = t.split(intra.rank, node)  # same local index, one rank per node, in node order
+    else:
+        cross = t.split(0 if intra.rank == 0 else NOT_A_MEMBER, node)  # the node leaders
+    return NodeLayout(sizes, node, intra, cross)
+
+
+def _agree_on_nodes(t, intra) -> tuple[tuple, int]:
+    """Return ``(sizes, node)`` for the nodes ``t.split_node()`` found, the same on every rank.
+
+    Each node's leader (local rank 0) tells its node its rank in ``t`` (a naive
+    broadcast inside the node), then a ring allgather over ``t`` tells every rank
+    every rank's leader. Nodes are numbered by their leader's rank in ``t``.
+    Paid once per transport: ``p - g`` messages of 8 B inside the nodes and a
+    ring allgather of ``p`` 8-byte blocks over ``t``. Nothing is sent when the
+    node is all of ``t`` (one machine): then it is so on every rank.
+    """
+    if intra.size == t.size:
+        return (t.size,), 0
+    leader = np.array([t.rank], dtype=np.int64)
+    naive_broadcast(intra, leader, root=0)  # the leader's rank in t -> every rank of the node
+    leaders = np.empty(t.size, dtype=np.int64)
+    leaders[t.rank] = leader[0]
+    ring_allgather(t, leaders)  # every rank's leader -> every rank
+    order, counts = np.unique(leaders, return_counts=True)
+    node = int(np.searchsorted(order, leader[0]))
+    return tuple(int(c) for c in counts), node
+
+
+def node_traffic(ledger, ranks_per_node: int) -> tuple[int, int]:
+    """Return ``(intra-node bytes, inter-node bytes)`` of a simulated run's ledger.
+
+    Ranks ``a`` and ``b`` (world ranks) share a node when
+    ``a // ranks_per_node == b // ranks_per_node``, the grouping of both the
+    ``ranks_per_node`` option and ``SimWorld(p, ranks_per_node=...)``. Works for
+    the ledger of any algorithm (so a flat ring can be compared with this one).
+    :func:`refcoll.core.cost.hierarchical_traffic` predicts it for this algorithm.
+    """
+    if ranks_per_node < 1:
+        raise UsageError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+    return ledger.split_bytes(lambda a, b: a // ranks_per_node == b // ranks_per_node)
