@@ -5,8 +5,8 @@
     res = refcoll.simulate("allreduce", xs, algorithm="ring")  # in one process
 """
 
-from .calls.collectives import (allgather, allreduce, as_transport, broadcast, reduce,
-                                reduce_scatter, simulate, SimResult)
+from .calls import (SimResult, allgather, allreduce, as_transport, broadcast, reduce,
+                    reduce_scatter, simulate)
 from .algorithms import COLLECTIVES, REGISTRY
 from . import compressors  # also routes allreduce(compressor=...) to it
 from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,

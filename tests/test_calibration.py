@@ -19,6 +19,7 @@ import pytest
 import refcoll
 from conftest import mpiexec_path
 from refcoll.calls import auto as tuning
+from refcoll.calls import calibration as calibration_module
 from refcoll.core.errors import UsageError
 from refcoll.transport import SimWorld
 
@@ -157,11 +158,11 @@ def test_a_noisy_measurement_is_not_saved():
     busy = tuning.Calibration(1e-5, 1e-9, 1e-9, load=tuning.LOAD_LIMIT * 1.5)
     quiet = tuning.Calibration(1e-5, 1e-9, 1e-9, load=tuning.LOAD_LIMIT)
     unknown = tuning.Calibration(1e-5, 1e-9, 1e-9, load=None)
-    assert "too noisy: 1.5 runnable tasks per core" in tuning._why_not_saved(key, busy)
-    assert tuning._why_not_saved(key, quiet) is None
-    assert tuning._why_not_saved(key, unknown) is None  # no /proc/loadavg: cannot tell
+    assert "too noisy: 1.5 runnable tasks per core" in calibration_module._why_not_saved(key, busy)
+    assert calibration_module._why_not_saved(key, quiet) is None
+    assert calibration_module._why_not_saved(key, unknown) is None  # no /proc/loadavg: cannot tell
     over = tuning.CalibrationKey("host", "lib", 3, True)
-    assert "outnumber the cores" in tuning._why_not_saved(over, quiet)
+    assert "outnumber the cores" in calibration_module._why_not_saved(over, quiet)
 
 
 def test_runnable_tasks_reads_the_instantaneous_count(tmp_path, monkeypatch):

@@ -17,8 +17,8 @@ import pytest
 
 import refcoll
 from conftest import mpiexec_path
-from refcoll.calls import collectives as api
 from refcoll.core.ops import get_op
+from refcoll.transport.recorder import Recorder
 from refcoll.transport import SimWorld
 
 MPIEXEC = mpiexec_path()
@@ -39,7 +39,8 @@ class _Recording:
         op.apply(a, b, out)
 
 
-@pytest.mark.parametrize("algorithm", sorted(api.PLANNABLE))
+@pytest.mark.parametrize("algorithm", sorted(name for name, algo in refcoll.REGISTRY.items()
+                                              if algo.replayable))
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
 def test_a_recording_holds_every_message_and_reduction_of_the_ledger(algorithm, p):
     count = 37
@@ -47,7 +48,7 @@ def test_a_recording_holds_every_message_and_reduction_of_the_ledger(algorithm, 
                               algorithm=algorithm).ledger
     fn = refcoll.algorithms.implementation(algorithm, "allreduce")
     for rank in range(p):
-        recorder = api._Recorder(_Recording(rank, p))
+        recorder = Recorder(_Recording(rank, p))
         fn(recorder, np.zeros(count, np.float32), np.empty(count, np.float32), op=get_op("sum"))
         exchanges = [s for s in recorder.steps if isinstance(s, tuple)]
         sent = sorted((n, peer) for _, sends, _ in exchanges for n, peer in sends)
@@ -88,13 +89,13 @@ PREPARED = textwrap.dedent("""
     import numpy as np, ml_dtypes
     from mpi4py import MPI
     import refcoll
-    from refcoll.calls import collectives as api
+    from refcoll.calls import prepared
     from refcoll.calls.collectives import as_transport
     from refcoll.calls.auto import calibration_for
 
     comm = MPI.COMM_WORLD
     t = as_transport(comm)
-    api.PREPARED_KEPT = 40  # small enough that the loop below evicts plans too
+    prepared.PREPARED_KEPT = 40  # small enough that the loop below evicts plans too
     refcoll.allreduce(np.zeros(1), comm, algorithm="auto")  # calibrate auto before counting
     bad = []
     planned = 0
@@ -136,7 +137,7 @@ PREPARED = textwrap.dedent("""
                         bad.append(f"{case}: the input changed")
                     if moved_again.tolist() != moved.tolist():
                         bad.append(f"{case}: traffic {moved_again}, first {moved}")
-    assert len(t.cache["prepared"]) <= api.PREPARED_KEPT
+    assert len(t.cache["prepared"]) <= prepared.PREPARED_KEPT
     lines = comm.gather(f"rank {comm.rank}: planned {planned}; " + ("; ".join(bad[:5]) or "OK"))
     if comm.rank == 0:
         print("\\n".join(lines))

@@ -6,6 +6,7 @@ import pytest
 import refcoll
 from refcoll import algorithms
 from refcoll.calls import auto as tuning
+from refcoll.calls import calibration as calibration_module
 from refcoll.transport import SimWorld
 
 
@@ -53,10 +54,10 @@ def test_measured_calibration_is_cached(tmp_path, monkeypatch):
     cal = SimWorld(2).run(lambda t: tuning.measure(t, repeats=3))
     assert cal[0] == cal[1], "every rank must get rank 0's numbers"
     assert cal[0].alpha > 0 and cal[0].beta > 0 and cal[0].gamma > 0
-    tuning._save("host|lib", cal[0])
+    calibration_module._save("host|lib", cal[0])
     data = json.loads((tmp_path / "calibration.json").read_text())
     assert data["host|lib"]["alpha"] == cal[0].alpha
-    loaded = tuning._load("host|lib")
+    loaded = calibration_module._load("host|lib")
     assert (loaded.alpha, loaded.beta, loaded.gamma, loaded.measured_at, loaded.load) == \
         (cal[0].alpha, cal[0].beta, cal[0].gamma, cal[0].measured_at, cal[0].load)
 

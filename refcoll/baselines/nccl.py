@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_op
-from ..core.xp import array_namespace, cupy_or_none, gpu_unavailable_reason
+from ..core.xp import array_namespace, require_cupy
+from ..transport.mpi import bounded_barrier
 
 __all__ = ["NCCL_CALLS", "require_nccl", "nccl_version", "nccl_comm", "nccl_call",
            "nccl_allreduce", "nccl_types"]
@@ -38,8 +41,6 @@ NCCL_CALLS = {
 def require_nccl(what: str | None = None):
     """Return ``cupy.cuda.nccl``, or raise :class:`UsageError` saying why ``what`` cannot run."""
     require_cupy(what or "NCCL")
-    import importlib
-
     prefix = f"{what}: " if what else ""
     try:
         nccl = importlib.import_module("cupy.cuda.nccl")

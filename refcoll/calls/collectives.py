@@ -3,25 +3,19 @@
 Each call turns its input into a flat contiguous view (a copy only when the input
 is not contiguous), allocates the result unless ``out=`` is given, runs the
 algorithm in the transport's tag space for one call, and finishes ``avg``.
-The input is never modified unless it is also ``out``.
+The input is never modified unless it is also ``out``. What every call does
+before its algorithm runs is :class:`_Call`'s; what each adds (the shape of its
+result, the in-place layout it allows) is in its own function.
 
-Repeated all-reduces are prepared. The first call of an (algorithm, op, dtype,
-count) on a transport runs as above and keeps what it checked and resolved
-(``auto``'s choice included); later calls skip those steps. Small ones on MPI
-go further, as MPI-4's persistent collectives (``MPI_Allreduce_init``) do: the
-algorithm's schedule is recorded once on buffers of the plan's own, and a call
-copies the input in, replays the schedule over persistent requests and copies
-the result out. Below :data:`PLAN_BYTES` a call costs its messages and Python
-steps, not its bytes, and the replay drops most of the steps. The results are
-the same bits: the same exchanges and reductions, in the same order, on the
-same values.
+Repeated all-reduces are prepared (:mod:`refcoll.calls.prepared`). :func:`simulate` runs one
+collective on many simulated ranks in this process, with its ledger: the same
+algorithm code as under MPI, so its outputs are, bit for bit, what a real run
+must return.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,32 +23,30 @@ import numpy as np
 
 from .. import algorithms
 from ..core.chunking import chunk_slice, chunk_sizes
-from ..core.errors import MismatchError, UsageError
-from ..core.xp import array_namespace, check_device_dtype, is_device_array
+from ..core.errors import UsageError
+from ..core.ops import check_supported, get_op
+from ..core.xp import array_namespace
+from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
-from ..core.ops import check_supported, dtype_name, get_dtype, get_op
-from ..transport.base import Ledger, TransportBase, transport_cache
 from ..transport.mpi import transport_for
 from ..transport.sim import SimWorld
-from .auto import resolve
-from .agree import agree
 from .args import (agree_arguments, check_overlap, check_root, flat_input, flat_out, shaped,
                    shared_errors, workers_of)
+from .prepared import prepare, prepared_call
 
 __all__ = [
-    "PLAN_BYTES",
     "allreduce",
     "reduce_scatter",
     "allgather",
     "broadcast",
     "reduce",
-    "simulate",
-    "SimResult",
     "as_transport",
     "device_for",
     "use_compressed",
+    "COLLECTIVE_FUNCTIONS",
+    "simulate",
+    "SimResult",
 ]
-
 
 #: The compressed all-reduce, which lives a layer above (:mod:`refcoll.compressors`) and
 #: hands itself in when it is imported (:func:`use_compressed`).
@@ -105,10 +97,50 @@ def _every_rank_aware(t, aware: bool) -> bool:
 
 def _is_intracomm(comm) -> bool:
     """Return whether ``comm`` is an mpi4py intracommunicator (imports mpi4py only if it is loaded)."""
-    import sys
-
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and isinstance(comm, mpi.Intracomm)
+
+
+class _Call:
+    """What every collective does around its algorithm: the transport, the checks, the run.
+
+    Built outside the shared-error context (finding the transport is not an
+    argument check); :meth:`check` runs inside it, :meth:`run` after it.
+    """
+
+    def __init__(self, x, comm, collective: str, algorithm: str, options: dict, validate: bool):
+        self.xp = array_namespace(x)
+        self.t = device_for(as_transport(comm, collective), x)
+        self.collective, self.algorithm, self.options = collective, algorithm, options
+        self.validate = validate
+        self.reduction = None
+        self.root = 0
+
+    def errors(self):
+        """Return the context in which the call checks its arguments (:func:`shared_errors`)."""
+        return shared_errors(self.t, self.validate, self.collective)
+
+    def check(self, x, *, op=None, root: int | None = None):
+        """Check the root, op, algorithm and options; return ``x`` as a flat view."""
+        t = self.t
+        if root is not None:
+            check_root(root, t)
+            self.root = root
+        if op is not None:
+            self.reduction = get_op(op)
+        self.fn = algorithms.implementation(self.algorithm, self.collective)
+        algorithms.check_options(self.algorithm, self.collective, self.options, rank=t.rank)
+        self.flat = flat_input(x, t)
+        if self.reduction is not None:
+            check_supported(self.reduction, self.flat.dtype)
+        return self.flat
+
+    def run(self, *args, **kwargs) -> None:
+        """Agree on the arguments and run the algorithm, in the call's own tag space."""
+        with self.t.call(self.collective):
+            agree_arguments(self.t, self.validate, self.collective, self.algorithm,
+                            self.reduction, self.flat, self.options, self.root)
+            self.fn(self.t, *args, **kwargs, **self.options)
 
 
 def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, state=None,
@@ -155,178 +187,40 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
             raise UsageError("compressor= needs refcoll.compressors: import refcoll, "
                              "which loads it")
         result, _ = _COMPRESSED(x, comm, compressor=compressor, state=state, op=op,
-                                         algorithm=algorithm, out=out, validate=validate,
-                                         **options)
+                                algorithm=algorithm, out=out, validate=validate, **options)
         return result
     if state is not None:
         raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
-    xp = array_namespace(x)
-    arr = xp.asarray(x)
-    t = device_for(as_transport(comm, "allreduce"), arr)
+    arr = array_namespace(x).asarray(x)
+    c = _Call(arr, comm, "allreduce", algorithm, options, validate)
+    t, xp = c.t, c.xp
     key = (algorithm, op, arr.dtype, arr.size)
-    prepared = None if options else _prepared(t, key)
+    prepared = None if options else prepared_call(t, key)
     if prepared is None:
-        with shared_errors(t, validate, "allreduce"):
-            reduction = get_op(op)
-            fn = algorithms.implementation(algorithm, "allreduce")
-            algorithms.check_options(algorithm, "allreduce", options, rank=t.rank)
+        with c.errors():
+            flat = c.check(arr, op=op)
             workers = workers_of(algorithms.get(algorithm), t, options)
-            flat = flat_input(arr, t)
-            check_supported(reduction, flat.dtype)
     else:  # the same call ran before: its arguments were checked and resolved then
-        reduction, workers = prepared.reduction, t.size
-        flat = xp.ascontiguousarray(arr).reshape(-1)
+        c.reduction, workers = prepared.reduction, t.size
+        c.flat = flat = xp.ascontiguousarray(arr).reshape(-1)
+    reduction = c.reduction
     if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
-        with t.call("allreduce"):
-            agree_arguments(t, validate, "allreduce", algorithm, reduction, flat, options)
-            fn(t, flat, None, op=reduction, **options)
+        c.run(flat, None, op=reduction)
         return None
-    with shared_errors(t, validate, "allreduce"):
+    with c.errors():
         result = flat_out(out, arr.shape, flat.dtype, t, "all-reduce", xp)
         if out is not arr:  # the one in-place layout needs no check
             check_overlap(flat, result, (flat, result), t, "all-reduce")
-    with t.call("allreduce"):
-        agree_arguments(t, validate, "allreduce", algorithm, reduction, flat, options)
-        if prepared is None:
-            fn(t, flat, result, op=reduction, **options)
-        else:
+    if prepared is None:
+        c.run(flat, result, op=reduction)
+    else:
+        with t.call("allreduce"):
+            agree_arguments(t, validate, "allreduce", algorithm, reduction, flat, options)
             prepared.run(t, flat, result)
     reduction.finalize(result, workers)
     if prepared is None and not options and workers == t.size > 1:
-        _prepare(t, key, reduction)
+        prepare(t, key, reduction)
     return shaped(result, out, arr.shape)
-
-
-# --------------------------------------------------------- prepared all-reduces
-
-#: Largest all-reduce, in bytes, that runs from a recorded plan. Up to here the
-#: two copies a plan adds (input in, result out) cost less than the Python steps
-#: it saves; above it an out-of-place call should not copy its input at all.
-PLAN_BYTES = 64 << 10
-
-#: Prepared all-reduces kept per transport; past this the oldest is dropped (on
-#: every rank alike, as every rank makes the same calls).
-PREPARED_KEPT = 128
-
-#: Algorithms whose all-reduce, on two or more ranks, touches data only through
-#: the transport (no local copies, no ``split``), so a recording replays it exactly.
-PLANNABLE = frozenset({"ring", "recursive_doubling", "rabenseifner", "tree", "dbtree"})
-
-
-class _Prepared:
-    """An all-reduce already run once on a transport with this (algorithm, op, dtype, count).
-
-    It keeps what the first call checked and resolved (the op, the
-    implementation, ``auto``'s choice), so later calls skip those steps; below
-    :data:`PLAN_BYTES`, on a transport with persistent exchanges, it also holds
-    the recorded :class:`_Plan`. Every rank makes the same calls, so every rank
-    prepares the same calls and switches to a plan at the same call (a plan's
-    messages use tags ordinary calls do not).
-    """
-
-    def __init__(self, t, key: tuple, reduction):
-        algorithm, _, dtype, count = key
-        name = resolve(t, "allreduce", count, dtype.itemsize) if algorithm == "auto" else algorithm
-        self.fn = algorithms.implementation(name, "allreduce")
-        self.reduction = reduction
-        self.plan = None
-        if (count * dtype.itemsize <= PLAN_BYTES and name in PLANNABLE
-                and hasattr(t, "persistent")):
-            self.plan = _Plan(t, self.fn, reduction, dtype, count)
-
-    def run(self, t, x: np.ndarray, out: np.ndarray) -> None:
-        """Reduce the flat ``x`` into the flat ``out``, inside the caller's ``t.call``."""
-        if self.plan is None:
-            self.fn(t, x, out, op=self.reduction)
-            return
-        try:
-            self.plan.run(x, out)
-        except BaseException:
-            self.plan = None  # its requests may still be running: never restart them
-            raise
-
-    def free(self) -> None:
-        """Free the plan's persistent requests, if any."""
-        if self.plan is not None:
-            self.plan.free()
-
-
-def _prepared(t, key: tuple) -> _Prepared | None:
-    """Return the all-reduce prepared on ``t`` for ``key``; None the first time."""
-    try:
-        return transport_cache(t, "prepared").get(key)
-    except TypeError:  # an unhashable op or algorithm: the ordinary checks name it
-        return None
-
-
-def _prepare(t, key: tuple, reduction) -> None:
-    """Keep ``key``'s all-reduce prepared on ``t`` after a call that ran the ordinary way."""
-    try:
-        hash(key)
-    except TypeError:  # an op object that cannot key a cache (mpi4py's MPI.SUM): never prepared
-        return
-    prepared = transport_cache(t, "prepared")
-    if len(prepared) >= PREPARED_KEPT:
-        prepared.pop(next(iter(prepared))).free()
-    prepared[key] = _Prepared(t, key, reduction)
-
-
-class _Recorder:
-    """A stand-in transport that records an algorithm's steps instead of running them.
-
-    The schedules are data-oblivious (which message goes where never depends on
-    the values), so one recording over the plan's own buffers is every call's
-    schedule. Each send, receive or sendrecv becomes one persistent exchange of
-    the real transport; each local reduction, the real transport's call, bound.
-    """
-
-    def __init__(self, t):
-        self.rank, self.size = t.rank, t.size
-        self.steps: list = []
-        self._t = t
-
-    def send(self, buf, dest: int, tag: int = 0) -> None:
-        self.steps.append(self._t.persistent([(buf, dest, tag)], []))
-
-    def recv(self, buf, source: int, tag: int = 0) -> None:
-        self.steps.append(self._t.persistent([], [(buf, source, tag)]))
-
-    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
-        self.steps.append(self._t.persistent([(sendbuf, dest, tag)], [(recvbuf, source, tag)]))
-
-    def reduce_local(self, op, a, b, out) -> None:
-        self.steps.append(functools.partial(self._t.reduce_local, op, a, b, out))
-
-
-class _Plan:
-    """A small all-reduce recorded once: its own buffers and the steps that run on them.
-
-    MPI-4's persistent collectives (``MPI_Allreduce_init``) in Python: a run
-    copies the input in, replays the recorded exchanges (persistent requests)
-    and reductions in their order, and copies the result out. The same
-    exchanges and reductions on the same values give the same bits as the
-    algorithm itself.
-    """
-
-    def __init__(self, t, fn, reduction, dtype, count: int):
-        self.x = np.empty(count, dtype)
-        self.out = np.empty(count, dtype)
-        recorder = _Recorder(t)
-        fn(recorder, self.x, self.out, op=reduction)
-        self.steps = recorder.steps
-
-    def run(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Reduce the flat ``x`` into the flat ``out`` (which may be ``x``)."""
-        np.copyto(self.x, x)
-        for step in self.steps:
-            step()
-        np.copyto(out, self.out)
-
-    def free(self) -> None:
-        """Free the persistent requests."""
-        for step in self.steps:
-            if hasattr(step, "free"):
-                step.free()
 
 
 def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
@@ -338,22 +232,16 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     longer), so ``n`` need not divide by ``p``. Returns a 1-D array. In place:
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
-    xp = array_namespace(x)
-    t = device_for(as_transport(comm, "reduce_scatter"), x)
-    with shared_errors(t, validate, "reduce_scatter"):
-        reduction = get_op(op)
-        fn = algorithms.implementation(algorithm, "reduce_scatter")
-        algorithms.check_options(algorithm, "reduce_scatter", options, rank=t.rank)
-        flat = flat_input(x, t)
-        check_supported(reduction, flat.dtype)
+    c = _Call(x, comm, "reduce_scatter", algorithm, options, validate)
+    t = c.t
+    with c.errors():
+        flat = c.check(x, op=op)
         shape = (chunk_sizes(flat.size, t.size)[t.rank],)
-        result = flat_out(out, shape, flat.dtype, t, "reduce-scatter", xp)
+        result = flat_out(out, shape, flat.dtype, t, "reduce-scatter", c.xp)
         check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
-                       "reduce-scatter")
-    with t.call("reduce_scatter"):
-        agree_arguments(t, validate, "reduce_scatter", algorithm, reduction, flat, options)
-        fn(t, flat, result, op=reduction, **options)
-    reduction.finalize(result, t.size)
+                      "reduce-scatter")
+    c.run(flat, result, op=c.reduction)
+    c.reduction.finalize(result, t.size)
     return shaped(result, out, shape)
 
 
@@ -365,21 +253,17 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     (``.reshape(-1)`` gives the flat concatenation NCCL and MPI return). In place:
     pass ``x`` as row ``r`` of ``out``.
     """
-    xp = array_namespace(x)
-    t = device_for(as_transport(comm, "allgather"), x)
-    with shared_errors(t, validate, "allgather"):
-        fn = algorithms.implementation(algorithm, "allgather")
-        algorithms.check_options(algorithm, "allgather", options, rank=t.rank)
-        flat = flat_input(x, t)
+    c = _Call(x, comm, "allgather", algorithm, options, validate)
+    t, xp = c.t, c.xp
+    with c.errors():
+        flat = c.check(x)
         shape = (t.size, *xp.asarray(x).shape)
         result = flat_out(out, shape, flat.dtype, t, "allgather", xp)
         own_block = result[chunk_slice(result.size, t.size, t.rank)]
         check_overlap(flat, result, (flat, own_block), t, "allgather")
         if not (flat.size and xp.shares_memory(own_block, flat)):
             xp.copyto(own_block, flat)
-    with t.call("allgather"):
-        agree_arguments(t, validate, "allgather", algorithm, None, flat, options)
-        fn(t, result, **options)
+    c.run(result)
     return shaped(result, out, shape)
 
 
@@ -390,50 +274,39 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     Non-root ranks' ``x`` gives only the shape and dtype; ``out=x`` overwrites it
     in place, as ``MPI_Bcast`` does.
     """
-    xp = array_namespace(x)
-    t = device_for(as_transport(comm, "broadcast"), x)
-    with shared_errors(t, validate, "broadcast"):
-        check_root(root, t)
-        fn = algorithms.implementation(algorithm, "broadcast")
-        algorithms.check_options(algorithm, "broadcast", options, rank=t.rank)
-        flat = flat_input(x, t)
+    c = _Call(x, comm, "broadcast", algorithm, options, validate)
+    t, xp = c.t, c.xp
+    with c.errors():
+        flat = c.check(x, root=root)
         shape = xp.asarray(x).shape
         result = flat_out(out, shape, flat.dtype, t, "broadcast", xp)
         check_overlap(flat, result, (flat, result), t, "broadcast")
         if t.rank == root and not xp.shares_memory(result, flat):
             xp.copyto(result, flat)
-    with t.call("broadcast"):
-        agree_arguments(t, validate, "broadcast", algorithm, None, flat, options, root)
-        fn(t, result, root=root, **options)
+    c.run(result, root=root)
     return shaped(result, out, shape)
 
 
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
-    xp = array_namespace(x)
-    t = device_for(as_transport(comm, "reduce"), x)
-    with shared_errors(t, validate, "reduce"):
-        check_root(root, t)
-        reduction = get_op(op)
-        fn = algorithms.implementation(algorithm, "reduce")
-        algorithms.check_options(algorithm, "reduce", options, rank=t.rank)
-        flat = flat_input(x, t)
-        check_supported(reduction, flat.dtype)
+    c = _Call(x, comm, "reduce", algorithm, options, validate)
+    t, xp = c.t, c.xp
+    with c.errors():
+        flat = c.check(x, op=op, root=root)
         shape = xp.asarray(x).shape
         result = flat_out(out, shape, flat.dtype, t, "reduce", xp) if t.rank == root else None
         if result is not None:
             check_overlap(flat, result, (flat, result), t, "reduce")
-    with t.call("reduce"):
-        agree_arguments(t, validate, "reduce", algorithm, reduction, flat, options, root)
-        fn(t, flat, result, op=reduction, root=root, **options)
+    c.run(flat, result, op=c.reduction, root=root)
     if t.rank != root:
         return None
-    reduction.finalize(result, t.size)
+    c.reduction.finalize(result, t.size)
     return shaped(result, out, shape)
 
 
-_COLLECTIVE_FUNCTIONS = {
+#: The collectives by name, for :func:`simulate` and the battery.
+COLLECTIVE_FUNCTIONS = {
     "allreduce": allreduce,
     "reduce_scatter": reduce_scatter,
     "allgather": allgather,
@@ -486,13 +359,13 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     Algorithms with ranks that hold no data (``switch``) get them added after
     the ``len(inputs)`` data ranks; the ledger shows their traffic too.
     """
-    if collective not in _COLLECTIVE_FUNCTIONS:
+    if collective not in COLLECTIVE_FUNCTIONS:
         raise UsageError(f"unknown collective {collective!r}: choose one of "
-                         f"{', '.join(_COLLECTIVE_FUNCTIONS)}")
+                         f"{', '.join(COLLECTIVE_FUNCTIONS)}")
     algorithms.implementation(algorithm, collective)
     if len(inputs) < 1:
         raise UsageError("simulate needs at least one rank's input")
-    fn = _COLLECTIVE_FUNCTIONS[collective]
+    fn = COLLECTIVE_FUNCTIONS[collective]
     # The ledger should show the algorithm's messages only, so argument agreement
     # (one small allgather) is off unless asked for.
     kwargs = dict(options, algorithm=algorithm)

@@ -1,0 +1,154 @@
+"""Recorded schedules, replayed: the steps of one collective call, run again without the algorithm.
+
+A schedule is a list of steps, each an exchange (its receives and sends) or a
+local reduction, run in order. Two kinds of caller build one:
+
+* a prepared call (:mod:`refcoll.calls.prepared`) records an algorithm once on
+  buffers of its own (:func:`record`): a :class:`Recorder` stands in for the
+  transport, and each send, receive or sendrecv the algorithm makes becomes one
+  persistent exchange of the real transport (MPI's ``MPI_Send_init`` /
+  ``MPI_Recv_init``, with the transport's deadline), each local reduction the
+  real transport's call, bound to its buffers. MPI-4's persistent collectives
+  (``MPI_Allreduce_init``) in Python;
+* the benchmark's transport bound (:meth:`Schedule.from_plan`) rebuilds every
+  step of a simulated run from the ledger, on byte buffers: the messages and
+  reductions of the algorithm and nothing else.
+
+The schedules are data-oblivious (which message goes where never depends on
+the values), so one recording serves every call. Replaying the same exchanges
+and reductions, in the same order, on the same values, gives the same bits as
+the algorithm itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.ops import get_dtype, get_op
+from .mpi import default_timeout, duplicate
+
+__all__ = ["Recorder", "Schedule", "record"]
+
+
+class Recorder:
+    """A stand-in transport that records an algorithm's steps instead of running them.
+
+    Each send, receive or sendrecv becomes one persistent exchange of ``t``
+    (``t.persistent``); each local reduction, ``t``'s own ``reduce_local``, bound.
+    """
+
+    def __init__(self, t):
+        self.rank, self.size = t.rank, t.size
+        self.steps: list[Callable[[], None]] = []
+        self._t = t
+
+    def send(self, buf, dest: int, tag: int = 0) -> None:
+        self.steps.append(self._t.persistent([(buf, dest, tag)], []))
+
+    def recv(self, buf, source: int, tag: int = 0) -> None:
+        self.steps.append(self._t.persistent([], [(buf, source, tag)]))
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
+        self.steps.append(self._t.persistent([(sendbuf, dest, tag)], [(recvbuf, source, tag)]))
+
+    def reduce_local(self, op, a, b, out) -> None:
+        self.steps.append(functools.partial(self._t.reduce_local, op, a, b, out))
+
+
+class Schedule:
+    """Steps run in order: exchanges and local reductions on buffers bound once.
+
+    Call the object to run it once; :meth:`free` releases what its steps hold
+    (persistent requests, a duplicated communicator).
+    """
+
+    def __init__(self, steps: Sequence[Callable[[], None]], *, on_free: Callable | None = None):
+        self.steps = list(steps)
+        self._on_free = on_free
+
+    def __call__(self) -> None:
+        for step in self.steps:
+            step()
+
+    def free(self) -> None:
+        """Free the steps' persistent requests, and anything the builder kept."""
+        for step in self.steps:
+            if hasattr(step, "free"):
+                step.free()
+        if self._on_free is not None:
+            self._on_free()
+
+    @classmethod
+    def from_plan(cls, comm, plan: list[tuple], dtype, op, *,
+                  timeout: float | None = None) -> "Schedule":
+        """Return one rank's simulated schedule on bare MPI: the transport bound of an algorithm.
+
+        ``plan`` is ``[(step, sends, receives, reductions), ...]`` in step order:
+        ``sends`` as ``(dest, nbytes)``, ``receives`` as ``(source, nbytes)``,
+        ``reductions`` as element counts combined after the step's messages (the
+        ledger's rounds, so within a step no message waits for another). Every
+        step posts its receives and sends at once (``Irecv``/``Isend`` on
+        preallocated byte buffers), waits for them all with a bare ``Waitall``
+        (timed, so no deadline polling: the caller bounds the run by a barrier
+        before it, after which every peer is in this very replay), then runs its
+        reductions (the op's ufunc, ``out=`` the first operand). Nothing else runs:
+        no argument handling, no views, no tag spaces, no Python step loop of the
+        algorithm.
+
+        Args:
+            comm: an mpi4py communicator of the schedule's ranks (duplicated here,
+                with ``MPI_Comm_idup`` waited for by the deadline).
+            plan: this rank's plan.
+            dtype: the elements' dtype; op: the reduction op.
+            timeout: seconds the duplication may wait for the other ranks (None:
+                ``REFCOLL_TIMEOUT``'s, see :func:`refcoll.transport.mpi.default_timeout`).
+        """
+        from mpi4py import MPI
+
+        dup = duplicate(comm, default_timeout() if timeout is None else timeout,
+                        "refcoll bench (the transport bound's communicator)")
+        ufunc = get_op(op).ufunc
+        dt = get_dtype(dtype)
+        largest_send = max((n for _, sends, _, _ in plan for _, n in sends), default=0)
+        largest_step = max((sum(n for _, n in recvs) for _, _, recvs, _ in plan), default=0)
+        largest_reduction = max((e for *_, reds in plan for e in reds), default=0)
+        # Written once, so every page is real: reading never-written (zero-page)
+        # memory costs almost nothing and would make the bound too optimistic.
+        send = np.ones(largest_send, np.uint8)  # concurrent sends may share a buffer
+        recv = np.ones(largest_step, np.uint8)  # concurrent receives may not
+        acc = np.ones(largest_reduction, dt)
+        other = np.ones(largest_reduction, dt)
+        steps: list[Callable[[], None]] = []
+        for _, sends, recvs, reds in plan:
+            receives, offset = [], 0
+            for source, n in recvs:
+                receives.append(([recv[offset:offset + n], MPI.BYTE], source))
+                offset += n
+            outgoing = [([send[:n], MPI.BYTE], dest) for dest, n in sends]
+            if receives or outgoing:
+                steps.append(functools.partial(_exchange, dup, receives, outgoing,
+                                               MPI.Request.Waitall))
+            for e in reds:
+                steps.append(functools.partial(ufunc, acc[:e], other[:e], out=acc[:e]))
+        return cls(steps, on_free=dup.Free)
+
+
+def _exchange(comm, receives, sends, waitall) -> None:
+    """Post every receive and send of one step at once and wait for them all."""
+    waitall([comm.Irecv(buf, source) for buf, source in receives]
+                         + [comm.Isend(buf, dest) for buf, dest in sends])
+
+
+def record(t, fn: Callable, *args, **kwargs) -> Schedule:
+    """Run ``fn(recorder, *args, **kwargs)`` over a :class:`Recorder` of ``t``; return its schedule.
+
+    ``t`` must offer persistent exchanges (``t.persistent``, as
+    :class:`~refcoll.transport.mpi.MPITransport` does). The buffers ``fn`` is
+    given must stay alive and in place while the schedule exists.
+    """
+    recorder = Recorder(t)
+    fn(recorder, *args, **kwargs)
+    return Schedule(recorder.steps)
