@@ -14,7 +14,7 @@ from refcoll import algorithms, simulate
 from refcoll.measure.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong,
                                    parse_size, schedule, size_sweep)
 from refcoll.cli import main
-from refcoll.core.cost import ring_allreduce
+from refcoll.algorithms.ring import ring_allreduce_cost as ring_allreduce
 from refcoll.core.errors import UsageError
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,

@@ -244,7 +244,7 @@ def test_the_stack_reports_each_technique():
 # --------------------------------------------------------------------------------- units
 
 def test_the_fit_of_a_line_never_goes_negative():
-    from refcoll.measure.model import _fit_line
+    from refcoll.measure.model.calibrate import _fit_line
 
     a, b = _fit_line([(8, 4e-6), (1 << 20, 4e-6 + (1 << 20) * 1e-10), (1 << 24, 2e-3)])
     assert a == pytest.approx(4e-6, rel=0.5) and b > 0

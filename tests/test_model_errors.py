@@ -12,12 +12,13 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from refcoll.core import cost
+from refcoll.algorithms.dbtree import dbtree_allreduce_cost
+from refcoll.algorithms.dbtree import dbtree_model_cost as dbtree_cost
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
 from refcoll.measure.model import (MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
-                                   allreduce_estimate, buckets_of, dbtree_cost, parse_bandwidth,
-                                   parse_count, parse_duration, plan, select_algorithms)
+                                   allreduce_estimate, buckets_of, parse_bandwidth, parse_count,
+                                   parse_duration, plan, select_algorithms)
 
 BASE = ["model", "--nodes", "2", "--gpus-per-node", "4", "--intra-bw", "900GB/s",
         "--inter-bw", "400Gb/s", "--bidirectional"]
@@ -196,7 +197,7 @@ def test_the_library_bounds_buckets_too():
 @pytest.mark.parametrize("p", [2, 3, 4, 5, 7, 8, 12, 16, 31])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 1000, 65536, 131073, 65536 * 5 + 12345])
 def test_the_model_dbtree_counts_are_the_registrys(p, n):
-    assert dbtree_cost(p, n, 4).counts() == cost.dbtree_allreduce(p, n, 4).counts()
+    assert dbtree_cost(p, n, 4).counts() == dbtree_allreduce_cost(p, n, 4).counts()
 
 
 def test_dbtree_prices_a_model_sized_buffer_exactly():
@@ -219,10 +220,10 @@ def test_dbtree_in_the_cli_and_inside_the_hierarchical_all_reduce(tmp_path):
     c = Cluster(1, 8, 1e11, 1e10)
     est = allreduce_estimate(c, "dbtree", 1 << 20, 4)
     assert [ph.link for ph in est.phases] == ["intra"]
-    assert est.bytes == cost.dbtree_allreduce(8, 1 << 20, 4).critical_bytes
+    assert est.bytes == dbtree_allreduce_cost(8, 1 << 20, 4).critical_bytes
     hier = allreduce_estimate(Cluster(4, 2, 1e11, 1e10), "hierarchical", 1 << 20, 4,
                               inter="dbtree")
-    assert hier.phases[1].bytes == cost.dbtree_allreduce(4, 1 << 19, 4).critical_bytes
+    assert hier.phases[1].bytes == dbtree_allreduce_cost(4, 1 << 19, 4).critical_bytes
 
 
 def test_switch_without_in_network_says_what_to_add_and_what_is_supported():

@@ -1,21 +1,24 @@
-"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against the MPI library's or NCCL's."""
+"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against the MPI library's or NCCL's.
+
+Thin: the options become a :class:`~refcoll.measure.bench.BenchConfig`, the ranks run
+:func:`~refcoll.measure.bench.run_report`, rank 0 prints its table and writes its files.
+"""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
-from . import (check_output_paths, check_output_paths_on_lead, main, relaunch, reports_errors,
-               split_list, write_json)
-from .commands import require_processes
 from .. import algorithms
-from ..core.errors import UsageError
+from ..measure.bench import (BenchConfig, bar_target, check_config, extra_ranks, parse_size,
+                             plotting, rank_writer, run_report, save_report, size_sweep)
+from ..measure.bench.terminal import PROGRESS_VARIABLE, progress_setting
+from . import launch
+from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
+                     require_processes, split_list, write_json)
 
-#: Set by the launching process when its stderr is a terminal (mpiexec's ranks see pipes):
-#: ``stdout:COLUMNS`` (stdout is that terminal too: draw the bar there) or ``stderr:COLUMNS``.
-_PROGRESS_VARIABLE = "REFCOLL_PROGRESS"
+__all__ = ["bench"]
 
 
 @main.command("bench")
@@ -65,12 +68,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
     """
-    from ..measure.bench import (BenchConfig, bar_target, check_config, extra_ranks, parse_size,
-                                 plotting)
-    from ..measure.bench import size_sweep
-    from .launch import in_mpi_job
-
-    if not in_mpi_job():
+    if not launch.in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
         # only it checks (_bench_in_world): another node may lack the folder.
         check_output_paths(json=json_file, csv=csv_file, plot=plot_file)
@@ -84,79 +82,35 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     if plot_file:
         plotting()
     require_processes(nprocs)
-    if not in_mpi_job():
-        env = {"REFCOLL_WORKERS": str(nprocs)}
-        target = bar_target()  # the terminal is here: the ranks' streams are pipes
-        env[_PROGRESS_VARIABLE] = "%s:%d" % target if target is not None else ""
-        relaunch(nprocs + extra_ranks(config.algorithms, nprocs), env)
+    if not launch.in_mpi_job():
+        # The terminal is here: the ranks' streams are pipes.
+        env = {**launch.workers_env(nprocs), PROGRESS_VARIABLE: progress_setting(bar_target())}
+        launch.relaunch(nprocs + extra_ranks(config.algorithms, nprocs), env)
     _bench_in_world(nprocs, config, json_file, csv_file, plot_file)
 
 
 def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
     from mpi4py import MPI
 
-    from ..measure.bench import (bench_header, format_footer, format_header, format_row, plot,
-                                 run_bench)
-    from ..measure.bench import summarize, write_csv
-
     world = MPI.COMM_WORLD
     lead = world.rank == 0
     check_output_paths_on_lead(world, "refcoll bench", json=json_file, csv=csv_file,
                                plot=plot_file)
-    config.workers = int(os.environ.get("REFCOLL_WORKERS", world.size))
-    if lead and "REFCOLL_WORKERS" not in os.environ and nprocs != world.size:
-        click.echo(f"refcoll: note: already inside an MPI job of {world.size} processes; "
-                   f"using it (-n {nprocs} ignored)", err=True)
-    header = bench_header(world, config)
+    config.workers = launch.data_ranks(world, nprocs)
     writer = _writer() if lead else None  # rank 0 writes the table and the bar, nobody else
-    if lead:
-        writer.line(format_header(header))
-
-    def show(row: dict) -> None:
-        if lead:
-            writer.line(format_row(row, header))
-
     try:
-        rows = run_bench(world, config, on_row=show, progress=writer)
+        report = run_report(world, config, line=writer.line if lead else None,
+                            progress=writer)
     finally:
         if writer is not None:
             writer.clear()  # an error's message must not land on the bar's line
-    summary = summarize(rows)
     if lead:
-        writer.line(format_footer(summary))
-        write_json(json_file, {"schema": "refcoll-bench/1", "header": header, "rows": rows,
-                               "summary": summary})
-        if csv_file:
-            write_csv(rows, csv_file)
-        if plot_file:
-            plot(rows, plot_file, title=f"{header['collective']} {header['dtype']} "
-                                        f"{header['op']}, {header['workers']} ranks, "
-                                        f"{header['mpi']['library']}")
+        write_json(json_file, report)
+        save_report(report, csv_path=csv_file, plot_path=plot_file)
     sys.stdout.flush()
-    sys.exit(0 if summary["passed"] else 1)
+    sys.exit(0 if report["summary"]["passed"] else 1)
 
 
 def _writer():
-    """Return rank 0's :class:`~refcoll.measure.bench.TableWriter` over this process's stdout and stderr.
-
-    Where the bar goes was decided by the launching process, which sees the
-    terminal (``REFCOLL_PROGRESS``); started by a user's ``mpiexec``, this
-    process looks at its own streams (terminals under ``srun --pty``, else pipes: no bar).
-    """
-    from ..measure.bench import TableWriter, bar_target
-
-    setting = os.environ.get(_PROGRESS_VARIABLE)
-    target = None
-    if setting:
-        where, _, columns = setting.partition(":")
-        if where in ("stdout", "stderr"):
-            target = where, int(columns) if columns.isdigit() else 80
-    elif _PROGRESS_VARIABLE not in os.environ:
-        try:
-            target = bar_target(sys.stdout.fileno(), sys.stderr.fileno())
-        except (OSError, ValueError):  # streams without a descriptor
-            target = None
-    if target is None:
-        return TableWriter(sys.stdout, sys.stderr, tty=False)
-    return TableWriter(sys.stdout, sys.stderr, tty=True, shared=target[0] == "stdout",
-                       width=target[1])
+    """Return rank 0's :class:`~refcoll.measure.bench.TableWriter` over this process's streams."""
+    return rank_writer(sys.stdout, sys.stderr)

@@ -8,11 +8,16 @@ import sys
 
 import click
 
-from . import check_output_paths, main, relaunch, reports_errors, split_list, write_json
 from ..core.errors import UsageError
+from ..core.units import human_bytes as _bytes
+from ..core.units import human_time as _time
+from ..measure import model as m
 from ..measure.model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_GPUS
-from ..measure.model import human_bytes as _bytes
-from ..measure.model import human_time as _time
+from ..transport.mpi import MPITransport
+from . import launch
+from .common import check_output_paths, main, reports_errors, split_list, write_json
+
+__all__ = ["model"]
 
 
 @main.command("model")
@@ -37,9 +42,8 @@ from ..measure.model import human_time as _time
 @click.option("--inter-latency", default="5us", show_default=True,
               help="Inter-node latency per message with its unit, or 0.")
 @click.option("--in-network", is_flag=True,
-              help="The switches can reduce (SHARP): price the 'switch' all-reduce too, on each "
-                   "GPU's inter-node link (--inter-bw, --inter-latency): 2 latencies, n bytes "
-                   "each way.")
+              help="The switches can reduce (SHARP): price the in-network all-reduces too, on "
+                   "each GPU's inter-node link (--inter-bw, --inter-latency).")
 @click.option("--reduce-bw", default="1TB/s", show_default=True,
               help="Element-wise reduction rate on a GPU, bytes of one operand per second, with "
                    "its unit (0: free).")
@@ -55,13 +59,12 @@ from ..measure.model import human_time as _time
 @click.option("--backward", default="0", show_default=True,
               help="Backward time per step, e.g. 0.1s (>= 0).")
 @click.option("--algorithm", default="all", show_default=True,
-              help="All-reduce algorithms, comma-separated, or all: ring, tree, dbtree, "
-                   "recursive_doubling, rabenseifner, hierarchical, and switch with "
-                   "--in-network. With --calibrate: default ring,recursive_doubling,"
-                   "rabenseifner,auto.")
+              help=f"All-reduce algorithms, comma-separated, or all: "
+                   f"{m.choices_text(m.ALGORITHMS)}. With --calibrate: default "
+                   f"{','.join(m.CALIBRATE_DEFAULT)}.")
 @click.option("--inter", default="ring", show_default=True,
-              help="The hierarchical all-reduce's algorithm across nodes: ring, tree, dbtree, "
-                   "recursive_doubling, rabenseifner, or switch with --in-network.")
+              help=f"The hierarchical all-reduce's algorithm across nodes: "
+                   f"{m.choices_text(m.INTER_ALGORITHMS, joiner='or')}.")
 @click.option("--compressor", default=None, help="Compressor spec, e.g. topk:ratio=0.01 or "
                                                  "ef(powersgd:rank=4).")
 @click.option("--pattern", type=click.Choice(["allreduce", "gather", "twophase"]), default=None,
@@ -99,93 +102,40 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
     25MB. Every number must be finite and not negative; counts and bandwidths
     positive. The GPUs in all and the buckets are bounded: see --nodes and --buckets.
     """
-    from ..measure import model as m
-
     check_output_paths(json=json_file)
     if calibrate:
-        _calibrate(m, nprocs, algorithm, sizes, json_file)
+        _calibrate(nprocs, algorithm, sizes, json_file)
         return
-    if nodes is None or gpus_per_node is None:
-        raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
-    nodes = m.parse_count(nodes, name="--nodes", example="4")
-    gpus_per_node = m.parse_count(gpus_per_node, name="--gpus-per-node", example="8")
-    quoted = {"bidirectional": True, "unidirectional": False, None: bidirectional}
-    intra_bidirectional, inter_bidirectional = quoted[intra_quoted], quoted[inter_quoted]
-    if intra_bidirectional is None or inter_bidirectional is None:
-        raise UsageError("say how the bandwidths are quoted: --unidirectional (per direction) "
-                         "or --bidirectional (both directions added), or per link with "
-                         "--intra-quoted and --inter-quoted")
-    if (params is None) == (layers_file is None):
-        raise UsageError("give the model as exactly one of --params N or --layers FILE")
-    if gpus_per_node > 1 and intra_bw is None or nodes > 1 and inter_bw is None:
-        raise UsageError("give --intra-bw (more than one GPU per node) and --inter-bw (more "
-                         "than one node)")
-    # A link that is absent (one GPU a node, or one node) takes the other's figure.
-    intra_b = m.parse_bandwidth(intra_bw, name="--intra-bw") if intra_bw is not None else None
-    inter_b = m.parse_bandwidth(inter_bw, name="--inter-bw") if inter_bw is not None else None
-    cluster = m.Cluster(nodes, gpus_per_node, intra_b or inter_b, inter_b or intra_b,
-                        intra_latency=m.parse_duration(intra_latency, name="--intra-latency",
-                                                       unit=True),
-                        inter_latency=m.parse_duration(inter_latency, name="--inter-latency",
-                                                       unit=True),
-                        intra_bidirectional=intra_bidirectional,
-                        inter_bidirectional=inter_bidirectional, in_network=in_network,
-                        reduce_bw=m.parse_bandwidth(reduce_bw, name="--reduce-bw", zero=True))
-    compute = dict(bytes_per_element=m.parse_count(bytes_per_element,
-                                                   name="--bytes-per-element", example="4"),
-                   forward=m.parse_duration(forward, name="--forward"),
-                   backward=m.parse_duration(backward, name="--backward"))
+    layers_text = None
     if layers_file is not None:
         with open(layers_file, encoding="utf-8") as fh:
-            workload = m.Workload(m.load_layers(fh.read()), **compute)
-    else:
-        workload = m.Workload.from_params(m.parse_count(params, name="--params",
-                                                        example="1.3e9"), **compute)
-    algorithms = m.select_algorithms(algorithm, in_network=in_network)
-    if buckets is not None and bucket_size is not None:
-        raise UsageError("give --buckets or --bucket-size, not both")
-    if bucket_size is not None:
-        count = m.buckets_for_size(workload, m.parse_size(bucket_size, name="--bucket-size"),
-                                   name="--bucket-size")
-    elif buckets is not None:
-        count = m.check_buckets(m.parse_count(buckets, name="--buckets", minimum=None,
-                                              example="25"), workload, name="--buckets")
-    else:
-        count = 1
-    options = m.Options(algorithms, compressor, pattern, count, inter)
-    result = m.plan(cluster, workload, options)
+            layers_text = fh.read()
+    result = m.plan_from_text(
+        nodes=nodes, gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
+        bidirectional=bidirectional, intra_quoted=intra_quoted, inter_quoted=inter_quoted,
+        intra_latency=intra_latency, inter_latency=inter_latency, in_network=in_network,
+        reduce_bw=reduce_bw, params=params, layers_text=layers_text,
+        bytes_per_element=bytes_per_element, forward=forward, backward=backward,
+        algorithm=algorithm, inter=inter, compressor=compressor, pattern=pattern,
+        buckets=buckets, bucket_size=bucket_size)
     write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 
 
-def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
-    from .. import algorithms as registry
-    from .launch import in_mpi_job
-
-    nprocs = m.parse_count(nprocs, name="-n", minimum=None, example="2")
-    if nprocs < 2:
-        raise UsageError(f"-n {nprocs}: --calibrate needs at least 2 processes to measure "
-                         f"messages; give -n 2 or more")
-    byte_sizes = m.parse_sizes(sizes, name="--sizes", largest=m.CALIBRATE_LIMIT)
-    usable = [a for a in registry.names("allreduce")
-              if "allreduce" in registry.get(a).costs and registry.get(a).workers is None]
-    names = split_list(algorithm, usable, "algorithm") or ["ring", "recursive_doubling",
-                                                           "rabenseifner", "auto"]
-    if not in_mpi_job():
-        relaunch(nprocs)
+def _calibrate(nprocs, algorithm, sizes, json_file) -> None:
+    nprocs, byte_sizes = m.calibration_request(nprocs, sizes)
+    names = (split_list(algorithm, m.calibration_choices(), "algorithm")
+             or list(m.CALIBRATE_DEFAULT))
+    if not launch.in_mpi_job():
+        launch.relaunch(nprocs)
     from mpi4py import MPI
 
-    from ..transport.mpi import MPITransport
-
     t = MPITransport(MPI.COMM_WORLD, collective="refcoll model --calibrate")
-    lead = t.rank == 0
-    if lead and t.size != nprocs:
-        click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; using it "
-                   f"(-n {nprocs} ignored)", err=True)
+    launch.data_ranks(t, nprocs)  # says so when the job's size overrules -n
     if t.size < 2:
         raise UsageError("--calibrate needs at least 2 processes to measure messages")
     result = m.compare_with_measurement(t, names, byte_sizes)
-    if lead:
+    if t.rank == 0:
         library = MPI.Get_library_version().splitlines()[0].strip()
         write_json(json_file, {"ranks": t.size, "cores": os.cpu_count(), "library": library,
                                **result.to_json()})
@@ -194,13 +144,6 @@ def _calibrate(m, nprocs, algorithm, sizes, json_file) -> None:
 
 
 # ------------------------------------------------------------------------------ printing
-
-def _binary(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
 
 def _phases(estimate) -> str:
     parts = []
@@ -256,11 +199,12 @@ def _print_calibration(result, library: str) -> None:
                f"{library}")
     click.echo(f"ping-pong fit: α = {_time(cal.alpha)}, β = {cal.beta * 1e9:.4g} ns/B "
                f"({_bytes(1 / cal.beta) if cal.beta > 0 else 'inf'}/s); γ = "
-               f"{cal.gamma * 1e9:.4g} ns/B; call {_time(cal.call)}")
+               f"{cal.gamma_per_byte * 1e9:.4g} ns/B; call {_time(cal.call)}")
     click.echo(f"  {'algorithm':<26} {'size':>8} {'predicted':>10} {'α-β-γ fit':>10} "
                f"{'measured':>10} {'pred/meas':>9}")
     for r in rows:
-        click.echo(f"  {r['algorithm']:<26} {_binary(r['bytes']):>8} {_time(r['predicted']):>10} "
+        size = _bytes(r["bytes"], "g", binary=True)
+        click.echo(f"  {r['algorithm']:<26} {size:>8} {_time(r['predicted']):>10} "
                    f"{_time(r['predicted_fit']):>10} {_time(r['measured']):>10} "
                    f"{r['ratio']:>9.2f}")
     click.echo(f"{result.within()} of {len(rows)} predictions within 30% of the measured time "

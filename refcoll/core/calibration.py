@@ -1,7 +1,17 @@
-"""The one calibration record: α, β and γ of a machine, with their units.
+"""The one calibration record: α, β and γ of a machine, with their units and what backs them.
 
 ``auto`` (:mod:`refcoll.calls.auto`) prices each candidate's exact counts with
-it; the cluster model (:mod:`refcoll.measure.model`) prices phases with it.
+α, β and γ; the cluster model's calibration (:mod:`refcoll.measure.model`)
+measures the same three and keeps, beside them, the tables its measured-step
+prediction reads. One record serves both, so γ has one unit everywhere.
+
+Units:
+
+* ``alpha``: seconds per message (the latency of one point-to-point send).
+* ``beta``: seconds per byte on the wire.
+* ``gamma``: seconds per element combined, the element a float32 (one
+  ``float32`` addition of two operands into a third); :attr:`Calibration.gamma_per_byte`
+  is the same figure per byte of one operand (``gamma / 4``).
 """
 
 from __future__ import annotations
@@ -9,16 +19,44 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-__all__ = ["Calibration", "DEFAULT"]
+__all__ = ["Calibration", "DEFAULT", "GAMMA_ITEMSIZE"]
+
+#: Bytes of the element ``gamma`` is measured on (float32).
+GAMMA_ITEMSIZE = 4
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """α (s per message), β (s per byte), γ (s per element combined), and where they came from.
+    """α, β, γ of a machine, where they came from, and the tables measured with them.
 
-    ``key`` is the :class:`CalibrationKey` text it was measured under, ``measured_at``
-    the Unix time of the measurement and ``load`` the runnable tasks per core while
-    it ran (see :func:`measure`); all three are empty for :data:`DEFAULT`.
+    Attributes:
+        alpha: seconds per message.
+        beta: seconds per byte.
+        gamma: seconds per float32 element combined (see :attr:`gamma_per_byte`).
+        source: where the figures came from (``default``, ``measured``, a cache file).
+        key: the :class:`~refcoll.calls.calibration.CalibrationKey` text it was measured
+            under; empty for :data:`DEFAULT`.
+        measured_at: Unix time of the measurement; None for a fixed calibration.
+        load: runnable tasks per core while it was measured (None: unknown).
+        ranks: processes the measurements ran on (0: not recorded).
+        call: seconds of an all-reduce call's own work, measured on one rank.
+        pingpong: ``(bytes, one-way seconds)`` between ranks 0 and 1, the others idle.
+        reduction: ``(bytes of one operand, seconds)`` of one float32 reduction of
+            operands in cache.
+        steps: ``(buffer bytes, message bytes, first, later, reduction after
+            first, reduction after later)``, seconds: a ring step (every rank
+            sends right and receives from the left at once) right after a
+            barrier (``first``) and back to back with the previous one
+            (``later``), each followed by its reduction, moving through an input
+            and an output buffer of the all-reduce's size as its rounds do: what
+            a round and a reduction cost inside an all-reduce of that size, with
+            its cache misses and the contention of every rank at once. On a
+            machine with fewer cores than ranks a round after a barrier waits
+            for peers to be scheduled again, and ``first`` is much larger than
+            ``later``.
+
+    ``auto``'s calibrations leave the tables empty; the cluster model's
+    (:func:`refcoll.measure.model.calibrate`) fill them.
     """
 
     alpha: float
@@ -28,12 +66,34 @@ class Calibration:
     key: str = ""
     measured_at: float | None = None
     load: float | None = None
+    ranks: int = 0
+    call: float = 0.0
+    pingpong: tuple[tuple[int, float], ...] = ()
+    reduction: tuple[tuple[int, float], ...] = ()
+    steps: tuple[tuple[int, int, float, float, float, float], ...] = ()
+
+    @property
+    def gamma_per_byte(self) -> float:
+        """Return γ in seconds per byte of one operand combined."""
+        return self.gamma / GAMMA_ITEMSIZE
 
     def age(self, now: float | None = None) -> float | None:
         """Return seconds since the measurement (None for a fixed calibration)."""
         if self.measured_at is None:
             return None
         return (time.time() if now is None else now) - self.measured_at
+
+    def to_json(self) -> dict:
+        """Return the calibration as a JSON-ready dict, γ both per element and per byte."""
+        return {"ranks": self.ranks, "alpha": self.alpha, "beta": self.beta,
+                "gamma": self.gamma, "gamma_per_byte": self.gamma_per_byte, "call": self.call,
+                "source": self.source, "key": self.key, "measured_at": self.measured_at,
+                "load": self.load,
+                "pingpong": [{"bytes": b, "seconds": s} for b, s in self.pingpong],
+                "reduction": [{"bytes": b, "seconds": s} for b, s in self.reduction],
+                "steps": [{"buffer": n, "message": b, "first": f, "later": e,
+                           "reduction_first": rf, "reduction_later": rl}
+                          for n, b, f, e, rf, rl in self.steps]}
 
 
 #: Shared-memory MPI on a current CPU: ~3 µs latency, ~4 GB/s, ~1 G additions/s.

@@ -59,7 +59,8 @@ def compressor_throughput(specs: Sequence[str], n: int, *, repeats: int = 3,
                           seed: int = 0) -> list[dict]:
     """Time compress and decompress of ``n`` float32 on the device, per compressor spec.
 
-    PowerSGD gets the tensor as a square-ish matrix (it compresses matrices).
+    A compressor that compresses matrices (it declares ``matrices``: PowerSGD)
+    gets the tensor as a square-ish matrix, every other one the flat tensor.
     Each row: the spec, the median seconds of each half, the tensor's bytes per
     second through both (dense GB/s), the payload's bytes and the ratio.
     """
@@ -70,7 +71,7 @@ def compressor_throughput(specs: Sequence[str], n: int, *, repeats: int = 3,
     out = []
     for spec in specs:
         comp = parse(spec)
-        tensor = matrix if "powersgd" in spec else x
+        tensor = matrix if comp.matrices else x
         state = comp.new_state(seed, 0)
         payload = comp.compress(tensor, state)
         compress_s = _median_seconds(xp, lambda: comp.compress(tensor, state), repeats)

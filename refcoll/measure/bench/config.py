@@ -1,0 +1,281 @@
+"""What a benchmark runs: its configuration, the size sweep, nccl-tests' bus factors.
+
+:class:`BenchConfig` and :func:`check_config` (everything no rank could run is refused
+here, before any MPI), the sizes (:func:`parse_size`, :func:`size_sweep`,
+:func:`element_count`), :func:`bus_factor`, the device's array module and GPU
+(:func:`array_module`, :func:`use_device`), the baseline's name and availability,
+and the fields of a row (:data:`ROW_FIELDS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ... import algorithms
+from ...baselines import nccl
+from ...baselines.mpi import BASELINES, mpi_unavailable
+from ...compressors import parse as parse_compressor
+from ...core import units
+from ...core import xp as xp_module
+from ...core.errors import UsageError
+from ...core.ops import check_supported, get_dtype, get_op, is_float
+from ...transport import device as devices
+from ...transport.mpi import bounded_barrier
+
+__all__ = [
+    "BenchConfig",
+    "ROW_FIELDS",
+    "BASELINES",
+    "NCCL_BASELINES",
+    "parse_size",
+    "size_sweep",
+    "bus_factor",
+    "element_count",
+    "array_module",
+    "use_device",
+    "check_config",
+    "baseline_name",
+    "baseline_unavailable",
+    "extra_ranks",
+    "op_label",
+    "baseline_op",
+    "reduces",
+]
+
+#: NCCL's collective that each refcoll collective is timed against with ``--against nccl``.
+NCCL_BASELINES = nccl.NCCL_CALLS
+
+#: The fields of every row, in the order ``--csv`` writes them.
+ROW_FIELDS = (
+    "collective", "algorithm", "resolved", "ranks", "size", "count", "dtype", "op",
+    "time_us", "algbw", "busbw", "wrong", "checked",
+    "baseline", "base_time_us", "base_busbw", "base_wrong", "time_over_base",
+    "bound_us", "time_over_bound",
+    "compressor", "pattern", "wire_sent", "wire_received", "dense_sent",
+)
+
+
+def parse_size(text: str) -> int:
+    """Return the bytes of a size as nccl-tests takes it: ``8``, ``64K``, ``16M``, ``1G``.
+
+    :func:`refcoll.core.units.parse_size` with nccl-tests' reading: whole bytes,
+    binary suffixes K, M and G in any case (K = 1024), no decimal units.
+
+    Raises:
+        UsageError: anything else (a fraction, a negative number, another unit).
+    """
+    return units.parse_size(text, name="size", whole=True, letters="KMG", decimal=False)
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """Return ``minbytes, minbytes·factor, ...`` up to ``maxbytes`` (nccl-tests' ``-b -e -f``)."""
+    if minbytes < 1:
+        raise UsageError(f"the smallest size must be at least 1 byte, got {minbytes}")
+    if maxbytes < minbytes:
+        raise UsageError(f"the largest size ({maxbytes} B) is below the smallest ({minbytes} B)")
+    if factor < 2:
+        raise UsageError(f"the step factor must be at least 2, got {factor}")
+    sizes = [minbytes]
+    while sizes[-1] * factor <= maxbytes:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def bus_factor(collective: str, n: int, *, in_network: bool = False) -> float:
+    """Return nccl-tests' ``busbw / algbw`` for ``collective`` on ``n`` ranks.
+
+    All-reduce ``2(n-1)/n`` (in-network reduction: ``(n-1)/(n+1)``, ``n`` the
+    workers); reduce-scatter and allgather ``(n-1)/n``; broadcast and reduce 1.
+    """
+    if n < 1:
+        raise ValueError(f"a collective needs at least one rank, got {n}")
+    if collective == "allreduce":
+        return (n - 1) / (n + 1) if in_network else 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    raise UsageError(f"unknown collective {collective!r}: choose one of "
+                     f"{', '.join(algorithms.COLLECTIVES)}")
+
+
+def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
+    """Return the elements of the whole array for a size of ``nbytes``.
+
+    Reduce-scatter and allgather round down to a multiple of ``n``, so every rank's
+    chunk is the same (the MPI baseline, ``MPI_Reduce_scatter_block``, needs it).
+    """
+    count = nbytes // itemsize
+    if collective in ("reduce_scatter", "allgather"):
+        count -= count % n
+    return count
+
+
+def reduces(collective: str) -> bool:
+    """Return whether ``collective`` combines values (allgather and broadcast only move them)."""
+    return collective not in ("allgather", "broadcast")
+
+
+# ------------------------------------------------------------------- the device
+
+def array_module(device: str):
+    """Return the array module buffers of ``device`` are allocated with: NumPy or CuPy.
+
+    Raises:
+        UsageError: an unknown device, or ``gpu`` where CuPy or a GPU is missing
+            (the reason in one line).
+    """
+    if device == "cpu":
+        return np
+    if device == "gpu":
+        return xp_module.require_cupy("--device gpu")
+    raise UsageError(f"unknown device {device!r}: choose cpu or gpu")
+
+
+def use_device(comm, config: "BenchConfig") -> int | None:
+    """Make this rank's GPU current, collectively over ``comm``; return its number (None: CPU).
+
+    With NCCL each rank needs a GPU of its own (an error says so when ranks
+    would share one); refcoll alone shares GPUs round robin among a node's
+    ranks. The dtype is checked on the device here, in the ranks, rather than
+    in :func:`check_config`: a check there would open a CUDA context in the
+    launching process, which a GPU in exclusive-process mode refuses to its ranks.
+
+    Raises:
+        UsageError: ranks that would share a GPU under NCCL; a dtype the device
+            cannot compute in.
+    """
+    if config.device != "gpu":
+        return None
+    # The GPU choice starts with MPI_Comm_split_type, which has no nonblocking form:
+    # a bounded MPI_Ibarrier first, so a rank that never comes times out here.
+    bounded_barrier(comm, "refcoll bench (choosing GPUs: MPI_Comm_split_type)")
+    device = (devices.check_one_gpu_per_rank(comm) if config.against == "nccl"
+              else devices.use_node_gpu(comm))
+    xp_module.check_device_dtype(get_dtype(config.dtype), array_module("gpu"))
+    return device
+
+
+# ------------------------------------------------------------------- the config
+
+@dataclass
+class BenchConfig:
+    """What to benchmark.
+
+    Attributes:
+        sizes: message sizes in bytes (:func:`size_sweep`).
+        algorithms: algorithm names (``auto`` included).
+        collective, op, dtype: what each call computes (``op`` ignored by
+            allgather and broadcast).
+        against: ``mpi`` (time the MPI library's collective too), ``nccl`` or ``none``.
+        device: ``cpu`` or ``gpu``.
+        warmup, iters: untimed and timed iterations per size.
+        check: compare every iteration's result with the expected one.
+        bound: also time each algorithm's transport bound.
+        compressor: a compressor spec (all-reduce only), or None.
+        workers: ranks that hold data (``None``: the whole communicator); the
+            ranks after them serve as switch processes.
+    """
+
+    sizes: Sequence[int] = (8,)
+    algorithms: Sequence[str] = ("auto",)
+    collective: str = "allreduce"
+    op: str = "sum"
+    dtype: str = "float32"
+    against: str = "mpi"
+    device: str = "cpu"
+    warmup: int = 5
+    iters: int = 20
+    check: bool = True
+    bound: bool = False
+    compressor: str | None = None
+    workers: int | None = None
+
+
+def check_config(config: BenchConfig) -> None:
+    """Raise :class:`UsageError` for a configuration no rank could run (before any MPI).
+
+    Unknown or unsupported names, an algorithm without the collective, an op the
+    dtype lacks, a compressor outside a floating sum/avg all-reduce, a GPU or NCCL
+    where there is none, NCCL without ``--device gpu`` or with a dtype or op it
+    lacks, ``--bound`` on a GPU, iteration counts below their minimum. Nothing
+    here opens a CUDA context (:func:`use_device` checks the dtype on the device).
+    """
+    if not config.sizes:
+        raise UsageError("no message sizes to run")
+    if config.collective not in algorithms.COLLECTIVES:
+        raise UsageError(f"unknown collective {config.collective!r}: choose one of "
+                         f"{', '.join(algorithms.COLLECTIVES)}")
+    if not config.algorithms:
+        raise UsageError(f"no algorithm selected; algorithms with {config.collective}: "
+                         f"{', '.join(algorithms.names(config.collective))}")
+    for name in config.algorithms:
+        algorithms.implementation(name, config.collective)
+    dt = get_dtype(config.dtype)
+    check_supported(get_op(config.op), dt)
+    if config.warmup < 0 or config.iters < 1:
+        raise UsageError(f"need warm-up >= 0 and iterations >= 1, got -w {config.warmup} "
+                         f"-i {config.iters}")
+    if config.against not in ("mpi", "nccl", "none"):
+        raise UsageError(f"unknown baseline {config.against!r}: choose mpi, nccl or none")
+    if config.against == "nccl" and config.device != "gpu":
+        raise UsageError("--against nccl needs --device gpu (NCCL runs on GPUs)")
+    if array_module(config.device) is not np and config.bound:
+        raise UsageError("--bound replays schedules on host buffers: it runs with "
+                         "--device cpu only")
+    if config.against == "nccl":
+        nccl.require_nccl("--against nccl")
+        nccl.nccl_types(dt, baseline_op(config))
+    if config.compressor is not None:
+        parse_compressor(config.compressor)
+        if config.collective != "allreduce" or config.op not in ("sum", "avg") or not is_float(dt):
+            raise UsageError("--compressor runs a compressed all-reduce: it needs --collective "
+                             "allreduce, --op sum or avg and a floating dtype")
+        switches = [n for n in config.algorithms if algorithms.get(n).workers is not None]
+        if switches:
+            raise UsageError(f"--compressor cannot run with {', '.join(switches)}: switch "
+                             "processes cannot combine compressed payloads")
+
+
+def extra_ranks(names: Sequence[str], workers: int) -> int:
+    """Return the ranks beyond ``workers`` the algorithms ``names`` need (switch processes)."""
+    return max((algorithms.get(n).extra_ranks(workers) for n in names
+                if algorithms.get(n).extra_ranks is not None), default=0)
+
+
+def op_label(config: BenchConfig) -> str:
+    """Return the op a report shows: ``none`` for the collectives that only move data."""
+    return get_op(config.op).name if reduces(config.collective) else "none"
+
+
+def baseline_op(config: BenchConfig) -> str:
+    """Return the op the library's collective is given (``sum`` where nothing is reduced)."""
+    return config.op if reduces(config.collective) else "sum"
+
+
+# ----------------------------------------------------------------- the baseline
+
+def baseline_name(config: BenchConfig) -> str | None:
+    """Return the library collective timed beside ours: ``MPI_Allreduce``, ``ncclAllReduce``..."""
+    if config.against == "nccl":
+        return NCCL_BASELINES[config.collective]
+    if config.against == "mpi":
+        return BASELINES[config.collective]
+    return None
+
+
+def baseline_unavailable(config: BenchConfig) -> str | None:
+    """Return why the baseline cannot run for ``config`` (None: it can).
+
+    NCCL's availability is :func:`check_config`'s to refuse; the MPI library's
+    collective is :func:`refcoll.baselines.mpi.mpi_unavailable`'s to judge (a type
+    MPI lacks; device buffers without a CUDA-aware MPI).
+    """
+    if config.against == "none":
+        return "no baseline requested"
+    if config.against == "nccl":
+        return None
+    return mpi_unavailable(config.collective, config.dtype, config.device)

@@ -1,0 +1,102 @@
+"""The cluster cost model: all-reduce phases, compression and overlap, for runs no one can try.
+
+Everything here is arithmetic on the exact counts of the algorithms' cost
+functions (α terms, β bytes, γ elements) and on the compressors' real
+``Payload.nbytes``, priced with the links of a described cluster. ``refcoll
+model`` prints it; the formulas are in ``spec/model.md``.
+
+* :mod:`~refcoll.measure.model.cluster`: the machine (:class:`Cluster`: nodes of
+  GPUs, an intra-node and an inter-node link each, quoted one way or both), the
+  gradient (:class:`Workload`), what to try (:class:`Options`), buckets. The
+  algorithms priced are the registry's records with ``price``.
+* :mod:`~refcoll.measure.model.pricing`: each algorithm's ``price`` says which
+  phase runs on which link; :func:`allreduce_estimate` puts α, β and the
+  reduction rate on them (:class:`Phase`, :class:`Estimate`).
+* :mod:`~refcoll.measure.model.compression`: the compressed patterns, from the
+  compressors' real payloads (:func:`compressed_estimate`, :func:`payload_arrays`).
+* :mod:`~refcoll.measure.model.overlap`: buckets all-reduced under the backward pass.
+* :mod:`~refcoll.measure.model.stack`: the step time with each technique stacked
+  (:func:`step_time`, :func:`plan`).
+* :mod:`~refcoll.measure.model.calibrate`: the same counts held to measured
+  all-reduces on this machine (``refcoll model --calibrate``), with the one
+  :class:`~refcoll.core.calibration.Calibration` record.
+* :mod:`~refcoll.measure.model.request`: the command's options read from text.
+
+**Limits** (so that no input makes the model run for ever or exhaust memory):
+at most :data:`MAX_GPUS` GPUs and from 1 to ``min(parameters, MAX_BUCKETS)``
+buckets. Every number must be finite; counts, bandwidths and sizes positive;
+times and latencies may be 0. Units follow :mod:`refcoll.core.units`.
+"""
+
+from ...core.calibration import Calibration
+from ...core.units import (BANDWIDTH_UNITS, human_bytes, human_time, parse_bandwidth, parse_count,
+                           parse_duration, parse_size, parse_sizes)
+from .calibrate import (CALIBRATE_DEFAULT, CALIBRATE_LIMIT, Comparison, calibrate,
+                        calibration_choices, compare_with_measurement, measure_allreduce, predict)
+from .cluster import (ALGORITHMS, INTER_ALGORITHMS, MAX_BUCKETS, MAX_GPUS, Cluster, Options,
+                      Workload, bucket_limit, buckets_for_size, buckets_of, check_buckets,
+                      choices_text, load_layers, select_algorithms)
+from .compression import (EXACT_LIMIT, SAMPLE, chosen_pattern, compressed_estimate,
+                          factor_elements, needs_shapes, payload_arrays, powersgd_elements)
+from .overlap import StepTime, overlap
+from .pricing import (Estimate, Phase, allreduce_estimate, estimate_name, local_phase,
+                      price_phase, steps_phase)
+from .request import calibration_request, plan_from_text, quoted_links
+from .stack import Plan, plan, step_time
+
+__all__ = [
+    "ALGORITHMS",
+    "INTER_ALGORITHMS",
+    "EXACT_LIMIT",
+    "SAMPLE",
+    "MAX_GPUS",
+    "MAX_BUCKETS",
+    "CALIBRATE_LIMIT",
+    "CALIBRATE_DEFAULT",
+    "BANDWIDTH_UNITS",
+    "Cluster",
+    "Workload",
+    "Options",
+    "Phase",
+    "Estimate",
+    "StepTime",
+    "Plan",
+    "price_phase",
+    "local_phase",
+    "steps_phase",
+    "allreduce_estimate",
+    "estimate_name",
+    "select_algorithms",
+    "choices_text",
+    "compressed_estimate",
+    "payload_arrays",
+    "powersgd_elements",
+    "factor_elements",
+    "chosen_pattern",
+    "needs_shapes",
+    "buckets_of",
+    "bucket_limit",
+    "check_buckets",
+    "buckets_for_size",
+    "overlap",
+    "step_time",
+    "plan",
+    "plan_from_text",
+    "quoted_links",
+    "calibration_request",
+    "calibration_choices",
+    "human_time",
+    "human_bytes",
+    "parse_count",
+    "parse_bandwidth",
+    "parse_duration",
+    "parse_size",
+    "parse_sizes",
+    "load_layers",
+    "Calibration",
+    "Comparison",
+    "calibrate",
+    "predict",
+    "measure_allreduce",
+    "compare_with_measurement",
+]

@@ -1,0 +1,380 @@
+"""What the cluster model prices: the machine, the workload, the options, and the buckets.
+
+**The cluster** (:class:`Cluster`): ``nodes`` nodes of ``g = gpus_per_node``
+GPUs, ``p = nodes·g`` ranks, node-major (GPU ``j`` of node ``i`` is rank
+``i·g + j``). Every GPU has an intra-node link (NVLink, PCIe) and its own
+inter-node link (a NIC per GPU), each with a bandwidth, a latency, and a flag
+saying how the bandwidth was quoted: a *unidirectional* figure ``B`` is what
+one direction carries; a *bidirectional* figure ``B`` (how NVLink is usually
+quoted) is ``B/2`` each way. Every algorithm sends and receives at once on a
+link (a ring step, a halving or doubling exchange, a switch's reduce and
+multicast), so the per-direction figure is the one that counts:
+``β = 1 / B_per_direction``.
+
+:class:`Workload` is the gradient and the compute around it, :class:`Options`
+what to try. The algorithms the model prices are the registry's, each through
+its own record (``price``, ``across_nodes``, ``needs_in_network``):
+:data:`ALGORITHMS` and :data:`INTER_ALGORITHMS` are read from it, in registry
+order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ... import algorithms
+from ...algorithms.registry import NodeShape
+from ...core.errors import UsageError
+from ...core.units import human_bytes
+
+__all__ = [
+    "ALGORITHMS",
+    "INTER_ALGORITHMS",
+    "MAX_GPUS",
+    "MAX_BUCKETS",
+    "Cluster",
+    "Workload",
+    "Options",
+    "select_algorithms",
+    "choices_text",
+    "load_layers",
+    "bucket_limit",
+    "check_buckets",
+    "buckets_for_size",
+    "buckets_of",
+]
+
+#: The all-reduce algorithms the cluster model prices (those whose record has ``price``).
+ALGORITHMS = tuple(a.name for a in algorithms.REGISTRY.values() if a.price is not None)
+
+#: What the hierarchical all-reduce may run across nodes (records with ``across_nodes``).
+INTER_ALGORITHMS = tuple(a.name for a in algorithms.REGISTRY.values()
+                         if a.price is not None and a.across_nodes)
+
+#: The most GPUs (nodes × GPUs per node) the model prices: Rabenseifner's exact
+#: counts on a number of ranks that is not a power of two take time quadratic in it.
+MAX_GPUS = 16384
+
+#: The most gradient buckets the overlap model cuts a gradient into: each is priced
+#: on its own, so the work grows with their number.
+MAX_BUCKETS = 100_000
+
+_FLOAT_DTYPES = {2: np.float16, 4: np.float32, 8: np.float64}
+
+
+def _in_network_only(name: str) -> bool:
+    return algorithms.get(name).needs_in_network
+
+
+# ------------------------------------------------------------------------------ cluster
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machine: nodes of GPUs, their two kinds of link, and in-network reduction.
+
+    Attributes:
+        nodes: number of nodes.
+        gpus_per_node: GPUs (ranks) per node, ``g``.
+        intra_bw: intra-node bandwidth per GPU, bytes/s, as quoted.
+        inter_bw: inter-node bandwidth per GPU (its NIC), bytes/s, as quoted.
+        intra_latency: seconds per intra-node message (α).
+        inter_latency: seconds per inter-node message (α).
+        intra_bidirectional: whether ``intra_bw`` counts both directions together
+            (then each direction carries half of it).
+        inter_bidirectional: the same for ``inter_bw``.
+        in_network: whether the switches can reduce (SHARP): enables the
+            algorithms whose record ``needs_in_network``.
+        reduce_bw: bytes of one operand an element-wise reduction consumes per
+            second on the device; ``0`` makes local work free.
+    """
+
+    nodes: int
+    gpus_per_node: int
+    intra_bw: float
+    inter_bw: float
+    intra_latency: float = 2e-6
+    inter_latency: float = 5e-6
+    intra_bidirectional: bool = False
+    inter_bidirectional: bool = False
+    in_network: bool = False
+    reduce_bw: float = 1e12
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise UsageError(f"a cluster needs at least one node of one GPU, got {self.nodes} "
+                             f"nodes of {self.gpus_per_node}")
+        if self.gpus > MAX_GPUS:
+            raise UsageError(f"{self.nodes} nodes × {self.gpus_per_node} GPUs = {self.gpus:,} "
+                             f"GPUs: give at most {MAX_GPUS:,} GPUs in all (--nodes × "
+                             f"--gpus-per-node), the most the model prices")
+        if not all(math.isfinite(v) and v > 0 for v in (self.intra_bw, self.inter_bw)):
+            raise UsageError(f"bandwidths must be positive and finite, got intra "
+                             f"{self.intra_bw:g} and inter {self.inter_bw:g} bytes/s")
+        if not all(math.isfinite(v) and v >= 0
+                   for v in (self.intra_latency, self.inter_latency, self.reduce_bw)):
+            raise UsageError("latencies and the reduction bandwidth must be finite and not "
+                             "negative")
+
+    @property
+    def gpus(self) -> int:
+        """Return ``p``, the number of ranks."""
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def shape(self) -> NodeShape:
+        """Return the node shape the algorithms' ``price`` reads."""
+        return NodeShape(self.nodes, self.gpus_per_node, self.in_network)
+
+    def link(self, kind: str) -> tuple[float, float]:
+        """Return ``(α, β)`` of ``intra``, ``inter`` or ``slowest``, β per byte and direction.
+
+        ``slowest`` is the link a step that uses both kinds waits for: the larger
+        α and the larger β (on one node it is the intra-node link).
+        """
+        intra = (self.intra_latency, (2.0 if self.intra_bidirectional else 1.0) / self.intra_bw)
+        inter = (self.inter_latency, (2.0 if self.inter_bidirectional else 1.0) / self.inter_bw)
+        if kind == "intra":
+            return intra
+        if kind == "inter":
+            return inter
+        if self.nodes == 1:
+            return intra
+        if self.gpus_per_node == 1:
+            return inter
+        return max(intra[0], inter[0]), max(intra[1], inter[1])
+
+    def seconds_per_byte_reduced(self) -> float:
+        """Return the time to combine one byte of one operand (0: free)."""
+        return 1.0 / self.reduce_bw if self.reduce_bw else 0.0
+
+
+# ----------------------------------------------------------------------------- workload
+
+@dataclass(frozen=True)
+class Workload:
+    """The model's gradient and the compute around it.
+
+    Attributes:
+        shapes: parameter shapes in forward order (the backward pass produces
+            their gradients last first). A bare parameter count is one flat tensor.
+        bytes_per_element: gradient element size: 2 (float16), 4 or 8.
+        forward: seconds of one forward pass.
+        backward: seconds of one backward pass.
+        layered: whether ``shapes`` are real layers (PowerSGD needs them) rather
+            than one flat parameter count.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    bytes_per_element: int = 4
+    forward: float = 0.0
+    backward: float = 0.0
+    layered: bool = True
+
+    def __post_init__(self):
+        if self.bytes_per_element not in _FLOAT_DTYPES:
+            raise UsageError(f"bytes per element (--bytes-per-element) must be 2, 4 or 8 "
+                             f"(float16, float32, float64), got {self.bytes_per_element}")
+        if any(any(d < 0 for d in s) for s in self.shapes) or self.elements < 1:
+            raise UsageError("the model needs at least one parameter, and no negative dimension")
+        if not all(math.isfinite(v) and v >= 0 for v in (self.forward, self.backward)):
+            raise UsageError(f"forward and backward times must be finite and not negative, "
+                             f"got {self.forward:g} and {self.backward:g} s")
+
+    @classmethod
+    def from_params(cls, params: float, **kwargs) -> "Workload":
+        """Return a workload of ``params`` parameters in one flat tensor."""
+        if not math.isfinite(params):
+            raise UsageError(f"a model needs a finite parameter count, got {params:g}")
+        count = int(round(params))
+        if count < 1:
+            raise UsageError(f"a model needs at least one parameter, got {params:g}")
+        return cls(shapes=((count,),), layered=False, **kwargs)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Return the gradient dtype (float16, float32 or float64 by element size)."""
+        return np.dtype(_FLOAT_DTYPES[self.bytes_per_element])
+
+    @property
+    def elements(self) -> int:
+        """Return the number of parameters."""
+        return sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def nbytes(self) -> int:
+        """Return the gradient's size in bytes."""
+        return self.elements * self.bytes_per_element
+
+
+def load_layers(text: str) -> tuple[tuple[int, ...], ...]:
+    """Return parameter shapes from JSON: a list of shapes, or an object name -> shape.
+
+    ``[[1024, 4096], [4096], ...]`` or ``{"fc1.weight": [1024, 4096], ...}`` (what
+    ``{n: list(p.shape) for n, p in model.named_parameters()}`` gives), in
+    forward order.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"the layers file is not JSON: {exc}") from None
+    shapes = list(data.values()) if isinstance(data, dict) else data
+    if not isinstance(shapes, list) or not shapes:
+        raise UsageError("the layers file must hold a non-empty list of shapes or an object "
+                         "of name: shape")
+    out = []
+    for shape in shapes:
+        shape = [shape] if isinstance(shape, int) else shape
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                  and d >= 0 for d in shape):
+            raise UsageError(f"bad shape {shape!r} in the layers file: a shape is a list of "
+                             "non-negative integers")
+        out.append(tuple(shape))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------ options
+
+def _default_algorithms() -> tuple[str, ...]:
+    return tuple(a for a in ALGORITHMS if not _in_network_only(a))
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to try: algorithms, a compressor and its pattern, buckets for overlap.
+
+    Attributes:
+        algorithms: the all-reduce algorithms to price (default: every one of
+            :data:`ALGORITHMS` that needs no in-network reduction).
+        compressor: a compressor spec (``"topk:ratio=0.01"``), or None.
+        pattern: the compressed collective pattern; None: the compressor's default.
+        buckets: gradient buckets for overlap (1: no overlap).
+        inter: the hierarchical all-reduce's algorithm across nodes.
+    """
+
+    algorithms: tuple[str, ...] = field(default_factory=_default_algorithms)
+    compressor: str | None = None
+    pattern: str | None = None
+    buckets: int = 1
+    inter: str = "ring"
+
+    def __post_init__(self):
+        unknown = [a for a in self.algorithms if a not in ALGORITHMS]
+        if unknown or not self.algorithms:
+            raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown)) or '(none)'}: the "
+                             f"model prices {', '.join(ALGORITHMS)}")
+        if self.inter not in INTER_ALGORITHMS:
+            raise UsageError(f"unknown inter-node algorithm {self.inter!r} (--inter): choose "
+                             f"one of {', '.join(INTER_ALGORITHMS)}")
+        if self.buckets < 1:
+            raise UsageError(f"buckets must be at least 1, got {self.buckets}")
+
+
+def select_algorithms(text: str | None, *, in_network: bool) -> tuple[str, ...]:
+    """Return the algorithms named in ``ring,dbtree`` or ``all`` (None: all) for a cluster.
+
+    ``all`` is every algorithm of :data:`ALGORITHMS` the cluster can run: those
+    that need in-network reduction only with it. Naming one of those without
+    it, or an unknown name, is a :class:`UsageError` that says what is supported.
+    """
+    usable = tuple(a for a in ALGORITHMS if in_network or not _in_network_only(a))
+    if text is None or text.strip().lower() == "all":
+        return usable
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if unknown or not names:
+        raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown)) or '(none)'} "
+                         f"(--algorithm): choose from {', '.join(usable)}"
+                         f"{'' if in_network else _needing_in_network()}, or all")
+    needing = [a for a in names if not in_network and _in_network_only(a)]
+    if needing:
+        raise UsageError(f"algorithm {needing[0]!r} (--algorithm) is an in-network all-reduce: "
+                         f"add --in-network if the switches can reduce (SHARP; it is priced on "
+                         f"each GPU's inter-node link, --inter-bw and --inter-latency), or "
+                         f"choose from {', '.join(usable)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _needing_in_network() -> str:
+    return "".join(f", {a} with --in-network" for a in ALGORITHMS if _in_network_only(a))
+
+
+def choices_text(names: Sequence[str], *, joiner: str = "and") -> str:
+    """Return ``names`` for a help text: ``ring, tree, and switch with --in-network``."""
+    anywhere = [a for a in names if not _in_network_only(a)]
+    special = [a for a in names if _in_network_only(a)]
+    text = ", ".join(anywhere)
+    return f"{text}, {joiner} {', '.join(special)} with --in-network" if special else text
+
+
+# ------------------------------------------------------------------------------ buckets
+
+def bucket_limit(workload: Workload) -> int:
+    """Return the most buckets ``workload`` may be cut into: one a parameter, MAX_BUCKETS."""
+    return min(workload.elements, MAX_BUCKETS)
+
+
+def check_buckets(count: int, workload: Workload, *, name: str = "buckets") -> int:
+    """Return ``count`` if it is from 1 to :func:`bucket_limit`; else raise UsageError.
+
+    ``name`` is what the message calls the number (an option, ``--buckets``).
+    """
+    limit = bucket_limit(workload)
+    if count < 1:
+        raise UsageError(f"{name} {count}: give at least 1 (1 means one bucket: no overlap)")
+    if count > limit:
+        raise UsageError(f"{name} {count:,}: give at most {limit:,} (at most one bucket per "
+                         f"parameter and at most {MAX_BUCKETS:,})")
+    return count
+
+
+def buckets_for_size(workload: Workload, nbytes: int, *, name: str = "bucket size") -> int:
+    """Return how many buckets of at most ``nbytes`` the gradient fills (checked as above)."""
+    if nbytes < 1:
+        raise UsageError(f"{name} {nbytes}: give a positive size, e.g. 25MB")
+    count = -(-workload.nbytes // nbytes)
+    limit = bucket_limit(workload)
+    if count > limit:
+        smallest = -(-workload.nbytes // limit)
+        raise UsageError(f"{name} {nbytes:,} B cuts the {human_bytes(workload.nbytes)} gradient "
+                         f"into {count:,} buckets, more than the {limit:,} the model takes: "
+                         f"give at least {smallest:,} B")
+    return count
+
+
+def buckets_of(workload: Workload, count: int) -> list[tuple[tuple[tuple[int, ...], ...], float]]:
+    """Cut the gradient into at most ``count`` buckets, last layers first.
+
+    Returns ``[(shapes, ready), ...]`` in the order the backward pass fills them:
+    ``ready`` is the fraction of the backward pass after which the bucket's
+    last gradient exists (gradients appear at a uniform rate per parameter). A
+    flat parameter count is cut into ``count`` equal pieces; layers are never
+    split (as in PyTorch DDP), so big layers can leave fewer buckets than asked.
+    ``count`` runs from 1 to :func:`bucket_limit` (:func:`check_buckets`).
+    """
+    check_buckets(count, workload)
+    total = workload.elements
+    if not workload.layered:
+        sizes = [total // count + (1 if i < total % count else 0) for i in range(count)]
+        out, done = [], 0
+        for size in sizes:
+            done += size
+            out.append((((size,),), done / total))
+        return out
+    out, current, done = [], [], 0
+    boundary = 1
+    for shape in reversed(workload.shapes):
+        current.append(shape)
+        done += math.prod(shape)
+        if done * count >= boundary * total:
+            out.append((tuple(current), done / total if total else 1.0))
+            current = []
+            while boundary * total <= done * count and boundary < count:
+                boundary += 1
+    if current:
+        out.append((tuple(current), 1.0))
+    return out

@@ -1,0 +1,127 @@
+"""``refcoll model``'s question read from text: the cluster, the workload, the options.
+
+:func:`plan_from_text` takes the command's option values as the user wrote
+them (``900GB/s``, ``2us``, ``1.3e9``), checks them in the order the command
+documents, resolves how each bandwidth is quoted, and returns the
+:class:`~refcoll.measure.model.stack.Plan`. :func:`calibration_request` does the
+same for ``--calibrate``, before any process starts.
+"""
+
+from __future__ import annotations
+
+from ...core.errors import UsageError
+from ...core.units import parse_bandwidth, parse_count, parse_duration, parse_size, parse_sizes
+from .calibrate import CALIBRATE_LIMIT
+from .cluster import (Cluster, Options, Workload, buckets_for_size, check_buckets, load_layers,
+                      select_algorithms)
+from .stack import Plan, plan
+
+__all__ = ["QUOTED", "quoted_links", "plan_from_text", "calibration_request"]
+
+#: How a bandwidth may be quoted: the words the options take, and what they mean.
+QUOTED = {"bidirectional": True, "unidirectional": False}
+
+
+def quoted_links(both: bool | None, intra: str | None, inter: str | None) -> tuple[bool, bool]:
+    """Return whether the intra- and inter-node bandwidths count both directions added.
+
+    ``intra`` and ``inter`` (``unidirectional``, ``bidirectional`` or None) say it
+    per link and override ``both`` (``--bidirectional``/``--unidirectional``;
+    None: not said). A link nobody said it for is a :class:`UsageError`.
+    """
+    intra_both = both if intra is None else QUOTED[intra]
+    inter_both = both if inter is None else QUOTED[inter]
+    if intra_both is None or inter_both is None:
+        raise UsageError("say how the bandwidths are quoted: --unidirectional (per direction) "
+                         "or --bidirectional (both directions added), or per link with "
+                         "--intra-quoted and --inter-quoted")
+    return intra_both, inter_both
+
+
+def _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
+             inter_quoted, intra_latency, inter_latency, in_network, reduce_bw, *,
+             params, layers_text) -> Cluster:
+    if nodes is None or gpus_per_node is None:
+        raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
+    nodes = parse_count(nodes, name="--nodes", example="4")
+    gpus_per_node = parse_count(gpus_per_node, name="--gpus-per-node", example="8")
+    intra_both, inter_both = quoted_links(bidirectional, intra_quoted, inter_quoted)
+    if (params is None) == (layers_text is None):
+        raise UsageError("give the model as exactly one of --params N or --layers FILE")
+    if gpus_per_node > 1 and intra_bw is None or nodes > 1 and inter_bw is None:
+        raise UsageError("give --intra-bw (more than one GPU per node) and --inter-bw (more "
+                         "than one node)")
+    # A link that is absent (one GPU a node, or one node) takes the other's figure.
+    intra_b = parse_bandwidth(intra_bw, name="--intra-bw") if intra_bw is not None else None
+    inter_b = parse_bandwidth(inter_bw, name="--inter-bw") if inter_bw is not None else None
+    return Cluster(nodes, gpus_per_node, intra_b or inter_b, inter_b or intra_b,
+                   intra_latency=parse_duration(intra_latency, name="--intra-latency",
+                                                unit=True),
+                   inter_latency=parse_duration(inter_latency, name="--inter-latency",
+                                                unit=True),
+                   intra_bidirectional=intra_both, inter_bidirectional=inter_both,
+                   in_network=in_network,
+                   reduce_bw=parse_bandwidth(reduce_bw, name="--reduce-bw", zero=True))
+
+
+def _workload(params, layers_text, bytes_per_element, forward, backward) -> Workload:
+    compute = dict(bytes_per_element=parse_count(bytes_per_element, name="--bytes-per-element",
+                                                 example="4"),
+                   forward=parse_duration(forward, name="--forward"),
+                   backward=parse_duration(backward, name="--backward"))
+    if layers_text is not None:
+        return Workload(load_layers(layers_text), **compute)
+    return Workload.from_params(parse_count(params, name="--params", example="1.3e9"),
+                                **compute)
+
+
+def _bucket_count(workload: Workload, buckets, bucket_size) -> int:
+    if buckets is not None and bucket_size is not None:
+        raise UsageError("give --buckets or --bucket-size, not both")
+    if bucket_size is not None:
+        return buckets_for_size(workload, parse_size(bucket_size, name="--bucket-size"),
+                                name="--bucket-size")
+    if buckets is not None:
+        return check_buckets(parse_count(buckets, name="--buckets", minimum=None, example="25"),
+                             workload, name="--buckets")
+    return 1
+
+
+def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=None,
+                   bidirectional: bool | None = None, intra_quoted: str | None = None,
+                   inter_quoted: str | None = None, intra_latency="2us", inter_latency="5us",
+                   in_network: bool = False, reduce_bw="1TB/s", params=None,
+                   layers_text: str | None = None, bytes_per_element="4", forward="0",
+                   backward="0", algorithm: str | None = "all", inter: str = "ring",
+                   compressor: str | None = None, pattern: str | None = None, buckets=None,
+                   bucket_size=None) -> Plan:
+    """Return the plan of ``refcoll model``'s options, given as text (its defaults, too).
+
+    Every argument is the option of the same name (``layers_text`` the contents
+    of ``--layers FILE``); numbers with units are read by :mod:`refcoll.core.units`.
+
+    Raises:
+        UsageError: the first option that is missing, unreadable or out of range,
+            named, with what to give instead.
+    """
+    cluster = _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
+                       inter_quoted, intra_latency, inter_latency, in_network, reduce_bw,
+                       params=params, layers_text=layers_text)
+    workload = _workload(params, layers_text, bytes_per_element, forward, backward)
+    algorithms = select_algorithms(algorithm, in_network=in_network)
+    count = _bucket_count(workload, buckets, bucket_size)
+    return plan(cluster, workload, Options(algorithms, compressor, pattern, count, inter))
+
+
+def calibration_request(nprocs, sizes) -> tuple[int, list[int]]:
+    """Return ``--calibrate``'s ``(processes, byte sizes)`` from ``-n`` and ``--sizes``.
+
+    Raises:
+        UsageError: fewer than 2 processes (one cannot measure messages), or
+            sizes that are unreadable, not positive or over :data:`CALIBRATE_LIMIT`.
+    """
+    nprocs = parse_count(nprocs, name="-n", minimum=None, example="2")
+    if nprocs < 2:
+        raise UsageError(f"-n {nprocs}: --calibrate needs at least 2 processes to measure "
+                         f"messages; give -n 2 or more")
+    return nprocs, parse_sizes(sizes, name="--sizes", largest=CALIBRATE_LIMIT)
