@@ -1,11 +1,12 @@
 """The spec pages agree with the code: their step tables and reduction trees are generated.
 
-Every generated block in ``spec/*.md`` must be exactly what ``refcoll.trace``
-produces from the code now. The trace itself is checked against plain numeric
-runs that do not use its symbolic op: which elements each message carries
-(``x_r[i] = i`` under ``max``), which ranks each partial contains (``x_r[i] = 2**r``
-under ``sum``), and the bits of random float32 results, recomputed by evaluating
-each printed tree in its printed order.
+Every generated block in ``spec/*.md`` must be exactly what
+``refcoll.verify.spec_pages`` renders from the code now (``refcoll spec --write
+spec/``). The trace itself is checked against plain numeric runs that do not use
+its symbolic op: which elements each message carries (``x_r[i] = i`` under
+``max``), which ranks each partial contains (``x_r[i] = 2**r`` under ``sum``),
+and the bits of random float32 results, recomputed by evaluating each printed
+tree in its printed order.
 """
 
 from __future__ import annotations
@@ -15,25 +16,27 @@ import re
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from refcoll import REGISTRY, simulate
 from refcoll.core.chunking import chunk_bounds
+from refcoll.cli.spec import spec as spec_command
 from refcoll.verify.oracle import fold
-from refcoll.verify import trace
+from refcoll.verify import spec_pages, trace
 from refcoll.verify.trace import Expressions, SymbolicOp, TraceError, reduction_tree, step_table
 
 from conftest import ROOT
 
 SPEC = ROOT / "spec"
 PAGES = sorted(SPEC.glob("*.md"))
-GENERATED = [page for page in PAGES if trace.blocks(page.read_text(encoding="utf-8"))]
+GENERATED = [page for page in PAGES if spec_pages.blocks(page.read_text(encoding="utf-8"))]
 
 
 def _configs():
     """Return every distinct (algorithm, p, n, collective, options) the pages generate."""
     seen = {}
     for page in GENERATED:
-        for _, args in trace.blocks(page.read_text(encoding="utf-8")):
+        for _, args in spec_pages.blocks(page.read_text(encoding="utf-8")):
             args = dict(args)
             args.pop("layout", None)
             key = tuple(sorted(args.items()))
@@ -64,11 +67,11 @@ def test_there_are_generated_pages():
 @pytest.mark.parametrize("page", GENERATED, ids=lambda page: page.name)
 def test_page_matches_the_code(page):
     text = page.read_text(encoding="utf-8")
-    fresh = trace.regenerate(text)
+    fresh = spec_pages.regenerate(text)
     diff = "\n".join(difflib.unified_diff(text.splitlines(), fresh.splitlines(),
                                           "page", "code", lineterm="", n=1))
     assert fresh == text, (f"{page.name} disagrees with the code; run "
-                           f"`python -m refcoll.trace --write spec/` and reread the prose:\n"
+                           f"`refcoll spec --write spec/` and reread the prose:\n"
                            f"{diff}")
 
 
@@ -76,27 +79,28 @@ def test_page_matches_the_code(page):
 def test_every_algorithm_has_a_generated_page(name):
     page = ROOT / REGISTRY[name].spec
     assert page.exists(), f"{name}: no spec page {REGISTRY[name].spec}"
-    kinds = {kind for kind, args in trace.blocks(page.read_text(encoding="utf-8"))
+    kinds = {kind for kind, args in spec_pages.blocks(page.read_text(encoding="utf-8"))
              if args.get("algorithm") == name}
     assert kinds == {"step_table", "reduction_tree"}, (
         f"{page.name} needs a generated step table and reduction tree of {name}, has {kinds}")
 
 
-def test_check_finds_a_page_that_disagrees(tmp_path, capsys):
+def test_check_finds_a_page_that_disagrees(tmp_path):
     text = (SPEC / "ring.md").read_text(encoding="utf-8")
     assert "| 1 | D: x0 → 1 |" in text
     page = tmp_path / "ring.md"
     page.write_text(text.replace("| 1 | D: x0 → 1 |", "| 1 | D: x1 → 1 |"), encoding="utf-8")
-    assert trace.stale_pages([tmp_path]) == [page]
-    assert trace.main(["--check", str(tmp_path)]) == 1
-    assert "ring.md: differs from the code" in capsys.readouterr().out
-    assert trace.main(["--write", str(tmp_path)]) == 0
+    assert spec_pages.stale_pages([tmp_path]) == [page]
+    checked = CliRunner().invoke(spec_command, ["--check", str(tmp_path)])
+    assert checked.exit_code == 1
+    assert "ring.md: differs from the code" in checked.stdout
+    assert CliRunner().invoke(spec_command, ["--write", str(tmp_path)]).exit_code == 0
     assert page.read_text(encoding="utf-8") == text
-    assert trace.main(["--check", str(page)]) == 0
+    assert CliRunner().invoke(spec_command, ["--check", str(page)]).exit_code == 0
 
 
 def test_block_arguments_round_trip():
-    blocks = trace.blocks("<!-- generated: refcoll.trace step_table algorithm=hierarchical "
+    blocks = spec_pages.blocks("<!-- generated: refcoll.trace step_table algorithm=hierarchical "
                           "p=8 n=8 ranks_per_node=4 layout=list -->\nold\n<!-- end generated -->")
     assert blocks == [("step_table", {"algorithm": "hierarchical", "p": 8, "n": 8,
                                       "ranks_per_node": 4, "layout": "list"})]

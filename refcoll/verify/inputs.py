@@ -30,13 +30,16 @@ Kinds:
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import UsageError
 from ..core.ops import dtype_name, exact_integer_limit, get_dtype, is_integer
 
-__all__ = ["KINDS", "make_input", "make_inputs"]
+__all__ = ["KINDS", "make_input", "make_inputs", "write_rank_files", "read_rank_files"]
 
 KINDS = ("exact", "random", "adversarial")
 
@@ -122,9 +125,6 @@ def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     cannot name ml_dtypes' types); ``meta.json`` records the real dtype, so any
     language can read the bits back.
     """
-    import json
-    from pathlib import Path
-
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     first = next((a for a in arrays if a is not None), None)
@@ -144,11 +144,6 @@ def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
     The dtype comes from ``dtype``, else ``meta.json``, else the files themselves;
     arrays stored as bits are viewed back as that dtype.
     """
-    import json
-    from pathlib import Path
-
-    from ..core.errors import UsageError
-
     path = Path(directory)
     if not path.is_dir():
         raise UsageError(f"{directory}: no such directory")

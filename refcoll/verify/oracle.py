@@ -19,8 +19,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
+from ml_dtypes import finfo
 
-from ..core.ops import dtype_name, get_op, is_float, is_integer, unit_roundoff
+from ..calls.collectives import simulate
+from ..core.chunking import chunk_slice
+from ..core.errors import UsageError
+from ..core.ops import (dtype_name, exact_integer_limit, get_op, is_float, is_integer,
+                        unit_roundoff)
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
            "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps"]
@@ -92,13 +97,12 @@ def error_bound(op, arrays: Sequence[np.ndarray], dtype=None) -> np.ndarray:
     # Σ|x| summed in float64 may come out low by (p-1)·2**-53 of itself, and the
     # double-double "exact" value is rounded once to float64: widen by both.
     absolute *= 1.0 + p * 2.0 ** -52
-    reference_error = 2.0 ** -52 * np.abs(exact_reduce(reduction, arrays)) + p * 2.0 ** -104 * absolute
+    reference_error = (2.0 ** -52 * np.abs(exact_reduce(reduction, arrays))
+                       + p * 2.0 ** -104 * absolute)
     if reduction.name == "avg":
         # One more rounding for the division, and an underflowing quotient may
         # lose up to half the smallest subnormal.
         tiny = float(np.finfo(np.float64).tiny) if dt == np.float64 else 0.0
-        from ml_dtypes import finfo
-
         tiny = max(tiny, float(finfo(dt).smallest_subnormal))
         return gamma(p, u) * absolute / p * slack + tiny + reference_error
     return gamma(p - 1, u) * absolute * slack + reference_error
@@ -128,8 +132,6 @@ def violations(result: np.ndarray, exact: np.ndarray, bound: np.ndarray):
 
 def ulps(error: float, value: float, dtype) -> float:
     """Return ``error`` in units in the last place of ``value`` in ``dtype``."""
-    from ml_dtypes import finfo
-
     info = finfo(np.dtype(dtype))
     magnitude = abs(float(value))
     tiny = float(info.smallest_subnormal)
@@ -174,8 +176,6 @@ class CheckReport:
 def expected_outputs(collective: str, inputs, *, algorithm: str, op="sum", root: int = 0,
                      **options) -> list:
     """Return every rank's output of ``algorithm``, bit for bit, from the simulator."""
-    from ..calls.collectives import simulate
-
     if collective in ("broadcast", "reduce"):
         options["root"] = root
     if collective in ("allgather", "broadcast"):
@@ -185,8 +185,6 @@ def expected_outputs(collective: str, inputs, *, algorithm: str, op="sum", root:
 
 def _reference(collective: str, inputs, op, root: int):
     """Per-rank (naive fold, exact, bound) triples; exact and bound None where not float."""
-    from ..core.chunking import chunk_slice
-
     p = len(inputs)
     flat = [np.asarray(x).reshape(-1) for x in inputs]
     if collective == "allgather":
@@ -236,8 +234,6 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     Raises:
         UsageError: the outputs cannot be judged (wrong number of ranks, missing files).
     """
-    from ..core.errors import UsageError
-
     reduction = get_op(op) if collective in ("allreduce", "reduce_scatter", "reduce") else None
     p = len(inputs)
     if any(x is None for x in inputs):
@@ -256,7 +252,8 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
         if out is None:
             bad.append(f"rank {r}: no output")
         elif out.dtype != dtype or out.size != ref[0].size:
-            bad.append(f"rank {r}: {out.dtype}[{out.size}], expected {dtype_name(dtype)}[{ref[0].size}]")
+            bad.append(f"rank {r}: {out.dtype}[{out.size}], "
+                       f"expected {dtype_name(dtype)}[{ref[0].size}]")
     report.findings.append(Finding("shapes and dtypes", not bad, "; ".join(bad[:4])))
     if bad:
         return report
@@ -322,8 +319,8 @@ def _bound_finding(refs, got, ranks, dtype) -> Finding:
     if worst is None:
         return Finding("within the error bound", True, "no elements")
     detail = (f"worst: rank {worst['rank']} element {worst['index']}: {worst['value']!r} vs exact "
-              f"{worst['exact']!r}, {worst['ulps']:.3g} ulp, {100 * worst['fraction_of_bound']:.3g}% "
-              f"of the bound")
+              f"{worst['exact']!r}, {worst['ulps']:.3g} ulp, "
+              f"{100 * worst['fraction_of_bound']:.3g}% of the bound")
     if violations_total:
         detail = f"{violations_total} elements outside the bound; " + detail
     return Finding("within the error bound", violations_total == 0, detail,
@@ -352,8 +349,6 @@ def _oracle_finding(collective, inputs, got, ranks, algorithm, reduction, root) 
 
 def _sums_are_exact(inputs) -> bool:
     """Whether every partial sum of these inputs is exact (integer-valued, small enough)."""
-    from ..core.ops import exact_integer_limit
-
     dt = np.asarray(inputs[0]).dtype
     if is_integer(dt):
         return False  # wrapping sums are exact anyway; the exact check covers them
@@ -364,8 +359,6 @@ def _sums_are_exact(inputs) -> bool:
 
 def _contribution_finding(inputs, refs, got, ranks, reduction, collective) -> Finding:
     """Name ranks whose contribution is missing or counted twice, from exact inputs."""
-    from ..core.chunking import chunk_slice
-
     stacked = np.stack([np.asarray(x).reshape(-1).astype(np.float64) for x in inputs])
     p = len(inputs)
     problems = []

@@ -8,7 +8,8 @@ implementation of the same algorithm in another language must reproduce every
 output bit for bit. ``spec/vectors/README.md`` says how to read them.
 
 What the set holds (:func:`plan`): every registered algorithm but ``auto`` (which
-only picks one of the others) and every collective it implements, over
+only picks one of the others: its record ``chooses``) and every collective it
+implements, over
 
 * ``float32``, ``random`` inputs at ``p`` in 1, 2, 3, 4, 5, 8 with ``n = p + 1``
   (uneven chunks) and ``n = 37`` at ``p`` in 3, 5, 8; ``n`` 0 and 1 at ``p = 3``
@@ -18,9 +19,11 @@ only picks one of the others) and every collective it implements, over
   ``adversarial`` ``float32`` sums at ``p = 8`` (cancelling values whose bits
   expose the order), ``avg``, ``max`` and ``prod`` of ``float32``, ``avg`` of
   ``bfloat16`` and of ``int32`` (truncating division);
-* for each further option set in :data:`VARIANTS` (a segment or packet shorter
-  than the buffer, unequal nodes, the switch's integer mode) and for ``root =
-  p - 1``: ``float32`` ``random``, ``n = 37``, ``p`` in 3, 5, 8.
+* for each further option set of the algorithm's record
+  (:attr:`~refcoll.algorithms.registry.Algorithm.vector_variants`: a segment or
+  packet shorter than the buffer, unequal nodes, the switch's integer mode; the
+  first set is the whole grid's) and for ``root = p - 1``: ``float32``
+  ``random``, ``n = 37``, ``p`` in 3, 5, 8.
 
 Random floats are the vectors that pin a reduction order; integers and ``exact``
 inputs pin data movement and wrapping. Inputs come from
@@ -31,17 +34,15 @@ sorted order with ``.npy`` format 1.0, little-endian, so regenerating gives the
 same bytes and the manifest's sha256 of each file is stable; ``verify`` checks
 both the digests and, by simulating again, every output.
 
-Run ``python -m refcoll.verify.vectors spec/vectors`` to regenerate and
-``python -m refcoll.verify.vectors --verify spec/vectors`` to check.
+Run ``refcoll vectors spec/vectors`` to regenerate and
+``refcoll vectors --verify spec/vectors`` to check.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +52,13 @@ import numpy as np
 
 from .. import algorithms
 from ..calls.collectives import simulate
+from ..core.bits import first_bit_difference, same_bits
+from ..core.ops import dtype_name, get_dtype
 from .inputs import _storage as stored_dtype
 from .inputs import make_inputs
-from ..core.ops import dtype_name, get_dtype
 
-__all__ = ["FORMAT", "SEED", "VARIANTS", "Vector", "plan", "generate", "verify", "load",
-           "read_manifest", "main"]
+__all__ = ["FORMAT", "SEED", "PROCESS_COUNTS", "GENERATOR", "Vector", "plan", "generate",
+           "verify", "load", "read_manifest"]
 
 #: Version of the manifest's layout.
 FORMAT = 1
@@ -64,14 +66,10 @@ FORMAT = 1
 SEED = 0
 #: Process counts of the main grid.
 PROCESS_COUNTS = (1, 2, 3, 4, 5, 8)
-#: Option sets each algorithm's vectors use: the first on the whole grid, the
-#: others on a few cases, so small buffers still take the edge paths.
-VARIANTS = {
-    "hierarchical": ({"ranks_per_node": 2}, {"ranks_per_node": 3}),
-    "tree": ({}, {"segment": 4}),
-    "dbtree": ({}, {"segment": 4}),
-    "switch": ({}, {"radix": 2, "packet": 8, "slots": 2}, {"mode": "int", "packet": 8}),
-}
+#: The manifest's ``generator``, as the committed set records it. The command is
+#: ``refcoll vectors spec/vectors`` now; the text stays, since it is part of the
+#: manifest's bytes, which must not change while the vectors do not.
+GENERATOR = "python -m refcoll.verify.vectors spec/vectors"
 
 _REDUCING = ("allreduce", "reduce_scatter", "reduce")
 _ROOTED = ("broadcast", "reduce")
@@ -149,9 +147,9 @@ def plan() -> list[Vector]:
     """Return every vector of the set, in registry order (see the module docstring)."""
     vectors = []
     for algo in algorithms.REGISTRY.values():
-        if algo.name == "auto":
+        if algo.chooses:  # it runs one of the others: their vectors are its vectors
             continue
-        base, *others = VARIANTS.get(algo.name, ({},))
+        base, *others = algo.vector_variants
         for collective in algo.collectives:
             vectors += [_vector(algo.name, collective, *case, base)
                         for case in _grid(collective in _REDUCING)]
@@ -238,7 +236,7 @@ def generate(directory) -> dict:
             stale.unlink()
     header = {
         "format": FORMAT,
-        "generator": "python -m refcoll.verify.vectors spec/vectors",
+        "generator": GENERATOR,
         "expected_by": "refcoll.simulate",
         "bytes": ("stable: uncompressed zip, fixed member dates, members in sorted order, "
                   ".npy format 1.0 little-endian; sha256 is of the whole file"),
@@ -277,22 +275,6 @@ def load(directory, entry: dict) -> tuple[list, list]:
     return inputs, outputs
 
 
-def _first_difference(have: np.ndarray, want: np.ndarray) -> str:
-    """Describe where two arrays' bits first differ (or their shapes)."""
-    if have.shape != want.shape or have.dtype != want.dtype:
-        return f"holds {have.dtype}{list(have.shape)}, the simulator gives {want.dtype}{list(want.shape)}"
-    bits_have = _stored(have).reshape(-1).view(f"u{have.dtype.itemsize}")
-    bits_want = _stored(want).reshape(-1).view(f"u{want.dtype.itemsize}")
-    i = int(np.flatnonzero(bits_have != bits_want)[0])
-    return (f"element {i} is {have.reshape(-1)[i]!r} (0x{int(bits_have[i]):x}), the simulator "
-            f"gives {want.reshape(-1)[i]!r} (0x{int(bits_want[i]):x}); "
-            f"{int((bits_have != bits_want).sum())} elements differ")
-
-
-def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and _stored(a).tobytes() == _stored(b).tobytes()
-
-
 def verify(directory) -> list[str]:
     """Re-simulate every vector in ``directory``; return one line per mismatch (none: ``[]``).
 
@@ -319,29 +301,6 @@ def verify(directory) -> list[str]:
                 problems.append(f"{name}: rank {r} " + ("has no output, the simulator gives one"
                                                         if have is None else
                                                         "has an output, the simulator gives none"))
-            elif not _bits_equal(have, np.asarray(want)):
-                problems.append(f"{name}: rank {r} {_first_difference(have, np.asarray(want))}")
+            elif not same_bits(have, np.asarray(want)):
+                problems.append(f"{name}: rank {r} {first_bit_difference(have, np.asarray(want))}")
     return problems
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Regenerate (or, with ``--verify``, check) the vectors in a directory."""
-    parser = argparse.ArgumentParser(prog="python -m refcoll.verify.vectors",
-                                     description="Write or verify refcoll's golden test vectors.")
-    parser.add_argument("directory", help="where the vectors live, e.g. spec/vectors")
-    parser.add_argument("--verify", action="store_true",
-                        help="re-simulate every vector instead of writing them")
-    args = parser.parse_args(argv)
-    if args.verify:
-        problems = verify(args.directory)
-        for line in problems:
-            print(line)
-        print(f"{read_manifest(args.directory)['count']} vectors, {len(problems)} mismatches")
-        return 1 if problems else 0
-    manifest = generate(args.directory)
-    print(f"wrote {manifest['count']} vectors and manifest.json to {args.directory}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Running a case: each rank runs the collective on its input and checks its own output.
+
+Inputs are deterministic per (case, rank), so each rank regenerates every rank's
+input and computes the expected result locally; only reports and verdicts
+travel, over a separate control transport (:mod:`.control`). On GPUs (``xp``
+CuPy) each rank's input is copied to its GPU, the collective must return a
+device array, and the checks run on host copies of the results, against the
+same host references: a GPU run is held to the CPU's bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...calls.agree import barrier
+from ...calls.collectives import (allgather, allreduce, broadcast, device_for, reduce,
+                                  reduce_scatter)
+from ...core import xp as xp_module
+from ...core.bits import first_difference
+from ...core.chunking import chunk_slice
+from ...core.errors import CollectiveTimeout
+from ...core.ops import DTYPES
+from ..inputs import make_inputs
+from ..oracle import error_bound, exact_reduce, fold, violations
+from .cases import Case, CaseResult, ordered
+from .control import bcast_report, gather_reports
+from .judge import digest, judge, misplaced, oracle_algorithm, oracle_options
+
+__all__ = ["run_case", "run_battery", "inputs_lock"]
+
+#: Simulated ranks are threads of one process: they make each case's inputs once, in turn.
+inputs_lock = threading.Lock()
+
+
+def _run_collective(t, case: Case, x, xp=np):
+    """Run the case's collective on this rank's ``x``; return (output, in-place target)."""
+    size, rank = case.ranks, t.rank
+    opts = {"algorithm": case.algorithm, **case.kwargs}
+    if case.collective == "allreduce":
+        return allreduce(x, t, op=case.op, out=x if case.inplace else None, **opts), x
+    if case.collective == "reduce_scatter":
+        target = x[chunk_slice(x.size, size, rank)] if case.inplace else None
+        return reduce_scatter(x, t, op=case.op, out=target, **opts), target
+    if case.collective == "allgather":
+        if case.inplace:
+            buf = xp.empty((size, x.size), dtype=x.dtype)
+            buf[rank] = x
+            return allgather(buf[rank], t, out=buf, **opts), buf
+        return allgather(x, t, **opts), None
+    if case.collective == "broadcast":
+        return broadcast(x, case.root, t, out=x if case.inplace else None, **opts), x
+    target = x if (case.inplace and rank == case.root) else None
+    return reduce(x, case.root, t, op=case.op, out=target, **opts), target
+
+
+@functools.lru_cache(maxsize=4)
+def _case_inputs(kind: str, dtype: str, count: int, size: int, op: str, seed: int):
+    """Every rank's input, read-only, shared by the simulated ranks of one process."""
+    inputs = make_inputs(kind, DTYPES[dtype], count, size, op=op, seed=seed)
+    for x in inputs:
+        x.flags.writeable = False
+    return tuple(inputs)
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(case: Case, seed: int) -> dict:
+    """The case's expected results over all ranks, computed once per process.
+
+    ``full``: the naive fold (or the gathered / broadcast data); for cases whose
+    result depends on the order, ``exact`` and ``bound`` too.
+    """
+    inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum", seed)
+    if case.collective == "allgather":
+        return {"full": np.stack(inputs)}
+    if case.collective == "broadcast":
+        return {"full": inputs[case.root]}
+    ref = {"full": fold(case.op, inputs)}
+    if ordered(case):
+        ref["exact"] = exact_reduce(case.op, inputs)
+        ref["bound"] = error_bound(case.op, inputs, DTYPES[case.dtype])
+    return ref
+
+
+def _expected(case: Case, ref: dict, rank: int, key: str = "full"):
+    """This rank's part of a reference array (``None`` on non-roots of reduce)."""
+    if case.collective == "reduce" and rank != case.root:
+        return None
+    full = ref[key]
+    if case.collective == "reduce_scatter":
+        return full[chunk_slice(full.size, case.ranks, rank)]
+    return full
+
+
+def _local_checks(t, case: Case, seed: int, x, before, output, target, error,
+                  xp=np) -> list[str]:
+    """Return this rank's problems with its own output (empty: all good).
+
+    ``x`` and ``output`` are arrays of ``xp``; ``before`` is the input as it was,
+    on the host. Values are compared on host copies.
+    """
+    rank = t.rank
+    if error is not None:
+        return [f"raised {type(error).__name__}: {error}"]
+    problems = []
+    with inputs_lock:
+        ref = _reference(case, seed)
+    expected = _expected(case, ref, rank)
+    if expected is None:
+        if output is not None:
+            problems.append("non-root rank of reduce returned a result")
+        return problems
+    if output is None:
+        return ["returned None"]
+    elsewhere = misplaced(output, xp)
+    if elsewhere:
+        return [elsewhere]
+    if output.dtype != expected.dtype or output.size != expected.size:
+        return [f"output is {output.dtype}[{output.size}], "
+                f"expected {expected.dtype}[{expected.size}]"]
+    if case.inplace and target is not None and output.size and not xp.shares_memory(output, target):
+        problems.append("in-place call did not return its out= buffer")
+    if not case.inplace and not np.array_equal(xp_module.to_host(x).view(np.uint8),
+                                               before.view(np.uint8)):
+        problems.append("input was modified by an out-of-place call")
+    got = xp_module.to_host(output).reshape(-1)
+    want = expected.reshape(-1)
+    if ordered(case):
+        idx, err, bound = violations(got, _expected(case, ref, rank, "exact"),
+                                     _expected(case, ref, rank, "bound"))
+        if len(idx):
+            problems.append(f"element {int(idx[0])} off by {err[0]:.3g}, over the error bound "
+                            f"{bound[0]:.3g} ({len(idx)} elements outside the bound)")
+    elif case.op in ("min", "max") and case.kind == "random":
+        if not np.array_equal(got, want, equal_nan=True):
+            problems.append(first_difference(got, want))
+    elif not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+        problems.append(first_difference(got, want))
+    return problems
+
+
+def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
+    """Run one case on the case's ranks of ``t`` (``t`` is None on idle ranks).
+
+    ``ctl`` spans every rank of the battery and carries the verdicts. Ranks
+    ``case.ranks .. case.total-1`` hold no data (switches): they serve the call
+    with a template buffer and must get ``None`` back. ``xp`` is the array
+    module the inputs are made in (CuPy: on this rank's GPU).
+    """
+    with inputs_lock:  # simulated ranks are threads: generate each case's inputs once
+        inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum",
+                              seed)
+    rank = ctl.rank
+    problems: list[str] = []
+    output = None
+    # The transport the calls run on (device arrays: its wrapper, agreed on by every rank of
+    # ``t`` here rather than inside a call that might fail first); auto resolves on it.
+    carrier = None if t is None else device_for(t, xp.zeros(0, np.uint8))
+    if rank < case.ranks:
+        x = xp.array(inputs[rank])  # a writeable copy, on the device for a GPU run
+        target = error = None
+        try:
+            output, target = _run_collective(t, case, x, xp)
+        except CollectiveTimeout:
+            raise  # the job cannot go on: the caller aborts it
+        except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
+            error = exc
+        barrier(ctl)  # every rank has finished the case: nothing may still be in flight
+        problems += [f"{m} left unreceived" for m in t.unreceived()]
+        problems += _local_checks(t, case, seed, x, inputs[rank], output, target, error, xp)
+    elif rank < case.total:
+        try:
+            served, _ = _run_collective(t, case, xp.zeros(inputs[0].shape, inputs[0].dtype), xp)
+            if served is not None:
+                problems.append("a rank without data (switch) returned a result")
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"raised {type(exc).__name__}: {exc}")
+        barrier(ctl)
+        problems += [f"{m} left unreceived" for m in t.unreceived()]
+    else:
+        barrier(ctl)
+    reports = gather_reports(ctl, {"problems": problems, "digest": digest(output).hex()})
+    verdict = None
+    if ctl.rank == 0:
+        algorithm = oracle_algorithm(carrier, case.algorithm, case.collective, case.count,
+                                     case.dtype)
+        verdict = judge(case, inputs, reports, algorithm,
+                        oracle_options(t, algorithm, case.kwargs))
+    verdict = bcast_report(ctl, verdict)
+    return CaseResult(case, not verdict, "; ".join(verdict))
+
+
+def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
+                progress: Callable[[int, int, CaseResult], None] | None = None,
+                xp=np) -> list[CaseResult]:
+    """Run ``cases`` on every rank of ``t`` (all ranks pass the same list), on arrays of ``xp``."""
+    ctl = t.split(0, t.rank)
+    by_size = {t.size: t}  # one communicator per rank count the cases need, split once
+    results = []
+    for i, case in enumerate(cases):
+        if case.total not in by_size:
+            by_size[case.total] = t.split(0 if t.rank < case.total else -1, t.rank)
+        result = run_case(by_size[case.total], ctl, case, seed=seed, xp=xp)
+        results.append(result)
+        if progress is not None:
+            progress(i, len(cases), result)
+    return results

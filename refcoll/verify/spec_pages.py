@@ -1,0 +1,238 @@
+"""The spec pages' generated blocks: step tables and reduction trees rendered as markdown.
+
+A spec page (``spec/*.md``) holds blocks generated from a symbolic run of the
+code (:mod:`refcoll.verify.trace`). Each is delimited by markers that carry its
+arguments::
+
+    <!-- generated: refcoll.trace step_table algorithm=ring p=4 n=4 -->
+    ...
+    <!-- end generated -->
+
+Kinds: ``step_table`` (options ``layout=grid`` (a column per sender, as
+baidu-allreduce's comment) or ``layout=list`` (one cell per step)), and
+``reduction_tree``. Other ``key=value`` pairs are ``collective=``, ``p=``, ``n=``
+and the algorithm's options (``ranks_per_node=4``, ``root=2``...). Regenerate
+with ``refcoll spec --write spec/``; ``refcoll spec --check spec/`` exits 1 and
+names the pages that differ; ``refcoll spec step_table algorithm=ring p=4 n=4``
+prints one block.
+
+In the tables, letters ``A, B, ...`` are elements ``0, 1, ...`` (when there are at
+most 26; ranges ``[start:stop)`` otherwise), ``xr`` is rank ``r``'s input, ``+``
+the op and ``result`` a finished reduction (every rank's input once). Ranks
+beyond the ``p`` data ranks (the switches of an in-network reduction) are
+written ``s<rank>``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from ..core.errors import UsageError
+from .trace import REDUCING, Row, Trace, reduction_trees, trace
+
+__all__ = ["KINDS", "BLOCK", "render_markdown", "render_block", "block_arguments", "blocks",
+           "regenerate", "pages", "stale_pages"]
+
+#: The kinds of generated block.
+KINDS = ("step_table", "reduction_tree")
+
+# -------------------------------------------------------------------- rendering
+
+def _letters(width: int) -> bool:
+    return width <= 26
+
+
+def _span(start: int, stop: int, width: int) -> str:
+    if _letters(width):
+        return "".join(chr(ord("A") + i) for i in range(start, stop))
+    return f"[{start}:{stop})"
+
+
+def _element_set(elements: list[int], width: int) -> str:
+    """Return elements as letters (``A C D``) or ranges (``[0:3) [5:6)``)."""
+    runs: list[list[int]] = []
+    for element in elements:
+        if runs and runs[-1][1] == element:
+            runs[-1][1] = element + 1
+        else:
+            runs.append([element, element + 1])
+    if _letters(width):
+        return " ".join(_span(e, e + 1, width) for e in elements)
+    return " ".join(_span(start, stop, width) for start, stop in runs)
+
+
+def _rank(rank: int, p: int) -> str:
+    return str(rank) if rank < p else f"s{rank}"
+
+
+def _carries(row: Row, width: int, reducing: bool) -> str:
+    """Return what a message carries: ``C: x3+x0``, ``AB: result``, or (moving inputs) ``AB``.
+
+    Adjacent pieces that read the same (two finished elements) are written as one.
+    """
+    if not row.pieces:
+        return "(empty)"
+    runs: list[list] = []
+    for piece in row.pieces:
+        what = ("result" if piece.complete else piece.tree) if reducing else ""
+        if runs and runs[-1][1] == piece.start and runs[-1][2] == what:
+            runs[-1][1] = piece.stop
+        else:
+            runs.append([piece.start, piece.stop, what])
+    return ", ".join(_span(start, stop, width) + (f": {what}" if what else "")
+                     for start, stop, what in runs)
+
+
+def _describe(run: Trace) -> str:
+    extra = "".join(f", {key}={value}" for key, value in sorted(run.options.items()))
+    return f"`{run.algorithm}` {run.collective}, p = {run.p}, n = {run.n}{extra}"
+
+
+def _legend(run: Trace) -> str:
+    words = ["step = the ledger's round",
+             "letters `A`, `B`, ... are elements 0, 1, ..." if _letters(run.width)
+             else "`[a:b)` are elements a to b-1"]
+    if run.collective in REDUCING:
+        words.append("`xr` is rank r's input, `+` the op, `result` the finished reduction")
+    elif run.collective == "allgather":
+        words.append("element e is rank e's input" if run.n == 1
+                     else f"element e is rank ⌊e/{run.n}⌋'s input")
+    else:
+        words.append("every message carries the root's input")
+    if any(max(row.source, row.dest) >= run.p for row in run.rows):
+        words.append("`sR` is world rank R, which holds no data")
+    return f"Generated from a simulator run ({_describe(run)}): {'; '.join(words)}."
+
+
+def _step_table_markdown(run: Trace, layout: str) -> str:
+    lines = [_legend(run), ""]
+    if not run.rows:
+        return "\n".join(lines + ["No message is sent."])
+    reducing = run.collective in REDUCING
+    steps = sorted({row.step for row in run.rows})
+    if layout == "grid":
+        senders = sorted({row.source for row in run.rows})
+        lines.append("| step | " + " | ".join(f"rank {_rank(s, run.p)} sends" for s in senders)
+                     + " |")
+        lines.append("| --- |" + " --- |" * len(senders))
+        for step in steps:
+            cells: dict[int, list[str]] = {}
+            for row in run.rows:
+                if row.step == step:
+                    cells.setdefault(row.source, []).append(
+                        f"{_carries(row, run.width, reducing)} → {_rank(row.dest, run.p)}")
+            lines.append(f"| {step} | " + " | ".join("; ".join(cells.get(s, []))
+                                                     for s in senders) + " |")
+    elif layout == "list":
+        lines.append("| step | messages |")
+        lines.append("| --- | --- |")
+        for step in steps:
+            cell = "; ".join(f"{_rank(row.source, run.p)}→{_rank(row.dest, run.p)} "
+                             f"{_carries(row, run.width, reducing)}"
+                             for row in run.rows if row.step == step)
+            lines.append(f"| {step} | {cell} |")
+    else:
+        raise ValueError(f"unknown layout {layout!r}: choose grid or list")
+    return "\n".join(lines)
+
+
+def _reduction_tree_markdown(run: Trace) -> str:
+    trees = reduction_trees(run.algorithm, run.p, run.n, collective=run.collective,
+                            **run.options)
+    lines = [f"Every element of the result, as the code computes it ({_describe(run)}; "
+             "`+` is the op, operands in the order the code passes them):", ""]
+    lines += [f"    {_element_set(elements, run.width)}: {tree}" for elements, tree in trees]
+    return "\n".join(lines)
+
+
+def render_markdown(kind: str, *, algorithm: str, p: int, n: int,
+                    collective: str = "allreduce", layout: str = "grid", **options) -> str:
+    """Return the markdown body of one generated block (without its markers)."""
+    run = trace(algorithm, p, n, collective=collective, **options)
+    if kind == "step_table":
+        return _step_table_markdown(run, layout)
+    if kind == "reduction_tree":
+        return _reduction_tree_markdown(run)
+    raise ValueError(f"unknown block kind {kind!r}: choose step_table or reduction_tree")
+
+
+# ------------------------------------------------------------------------ pages
+
+BLOCK = re.compile(
+    r"(?P<open><!-- generated: refcoll\.trace (?P<kind>\w+)(?P<args>(?: [\w.]+=[^\s]+)*) -->\n)"
+    r"(?P<body>.*?)"
+    r"(?P<close><!-- end generated -->)",
+    re.DOTALL,
+)
+
+
+def _value(text: str):
+    """Return a marker's value as Python reads it: an int, None, a bool, else the text."""
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    return {"None": None, "True": True, "False": False}.get(text, text)
+
+
+def block_arguments(args: str) -> dict:
+    """Return the ``key=value`` pairs of a block's opening marker as keyword arguments."""
+    return {key: _value(value) for key, value in (pair.split("=", 1) for pair in args.split())}
+
+
+def regenerate(text: str) -> str:
+    """Return a page's text with every generated block rebuilt from the code."""
+    def rebuild(match: re.Match) -> str:
+        body = render_markdown(match["kind"], **block_arguments(match["args"]))
+        return match["open"] + "\n" + body + "\n\n" + match["close"]
+
+    return BLOCK.sub(rebuild, text)
+
+
+def blocks(text: str) -> list[tuple[str, dict]]:
+    """Return ``(kind, arguments)`` of every generated block in a page."""
+    return [(m["kind"], block_arguments(m["args"])) for m in BLOCK.finditer(text)]
+
+
+def pages(paths) -> list[Path]:
+    """Return the pages named by ``paths``: files as given, folders' ``*.md`` in order.
+
+    Raises:
+        UsageError: a path that does not exist.
+    """
+    missing = [str(path) for path in paths if not Path(path).exists()]
+    if missing:
+        raise UsageError(f"no such page or folder: {', '.join(missing)}")
+    found: list[Path] = []
+    for path in map(Path, paths):
+        found += sorted(path.glob("*.md")) if path.is_dir() else [path]
+    return found
+
+
+def stale_pages(paths, *, write: bool = False) -> list[Path]:
+    """Return the pages whose generated blocks differ from the code; rewrite them if ``write``.
+
+    Raises:
+        UsageError: a path that does not exist (:func:`pages`).
+    """
+    stale = []
+    for page in pages(paths):
+        text = page.read_text(encoding="utf-8")
+        fresh = regenerate(text)
+        if fresh != text:
+            stale.append(page)
+            if write:
+                page.write_text(fresh, encoding="utf-8")
+    return stale
+
+
+def render_block(words: Sequence[str]) -> str:
+    """Return one block's markdown from its marker's words: ``step_table algorithm=ring p=4 n=4``.
+
+    Raises:
+        UsageError: the first word is no block kind.
+    """
+    if not words or words[0] not in KINDS:
+        raise UsageError(f"give --write or --check, or a block: {'|'.join(KINDS)} "
+                         "algorithm=NAME p=P n=N [key=value ...]")
+    return render_markdown(words[0], **block_arguments(" ".join(words[1:])))
