@@ -10,7 +10,10 @@ compressed all-reduce with ``ef(...)`` needs ``state=``, one per tensor, kept
 across calls.
 
 Importing this package imports every method module, and each registers itself
-in :data:`COMPRESSORS`.
+in :data:`COMPRESSORS`. A compressor declares how its payloads combine
+(:attr:`Compressor.patterns`, :meth:`Compressor.allreduce_rounds`);
+:mod:`refcoll.compressors.patterns` combines them, and
+:func:`~refcoll.compressors.collective.compressed_allreduce` is the call.
 
 Spec: spec/compressors.md
 """
@@ -18,7 +21,8 @@ Spec: spec/compressors.md
 from __future__ import annotations
 
 from ..calls.collectives import use_compressed
-from .base import COMPRESSORS, Compressor, CompressorState, ErrorFeedback, Payload, parse, register
+from .base import (COMPRESSORS, Compressor, CompressorState, ErrorFeedback, Payload, Round,
+                   parse, register)
 from .cast import CastBF16, CastFP16
 from .int8 import Int8
 from .none import NoCompression
@@ -41,6 +45,7 @@ __all__ = [
     "CompressorState",
     "ErrorFeedback",
     "Payload",
+    "Round",
     "parse",
     "register",
     "NoCompression",

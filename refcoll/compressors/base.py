@@ -5,8 +5,24 @@ invariants. A compressor is a frozen dataclass of settings with two pure
 functions: ``compress(x, state) -> Payload`` and ``decompress(payload) -> ndarray``
 (same shape and dtype as ``x``). Everything that changes between calls (an RNG,
 PowerSGD's warm-start ``Q``, an error-feedback residual) lives in an explicit
-:class:`CompressorState`, never in module globals. A compressor never
-communicates; ``compressors/collective.py`` decides how payloads are combined.
+:class:`CompressorState`, never in module globals.
+
+A compressor never communicates. It declares how its payloads may be combined,
+through one interface, and ``compressors/patterns/`` does the combining:
+
+* :attr:`Compressor.patterns`: the patterns it allows, its default first;
+* :meth:`Compressor.allreduce_rounds`: the all-reduces the ``allreduce``
+  pattern runs for it, as :class:`Round` records (one by default: every wire
+  array summed; PowerSGD's two with an orthogonalisation between; int8's
+  shared-scale maximum before its codes);
+* what the cost model and the benchmarks read instead of its name:
+  :attr:`Compressor.matrices` (it compresses each tensor as a matrix, so it
+  needs the shapes), :meth:`Compressor.shared_factors`,
+  :meth:`Compressor.keeps` and :attr:`Compressor.identity`.
+
+Error feedback is :class:`ErrorFeedback`, the one place it is written: its
+:meth:`~ErrorFeedback.corrected` and :meth:`~ErrorFeedback.new_residual` are
+what the patterns call around the compressor inside it.
 
 ``Payload.nbytes`` is every byte the payload puts on the wire: values, indices
 (int32, or int64 when the tensor has more than ``2**31 - 1`` elements), scales,
@@ -23,23 +39,28 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generator, NamedTuple
 
 import numpy as np
 
 from ..core.errors import UsageError
+from ..core.ops import is_float
 
 __all__ = [
     "Payload",
     "CompressorState",
+    "Round",
+    "Rounds",
     "Compressor",
     "ErrorFeedback",
+    "split_feedback",
     "COMPRESSORS",
     "register",
     "parse",
     "index_dtype",
     "compute_dtype",
     "check_float",
+    "kept_count",
 ]
 
 COMPRESSORS: dict[str, type] = {}
@@ -64,8 +85,6 @@ def compute_dtype(dtype) -> np.dtype:
 
 def check_float(x: np.ndarray, name: str) -> None:
     """Refuse a non-floating tensor: compressing integers is not defined here."""
-    from ..core.ops import is_float
-
     if not is_float(x.dtype):
         raise UsageError(
             f"compressor {name!r} needs a floating tensor, got dtype {x.dtype}; "
@@ -137,13 +156,33 @@ class CompressorState:
         return np.random.default_rng([self.seed, *key])
 
 
+class Round(NamedTuple):
+    """One all-reduce of the ``allreduce`` pattern: every array reduced over the ranks.
+
+    Attributes:
+        arrays: the arrays by role; each goes through the all-reduce as it is,
+            roles in sorted order, and the results come back by role.
+        op: the reduction (``sum``, ``avg``, ``max``).
+    """
+
+    arrays: dict
+    op: str
+
+
+#: What :meth:`Compressor.allreduce_rounds` is: it yields rounds, is sent their
+#: results, and returns ``(local, result)``.
+Rounds = Generator[Round, dict, tuple[Payload, Any]]
+
+
 @dataclass(frozen=True)
 class Compressor:
     """Base of every compressor: settings as dataclass fields, two pure functions.
 
     Subclasses set ``name`` and ``linear`` (whether payloads from several ranks
     add up in a shared basis, so an all-reduce can sum them directly) and
-    implement :meth:`compress` and :meth:`decompress`.
+    implement :meth:`compress` and :meth:`decompress`. How their payloads are
+    combined they declare here (see the module docstring): the class variables
+    and the hooks below, overridden where a method differs from the default.
     """
 
     name: ClassVar[str] = ""
@@ -151,21 +190,61 @@ class Compressor:
     unbiased: ClassVar[bool] = False
     #: The patterns a method declares itself, the default first; empty: from ``linear``.
     declared_patterns: ClassVar[tuple[str, ...]] = ()
+    #: Whether it compresses each tensor as a matrix ``(m, ...)``: it needs the shapes.
+    matrices: ClassVar[bool] = False
+    #: Whether the payload is the tensor itself: compressing and decompressing do no work.
+    identity: ClassVar[bool] = False
 
     @property
     def patterns(self) -> tuple[str, ...]:
         """Return the collective patterns its payloads allow, the default first.
 
         ``allreduce``: payloads add up in a shared basis, so any all-reduce sums
-        them; ``gather``: every payload is gathered and the sum taken after
-        decompression; ``twophase``: compressed all-to-all, sum and recompress
-        per chunk, compressed allgather (see ``compressors/collective.py``).
-        Unless a method declares its own, linear ones allow ``allreduce`` (the
-        default) and ``gather``, the others ``gather``.
+        them (in the rounds of :meth:`allreduce_rounds`); ``gather``: every
+        payload is gathered and the sum taken after decompression; ``twophase``:
+        compressed all-to-all, sum and recompress per chunk, compressed
+        allgather (see ``compressors/patterns/``). Unless a method declares its
+        own, linear ones allow ``allreduce`` (the default) and ``gather``, the
+        others ``gather``.
         """
         if self.declared_patterns:
             return self.declared_patterns
         return ("allreduce", "gather") if self.linear else ("gather",)
+
+    def allreduce_rounds(self, x, state: CompressorState, *, size: int, op: str) -> Rounds:
+        """Yield the all-reduces the ``allreduce`` pattern runs for ``x``; return the result.
+
+        A generator: each :class:`Round` it yields is all-reduced over the
+        ``size`` ranks and the results are sent back into it, by role, so a
+        method can compute between rounds; it never communicates itself. It
+        returns ``(local, result)``: ``local`` is the payload that stands for
+        this rank's own contribution (error feedback keeps ``x`` minus its
+        decompression), ``result`` the reduced tensor in ``x``'s shape and dtype.
+
+        By default one round: the payload's wire arrays, reduced with ``op``,
+        and the reduced payload decompressed.
+        """
+        payload = self.compress(x, state)
+        summed = yield Round(payload.arrays, op)
+        return payload, self.decompress(dataclasses.replace(payload, arrays=summed))
+
+    def shared_factors(self, shape: tuple) -> tuple[int, ...] | None:
+        """Return the element counts of the rounds a tensor of ``shape`` puts through.
+
+        For a method that compresses matrices (:attr:`matrices`): the elements
+        of each round of :meth:`allreduce_rounds`, in order, in the compute
+        dtype (:func:`compute_dtype`); None when the tensor goes whole. What
+        the cost model prices without compressing anything.
+        """
+        return None
+
+    def keeps(self, n: int) -> int | None:
+        """Return how many elements of ``n`` each wire array holds, if a fixed rule says.
+
+        Sparsifiers that keep a fixed number of elements (top-k, random-k)
+        return it; None when the data or the blocks decide.
+        """
+        return None
 
     def new_state(self, seed: int = 0, rank: int = 0) -> CompressorState:
         """Return a fresh state for one tensor stream on ``rank``."""
@@ -188,15 +267,21 @@ class Compressor:
         return Payload(self.name, tuple(x.shape), np.dtype(x.dtype), arrays, meta)
 
 
+def kept_count(ratio: float, n: int) -> int:
+    """Return ``k = min(n, max(1, round(ratio * n)))`` elements kept of ``n`` (0 of none)."""
+    return min(n, max(1, round(ratio * n))) if n else 0
+
+
 @dataclass(frozen=True)
 class ErrorFeedback(Compressor):
     """Error feedback (Seide et al. 2014; Karimireddy et al. 2019) around any compressor.
 
     Algorithm, per call with residual ``e_old`` (zero at first):
 
-    1. ``c = x + e_old`` (in ``x``'s dtype);
+    1. ``c = x + e_old`` (in ``x``'s dtype): :meth:`corrected`;
     2. ``payload = inner.compress(c)``;
-    3. ``e_new = c - inner.decompress(payload)`` (in ``x``'s dtype), kept in the state.
+    3. ``e_new = c - inner.decompress(payload)`` (in ``x``'s dtype), kept in the
+       state: :meth:`new_residual`.
 
     So ``e_new`` is, bit for bit, ``(x + e_old) - decompress(payload)`` evaluated
     in the dtype, and ``decompress(payload) + e_new == x + e_old`` holds exactly
@@ -206,6 +291,11 @@ class ErrorFeedback(Compressor):
     (sign, 1-bit, QSGD...) the subtraction can round, and the identity holds to
     within half an ulp of ``e_new``: no residual in the same dtype can do better,
     since ``d + e`` lies on ``d``'s grid.
+
+    The patterns that compress otherwise than by one :meth:`compress` call
+    (PowerSGD's rounds, where the approximation is ``P_shared Q_localᵀ``; the
+    two-phase scheme, whose server keeps a second residual for its chunk) call
+    steps 1 and 3 themselves, around what they do in step 2.
     """
 
     name: ClassVar[str] = "ef"
@@ -231,15 +321,37 @@ class ErrorFeedback(Compressor):
         return self.inner.linear
 
     @property
+    def matrices(self) -> bool:  # type: ignore[override]
+        return self.inner.matrices
+
+    @property
     def patterns(self) -> tuple[str, ...]:
         """Return the inner compressor's patterns."""
         return self.inner.patterns
 
+    def shared_factors(self, shape: tuple) -> tuple[int, ...] | None:
+        """Return the inner compressor's factors: the residual changes no size."""
+        return self.inner.shared_factors(shape)
+
+    def keeps(self, n: int) -> int | None:
+        """Return what the inner compressor keeps."""
+        return self.inner.keeps(n)
+
+    @staticmethod
+    def corrected(x, residual):
+        """Return ``x + residual``, the tensor to compress (``x`` itself before any residual)."""
+        return x if residual is None else x + residual
+
+    @staticmethod
+    def new_residual(corrected, approximation):
+        """Return ``corrected - approximation``: the error the next call feeds back."""
+        return corrected - approximation
+
     def compress(self, x: np.ndarray, state: CompressorState) -> Payload:
         """Compress ``x`` plus the residual and keep the new residual in ``state``."""
-        corrected = x if state.residual is None else x + state.residual
+        corrected = self.corrected(x, state.residual)
         payload = self.inner.compress(corrected, state)
-        state.residual = corrected - self.inner.decompress(payload)
+        state.residual = self.new_residual(corrected, self.inner.decompress(payload))
         return payload
 
     def decompress(self, payload: Payload) -> np.ndarray:
@@ -249,6 +361,13 @@ class ErrorFeedback(Compressor):
     def spec(self) -> str:
         """Return ``ef(<inner spec>)``."""
         return f"ef({self.inner.spec()})"
+
+
+def split_feedback(comp: Compressor) -> tuple[Compressor, ErrorFeedback | None]:
+    """Return the compressor inside any error feedback, and the feedback (None without)."""
+    if isinstance(comp, ErrorFeedback):
+        return comp.inner, comp
+    return comp, None
 
 
 _SPEC = re.compile(r"^\s*([a-z0-9_]+)\s*(?::(.*))?$")

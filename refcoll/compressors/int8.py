@@ -6,7 +6,7 @@ all-zero block), ``q = round(x / scale)`` (half to even) as int8 in
 Wire bytes: ``n + 4 * ceil(n / block)``. Each rank's scales are its own, so
 these payloads are not linear: they are gathered (the default pattern).
 
-Its ``allreduce`` pattern (``compressors/collective.py``) shares the scales
+Its ``allreduce`` pattern (:meth:`Int8.allreduce_rounds`) shares the scales
 instead: the ranks first all-reduce each block's ``max|x|`` (``max``), then
 quantise against ``scale = shared max / L`` with ``L = 127 // p`` levels, so the
 sum of ``p`` codes stays within int8 and the codes are summed by any all-reduce
@@ -25,9 +25,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..core.errors import UsageError
+from ..core.ops import get_op
 from ..core.xp import array_namespace
 from ._blocks import block_max, expand
-from .base import Compressor, Payload, check_float, compute_dtype, register
+from .base import Compressor, Payload, Round, Rounds, check_float, compute_dtype, register
 
 __all__ = ["Int8"]
 
@@ -61,8 +63,36 @@ class Int8(Compressor):
         return self.decode(payload.arrays["codes"], payload.arrays["scales"]).astype(
             payload.dtype).reshape(payload.shape)
 
+    def allreduce_rounds(self, x, state, *, size: int, op: str) -> Rounds:
+        """Agree on shared scales, then sum the codes as int8.
+
+        1. all-reduce (``max``) each block's ``max|x|``; ``scale = max / L``
+           with ``L = 127 // size`` levels per side;
+        2. quantise against the shared scales and sum the codes (``sum``): the
+           sum of ``size`` codes within ``±L`` fits in int8;
+        3. decode the sum with the shared scales (``avg``: divided by ``size``).
+        """
+        levels = 127 // size
+        if levels < 1:
+            raise UsageError(f"shared-scale int8 sums at most 127 ranks' codes in int8; "
+                             f"{size} ranks are too many: use the gather pattern")
+        cd = compute_dtype(x.dtype)
+        flat = x.reshape(-1).astype(cd)
+        local = block_max(array_namespace(x).abs(flat), self.block)
+        shared = (yield Round({"max": local}, "max"))["max"]
+        scales = shared / cd.type(levels)
+        codes = self.encode(flat, scales, levels)
+        total = (yield Round({"codes": codes}, "sum"))["codes"]
+        result = self.decode(total, scales)
+        get_op(op).finalize(result.reshape(-1), size)
+        return (self._payload(x, {"codes": codes, "scales": scales}),
+                result.astype(x.dtype).reshape(x.shape))
+
     def encode(self, flat, scales, levels: int):
-        """Return ``round(flat / scale)`` per block, within ``±levels``, as int8 (0 where scale is 0)."""
+        """Return ``round(flat / scale)`` per block, within ``±levels``, as int8.
+
+        A block whose scale is 0 (all zeros) gives codes 0.
+        """
         xp = array_namespace(flat)
         per_element = expand(scales, flat.size, self.block)
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -20,6 +20,7 @@ class NoCompression(Compressor):
     name: ClassVar[str] = "none"
     linear: ClassVar[bool] = True
     unbiased: ClassVar[bool] = True
+    identity: ClassVar[bool] = True
 
     def compress(self, x, state) -> Payload:
         """Return a payload that views ``x`` (no copy)."""

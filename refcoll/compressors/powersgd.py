@@ -14,9 +14,20 @@ Wire: ``P`` and ``Q``, ``(m + n) · r`` elements in float32 (float64 for float64
 tensors). Vectors (``ndim < 2``) are sent uncompressed, and so is any matrix for
 which compression does not pay: a matrix is compressed only when
 ``(m + n) · r · min_rate < m · n``. With ``r = min(m, n)`` the reconstruction is
-exact up to rounding. In a data-parallel all-reduce ``P`` and ``Q`` are each
-summed over ranks (linear in the shared basis) — that two-round scheme is the
-collective's job; a single compress here makes one rank's step.
+exact up to rounding. A single compress makes one rank's step.
+
+In a data-parallel all-reduce (the ``allreduce`` pattern) ``P`` and ``Q`` are
+each summed over ranks, linear in the shared basis; :meth:`PowerSGD.allreduce_rounds`
+declares the two rounds of the paper's Algorithm 1:
+
+1. ``P = M Q``, all-reduced (summed);
+2. ``P = orthogonalise(P)`` on every rank alike;
+3. ``Q = M^T P``, all-reduced with the call's op; the reduced ``Q`` is every
+   rank's next warm start;
+4. the result is ``P Q^T``.
+
+This rank's own contribution is ``P Q_local^T`` (the shared ``P``, its ``Q``
+before the sum): what error feedback subtracts, as in the paper's reference code.
 
 On CuPy arrays the first ``Q`` is drawn on the host from the shared seed (the
 same numbers) and copied to the device; the products run in the device's BLAS,
@@ -32,7 +43,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core.xp import array_namespace
-from .base import Compressor, Payload, compute_dtype, check_float, register
+from .base import Compressor, Payload, Round, Rounds, compute_dtype, check_float, register
 
 __all__ = ["PowerSGD", "orthogonalise"]
 
@@ -61,6 +72,7 @@ class PowerSGD(Compressor):
 
     name: ClassVar[str] = "powersgd"
     linear: ClassVar[bool] = True
+    matrices: ClassVar[bool] = True
     rank: int = 4
     min_rate: float = 2.0
     eps: float = 1e-8
@@ -81,25 +93,54 @@ class PowerSGD(Compressor):
             return None
         return m, n, r
 
+    def shared_factors(self, shape: tuple) -> tuple[int, int] | None:
+        """Return the elements of ``P`` and of ``Q`` (``m·r``, ``n·r``), or None: sent whole."""
+        plan = self.plan(tuple(shape))
+        if plan is None:
+            return None
+        m, n, r = plan
+        return m * r, n * r
+
+    def _start(self, x, state, plan):
+        """Return ``M`` in the compute dtype, the warm-start ``Q`` and its key in the memory."""
+        m, n, r = plan
+        cd = compute_dtype(x.dtype)
+        key = ("powersgd.q", m, n, r)
+        q = state.memory.get(key)
+        if q is None:
+            q = array_namespace(x).asarray(
+                state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd))
+        return x.reshape(m, n).astype(cd), q, key
+
     def compress(self, x, state) -> Payload:
         """Return ``P`` and ``Q`` (or the tensor itself); keep ``Q`` in ``state.memory``."""
         check_float(x, self.name)
         plan = self.plan(x.shape)
         if plan is None:
             return self._payload(x, {"values": x.reshape(-1)})
-        m, n, r = plan
-        xp = array_namespace(x)
-        cd = compute_dtype(x.dtype)
-        matrix = x.reshape(m, n).astype(cd)
-        key = ("powersgd.q", m, n, r)
-        q = state.memory.get(key)
-        if q is None:
-            q = xp.asarray(state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd))
+        matrix, q, key = self._start(x, state, plan)
         p = matrix @ q
         orthogonalise(p, self.eps)
         q = matrix.T @ p
         state.memory[key] = q
         return self._payload(x, {"p": p, "q": q})
+
+    def allreduce_rounds(self, x, state, *, size: int, op: str) -> Rounds:
+        """Sum ``P``, orthogonalise it, reduce ``Q`` with ``op``: steps 1-4 above.
+
+        A tensor this leaves whole takes the default single round.
+        """
+        plan = self.plan(x.shape)
+        if plan is None:
+            return (yield from super().allreduce_rounds(x, state, size=size, op=op))
+        matrix, q, key = self._start(x, state, plan)
+        p = (yield Round({"p": matrix @ q}, "sum"))["p"]
+        orthogonalise(p, self.eps)
+        q_local = matrix.T @ p
+        q = (yield Round({"q": q_local}, op))["q"]
+        state.memory[key] = q
+        local = self._payload(x, {"p": p, "q": q_local})
+        return local, self.decompress(self._payload(x, {"p": p, "q": q}))
 
     def decompress(self, payload: Payload) -> np.ndarray:
         """Return ``P Q^T`` in the tensor's shape and dtype (or the tensor sent whole)."""

@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core.xp import array_namespace
-from .base import Compressor, Payload, check_float, register
+from .base import Compressor, Payload, check_float, kept_count, register
 
 __all__ = ["RandomK"]
 
@@ -38,6 +38,10 @@ class RandomK(Compressor):
         if not 0 < self.ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
 
+    def keeps(self, n: int) -> int:
+        """Return ``k``, the shared elements a tensor of ``n`` elements sends."""
+        return kept_count(self.ratio, n)
+
     @staticmethod
     def indices(n: int, k: int, seed: int, step: int) -> np.ndarray:
         """Return the ascending indices every rank draws for ``(seed, step)``."""
@@ -50,7 +54,7 @@ class RandomK(Compressor):
         xp = array_namespace(x)
         flat = x.reshape(-1)
         n = flat.size
-        k = min(n, max(1, round(self.ratio * n))) if n else 0
+        k = self.keeps(n)
         step, state.step = state.step, state.step + 1
         idx = xp.asarray(self.indices(n, k, state.seed, step))
         values = flat[idx] * flat.dtype.type(n / k) if k else flat[idx]

@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core.xp import array_namespace
-from .base import Compressor, Payload, check_float, index_dtype, register
+from .base import Compressor, Payload, check_float, index_dtype, kept_count, register
 
 __all__ = ["TopK", "topk_indices", "select_by_bits", "scatter_values"]
 
@@ -97,7 +97,9 @@ class TopK(Compressor):
 
     def k(self, n: int) -> int:
         """Return how many elements a tensor of ``n`` elements keeps."""
-        return min(n, max(1, round(self.ratio * n))) if n else 0
+        return kept_count(self.ratio, n)
+
+    keeps = k
 
     def compress(self, x, state) -> Payload:
         """Return the k largest-magnitude values and their indices."""
