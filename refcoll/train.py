@@ -42,7 +42,9 @@ from typing import Callable
 import numpy as np
 
 from . import algorithms
+from .calls.auto import resolve
 from .calls.collectives import allreduce, as_transport
+from .compressors import parse
 from .core.errors import RefcollError, UsageError
 
 __all__ = [
@@ -116,10 +118,8 @@ class TrainConfig:
 
     def make_compressor(self):
         """Return the parsed compressor, or None for ``"none"`` (the plain all-reduce)."""
-        from .compressors import parse
-
         compressor = parse(self.compressor)
-        return None if compressor.name == "none" else compressor
+        return None if compressor.identity else compressor
 
 
 @dataclass
@@ -353,9 +353,7 @@ def train(comm, config: TrainConfig,
 
 def _dense_bytes(t, algorithm: str, tensor: np.ndarray) -> int:
     """Return the bytes all ranks together send in the uncompressed all-reduce of ``tensor``."""
-    if algorithm == "auto":
-        from .calls.auto import resolve
-
+    if algorithms.get(algorithm).chooses:  # auto: price the algorithm it runs for this size
         algorithm = resolve(t, "allreduce", tensor.size, tensor.itemsize)
     return algorithms.get(algorithm).costs["allreduce"](t.size, tensor.size, tensor.itemsize).bytes
 

@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from refcoll.cli import main
-from refcoll.cli import commands
+from refcoll.cli import commands, common
+from refcoll.verify import simulation
 from refcoll.verify.conformance import build_cases, build_compressor_cases
 from refcoll.core.errors import UsageError
 
@@ -64,9 +65,9 @@ def test_the_other_commands_with_n_refuse_it_too(no_launch, args):
 
 
 def test_require_processes_is_shared():
-    commands.require_processes(1)
+    common.require_processes(1)
     with pytest.raises(UsageError, match="-n 1: .* at least 2"):
-        commands.require_processes(1, minimum=2)
+        common.require_processes(1, minimum=2)
 
 
 # ------------------------------------------------------- selections of no case
@@ -120,16 +121,16 @@ def test_simulate_refuses_a_count_that_cannot_fit_in_memory(no_simulation):
 
 
 def test_allgathers_outputs_count_in_the_estimate():
-    ring = commands.simulation_bytes("allreduce", 8, 1000, 4)
-    gather = commands.simulation_bytes("allgather", 8, 1000, 4)
+    ring = simulation.simulation_bytes("allreduce", 8, 1000, 4)
+    gather = simulation.simulation_bytes("allgather", 8, 1000, 4)
     assert ring == 8 * 1000 * (3 * 4 + 8)
     assert gather == 8 * 1000 * ((2 + 8) * 4 + 8)
 
 
 def test_without_meminfo_the_fixed_cap_holds(monkeypatch, tmp_path, no_simulation):
-    monkeypatch.setattr(commands, "_MEMINFO", str(tmp_path / "no-meminfo"))
-    assert commands.available_memory()[0] == commands.FALLBACK_MEMORY_CAP
-    count = commands.FALLBACK_MEMORY_CAP // (3 * 4 + 8) // 4 + 1
+    monkeypatch.setattr(common, "_MEMINFO", str(tmp_path / "no-meminfo"))
+    assert common.available_memory()[0] == common.FALLBACK_MEMORY_CAP
+    count = common.FALLBACK_MEMORY_CAP // (3 * 4 + 8) // 4 + 1
     one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 4, "--count", count),
                    "4.0 GiB of the fixed cap")
 
@@ -149,10 +150,10 @@ def test_gen_inputs_refuses_a_count_that_cannot_fit(tmp_path):
     assert not (tmp_path / "in").exists()
 
 
-@pytest.mark.parametrize("p", [commands.MAX_SIMULATED_RANKS + 1, 1024])
+@pytest.mark.parametrize("p", [simulation.MAX_SIMULATED_RANKS + 1, 1024])
 def test_simulate_bounds_the_simulated_ranks(no_simulation, p):
     one_line_error(invoke("simulate", "--algorithm", "ring", "-p", p, "--count", 1),
-                   f"-p {p}", "threads", f"-p {commands.MAX_SIMULATED_RANKS} or fewer")
+                   f"-p {p}", "threads", f"-p {simulation.MAX_SIMULATED_RANKS} or fewer")
 
 
 @pytest.mark.parametrize("args,fragment", [(["-p", 0, "--count", 1], "-p 0"),
@@ -164,7 +165,7 @@ def test_simulate_refuses_nonsense_sizes(no_simulation, args, fragment):
 def test_simulate_documents_its_limits():
     res = invoke("simulate", "--help")
     text = " ".join(res.output.split())
-    assert f"1 to {commands.MAX_SIMULATED_RANKS}" in text and "threads" in text
+    assert f"1 to {simulation.MAX_SIMULATED_RANKS}" in text and "threads" in text
     assert "available memory" in text
 
 
@@ -177,7 +178,7 @@ def test_a_long_simulation_says_it_is_still_running(monkeypatch):
         time.sleep(0.3)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(commands, "_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(common, "HEARTBEAT_S", 0.05)
     monkeypatch.setattr("refcoll.calls.collectives.simulate", slow)
     res = invoke("simulate", "--algorithm", "ring", "-p", 3, "--count", 5)
     assert res.exit_code == 0, res.output

@@ -41,7 +41,7 @@ def test_uncompressed_training_learns_the_digits():
 
 
 def test_uncompressed_bytes_are_the_ring_cost_and_topk_sends_far_fewer():
-    from refcoll.core.cost import ring_allreduce
+    from refcoll.algorithms.ring import ring_allreduce_cost as ring_allreduce
 
     plain = run(2, steps=3)[0].final
     sparse = run(2, steps=3, compressor="topk:ratio=0.01")[0].final

@@ -6,12 +6,15 @@ import sys
 
 import click
 
-from . import check_output_paths, main, relaunch, reports_errors, write_json
-from ..core.errors import UsageError
-from . import launch
-from ..transport.mpi import MPITransport
 from ..calls.auto import Calibration, cache_path
 from ..calls.auto import calibrate as measure_and_save
+from ..core.errors import UsageError
+from ..transport.mpi import MPITransport
+from . import launch
+from .common import check_output_paths, main, reports_errors, write_json
+from .launch import relaunch
+
+__all__ = ["calibrate", "describe", "as_json"]
 
 
 def describe(calibration: Calibration) -> str:
@@ -70,9 +73,7 @@ def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
     t = MPITransport(MPI.COMM_WORLD, collective="refcoll calibrate")
     if t.size < 2:
         raise UsageError("calibrate needs at least 2 processes: α and β come from a ping-pong")
-    if t.rank == 0 and nprocs != t.size:
-        click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; using it "
-                   f"(-n {nprocs} ignored)", err=True)
+    launch.data_ranks(t, nprocs)  # notes, on rank 0, an -n the job's size overrules
     with t.call("calibrate"):
         calibration, why = measure_and_save(t, force=force, announce=False)
     if t.rank != 0:

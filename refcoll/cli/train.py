@@ -6,10 +6,16 @@ import importlib.util
 
 import click
 
-from . import (check_output_paths, check_output_paths_on_lead, main, relaunch, reports_errors,
-               write_json)
-from .commands import require_processes
+from ..calls.collectives import as_transport
 from ..core.errors import UsageError
+from ..train import EXAMPLES_HINT, TrainConfig, plot_histories
+from ..train import train as train_model
+from . import launch
+from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
+                     require_processes, write_json)
+from .launch import relaunch
+
+__all__ = ["train"]
 
 
 @main.command("train")
@@ -21,13 +27,16 @@ from ..core.errors import UsageError
 @click.option("--steps", type=int, default=400, show_default=True, help="Optimiser steps per run.")
 @click.option("--lr", type=float, default=0.05, show_default=True,
               help="Peak learning rate (decayed along a half cosine).")
-@click.option("--momentum", type=float, default=0.9, show_default=True, help="Momentum (0: plain SGD).")
+@click.option("--momentum", type=float, default=0.9, show_default=True,
+              help="Momentum (0: plain SGD).")
 @click.option("--batch", type=int, default=32, show_default=True, help="Rows per rank per step.")
-@click.option("--hidden", type=int, default=64, show_default=True, help="Width of the hidden layer.")
+@click.option("--hidden", type=int, default=64, show_default=True,
+              help="Width of the hidden layer.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the weights, the batch order and the compressors.")
 @click.option("--algorithm", default="ring", show_default=True, help="All-reduce algorithm.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write every run as JSON.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False),
+              help="Write every run as JSON.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Draw test accuracy against bytes sent, all runs in one figure (PNG).")
 @reports_errors
@@ -46,10 +55,7 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
     "step", "loss", "test_accuracy", "bytes_sent", "dense_bytes", "ratio"}], "final":
     {"test_accuracy", "loss", "bytes_sent", "dense_bytes", "ratio"}}]}.
     """
-    from .launch import in_mpi_job
-    from ..train import EXAMPLES_HINT, TrainConfig
-
-    if not in_mpi_job():
+    if not launch.in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
         # only it checks (_train_in_world): another node may lack the folder.
         check_output_paths(json=json_file, plot=plot_file)
@@ -60,7 +66,7 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
         raise UsageError(f"refcoll train needs scikit-learn: {EXAMPLES_HINT}")
     if plot_file and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'")
-    if not in_mpi_job():
+    if not launch.in_mpi_job():
         relaunch(nprocs)
     _train_in_world(nprocs, configs, json_file, plot_file)
 
@@ -68,17 +74,12 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
 def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
     from mpi4py import MPI
 
-    from ..calls.collectives import as_transport
-    from ..train import plot_histories, train as train_model
-
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
     t = as_transport(MPI.COMM_WORLD, "refcoll train")
     lead = t.rank == 0
     first = configs[0]
+    launch.data_ranks(t, nprocs)  # notes, on rank 0, an -n the job's size overrules
     if lead:
-        if nprocs != t.size:
-            click.echo(f"refcoll: note: already inside an MPI job of {t.size} processes; "
-                       f"using it (-n {nprocs} ignored)", err=True)
         click.echo(f"refcoll train: {t.size} ranks, digits MLP 64-{first.hidden}-10, "
                    f"{first.steps} steps, batch {first.batch} per rank, lr {first.lr:g} "
                    f"(cosine), momentum {first.momentum:g}, seed {first.seed}, "

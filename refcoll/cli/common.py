@@ -1,0 +1,276 @@
+"""What every ``refcoll`` command shares: the group, error handling, output paths, guards.
+
+The commands themselves live in :mod:`~refcoll.cli.commands`, ``bench``,
+``calibrate``, ``model``, ``spec`` and ``train``; each registers on :data:`main`
+with ``@main.command()``. Starting MPI jobs is :mod:`~refcoll.cli.launch`'s.
+
+Exit codes: 0 success, 1 a check failed, 2 bad usage or environment (with a
+one-line reason), 3 a collective timed out. A reader that closes the pipe early
+(``refcoll model ... | head``) ends the command quietly with 141, the status of
+a Unix tool that SIGPIPE ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import threading
+
+import click
+
+from ..core.errors import CollectiveTimeout, RefcollError, UsageError
+from ..core.units import human_bytes
+from ..transport.mpi import abort_job, bounded_barrier
+from . import launch
+
+__all__ = ["main", "reports_errors", "check_output_paths", "check_output_paths_on_lead",
+           "check_output_directory", "write_json", "split_list", "require_processes",
+           "available_memory", "require_memory", "out_of_memory_is_usage", "still_running",
+           "BROKEN_PIPE", "FALLBACK_MEMORY_CAP"]
+
+#: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
+BROKEN_PIPE = launch.BROKEN_PIPE
+
+
+class _Main(click.Group):
+    """The ``refcoll`` group; it keeps its arguments so a command can re-run itself."""
+
+    def main(self, args=None, *rest, **kwargs):
+        launch.remember_arguments(list(args) if args is not None else sys.argv[1:])
+        return super().main(args, *rest, **kwargs)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="refcoll")
+def main() -> None:
+    """refcoll: reference collectives, their conformance suite and their oracle."""
+
+
+# ------------------------------------------------------------------------------ errors
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"refcoll: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _abort_job(code: int) -> None:
+    """Exit with ``code``, ending every rank of the MPI job so none is left waiting."""
+    abort_job(code)
+    sys.exit(code)
+
+
+def _quiet_broken_pipe() -> None:
+    """Exit quietly after the reader of stdout went away, as Unix tools do."""
+    try:  # later writes (and Python's own flush at exit) must not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    os._exit(BROKEN_PIPE)
+
+
+def reports_errors(fn):
+    """Turn refcoll's exceptions into one-line messages and the documented exit codes."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+        except UsageError as exc:
+            _fail(str(exc), 2)
+        except CollectiveTimeout as exc:
+            click.echo(f"refcoll: error: {exc}", err=True)
+            _abort_job(3)
+        except RefcollError as exc:
+            _fail(str(exc), 1)
+        except MemoryError as exc:
+            _fail(f"out of memory ({str(exc).strip() or 'MemoryError'}); try a smaller size", 2)
+        except OSError as exc:  # a --json path that cannot be written, a missing file
+            _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
+    return wrapper
+
+
+# ------------------------------------------------------------------------ output paths
+
+def check_output_paths(**paths: str | None) -> None:
+    """Refuse, before any work, output files that could not be written afterwards.
+
+    ``paths`` maps an option's name (``json``, ``csv``, ``plot``) to its path or
+    None. A missing folder, a folder in the file's place or a folder without
+    write permission is a :class:`~refcoll.core.errors.UsageError` naming the option,
+    so a long run never ends in an error it could have given at the start.
+    """
+    for option, path in paths.items():
+        if not path:
+            continue
+        flag = f"--{option.replace('_', '-')}"
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: folder {folder} does not exist; create it first")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise UsageError(f"{flag} {path}: file is not writable")
+
+
+def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:
+    """Check the output paths on rank 0 of an MPI job, the rank that writes them.
+
+    Another node may lack the folder, so only rank 0 looks; a bounded
+    ``MPI_Ibarrier`` and a broadcast of its verdict make a bad path exit 2 on
+    every rank, with rank 0 saying why, once.
+    """
+    problem = None
+    if world.Get_rank() == 0:
+        try:
+            check_output_paths(**paths)
+        except UsageError as exc:
+            problem = str(exc)
+    bounded_barrier(world, f"{what} (checking the output paths)")
+    problem = world.bcast(problem, root=0)
+    if problem is not None:
+        if world.Get_rank() == 0:
+            raise UsageError(problem)
+        sys.exit(2)
+
+
+def check_output_directory(flag: str, path: str) -> None:
+    """Refuse, before any work, a folder that files could not be written into.
+
+    The folder may be missing (it is created, with its parents), but then the
+    nearest folder above it that exists must be writable.
+
+    Raises:
+        UsageError: ``path`` is a file, or it or the folder above is not writable.
+    """
+    target = os.path.abspath(path)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder name")
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{flag} {path}: {existing} is a file, so the folder cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: folder {existing} is not writable")
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    """Write ``payload`` to ``path`` as indented JSON (nothing when path is None)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=2, default=str)
+            fh.write("\n")
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def split_list(value: str | None, choices, what: str) -> list[str] | None:
+    """Parse ``a,b,c`` or ``all`` into a list checked against ``choices`` (None: all)."""
+    if value is None or value.strip().lower() == "all":
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in choices]
+    if unknown:
+        raise UsageError(f"unknown {what} {', '.join(map(repr, unknown))}: choose from "
+                         f"{', '.join(choices)} or all")
+    return items
+
+
+def require_processes(nprocs: int, *, minimum: int = 1, flag: str = "-n") -> None:
+    """Refuse a process count below ``minimum`` (``-n 0``, ``-n -1``) with a plain reason.
+
+    Every command with ``-n`` calls it first, inside an MPI job too (where ``-n``
+    is otherwise ignored): a count that no launch could use is bad usage, not
+    something a collective should discover.
+
+    Raises:
+        UsageError: ``nprocs < minimum``.
+    """
+    if nprocs < minimum:
+        raise UsageError(f"{flag} {nprocs}: the number of MPI processes to start must be at "
+                         f"least {minimum}; give {flag} {minimum} or more")
+
+
+# ------------------------------------------------------------------------------ memory
+
+#: The memory ``simulate`` and ``gen-inputs`` may plan for where /proc/meminfo
+#: (MemAvailable) cannot be read.
+FALLBACK_MEMORY_CAP = 4 << 30
+
+_MEMINFO = "/proc/meminfo"
+
+
+def available_memory() -> tuple[int, str]:
+    """Return the bytes a run may allocate and where that number comes from.
+
+    MemAvailable of /proc/meminfo (Linux); elsewhere :data:`FALLBACK_MEMORY_CAP`.
+    """
+    try:
+        with open(_MEMINFO, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available (MemAvailable, /proc/meminfo)"
+    except (OSError, ValueError, IndexError):
+        pass
+    return FALLBACK_MEMORY_CAP, "of the fixed cap (no MemAvailable in /proc/meminfo)"
+
+
+def require_memory(needed: int, what: str, advice: str) -> None:
+    """Refuse a run whose estimated ``needed`` bytes exceed the memory it may use.
+
+    Raises:
+        UsageError: naming the estimate, the limit and where the limit comes from.
+    """
+    limit, source = available_memory()
+    if needed > limit:
+        raise UsageError(f"{what} needs about {human_bytes(needed, '.1f', binary=True)}, more "
+                         f"than the {human_bytes(limit, '.1f', binary=True)} {source}; {advice}")
+
+
+@contextlib.contextmanager
+def out_of_memory_is_usage(what: str, advice: str):
+    """Turn a MemoryError (the estimate was too low, or memory went) into a one-line exit 2."""
+    try:
+        yield
+    except MemoryError as exc:
+        detail = str(exc).strip() or "MemoryError"
+        raise UsageError(f"{what} ran out of memory ({detail}); {advice}") from None
+
+
+# ---------------------------------------------------------------------------- heartbeat
+
+#: Seconds between "still running" notes of a long run on stderr.
+HEARTBEAT_S = 10.0
+
+
+@contextlib.contextmanager
+def still_running(label: str):
+    """Note on stderr every :data:`HEARTBEAT_S` seconds that a long run is still going.
+
+    Not :func:`click.progressbar`: the run is one library call whose progress
+    cannot be counted from outside, so there is no fraction to draw, only the
+    time gone.
+    """
+    done = threading.Event()
+    every = HEARTBEAT_S
+
+    def beat() -> None:
+        waited = 0.0
+        while not done.wait(every):
+            waited += every
+            click.echo(f"refcoll: {label}: still running after {waited:g} s", err=True)
+
+    beater = threading.Thread(target=beat, name="refcoll-heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()

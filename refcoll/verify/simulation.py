@@ -1,0 +1,219 @@
+"""One simulated collective held against its algorithm's cost formula: ``refcoll simulate``.
+
+:func:`simulation_case` checks what to simulate (before any memory is spent),
+:func:`run_simulation` runs it on :func:`refcoll.simulate`'s threads and returns
+a :class:`SimulationReport`: the ledger's counts beside the cost formula's, the
+bytes inside and between nodes when a node size is given (beside the
+algorithm's own prediction of them where it has one), and each rank's traffic.
+
+The node size reaches the algorithm only through its record's ``node_option``
+(hierarchical's ``ranks_per_node``); the predicted split is its
+``node_traffic``. Nothing here names an algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import algorithms
+from ..algorithms._nodes import node_traffic as measured_node_traffic
+from ..calls import collectives
+from ..core.cost import Cost
+from ..core.errors import UsageError
+from ..core.ops import check_supported, get_dtype, get_op
+from ..transport.base import Ledger
+from .conformance.cases import ROOTED
+from .inputs import make_inputs
+
+__all__ = ["MAX_SIMULATED_RANKS", "COMPARED", "SimulationCase", "NodeTraffic",
+           "RankTraffic", "SimulationReport", "simulation_bytes", "simulation_case",
+           "run_simulation"]
+
+#: The most ranks a simulation runs. Simulated ranks are threads of one process:
+#: a ring all-reduce of one element takes about 1 s at 64 ranks, 5 s at 128 and
+#: 25 s at 256 on two cores (its p² messages each switch threads), and grows as
+#: p² beyond.
+MAX_SIMULATED_RANKS = 256
+
+#: The counts compared, as :meth:`Cost.counts` and :meth:`Ledger.counts` name
+#: them, with the label ``refcoll simulate`` prints for each.
+COMPARED = (("rounds", "rounds"), ("messages", "messages"), ("bytes", "bytes"),
+            ("max_rank_messages", "max rank messages"), ("max_rank_bytes", "max rank bytes"),
+            ("critical_bytes", "critical-path bytes"), ("reduced", "max rank reduced"))
+
+def simulation_bytes(collective: str, p: int, count: int, itemsize: int) -> int:
+    """Return an upper estimate of the bytes :func:`refcoll.simulate` allocates.
+
+    Per rank and element: the input, the output (allgather's is ``p`` inputs
+    long), one receive or accumulation buffer in the dtype, and 8 bytes for the
+    wider temporaries (the float64 or int64 draws of the inputs, the switch
+    processes' accumulators). Measured peaks stay under it for every algorithm.
+    """
+    outputs = p if collective == "allgather" else 1
+    return p * count * (itemsize * (2 + outputs) + 8)
+
+
+@dataclass(frozen=True)
+class SimulationCase:
+    """One checked simulation: what runs, on how many ranks, with which options.
+
+    Attributes:
+        algorithm: the algorithm's name; collective: the collective it runs.
+        p: the simulated data ranks; count: elements per rank.
+        dtype: the dtype's name; op: the op's canonical name.
+        options: what :func:`refcoll.simulate` is given beside them (``root``
+            for rooted collectives, the node size under the algorithm's
+            ``node_option``).
+        ranks_per_node: the node size the traffic is split by, or None.
+    """
+
+    algorithm: str
+    collective: str
+    p: int
+    count: int
+    dtype: str
+    op: str
+    options: dict
+    ranks_per_node: int | None = None
+
+    @property
+    def itemsize(self) -> int:
+        """Return the bytes of one element."""
+        return get_dtype(self.dtype).itemsize
+
+    @property
+    def cost_options(self) -> dict:
+        """Return the options the cost formula and the node prediction take (no root)."""
+        return {k: v for k, v in self.options.items() if k != "root"}
+
+    def memory_bytes(self) -> int:
+        """Return the upper estimate of the memory the run allocates (:func:`simulation_bytes`)."""
+        return simulation_bytes(self.collective, self.p, self.count, self.itemsize)
+
+    def describe(self) -> str:
+        """Return what the run does, for messages: ``simulating allreduce on 4 ranks of ...``."""
+        return (f"simulating {self.collective} on {self.p} ranks of {self.count} x "
+                f"{self.dtype}")
+
+
+def simulation_case(algorithm: str, p: int, count: int, *, collective: str = "allreduce",
+                    dtype: str = "float32", op: str = "sum", root: int = 0,
+                    ranks_per_node: int | None = None) -> SimulationCase:
+    """Check a simulation's arguments and return its :class:`SimulationCase`.
+
+    ``ranks_per_node=k`` puts consecutive ranks ``r // k`` on one node: the
+    report splits the bytes by it, and an algorithm with a ``node_option``
+    takes it as its node shape.
+
+    Raises:
+        UsageError: ``p`` outside 1..:data:`MAX_SIMULATED_RANKS`, a negative
+            count, an unknown algorithm, collective, dtype or op, an op the
+            dtype does not support, or ``ranks_per_node`` below 1.
+    """
+    if p < 1:
+        raise UsageError(f"-p {p}: a simulation needs at least 1 rank; give -p 1 or more")
+    if p > MAX_SIMULATED_RANKS:
+        raise UsageError(f"-p {p}: simulated ranks are threads of this one process, so at "
+                         f"most {MAX_SIMULATED_RANKS} (a ring over 256 already takes tens of "
+                         f"seconds); give -p {MAX_SIMULATED_RANKS} or fewer (the cost formulas "
+                         "of `refcoll list` hold for any p)")
+    if count < 0:
+        raise UsageError(f"--count {count}: the element count per rank must be 0 or more")
+    algo = algorithms.get(algorithm)
+    algorithms.implementation(algorithm, collective)
+    dt = get_dtype(dtype)
+    reduction = get_op(op)
+    check_supported(reduction, dt)
+    if ranks_per_node is not None and ranks_per_node < 1:
+        raise UsageError(f"--ranks-per-node must be at least 1, got {ranks_per_node}")
+    options = {"root": root} if collective in ROOTED else {}
+    if algo.node_option is not None and ranks_per_node is not None:
+        options[algo.node_option] = ranks_per_node
+    return SimulationCase(algorithm, collective, p, count, dtype, reduction.name, options,
+                          ranks_per_node)
+
+
+@dataclass(frozen=True)
+class NodeTraffic:
+    """The bytes of a run inside nodes and between them, for one node size.
+
+    ``predicted`` is the algorithm's ``node_traffic`` for the same shape, or
+    None where the algorithm predicts no split.
+    """
+
+    ranks_per_node: int
+    intra: int
+    inter: int
+    predicted: tuple[int, int] | None
+
+    def to_json(self) -> dict:
+        """Return it as ``simulate --json`` writes it."""
+        return {"ranks_per_node": self.ranks_per_node, "intra": self.intra, "inter": self.inter,
+                "predicted": list(self.predicted) if self.predicted is not None else None}
+
+
+@dataclass(frozen=True)
+class RankTraffic:
+    """One simulated rank's messages and bytes; ``switch`` for ranks that hold no data."""
+
+    rank: int
+    messages: int
+    sent: int
+    received: int
+    switch: bool
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """What :func:`run_simulation` found.
+
+    Attributes:
+        case: the simulation.
+        ledger: every message and reduction of the run.
+        predicted: the cost formula's counts, or None for a collective without one.
+        node: the split by node, when the case has a node size.
+        ranks: every rank of the simulated world, switches after the data ranks.
+    """
+
+    case: SimulationCase
+    ledger: Ledger
+    predicted: Cost | None
+    node: NodeTraffic | None
+    ranks: tuple[RankTraffic, ...]
+
+    def comparison(self) -> list[tuple[str, int, int | None]]:
+        """Return ``(label, ledger count, formula count or None)`` for each of :data:`COMPARED`."""
+        counts = self.ledger.counts()
+        want = self.predicted.counts() if self.predicted is not None else {}
+        return [(label, counts[field], want.get(field)) for field, label in COMPARED]
+
+    def to_json(self) -> dict:
+        """Return the report as ``refcoll simulate --json`` writes it."""
+        c = self.case
+        return {"algorithm": c.algorithm, "collective": c.collective, "p": c.p, "count": c.count,
+                "dtype": c.dtype, "op": c.op, "ledger": self.ledger.summary(),
+                "cost": self.predicted.counts() if self.predicted is not None else None,
+                "formula": self.predicted.formula if self.predicted is not None else None,
+                "node_traffic": self.node.to_json() if self.node is not None else None}
+
+
+def run_simulation(case: SimulationCase) -> SimulationReport:
+    """Run ``case`` on simulated ranks (exact inputs) and hold its ledger against its costs."""
+    algo = algorithms.get(case.algorithm)
+    inputs = make_inputs("exact", get_dtype(case.dtype), case.count, case.p, op=case.op)
+    result = collectives.simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
+                                  **case.options)
+    ledger = result.ledger
+    shape = (case.p, case.count, case.itemsize)
+    predicted = (algo.costs[case.collective](*shape, **case.cost_options)
+                 if case.collective in algo.costs else None)
+    node = None
+    if case.ranks_per_node is not None:
+        intra, inter = measured_node_traffic(ledger, case.ranks_per_node)
+        want = (tuple(algo.node_traffic(*shape, **case.cost_options))
+                if algo.node_traffic is not None else None)
+        node = NodeTraffic(case.ranks_per_node, intra, inter, want)
+    sent, received, msgs = ledger.bytes_sent(), ledger.bytes_received(), ledger.messages_sent()
+    ranks = tuple(RankTraffic(r, msgs.get(r, 0), sent.get(r, 0), received.get(r, 0), r >= case.p)
+                  for r in range(result.world.size))
+    return SimulationReport(case, ledger, predicted, node, ranks)
