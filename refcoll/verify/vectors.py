@@ -66,10 +66,10 @@ FORMAT = 1
 SEED = 0
 #: Process counts of the main grid.
 PROCESS_COUNTS = (1, 2, 3, 4, 5, 8)
-#: The manifest's ``generator``, as the committed set records it. The command is
-#: ``refcoll vectors spec/vectors`` now; the text stays, since it is part of the
-#: manifest's bytes, which must not change while the vectors do not.
-GENERATOR = "python -m refcoll.verify.vectors spec/vectors"
+#: The manifest's ``generator``: the command that first wrote the committed set. The
+#: command is ``refcoll vectors spec/vectors`` now; the text stays, since it is part
+#: of the manifest's bytes, which must not change while the vectors do not.
+GENERATOR = "python -m refcoll.vectors spec/vectors"
 
 _REDUCING = ("allreduce", "reduce_scatter", "reduce")
 _ROOTED = ("broadcast", "reduce")
