@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "complement",
     "count_wrong",
+    "differing",
     "first_bit_difference",
     "first_difference",
     "same_bits",
@@ -59,7 +60,7 @@ def complement(expected: np.ndarray) -> np.ndarray:
     return np.invert(_words(expected)).view(expected.dtype)
 
 
-def _differing(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+def differing(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Return the flat indices at which same-sized ``got`` and ``want`` differ in any bit."""
     return np.flatnonzero(_words(got) != _words(want))
 
@@ -70,7 +71,7 @@ def first_difference(got: np.ndarray, want: np.ndarray) -> str:
     The conformance battery's format: ``element i is G, expected W (k of n differ)``.
     ``got`` and ``want`` hold the same number of elements of one dtype.
     """
-    differs = _differing(got, want)
+    differs = differing(got, want)
     if not len(differs):
         return f"no element differs ({got.size} compared)"
     i = int(differs[0])
@@ -89,7 +90,7 @@ def first_bit_difference(have: np.ndarray, want: np.ndarray, *,
     if have.shape != want.shape or have.dtype != want.dtype:
         return (f"holds {have.dtype}{list(have.shape)}, "
                 f"{reference} gives {want.dtype}{list(want.shape)}")
-    differs = _differing(have, want)
+    differs = differing(have, want)
     if not len(differs):
         return f"no element differs from what {reference} gives"
     i = int(differs[0])

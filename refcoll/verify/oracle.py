@@ -22,6 +22,7 @@ import numpy as np
 from ml_dtypes import finfo
 
 from ..calls.collectives import simulate
+from ..core.bits import differing as differing_elements
 from ..core.chunking import chunk_slice
 from ..core.errors import UsageError
 from ..core.ops import (dtype_name, exact_integer_limit, get_op, is_float, is_integer,
@@ -216,10 +217,6 @@ def _show(value) -> str:
     return f"{float(v)!r} (0x{int(bits):0{2 * v.dtype.itemsize}x})"
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(a.size, -1)
-
-
 def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
                   algorithm: str | None = None, root: int = 0) -> CheckReport:
     """Judge another implementation's per-rank ``outputs`` for ``inputs``.
@@ -260,11 +257,11 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     ranks = [r for r, ref in enumerate(refs) if ref is not None]
     got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
     if collective in ("allreduce", "allgather", "broadcast") and p > 1:
-        differing = [r for r in ranks if not np.array_equal(_bits(got[r]), _bits(got[0]))]
+        differing = [r for r in ranks if differing_elements(got[r], got[0]).size]
         detail = ""
         if differing:
             r = differing[0]
-            i = int(np.flatnonzero((_bits(got[r]) != _bits(got[0])).any(axis=1))[0])
+            i = int(differing_elements(got[r], got[0])[0])
             detail = (f"ranks {differing} differ from rank 0; first: rank {r} element {i} is "
                       f"{_show(got[r][i])}, rank 0 has {_show(got[0][i])}")
         report.findings.append(Finding("identical on every rank", not differing, detail,
@@ -288,7 +285,7 @@ def _exact_finding(refs, got, ranks, reduction) -> Finding:
     label = "exact (integers, min/max, data movement)"
     for r in ranks:
         want = refs[r][0]
-        diff = np.flatnonzero((_bits(got[r]) != _bits(want)).any(axis=1)) if want.size else []
+        diff = differing_elements(got[r], want) if want.size else []
         if len(diff):
             i = int(diff[0])
             return Finding(label, False, f"rank {r} element {i} is {_show(got[r][i])}, expected "
@@ -335,7 +332,7 @@ def _oracle_finding(collective, inputs, got, ranks, algorithm, reduction, root) 
     first = None
     for r in ranks:
         want = np.asarray(predicted[r]).reshape(-1)
-        diff = np.flatnonzero((_bits(got[r]) != _bits(want)).any(axis=1)) if want.size else []
+        diff = differing_elements(got[r], want) if want.size else []
         total += len(diff)
         if len(diff) and first is None:
             i = int(diff[0])
