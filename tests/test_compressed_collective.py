@@ -240,3 +240,18 @@ def test_verify_compressors_under_mpi_equals_the_simulator(tmp_path):
     assert res.stdout.strip().splitlines()[-1] == f"{data['passed']} passed, 0 failed"
     patterns = {c["pattern"] for c in data["cases"]}
     assert patterns == {"allreduce", "gather", "twophase"} and data["passed"] > 50
+
+
+def test_the_compressed_battery_runs_only_over_algorithms_with_an_all_reduce():
+    """An algorithm without an all-reduce (bruck's gathers) has no compressed case, and naming
+    one is refused with the algorithm's own reason."""
+    from refcoll import algorithms
+    from refcoll.core.errors import UsageError
+
+    chosen = {case.algorithm for case in build_compressor_cases(2)}
+    assert chosen == {name for name in algorithms.names("allreduce")
+                      if algorithms.get(name).workers is None}
+    without = [name for name in algorithms.names() if name not in algorithms.names("allreduce")]
+    for name in without:
+        with pytest.raises(UsageError, match="does not implement allreduce"):
+            build_compressor_cases(2, algorithms_=[name])

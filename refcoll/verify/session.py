@@ -48,7 +48,7 @@ def compressed_algorithms() -> list[str]:
     Those without switch processes: a compressor's payloads are not summed by
     switches.
     """
-    return [a for a in algorithms.names() if algorithms.get(a).workers is None]
+    return [a for a in algorithms.names("allreduce") if algorithms.get(a).workers is None]
 
 
 def device_namespace(device: str):

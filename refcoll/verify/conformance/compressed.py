@@ -106,11 +106,12 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
     specs = list(compressors) if compressors is not None else list(COMPRESSOR_BATTERY)
     comps = [parse(s) for s in specs]
     algos = (list(algorithms_) if algorithms_ is not None else
-             [a for a in algorithms.names() if algorithms.get(a).workers is None])
+             [a for a in algorithms.names("allreduce") if algorithms.get(a).workers is None])
     if not algos:  # every pattern names an algorithm, if only for its dense bytes
         raise UsageError("no all-reduce algorithm is selected for the compressed battery; "
                          "name at least one, or all")
     for name in algos:
+        algorithms.implementation(name, "allreduce")  # every pattern reduces through one
         if algorithms.get(name).workers is not None:
             raise UsageError(f"{name} needs switch processes and cannot run compressed payloads")
     op_names = list(ops) if ops is not None else ["sum", "avg"]
