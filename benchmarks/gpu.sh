@@ -67,8 +67,7 @@ step environment 40 environment.txt bash -c '
 import json, platform
 import cupy, numpy
 from mpi4py import MPI
-from refcoll.transport import cuda_aware as cuda
-from refcoll.measure import throughput
+from refcoll.transport import cuda_aware
 print("python", platform.python_version(), "numpy", numpy.__version__, "cupy", cupy.__version__)
 runtime = cupy.cuda.runtime
 print("cuda runtime", runtime.runtimeGetVersion(), "driver", runtime.driverGetVersion())
@@ -78,8 +77,8 @@ try:
 except Exception as exc:
     print("nccl: unavailable:", exc)
 print("mpi", MPI.Get_library_version().splitlines()[0])
-print("libraries", cuda.mpi_library_paths())
-print(json.dumps(cuda.device_path(), indent=2))
+print("libraries", cuda_aware.mpi_library_paths())
+print(json.dumps(cuda_aware.device_path(), indent=2))
 EOF' "$PY"
 
 step tests 170 tests.txt "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
@@ -101,7 +100,8 @@ import sys
 sys.path.insert(0, "benchmarks")
 from compressors import SPECS  # noqa: E402 - the CPU benchmark's list of compressors
 
-from refcoll import gpu  # noqa: E402
+from refcoll.measure import throughput  # noqa: E402
+from refcoll.transport import cuda_aware  # noqa: E402
 
 n = 256 << 20
 copies = throughput.copy_bandwidth(4 * n)
@@ -109,7 +109,7 @@ rows = throughput.compressor_throughput(SPECS, n)
 for row in rows:
     row["vs_device_copy"] = row["GBps"] / copies["device_to_device_GBps"]
 json.dump({"schema": "refcoll-gpu-compressors/1", "elements": n, "dtype": "float32",
-           "copy": copies, "device_path": cuda.device_path(), "rows": rows},
+           "copy": copies, "device_path": cuda_aware.device_path(), "rows": rows},
           open(sys.argv[1], "w"), indent=2)
 print(f"device copy {copies['device_to_device_GBps']:.0f} GB/s, to host "
       f"{copies['device_to_host_GBps']:.1f} GB/s, "
