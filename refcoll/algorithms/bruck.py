@@ -149,8 +149,9 @@ def bruck_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
         landing = incoming[:_packed_size(bounds, recv_blocks)]
         t.sendrecv(sending, (rank + distance) % size,  # partials of r+d+a -> rank r+d
                    landing, (rank - distance) % size)  # partials of r+a <- rank r-d
-        if k == 0 and size % 2:  # offset p-1 is kept but gets nothing now: keep it as it is
-            copy_into(view(partials, bounds, (rank - 1) % size), view(x, bounds, (rank - 1) % size))
+        if k == 0 and size % 2:  # odd p: offset p-1 is kept but receives nothing now
+            kept = (rank - 1) % size  # block r+p-1
+            copy_into(view(partials, bounds, kept), view(x, bounds, kept))
         start = 0
         for block in recv_blocks:
             mine = view(current, bounds, block)
