@@ -37,7 +37,8 @@ from ..algorithms.naive import naive_broadcast
 from ..algorithms.rabenseifner import rabenseifner_allgather
 from ..core.errors import MismatchError, UsageError
 
-__all__ = ["agree", "describe_disagreement", "RECORD_BYTES", "FIELDS", "pack", "unpack",
+__all__ = ["agree", "record_of", "check_table", "describe_disagreement", "RECORD_BYTES",
+           "FIELDS", "pack", "unpack",
            "gather_records", "broadcast_record", "allgather_records", "barrier"]
 
 RECORD_BYTES = 512
@@ -166,7 +167,7 @@ def describe_disagreement(records: list[list[str]]) -> str | None:
         if len(set(values)) == 1:
             continue
         # Name the majority once and every rank that differs from it.
-        majority = max(set(values), key=values.count)
+        majority = max(dict.fromkeys(values), key=values.count)  # ties: the lowest rank's
         first = values.index(majority)
         odd = [r for r, v in enumerate(values) if v != majority]
         parts = [f"rank {first} has {majority}"] + [f"rank {r} has {values[r]}" for r in odd[:8]]
@@ -179,7 +180,20 @@ def agree(t, **fields) -> None:
     """Exchange the call's arguments; raise the same MismatchError on every rank if they differ."""
     if t.size == 1:
         return
-    table = allgather_records(t, _record(fields))
+    check_table(t, fields, allgather_records(t, record_of(fields)))
+
+
+def record_of(fields: dict) -> np.ndarray:
+    """Return this rank's fixed-size record of an agreement's ``fields`` (read-only)."""
+    return _record(fields)
+
+
+def check_table(t, fields: dict, table: np.ndarray) -> None:
+    """Judge every rank's record of an agreement (``table``, one row per rank), as :func:`agree`.
+
+    Split from the exchange so that a schedule can run the exchange step by
+    step (:mod:`refcoll.calls.nonblocking`) and judge it the same way.
+    """
     if not fields.get("error") and (table == table[t.rank]).all():
         return  # the common case: every record is byte-for-byte this rank's
     records = [_decode(table[r]) for r in range(t.size)]

@@ -19,7 +19,7 @@ from ..core.xp import array_namespace, check_device_dtype, is_device_array
 from .agree import agree
 
 __all__ = ["flat_input", "flat_out", "check_overlap", "shaped", "shared_errors",
-           "agree_arguments", "workers_of", "check_root"]
+           "agree_arguments", "argument_fields", "workers_of", "check_root"]
 
 
 def flat_input(x, t) -> np.ndarray:
@@ -112,12 +112,17 @@ def shared_errors(t, validate: bool, collective: str):
     return _LOCAL_ERRORS
 
 
+def argument_fields(collective: str, algorithm: str, op, flat, options, root: int = 0) -> dict:
+    """Return what every rank must agree on for one call: the fields of its record."""
+    return dict(collective=collective, algorithm=algorithm, op=op.name if op else "-",
+                dtype=dtype_name(flat.dtype), count=flat.size, root=root,
+                options=sorted(options.items()))
+
+
 def agree_arguments(t, validate: bool, collective: str, algorithm: str, op, flat, options,
            root: int = 0) -> None:
     if validate:
-        agree(t, collective=collective, algorithm=algorithm, op=op.name if op else "-",
-              dtype=dtype_name(flat.dtype), count=flat.size, root=root,
-              options=sorted(options.items()))
+        agree(t, **argument_fields(collective, algorithm, op, flat, options, root))
 
 
 def workers_of(algo, t, options) -> int:

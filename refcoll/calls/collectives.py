@@ -15,6 +15,7 @@ must return.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -33,6 +34,7 @@ from ..transport.sim import SimWorld
 from .args import (agree_arguments, check_overlap, check_root, flat_input, flat_out, shaped,
                    shared_errors, workers_of)
 from .prepared import prepare, prepared_call
+from .progress import Handle, any_busy, busy_engine
 
 __all__ = [
     "allreduce",
@@ -143,6 +145,36 @@ class _Call:
             self.fn(self.t, *args, **kwargs, **self.options)
 
 
+def _in_issue_order(comm_at: int):
+    """Make a blocking collective queue behind the non-blocking calls outstanding on its comm.
+
+    MPI orders a communicator's blocking and non-blocking collectives alike, in
+    issue order: a blocking call made while ``iallreduce``s are running on the
+    same communicator runs after them, on their engine, and is waited for. When no
+    engine anywhere has work (the usual case) this costs one integer test.
+    ``comm_at``: the position of the ``comm`` argument.
+    """
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if any_busy():
+                positional = "comm" not in kwargs and len(args) > comm_at
+                comm = args[comm_at] if positional else kwargs.get("comm")
+                t = as_transport(comm, fn.__name__)
+                engine = busy_engine(t)
+                if engine is not None:
+                    if positional:
+                        args = (*args[:comm_at], t, *args[comm_at + 1:])
+                    else:
+                        kwargs["comm"] = t
+                    job = functools.partial(fn, *args, **kwargs)
+                    return engine.submit(Handle(fn.__name__, job, engine)).wait()
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
+@_in_issue_order(1)
 def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, state=None,
               out=None, validate: bool = True, **options) -> np.ndarray:
     """Reduce ``x`` elementwise over all ranks; every rank gets the bitwise-same result.
@@ -223,6 +255,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     return shaped(result, out, arr.shape)
 
 
+@_in_issue_order(1)
 def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
                    **options) -> np.ndarray:
     """Reduce ``x`` over all ranks and give rank ``r`` chunk ``r`` of the result.
@@ -245,6 +278,7 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     return shaped(result, out, shape)
 
 
+@_in_issue_order(1)
 def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True,
               **options) -> np.ndarray:
     """Gather every rank's ``x`` (same shape on every rank) on every rank.
@@ -267,6 +301,7 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     return shaped(result, out, shape)
 
 
+@_in_issue_order(2)
 def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, validate: bool = True,
               **options) -> np.ndarray:
     """Return the root's ``x`` on every rank (``x`` must have the same shape everywhere).
@@ -287,6 +322,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     return shaped(result, out, shape)
 
 
+@_in_issue_order(2)
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""

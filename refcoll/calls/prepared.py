@@ -21,7 +21,7 @@ from ..transport.base import transport_cache
 from ..transport.recorder import record
 from .auto import resolve
 
-__all__ = ["PLAN_BYTES", "PREPARED_KEPT", "Prepared", "prepared_call", "prepare"]
+__all__ = ["PLAN_BYTES", "PREPARED_KEPT", "Prepared", "Plan", "prepared_call", "prepare"]
 
 
 #: Largest all-reduce, in bytes, that runs from a recorded plan. Up to here the
@@ -39,7 +39,7 @@ class Prepared:
     It keeps what the first call checked and resolved (the op, the
     implementation, ``auto``'s choice), so later calls skip those steps; below
     :data:`PLAN_BYTES`, on a transport with persistent exchanges, it also holds
-    the recorded :class:`_Plan`. Every rank makes the same calls, so every rank
+    the recorded :class:`Plan`. Every rank makes the same calls, so every rank
     prepares the same calls and switches to a plan at the same call (a plan's
     messages use tags ordinary calls do not).
     """
@@ -53,7 +53,7 @@ class Prepared:
         self.plan = None
         if (count * dtype.itemsize <= PLAN_BYTES and algorithms.get(name).replayable
                 and hasattr(t, "persistent")):
-            self.plan = _Plan(t, self.fn, reduction, dtype, count)
+            self.plan = Plan(t, self.fn, reduction, dtype, count)
 
     def run(self, t, x: np.ndarray, out: np.ndarray) -> None:
         """Reduce the flat ``x`` into the flat ``out``, inside the caller's ``t.call``."""
@@ -92,7 +92,7 @@ def prepare(t, key: tuple, reduction) -> None:
     prepared[key] = Prepared(t, key, reduction)
 
 
-class _Plan:
+class Plan:
     """A small all-reduce recorded once: its own buffers and the schedule that runs on them.
 
     A run copies the input in, replays the recorded exchanges (persistent

@@ -110,8 +110,10 @@ class Traffic:
 #: the algorithms' receive buffers by shape (``workspace``), hierarchical's node
 #: split (``node_layouts``), prepared small all-reduces (``prepared``), ``auto``'s
 #: agreed settings (``auto``), the device transport over a host one (``device``)
-#: and the cluster model's timing buffers (``model``).
-CACHE_OWNERS = ("workspace", "node_layouts", "prepared", "auto", "device", "model")
+#: the cluster model's timing buffers (``model``) and the engine that runs the
+#: transport's non-blocking calls (``progress``).
+CACHE_OWNERS = ("workspace", "node_layouts", "prepared", "auto", "device", "model",
+                "progress")
 
 #: Caches of transports that are not :class:`TransportBase` (a user's own), kept
 #: beside them and dropped with them.
@@ -145,6 +147,9 @@ class TransportBase:
     rank: int
     size: int
     _tag_slots: int = 1 << 16
+    #: Whether two threads may communicate over this transport's library at once
+    #: (MPI's ``MPI_THREAD_MULTIPLE``): a progress thread needs it.
+    thread_multiple: bool = True
 
     def __init__(self) -> None:
         self._calls = 0
@@ -167,6 +172,14 @@ class TransportBase:
     def reduce_local(self, op, a, b, out) -> None:
         """Compute ``out = op(a, b)`` elementwise through :meth:`refcoll.core.ops.Op.apply`."""
         op.apply(a, b, out)
+
+    def activity(self, delta: int) -> None:
+        """Note a thread of this rank starting (+1) or stopping (-1) work besides waiting on it.
+
+        Nothing for a real transport; the simulator counts it, so that its
+        deadlock detector sees a rank whose main thread waits on a non-blocking
+        call's handle while its progress thread runs the call.
+        """
 
 
 class _CallScope:

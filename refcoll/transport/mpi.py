@@ -71,6 +71,7 @@ class MPITransport(TransportBase):
         self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         # Ordinary calls cycle through all tag slots but the last, which persistent
         # exchanges keep for themselves (MPI guarantees TAG_UB >= 32767: 32 slots).
@@ -243,6 +244,30 @@ class PersistentExchange:
         if self._source is not None:
             t._check_count(self._received, self._source)
         t.traffic.add(self._sent, self._received)
+
+    def start(self) -> None:
+        """Start the exchange and return at once (:meth:`test` completes it): a schedule's step."""
+        _mpi().Prequest.Startall(self._requests)
+        self._deadline = (None if self._t.timeout is None
+                          else time.monotonic() + self._t.timeout)
+
+    def test(self) -> bool:
+        """Return whether the started exchange has completed, checking it as ``__call__`` does.
+
+        Past the transport's deadline (counted from :meth:`start`) it times out
+        as a blocking wait would.
+        """
+        t = self._t
+        if not _mpi().Request.Testall(self._requests, t._statuses):
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                timed_out(f"rank {t.rank}: a non-blocking call timed out after {t.timeout:g} s "
+                          f"still waiting {self._waiting_for}; that rank may be dead, slow, or in "
+                          "a different call (set REFCOLL_TIMEOUT to wait longer)")
+            return False
+        if self._source is not None:
+            t._check_count(self._received, self._source)
+        t.traffic.add(self._sent, self._received)
+        return True
 
     def _describe(self) -> str:
         return self._waiting_for

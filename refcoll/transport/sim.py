@@ -107,7 +107,11 @@ class SimWorld:
         self._sends: dict[tuple, deque] = defaultdict(deque)
         self._recvs: dict[tuple, deque] = defaultdict(deque)
         self._clock = [0] * size
-        self._waiting: dict[int, list] = {}
+        # What each rank's threads wait on (a rank's progress thread, refcoll.calls.progress,
+        # waits beside its main thread), and how many of its threads are doing something else:
+        # its main thread, and its progress thread while it has calls to run.
+        self._waiting: dict[int, dict[int, list]] = defaultdict(dict)
+        self._active = [1] * size
         self._finished: set[int] = set()
         self._error: BaseException | None = None
         self._splits: dict[tuple, dict] = {}
@@ -211,8 +215,29 @@ class SimWorld:
         self._wake[recv.rank].notify_all()
 
     def _stuck(self, rank: int) -> bool:
-        reqs = self._waiting.get(rank)
-        return reqs is not None and any(not r.done for r in reqs)
+        """Return whether every thread of ``rank`` waits, on this world or on another thread.
+
+        A thread whose requests are all matched but which has not woken yet is
+        not stuck: it is about to go on.
+        """
+        waits = self._waiting[rank].values()
+        return (self._active[rank] <= 0 and bool(waits)
+                and all(any(not r.done for r in reqs) for reqs in waits))
+
+    def _pending(self, rank: int):
+        return next(r for reqs in self._waiting[rank].values() for r in reqs if not r.done)
+
+    def activity(self, rank: int, delta: int) -> None:
+        """Count a thread of ``rank`` starting (+1) or stopping (-1) work outside this world.
+
+        A rank's main thread blocked on a non-blocking call's handle stops; its
+        progress thread starts while it has calls to run. A rank is stuck, for
+        the deadlock detector, only when none of its threads is doing anything else.
+        """
+        with self._lock:
+            self._active[rank] += delta
+            if delta < 0:
+                self._detect_deadlock()
 
     def _detect_deadlock(self) -> None:
         live = [r for r in range(self.size) if r not in self._finished]
@@ -220,8 +245,7 @@ class SimWorld:
             return
         waits = {}
         for r in live:
-            pending = next(q for q in self._waiting[r] if not q.done)
-            waits[r] = pending
+            waits[r] = self._pending(r)
         cycle = _find_cycle({r: q.peer for r, q in waits.items()})
         lines = [f"  rank {r} waits on a {q.describe()}" +
                  (" (that rank has finished)" if q.peer in self._finished else "")
@@ -240,7 +264,9 @@ class SimWorld:
                 if isinstance(req, _Request):
                     self._post(req)
             if not all(r.done for r in reqs):
-                self._waiting[rank] = reqs
+                me = threading.get_ident()
+                self._waiting[rank][me] = reqs
+                self._active[rank] -= 1
                 self._detect_deadlock()
                 deadline = None if self.timeout is None else time.monotonic() + self.timeout
                 try:
@@ -256,7 +282,8 @@ class SimWorld:
                             )
                         self._wake[rank].wait(left)
                 finally:
-                    self._waiting.pop(rank, None)
+                    self._waiting[rank].pop(me, None)
+                    self._active[rank] += 1
             if self._error is not None:
                 raise self._error
             steps = [r.step for r in reqs if isinstance(r, _Request)]
@@ -387,6 +414,9 @@ class SimTransport(TransportBase):
     def reduce_local(self, op, a, b, out) -> None:
         op.apply(a, b, out)
         self.world._record_reduction(self.world_rank, int(np.size(out)))
+
+    def activity(self, delta: int) -> None:
+        self.world.activity(self.world_rank, delta)
 
     def unreceived(self) -> list[str]:
         """Return a description of every message sent to this rank and not yet received."""

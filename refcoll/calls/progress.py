@@ -1,0 +1,363 @@
+"""What moves a non-blocking collective while its caller computes: handles and progress engines.
+
+MPI's semantics (MPI-4.1 §6.12): every rank issues a communicator's collectives,
+blocking and non-blocking, in the same order; several may be outstanding; each
+completes as if it ran alone. refcoll gets there by running a communicator's calls
+one after another, in issue order, on an engine of that communicator's own:
+
+* :class:`ThreadEngine`, a progress thread per communicator. It runs the very
+  blocking call the caller would have made (same code, same checks, same
+  messages), so the result is bit-identical to the blocking call and an error is
+  the blocking call's error, raised from :meth:`Handle.wait` on every rank. It
+  progresses while the caller computes, whether or not anyone calls
+  :meth:`Handle.test`: NumPy's large kernels, ``time.sleep`` and mpi4py's waits
+  release the GIL. It needs ``MPI_THREAD_MULTIPLE``, since the progress thread
+  and the caller may both be inside MPI (on different communicators).
+* :class:`ScheduleEngine`, a state machine as libNBC's and MPICH's schedules are:
+  the call's recorded exchanges (:mod:`refcoll.transport.recorder`) are started
+  one step at a time, and the next step starts only when :meth:`Handle.test`,
+  :meth:`Handle.wait` or another call on the communicator finds the current one
+  done. No thread, so any thread level does; but between two such calls nothing
+  moves except what the MPI library moves by itself.
+
+The thread engine is the default wherever the library gives ``MPI_THREAD_MULTIPLE``
+(mpi4py asks for it, and MPICH and Open MPI give it); with less, the schedule
+engine. ``REFCOLL_PROGRESS=thread`` or ``schedule`` chooses (thread with less than
+``MPI_THREAD_MULTIPLE`` is a UsageError). Why the thread is the default, with
+measurements: ``spec/nonblocking.md``.
+
+A blocking collective issued while non-blocking ones are outstanding on the same
+communicator queues behind them (:func:`busy_engine`), as MPI orders them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+
+from ..core.errors import CollectiveTimeout, UsageError
+from ..transport.base import transport_cache
+
+__all__ = ["Handle", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for", "engine_kind",
+           "busy_engine", "any_busy", "wait_all", "LINGER"]
+
+#: The engines ``REFCOLL_PROGRESS`` may name.
+ENGINES = ("thread", "schedule")
+
+#: Seconds an idle progress thread waits for the next call before it ends (the
+#: next call starts a new one): simulated worlds come and go by the thousand.
+LINGER = 1.0
+
+#: Engines with calls outstanding, in this process: while none has any, a
+#: blocking call pays one integer test for the ordering check.
+_busy = [0]
+_busy_lock = threading.Lock()
+
+
+class Handle:
+    """One non-blocking collective call: MPI's request, ``torch.distributed``'s Work.
+
+    Attributes:
+        collective: the call's name (``allreduce``...).
+        issued, started, finished: ``time.perf_counter()`` when the call was
+            issued, began to run, and completed (``None`` until then).
+    """
+
+    __slots__ = ("collective", "issued", "started", "finished", "_engine", "_job", "_result",
+                 "_error", "_done")
+
+    def __init__(self, collective: str, job, engine):
+        self.collective = collective
+        self._job = job  # a callable, or a scheduled step machine with .step()
+        self._engine = engine
+        self._result = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self.issued = time.perf_counter()
+        self.started = self.finished = None
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "pending"
+        return f"<refcoll.Handle {self.collective} {state}>"
+
+    def test(self) -> bool:
+        """Return whether the call has completed (advancing a schedule engine); never raises."""
+        if not self._done.is_set():
+            self._engine.advance()
+        return self._done.is_set()
+
+    def is_completed(self) -> bool:
+        """Return whether the call has completed, successfully or not (``torch``'s name)."""
+        return self.test()
+
+    def exception(self) -> BaseException | None:
+        """Return the exception the call failed with; ``None`` if it succeeded or is still running."""
+        return self._error if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None):
+        """Wait for the call and return its result, or raise its error.
+
+        The error is the blocking call's own (a :class:`~refcoll.core.errors.MismatchError`,
+        a :class:`~refcoll.core.errors.CollectiveTimeout` naming the peer...), raised
+        on every rank the call failed on. ``timeout``: seconds to wait here before a
+        :class:`CollectiveTimeout` (the call keeps running, and a later ``wait`` may
+        still return it); ``None`` waits as long as the call may take (the
+        transport's own deadline bounds every exchange).
+        """
+        if not self._done.is_set():
+            self._engine.drive(self, timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def result(self):
+        """Return the result of a completed call (``wait()``)."""
+        return self.wait()
+
+    def _run(self) -> None:
+        """Run a callable job to its end, keeping its result or its error."""
+        self.started = time.perf_counter()
+        try:
+            self._result = self._job()
+        except BaseException as exc:  # noqa: BLE001 - raised again from wait()
+            self._error = exc
+        self._finish()
+
+    def _finish(self) -> None:
+        self.finished = time.perf_counter()
+        self._job = None
+        self._done.set()
+
+
+def _not_done(handle: Handle, timeout: float) -> CollectiveTimeout:
+    return CollectiveTimeout(
+        f"{handle.collective} (non-blocking) not complete after wait(timeout={timeout:g}); it "
+        "is still running and a later wait() may return it (a peer may be slow, dead, or not "
+        "yet at this call)")
+
+
+def _count_busy(delta: int) -> None:
+    with _busy_lock:
+        _busy[0] += delta
+
+
+class ThreadEngine:
+    """A communicator's progress thread: runs its calls one at a time, in issue order."""
+
+    kind = "thread"
+
+    def __init__(self, t):
+        self.t = t
+        self._queue: collections.deque[Handle] = collections.deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.outstanding = 0
+
+    def submit(self, handle: Handle) -> Handle:
+        """Queue ``handle``'s call; start the thread if none is running."""
+        with self._cv:
+            if self.outstanding == 0:
+                _count_busy(1)
+                self.t.activity(1)
+            self.outstanding += 1
+            self._queue.append(handle)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name=f"refcoll-progress-rank{self.t.rank}")
+                self._thread.start()
+            else:
+                self._cv.notify()
+        return handle
+
+    def on_thread(self) -> bool:
+        """Return whether the caller is this engine's own thread."""
+        return threading.current_thread() is self._thread
+
+    def advance(self) -> None:
+        """Nothing to do: the thread advances by itself."""
+
+    def drive(self, handle: Handle, timeout: float | None) -> None:
+        """Block until ``handle`` is done (the thread runs it), or ``timeout`` passes."""
+        self.t.activity(-1)
+        try:
+            if not handle._done.wait(timeout):
+                raise _not_done(handle, timeout)
+        finally:
+            self.t.activity(1)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                if not self._queue:
+                    self._cv.wait(LINGER)
+                if not self._queue:
+                    self._thread = None  # a later submit starts a new thread
+                    return
+                handle = self._queue.popleft()
+            handle._run()
+            with self._cv:
+                self.outstanding -= 1
+                if self.outstanding == 0:
+                    _count_busy(-1)
+                    self.t.activity(-1)
+
+
+class ScheduleEngine:
+    """A communicator's calls as a state machine, advanced by ``test``, ``wait`` and new calls.
+
+    A call that can run as a schedule (``handle._job`` with a ``step()`` method:
+    see :func:`refcoll.calls.nonblocking.scheduled`) starts its exchanges one
+    step at a time, whenever the engine is advanced; issuing and ``test()``
+    never wait. Any other call (the first of its kind on the communicator, a
+    compressed one, another collective) runs whole, blocking, and only from
+    ``wait()``: the calls queued behind it wait with it.
+    """
+
+    kind = "schedule"
+
+    def __init__(self, t):
+        self.t = t
+        self._queue: collections.deque[Handle] = collections.deque()
+        self.outstanding = 0
+        self._advancing = False
+        self.plans: dict = {}  # recorded all-reduces by (algorithm, op, dtype, count)
+        self.checked: set = set()  # calls whose first, whole run succeeded
+        self.agreement = None  # the recorded exchange of argument records
+
+    def submit(self, handle: Handle) -> Handle:
+        """Queue ``handle``'s call and advance the engine (a schedule's first step starts now)."""
+        if self.outstanding == 0:
+            _count_busy(1)
+        self.outstanding += 1
+        self._queue.append(handle)
+        self.advance()
+        return handle
+
+    def on_thread(self) -> bool:
+        """Return whether the caller is inside this engine's advance (running one of its calls)."""
+        return self._advancing
+
+    def advance(self, whole: bool = False) -> None:
+        """Move the queue as far as it goes without waiting (``whole``: run whole calls too)."""
+        if self._advancing:
+            return  # a call this engine runs is making a call of its own
+        self._advancing = True
+        try:
+            while self._queue:
+                head = self._queue[0]
+                if not _step(head, whole):
+                    return
+                self._queue.popleft()
+                self.outstanding -= 1
+                if self.outstanding == 0:
+                    _count_busy(-1)
+        finally:
+            self._advancing = False
+
+    def drive(self, handle: Handle, timeout: float | None) -> None:
+        """Advance until ``handle`` is done (polling, yielding the CPU), or ``timeout`` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.advance(whole=True)
+            if handle._done.is_set():
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise _not_done(handle, timeout)
+            os.sched_yield()
+
+
+def _step(handle: Handle, whole: bool) -> bool:
+    """Advance one queued call (``whole``: run a call that cannot step); return whether it is done."""
+    if handle._done.is_set():
+        return True
+    job = handle._job
+    if not hasattr(job, "step"):
+        if not whole:
+            return False
+        handle._run()
+        return True
+    if handle.started is None:
+        handle.started = time.perf_counter()
+    try:
+        if not job.step():
+            return False
+        handle._result = job.result
+    except BaseException as exc:  # noqa: BLE001 - raised again from wait()
+        handle._error = exc
+    handle._finish()
+    return True
+
+
+def engine_kind(t) -> str:
+    """Return which engine runs ``t``'s non-blocking calls: ``REFCOLL_PROGRESS``, else by thread level."""
+    wanted = os.environ.get("REFCOLL_PROGRESS", "").strip().lower()
+    if wanted and wanted not in ENGINES:
+        raise UsageError(f"REFCOLL_PROGRESS={wanted!r} is not a progress engine: use "
+                         f"{' or '.join(ENGINES)}")
+    if wanted == "thread" and not t.thread_multiple:
+        raise UsageError("REFCOLL_PROGRESS=thread needs MPI_THREAD_MULTIPLE, and this MPI library "
+                         "gave less (MPI.Query_thread()); use REFCOLL_PROGRESS=schedule")
+    if wanted:
+        return wanted
+    return "thread" if getattr(t, "thread_multiple", False) else "schedule"
+
+
+def engine_for(t, kind: str | None = None):
+    """Return the engine of transport ``t``, made on its first non-blocking call.
+
+    ``kind`` (``thread`` or ``schedule``) chooses it for a transport that has
+    none yet, as a benchmark comparing the two does; default :func:`engine_kind`.
+    """
+    cache = transport_cache(t, "progress")
+    engine = cache.get("engine")
+    if engine is None:
+        kind = kind or engine_kind(t)
+        if kind not in ENGINES:
+            raise UsageError(f"unknown progress engine {kind!r}: use {' or '.join(ENGINES)}")
+        engine = (ThreadEngine if kind == "thread" else ScheduleEngine)(t)
+        cache["engine"] = engine
+    elif kind is not None and kind != engine.kind:
+        raise UsageError(f"this communicator's non-blocking calls already run on the {engine.kind} "
+                         f"engine; ask for {kind} before its first non-blocking call")
+    return engine
+
+
+def any_busy() -> bool:
+    """Return whether any engine in this process has calls outstanding (one integer test)."""
+    return _busy[0] > 0
+
+
+def busy_engine(t):
+    """Return ``t``'s engine if it has calls outstanding and the caller is not one of them."""
+    engine = transport_cache(t, "progress").get("engine")
+    if engine is None or not engine.outstanding or engine.on_thread():
+        return None
+    return engine
+
+
+def wait_all(handles, timeout: float | None = None) -> list:
+    """Wait for every handle, in order; return their results (``MPI_Waitall``).
+
+    Every handle is waited for even when one fails, so no call is left running
+    unseen; then the first failure is raised. ``timeout`` bounds the whole wait.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results, first = [], None
+    for h in handles:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            results.append(h.wait(left))
+        except CollectiveTimeout as exc:
+            if h._done.is_set():  # the call itself timed out: every rank sees it
+                results.append(None)
+                first = first or exc
+            else:
+                raise
+        except BaseException as exc:  # noqa: BLE001 - the first is raised below
+            results.append(None)
+            first = first or exc
+    if first is not None:
+        raise first
+    return results

@@ -1,0 +1,97 @@
+"""Non-blocking collectives under real MPI (run by test_mpi.py under mpiexec -n P).
+
+Both progress engines, several calls outstanding on one communicator and on a
+split one, progress without test(), and errors raised from wait() on every rank.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+import refcoll
+from refcoll.calls.progress import engine_for
+from refcoll.core.errors import MismatchError
+
+pytestmark = pytest.mark.mpi
+
+ALGORITHMS = ("ring", "rabenseifner", "tree", "recursive_doubling")
+
+
+def _transport(kind):
+    from mpi4py import MPI
+
+    from refcoll.transport.mpi import MPITransport
+
+    t = MPITransport(MPI.COMM_WORLD)
+    engine_for(t, kind)
+    return t
+
+
+def _inputs(rank):
+    rng = np.random.default_rng(rank)
+    return [rng.standard_normal(n).astype(np.float32) for n in (5, 1001, 70_000)]
+
+
+def test_the_library_gives_thread_multiple_so_the_default_engine_is_the_thread():
+    from mpi4py import MPI
+
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    assert engine_for(refcoll.as_transport(MPI.COMM_WORLD)).kind == "thread"
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_outstanding_calls_give_the_blocking_calls_bits(kind):
+    t = _transport(kind)
+    xs = _inputs(t.rank)
+    blocking = [refcoll.allreduce(x, t, algorithm=a) for x in xs for a in ALGORITHMS]
+    for _ in range(2):  # the second round runs as recorded schedules on the schedule engine
+        handles = [refcoll.iallreduce(x, t, algorithm=a) for x in xs for a in ALGORITHMS]
+        gathered = refcoll.iallgather(xs[0], t)
+        results = refcoll.wait_all(handles)
+        assert [r.tobytes() for r in results] == [b.tobytes() for b in blocking]
+        assert gathered.wait()[t.rank].tobytes() == xs[0].tobytes()
+
+
+def test_calls_outstanding_on_the_world_and_a_split_communicator_at_once():
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    half = world.Split(world.rank % 2, world.rank)
+    x = np.arange(1000, dtype=np.float64) + world.rank
+    # Even ranks issue the world's call first, odd ranks their half's: MPI orders the calls of
+    # each communicator, not across communicators.
+    order = [("world", world, "ring"), ("half", half, "tree")]
+    if world.rank % 2:
+        order.reverse()
+    handles = {name: refcoll.iallreduce(x, comm, algorithm=a) for name, comm, a in order}
+    on_world, on_half = handles["world"].wait(), handles["half"].wait()
+    assert on_world.tobytes() == refcoll.allreduce(x, world, algorithm="ring").tobytes()
+    assert on_half.tobytes() == refcoll.allreduce(x, half, algorithm="tree").tobytes()
+    half.Free()
+
+
+def test_the_call_completes_while_the_caller_never_calls_test_or_wait():
+    t = _transport("thread")
+    x = np.ones(50_000, np.float32)
+    h = refcoll.iallreduce(x, t)
+    deadline = time.monotonic() + 120  # a bound against a hang, not a timing assertion
+    while h.finished is None and time.monotonic() < deadline:
+        time.sleep(0.001)  # reading h.finished moves nothing: only the progress thread does
+    assert h.finished is not None
+    assert h.wait()[0] == t.size
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_mismatch_is_raised_from_wait_on_every_rank(kind):
+    t = _transport(kind)
+    for n in (16, 17):  # both counts run once everywhere: later calls of each are scheduled
+        assert refcoll.iallreduce(np.ones(n, np.float32), t).wait()[0] == t.size
+    count = 16 + (t.rank == t.size - 1 and t.size > 1)
+    h = refcoll.iallreduce(np.ones(count, np.float32), t)
+    if t.size > 1:
+        with pytest.raises(MismatchError, match="count: rank 0 has 16, rank [0-9]+ has 17"):
+            h.wait()
+        assert isinstance(h.exception(), MismatchError)
+    # The communicator is still usable after the failed call.
+    assert refcoll.iallreduce(np.ones(3), t).wait()[0] == t.size
