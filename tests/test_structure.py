@@ -23,6 +23,9 @@ LAYERS = {
     "measure": 4,
     "baselines": 4,
     "train": 4,
+    "reducer": 4,
+    "reducer_buckets": 4,
+    "overlap": 4,
     "cli": 5,
     "__main__": 6,
     "": 6,  # refcoll/__init__.py: the public API, re-exports only

@@ -1,0 +1,545 @@
+"""The reducer against DDP's rules, on simulated ranks: buckets, launch order, bits, errors.
+
+Every expected layout is derived here from the cap rule (an independent
+reimplementation, hand-worked cases, and torch's own assignment where torch is
+installed); every expected gradient is a blocking ``refcoll.allreduce`` of the
+same buckets.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import refcoll
+import refcoll.reducer as reducer_module
+from refcoll.compressors import parse
+from refcoll.core.errors import MismatchError, UsageError
+from refcoll.reducer import Reducer
+from refcoll.reducer_buckets import assign_buckets, parameters_of
+
+MIB = 2 ** 20
+
+
+def run(p, fn):
+    return refcoll.SimWorld(p, timeout=30).run(fn)
+
+
+def caps(first_bytes, cap_bytes):
+    """Return Reducer keywords that give these caps in bytes."""
+    return {"first_bucket_mb": first_bytes / MIB, "bucket_cap_mb": cap_bytes / MIB}
+
+
+def gradients(shapes, rank, step=0, dtypes=None):
+    rng = np.random.default_rng([rank, step, 7])
+    dtypes = dtypes or [np.float32] * len(shapes)
+    return [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dtypes)]
+
+
+def blocking_reference(t, red, grads, algorithm, scale=True):
+    """Return the gradients a blocking all-reduce of each of ``red``'s buckets gives.
+
+    Each bucket is the concatenation of its gradients in bucket order, each times
+    fl(1/p) in the bucket's dtype (DDP's copy_grad_to_bucket) when ``scale``.
+    """
+    out = [None] * len(grads)
+    for b in red.buckets:
+        factor = b.dtype.type(1.0 / t.size)
+        parts = [(grads[i] * factor if scale else grads[i]).astype(b.dtype).reshape(-1)
+                 for i in b.params]
+        summed = refcoll.allreduce(np.concatenate(parts), t, algorithm=algorithm)
+        for i, off in zip(b.params, b.offsets):
+            out[i] = summed[off:off + grads[i].size].reshape(grads[i].shape)
+    return out
+
+
+def same_bits(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def errors_on_every_rank(p, body, kind):
+    def wrapped(t):
+        try:
+            body(t)
+        except kind as exc:
+            return str(exc)
+        return None
+
+    return run(p, wrapped)
+
+
+# ------------------------------------------------------------------ bucket assignment
+
+def per_dtype_assignment(nbytes, dtypes, order, first_cap, cap):
+    """The cap rule, written another way: one pass per dtype, then sort by first position."""
+    position = {i: k for k, i in enumerate(order)}
+    buckets = []
+    for dtype in {np.dtype(d) for d in dtypes}:
+        current, size, limit = [], 0, first_cap
+        for i in [i for i in order if np.dtype(dtypes[i]) == dtype]:
+            current.append(i)
+            size += nbytes[i]
+            if size >= limit:
+                buckets.append(current)
+                current, size, limit = [], 0, cap
+        if current:
+            buckets.append(current)
+    return sorted(buckets, key=lambda bucket: position[bucket[0]])
+
+
+def test_hand_worked_cases_of_the_cap_rule():
+    # float32 gradients of 400, 800, 1200, 1600, 2000 bytes; caps 1000 then 1500.
+    # Reverse order: 4 (2000 >= 1000: closes the first bucket), 3 (1600 >= 1500: closes),
+    # 2 (1200 < 1500), 1 (2000 >= 1500: closes [2, 1]), 0 (left open, closed at the end).
+    nbytes = [400, 800, 1200, 1600, 2000]
+    assert assign_buckets(nbytes, [np.float32] * 5, [4, 3, 2, 1, 0], 1000, 1500) == \
+        [[4], [3], [2, 1], [0]]
+    # A cap reached exactly closes the bucket (>=): 600 + 400 = 1000.
+    assert assign_buckets([400, 600, 1000], [np.float32] * 3, [2, 1, 0], 1000, 1000) == \
+        [[2], [1, 0]]
+    # Two dtypes, each with its own first cap: float64 3 (1600 >= 1000) closes alone;
+    # float32 4 (200) and 2 (1400 in all) close together, and are ordered by 4's position.
+    nbytes, dtypes = [400, 800, 1200, 1600, 200], [np.float32, np.float64, np.float32,
+                                                   np.float64, np.float32]
+    assert assign_buckets(nbytes, dtypes, [4, 3, 2, 1, 0], 1000, 1500) == [[4, 2], [3], [1], [0]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_assignment_is_the_cap_rule_on_random_layouts(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    dtypes = [rng.choice([np.float32, np.float64, np.float16]) for _ in range(n)]
+    nbytes = [int(rng.integers(1, 500)) * np.dtype(d).itemsize for d in dtypes]
+    order = list(rng.permutation(n))
+    first_cap, cap = int(rng.integers(1, 800)), int(rng.integers(1, 3000))
+    assert assign_buckets(nbytes, dtypes, order, first_cap, cap) == \
+        per_dtype_assignment(nbytes, dtypes, order, first_cap, cap)
+
+
+@pytest.mark.slow  # importing torch takes seconds
+def test_the_assignment_is_torchs_in_a_given_order():
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    rng = np.random.default_rng(3)
+    numels = [int(k) for k in rng.integers(1, 400, 25)]
+    order = [int(i) for i in rng.permutation(len(numels))]
+    tensors = [torch.empty(numels[i]) for i in order]
+    theirs, _ = dist._compute_bucket_assignment_by_size(tensors, [1000, 3000],
+                                                        [False] * len(order), order)
+    ours = assign_buckets([4 * k for k in numels], [np.float32] * len(numels), order, 1000, 3000)
+    assert ours == [list(b) for b in theirs]
+
+
+def test_the_reducer_layout_starts_from_reverse_index_order_with_its_records():
+    shapes = [(100,), (10, 20), (300,), (20, 20), (500,)]  # 400, 800, 1200, 1600, 2000 B
+    red = run(1, lambda t: Reducer(shapes, t, **caps(1000, 1500)))[0]
+    assert [list(b.params) for b in red.buckets] == [[4], [3], [2, 1], [0]]
+    for k, b in enumerate(red.buckets):
+        sizes = [math.prod(shapes[i]) for i in b.params]
+        assert b.index == k and b.numel == sum(sizes) and b.nbytes == 4 * sum(sizes)
+        assert list(b.offsets) == [sum(sizes[:j]) for j in range(len(sizes))]
+
+
+def test_default_caps_are_ddps_one_and_twenty_five_mib():
+    shapes = [(MIB // 4,), (6 * MIB // 4,), (MIB // 8,)]  # 1 MiB, 6 MiB, 0.5 MiB of float32
+    red = run(1, lambda t: Reducer(shapes, t))[0]
+    # Reverse order: 0.5 MiB (< 1), + 6 MiB closes the first bucket; 1 MiB stays open.
+    assert [list(b.params) for b in red.buckets] == [[2, 1], [0]]
+
+
+def test_parameters_are_read_from_arrays_shapes_pairs_and_names():
+    params = parameters_of([np.zeros((2, 3), np.float64), (4,), 5, ((2, 2), "float16")])
+    assert [(p.shape, str(p.dtype)) for p in params] == [
+        ((2, 3), "float64"), ((4,), "float32"), ((5,), "float32"), ((2, 2), "float16")]
+    named = parameters_of({"fc.weight": np.zeros((3, 4), np.float32), "fc.bias": np.zeros(3)})
+    assert [p.describe() for p in named] == ["parameter 0 'fc.weight' float32[3, 4]",
+                                             "parameter 1 'fc.bias' float64[3]"]
+    pairs = parameters_of([("w", np.zeros(2, np.float32))])
+    assert pairs[0].name == "w"
+
+
+# -------------------------------------------------------------------- launch order
+
+def test_buckets_launch_in_bucket_order_whatever_the_ready_order(monkeypatch):
+    issued = {}
+    real = reducer_module.iallreduce
+
+    def recording(buf, t, **kwargs):
+        issued.setdefault(t.rank, []).append(buf.size)
+        return real(buf, t, **kwargs)
+
+    monkeypatch.setattr(reducer_module, "iallreduce", recording)
+    shapes = [(100,), (200,), (300,), (400,)]  # 4 buckets of one parameter each
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring", **caps(1, 1))
+        sizes = [b.numel for b in red.buckets]
+        assert sizes == [400, 300, 200, 100]
+        grads = gradients(shapes, t.rank)
+        for i in (0, 1, 2):  # forward order: the last buckets first
+            red.ready(i, grads[i])
+        before = list(issued.get(t.rank, []))
+        red.ready(3, grads[3])  # bucket 0 is ready: now every bucket launches, in order
+        after = list(issued[t.rank])
+        red.finalize()
+        launched = [row["launched"] for row in red.timeline()]
+        return before, after, launched
+
+    for before, after, launched in run(2, body):
+        assert before == [] and after == [400, 300, 200, 100]
+        assert launched == sorted(launched)
+
+
+def test_timeline_rows_hold_each_buckets_stamps_in_order():
+    shapes = [(50,), (60,), (70,)]
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring", **caps(1, 1))
+        assert red.timeline() == []
+        grads = gradients(shapes, t.rank)
+        for i in (2, 1, 0):
+            red.ready(i, grads[i])
+        red.finalize()
+        return red.timeline()
+
+    for rows in run(2, body):
+        assert [row["index"] for row in rows] == [0, 1, 2]
+        assert [row["bytes"] for row in rows] == [280, 240, 200]
+        assert rows[0]["gradients"] == [0.0]
+        for row in rows:
+            assert max(row["gradients"]) == row["ready"]
+            assert row["ready"] <= row["launched"] <= row["started"] <= row["finished"]
+
+
+# ------------------------------------------------------------------------ the bits
+
+SHAPES = [(37,), (5, 11), (129,), (3, 3, 3), (64,)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "tree", "recursive_doubling"])
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_gradients_are_the_blocking_allreduce_of_the_prescaled_buckets(p, algorithm, dtype):
+    dtypes = [np.dtype(dtype)] * len(SHAPES)
+
+    def body(t):
+        red = Reducer([(s, dtype) for s in SHAPES], t, algorithm=algorithm, **caps(300, 600))
+        assert len(red.buckets) > 1
+        grads = gradients(SHAPES, t.rank, dtypes=dtypes)
+        for i in reversed(range(len(SHAPES))):
+            red.ready(i, grads[i])
+        got = red.finalize()
+        return got, blocking_reference(t, red, grads, algorithm), [g.copy() for g in grads]
+
+    results = run(p, body)
+    for got, want, _ in results:
+        assert all(same_bits(a, b) for a, b in zip(got, want))
+    assert all(same_bits(a, b) for got, _, _ in results for a, b in zip(got, results[0][0]))
+
+
+def test_a_mixed_dtype_model_with_auto_is_bit_identical_too():
+    dtypes = [np.float32, np.float64, np.float16, refcoll.DTYPES["bfloat16"], np.float64]
+
+    def body(t):
+        red = Reducer([(s, d) for s, d in zip(SHAPES, dtypes)], t, **caps(200, 400))
+        assert {b.dtype for b in red.buckets} == {np.dtype(d) for d in dtypes}
+        grads = gradients(SHAPES, t.rank, dtypes=dtypes)
+        for i in reversed(range(len(SHAPES))):
+            red.ready(i, grads[i])
+        return red.finalize(), blocking_reference(t, red, grads, "auto")
+
+    results = run(3, body)
+    for got, want in results:
+        assert [g.dtype for g in got] == [np.dtype(d) for d in dtypes]
+        assert all(same_bits(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("p,differ", [(2, False), (3, True), (4, False)])
+def test_multiplying_by_one_over_p_is_avg_only_for_powers_of_two(p, differ):
+    shapes = [(4000,)]
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring")
+        grad = gradients(shapes, t.rank)[0]
+        red.ready(0, grad)
+        ddp = red.finalize()[0]  # Σ fl(g · fl(1/p))
+        avg = refcoll.allreduce(grad, t, op="avg", algorithm="ring")  # fl(Σ g) / p
+        return int(np.count_nonzero(ddp != avg))
+
+    counts = run(p, body)
+    assert len(set(counts)) == 1
+    assert (counts[0] > 0) == differ
+
+
+def test_in_place_writes_into_the_arrays_given_to_ready():
+    def body(t):
+        red = Reducer(SHAPES, t, algorithm="ring", **caps(300, 600))
+        grads = gradients(SHAPES, t.rank)
+        for i in reversed(range(len(SHAPES))):
+            red.ready(i, grads[i])
+        out = red.finalize(in_place=True)
+        return all(o is g for o, g in zip(out, grads)), grads, blocking_reference(
+            t, red, gradients(SHAPES, t.rank), "ring")
+
+    for same, grads, want in run(2, body):
+        assert same and all(same_bits(a, b) for a, b in zip(grads, want))
+
+
+# ------------------------------------------------------------------------- rebuild
+
+def test_buckets_are_rebuilt_once_in_rank_zeros_ready_order():
+    shapes = [(100,), (200,), (300,), (400,), (50,)]
+    orders = {0: [1, 3, 0, 4, 2], 1: [4, 3, 2, 1, 0], 2: [0, 1, 2, 3, 4]}
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring", **caps(900, 1300))
+        before = [list(b.params) for b in red.buckets]
+        grads = gradients(shapes, t.rank)
+        for i in orders[t.rank]:
+            red.ready(i, grads[i])
+        red.finalize()
+        after = [list(b.params) for b in red.buckets]
+        grads = gradients(shapes, t.rank, step=1)
+        for i in reversed(range(len(shapes))):
+            red.ready(i, grads[i])
+        got = red.finalize()
+        return before, after, [list(b.params) for b in red.buckets], red.rebuilt, got, \
+            blocking_reference(t, red, grads, "ring")
+
+    want = assign_buckets([4 * s[0] for s in shapes], [np.float32] * 5, orders[0], 900, 1300)
+    results = run(3, body)
+    for before, after, again, rebuilt, got, ref in results:
+        assert before == [[4, 3], [2, 1], [0]] and after == want != before
+        assert again == after and rebuilt  # never rebuilt a second time
+        assert all(same_bits(a, b) for a, b in zip(got, ref))
+        assert all(same_bits(a, b) for a, b in zip(got, results[0][4]))
+
+
+# --------------------------------------------------------------------- find_unused
+
+def test_unused_parameters_get_the_others_sum_or_are_left_alone():
+    shapes = [(30,), (40,), (50,), (60,)]
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring", find_unused=True, **caps(1, 1))
+        grads = gradients(shapes, t.rank)
+        used = [i for i in (3, 2, 1) if not (i == 1 and t.rank == 2)]  # 0 unused everywhere
+        zeros = [g.copy() if i in used else np.zeros_like(g) for i, g in enumerate(grads)]
+        for i in used:
+            red.ready(i, grads[i])
+        out = red.finalize(in_place=True)
+        return out, [out[i] is grads[i] for i in used], blocking_reference(t, red, zeros, "ring"), \
+            red.rebuilt
+
+    for rank, (out, identical, want, rebuilt) in enumerate(run(3, body)):
+        assert out[0] is None and all(identical) and not rebuilt
+        assert all(same_bits(out[i], want[i]) for i in (1, 2, 3))
+
+
+# ------------------------------------------------------------------------- no_sync
+
+def test_no_sync_accumulates_and_the_first_ready_after_adds_it(monkeypatch):
+    launches = []
+    real = reducer_module.iallreduce
+    monkeypatch.setattr(reducer_module, "iallreduce",
+                        lambda buf, t, **kw: launches.append(t.rank) or real(buf, t, **kw))
+
+    def body(t):
+        red = Reducer(SHAPES, t, algorithm="ring", **caps(300, 600))
+        plain = Reducer(SHAPES, t, algorithm="ring", **caps(300, 600))
+        micro = [gradients(SHAPES, t.rank, step=s) for s in range(3)]
+        with red.no_sync():
+            for step in (0, 1):
+                for i in reversed(range(len(SHAPES))):
+                    red.ready(i, micro[step][i])
+            with pytest.raises(UsageError, match="nothing is reduced inside no_sync"):
+                red.finalize()
+        assert red.timeline() == [] and t.rank not in launches  # nothing was communicated
+        for i in reversed(range(len(SHAPES))):
+            red.ready(i, micro[2][i])
+        got = red.finalize()
+        for i in reversed(range(len(SHAPES))):
+            acc = micro[0][i].copy()
+            acc += micro[1][i]
+            plain.ready(i, acc + micro[2][i])
+        return got, plain.finalize()
+
+    for got, want in run(2, body):
+        assert all(same_bits(a, b) for a, b in zip(got, want))
+
+
+# ---------------------------------------------------------------------- comm hooks
+
+def test_an_error_feedback_compressor_keeps_one_state_per_bucket():
+    spec, shapes = "ef(topk:ratio=0.1)", [(200,), (300,)]
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring", compressor=spec, seed=5, **caps(1, 1))
+        comp = parse(spec)
+        mine = {b.index: comp.new_state(seed=5 + b.index, rank=t.rank) for b in red.buckets}
+        got, want = [], []
+        for step in range(3):
+            grads = gradients(shapes, t.rank, step=step)
+            for i in reversed(range(len(shapes))):
+                red.ready(i, grads[i])
+            got.append(red.finalize())
+            expected = [None, None]
+            for b in red.buckets:
+                raw = np.concatenate([grads[i] for i in b.params])
+                summed = refcoll.allreduce(raw, t, op="avg", compressor=comp,
+                                           state=mine[b.index], algorithm="ring")
+                for i, off in zip(b.params, b.offsets):
+                    expected[i] = summed[off:off + grads[i].size]
+            want.append(expected)
+        residuals = [np.count_nonzero(red.states[b].residual) for b in sorted(red.states)]
+        return got, want, residuals, red.rebuilt
+
+    for got, want, residuals, rebuilt in run(2, body):
+        assert rebuilt and len(residuals) == 2 and all(r > 0 for r in residuals)
+        for step_got, step_want in zip(got, want):
+            assert all(same_bits(a, b) for a, b in zip(step_got, step_want))
+
+
+def test_a_hook_gets_the_bucket_as_ddps_grad_bucket_and_its_result_is_kept():
+    shapes = [(3, 4), (5,), (6,)]
+    seen = {}
+
+    def body(t):
+        red = None
+
+        def hook(bucket):
+            grads = bucket.gradients()
+            seen.setdefault(t.rank, []).append(
+                (bucket.index(), bucket.parameters(), bucket.buffer().copy(),
+                 [g.shape for g in grads], all(np.shares_memory(g, bucket.buffer())
+                                               for g in grads), bucket.is_last()))
+            if bucket.index() == 0:  # a handle: finalize waits for it
+                return refcoll.iallreduce(bucket.buffer(), red.data_transport, op="avg",
+                                          algorithm="ring")
+            return bucket.buffer() * 2  # an array: taken as the reduced bucket
+
+        red = Reducer(shapes, t, hook=hook, **caps(40, 40))
+        grads = gradients(shapes, t.rank)
+        for i in reversed(range(len(shapes))):
+            red.ready(i, grads[i])
+        return red.finalize(), grads, [list(b.params) for b in red.buckets]
+
+    results = run(2, body)
+    for rank, (out, grads, layout) in enumerate(results):
+        assert layout == [[2, 1], [0]]
+        calls = seen[rank]
+        assert [c[0] for c in calls] == [0, 1] and [c[1] for c in calls] == layout
+        assert same_bits(calls[0][2], np.concatenate([grads[2], grads[1]]))  # undivided
+        assert calls[0][3] == [(6,), (5,)] and calls[1][3] == [(3, 4)]
+        assert all(c[4] for c in calls) and [c[5] for c in calls] == [False, True]
+        assert same_bits(out[0], grads[0] * 2)
+        both = [results[r][1] for r in range(2)]
+        for i in (1, 2):
+            avg = refcoll.simulate("allreduce", [np.concatenate([g[2], g[1]]) for g in both],
+                                   algorithm="ring", op="avg").outputs[rank]
+            part = avg[:6] if i == 2 else avg[6:]
+            assert same_bits(out[i], part)
+
+
+# -------------------------------------------------------------- errors on every rank
+
+def test_layouts_that_differ_are_a_mismatch_on_every_rank():
+    def shape(t):
+        return Reducer([(4,), (5,), (6,) if t.rank != 1 else (7,)], t)
+
+    messages = errors_on_every_rank(3, shape, MismatchError)
+    assert all(m is not None and "parameter 2: rank 0 has float32[6], rank 1 has float32[7]" in m
+               for m in messages), messages
+    assert len(set(messages)) == 1
+
+    def cap(t):
+        return Reducer([(4,)], t, bucket_cap_mb=25 if t.rank != 2 else 10)
+
+    messages = errors_on_every_rank(3, cap, MismatchError)
+    assert all(m and "bucket_cap_mb: rank 0 has 25, rank 2 has 10" in m for m in messages)
+
+    def count(t):
+        return Reducer([(4,)] * (3 if t.rank else 2), t)
+
+    messages = errors_on_every_rank(2, count, MismatchError)
+    assert all(m and "the number of parameters: rank 0 has 2, rank 1 has 3" in m
+               for m in messages), messages
+
+
+def test_a_bad_argument_at_construction_on_one_rank_is_an_error_on_every_rank():
+    def body(t):
+        return Reducer([(4,)], t, algorithm="no-such" if t.rank == 1 else "ring")
+
+    messages = errors_on_every_rank(2, body, UsageError)
+    assert all(m and "rank 1: unknown algorithm 'no-such'" in m for m in messages), messages
+
+
+NAMED = {"fc.weight": np.zeros((4, 3), np.float32), "fc.bias": np.zeros(4, np.float32),
+         "out.weight": np.zeros((2, 4), np.float32)}
+
+
+def an_iteration(red, t, skip=(), twice=(), bad=None):
+    grads = gradients([p.shape for p in red.params], t.rank)
+    for i in reversed(range(len(grads))):
+        if (t.rank, i) in skip:
+            continue
+        red.ready(i, grads[i] if bad is None or bad[0] != (t.rank, i) else bad[1])
+        if (t.rank, i) in twice:
+            red.ready(i, grads[i])
+    return red.finalize(), grads
+
+
+def failing_then_working(p, **problem):
+    """Run one iteration with ``problem`` on every rank, then a clean one; return both."""
+    def body(t):
+        red = Reducer(NAMED, t, algorithm="ring", **caps(40, 40))
+        try:
+            an_iteration(red, t, **problem)
+        except UsageError as exc:
+            message = str(exc)
+        else:
+            message = None
+        got, grads = an_iteration(red, t)  # the reducer is still usable, the comm clean
+        left = red.data_transport.unreceived() + red.control_transport.unreceived()
+        return message, got, blocking_reference(t, red, grads, "ring"), left
+
+    results = run(p, body)
+    for _, got, want, left in results:
+        assert all(same_bits(a, b) for a, b in zip(got, want)) and left == []
+    return [r[0] for r in results]
+
+
+def test_a_parameter_never_ready_is_named_with_its_rank_on_every_rank():
+    messages = failing_then_working(3, skip={(2, 1)})
+    assert len(set(messages)) == 1 and messages[0] is not None
+    assert "parameter 1 'fc.bias' float32[4]" in messages[0]
+    assert "on rank 2" in messages[0] and "find_unused=True" in messages[0]
+    assert "Expected to have finished reduction in the prior iteration" in messages[0]
+
+
+def test_a_gradient_marked_ready_twice_is_an_error_on_every_rank():
+    messages = failing_then_working(2, twice={(1, 2)})
+    assert len(set(messages)) == 1 and messages[0] is not None
+    assert "parameter 2 'out.weight' float32[2, 4] was marked ready twice on rank 1" \
+        in messages[0]
+    assert "Expected to mark a variable ready only once" in messages[0]
+
+
+@pytest.mark.parametrize("bad,expected", [
+    (np.zeros(5, np.float32), "rank 0: ready(1, grad): the gradient has shape (5,)"),
+    (np.zeros(4, np.float64), "rank 0: ready(1, grad): the gradient has dtype float64"),
+])
+def test_a_wrong_shape_or_dtype_is_an_error_on_every_rank(bad, expected):
+    messages = failing_then_working(2, bad=((0, 1), bad))
+    assert len(set(messages)) == 1 and messages[0] is not None and expected in messages[0]
+
+
+def test_an_index_out_of_range_is_an_error_on_every_rank():
+    def body(t):
+        red = Reducer(NAMED, t, find_unused=True)
+        red.ready(7 if t.rank == 1 else 0, np.zeros((4, 3), np.float32))
+        red.finalize()
+
+    messages = errors_on_every_rank(2, body, UsageError)
+    assert all(m and "rank 1: ready(7, grad): no such parameter; indices run 0..2" in m
+               for m in messages), messages
