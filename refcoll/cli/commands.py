@@ -198,6 +198,10 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
         helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
         click.echo(f"refcoll verify: {workers} ranks{helpers}, {verify_session.mpi_library()}, "
                    f"{len(cases)} cases")
+        if not selection.compressed:
+            click.echo("non-blocking: each case also runs as i<collective> (iallreduce...), issued "
+                       "before the blocking call and held to its bits; then calls outstanding "
+                       "together" + (" (host arrays)" if device == "gpu" else ""))
         where = session.where
         if where is not None:
             click.echo(f"device: {where['gpu']}; transfers: {where['path']} ({where['why']})")
@@ -214,10 +218,16 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
             click.echo(f"    first failure: {row['first_failure']}")
 
     results = session.run(cases, seed=seed, on_group=show if lead else None)
-    failed = sum(not r.passed for r in results)
+    scenarios = session.run_outstanding(workers, seed=seed)
     if lead:
-        write_json(json_file, session.report(results, seed=seed))
-        click.echo(f"{len(results) - failed} passed, {failed} failed")
+        for sc in scenarios:
+            click.echo(f"non-blocking, {sc.name}: {sc.calls} calls outstanding together, "
+                       f"{'passed' if sc.passed else 'FAILED: ' + sc.reason}")
+    everything = [*results, *scenarios]
+    failed = sum(not r.passed for r in everything)
+    if lead:
+        write_json(json_file, session.report(results, seed=seed, scenarios=scenarios))
+        click.echo(f"{len(everything) - failed} passed, {failed} failed")
     sys.stdout.flush()
     sys.exit(0 if failed == 0 else 1)
 

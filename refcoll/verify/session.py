@@ -31,6 +31,7 @@ from ..transport import device as devices
 from ..transport.mpi import MPITransport
 from .conformance import (COMPRESSOR_BATTERY, build_cases, build_compressor_cases, group_rows,
                           run_battery, run_compressor_battery)
+from .conformance.outstanding import run_outstanding
 
 __all__ = ["Selection", "VerifySession", "COMPRESSED_OPS", "COMPRESSED_DTYPES",
            "compressed_algorithms", "device_namespace", "mpi_library"]
@@ -198,9 +199,29 @@ class VerifySession:
         run = run_compressor_battery if self.selection.compressed else run_battery
         return run(self.t, cases, seed=seed, progress=progress, xp=self.xp)
 
-    def report(self, results: Sequence, *, seed: int) -> dict:
-        """Return the verdicts as ``refcoll verify --json`` writes them."""
-        passed = sum(r.passed for r in results)
+    def run_outstanding(self, workers: int, *, seed: int = 0) -> list:
+        """Run the outstanding-call scenarios on the first ``workers`` ranks; verdicts on every rank.
+
+        :mod:`refcoll.verify.conformance.outstanding`: many non-blocking calls
+        in flight at once, on one communicator and on split ones. Host arrays
+        only (the battery's twins cover device arrays); nothing for the
+        compressed battery.
+        """
+        if self.selection.compressed:
+            return []
+        ctl = self.t.split(0, self.t.rank)
+        data = self.t.split(0 if self.t.rank < workers else -1, self.t.rank)
+        return run_outstanding(data, ctl, seed=seed)
+
+    def report(self, results: Sequence, *, seed: int, scenarios: Sequence = ()) -> dict:
+        """Return the verdicts as ``refcoll verify --json`` writes them.
+
+        ``scenarios``: the outstanding-call scenarios' verdicts, counted in
+        ``passed`` and ``failed`` too and listed under ``nonblocking``.
+        """
+        everything = [*results, *scenarios]
+        passed = sum(r.passed for r in everything)
         return {"world_size": self.t.size, "seed": seed, "device": self.device,
-                "gpu": self.where, "passed": passed, "failed": len(results) - passed,
-                "groups": group_rows(results), "cases": [r.to_json() for r in results]}
+                "gpu": self.where, "passed": passed, "failed": len(everything) - passed,
+                "groups": group_rows(results), "cases": [r.to_json() for r in results],
+                "nonblocking": [r.to_json() for r in scenarios]}

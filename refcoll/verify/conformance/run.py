@@ -17,8 +17,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...calls.agree import barrier
-from ...calls.collectives import (allgather, allreduce, broadcast, device_for, reduce,
-                                  reduce_scatter)
+from ...calls.collectives import COLLECTIVE_FUNCTIONS, device_for
+from ...calls.nonblocking import NONBLOCKING_FUNCTIONS
 from ...core import xp as xp_module
 from ...core.bits import first_difference
 from ...core.chunking import chunk_slice
@@ -36,25 +36,54 @@ __all__ = ["run_case", "run_battery", "inputs_lock"]
 inputs_lock = threading.Lock()
 
 
-def _run_collective(t, case: Case, x, xp=np):
-    """Run the case's collective on this rank's ``x``; return (output, in-place target)."""
+def _run_collective(t, case: Case, x, xp=np, calls=COLLECTIVE_FUNCTIONS):
+    """Run the case's collective on this rank's ``x``; return (output, in-place target).
+
+    ``calls``: the collectives by name; :data:`NONBLOCKING_FUNCTIONS` gives the
+    non-blocking twin, whose "output" is then its handle.
+    """
     size, rank = case.ranks, t.rank
     opts = {"algorithm": case.algorithm, **case.kwargs}
+    call = calls[case.collective]
     if case.collective == "allreduce":
-        return allreduce(x, t, op=case.op, out=x if case.inplace else None, **opts), x
+        return call(x, t, op=case.op, out=x if case.inplace else None, **opts), x
     if case.collective == "reduce_scatter":
         target = x[chunk_slice(x.size, size, rank)] if case.inplace else None
-        return reduce_scatter(x, t, op=case.op, out=target, **opts), target
+        return call(x, t, op=case.op, out=target, **opts), target
     if case.collective == "allgather":
         if case.inplace:
             buf = xp.empty((size, x.size), dtype=x.dtype)
             buf[rank] = x
-            return allgather(buf[rank], t, out=buf, **opts), buf
-        return allgather(x, t, **opts), None
+            return call(buf[rank], t, out=buf, **opts), buf
+        return call(x, t, **opts), None
     if case.collective == "broadcast":
-        return broadcast(x, case.root, t, out=x if case.inplace else None, **opts), x
+        return call(x, case.root, t, out=x if case.inplace else None, **opts), x
     target = x if (case.inplace and rank == case.root) else None
-    return reduce(x, case.root, t, op=case.op, out=target, **opts), target
+    return call(x, case.root, t, op=case.op, out=target, **opts), target
+
+
+def _twin_problems(case: Case, twin, output, xp=np) -> list[str]:
+    """Compare the non-blocking twin's result with the blocking call's: the same bits, or why not."""
+    handle, target = twin
+    try:
+        result = handle.wait()
+    except Exception as exc:  # noqa: BLE001 - a verdict
+        return [f"non-blocking twin raised {type(exc).__name__}: {exc}"]
+    if result is None or output is None:
+        return [] if result is None and output is None else [
+            f"non-blocking twin returned {'None' if result is None else 'a result'}, the "
+            f"blocking call {'None' if output is None else 'a result'}"]
+    if case.inplace and target is not None and result.size and not xp.shares_memory(result,
+                                                                                    target):
+        return ["non-blocking twin (in place) did not return its out= buffer"]
+    got, want = xp_module.to_host(result), xp_module.to_host(output)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return [f"non-blocking twin returned {got.dtype}{list(got.shape)}, the blocking call "
+                f"{want.dtype}{list(want.shape)}"]
+    if not np.array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)):
+        return [f"non-blocking twin differs from the blocking call: "
+                f"{first_difference(got.reshape(-1), want.reshape(-1))}"]
+    return []
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,13 +171,17 @@ def _local_checks(t, case: Case, seed: int, x, before, output, target, error,
     return problems
 
 
-def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
+def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np, nonblocking: bool = True) -> CaseResult:
     """Run one case on the case's ranks of ``t`` (``t`` is None on idle ranks).
 
     ``ctl`` spans every rank of the battery and carries the verdicts. Ranks
     ``case.ranks .. case.total-1`` hold no data (switches): they serve the call
     with a template buffer and must get ``None`` back. ``xp`` is the array
-    module the inputs are made in (CuPy: on this rank's GPU).
+    module the inputs are made in (CuPy: on this rank's GPU). With
+    ``nonblocking``, the case's non-blocking twin (``iallreduce`` for
+    ``allreduce``...) is issued first, on a copy of the input, so the blocking
+    call queues behind it (MPI's order); its result must be the blocking call's,
+    bit for bit.
     """
     with inputs_lock:  # simulated ranks are threads: generate each case's inputs once
         inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum",
@@ -161,6 +194,8 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
     carrier = None if t is None else device_for(t, xp.zeros(0, np.uint8))
     if rank < case.ranks:
         x = xp.array(inputs[rank])  # a writeable copy, on the device for a GPU run
+        twin = (_run_collective(t, case, xp.array(inputs[rank]), xp, NONBLOCKING_FUNCTIONS)
+                if nonblocking else None)
         target = error = None
         try:
             output, target = _run_collective(t, case, x, xp)
@@ -168,14 +203,22 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
             raise  # the job cannot go on: the caller aborts it
         except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
             error = exc
+        if twin is not None:
+            problems += _twin_problems(case, twin, output, xp) if error is None else []
         barrier(ctl)  # every rank has finished the case: nothing may still be in flight
         problems += [f"{m} left unreceived" for m in t.unreceived()]
         problems += _local_checks(t, case, seed, x, inputs[rank], output, target, error, xp)
     elif rank < case.total:
+        template = xp.zeros(inputs[0].shape, inputs[0].dtype)
         try:
-            served, _ = _run_collective(t, case, xp.zeros(inputs[0].shape, inputs[0].dtype), xp)
+            twin = (_run_collective(t, case, template.copy(), xp, NONBLOCKING_FUNCTIONS)
+                    if nonblocking else None)
+            served, _ = _run_collective(t, case, template, xp)
             if served is not None:
                 problems.append("a rank without data (switch) returned a result")
+            if twin is not None and twin[0].wait() is not None:
+                problems.append("a rank without data (switch) got a result from the "
+                                "non-blocking twin")
         except Exception as exc:  # noqa: BLE001
             problems.append(f"raised {type(exc).__name__}: {exc}")
         barrier(ctl)
@@ -195,15 +238,19 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np) -> CaseResult:
 
 def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
                 progress: Callable[[int, int, CaseResult], None] | None = None,
-                xp=np) -> list[CaseResult]:
-    """Run ``cases`` on every rank of ``t`` (all ranks pass the same list), on arrays of ``xp``."""
+                xp=np, nonblocking: bool = True) -> list[CaseResult]:
+    """Run ``cases`` on every rank of ``t`` (all ranks pass the same list), on arrays of ``xp``.
+
+    ``nonblocking``: also run each case's non-blocking twin (:func:`run_case`).
+    """
     ctl = t.split(0, t.rank)
     by_size = {t.size: t}  # one communicator per rank count the cases need, split once
     results = []
     for i, case in enumerate(cases):
         if case.total not in by_size:
             by_size[case.total] = t.split(0 if t.rank < case.total else -1, t.rank)
-        result = run_case(by_size[case.total], ctl, case, seed=seed, xp=xp)
+        result = run_case(by_size[case.total], ctl, case, seed=seed, xp=xp,
+                          nonblocking=nonblocking)
         results.append(result)
         if progress is not None:
             progress(i, len(cases), result)
