@@ -74,7 +74,12 @@ def test_verify_under_mpi_ends_with_the_tally(tmp_path):
     last = res.stdout.strip().splitlines()[-1]
     data = json.loads(out.read_text())
     assert last == f"{data['passed']} passed, 0 failed"
-    assert data["passed"] == len(data["cases"]) > 100
+    assert data["passed"] == len(data["cases"]) + len(data["nonblocking"])
+    assert len(data["cases"]) > 100 and all(c["passed"] for c in data["cases"])
+    assert [s["scenario"] for s in data["nonblocking"]] == [
+        "one communicator", "split communicators", "an error among them"]
+    assert all(s["passed"] and s["calls"] > 1 for s in data["nonblocking"])
+    assert "non-blocking: each case also runs as i<collective>" in res.stdout
     assert data["world_size"] == 2
 
 

@@ -1,13 +1,16 @@
-"""`refcoll train`: data-parallel SGD on the digits data, once per compressor."""
+"""`refcoll train`: data-parallel SGD on the digits data, once per compressor, or with overlap."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import click
 
 from ..calls.collectives import as_transport
 from ..core.errors import UsageError
+from ..core.units import human_bytes
+from ..overlap import OverlapConfig, parse_widths, plot_timeline, run_overlap
 from ..train import EXAMPLES_HINT, TrainConfig, plot_histories
 from ..train import train as train_model
 from . import launch
@@ -38,10 +41,22 @@ __all__ = ["train"]
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write every run as JSON.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
-              help="Draw test accuracy against bytes sent, all runs in one figure (PNG).")
+              help="Draw test accuracy against bytes sent, all runs in one figure (PNG); with "
+                   "--layers, one step's timeline of compute and each bucket's all-reduce.")
+@click.option("--layers", "layers", metavar="W0,W1,...",
+              help="Train an MLP of these widths through the bucketed Reducer, timed with and "
+                   "without overlap (replaces --hidden; digits: 64,...,10).")
+@click.option("--synthetic", is_flag=True, default=None,
+              help="With --layers: random inputs and labels from the seed (any input width).")
+@click.option("--overlap/--no-overlap", "overlap", default=None,
+              help="With --layers: run the overlapped variant besides compute-only and no "
+                   "overlap [default: overlap].")
+@click.option("--bucket-mb", type=float, default=None,
+              help="With --layers: bucket cap in MiB, the first bucket 1 MiB, as DDP's "
+                   "[default: 25].")
 @reports_errors
 def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorithm, json_file,
-          plot_file):
+          plot_file, layers, synthetic, overlap, bucket_mb):
     """Train a small MLP on the digits data over N ranks; print accuracy and bytes per epoch.
 
     Each rank trains on its shard of the training rows and the gradients are
@@ -54,7 +69,39 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
     "world_size", "steps_per_epoch", "train_rows", "test_rows", "epochs": [{"epoch",
     "step", "loss", "test_accuracy", "bytes_sent", "dense_bytes", "ratio"}], "final":
     {"test_accuracy", "loss", "bytes_sent", "dense_bytes", "ratio"}}]}.
+
+    With --layers, the gradients go through refcoll.Reducer and three variants
+    run interleaved step by step: compute-only (no reduction: its replica
+    learns from its own rank's gradient), overlap (buckets launched during
+    backward) and no overlap (every bucket after backward), each with its own
+    replica; the two reducing replicas stay bit-identical. Rank 0 prints their
+    medians (ms): step, compute (forward + backward), comm (the buckets'
+    all-reduces), exposed (step minus the compute-only step), hidden (comm -
+    exposed), the overlap model's predicted exposed time, and the `refcoll
+    model` line that prices the same step. Started here, each rank gets one BLAS
+    thread (OMP_NUM_THREADS etc. unless set), so the ranks and the progress
+    thread share the cores without oversubscribing them. JSON with --layers: {"command",
+    "mode": "overlap", "world_size", "config", "parameters", "gradient_bytes",
+    "variants": {name: {"overlap", "bucket_mb", "step", "forward", "backward",
+    "compute", "after_backward", "update", "comm", "tail" (the last bucket's end
+    after the backward pass), and but for compute: "exposed", "hidden", "buckets":
+    [{"index", "bytes"}], "predicted": {"exposed", "hidden", "bucket_comm",
+    "backward"}, "model_command", "model_exposed", "vs_compute" (step over the
+    compute-only step), "speedup" (the no-overlap step over this one),
+    "timeline": {"forward", "layers", "buckets": [{"index", "bytes", "ready",
+    "launched", "started", "finished"}], "step", "update"}}}, "blocking": [{"bytes",
+    "seconds"}], "fit": {"alpha", "beta", "algorithm"}, "layer_seconds",
+    "loss", "test_accuracy", "replicas_identical"}; seconds, rank 0's clock.
     """
+    if layers is None and (synthetic, overlap, bucket_mb) != (None, None, None):
+        raise UsageError("--synthetic, --overlap/--no-overlap and --bucket-mb train the layered "
+                         "model: give --layers too, e.g. --layers 64,1024,1024,10")
+    if layers is not None:
+        _overlap(nprocs, compressors, json_file, plot_file, OverlapConfig(
+            parse_widths(layers), steps=steps, lr=lr, momentum=momentum, batch=batch, seed=seed,
+            algorithm=algorithm, bucket_mbs=(25.0 if bucket_mb is None else bucket_mb,),
+            overlap=overlap is not False, synthetic=bool(synthetic)))
+        return
     if not launch.in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
         # only it checks (_train_in_world): another node may lack the folder.
@@ -113,4 +160,70 @@ def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
                            "runs": [h.to_dict() for h in histories]})
     if plot_file:
         plot_histories(histories, plot_file)
+        click.echo(f"plot: {plot_file}")
+
+
+#: One BLAS thread per rank unless the user says otherwise: ranks that each start a
+#: thread per core oversubscribe the cores, and the progress thread needs one too.
+_BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _overlap(nprocs, compressors, json_file, plot_file, config: OverlapConfig) -> None:
+    if tuple(compressors) != ("none",):
+        raise UsageError("--layers reduces dense gradients: leave out --compressor")
+    if not launch.in_mpi_job():
+        check_output_paths(json=json_file, plot=plot_file)
+    require_processes(nprocs)
+    if not config.synthetic and importlib.util.find_spec("sklearn") is None:
+        raise UsageError(f"refcoll train needs scikit-learn for the digits: {EXAMPLES_HINT} "
+                         "(or give --synthetic)")
+    if plot_file and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'")
+    if not launch.in_mpi_job():
+        relaunch(nprocs, env={name: "1" for name in _BLAS_THREADS if name not in os.environ})
+    from mpi4py import MPI
+
+    check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
+    t = as_transport(MPI.COMM_WORLD, "refcoll train")
+    launch.data_ranks(t, nprocs)
+    c = config
+    if t.rank == 0:
+        click.echo(f"refcoll train --layers: {t.size} ranks, MLP {'-'.join(map(str, c.widths))}, "
+                   f"{'synthetic data' if c.synthetic else 'digits'}, {c.steps} steps, batch "
+                   f"{c.batch} per rank, {c.algorithm} all-reduce, buckets of "
+                   f"{c.bucket_mbs[-1]:g} MiB (first {c.first_bucket_mb:g} MiB); variants "
+                   f"interleaved step by step, medians of the steps after the first {c.warmup}")
+    result = run_overlap(t, config)
+    if t.rank != 0:
+        return
+    click.echo(f"{result.parameters:,} parameters, {human_bytes(4 * result.parameters)} of "
+               "float32 gradients; times in ms, rank 0")
+    click.echo(f"{'variant':<12} {'buckets':>7} {'step':>8} {'compute':>8} {'comm':>8} "
+               f"{'exposed':>8} {'hidden':>8} {'tail':>8} {'predicted':>9} {'model':>8} "
+               f"{'vs compute':>10} {'speed-up':>8}")
+    for name, row in result.variants.items():
+        ms = [f"{1e3 * row[k]:>8.2f}" for k in ("step", "compute", "comm")]
+        if row["overlap"] is None:
+            click.echo(f"{name:<12} {'-':>7} {' '.join(ms)}")
+            continue
+        click.echo(f"{name:<12} {len(row['buckets']):>7} {' '.join(ms)} "
+                   f"{1e3 * row['exposed']:>8.2f} {1e3 * row['hidden']:>8.2f} "
+                   f"{1e3 * row['tail']:>8.2f} "
+                   f"{1e3 * row['predicted']['exposed']:>9.2f} {1e3 * row['model_exposed']:>8.2f} "
+                   f"{row['vs_compute']:>9.2f}× {row['speedup']:>7.2f}×")
+    alpha, beta, _ = result.link
+    click.echo(f"tail: the last bucket's end after the backward pass; predicted: the overlap "
+               f"model on the buckets' measured ready times and lone all-reduces; model: "
+               f"refcoll model with α {1e6 * alpha:.3g} µs, {human_bytes(1 / beta)}/s fitted to "
+               f"them:")
+    for name, row in result.variants.items():
+        if row["overlap"] is not None:
+            click.echo(f"  {name}: {row['model_command']}")
+    click.echo(f"replicas bit-identical across variants: {'yes' if result.identical else 'NO'}; "
+               f"training loss (last steps) {result.loss:.4f}"
+               + ("" if result.test_accuracy is None
+                  else f"; test accuracy {100 * result.test_accuracy:.2f}%"))
+    write_json(json_file, result.to_json())
+    if plot_file:
+        plot_timeline(result, plot_file)
         click.echo(f"plot: {plot_file}")

@@ -1,0 +1,221 @@
+"""Non-blocking collectives measured: how much of an all-reduce hides behind computation.
+
+    mpiexec -n 2 python benchmarks/nonblocking.py [--json FILE] [--reps 15]
+
+Everything is interleaved: each repetition runs every variant once, in turn, on
+the same buffers, and the tables give medians over the repetitions (rank 0's
+clock, after a barrier). Per size, ``T`` is the blocking all-reduce's median,
+and ``C`` the computation put beside it:
+
+* overlap with a sleep of length ``T`` (the cores stay free, as a GPU's backward
+  pass leaves them): sequential ``allreduce; sleep(T)`` against ``iallreduce;
+  sleep(T); wait`` on the progress thread, on the schedule engine (with and
+  without a ``test()`` every millisecond of the sleep) and with the MPI library's
+  own ``MPI_Iallreduce``. Perfect overlap is 0.5 of sequential, none 1.0;
+* the same with NumPy computation of the same length (a matrix product, which
+  releases the GIL), which competes with the ranks and the progress for the cores;
+* the non-blocking call's overhead: ``iallreduce(x).wait()`` against
+  ``allreduce(x)`` at 8 B to 64 KiB, where the message costs little.
+
+Figures from a machine with fewer cores than ranks plus progress threads are
+suspect, and the header says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import refcoll
+from refcoll.calls.progress import engine_for
+from refcoll.transport.mpi import MPITransport
+
+OVERLAP_SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20]
+OVERHEAD_SIZES = [8, 64, 512, 4 << 10, 64 << 10]
+
+
+def timed(comm, fn) -> float:
+    """Run ``fn`` after a barrier; return rank 0's view of the slowest rank's time."""
+    comm.Barrier()
+    start = time.perf_counter()
+    fn()
+    elapsed = time.perf_counter() - start
+    return comm.allreduce(elapsed, op=MPI.MAX)
+
+
+def matmul_work(seconds: float):
+    """Return a NumPy computation taking about ``seconds`` (square matrix products)."""
+    a = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    start, k = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.05:
+        a @ a
+        k += 1
+    per = 0.05 / k
+    reps = max(1, round(seconds / per))
+
+    def work():
+        for _ in range(reps):
+            a @ a
+    return work
+
+
+def overlap_table(comm, reps: int, compute: str) -> list[dict]:
+    """Sequential against overlapped all-reduces, with a sleep or NumPy beside them."""
+    threaded = MPITransport(comm)
+    engine_for(threaded, "thread")
+    scheduled = MPITransport(comm)
+    engine_for(scheduled, "schedule")
+    plain = MPITransport(comm)
+    rows = []
+    for nbytes in OVERLAP_SIZES:
+        x = np.ones(nbytes // 4, np.float32)
+        out = np.empty_like(x)
+        for t in (threaded, scheduled, plain):  # warm: transports, prepared calls, schedules
+            for _ in range(2):
+                refcoll.allreduce(x, t, out=out)
+        for t in (threaded, scheduled):
+            for _ in range(2):
+                refcoll.iallreduce(x, t, out=out).wait()
+        blocking = statistics.median(timed(comm, lambda: refcoll.allreduce(x, plain, out=out))
+                                     for _ in range(5))
+        if compute == "sleep":
+            def work():
+                time.sleep(blocking)
+
+            def work_testing(h):
+                end = time.perf_counter() + blocking
+                while time.perf_counter() < end:
+                    time.sleep(min(1e-3, max(end - time.perf_counter(), 0)))
+                    h.test()
+        else:
+            work = matmul_work(blocking)
+
+            def work_testing(h):
+                work()
+                h.test()
+        mpi_out = np.empty_like(x)
+
+        def sequential():
+            refcoll.allreduce(x, plain, out=out)
+            work()
+
+        def overlapped(t):
+            def run():
+                h = refcoll.iallreduce(x, t, out=out)
+                work()
+                h.wait()
+            return run
+
+        def schedule_testing():
+            h = refcoll.iallreduce(x, scheduled, out=out)
+            work_testing(h)
+            h.wait()
+
+        def mpi_iallreduce():
+            req = comm.Iallreduce(x, mpi_out, op=MPI.SUM)
+            work()
+            req.Wait()
+
+        variants = {"sequential": sequential, "compute only": work,
+                    "thread": overlapped(threaded), "schedule": overlapped(scheduled),
+                    "schedule+test": schedule_testing, "MPI_Iallreduce": mpi_iallreduce}
+        times = {name: [] for name in variants}
+        for _ in range(reps):
+            for name, fn in variants.items():
+                times[name].append(timed(comm, fn))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        rows.append({"bytes": nbytes, "allreduce_s": blocking, "compute": compute,
+                     **{f"{k}_s": v for k, v in med.items()},
+                     **{f"{k}_ratio": med[k] / med["sequential"] for k in
+                        ("thread", "schedule", "schedule+test", "MPI_Iallreduce")}})
+    return rows
+
+
+def overhead_table(comm, reps: int) -> list[dict]:
+    """``iallreduce(x).wait()`` against ``allreduce(x)`` for small messages (per call)."""
+    t = MPITransport(comm)
+    engine_for(t, "thread")
+    s = MPITransport(comm)
+    engine_for(s, "schedule")
+    rows = []
+    for nbytes in OVERHEAD_SIZES:
+        x = np.ones(max(nbytes // 4, 1), np.float32)
+        out = np.empty_like(x)
+        calls = 200
+
+        def blocking():
+            for _ in range(calls):
+                refcoll.allreduce(x, t, out=out)
+
+        def nonblocking(tr):
+            def run():
+                for _ in range(calls):
+                    refcoll.iallreduce(x, tr, out=out).wait()
+            return run
+
+        def mpi_blocking():
+            for _ in range(calls):
+                comm.Allreduce(x, out)
+        variants = {"allreduce": blocking, "iallreduce+wait (thread)": nonblocking(t),
+                    "iallreduce+wait (schedule)": nonblocking(s), "MPI_Allreduce": mpi_blocking}
+        for fn in variants.values():
+            fn()
+        times = {name: [] for name in variants}
+        for _ in range(reps):
+            for name, fn in variants.items():
+                times[name].append(timed(comm, fn) / calls)
+        med = {name: statistics.median(v) for name, v in times.items()}
+        rows.append({"bytes": x.nbytes, **{f"{k}_s": v for k, v in med.items()}})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    cores = os.cpu_count() or 1
+    head = (f"# {comm.size} ranks on {cores} cores, MPI thread level "
+            f"{MPI.Query_thread()} (MULTIPLE={MPI.THREAD_MULTIPLE}); "
+            f"{MPI.Get_library_version().splitlines()[0].strip()}")
+    if comm.size * 2 > cores:
+        head += ("\n# ranks and their progress threads outnumber the cores: "
+                 "every figure is suspect")
+    result = {"ranks": comm.size, "cores": cores, "thread_level": MPI.Query_thread(),
+              "sleep": overlap_table(comm, args.reps, "sleep"),
+              "numpy": overlap_table(comm, args.reps, "numpy"),
+              "overhead": overhead_table(comm, args.reps)}
+    if comm.rank:
+        return
+    print(head)
+    for compute in ("sleep", "numpy"):
+        print(f"\n## all-reduce beside {compute} of its own length T: time / sequential "
+              "(0.5 = all hidden)")
+        print(f"{'bytes':>9} {'T ms':>8} {'seq ms':>8} {'thread':>7} {'sched':>7} "
+              f"{'sch+test':>8} {'MPI_I':>7}")
+        for row in result[compute]:
+            print(f"{row['bytes']:>9} {row['allreduce_s'] * 1e3:>8.2f} "
+                  f"{row['sequential_s'] * 1e3:>8.2f} {row['thread_ratio']:>7.2f} "
+                  f"{row['schedule_ratio']:>7.2f} {row['schedule+test_ratio']:>8.2f} "
+                  f"{row['MPI_Iallreduce_ratio']:>7.2f}")
+    print("\n## per call, µs: blocking against non-blocking + wait")
+    print(f"{'bytes':>7} {'allreduce':>10} {'i+wait thr':>11} {'i+wait sch':>11} {'MPI':>8}")
+    for row in result["overhead"]:
+        print(f"{row['bytes']:>7} {row['allreduce_s'] * 1e6:>10.1f} "
+              f"{row['iallreduce+wait (thread)_s'] * 1e6:>11.1f} "
+              f"{row['iallreduce+wait (schedule)_s'] * 1e6:>11.1f} "
+              f"{row['MPI_Allreduce_s'] * 1e6:>8.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Training with overlap: the layered model's gradients, the reducer's replicas, the command."""
+
+import json
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import mpiexec_path
+from refcoll import SimWorld, UsageError
+from refcoll.cli import main
+from refcoll.measure.model import Cluster, allreduce_estimate, overlap, plan_from_text
+from refcoll.measure.model.overlap import fit_link, predict_step
+from refcoll.overlap import (OverlapConfig, _loss_gradient, backward, forward, init_layers,
+                             loss_and_grads, parse_widths, run_overlap)
+from refcoll.reducer import Reducer
+from refcoll.train import init_params
+from refcoll.train import loss_and_grads as two_layer_grads
+
+needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
+                               reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+
+#: The keys `refcoll train --layers --json` documents, at the top and per reducing variant.
+TOP_KEYS = {"command", "mode", "world_size", "config", "parameters", "gradient_bytes",
+            "variants", "blocking", "fit", "layer_seconds", "loss", "test_accuracy",
+            "replicas_identical"}
+VARIANT_KEYS = {"overlap", "bucket_mb", "step", "forward", "backward", "compute", "comm",
+                "exposed", "hidden", "buckets", "predicted", "model_command", "model_exposed",
+                "vs_compute", "speedup", "timeline"}
+
+
+def small_run(p=2, **settings):
+    config = OverlapConfig(**{"widths": (12, 48, 40, 5), "steps": 4, "batch": 8,
+                              "synthetic": True, "warmup": 1, "bucket_mbs": (0.004,),
+                              "first_bucket_mb": 0.002, **settings})
+    return config, SimWorld(p).run(lambda t: run_overlap(t, config))
+
+
+def test_the_gradient_is_the_derivative_of_the_loss():
+    rng = np.random.default_rng(1)
+    params = init_layers((5, 7, 6, 3), 2, dtype=np.float64)
+    params = [w + 0.1 * rng.standard_normal(w.shape) for w in params]  # biases not zero
+    x, y = rng.standard_normal((9, 5)), rng.integers(0, 3, 9)
+    _, grads = loss_and_grads(params, x, y)
+    for i, w in enumerate(params):
+        direction = rng.standard_normal(w.shape)
+        shifted = [[*params[:i], w + s * 1e-6 * direction, *params[i + 1:]] for s in (1, -1)]
+        numeric = (loss_and_grads(shifted[0], x, y)[0]
+                   - loss_and_grads(shifted[1], x, y)[0]) / 2e-6
+        assert numeric == pytest.approx(float((grads[i] * direction).sum()), rel=1e-6), i
+
+
+def test_two_layers_give_the_gradients_of_the_digits_mlp():
+    """An independent computation: refcoll.train's two-layer MLP, the same weights."""
+    named = init_params(64, 16, 3)
+    x = np.random.default_rng(0).random((20, 64), dtype=np.float32)
+    y = np.arange(20) % 10
+    loss, grads = loss_and_grads([named[k] for k in ("W1", "b1", "W2", "b2")], x, y)
+    want_loss, want = two_layer_grads(named, x, y)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for got, name in zip(grads, ("W1", "b1", "W2", "b2")):
+        np.testing.assert_allclose(got, want[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_backward_hands_over_gradients_last_layer_first():
+    params = init_layers((4, 6, 5, 3), 0)
+    acts = forward(params, np.ones((2, 4), np.float32))
+    order = []
+    backward(params, acts, np.ones((2, 3), np.float32), lambda i, g: order.append(i))
+    assert order == [5, 4, 3, 2, 1, 0]  # reverse parameter order: DDP's bucket order
+
+
+def test_reducer_averages_the_layered_gradients_identically_on_every_rank():
+    widths, p = (10, 300, 200, 4), 2
+
+    def rank(t):
+        params = init_layers(widths, 0)
+        rng = np.random.default_rng([5, t.rank])
+        x, y = rng.standard_normal((6, 10)).astype(np.float32), rng.integers(0, 4, 6)
+        reducer = Reducer(params, t, bucket_cap_mb=0.05, first_bucket_mb=0.001, algorithm="ring")
+        _, grads = loss_and_grads(params, x, y)
+        acts = forward(params, x)
+        backward(params, acts, _loss_gradient(acts[-1], y)[1], reducer.ready)
+        return grads, reducer.finalize(), len(reducer.buckets)
+
+    results = SimWorld(p).run(rank)
+    assert results[0][2] >= 3  # several buckets, so the launch order matters
+    for i in range(len(results[0][0])):
+        # p = 2: g·fl(1/2) is exact, so DDP's average is (g0 + g1)/2 to the bit
+        want = (results[0][0][i] + results[1][0][i]) * np.float32(0.5)
+        for r in range(p):
+            assert results[r][1][i].tobytes() == want.tobytes(), (i, r)
+
+
+def test_overlap_and_no_overlap_train_the_same_bits_on_every_rank():
+    config, results = small_run()
+    first, second = results
+    init = init_layers(config.widths, config.seed)
+    for name in ("overlap", "no_overlap"):
+        for a, b, w0 in zip(first.params[name], second.params[name], init):
+            assert a.tobytes() == b.tobytes(), name  # every rank averaged the same gradients
+        assert not np.array_equal(first.params[name][0], init[0])
+    for a, b in zip(first.params["overlap"], first.params["no_overlap"]):
+        assert a.tobytes() == b.tobytes()
+    assert first.identical and second.identical
+    data = first.to_json()
+    assert TOP_KEYS <= set(data) and set(data["variants"]) == {"compute", "overlap", "no_overlap"}
+    for name in ("overlap", "no_overlap"):
+        row = data["variants"][name]
+        assert VARIANT_KEYS <= set(row), name
+        assert len(row["buckets"]) >= 2 and len(row["predicted"]["bucket_comm"]) == len(
+            row["buckets"])
+        assert sum(b["bytes"] for b in row["buckets"]) == data["gradient_bytes"]
+    json.dumps(data)
+
+
+def plan_of(command: str):
+    """Return the plan ``refcoll model``'s library function gives for a printed command line."""
+    args, kwargs = shlex.split(command)[2:], {}
+    while args:
+        option = args.pop(0)
+        if option == "--unidirectional":
+            kwargs["bidirectional"] = False
+        else:
+            kwargs[option[2:].replace("-", "_")] = args.pop(0)
+    return plan_from_text(**kwargs)
+
+
+def test_the_printed_model_command_gives_the_reported_exposed_time(tmp_path):
+    _, results = small_run()
+    for name, row in results[0].variants.items():
+        if row["overlap"] is None:
+            continue
+        assert plan_of(row["model_command"]).stack[-1].exposed == row["model_exposed"], name
+        out = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(main, [*shlex.split(row["model_command"])[1:], "--json",
+                                        str(out)])
+        assert res.exit_code == 0, res.output
+        assert json.loads(out.read_text())["stack"][-1]["exposed"] == pytest.approx(
+            row["model_exposed"], rel=1e-12)
+        buckets = len(row["buckets"]) if row["overlap"] else 1
+        assert f"--buckets {buckets} " in row["model_command"]
+
+
+def test_prediction_is_the_overlap_model_of_a_hand_built_timeline():
+    # Buckets ready at 2, 5 and 10 s of a 10 s backward pass, applied to a 20 s one.
+    exposed, hidden = predict_step([2.0, 5.0, 10.0], 10.0, 20.0, [3.0, 4.0, 6.0])
+    assert (exposed, hidden) == overlap([4.0, 10.0, 20.0], [3.0, 4.0, 6.0], 20.0) == (6.0, 7.0)
+    # Two measured steps: the median fraction of each bucket.
+    two = predict_step([[2.0, 5.0, 10.0], [3.0, 9.0, 12.0]], [10.0, 12.0], 20.0, [3, 4, 6])
+    fractions = [(0.2 + 0.25) / 2, (0.5 + 0.75) / 2, 1.0]
+    assert two == pytest.approx(overlap([f * 20 for f in fractions], [3, 4, 6], 20.0))
+    # Every bucket after the backward pass (no overlap): all of it exposed.
+    assert predict_step([10.0, 10.0], 10.0, 20.0, [3.0, 4.0]) == (7.0, 0.0)
+
+
+def test_fit_link_recovers_alpha_and_beta_from_the_ring_price():
+    alpha, beta = 40e-6, 1 / 2e9
+    cluster = Cluster(1, 2, 1 / beta, 1 / beta, intra_latency=alpha, reduce_bw=0)
+    blocking = {n: allreduce_estimate(cluster, "ring", n // 4, 4).seconds
+                for n in (4096, 1 << 20, 9 << 20)}
+    assert fit_link(blocking, 2, "ring") == pytest.approx((alpha, beta), rel=1e-6)
+
+
+def test_bad_settings_are_usage_errors():
+    with pytest.raises(UsageError, match="at least an input and an output width"):
+        parse_widths("64")
+    with pytest.raises(UsageError, match="at least an input and an output width"):
+        parse_widths("64,x,10")
+    with pytest.raises(UsageError, match="the digits need 64 inputs and 10 outputs"):
+        OverlapConfig(widths=(32, 10))
+    with pytest.raises(UsageError, match="--bucket-mb must be positive"):
+        OverlapConfig(widths=(64, 10), bucket_mbs=(0,))
+    with pytest.raises(UsageError, match="--steps must be at least 1"):
+        OverlapConfig(widths=(64, 10), steps=0)
+    res = CliRunner().invoke(main, ["train", "-n", "2", "--synthetic"])
+    assert res.exit_code == 2 and "give --layers too" in res.output
+    res = CliRunner().invoke(main, ["train", "-n", "2", "--layers", "8,4", "--synthetic",
+                                    "--compressor", "topk:ratio=0.1"])
+    assert res.exit_code == 2 and "leave out --compressor" in res.output
+
+
+@needs_mpi
+def test_train_with_layers_under_mpi_writes_the_json_and_the_timeline(tmp_path):
+    out, png = tmp_path / "overlap.json", tmp_path / "timeline.png"
+    res = subprocess.run(
+        [sys.executable, "-m", "refcoll", "train", "-n", "2", "--layers", "16,96,96,10",
+         "--synthetic", "--steps", "5", "--batch", "8", "--bucket-mb", "0.02", "--json",
+         str(out), "--plot", str(png)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert TOP_KEYS <= set(data) and data["world_size"] == 2 and data["mode"] == "overlap"
+    assert set(data["variants"]) == {"compute", "overlap", "no_overlap"}
+    for name in ("overlap", "no_overlap"):
+        row = data["variants"][name]
+        assert VARIANT_KEYS <= set(row)
+        assert row["model_command"] in res.stdout
+        assert plan_of(row["model_command"]).stack[-1].exposed == pytest.approx(
+            row["model_exposed"], rel=1e-12)
+        assert {"index", "bytes", "ready", "launched", "started", "finished"} <= set(
+            row["timeline"]["buckets"][0])
+    assert data["replicas_identical"] is True and data["test_accuracy"] is None
+    assert "replicas bit-identical across variants: yes" in res.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
