@@ -29,12 +29,18 @@ import os
 import statistics
 import time
 
-import numpy as np
-from mpi4py import MPI
+# One BLAS thread per rank: two ranks each starting a pool of threads on two cores
+# make every matrix product a scheduling lottery.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-import refcoll
-from refcoll.calls.progress import engine_for
-from refcoll.transport.mpi import MPITransport
+import numpy as np  # noqa: E402  (after the thread settings)
+from mpi4py import MPI  # noqa: E402
+
+import refcoll  # noqa: E402
+from refcoll.calls.progress import engine_for  # noqa: E402
+from refcoll.transport import mpi as mpi_transport  # noqa: E402
+from refcoll.transport.mpi import MPITransport  # noqa: E402
 
 OVERLAP_SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20]
 OVERHEAD_SIZES = [8, 64, 512, 4 << 10, 64 << 10]
@@ -51,7 +57,7 @@ def timed(comm, fn) -> float:
 
 def matmul_work(seconds: float):
     """Return a NumPy computation taking about ``seconds`` (square matrix products)."""
-    a = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    a = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
     start, k = time.perf_counter(), 0
     while time.perf_counter() - start < 0.05:
         a @ a
@@ -179,7 +185,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--spin", action="store_true",
+                        help="the progress thread spins in its waits instead of sleeping "
+                             "between polls (PATIENT_POLLS = 0)")
     args = parser.parse_args()
+    if args.spin:
+        mpi_transport.PATIENT_POLLS = 0
     comm = MPI.COMM_WORLD
     cores = os.cpu_count() or 1
     head = (f"# {comm.size} ranks on {cores} cores, MPI thread level "
@@ -189,12 +200,14 @@ def main() -> None:
         head += ("\n# ranks and their progress threads outnumber the cores: "
                  "every figure is suspect")
     result = {"ranks": comm.size, "cores": cores, "thread_level": MPI.Query_thread(),
+              "patient_polls": mpi_transport.PATIENT_POLLS,
               "sleep": overlap_table(comm, args.reps, "sleep"),
               "numpy": overlap_table(comm, args.reps, "numpy"),
               "overhead": overhead_table(comm, args.reps)}
     if comm.rank:
         return
-    print(head)
+    print(head + f"\n# progress thread: {'spins' if args.spin else 'sleeps between polls'} "
+          f"(PATIENT_POLLS = {mpi_transport.PATIENT_POLLS})")
     for compute in ("sleep", "numpy"):
         print(f"\n## all-reduce beside {compute} of its own length T: time / sequential "
               "(0.5 = all hidden)")

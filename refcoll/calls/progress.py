@@ -196,7 +196,11 @@ class ThreadEngine:
                     self._thread = None  # a later submit starts a new thread
                     return
                 handle = self._queue.popleft()
-            handle._run()
+            self.t.patient = True  # only this thread runs calls on t while it has work
+            try:
+                handle._run()
+            finally:
+                self.t.patient = False
             with self._cv:
                 self.outstanding -= 1
                 if self.outstanding == 0:

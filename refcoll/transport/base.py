@@ -150,6 +150,9 @@ class TransportBase:
     #: Whether two threads may communicate over this transport's library at once
     #: (MPI's ``MPI_THREAD_MULTIPLE``): a progress thread needs it.
     thread_multiple: bool = True
+    #: Set while a progress thread runs a call over this transport: its waits may
+    #: sleep between polls rather than spin (see :data:`refcoll.transport.mpi.PATIENT_POLLS`).
+    patient: bool = False
 
     def __init__(self) -> None:
         self._calls = 0

@@ -41,6 +41,15 @@ def _mpi():
 #: medium all-reduces 1.5 to 3 times faster.
 POLLS_BEFORE_YIELD = 10
 
+#: A progress thread (:mod:`refcoll.calls.progress`) waits patiently: past this many
+#: polls of one wait it sleeps :data:`PATIENT_SLEEP` seconds between polls, which
+#: hands the core (and the GIL) to the computation it runs beside. A message that
+#: comes within the first polls is taken at once; a long one costs at most a sleep
+#: more. 0 makes the progress thread spin like the caller (benchmarks/nonblocking.py
+#: measures both).
+PATIENT_POLLS = 200
+PATIENT_SLEEP = 50e-6
+
 
 def _message(buf) -> list:
     """Return the MPI message of a contiguous array: its bytes, as ``MPI.BYTE`` (no copy)."""
@@ -133,9 +142,12 @@ class MPITransport(TransportBase):
             return
         deadline = time.monotonic() + self.timeout
         polls = 0
+        patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
         while not MPI.Request.Testall(reqs, statuses):
             polls += 1
-            if polls > POLLS_BEFORE_YIELD:
+            if patient and polls > PATIENT_POLLS:
+                time.sleep(PATIENT_SLEEP)  # a progress thread: leave the core to the computation
+            elif polls > POLLS_BEFORE_YIELD:
                 os.sched_yield()  # let an oversubscribed peer run
             if time.monotonic() > deadline:
                 timed_out(
