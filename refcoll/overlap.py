@@ -53,6 +53,7 @@ from .calls.agree import barrier
 from .calls.collectives import allreduce, as_transport
 from .calls.nonblocking import iallreduce
 from .core.errors import UsageError
+from .core.plot import figure
 from .measure.model import ALGORITHMS, plan_from_text
 from .measure.model.overlap import fit_link, predict_step
 from .reducer import Reducer
@@ -445,15 +446,9 @@ def plot_timeline(result: OverlapResult, path: str) -> None:
     Raises:
         UsageError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'") from None
     rows = [(n, r) for n, r in result.variants.items() if r["overlap"] is not None]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.6 + 1.3 * len(rows)), sharex=True,
-                             squeeze=False)
+    fig = figure(figsize=(10, 1.6 + 1.3 * len(rows)))
+    axes = fig.subplots(len(rows), 1, sharex=True, squeeze=False)
     blues, oranges = ("#4c78a8", "#9ecae9"), ("#f58518", "#ffbf79")
     for ax, (name, row) in zip(axes[:, 0], rows):
         tl, ms = row["timeline"], 1e3
@@ -474,4 +469,3 @@ def plot_timeline(result: OverlapResult, path: str) -> None:
     fig.suptitle(f"{result.world_size} ranks, layers {result.config.widths}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -46,6 +46,7 @@ from .calls.auto import resolve
 from .calls.collectives import allreduce, as_transport
 from .compressors import parse
 from .core.errors import RefcollError, UsageError
+from .core.plot import figure
 
 __all__ = [
     "TrainConfig",
@@ -379,14 +380,8 @@ def plot_histories(histories: list[History], path: str) -> None:
     Raises:
         UsageError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for h in histories:
         xs = [e.bytes_sent for e in h.epochs]
         ys = [100 * e.test_accuracy for e in h.epochs]
@@ -402,4 +397,3 @@ def plot_histories(histories: list[History], path: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -11,8 +11,9 @@ import sys
 import click
 
 from .. import algorithms
+from ..core.plot import require_matplotlib
 from ..measure.bench import (BenchConfig, bar_target, check_config, extra_ranks, parse_size,
-                             plotting, rank_writer, run_report, save_report, size_sweep)
+                             rank_writer, run_report, save_report, size_sweep)
 from ..measure.bench.terminal import PROGRESS_VARIABLE, progress_setting
 from . import launch
 from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
@@ -80,7 +81,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         warmup=warmup, iters=iters, check=bool(check), bound=bound, compressor=compressor)
     check_config(config)
     if plot_file:
-        plotting()
+        require_matplotlib()
     require_processes(nprocs)
     if not launch.in_mpi_job():
         # The terminal is here: the ranks' streams are pipes.

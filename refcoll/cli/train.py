@@ -9,6 +9,7 @@ import click
 
 from ..calls.collectives import as_transport
 from ..core.errors import UsageError
+from ..core.plot import require_matplotlib
 from ..core.units import human_bytes
 from ..overlap import OverlapConfig, parse_widths, plot_timeline, run_overlap
 from ..train import EXAMPLES_HINT, TrainConfig, plot_histories
@@ -111,8 +112,8 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
                            hidden=hidden, seed=seed, algorithm=algorithm) for spec in compressors]
     if importlib.util.find_spec("sklearn") is None:
         raise UsageError(f"refcoll train needs scikit-learn: {EXAMPLES_HINT}")
-    if plot_file and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'")
+    if plot_file:
+        require_matplotlib()
     if not launch.in_mpi_job():
         relaunch(nprocs)
     _train_in_world(nprocs, configs, json_file, plot_file)
@@ -177,8 +178,8 @@ def _overlap(nprocs, compressors, json_file, plot_file, config: OverlapConfig) -
     if not config.synthetic and importlib.util.find_spec("sklearn") is None:
         raise UsageError(f"refcoll train needs scikit-learn for the digits: {EXAMPLES_HINT} "
                          "(or give --synthetic)")
-    if plot_file and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'")
+    if plot_file:
+        require_matplotlib()
     if not launch.in_mpi_job():
         relaunch(nprocs, env={name: "1" for name in _BLAS_THREADS if name not in os.environ})
     from mpi4py import MPI

@@ -74,7 +74,7 @@ from .config import (BASELINES, NCCL_BASELINES, ROW_FIELDS, BenchConfig, array_m
                      extra_ranks, parse_size, size_sweep, use_device)
 from .replay import Replay, schedule
 from .report import (bench_header, format_footer, format_header, format_row, format_table, plot,
-                     plotting, run_report, save_report, summarize, write_csv)
+                     run_report, save_report, summarize, write_csv)
 # The private names are the ones the tests reach for (the timed item, its buffers, the groups).
 from .run import _Groups, _Item, _make_data, _reduce_items, run_bench
 from .terminal import TableWriter, bar_target, rank_writer
@@ -107,7 +107,6 @@ __all__ = [
     "format_footer",
     "format_table",
     "write_csv",
-    "plotting",
     "plot",
     "bar_target",
     "TableWriter",

@@ -12,7 +12,6 @@ is printed, with its progress bar, is :mod:`.terminal`'s.
 from __future__ import annotations
 
 import csv
-import importlib
 import os
 import platform
 import time
@@ -27,6 +26,7 @@ from ...baselines import nccl
 from ...calls import as_transport, device_for
 from ...calls.auto import calibration_for
 from ...core.errors import UsageError
+from ...core.plot import figure
 from ...core.ops import dtype_name, get_dtype, get_op
 from ...transport import cuda_aware
 from ...transport.mpi import bounded_barrier, default_timeout
@@ -42,7 +42,6 @@ __all__ = [
     "format_footer",
     "format_table",
     "write_csv",
-    "plotting",
     "plot",
     "run_report",
     "save_report",
@@ -283,21 +282,12 @@ def write_csv(rows: Sequence[dict], path: str) -> None:
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in ROW_FIELDS})
 
 
-def plotting():
-    """Return ``matplotlib.figure``; raise :class:`UsageError` when matplotlib is not installed."""
-    try:
-        return importlib.import_module("matplotlib.figure")
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'refcoll[plot]'") from None
-
-
 def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
     """Draw busbw against size, log-log, one line per algorithm and the baseline, to ``path``.
 
     Raises:
         UsageError: matplotlib is not installed (it is in the ``plot`` extra).
     """
-    Figure = plotting().Figure
     lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
     base_name = None
     for row in rows:
@@ -306,7 +296,7 @@ def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
             base_name = row["baseline"]
             if all(size != row["size"] for size, _ in lines[base_name]):
                 lines[base_name].append((row["size"], row["base_busbw"]))
-    fig = Figure(figsize=(8, 5))  # no pyplot: no global state, the Agg canvas by default
+    fig = figure(figsize=(8, 5))  # no pyplot: no global state
     ax = fig.subplots()
     for name, points in lines.items():
         shown = sorted((s, b) for s, b in points if s > 0 and b > 0)  # a log axis has no zero
