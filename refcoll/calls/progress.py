@@ -63,10 +63,12 @@ class Handle:
         collective: the call's name (``allreduce``...).
         issued, started, finished: ``time.perf_counter()`` when the call was
             issued, began to run, and completed (``None`` until then).
+        cpu: the CPU seconds the thread that ran the call spent in it
+            (``time.thread_time``; ``None`` until it ran whole on one thread).
     """
 
-    __slots__ = ("collective", "issued", "started", "finished", "_engine", "_job", "_result",
-                 "_error", "_done")
+    __slots__ = ("collective", "issued", "started", "finished", "cpu", "_engine", "_job",
+                 "_result", "_error", "_done")
 
     def __init__(self, collective: str, job, engine):
         self.collective = collective
@@ -77,6 +79,7 @@ class Handle:
         self._done = threading.Event()
         self.issued = time.perf_counter()
         self.started = self.finished = None
+        self.cpu = None  # CPU seconds the thread that ran the call spent in it
 
     def __repr__(self) -> str:
         state = "done" if self._done.is_set() else "pending"
@@ -119,10 +122,12 @@ class Handle:
     def _run(self) -> None:
         """Run a callable job to its end, keeping its result or its error."""
         self.started = time.perf_counter()
+        cpu = time.thread_time()
         try:
             self._result = self._job()
         except BaseException as exc:  # noqa: BLE001 - raised again from wait()
             self._error = exc
+        self.cpu = time.thread_time() - cpu
         self._finish()
 
     def _finish(self) -> None:
@@ -153,6 +158,8 @@ class ThreadEngine:
         self._queue: collections.deque[Handle] = collections.deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._running = False  # a call is running, on the thread or on a waiting caller
+        self._runner = None  # the thread running it
         self.outstanding = 0
 
     def submit(self, handle: Handle) -> Handle:
@@ -172,14 +179,38 @@ class ThreadEngine:
         return handle
 
     def on_thread(self) -> bool:
-        """Return whether the caller is this engine's own thread."""
-        return threading.current_thread() is self._thread
+        """Return whether the caller is running one of this engine's calls.
+
+        The engine's own thread, or a caller that took the head of the queue in
+        :meth:`drive`; either way a call it makes on the transport runs inline.
+        """
+        return self._running and threading.get_ident() == self._runner
 
     def advance(self) -> None:
         """Nothing to do: the thread advances by itself."""
 
     def drive(self, handle: Handle, timeout: float | None) -> None:
-        """Block until ``handle`` is done (the thread runs it), or ``timeout`` passes."""
+        """Block until ``handle`` is done, or ``timeout`` passes.
+
+        Without a timeout, a handle that is next in line and not yet taken by
+        the thread (the thread is between calls) runs here, on the caller's thread: waiting for
+        a call at once then costs what the blocking call costs, not a handoff to
+        the progress thread and back. The order is kept: only the head of the
+        queue is taken, and only when no call is running.
+        """
+        with self._cv:  # (a wait with a timeout must be able to give up: never run it here)
+            mine = (timeout is None and not self._running and bool(self._queue)
+                    and self._queue[0] is handle)
+            if mine:
+                self._queue.popleft()
+                self._running, self._runner = True, threading.get_ident()
+        if mine:
+            self.t.activity(-1)  # this thread now does the engine's work, counted as the engine's
+            try:
+                self._run_one(handle, patient=False)
+            finally:
+                self.t.activity(1)
+            return
         self.t.activity(-1)
         try:
             if not handle._done.wait(timeout):
@@ -187,25 +218,32 @@ class ThreadEngine:
         finally:
             self.t.activity(1)
 
-    def _loop(self) -> None:
-        while True:
+    def _run_one(self, handle: Handle, *, patient: bool) -> None:
+        """Run one call taken off the queue, then count it done."""
+        self.t.patient = patient  # only one thread runs calls on t while it has work
+        try:
+            handle._run()
+        finally:
+            self.t.patient = False
             with self._cv:
-                if not self._queue:
-                    self._cv.wait(LINGER)
-                if not self._queue:
-                    self._thread = None  # a later submit starts a new thread
-                    return
-                handle = self._queue.popleft()
-            self.t.patient = True  # only this thread runs calls on t while it has work
-            try:
-                handle._run()
-            finally:
-                self.t.patient = False
-            with self._cv:
+                self._running = False
                 self.outstanding -= 1
                 if self.outstanding == 0:
                     _count_busy(-1)
                     self.t.activity(-1)
+                elif self._queue:
+                    self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue or self._running:
+                    if not self._cv.wait(LINGER) and not self._queue:
+                        self._thread = None  # a later submit starts a new thread
+                        return
+                handle = self._queue.popleft()
+                self._running, self._runner = True, threading.get_ident()
+            self._run_one(handle, patient=True)
 
 
 class ScheduleEngine:
