@@ -111,11 +111,19 @@ def overlap_table(comm, reps: int, compute: str) -> list[dict]:
             refcoll.allreduce(x, plain, out=out)
             work()
 
+        beside: dict[str, list] = {"compute": [], "comm_wall": [], "comm_cpu": []}
+
         def overlapped(t):
             def run():
                 h = refcoll.iallreduce(x, t, out=out)
+                start = time.perf_counter()
                 work()
+                computed = time.perf_counter() - start
                 h.wait()
+                if t is threaded:  # what the computation and the progress thread each got
+                    beside["compute"].append(computed)
+                    beside["comm_wall"].append(h.finished - h.started)
+                    beside["comm_cpu"].append(h.cpu)
             return run
 
         def schedule_testing():
@@ -136,7 +144,12 @@ def overlap_table(comm, reps: int, compute: str) -> list[dict]:
             for name, fn in variants.items():
                 times[name].append(timed(comm, fn))
         med = {name: statistics.median(v) for name, v in times.items()}
+        alone = statistics.median(timed(comm, work) for _ in range(5))
         rows.append({"bytes": nbytes, "allreduce_s": blocking, "compute": compute,
+                     "compute_alone_s": alone,
+                     "compute_beside_s": statistics.median(beside["compute"]),
+                     "thread_comm_wall_s": statistics.median(beside["comm_wall"]),
+                     "thread_comm_cpu_s": statistics.median(beside["comm_cpu"]),
                      **{f"{k}_s": v for k, v in med.items()},
                      **{f"{k}_ratio": med[k] / med["sequential"] for k in
                         ("thread", "schedule", "schedule+test", "MPI_Iallreduce")}})
@@ -212,12 +225,18 @@ def main() -> None:
         print(f"\n## all-reduce beside {compute} of its own length T: time / sequential "
               "(0.5 = all hidden)")
         print(f"{'bytes':>9} {'T ms':>8} {'seq ms':>8} {'thread':>7} {'sched':>7} "
-              f"{'sch+test':>8} {'MPI_I':>7}")
+              f"{'sch+test':>8} {'MPI_I':>7} | {'C alone':>8} {'C beside':>8} "
+              f"{'comm wall':>9} {'comm cpu':>8}")
         for row in result[compute]:
             print(f"{row['bytes']:>9} {row['allreduce_s'] * 1e3:>8.2f} "
                   f"{row['sequential_s'] * 1e3:>8.2f} {row['thread_ratio']:>7.2f} "
                   f"{row['schedule_ratio']:>7.2f} {row['schedule+test_ratio']:>8.2f} "
-                  f"{row['MPI_Iallreduce_ratio']:>7.2f}")
+                  f"{row['MPI_Iallreduce_ratio']:>7.2f} | {row['compute_alone_s'] * 1e3:>8.2f} "
+                  f"{row['compute_beside_s'] * 1e3:>8.2f} {row['thread_comm_wall_s'] * 1e3:>9.2f} "
+                  f"{row['thread_comm_cpu_s'] * 1e3:>8.2f}")
+    print("\nC alone / C beside: the computation alone and beside the all-reduce (thread "
+          "engine); comm wall / cpu: the all-reduce's time on the progress thread and the "
+          "CPU time that thread used in it (ms).")
     print("\n## per call, µs: blocking against non-blocking + wait")
     print(f"{'bytes':>7} {'allreduce':>10} {'i+wait thr':>11} {'i+wait sch':>11} {'MPI':>8}")
     for row in result["overhead"]:
