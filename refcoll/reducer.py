@@ -432,12 +432,12 @@ class Reducer:
             if used is not None and used[i] == 0:
                 out.append(None)  # no rank used it: its gradient is left alone, as DDP does
                 continue
-            result = self._views[i].copy()
             grad = self._grads[i]
-            if in_place and grad is not None:
-                np.copyto(grad, result)
-                result = grad
-            out.append(result)
+            if in_place and grad is not None:  # one copy, straight from the bucket
+                np.copyto(grad, self._views[i])
+                out.append(grad)
+            else:
+                out.append(self._views[i].copy())
         if not self.rebuilt and not self.find_unused:
             self._rebuild()
         return out
