@@ -44,3 +44,27 @@ def sim_battery(p: int, **selection):
 
 def failure_text(failures) -> str:
     return "\n".join(f"{r.case.id}: {r.reason}" for r in failures[:10])
+
+
+def covering(cases, key):
+    """Return one case per ``key(case)``: the i-th group, in the battery's order, its (i mod n)-th.
+
+    A group's cases differ only in the fields ``key`` leaves out (dtype, then mode,
+    then input kind, in the battery's order), so consecutive groups of one call
+    take different ones: each call keeps both modes, and each algorithm every
+    dtype and input kind (:func:`classes`, asserted before the run).
+    """
+    groups: dict = {}
+    for case in cases:
+        groups.setdefault(key(case), []).append(case)
+    return [group[i % len(group)] for i, group in enumerate(groups.values())]
+
+
+def classes(cases) -> set:
+    """Each call's ops, sizes and modes, and each algorithm's dtypes and input kinds."""
+    out = set()
+    for c in cases:
+        call = (c.algorithm, c.collective, c.options)
+        out |= {(call, c.op), (call, "size", c.count), (call, "inplace", c.inplace),
+                (c.algorithm, c.dtype, c.kind)}
+    return out

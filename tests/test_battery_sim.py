@@ -1,29 +1,82 @@
 """The conformance battery over the simulator: naive and ring, p = 1..17.
 
-Small worlds run the full product (every collective, op, dtype, size and mode);
-larger worlds a covering subset, since each simulated rank is a thread on a
-2-core machine. Each algorithm family's own test file runs the battery on its
-algorithms the same way.
+Worlds of 1 to 3 ranks run the full product (every collective, op, dtype, size
+and mode), the non-blocking twins on a covering subset of it; larger worlds a
+covering subset, twins included, since each simulated rank is a thread on a
+2-core machine (the full product at 4 and 5 ranks is ``-m slow``). Each
+algorithm family's own test file runs the battery on its algorithms.
 """
 
 import pytest
 
-from conftest import failure_text, sim_battery
-from refcoll.verify.conformance import LARGE_SIZE
+from conftest import classes, covering, failure_text, sim_battery
+from refcoll.transport import SimWorld
+from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
 
 FOUNDATION = ["naive", "ring"]
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
+def run_cases(p: int, twinned, blocking=()):
+    """Run ``twinned`` with their non-blocking twins, then ``blocking`` without; return failures."""
+    results = SimWorld(p).run(lambda t: run_battery(t, twinned)
+                              + run_battery(t, blocking, nonblocking=False))[0]
+    assert len(results) == len(twinned) + len(blocking)
+    return [r for r in results if not r.passed]
+
+
+def every_call(cases):
+    """One case per (algorithm, collective, op, size, mode), cycling through (dtype, kind)."""
+    return covering(cases, lambda c: (c.algorithm, c.collective, c.op, c.count, c.inplace))
+
+
+# The full product at 4 and 5 ranks repeats, dtype by dtype, what 1 to 3 ranks show (an op
+# acts element by element, whatever the world): slow only; test_every_call_at_4_and_5_ranks
+# runs every call, op, size and mode there by default.
+@pytest.mark.parametrize("p", [1, 2, 3, pytest.param(4, marks=pytest.mark.slow),
+                               pytest.param(5, marks=pytest.mark.slow)])
 def test_full_battery(p):
-    failures = sim_battery(p, algorithms_=FOUNDATION)
+    """Every case; the twins on :func:`every_call`'s subset.
+
+    A twin runs the very blocking call on the communicator's progress thread
+    (``refcoll.calls.progress``): what it adds depends on the call and its
+    buffers, not on the dtype, which the subset still cycles through.
+    """
+    cases = build_cases(p, algorithms_=FOUNDATION)
+    twinned = every_call(cases)
+    assert classes(twinned) == classes(cases)
+    chosen = set(twinned)
+    failures = run_cases(p, twinned, [c for c in cases if c not in chosen])
+    assert not failures, failure_text(failures)
+
+
+@pytest.mark.parametrize("p", [4, 5])
+def test_every_call_at_4_and_5_ranks(p):
+    """A power of two and a prime past 3: every (algorithm, collective, op, size, mode), twins too.
+
+    The full battery's subset at ``p`` (:func:`every_call`): every dtype and input
+    kind of each algorithm still appears; each dtype at each size is held by the
+    full battery at 1 to 3 ranks.
+    """
+    cases = build_cases(p, algorithms_=FOUNDATION)
+    chosen = every_call(cases)
+    assert classes(chosen) == classes(cases)
+    failures = run_cases(p, chosen)
     assert not failures, failure_text(failures)
 
 
 @pytest.mark.parametrize("p", range(6, 18))
 def test_covering_battery(p):
-    failures = sim_battery(p, algorithms_=FOUNDATION, ops=["sum", "avg"],
-                           dtypes=["int32", "float32"], sizes=[0, 1, p - 1, p + 1, 1001])
+    """One case per (algorithm, collective, size, mode), cycling through (op, dtype, kind).
+
+    The full battery holds every op and dtype at every size to the same code at
+    1 to 3 ranks; what a larger world changes is the chunking and the schedule,
+    which the sizes 0, 1, p-1, p+1 and 1001 in both modes reach for every collective.
+    """
+    cases = build_cases(p, algorithms_=FOUNDATION, ops=["sum", "avg"],
+                        dtypes=["int32", "float32"], sizes=[0, 1, p - 1, p + 1, 1001])
+    chosen = covering(cases, lambda c: (c.algorithm, c.collective, c.count, c.inplace))
+    assert classes(chosen) == classes(cases)
+    failures = run_cases(p, chosen)
     assert not failures, failure_text(failures)
 
 
@@ -60,9 +113,6 @@ def test_battery_catches_a_broken_algorithm(monkeypatch):
 @pytest.mark.parametrize("p,k", [(4, 2), (6, 3), (7, 3)])
 def test_battery_on_multi_node_worlds_predicts_with_the_real_nodes(p, k):
     """hierarchical without ranks_per_node finds the nodes itself; the oracle must too."""
-    from refcoll.verify.conformance import build_cases, run_battery
-    from refcoll.transport import SimWorld
-
     cases = [c for c in build_cases(p, algorithms_=["hierarchical"], ops=["sum", "avg"],
                                     dtypes=["float32", "int32"], sizes=[0, p + 1, 257])
              if not c.options]

@@ -6,7 +6,12 @@ One drawn case is: an algorithm (every entry of the registry, ``auto`` and
 the algorithm's options (``hierarchical``: ``ranks_per_node`` 1..p and ``inter``;
 ``tree``/``dbtree``: ``segment`` 1..64; ``switch``: ``radix`` 2..4, ``packet``
 1..64, ``slots`` 1..4), in place or out of place, the root, the input kind
-(``exact``/``random``, :mod:`refcoll.verify.inputs`) and the seed.
+(``exact``/``random``, :mod:`refcoll.verify.inputs`) and the seed. In the
+default test a call splits its buffer into at most :data:`MAX_PIECES` segments
+or packets (``segment`` and ``packet`` at least count / MAX_PIECES), each a
+message per tree edge: enough to fill every pipeline drawn (at most 4 levels at
+9 ranks) and to reuse a switch's pool of at most 4 slots four times over; the
+ledger tests of test_tree.py and test_switch.py run calls of over a hundred.
 
 The case runs through the public API on a :class:`~refcoll.SimWorld` (argument
 agreement on, in place as the API documents it per collective; switch ranks
@@ -61,6 +66,9 @@ MAX_P = 9
 #: them on p = 1 once a case draws many values.
 P_CHOICES = (*range(2, MAX_P + 1), 1)
 MAX_COUNT = 300
+#: The most segments (tree, dbtree) or packets (switch) a call of the default test
+#: splits its buffer into; ``test_fuzz_long`` draws any.
+MAX_PIECES = 16
 #: Seconds any one simulated wait may take: a hang fails the example instead of CI.
 WAIT_LIMIT = 60.0
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
@@ -111,8 +119,14 @@ class FuzzCase:
 
 
 @st.composite
-def algorithm_options(draw, name: str, p: int) -> tuple:
-    """Draw the options of ``name``; absent keys keep the algorithm's defaults."""
+def algorithm_options(draw, name: str, p: int, count: int,
+                      max_pieces: int | None = None) -> tuple:
+    """Draw the options of ``name``; absent keys keep the algorithm's defaults.
+
+    ``max_pieces``: the most segments or packets a call of ``count`` elements may
+    split its buffer into (``None``: any).
+    """
+    least = 1 if max_pieces is None else max(1, -(-count // max_pieces))
     options = {}
     if name == "hierarchical":
         if draw(st.booleans()):
@@ -120,16 +134,16 @@ def algorithm_options(draw, name: str, p: int) -> tuple:
         options["inter"] = draw(st.sampled_from(INTER))
     elif name in ("tree", "dbtree"):
         if draw(st.integers(0, 4)):  # mostly segmented, sometimes the default
-            options["segment"] = draw(st.integers(1, 64))
+            options["segment"] = draw(st.integers(least, 64))
     elif name == "switch":
         options["radix"] = draw(st.integers(2, 4))
-        options["packet"] = draw(st.integers(1, 64))
+        options["packet"] = draw(st.integers(least, 64))
         options["slots"] = draw(st.integers(1, 4))
     return tuple(sorted(options.items()))
 
 
 @st.composite
-def fuzz_cases(draw) -> FuzzCase:
+def fuzz_cases(draw, max_pieces: int | None = None) -> FuzzCase:
     name = draw(st.sampled_from(list(algorithms.REGISTRY)))
     collective = draw(st.sampled_from(algorithms.get(name).collectives))
     p = draw(st.sampled_from(P_CHOICES))
@@ -139,7 +153,7 @@ def fuzz_cases(draw) -> FuzzCase:
     kind = draw(st.sampled_from(["exact", "random"])) if is_float(DTYPES[dtype]) else "exact"
     inplace = draw(st.booleans())
     root = draw(st.integers(0, p - 1)) if collective in ROOTED else 0
-    options = draw(algorithm_options(name, p))
+    options = draw(algorithm_options(name, p, count, max_pieces))
     seed = draw(st.integers(0, 2**16))
     return FuzzCase(name, collective, p, count, dtype, op, kind, inplace, root, options, seed)
 
@@ -345,7 +359,7 @@ def short_switch_interval():
 @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @with_covering_examples
-@given(fuzz_cases())
+@given(fuzz_cases(max_pieces=MAX_PIECES))
 def test_fuzz(case):
     note(case.reproducer())
     check_case(case)
