@@ -11,7 +11,9 @@ overlap model's prediction (:func:`refcoll.measure.model.overlap`).
 * Backward: layer by layer, last first. A layer's bias and weight gradients go
   to ``reducer.ready(i, grad)`` as soon as they exist, before its input's
   gradient is computed: autograd's order, the reverse parameter order DDP fills
-  buckets in (``torch/csrc/distributed/c10d/reducer.cpp``).
+  buckets in (``torch/csrc/distributed/c10d/reducer.cpp``). Gradients are written
+  straight into the Reducer's bucket views (DDP's ``gradient_as_bucket_view``), so
+  nothing is copied in or out; the compute-only variant reuses arrays of its own.
 * Variants, interleaved step by step (in a random order; a barrier starts each),
   each with its own replica, momentum and Reducer: ``compute`` (no reduction:
   its replica learns from this rank's gradient alone); ``overlap`` (buckets
@@ -106,24 +108,27 @@ def _loss_gradient(logits: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray
 
 
 def backward(params, acts, d_out: np.ndarray, on_grad, *, spans: list | None = None,
-             sleep=None, grads=None) -> None:
+             sleep=None, grads=None, out=None) -> None:
     """Run the backward pass last layer first, calling ``on_grad(i, grad)`` as each exists.
 
     ``spans`` collects each layer's ``(start, end)`` perf_counter stamps, last
     layer first. With ``sleep`` (seconds per layer), a layer's work is a sleep
     that long and its gradients are the given ``grads``: the free-cores stand-in.
+    ``out(i)``: the array gradient ``i`` is written into (a Reducer's
+    :meth:`~refcoll.reducer.Reducer.gradient` view); new arrays without it.
     """
     d = d_out
+    into = out or (lambda i: None)
     for layer in reversed(range(len(params) // 2)):
         start = time.perf_counter()
         if sleep is not None:
             time.sleep(sleep[layer])
-            on_grad(2 * layer + 1, grads[2 * layer + 1])
-            on_grad(2 * layer, grads[2 * layer])
+            for i in (2 * layer + 1, 2 * layer):
+                on_grad(i, grads[i] if out is None else np.copyto(out(i), grads[i]) or out(i))
         else:
             a = acts[layer]
-            on_grad(2 * layer + 1, d.sum(axis=0))
-            on_grad(2 * layer, a.T @ d)
+            on_grad(2 * layer + 1, np.sum(d, axis=0, out=into(2 * layer + 1)))
+            on_grad(2 * layer, np.matmul(a.T, d, out=into(2 * layer)))
             if layer:  # the input's gradient, through the previous layer's ReLU
                 d = (d @ params[2 * layer].T) * (a > 0)
         if spans is not None:
@@ -219,6 +224,11 @@ class _Replica:
     reducer: Reducer | None
     sleep: tuple | None  # the stand-in's seconds per layer and this replica's gradients
     records: list = field(default_factory=list)  # the measured steps' figures
+    scratch: list = field(default_factory=list)  # compute-only: its gradients' arrays, reused
+
+    def __post_init__(self):
+        if self.reducer is None:
+            self.scratch = [np.empty_like(w) for w in self.params]
 
 
 def _data(t, config: OverlapConfig):
@@ -262,7 +272,8 @@ def _step(t, rep: _Replica, x, y, lr, momentum) -> dict:
         rep.reducer.ready(i, grad)
 
     backward(rep.params, acts, d_out, hand if v.overlap else grads.__setitem__, spans=spans,
-             sleep=rep.sleep and rep.sleep[0], grads=rep.sleep and rep.sleep[1])
+             sleep=rep.sleep and rep.sleep[0], grads=rep.sleep and rep.sleep[1],
+             out=rep.reducer.gradient if rep.reducer is not None else rep.scratch.__getitem__)
     t2 = time.perf_counter()
     timeline = []
     if rep.reducer is not None:
@@ -393,7 +404,7 @@ def run_overlap(comm, config: OverlapConfig) -> OverlapResult:
         sleep = (layer_seconds, loss_and_grads(params, x[:config.batch], y[:config.batch])[1])
     reps = [_Replica(v, [w.copy() for w in params], [np.zeros_like(w) for w in params],
                      None if v.overlap is None else Reducer(
-                         params, t, bucket_cap_mb=v.bucket_mb,
+                         params, t, bucket_cap_mb=v.bucket_mb, gradient_as_bucket_view=True,
                          first_bucket_mb=config.first_bucket_mb, algorithm=config.algorithm),
                      sleep and (sleep[0], [g.copy() for g in sleep[1]]))
             for v in config.variants()]

@@ -39,18 +39,20 @@ Spec: spec/reducer.md
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import numpy as np
 
 from . import algorithms
 from .calls.collectives import as_transport, broadcast
-from .calls.nonblocking import iallreduce, wait_all
+from .calls.nonblocking import iallreduce, issue, wait_all
 from .compressors import Compressor, parse
 from .core.errors import MismatchError, RefcollError, UsageError
 from .core.ops import is_float
-from .reducer_buckets import (NAMED, BucketLayout, GradBucket, Parameter, assign_buckets,
-                              cap_bytes, first_difference, gather_json, layouts, parameters_of)
+from .reducer_buckets import (NAMED, BucketLayout, GradBucket, Parameter, address,
+                              assign_buckets, divide_then_sum, same_dtype, cap_bytes,
+                              first_difference, gather_json, layouts, parameters_of)
 
 __all__ = ["Reducer", "GradBucket", "BucketLayout", "Parameter", "assign_buckets"]
 
@@ -63,17 +65,6 @@ _NEVER_READY = (
 _TWICE = (
     "call ready(i, grad) once per parameter and iteration (DDP: \"Expected to mark a variable "
     "ready only once\"); to add up several backward passes, call ready() inside no_sync()")
-
-
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def _same_dtype(dtype, wanted: np.dtype) -> bool:
-    try:
-        return dtype is not None and np.dtype(dtype) == wanted
-    except TypeError:  # not a NumPy dtype (a torch tensor's): not the parameter's
-        return False
 
 
 class Reducer:
@@ -96,6 +87,9 @@ class Reducer:
             :class:`GradBucket` (DDP's comm hook): it gets undivided gradients and its
             result is the reduced bucket.
         seed: the seed of bucket ``b``'s compressor state is ``seed + b``.
+        gradient_as_bucket_view: DDP's option: gradients written into
+            :meth:`gradient`'s views are divided in place, and :meth:`finalize`
+            returns the views (no copy in or out).
 
     Raises:
         UsageError: on every rank, when any rank's arguments are unusable.
@@ -105,8 +99,9 @@ class Reducer:
 
     def __init__(self, shapes_or_params, comm=None, *, bucket_cap_mb=25, first_bucket_mb=1,
                  algorithm="auto", compressor=None, find_unused: bool = False, hook=None,
-                 seed: int = 0):
+                 seed: int = 0, gradient_as_bucket_view: bool = False):
         t = as_transport(comm, "Reducer")
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.data_transport = t.split(0, t.rank)
         self.control_transport = t.split(0, t.rank)
         self.rank, self.size = t.rank, t.size
@@ -199,6 +194,7 @@ class Reducer:
     def _start_iteration(self) -> None:
         n = len(self.params)
         self._ready = [False] * n
+        self._divide = [False] * n  # slots written in place, divided when their bucket launches
         self._ready_at: list = [None] * n
         self._grads: list = [None] * n
         self._used = np.zeros(n, np.int32)
@@ -234,7 +230,7 @@ class Reducer:
         shape, dtype = tuple(np.shape(grad)), getattr(grad, "dtype", None)
         if shape != p.shape:
             return f"ready({i}, grad): the gradient has shape {shape}, {p.describe()} has {p.shape}"
-        if not _same_dtype(dtype, p.dtype):
+        if not same_dtype(dtype, p.dtype):
             return (f"ready({i}, grad): the gradient has dtype {dtype}, {p.describe()} needs "
                     f"{p.dtype}; cast it (grad.astype(...)) or declare the parameter so")
         return None
@@ -273,13 +269,28 @@ class Reducer:
         self._order.append(i)
         self._mark_ready(i, now)
 
+    def gradient(self, i: int) -> np.ndarray:
+        """Return parameter ``i``'s slot in its bucket, shaped as the parameter.
+
+        With ``gradient_as_bucket_view=True`` (DDP's option) the backward pass writes
+        the gradient here and passes this array to :meth:`ready`: nothing is copied,
+        the slot is divided by ``p`` in place (DDP's ``bucket_view.div_``), and
+        :meth:`finalize` returns the views. A rebuild moves them: ask each iteration."""
+        return self._views[i]
+
     def _fill(self, i: int, grad) -> None:
-        """Copy a gradient into its slot: times ``fl(1/p)`` (DDP's ``copy_grad_to_bucket``)."""
+        """Put a gradient in its slot: copied times ``fl(1/p)`` (DDP's ``copy_grad_to_bucket``),
+        or, written in the slot itself, divided by ``p`` there (DDP's ``div_``: other bits
+        for ``p`` not a power of two); undivided for a hook or a compressor."""
         view = self._views[i]
-        if self.hook is None and self.compressor is None:
+        scaled = self.hook is None and self.compressor is None
+        if grad is view or (isinstance(grad, np.ndarray) and grad.size
+                            and address(grad) == address(view) and grad.shape == view.shape):
+            self._divide[i] = scaled  # on the progress thread, just before the bucket's sum
+        elif scaled:
             np.multiply(grad, view.dtype.type(1.0 / self.size), out=view)
-        else:
-            np.copyto(view, grad)  # a hook gets undivided gradients, as in DDP
+        else:  # a hook gets undivided gradients, as in DDP
+            np.copyto(view, grad)
 
     def _mark_ready(self, i: int, now: float) -> None:
         """Count ``i`` in its bucket; launch the ready buckets in order (``mark_bucket_ready``)."""
@@ -311,6 +322,10 @@ class Reducer:
             self._work[b] = iallreduce(buf, t, op="avg", compressor=self.compressor,
                                        state=self.states[b], algorithm=self.algorithm, out=buf,
                                        validate=False)
+        elif any(self._divide[i] for i in layout.params):
+            views = [self._views[i] for i in layout.params if self._divide[i]]
+            self._work[b] = issue("allreduce", t, functools.partial(
+                divide_then_sum, views, self.size, buf, self.algorithm))
         else:
             self._work[b] = iallreduce(buf, t, op="sum", algorithm=self.algorithm, out=buf,
                                        validate=False)
@@ -326,7 +341,8 @@ class Reducer:
             array shaped as the parameter; ``None`` for a parameter no rank used
             (``find_unused``). With ``in_place=True`` each is also written into the
             array passed to ``ready(i, grad)``, and that array is returned (a
-            parameter this rank did not use gets a new one).
+            parameter this rank did not use gets a new one). With
+            ``gradient_as_bucket_view``, the bucket views of :meth:`gradient`.
 
         Raises:
             UsageError: on every rank, when any rank has a parameter never ready,
@@ -423,7 +439,7 @@ class Reducer:
             if flat.size != self._buckets[b].numel:
                 raise UsageError(f"the hook returned {flat.size} elements for bucket {b}, which "
                                  f"holds {self._buckets[b].numel}")
-            if _address(flat) != _address(self._buffers[b]):  # a hook's own result array
+            if address(flat) != address(self._buffers[b]):  # a hook's own result array
                 np.copyto(self._buffers[b], flat)
         used = results[-1] if self.find_unused else None
         self._timeline = self._record_timeline()
@@ -433,7 +449,11 @@ class Reducer:
                 out.append(None)  # no rank used it: its gradient is left alone, as DDP does
                 continue
             grad = self._grads[i]
-            if in_place and grad is not None:  # one copy, straight from the bucket
+            if self.gradient_as_bucket_view:  # the bucket's own view: nothing to copy out
+                if in_place and grad is not None and grad is not self._views[i]:
+                    np.copyto(grad, self._views[i])
+                out.append(self._views[i])
+            elif in_place and grad is not None:  # one copy, straight from the bucket
                 np.copyto(grad, self._views[i])
                 out.append(grad)
             else:
@@ -470,3 +490,4 @@ class Reducer:
         all-reduce's ``started`` and ``finished`` (its handle's stamps).
         """
         return [dict(row) for row in self._timeline]
+

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from .calls.agree import allgather_records, pack, unpack
+from .calls.collectives import allreduce
 from .core.errors import UsageError
 from .core.ops import dtype_name, get_dtype
 
@@ -265,3 +266,23 @@ def first_difference(rows: list[dict]) -> str | None:
         if len({str(v) for v in values}) > 1:
             return f"{what}: {_who_has(values)}"
     return None
+
+
+def address(a: np.ndarray) -> int:
+    """Return the address of an array's first byte."""
+    return a.__array_interface__["data"][0]
+
+
+def same_dtype(dtype, wanted: np.dtype) -> bool:
+    """Return whether ``dtype`` is the NumPy dtype ``wanted``."""
+    try:
+        return dtype is not None and np.dtype(dtype) == wanted
+    except TypeError:  # not a NumPy dtype (a torch tensor's): not the parameter's
+        return False
+
+
+def divide_then_sum(views, p: int, buf, algorithm: str, t):
+    """A bucket of slots written in place: each divided by ``p`` (DDP's ``div_``), then summed."""
+    for view in views:
+        np.divide(view, view.dtype.type(p), out=view)
+    return allreduce(buf, t, op="sum", algorithm=algorithm, out=buf, validate=False)

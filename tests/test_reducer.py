@@ -543,3 +543,42 @@ def test_an_index_out_of_range_is_an_error_on_every_rank():
     messages = errors_on_every_rank(2, body, UsageError)
     assert all(m and "rank 1: ready(7, grad): no such parameter; indices run 0..2" in m
                for m in messages), messages
+
+
+# ------------------------------------------------------------ gradient_as_bucket_view
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_gradient_as_bucket_view_divides_in_place_and_returns_the_views(p):
+    """DDP's gradient_as_bucket_view: written into the bucket, divided by p there, no copies.
+
+    The expected result is computed here: each slot fl(g / p), the bucket summed by a
+    blocking all-reduce. At p = 3 it differs from the copying path's fl(g * fl(1/3)).
+    """
+    shapes = [(6, 5), (5,), (5, 4), (4,)]
+    caps_kw = caps(64, 128)
+
+    def rank(t):
+        red = Reducer(shapes, t, algorithm="ring", gradient_as_bucket_view=True, **caps_kw)
+        copying = Reducer(shapes, t, algorithm="ring", **caps_kw)
+        grads = gradients(shapes, t.rank)
+        for i in reversed(range(len(shapes))):
+            view = red.gradient(i)
+            view[...] = grads[i]  # the backward pass writes straight into the bucket
+            red.ready(i, view)
+            copying.ready(i, grads[i])
+        got, copied = red.finalize(), copying.finalize()
+        views = all(np.shares_memory(g, red.gradient(i)) for i, g in enumerate(got))
+        want = [None] * len(shapes)
+        for b in red.buckets:
+            parts = [np.divide(grads[i], np.float32(p)).reshape(-1) for i in b.params]
+            summed = refcoll.allreduce(np.concatenate(parts), t, algorithm="ring")
+            for i, off in zip(b.params, b.offsets):
+                want[i] = summed[off:off + grads[i].size].reshape(shapes[i])
+        return ([g.tobytes() for g in got], [w.tobytes() for w in want], views,
+                sum(int((g != c).sum()) for g, c in zip(got, copied)))
+
+    results = run(p, rank)
+    for got, want, views, differing in results:
+        assert got == want and views
+        assert (differing > 0) == (p == 3)  # 1/p is exact for p a power of two
+    assert all(r[0] == results[0][0] for r in results)

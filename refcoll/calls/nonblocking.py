@@ -28,7 +28,7 @@ from .prepared import Plan
 from .progress import Handle, engine_for, wait_all
 
 __all__ = ["iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "wait_all",
-           "Handle", "NONBLOCKING_FUNCTIONS"]
+           "issue", "Handle", "NONBLOCKING_FUNCTIONS"]
 
 
 def _issue(name: str, fn, x, comm, args: tuple, kwargs: dict) -> Handle:
@@ -42,6 +42,19 @@ def _issue(name: str, fn, x, comm, args: tuple, kwargs: dict) -> Handle:
         def job():
             return fn(x, *args, comm=t, **kwargs)
     return engine.submit(Handle(name, job, engine))
+
+
+def issue(name: str, comm, job) -> Handle:
+    """Run ``job(t)`` as one non-blocking call on ``comm``'s engine, in issue order; its handle.
+
+    For a caller whose call is more than one collective, as the Reducer's bucket
+    is (divide in place, then all-reduce): ``job`` gets the communicator's
+    transport and must make the same collective calls on every rank. What it
+    returns is the handle's result.
+    """
+    t = as_transport(comm, name)
+    engine = engine_for(t)
+    return engine.submit(Handle(name, lambda: job(t), engine))
 
 
 def iallreduce(x, comm=None, **kwargs) -> Handle:
