@@ -15,7 +15,8 @@ and ``C`` the computation put beside it:
 * the same with NumPy computation of the same length (a matrix product, which
   releases the GIL), which competes with the ranks and the progress for the cores;
 * the non-blocking call's overhead: ``iallreduce(x).wait()`` against
-  ``allreduce(x)`` at 8 B to 64 KiB, where the message costs little.
+  ``allreduce(x)`` at 8 B to 64 KiB, where the message costs little, and the
+  handle's own cost: issuing plus waiting for a call that has already completed.
 
 Figures from a machine with fewer cores than ranks plus progress threads are
 suspect, and the header says so.
@@ -181,6 +182,22 @@ def overhead_table(comm, reps: int) -> list[dict]:
         def mpi_blocking():
             for _ in range(calls):
                 comm.Allreduce(x, out)
+
+        def issue_and_wait_when_done():
+            """Issue, let the call finish (not timed), wait: the handle's own cost."""
+            own = 0.0
+            for _ in range(calls // 10):
+                start = time.perf_counter()
+                h = refcoll.iallreduce(x, t, out=out)
+                own += time.perf_counter() - start
+                while h.finished is None:
+                    time.sleep(20e-6)
+                start = time.perf_counter()
+                h.wait()
+                own += time.perf_counter() - start
+            handle_cost.append(own / (calls // 10))
+
+        handle_cost: list[float] = []
         variants = {"allreduce": blocking, "iallreduce+wait (thread)": nonblocking(t),
                     "iallreduce+wait (schedule)": nonblocking(s), "MPI_Allreduce": mpi_blocking}
         for fn in variants.values():
@@ -189,8 +206,12 @@ def overhead_table(comm, reps: int) -> list[dict]:
         for _ in range(reps):
             for name, fn in variants.items():
                 times[name].append(timed(comm, fn) / calls)
+        for _ in range(reps):
+            comm.Barrier()
+            issue_and_wait_when_done()
         med = {name: statistics.median(v) for name, v in times.items()}
-        rows.append({"bytes": x.nbytes, **{f"{k}_s": v for k, v in med.items()}})
+        rows.append({"bytes": x.nbytes, **{f"{k}_s": v for k, v in med.items()},
+                     "issue+wait, call already done_s": statistics.median(handle_cost)})
     return rows
 
 
@@ -237,13 +258,16 @@ def main() -> None:
     print("\nC alone / C beside: the computation alone and beside the all-reduce (thread "
           "engine); comm wall / cpu: the all-reduce's time on the progress thread and the "
           "CPU time that thread used in it (ms).")
-    print("\n## per call, µs: blocking against non-blocking + wait")
-    print(f"{'bytes':>7} {'allreduce':>10} {'i+wait thr':>11} {'i+wait sch':>11} {'MPI':>8}")
+    print("\n## per call, µs: blocking against non-blocking + wait; issue + wait of a call "
+          "already done (the handle's own cost, thread engine)")
+    print(f"{'bytes':>7} {'allreduce':>10} {'i+wait thr':>11} {'i+wait sch':>11} {'MPI':>8} "
+          f"{'handle':>8}")
     for row in result["overhead"]:
         print(f"{row['bytes']:>7} {row['allreduce_s'] * 1e6:>10.1f} "
               f"{row['iallreduce+wait (thread)_s'] * 1e6:>11.1f} "
               f"{row['iallreduce+wait (schedule)_s'] * 1e6:>11.1f} "
-              f"{row['MPI_Allreduce_s'] * 1e6:>8.1f}")
+              f"{row['MPI_Allreduce_s'] * 1e6:>8.1f} "
+              f"{row['issue+wait, call already done_s'] * 1e6:>8.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

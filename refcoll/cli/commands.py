@@ -198,15 +198,15 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
         helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
         click.echo(f"refcoll verify: {workers} ranks{helpers}, {verify_session.mpi_library()}, "
                    f"{len(cases)} cases")
-        if not selection.compressed:
-            click.echo("non-blocking: each case also runs as i<collective> (iallreduce...), issued "
-                       "before the blocking call and held to its bits; then calls outstanding "
-                       "together" + (" (host arrays)" if device == "gpu" else ""))
         where = session.where
         if where is not None:
             click.echo(f"device: {where['gpu']}; transfers: {where['path']} ({where['why']})")
             if session.left_out:
                 click.echo(f"left out on this device: {', '.join(session.left_out)}")
+        if not selection.compressed:
+            click.echo("non-blocking: each case also runs as i<collective> (iallreduce...), issued "
+                       "before the blocking call and held to its bits; then calls outstanding "
+                       "together" + (" (host arrays)" if device == "gpu" else ""))
         click.echo(f"{'algorithm':<19} {'collective':<15} {'op':<5} {'dtypes':>6} {'cases':>6} "
                    f"{'passed':>7} {'failed':>7}  options")
 
