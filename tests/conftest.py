@@ -33,11 +33,17 @@ def mpiexec_path() -> str | None:
     return os.environ.get("REFCOLL_MPIEXEC") or shutil.which("mpiexec")
 
 
-def sim_battery(p: int, **selection):
+#: The algorithm files' simulated batteries run without the non-blocking twins: the MPI
+#: battery (tests/mpi/) runs every algorithm's twins on its covering cases at 1 to 8
+#: processes, and test_nonblocking.py and test_battery_sim.py hold them in the simulator.
+ALGORITHM_TWINS = False
+
+
+def sim_battery(p: int, *, nonblocking: bool = ALGORITHM_TWINS, **selection):
     """Run the conformance battery on ``p`` simulated ranks; return failing results."""
     cases = build_cases(p, **selection)
     assert cases, f"no cases selected for p={p}: {selection}"
-    results = SimWorld(p).run(lambda t: run_battery(t, cases))[0]
+    results = SimWorld(p).run(lambda t: run_battery(t, cases, nonblocking=nonblocking))[0]
     assert len(results) == len(cases)
     return [r for r in results if not r.passed]
 

@@ -22,7 +22,7 @@ from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
 from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
 
-from conftest import ROOT, failure_text, mpiexec_path
+from conftest import ALGORITHM_TWINS, ROOT, failure_text, mpiexec_path
 
 NAMES = ["tree", "dbtree"]
 
@@ -177,7 +177,7 @@ def test_battery_on_the_simulator(p):
     cases = covering_cases(p)
     assert {c.options for c in cases} == {(), (("segment", 3),), (("segment", 1024),)}
     assert len({(c.op, c.dtype, c.kind) for c in cases}) == 20  # 3 ops + broadcast, x 5
-    results = SimWorld(p).run(lambda t: run_battery(t, cases))[0]
+    results = SimWorld(p).run(lambda t: run_battery(t, cases, nonblocking=ALGORITHM_TWINS))[0]
     failures = [r for r in results if not r.passed]
     assert not failures, failure_text(failures)
 
@@ -186,7 +186,8 @@ def test_battery_on_the_simulator(p):
 @pytest.mark.parametrize("p", range(1, 18))
 def test_full_battery_on_the_simulator(p):
     cases = build_cases(p, algorithms_=NAMES)
-    failures = [r for r in SimWorld(p).run(lambda t: run_battery(t, cases))[0] if not r.passed]
+    results = SimWorld(p).run(lambda t: run_battery(t, cases, nonblocking=ALGORITHM_TWINS))[0]
+    failures = [r for r in results if not r.passed]
     assert not failures, failure_text(failures)
 
 
