@@ -30,7 +30,7 @@ import numpy as np
 from ... import algorithms
 from ...calls.collectives import COLLECTIVE_FUNCTIONS
 from ...calls.nonblocking import NONBLOCKING_FUNCTIONS, wait_all
-from ...core.bits import first_difference
+from ...core.bits import first_difference, same_bits
 from ...core.errors import MismatchError
 from .control import bcast_report, gather_reports
 
@@ -85,7 +85,7 @@ def _compare(what: str, got, want) -> list[str]:
     a, b = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
     if a.dtype != b.dtype or a.size != b.size:
         return [f"{what}: {a.dtype}[{a.size}] where the blocking call gives {b.dtype}[{b.size}]"]
-    if not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
+    if not same_bits(a, b):
         return [f"{what}: {first_difference(a, b)}"]
     return []
 

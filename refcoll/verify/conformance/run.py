@@ -20,7 +20,7 @@ from ...calls.agree import barrier
 from ...calls.collectives import COLLECTIVE_FUNCTIONS, device_for
 from ...calls.nonblocking import NONBLOCKING_FUNCTIONS
 from ...core import xp as xp_module
-from ...core.bits import first_difference
+from ...core.bits import first_difference, same_bits
 from ...core.chunking import chunk_slice
 from ...core.errors import CollectiveTimeout
 from ...core.ops import DTYPES
@@ -80,7 +80,7 @@ def _twin_problems(case: Case, twin, output, xp=np) -> list[str]:
     if got.shape != want.shape or got.dtype != want.dtype:
         return [f"non-blocking twin returned {got.dtype}{list(got.shape)}, the blocking call "
                 f"{want.dtype}{list(want.shape)}"]
-    if not np.array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)):
+    if not same_bits(got, want):
         return [f"non-blocking twin differs from the blocking call: "
                 f"{first_difference(got.reshape(-1), want.reshape(-1))}"]
     return []
