@@ -30,6 +30,7 @@ from ..core.xp import array_namespace
 from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
 from ..transport.mpi import transport_for
+from ..transport.torch import is_process_group, torch_transport_for
 from ..transport.sim import SimWorld
 from .args import (agree_arguments, check_overlap, check_root, flat_input, flat_out, shaped,
                    shared_errors, workers_of)
@@ -62,7 +63,11 @@ def use_compressed(fn) -> None:
 
 
 def as_transport(comm=None, collective: str | None = None):
-    """Return the transport for ``comm``: a Transport as is, an mpi4py communicator wrapped.
+    """Return the transport for ``comm``: a Transport as is, a communicator or group wrapped.
+
+    An mpi4py communicator becomes an :class:`~refcoll.transport.mpi.MPITransport`,
+    a ``torch.distributed`` process group a
+    :class:`~refcoll.transport.torch.TorchTransport`.
 
     ``None`` means ``MPI.COMM_WORLD``. The wrapper (an ``Idup`` of the
     communicator, waited for by the deadline) is cached on the communicator, so
@@ -75,9 +80,12 @@ def as_transport(comm=None, collective: str | None = None):
     if isinstance(comm, TransportBase) or (
             comm is not None and hasattr(comm, "sendrecv") and hasattr(comm, "reduce_local")):
         return comm
+    if is_process_group(comm):
+        return torch_transport_for(comm)
     if comm is not None and not _is_intracomm(comm):
         raise TypeError(f"comm= must be an mpi4py intracommunicator (such as MPI.COMM_WORLD), a "
-                        f"refcoll Transport, or None for MPI.COMM_WORLD; got {comm!r} "
+                        f"torch.distributed process group, a refcoll Transport, or None for "
+                        f"MPI.COMM_WORLD; got {comm!r} "
                         f"({type(comm).__name__})")
     return transport_for(comm, collective)
 

@@ -153,6 +153,9 @@ class TransportBase:
     #: Set while a progress thread runs a call over this transport: its waits may
     #: sleep between polls rather than spin (see :data:`refcoll.transport.mpi.PATIENT_POLLS`).
     patient: bool = False
+    #: Whether the library moves device (CUDA) buffers itself, as NCCL does: device
+    #: arrays then need neither CUDA-aware MPI nor host staging.
+    moves_device_arrays: bool = False
 
     def __init__(self) -> None:
         self._calls = 0

@@ -324,7 +324,8 @@ class StagingTransport(_DeviceTransport):
 def device_transport(t, x=None, *, agree: Callable[[Any, bool], bool] | None = None):
     """Return the transport that carries device arrays over ``t``: direct or staged.
 
-    ``x`` a host array (or ``t`` a device transport already): ``t`` itself.
+    ``x`` a host array (or ``t`` a device transport already, or one whose
+    library moves device memory itself, as NCCL does): ``t`` itself.
     Otherwise :class:`DirectTransport` when :func:`cuda_aware` says so on every
     rank, else :class:`StagingTransport`. Ranks must agree, since the two cut
     long messages differently: ``agree(t, aware)`` returns whether every rank's
@@ -332,7 +333,8 @@ def device_transport(t, x=None, *, agree: Callable[[Any, bool], bool] | None = N
     simulated ranks share a process and its answer. The result is kept in
     ``t``'s cache (:func:`~refcoll.transport.base.transport_cache`).
     """
-    if isinstance(t, _DeviceTransport) or (x is not None and not is_device_array(x)):
+    if (isinstance(t, _DeviceTransport) or getattr(t, "moves_device_arrays", False)
+            or (x is not None and not is_device_array(x))):
         return t
     cache = transport_cache(t, "device")
     if "transport" in cache:
