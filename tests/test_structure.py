@@ -26,6 +26,7 @@ LAYERS = {
     "reducer": 4,
     "reducer_buckets": 4,
     "overlap": 4,
+    "torch": 4,
     "cli": 5,
     "__main__": 6,
     "": 6,  # refcoll/__init__.py: the public API, re-exports only

@@ -1,0 +1,110 @@
+"""Tensors in, tensors out: torch tensors as NumPy or CuPy arrays over the same memory.
+
+A CPU tensor becomes a NumPy array with ``Tensor.numpy()``, a CUDA tensor a CuPy
+array with DLPack: no copy either way, and results come back the same way
+(``torch.from_numpy``, ``torch.from_dlpack``). bfloat16 and float8 tensors, which
+NumPy and DLPack have no type for, travel as their bits (an integer view of the
+same width) and are read as ml_dtypes' types.
+
+What cannot be carried is refused here, before any data moves, with a reason:
+a tensor that is not a tensor, a non-contiguous one, one on a device the group's
+library does not move, a dtype refcoll does not reduce.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from ..core.errors import UsageError
+from ..core.ops import DTYPES
+
+__all__ = ["as_array", "as_tensor", "check_same_device", "torch_dtype_name"]
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _bits_types():
+    """Return ``{torch dtype: (integer view dtype, NumPy dtype)}`` for NumPy's missing types."""
+    torch = _torch()
+    return {torch.bfloat16: (torch.int16, np.dtype(ml_dtypes.bfloat16)),
+            torch.float8_e4m3fn: (torch.int8, np.dtype(ml_dtypes.float8_e4m3fn)),
+            torch.float8_e5m2: (torch.int8, np.dtype(ml_dtypes.float8_e5m2))}
+
+
+def torch_dtype_name(dtype) -> str:
+    """Return torch's dtype without the ``torch.`` prefix: ``float32``, ``bfloat16``..."""
+    return str(dtype).removeprefix("torch.")
+
+
+def as_array(tensor, t, what: str = "the input"):
+    """Return ``tensor`` as an array over its memory, for a call over transport ``t``.
+
+    Raises:
+        TypeError: ``tensor`` is not a torch tensor.
+        ValueError: it is not contiguous.
+        UsageError: its device is one the group's library does not move (a CUDA
+            tensor on Gloo, a CPU tensor on NCCL), or refcoll does not reduce its dtype.
+    """
+    torch = _torch()
+    rank = t.rank
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"rank {rank}: {what} must be a torch.Tensor, got "
+                        f"{type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"rank {rank}: {what} is not contiguous (strides {tensor.stride()} "
+                         f"for shape {tuple(tensor.shape)}); pass tensor.contiguous()")
+    backend = getattr(t, "backend", None)
+    if tensor.is_cuda and backend == "gloo":
+        raise UsageError(f"rank {rank}: {what} is a CUDA tensor ({tensor.device}) on a Gloo "
+                         "group: Gloo moves CPU tensors; use an NCCL group, or .cpu()")
+    if not tensor.is_cuda and backend == "nccl":
+        raise UsageError(f"rank {rank}: {what} is a {tensor.device.type} tensor on an NCCL "
+                         "group: NCCL moves CUDA tensors; use a Gloo group, or .cuda()")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise UsageError(f"rank {rank}: {what} is on {tensor.device}; refcoll moves CPU and "
+                         "CUDA tensors")
+    name = torch_dtype_name(tensor.dtype)
+    if name not in DTYPES:
+        raise UsageError(f"rank {rank}: {what} has dtype {name}, which refcoll does not "
+                         f"reduce; supported: {', '.join(DTYPES)}")
+    tensor = tensor.detach()
+    bits = _bits_types().get(tensor.dtype)
+    if tensor.is_cuda:
+        import cupy
+
+        if bits is not None:
+            return cupy.from_dlpack(tensor.view(bits[0])).view(bits[1])
+        return cupy.from_dlpack(tensor)
+    if bits is not None:
+        return tensor.view(bits[0]).numpy().view(bits[1])
+    return tensor.numpy()
+
+
+def as_tensor(array, like):
+    """Return ``array`` as a tensor over its memory, of ``like``'s dtype and device kind."""
+    torch = _torch()
+    if array is None:
+        return None
+    bits = _bits_types().get(like.dtype)
+    if like.is_cuda:
+        if bits is not None:
+            return torch.from_dlpack(array.view(np.dtype(f"int{bits[1].itemsize * 8}"))) \
+                .view(like.dtype)
+        return torch.from_dlpack(array)
+    if bits is not None:
+        return torch.from_numpy(array.view(f"int{bits[1].itemsize * 8}")).view(like.dtype)
+    return torch.from_numpy(array)
+
+
+def check_same_device(tensor, out, rank: int) -> None:
+    """Refuse an ``out=`` tensor of another dtype or device than the input."""
+    if out.dtype != tensor.dtype or out.device != tensor.device:
+        raise TypeError(f"rank {rank}: out= is {torch_dtype_name(out.dtype)} on {out.device}, "
+                        f"the input {torch_dtype_name(tensor.dtype)} on {tensor.device}; they "
+                        "must match")
+
