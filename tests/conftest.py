@@ -23,6 +23,9 @@ os.environ.setdefault("REFCOLL_CACHE", tempfile.mkdtemp(prefix="refcoll-test-cac
 
 # tests/mpi/ runs under mpiexec (see test_mpi.py); the serial run does not collect it.
 collect_ignore = [] if "--with-mpi" in sys.argv else ["mpi"]
+# tests/torch/ runs under torchrun and mpiexec (see test_torch.py), which set REFCOLL_TORCH_JOB.
+if not os.environ.get("REFCOLL_TORCH_JOB"):
+    collect_ignore.append("torch")
 
 
 def mpiexec_path() -> str | None:
@@ -64,6 +67,22 @@ def covering(cases, key):
     for case in cases:
         groups.setdefault(key(case), []).append(case)
     return [group[i % len(group)] for i, group in enumerate(groups.values())]
+
+
+def fewest_covering(cases) -> list:
+    """Return a few cases that keep every class of ``cases`` (:func:`classes`), greedily.
+
+    Each case is taken, in the battery's order, when it brings a class no case
+    taken before has: for a battery run where every launch costs, as the torch
+    transport's launches under two launchers do.
+    """
+    seen, chosen = set(), []
+    for case in cases:
+        new = classes([case]) - seen
+        if new:
+            chosen.append(case)
+            seen |= new
+    return chosen
 
 
 def classes(cases) -> set:

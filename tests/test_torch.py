@@ -1,0 +1,141 @@
+"""Launch the torch half of the suite: tests/torch/ under torchrun and under mpiexec.
+
+Both launchers start the same processes; :func:`refcoll.torch.init_process_group`
+starts the Gloo group from either. The serial tests below need no job: the tensor
+conversions and the hook's state across DDP's bucket rebuild.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpiexec_path
+
+torch = pytest.importorskip("torch", reason="the torch tests need torch: pip install "
+                                           "torch==2.13.0 (README's test command does)")
+
+MPIEXEC = mpiexec_path()
+
+
+def _job(launcher: str, p: int, *args: str) -> list[str]:
+    """Return the command that starts ``python ARGS`` in ``p`` processes with ``launcher``."""
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={p}", *args]
+    return [MPIEXEC, "-n", str(p), sys.executable, *args]
+
+
+def _run(launcher: str, p: int, *args: str, **env_vars):
+    if launcher == "mpiexec" and MPIEXEC is None:
+        pytest.skip("no mpiexec: install with pip install 'refcoll[mpi]'")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "MASTER_", "RANK", "WORLD_SIZE",
+                                "LOCAL_RANK"))}
+    env.update(REFCOLL_TORCH_JOB="1", OMP_NUM_THREADS="1", **env_vars)
+    return subprocess.run(_job(launcher, p, *args), capture_output=True, text=True, timeout=900,
+                          env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("launcher,p", [("mpiexec", 1), ("mpiexec", 2), ("mpiexec", 3),
+                                        ("mpiexec", 4), ("torchrun", 1), ("torchrun", 2),
+                                        ("torchrun", 3), ("torchrun", 4)])
+def test_torch_suite(launcher, p):
+    res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+               str(ROOT / "tests" / "torch"))
+    assert res.returncode == 0, (f"{launcher} with {p} processes failed:\n{res.stdout[-6000:]}\n"
+                                 f"{res.stderr[-3000:]}")
+    assert " passed" in res.stdout and " failed" not in res.stdout
+
+
+@pytest.mark.parametrize("launcher,mode,error", [
+    ("mpiexec", "absent", "CollectiveTimeout: rank 0: allreduce over torch (gloo) timed out "
+                          "after 2 s at its exchange 1"),
+    ("mpiexec", "dead", "PeerFailure: rank 0: allreduce over torch (gloo) failed"),
+    ("torchrun", "absent", "CollectiveTimeout: rank 0: allreduce over torch (gloo) timed out")])
+def test_a_peer_absent_from_its_first_call_or_dead_is_an_error_not_a_hang(launcher, mode, error):
+    res = _run(launcher, 2, str(ROOT / "tests" / "torch" / "peer_gone.py"), mode,
+               REFCOLL_TIMEOUT="2")
+    assert f"OK {error}" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "waiting to receive" in res.stdout
+
+
+# ------------------------------------------------------------- serial tests
+
+from types import SimpleNamespace  # noqa: E402
+
+import refcoll.torch as rt  # noqa: E402
+from refcoll.core.errors import UsageError  # noqa: E402
+from refcoll.torch.hooks import HookState  # noqa: E402
+from refcoll.torch.tensors import as_array, as_tensor  # noqa: E402
+
+GLOO = SimpleNamespace(rank=0, backend="gloo")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
+                                   torch.uint8, torch.int64])
+def test_tensors_become_arrays_over_the_same_memory_and_back(dtype):
+    tensor = (torch.arange(12, dtype=torch.float32) - 3).to(dtype).reshape(3, 4)
+    array = as_array(tensor, GLOO)
+    assert array.__array_interface__["data"][0] == tensor.data_ptr()
+    assert array.shape == (3, 4) and array.dtype.itemsize == tensor.element_size()
+    assert str(array.dtype) == str(dtype).removeprefix("torch.")
+    back = as_tensor(array, tensor)
+    assert back.dtype == dtype and back.data_ptr() == tensor.data_ptr()
+    assert torch.equal(back.view(torch.uint8), tensor.view(torch.uint8))
+
+
+def test_a_tensor_that_needs_grad_is_read_without_its_graph():
+    w = torch.ones(3, requires_grad=True)
+    assert as_array(w, GLOO).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_refcoll_torch_refuses_before_a_group_exists():
+    with pytest.raises(UsageError, match="not initialized"):
+        rt.transport_for()
+
+
+def test_init_process_group_names_the_backends_it_runs_on():
+    with pytest.raises(UsageError, match="gloo"):
+        rt.init_process_group("mpi")
+
+
+class _Bucket:
+    def __init__(self, index, params):
+        self._index, self._params = index, params
+
+    def index(self):
+        return self._index
+
+    def parameters(self):
+        return self._params
+
+
+def test_a_rebuilt_bucket_takes_each_parameters_residual_at_its_new_offset():
+    a, b, c = torch.zeros(2), torch.zeros(3), torch.zeros(4)
+    state, _ = rt.comm_hook(compressor="ef(topk:ratio=0.5)")
+    first = state.slot(_Bucket(0, [a, b, c]), rank=0)
+    first.state.residual = np.arange(9, dtype=np.float32)  # a: 0 1, b: 2 3 4, c: 5 6 7 8
+    assert state.slot(_Bucket(0, [a, b, c]), rank=0) is first  # the same layout: kept
+    # DDP's rebuild: [c, a] and [b], in ready order.
+    second = state.slot(_Bucket(0, [c, a]), rank=0)
+    third = state.slot(_Bucket(1, [b]), rank=0)
+    assert second.state.residual.tolist() == [5, 6, 7, 8, 0, 1]
+    assert third.state.residual.tolist() == [2, 3, 4]
+    assert state.carried == 3 and state.layouts == 3
+    assert len(state._slots) == 2  # the old layout is gone: every parameter moved on
+    assert third.state.seed == state.seed + 1  # seeded by the index it first appeared at
+
+
+def test_a_bucket_of_new_parameters_starts_without_a_residual():
+    state, _ = rt.comm_hook(compressor="ef(topk:ratio=0.5)")
+    assert state.slot(_Bucket(0, [torch.zeros(2)]), rank=0).state.residual is None
+
+
+def test_comm_hook_refuses_what_is_not_a_compressor():
+    with pytest.raises(UsageError, match="spec string"):
+        rt.comm_hook(compressor=3)
+    assert isinstance(rt.comm_hook(algorithm="ring")[0], HookState)
