@@ -103,26 +103,19 @@ def test_init_process_group_names_the_backends_it_runs_on():
         rt.init_process_group("mpi")
 
 
-class _Bucket:
-    def __init__(self, index, params):
-        self._index, self._params = index, params
-
-    def index(self):
-        return self._index
-
-    def parameters(self):
-        return self._params
+def _layout(*params):
+    return tuple((id(q), tuple(q.shape)) for q in params)
 
 
 def test_a_rebuilt_bucket_takes_each_parameters_residual_at_its_new_offset():
     a, b, c = torch.zeros(2), torch.zeros(3), torch.zeros(4)
     state, _ = rt.comm_hook(compressor="ef(topk:ratio=0.5)")
-    first = state.slot(_Bucket(0, [a, b, c]), rank=0)
+    first = state.slot(_layout(a, b, c), 0, rank=0)
     first.state.residual = np.arange(9, dtype=np.float32)  # a: 0 1, b: 2 3 4, c: 5 6 7 8
-    assert state.slot(_Bucket(0, [a, b, c]), rank=0) is first  # the same layout: kept
+    assert state.slot(_layout(a, b, c), 0, rank=0) is first  # the same layout: kept
     # DDP's rebuild: [c, a] and [b], in ready order.
-    second = state.slot(_Bucket(0, [c, a]), rank=0)
-    third = state.slot(_Bucket(1, [b]), rank=0)
+    second = state.slot(_layout(c, a), 0, rank=0)
+    third = state.slot(_layout(b), 1, rank=0)
     assert second.state.residual.tolist() == [5, 6, 7, 8, 0, 1]
     assert third.state.residual.tolist() == [2, 3, 4]
     assert state.carried == 3 and state.layouts == 3
@@ -132,7 +125,30 @@ def test_a_rebuilt_bucket_takes_each_parameters_residual_at_its_new_offset():
 
 def test_a_bucket_of_new_parameters_starts_without_a_residual():
     state, _ = rt.comm_hook(compressor="ef(topk:ratio=0.5)")
-    assert state.slot(_Bucket(0, [torch.zeros(2)]), rank=0).state.residual is None
+    assert state.slot(_layout(torch.zeros(2)), 0, rank=0).state.residual is None
+
+
+def test_powersgd_in_a_hook_compresses_each_parameter_in_its_shape():
+    # A flat bucket would go uncompressed (PowerSGD compresses matrices): the hook cuts it
+    # into its parameters' views, each with a state of its own.
+    import refcoll
+
+    w, bias = torch.zeros(64, 32), torch.zeros(32)
+    layout = _layout(w, bias)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(64 * 32 + 32).astype(np.float32) for _ in range(2)]
+    hooks = [rt.comm_hook(compressor="powersgd:rank=2")[0] for _ in range(2)]
+
+    def run(t, x, state):
+        before = t.traffic.snapshot()[0]
+        rt.hooks.average(state, x, layout, 0, t)
+        return t.traffic.snapshot()[0] - before
+
+    sent = refcoll.SimWorld(2).run(run, list(zip([x.copy() for x in xs], hooks)))
+    dense = refcoll.SimWorld(2).run(lambda t, x: (refcoll.allreduce(x, t, op="avg"), t.traffic.sent)[1],
+                      [(x.copy(),) for x in xs])
+    assert sorted(hooks[0]._tensors) == sorted([id(w), id(bias)])
+    assert max(sent) < max(dense) / 4  # rank 2 of a 64 x 32 matrix, and the bias whole
 
 
 def test_comm_hook_refuses_what_is_not_a_compressor():

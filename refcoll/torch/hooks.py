@@ -16,7 +16,9 @@ non-blocking call on the group's progress engine, in place in the bucket, so the
 bucket's reduction overlaps the rest of the backward pass as DDP's does.
 
 With a compressor each bucket keeps a :class:`~refcoll.compressors.base.CompressorState`
-(error-feedback residual, PowerSGD's warm start) from one iteration to the next.
+(an error-feedback residual) from one iteration to the next; a compressor of
+matrices (PowerSGD) keeps one per parameter instead, each view of the bucket
+compressed in its parameter's shape (:func:`average`).
 DDP rebuilds its buckets once, after the first iteration (in the order gradients
 became ready), so a bucket index names other parameters before and after; the
 state is therefore keyed by the bucket's parameters, not its index, and when a new
@@ -27,6 +29,7 @@ that parameter's new offset (PyTorch's ``powerSGD_hook`` instead waits for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,7 +41,17 @@ from ..core.errors import UsageError
 from ..transport.torch import torch_transport_for
 from .tensors import as_array
 
-__all__ = ["comm_hook", "HookState", "refcoll_hook"]
+__all__ = ["comm_hook", "HookState", "refcoll_hook", "average", "bucket_layout"]
+
+
+#: A bucket's layout: ``(key, shape)`` of each parameter, in the bucket's order
+#: (``key`` is the parameter's ``id``, stable for the life of the model).
+Layout = tuple
+
+
+def bucket_layout(bucket) -> Layout:
+    """Return the layout of a DDP ``GradBucket``: each parameter's key and shape, in order."""
+    return tuple((id(p), tuple(p.shape)) for p in bucket.parameters())
 
 
 @dataclass
@@ -57,8 +70,10 @@ class HookState:
         algorithm: the all-reduce algorithm (a name from ``refcoll list``).
         compressor: the :class:`~refcoll.compressors.base.Compressor`, or ``None``.
         group: the process group (``None``: the default group, as DDP's).
-        seed: bucket layouts' compressor states are seeded ``seed + index``, the
-            index of the bucket where the layout first appeared (the same on every rank).
+        seed: compressor states are seeded ``seed + index`` (a bucket layout's, by the
+            index of the bucket where it first appeared) or ``seed + 65536·index + j``
+            (parameter ``j`` of that bucket, for a compressor of matrices): the same
+            on every rank.
         record: keep each bucket's last input and output (:attr:`last`), to check
             them against :func:`refcoll.simulate`.
         sent, received: bytes this rank has sent and received in the hook's calls.
@@ -81,24 +96,31 @@ class HookState:
     carried: int = 0
     last: dict = field(default_factory=dict)
     _slots: dict = field(default_factory=dict, repr=False)
+    _tensors: dict = field(default_factory=dict, repr=False)
 
-    def slot(self, bucket, rank: int) -> _Slot:
-        """Return the compressor state of ``bucket``'s layout, made (and carried) on first sight."""
-        params = bucket.parameters()
-        key = tuple(id(p) for p in params)
+    def slot(self, layout: Layout, index: int, rank: int) -> _Slot:
+        """Return the compressor state of a bucket layout, made (and carried) on first sight."""
+        key = tuple(k for k, _ in layout)
         found = self._slots.get(key)
         if found is not None:
             return found
         offsets, at = {}, 0
-        for p in params:
-            offsets[id(p)] = (at, p.numel())
-            at += p.numel()
-        state = self.compressor.new_state(seed=self.seed + bucket.index(), rank=rank)
-        slot = _Slot(state, offsets)
+        for k, shape in layout:
+            offsets[k] = (at, math.prod(shape))
+            at += math.prod(shape)
+        slot = _Slot(self.compressor.new_state(seed=self.seed + index, rank=rank), offsets)
         self._carry(slot, at)
         self._slots[key] = slot
         self.layouts += 1
         return slot
+
+    def tensor_state(self, key: int, index: int, j: int, rank: int):
+        """Return parameter ``key``'s own compressor state (for a compressor of matrices)."""
+        found = self._tensors.get(key)
+        if found is None:
+            found = self._tensors[key] = self.compressor.new_state(
+                seed=self.seed + 65536 * index + j, rank=rank)
+        return found
 
     def _carry(self, new: _Slot, length: int) -> None:
         """Move each parameter's residual from the layouts it was in before into ``new``."""
@@ -119,6 +141,32 @@ class HookState:
             if not old.offsets:
                 del self._slots[old_key]  # every parameter of that layout has moved on
         new.state.residual = residual
+
+
+def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> None:
+    """All-reduce bucket ``index`` (flat ``x``, undivided) to its average in place, as the hook does.
+
+    Uncompressed: one all-reduce of the bucket, ``op="avg"``. A compressor of
+    vectors (top-k, quantizers...) compresses the bucket whole, with the state of
+    its layout. A compressor of matrices (PowerSGD) needs the shapes: each
+    parameter's view of the bucket is all-reduced in its own shape with its own
+    state, as PyTorch's ``powerSGD_hook`` compresses each tensor of a bucket
+    (vectors go uncompressed, which the compressor decides itself). Every rank
+    makes the same calls in the same order.
+    """
+    if state.compressor is None:
+        allreduce(x, t, op="avg", algorithm=state.algorithm, out=x)
+    elif state.compressor.matrices:
+        at = 0
+        for j, (key, shape) in enumerate(layout):
+            n = math.prod(shape)
+            view = x[at:at + n].reshape(shape)
+            allreduce(view, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
+                      state=state.tensor_state(key, index, j, t.rank), out=view)
+            at += n
+    else:
+        allreduce(x, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
+                  state=state.slot(layout, index, t.rank).state, out=x)
 
 
 def comm_hook(algorithm: str = "ring", compressor=None, *, group=None, seed: int = 0,
@@ -155,20 +203,19 @@ def refcoll_hook(state: HookState, bucket):
 
     buffer = bucket.buffer()
     index = bucket.index()
+    layout = bucket_layout(bucket)
     t = torch_transport_for(state.group)
-    slot = state.slot(bucket, t.rank) if state.compressor is not None else None
     future = torch.futures.Future()
 
     def job(t):
         try:
             x = as_array(buffer, t, f"bucket {index}")
+            if x.size != sum(math.prod(shape) for _, shape in layout):
+                raise UsageError(f"rank {t.rank}: bucket {index} holds {x.size} elements, its "
+                                 "parameters more or fewer: not DDP's plain concatenation")
             before = x.copy() if state.record else None
             sent, received = t.traffic.snapshot()
-            if slot is None:
-                allreduce(x, t, op="avg", algorithm=state.algorithm, out=x)
-            else:
-                allreduce(x, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
-                          state=slot.state, out=x)
+            average(state, x, layout, index, t)
             now_sent, now_received = t.traffic.snapshot()
             state.sent += now_sent - sent
             state.received += now_received - received
