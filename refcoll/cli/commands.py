@@ -16,6 +16,7 @@ from ..calls.auto import (algo_filter, cache_path, cached_calibrations, calibrat
 from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS, get_dtype, get_op, supports
 from ..core.units import human_bytes
+from ..torch import judge as torch_judge
 from ..transport import cuda_aware
 from ..verify import session as verify_session
 from ..verify.inputs import make_inputs, read_rank_files, write_rank_files
@@ -123,11 +124,15 @@ def _cost_text(algo, collective: str) -> str:
                    "or all.")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Where the inputs live: host memory (NumPy) or each rank's GPU (CuPy).")
+@click.option("--backend", type=click.Choice(["refcoll", "torch"]), default="refcoll",
+              show_default=True,
+              help="refcoll: refcoll's algorithms over MPI; torch: torch.distributed's own "
+                   "collectives (Gloo on cpu, NCCL on gpu), judged by the oracle.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write every case's verdict as JSON.")
 @reports_errors
 def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compressors, device,
-           json_file):
+           backend, json_file):
     """Run the conformance battery on N MPI processes; end with 'N passed, N failed'.
 
     With --compressor, run the compressed all-reduce battery: every pattern the
@@ -140,12 +145,27 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     same bits as on the CPU; the compressed battery is judged against the
     simulator running on the GPU. Dtypes the GPU cannot compute in are left out
     of --dtype all.
+
+    With --backend torch, judge torch.distributed's own all_reduce,
+    reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce (Gloo;
+    NCCL with --device gpu) on the battery's inputs with the oracle; what the
+    backend refuses is listed as not supported. Runs under mpiexec (started
+    with -n) or torchrun.
     """
-    if not launch.in_mpi_job():
-        # Before anything runs. Inside an MPI job only rank 0 writes the file, so
+    inside = launch.in_mpi_job() or (backend == "torch" and launch.in_torchrun())
+    if not inside:
+        # Before anything runs. Inside a job only rank 0 writes the file, so
         # only it checks (_verify_in_world): another node may lack the folder.
         check_output_paths(json=json_file)
     require_processes(nprocs)
+    if backend == "torch":
+        filters = _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors,
+                                 device)
+        if not inside:  # an empty selection fails here, before mpiexec
+            torch_judge.build_cases(nprocs, torch_judge.backend_for(device), allow_empty=False,
+                                    **filters)
+            relaunch(nprocs)
+        return _verify_torch_in_world(nprocs, filters, seed, json_file, device)  # exits
     verify_session.device_namespace(device)
     if compressors:
         specs = None if [c.strip().lower() for c in compressors] == ["all"] else list(compressors)
@@ -171,6 +191,80 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     elif selection.compressed:
         selection.launch_size(nprocs)  # a bad spec fails here, before the battery starts
     _verify_in_world(nprocs, selection, seed, json_file, device)
+
+
+def _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors,
+                   device) -> dict:
+    """Return --backend torch's selection, refusing what does not apply to torch's calls."""
+    if compressors:
+        raise UsageError("--backend torch judges torch's own collectives, which compress "
+                         "nothing: drop --compressor (or --backend torch)")
+    if split_list(algorithm, algorithms.names(), "algorithm") is not None:
+        raise UsageError("--backend torch judges torch's own collectives, which have no "
+                         "algorithm to choose: drop --algorithm")
+    torch_judge.require_torch(device)
+    return dict(collectives=split_list(collective, list(torch_judge.TORCH_CALLS), "collective"),
+                ops=split_list(op, list(OPS), "op"),
+                dtypes=split_list(dtype, list(DTYPES), "dtype"), sizes=_parse_sizes(sizes),
+                inplace={"both": (False, True), "yes": (True,), "no": (False,)}[inplace])
+
+
+def _verify_torch_in_world(nprocs, filters, seed, json_file, device) -> None:
+    judge = torch_judge.TorchJudge(device)
+    lead = judge.rank == 0
+    problem = None
+    if lead:
+        try:
+            check_output_paths(json=json_file)
+        except UsageError as exc:
+            problem = str(exc)
+    problem = judge.share({"problem": problem})["problem"]
+    if problem is not None:
+        if lead:
+            raise UsageError(problem)
+        sys.exit(2)
+    cases = judge.cases(**filters)
+    if lead:
+        if nprocs != judge.size:
+            click.echo(f"refcoll: note: already inside a {judge.launcher} job of {judge.size} "
+                       f"processes; using it (-n {nprocs} ignored)", err=True)
+        click.echo(f"refcoll verify --backend torch: {judge.size} ranks ({judge.launcher}), "
+                   f"torch {judge.torch_version}, {judge.backend} on {judge.device}, "
+                   f"{len(cases)} cases")
+        click.echo("judged by the oracle: integers, min/max, data movement and exact inputs bit "
+                   "for bit; random float sum/avg/prod within the error bound; every rank the "
+                   "same bits")
+        click.echo("all_reduce, broadcast and reduce run in place (torch's only form); "
+                   "reduce_scatter_tensor zero-pads a count p does not divide to the next "
+                   "multiple, as FSDP does")
+        click.echo(f"{'backend':<8} {'call':<23} {'op':<5} {'dtypes':>6} {'cases':>6} "
+                   f"{'passed':>7} {'failed':>7}  same bits as (random floats)")
+
+    def show(row: dict) -> None:
+        same = "; ".join(f"{dt}: {', '.join(labels) or 'none'}"
+                         for dt, labels in row["same_bits"].items())
+        click.echo(f"{row['algorithm']:<8} {row['call']:<23} {row['op']:<5} {row['dtypes']:>6} "
+                   f"{row['cases']:>6} {row['passed']:>7} {row['failed']:>7}  {same}")
+        if row["failed"]:
+            click.echo(f"    first failure: {row['first_failure']}")
+
+    report = judge.run(cases, seed=seed, on_group=show if lead else None)
+    if lead:
+        if report.unsupported:
+            click.echo(f"not supported by {report.backend} "
+                       f"({sum(u['cases'] for u in report.unsupported)} cases not run):")
+        for u in report.unsupported_summary():
+            click.echo(f"  {u['call']} {','.join(u['ops'])} on {', '.join(u['dtypes'])}: "
+                       f"{u['reason']}")
+        write_json(json_file, report.to_json())
+        click.echo(f"{report.passed} passed, {report.failed} failed")
+    sys.stdout.flush()
+    if not report.results:
+        if lead:
+            raise UsageError(f"nothing was checked: {report.backend} supports none of the "
+                             "selected cases")
+        sys.exit(2)
+    sys.exit(0 if report.failed == 0 else 1)
 
 
 def _parse_sizes(sizes: str | None) -> list[int] | None:

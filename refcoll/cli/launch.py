@@ -22,8 +22,8 @@ from ..calls.auto import algo_filter, calibration_mode
 from ..core.errors import UsageError
 from ..transport.base import default_timeout
 
-__all__ = ["in_mpi_job", "find_mpiexec", "mpiexec_command", "INSTALL_HINT", "relaunch",
-           "check_environment", "workers_env", "data_ranks", "remember_arguments",
+__all__ = ["in_mpi_job", "in_torchrun", "find_mpiexec", "mpiexec_command", "INSTALL_HINT",
+           "relaunch", "check_environment", "workers_env", "data_ranks", "remember_arguments",
            "WORKERS_VARIABLE", "BROKEN_PIPE"]
 
 #: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
@@ -44,6 +44,15 @@ _JOB_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "
 def in_mpi_job() -> bool:
     """Return whether this process was started by an MPI launcher."""
     return any(v in os.environ for v in _JOB_VARIABLES)
+
+
+def in_torchrun() -> bool:
+    """Return whether this process was started by ``torchrun`` (or any launcher of its env://).
+
+    torchrun gives every process ``RANK`` and ``WORLD_SIZE``; only commands that
+    run on ``torch.distributed`` (``verify --backend torch``) count that as a job.
+    """
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def find_mpiexec() -> str:

@@ -1,7 +1,8 @@
 """refcoll inside PyTorch: collectives on tensors, DDP comm hooks, torch's collectives judged.
 
-Install with the ``torch`` extra (any torch >= 2.4). Under ``torchrun`` (or
-``mpiexec``, which starts the same processes)::
+Install with the ``torch`` extra (any torch >= 2.6, whose point-to-point calls name
+peers by group rank). Under ``torchrun`` (or ``mpiexec``, which starts the same
+processes)::
 
     import refcoll.torch as rt
     rt.init_process_group()                          # Gloo on CPU, NCCL on CUDA
@@ -21,9 +22,10 @@ from ..transport.torch import TorchTransport
 from .collectives import (allgather, allreduce, broadcast, iallgather, iallreduce, ibroadcast,
                           ireduce, ireduce_scatter, reduce, reduce_scatter, transport_for)
 from .hooks import HookState, comm_hook, refcoll_hook
+from .judge import TorchJudge, TorchReport, judge_collectives
 from .launch import init_process_group, launcher
 
 __all__ = ["init_process_group", "launcher", "transport_for", "TorchTransport", "allreduce",
            "reduce_scatter", "allgather", "broadcast", "reduce", "iallreduce",
            "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "comm_hook",
-           "refcoll_hook", "HookState"]
+           "refcoll_hook", "HookState", "judge_collectives", "TorchJudge", "TorchReport"]
