@@ -167,6 +167,9 @@ def no_gpu(monkeypatch):
     (["--algorithm", "rung"], "unknown algorithm 'rung'"),
     (["--algorithm", "tree", "--collective", "allgather"], "does not implement allgather"),
     (["--compressor", "topk", "--algorithm", "switch"], "switch"),
+    (["--against", "mpi,gluu"], "unknown baseline 'gluu': choose mpi, nccl, gloo or none"),
+    (["--against", "mpi,none"], "--against mpi,none: none means no library"),
+    (["--against", "mpi,nccl"], "--against nccl needs --device gpu (NCCL runs on GPUs)"),
 ])
 def test_what_cannot_run_here_exits_2_with_one_line(no_gpu, args, message):
     res = CliRunner().invoke(main, ["bench", "-n", "2", *args])

@@ -1,4 +1,4 @@
-"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against the MPI library's or NCCL's.
+"""``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against MPI's, NCCL's or Gloo's.
 
 Thin: the options become a :class:`~refcoll.measure.bench.BenchConfig`, the ranks run
 :func:`~refcoll.measure.bench.run_report`, rank 0 prints its table and writes its files.
@@ -36,10 +36,11 @@ __all__ = ["bench"]
               show_default=True)
 @click.option("--op", default="sum", show_default=True, help="sum, prod, min, max or avg.")
 @click.option("--dtype", default="float32", show_default=True)
-@click.option("--against", type=click.Choice(["mpi", "nccl", "none"]), default="mpi",
-              show_default=True,
-              help="The library collective timed beside refcoll's: the MPI library's, or "
-                   "NCCL's through CuPy (with --device gpu, one process per GPU).")
+@click.option("--against", default="mpi", show_default=True,
+              help="The library collectives timed beside refcoll's, comma-separated: mpi (the "
+                   "MPI library's), nccl (NCCL's through CuPy, with --device gpu, one process "
+                   "per GPU), gloo (torch.distributed's Gloo backend; needs PyTorch), or none. "
+                   "mpi,gloo times both in the same run.")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Where the buffers live: host memory (NumPy) or each rank's GPU (CuPy).")
 @click.option("-w", "--warmup", type=int, default=5, show_default=True,
@@ -64,7 +65,9 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
 
     Prints size, count, type, redop, algorithm, time (the largest over ranks of
     each rank's median), algbw, busbw and #wrong per size and algorithm, then
-    the baseline's time, busbw and time/base (below 1: refcoll is faster).
+    each baseline's time, busbw and time/base (below 1: refcoll is faster);
+    with several (--against mpi,gloo) the columns are named by library
+    (time/MPI, time/Gloo). Each baseline's #wrong is in the footer.
     With --device gpu the header names the GPU and how device buffers travel
     (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.

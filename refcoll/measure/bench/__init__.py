@@ -4,8 +4,8 @@ Its modules: :mod:`.config` (what to run: :class:`BenchConfig`, sizes, bus facto
 :mod:`.run` (the timing loop: :func:`run_bench`), :mod:`.replay` (the transport bound:
 schedules from the simulator, replayed on bare MPI) and :mod:`.report` (header,
 table, CSV, plot; :func:`run_report` runs a whole report), with :mod:`.terminal`
-(rank 0's table and progress bar). The MPI library's and NCCL's collectives are
-:mod:`refcoll.baselines`'.
+(rank 0's table and progress bar). The MPI library's, NCCL's and Gloo's collectives
+are :mod:`refcoll.baselines`'.
 
 For each message size of a sweep (``-b MIN -e MAX -f FACTOR``, as nccl-tests takes
 them) every selected algorithm runs ``warmup + iters`` times on preallocated
@@ -35,6 +35,19 @@ What is reported, per size and algorithm (nccl-tests' ``doc/PERFORMANCE.md``):
   ``MPI_Bcast``, ``MPI_Reduce``) time, busbw and ``time/base`` (below 1: refcoll
   is faster). ``avg`` has no MPI op: the baseline runs ``MPI_SUM`` and is not
   checked. Types MPI lacks (bfloat16, float8) have no baseline.
+* Gloo's (``against="gloo"``, or in a list: ``"mpi,gloo"`` times both, each
+  interleaved with the rest): torch.distributed's ``all_reduce``,
+  ``reduce_scatter_tensor``, ``all_gather_into_tensor``, ``broadcast`` and
+  ``reduce`` on a Gloo group of the same processes
+  (:func:`refcoll.torch.launch.init_process_group`), over the same NumPy buffers
+  seen as tensors (``torch.from_numpy``, no copy). ``all_reduce`` and ``reduce``
+  work in place: the input is copied into the result buffer before each call,
+  after the poisoning and outside the clock (so an element Gloo left unwritten
+  would hold this rank's input: wrong wherever the others' inputs are not all
+  zero). Its results are checked as MPI's
+  are, ``avg`` included (Gloo sums, then divides). Types Gloo lacks (16-bit
+  integers, uint32, uint64, float8) and integer averages have no Gloo baseline:
+  the header says why (:func:`refcoll.baselines.gloo.gloo_unavailable`).
 * on GPUs (``device="gpu"``): the buffers are CuPy arrays on this rank's GPU,
   refcoll's collectives move them as :func:`refcoll.transport.device.device_transport`
   decides (directly through a CUDA-aware MPI, else staged through pinned host
@@ -61,17 +74,23 @@ JSON (``--json``): ``{"schema": "refcoll-bench/1", "header": {...}, "rows": [...
 versions (CuPy's and NCCL's on GPUs), ranks, collective, op, dtype, sizes,
 iterations, the baseline, notes; on GPUs ``gpu``: the device and how its
 buffers travel, from :func:`refcoll.transport.cuda_aware.device_path`); each row has
-the fields of :data:`~.config.ROW_FIELDS` (``None`` where not applicable); ``summary`` has
-``avg_busbw`` per algorithm and for the baseline, ``wrong``, ``checked``
-(elements compared) and ``passed``. ``--csv`` writes the rows with the same fields.
+the fields of :data:`~.config.ROW_FIELDS` (``None`` where not applicable), the ``base_*``
+ones from the first library of ``against``, and ``baselines``: ``library -> {baseline,
+time_us, busbw, wrong, checked, time_over}`` for every library that ran (``header``
+has ``baselines``: ``[{against, name, available, note}]``); ``summary`` has
+``avg_busbw`` per algorithm and for the first baseline, ``baselines`` (each
+library's ``name``, ``avg_busbw``, ``wrong``, ``checked``), ``wrong``, ``checked``
+(elements compared) and ``passed`` (refcoll's results only). ``--csv`` writes the
+rows with the same fields, then ``gloo_time_us``... for each further library.
 """
 
 from __future__ import annotations
 
 from ...core.bits import count_wrong
-from .config import (BASELINES, NCCL_BASELINES, ROW_FIELDS, BenchConfig, array_module,
-                     baseline_name, baseline_unavailable, bus_factor, check_config, element_count,
-                     extra_ranks, parse_size, size_sweep, use_device)
+from .config import (BASELINES, GLOO_BASELINES, LIBRARIES, NCCL_BASELINES, ROW_FIELDS,
+                     BenchConfig, array_module, baseline_checked, baseline_name,
+                     baseline_unavailable, bus_factor, check_config, element_count, extra_ranks,
+                     libraries, parse_size, size_sweep, use_device)
 from .replay import Replay, schedule
 from .report import (bench_header, format_footer, format_header, format_row, format_table, plot,
                      run_report, save_report, summarize, write_csv)
@@ -89,6 +108,10 @@ __all__ = [
     "element_count",
     "count_wrong",
     "NCCL_BASELINES",
+    "GLOO_BASELINES",
+    "LIBRARIES",
+    "libraries",
+    "baseline_checked",
     "array_module",
     "use_device",
     "check_config",

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ... import algorithms
-from ...baselines import nccl
+from ...baselines import gloo, nccl
 from ...baselines.mpi import BASELINES, mpi_unavailable
 from ...compressors import parse as parse_compressor
 from ...core import units
@@ -30,6 +30,9 @@ __all__ = [
     "ROW_FIELDS",
     "BASELINES",
     "NCCL_BASELINES",
+    "GLOO_BASELINES",
+    "LIBRARIES",
+    "libraries",
     "parse_size",
     "size_sweep",
     "bus_factor",
@@ -39,6 +42,7 @@ __all__ = [
     "check_config",
     "baseline_name",
     "baseline_unavailable",
+    "baseline_checked",
     "extra_ranks",
     "op_label",
     "baseline_op",
@@ -47,6 +51,13 @@ __all__ = [
 
 #: NCCL's collective that each refcoll collective is timed against with ``--against nccl``.
 NCCL_BASELINES = nccl.NCCL_CALLS
+
+#: torch.distributed's collective on a Gloo group, timed with ``--against gloo``.
+GLOO_BASELINES = gloo.GLOO_CALLS
+
+#: The libraries ``--against`` names, and what each one's column is called in a table
+#: with several of them.
+LIBRARIES = {"mpi": "MPI", "nccl": "NCCL", "gloo": "Gloo"}
 
 #: The fields of every row, in the order ``--csv`` writes them.
 ROW_FIELDS = (
@@ -153,7 +164,7 @@ def use_device(comm, config: "BenchConfig") -> int | None:
     # The GPU choice starts with MPI_Comm_split_type, which has no nonblocking form:
     # a bounded MPI_Ibarrier first, so a rank that never comes times out here.
     bounded_barrier(comm, "refcoll bench (choosing GPUs: MPI_Comm_split_type)")
-    device = (devices.check_one_gpu_per_rank(comm) if config.against == "nccl"
+    device = (devices.check_one_gpu_per_rank(comm) if "nccl" in libraries(config)
               else devices.use_node_gpu(comm))
     xp_module.check_device_dtype(get_dtype(config.dtype), array_module("gpu"))
     return device
@@ -170,7 +181,9 @@ class BenchConfig:
         algorithms: algorithm names (``auto`` included).
         collective, op, dtype: what each call computes (``op`` ignored by
             allgather and broadcast).
-        against: ``mpi`` (time the MPI library's collective too), ``nccl`` or ``none``.
+        against: the library collectives timed beside ours: ``mpi`` (the MPI
+            library's), ``nccl``, ``gloo`` (torch.distributed's on a Gloo group), a
+            comma list of them (``mpi,gloo``: each one, interleaved) or ``none``.
         device: ``cpu`` or ``gpu``.
         warmup, iters: untimed and timed iterations per size.
         check: compare every iteration's result with the expected one.
@@ -219,16 +232,20 @@ def check_config(config: BenchConfig) -> None:
     if config.warmup < 0 or config.iters < 1:
         raise UsageError(f"need warm-up >= 0 and iterations >= 1, got -w {config.warmup} "
                          f"-i {config.iters}")
-    if config.against not in ("mpi", "nccl", "none"):
-        raise UsageError(f"unknown baseline {config.against!r}: choose mpi, nccl or none")
-    if config.against == "nccl" and config.device != "gpu":
+    chosen = libraries(config)
+    if "nccl" in chosen and config.device != "gpu":
         raise UsageError("--against nccl needs --device gpu (NCCL runs on GPUs)")
     if array_module(config.device) is not np and config.bound:
         raise UsageError("--bound replays schedules on host buffers: it runs with "
                          "--device cpu only")
-    if config.against == "nccl":
+    if "nccl" in chosen:
         nccl.require_nccl("--against nccl")
         nccl.nccl_types(dt, baseline_op(config))
+    if "gloo" in chosen:
+        gloo.require_torch("--against gloo", load=False)  # the ranks import it
+        if config.device != "cpu":
+            raise UsageError("--against gloo times torch's Gloo backend on host buffers: it "
+                             "runs with --device cpu only")
     if config.compressor is not None:
         parse_compressor(config.compressor)
         if config.collective != "allreduce" or config.op not in ("sum", "avg") or not is_float(dt):
@@ -258,24 +275,74 @@ def baseline_op(config: BenchConfig) -> str:
 
 # ----------------------------------------------------------------- the baseline
 
-def baseline_name(config: BenchConfig) -> str | None:
-    """Return the library collective timed beside ours: ``MPI_Allreduce``, ``ncclAllReduce``..."""
-    if config.against == "nccl":
+def libraries(config: BenchConfig) -> tuple[str, ...]:
+    """Return the libraries ``config.against`` names, in its order (``none``: no library).
+
+    ``against`` is one name of :data:`LIBRARIES`, a comma list of them
+    (``mpi,gloo``), or ``none``; a list may also be given as a sequence.
+
+    Raises:
+        UsageError: an unknown name, a name twice, or ``none`` in a list.
+    """
+    against = config.against
+    names = [a.strip() for a in (against.split(",") if isinstance(against, str) else against)]
+    choices = f"choose {', '.join(LIBRARIES)} or none, or a comma list (mpi,gloo)"
+    if names == ["none"]:
+        return ()
+    text = ",".join(names)
+    for name in names:
+        if name == "none":
+            raise UsageError(f"--against {text}: none means no library; it cannot be listed "
+                             "with one")
+        if name not in LIBRARIES:
+            raise UsageError(f"unknown baseline {name!r}: {choices}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--against {text} names a library twice")
+    return tuple(names)
+
+
+def baseline_name(config: BenchConfig, library: str | None = None) -> str | None:
+    """Return a library collective timed beside ours: ``MPI_Allreduce``, ``Gloo all_reduce``...
+
+    ``library``: one of :func:`libraries`; None: the first (None when there is none).
+    """
+    chosen = libraries(config)
+    library = library or (chosen[0] if chosen else None)
+    if library == "nccl":
         return NCCL_BASELINES[config.collective]
-    if config.against == "mpi":
+    if library == "gloo":
+        return GLOO_BASELINES[config.collective]
+    if library == "mpi":
         return BASELINES[config.collective]
     return None
 
 
-def baseline_unavailable(config: BenchConfig) -> str | None:
-    """Return why the baseline cannot run for ``config`` (None: it can).
+def baseline_checked(config: BenchConfig, library: str) -> bool:
+    """Return whether a library's results are checked against the expected ones.
 
-    NCCL's availability is :func:`check_config`'s to refuse; the MPI library's
-    collective is :func:`refcoll.baselines.mpi.mpi_unavailable`'s to judge (a type
-    MPI lacks; device buffers without a CUDA-aware MPI).
+    Not with checking off, and not for ``avg`` on MPI (it has no average: the
+    baseline sums) or NCCL (``ncclAvg`` may scale before summing, so its result
+    need not be the oracle's); Gloo's average sums, then divides, as refcoll's does.
     """
-    if config.against == "none":
+    return config.check and (get_op(config.op).name != "avg" or library == "gloo")
+
+
+def baseline_unavailable(config: BenchConfig, library: str | None = None) -> str | None:
+    """Return why a library's collective cannot run for ``config`` (None: it can).
+
+    ``library``: one of :func:`libraries`; None: the first. NCCL's availability
+    is :func:`check_config`'s to refuse; the MPI library's collective is
+    :func:`refcoll.baselines.mpi.mpi_unavailable`'s to judge (a type MPI lacks;
+    device buffers without a CUDA-aware MPI), Gloo's
+    :func:`refcoll.baselines.gloo.gloo_unavailable`'s (a type or an average Gloo lacks).
+    """
+    chosen = libraries(config)
+    library = library or (chosen[0] if chosen else None)
+    if library is None:
         return "no baseline requested"
-    if config.against == "nccl":
+    if library == "nccl":
         return None
+    if library == "gloo":
+        return gloo.gloo_unavailable(config.collective, config.dtype, baseline_op(config),
+                                     config.device)
     return mpi_unavailable(config.collective, config.dtype, config.device)

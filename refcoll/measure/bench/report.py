@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ... import algorithms
-from ...baselines import nccl
+from ...baselines import gloo, nccl
 from ...calls import as_transport, device_for
 from ...calls.auto import calibration_for
 from ...core.errors import UsageError
@@ -30,8 +30,8 @@ from ...core.plot import figure
 from ...core.ops import dtype_name, get_dtype, get_op
 from ...transport import cuda_aware
 from ...transport.mpi import bounded_barrier, default_timeout
-from .config import (ROW_FIELDS, BenchConfig, array_module, baseline_name, baseline_unavailable,
-                     op_label, use_device)
+from .config import (LIBRARIES, ROW_FIELDS, BenchConfig, array_module, baseline_name,
+                     baseline_unavailable, libraries, op_label, use_device)
 from .run import run_bench
 
 __all__ = [
@@ -75,10 +75,18 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "time: the largest over ranks of each rank's median over the timed iterations",
         f"busbw = algbw x nccl-tests' factor for {config.collective}",
     ]
-    if unavailable is None and get_op(config.op).name == "avg":
-        notes.append("avg: NCCL's ncclAvg may scale before summing; the baseline is not checked"
-                     if config.against == "nccl" else
-                     "avg: MPI has no average; the baseline runs MPI_SUM and is not checked")
+    chosen = libraries(config)
+    available = [lib for lib in chosen if baseline_unavailable(config, lib) is None]
+    if get_op(config.op).name == "avg":
+        if "nccl" in available:
+            notes.append("avg: NCCL's ncclAvg may scale before summing; the baseline is not "
+                         "checked")
+        if "mpi" in available:
+            notes.append("avg: MPI has no average; the baseline runs MPI_SUM and is not checked")
+    if "gloo" in available:
+        notes.append("Gloo: torch.distributed's Gloo group of the same processes, on the same "
+                     "buffers (torch.from_numpy, no copy); all_reduce and reduce work in place, "
+                     "so the input is copied into the result buffer before each call, untimed")
     if config.device == "gpu":
         notes.append("device time: every timed call ends when the current stream has drained")
     if any(algorithms.get(n).workers is not None for n in config.algorithms):
@@ -105,6 +113,9 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "sizes": list(config.sizes),
         "baseline": baseline_name(config) if unavailable is None else None,
         "baseline_note": unavailable,
+        "baselines": [{"against": lib, "name": baseline_name(config, lib),
+                       "available": baseline_unavailable(config, lib) is None,
+                       "note": baseline_unavailable(config, lib)} for lib in chosen],
         "device": config.device,
         "against": config.against,
         "warmup": config.warmup,
@@ -116,6 +127,8 @@ def bench_header(comm, config: BenchConfig) -> dict:
         "notes": notes,
         "calibration": None,
     }
+    if "gloo" in chosen:
+        header["versions"]["torch"] = gloo.torch_version()
     if config.device == "gpu":
         cupy = array_module("gpu")
         header["versions"]["cupy"] = getattr(cupy, "__version__", None)
@@ -140,7 +153,13 @@ def bench_header(comm, config: BenchConfig) -> dict:
 
 
 def summarize(rows: Sequence[dict]) -> dict:
-    """Return the footer's numbers: average busbw per algorithm and baseline, the check tally."""
+    """Return the footer's numbers: average busbw per algorithm and baseline, the check tally.
+
+    ``baseline``, ``base_avg_busbw`` and ``base_wrong`` are the first library's
+    (the one in each row's ``base_*`` fields); ``baselines`` has every library's
+    ``name``, ``avg_busbw``, ``wrong`` and ``checked``, each baseline counted once
+    per size. ``passed`` judges refcoll's results only.
+    """
     per: dict[str, list[float]] = defaultdict(list)
     base: list[float] = []
     seen_base = set()
@@ -159,8 +178,28 @@ def summarize(rows: Sequence[dict]) -> dict:
         "wrong": wrong,
         "checked": sum(r["checked"] for r in checked_rows) if checked_rows else None,
         "base_wrong": sum(base_rows.values()) if base_rows else None,
+        "baselines": _summarize_baselines(rows),
         "passed": not wrong,
     }
+
+
+def _summarize_baselines(rows: Sequence[dict]) -> dict:
+    """Return ``library -> {name, avg_busbw, wrong, checked}`` over one row per size."""
+    per_size: dict[str, dict[int, dict]] = defaultdict(dict)
+    for row in rows:
+        for library, entry in (row.get("baselines") or {}).items():
+            per_size[library].setdefault(row["size"], entry)
+    out = {}
+    for library, sizes in per_size.items():
+        entries = list(sizes.values())
+        checked = [e for e in entries if e["wrong"] is not None]
+        out[library] = {
+            "name": entries[0]["baseline"],
+            "avg_busbw": sum(e["busbw"] for e in entries) / len(entries),
+            "wrong": sum(e["wrong"] for e in checked) if checked else None,
+            "checked": sum(e["checked"] for e in checked) if checked else None,
+        }
+    return out
 
 
 def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
@@ -175,12 +214,18 @@ def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
             ("busbw", "(GB/s)", 7, lambda r: f"{r['busbw']:.2f}")]
     if header["check"] and not header["compressor"]:
         cols.append(("#wrong", "", 7, lambda r: _opt(r["wrong"], "{}")))
-    if header["baseline"]:
-        short = ("NCCL" if header["baseline"].startswith("nccl") else
-                 header["baseline"].replace("MPI_", "").replace("Reduce_scatter_block", "RSblock"))
-        cols += [(short, "(us)", 10, lambda r: _us(r["base_time_us"])),
-                 ("busbw", "(GB/s)", 7, lambda r: _opt(r["base_busbw"], "{:.2f}")),
-                 ("time/base", "", 9, lambda r: _opt(r["time_over_base"], "{:.2f}"))]
+    shown = [b for b in header.get("baselines", ()) if b["available"]]
+    for entry in shown:
+        library, name = entry["against"], entry["name"]
+        if len(shown) > 1:  # several libraries: each column named by its library
+            short, ratio = LIBRARIES[library], f"time/{LIBRARIES[library]}"
+        else:
+            short = (name.replace("MPI_", "").replace("Reduce_scatter_block", "RSblock")
+                     if library == "mpi" else LIBRARIES[library])
+            ratio = "time/base"
+        cols += [(short, "(us)", 10, lambda r, k=library: _us(_base(r, k, "time_us"))),
+                 ("busbw", "(GB/s)", 7, lambda r, k=library: _opt(_base(r, k, "busbw"), "{:.2f}")),
+                 (ratio, "", 9, lambda r, k=library: _opt(_base(r, k, "time_over"), "{:.2f}"))]
     if header["bound"]:
         cols += [("bound", "(us)", 10, lambda r: _us(r["bound_us"])),
                  ("time/bound", "", 10, lambda r: _opt(r["time_over_bound"], "{:.2f}"))]
@@ -188,6 +233,11 @@ def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
         cols += [("wire", "(B sent)", 12, lambda r: _opt(r["wire_sent"], "{}")),
                  ("dense", "(B sent)", 12, lambda r: _opt(r["dense_sent"], "{}"))]
     return cols
+
+
+def _base(row: dict, library: str, key: str):
+    """Return one number of a library's baseline in ``row`` (None: not run at that size)."""
+    return ((row.get("baselines") or {}).get(library) or {}).get(key)
 
 
 def _algorithm_label(row: dict) -> str:
@@ -216,10 +266,12 @@ def format_header(header: dict) -> str:
         + ", ".join(f"{k} {v}" for k, v in header["versions"].items() if v),
         f"# iterations: {header['warmup']} warm-up + {header['iters']} timed per size; check: "
         + _check_label(header),
-        "# baseline: " + (f"{header['baseline']} on the same "
-                          f"{'device ' if header.get('gpu') else ''}buffers, interleaved"
-                          if header["baseline"] else f"none ({header['baseline_note']})"),
     ]
+    where = f"on the same {'device ' if header.get('gpu') else ''}buffers, interleaved"
+    lines += [f"# baseline: {b['name']} {where}" if b["available"] else
+              f"# baseline: none ({b['note']})"
+              for b in header.get("baselines") or [{"available": False,
+                                                    "note": header["baseline_note"]}]]
     if header.get("gpu"):
         g = header["gpu"]
         lines.insert(2, f"# device: {g['gpu'] or 'none (' + str(g['gpu_reason']) + ')'}; "
@@ -253,8 +305,7 @@ def format_row(row: dict, header: dict) -> str:
 def format_footer(summary: dict) -> str:
     """Return the closing lines: average bus bandwidths and the correctness tally."""
     averages = [f"{name} {value:.3f}" for name, value in summary["avg_busbw"].items()]
-    if summary["base_avg_busbw"] is not None:
-        averages.append(f"{summary['baseline']} {summary['base_avg_busbw']:.3f}")
+    averages += [f"{b['name']} {b['avg_busbw']:.3f}" for b in summary["baselines"].values()]
     lines = ["# Avg bus bandwidth (GB/s): " + ", ".join(averages)]
     if summary["wrong"] is None:
         lines.append("# #wrong: not checked")
@@ -262,8 +313,8 @@ def format_footer(summary: dict) -> str:
         verdict = "OK" if summary["passed"] else "FAILED"
         lines.append(f"# #wrong: {summary['wrong']} of {summary['checked']} elements checked: "
                      f"{verdict}")
-    if summary["base_wrong"] is not None:
-        lines.append(f"# {summary['baseline']} #wrong: {summary['base_wrong']}")
+    lines += [f"# {b['name']} #wrong: {b['wrong']}" for b in summary["baselines"].values()
+              if b["wrong"] is not None]
     return "\n".join(lines)
 
 
@@ -273,36 +324,56 @@ def format_table(header: dict, rows: Sequence[dict]) -> str:
     return "\n".join([format_header(header), *body, format_footer(summarize(rows))])
 
 
+#: A further library's columns in ``--csv``, after :data:`ROW_FIELDS`: ``gloo_time_us``...
+_CSV_BASELINE = (("{}_baseline", "baseline"), ("{}_time_us", "time_us"), ("{}_busbw", "busbw"),
+                 ("{}_wrong", "wrong"), ("time_over_{}", "time_over"))
+
+
 def write_csv(rows: Sequence[dict], path: str) -> None:
-    """Write the rows to ``path`` as CSV, one column per field of :data:`ROW_FIELDS`."""
+    """Write the rows to ``path`` as CSV, one column per field of :data:`ROW_FIELDS`.
+
+    The first library's baseline is in the ``base_*`` fields; each further one
+    (``--against mpi,gloo``) adds ``gloo_baseline``, ``gloo_time_us``,
+    ``gloo_busbw``, ``gloo_wrong`` and ``time_over_gloo``.
+    """
+    further = []
+    for row in rows:
+        for library, entry in (row.get("baselines") or {}).items():
+            if entry["baseline"] != row["baseline"] and library not in further:
+                further.append(library)
+    extra = {column.format(library): (library, key) for library in further
+             for column, key in _CSV_BASELINE}
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(ROW_FIELDS))
+        writer = csv.DictWriter(fh, fieldnames=[*ROW_FIELDS, *extra])
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in ROW_FIELDS})
+            values = {k: row.get(k) for k in ROW_FIELDS}
+            values.update({column: _base(row, library, key)
+                           for column, (library, key) in extra.items()})
+            writer.writerow({k: "" if v is None else v for k, v in values.items()})
 
 
 def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
-    """Draw busbw against size, log-log, one line per algorithm and the baseline, to ``path``.
+    """Draw busbw against size, log-log, one line per algorithm and baseline, to ``path``.
 
     Raises:
         UsageError: matplotlib is not installed (it is in the ``plot`` extra).
     """
     lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    base_name = None
+    base_names = set()
     for row in rows:
         lines[row["algorithm"]].append((row["size"], row["busbw"]))
-        if row["base_busbw"] is not None:
-            base_name = row["baseline"]
-            if all(size != row["size"] for size, _ in lines[base_name]):
-                lines[base_name].append((row["size"], row["base_busbw"]))
+        for entry in (row.get("baselines") or {}).values():
+            base_names.add(entry["baseline"])
+            if all(size != row["size"] for size, _ in lines[entry["baseline"]]):
+                lines[entry["baseline"]].append((row["size"], entry["busbw"]))
     fig = figure(figsize=(8, 5))  # no pyplot: no global state
     ax = fig.subplots()
     for name, points in lines.items():
         shown = sorted((s, b) for s, b in points if s > 0 and b > 0)  # a log axis has no zero
         if shown:
             ax.plot(*zip(*shown), marker="o", label=name,
-                    linestyle="--" if name == base_name else "-")
+                    linestyle="--" if name in base_names else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import algorithms
-from ...baselines import nccl
+from ...baselines import gloo, nccl
 from ...baselines.mpi import mpi_call
 from ...calls import as_transport, device_for
 from ...calls import collectives as api
@@ -33,9 +33,9 @@ from ...transport.recorder import Schedule
 from ...verify.conformance import case_ranks
 from ...verify.inputs import make_input, make_inputs
 from ...verify.oracle import fold
-from .config import (ROW_FIELDS, BenchConfig, array_module, baseline_name, baseline_op,
-                     baseline_unavailable, bus_factor, check_config, element_count, op_label,
-                     reduces, use_device)
+from .config import (ROW_FIELDS, BenchConfig, array_module, baseline_checked, baseline_name,
+                     baseline_op, baseline_unavailable, bus_factor, check_config, element_count,
+                     libraries, op_label, reduces, use_device)
 from .replay import Replay, node_options, schedule
 
 __all__ = ["run_bench"]
@@ -115,17 +115,22 @@ class _Item:
     xp: Any = np                    # the array module of the buffers: NumPy, or CuPy on a GPU
     what: str = "refcoll bench"     # names the call in a timeout's message
     timeout: float | None = None    # the barrier's deadline (None: REFCOLL_TIMEOUT's)
+    prepare: Callable[[], Any] | None = None  # untimed, before the call: an in-place input
 
     def run(self, timed: bool, check: bool) -> None:
         """Run once after a barrier of the participants; time it and check it.
 
         On a device the clock stops once the current stream has drained, and
-        the poisoning copy has finished before the barrier.
+        the poisoning copy has finished before the barrier. ``prepare`` runs
+        after the poisoning, outside the clock: a collective that works in place
+        (Gloo's all_reduce) gets its input copied into the result buffer there.
         """
         checking = check and self.result is not None and self.data.expected is not None
         xp = self.xp
         if checking:
             xp.copyto(self.result.reshape(-1), self.data.poison)
+        if self.prepare is not None:
+            self.prepare()
         xp_module.synchronize(xp)
         # MPI_Ibarrier waited by the deadline, before the clock starts (not timed). Once it
         # completes every participant is at this call, so the call itself cannot wait for
@@ -162,17 +167,22 @@ def _our_call(config: BenchConfig, t, data: _Data, algorithm: str, root: int, st
     return lambda: api.reduce(x, root, t, op=op, out=out, **common)
 
 
-def _base_call(config: BenchConfig, comm, data: _Data, root: int, nccl_comm=None):
-    """Return the zero-argument call of the library's collective on ``data``'s buffers.
+def _base_call(config: BenchConfig, library: str, groups: "_Groups", data: _Data, root: int):
+    """Return ``(call, prepare)``: the library's collective on ``data``'s buffers.
 
-    ``nccl_comm``: the NCCL communicator, for NCCL's collective
-    (:func:`refcoll.baselines.nccl.nccl_call`); else the MPI library's on ``comm``
+    NCCL's on the run's NCCL communicator (:func:`refcoll.baselines.nccl.nccl_call`);
+    Gloo's on its Gloo group (:func:`refcoll.baselines.gloo.gloo_call`, which
+    needs ``prepare`` before each call); else the MPI library's on the data ranks
     (:func:`refcoll.baselines.mpi.mpi_call`; on device buffers, given to mpi4py
     as they are: a CUDA-aware MPI reads them; avg sums, and is not checked).
     """
-    call = nccl.nccl_call if nccl_comm is not None else mpi_call
-    return call(nccl_comm if nccl_comm is not None else comm, config.collective, data.x,
-                data.theirs, op=baseline_op(config), root=root)
+    args = (config.collective, data.x, data.theirs)
+    kwargs = {"op": baseline_op(config), "root": root}
+    if library == "gloo":
+        return gloo.gloo_call(groups.gloo.group, *args, **kwargs)
+    if library == "nccl":
+        return nccl.nccl_call(groups.nccl, *args, **kwargs), None
+    return mpi_call(groups.comm(groups.workers), *args, **kwargs), None
 
 
 @dataclass
@@ -207,7 +217,10 @@ class _Groups:
             comm = world.Split(color, world.rank)
             self._comms[total] = None if comm == MPI.COMM_NULL else comm
         self.nccl = None  # NCCL's communicator of the data ranks, made once for the sweep
-        if config.against == "nccl" and self._comms[self.workers] is not None:
+        self.gloo = None  # the Gloo group of the data ranks, started once for the sweep
+        if "gloo" in libraries(config):  # collective over the whole world, as torch's groups are
+            self.gloo = gloo.gloo_group(world, self.workers, timeout)
+        if "nccl" in libraries(config) and self._comms[self.workers] is not None:
             # NCCL's unique id goes out in a blocking MPI bcast: a bounded MPI_Ibarrier first.
             bounded_barrier(self._comms[self.workers], "refcoll bench (making NCCL's communicator)",
                             timeout)
@@ -221,6 +234,8 @@ class _Groups:
         """Free every communicator this run made (MPI_Comm_free does not wait for the others)."""
         if self.nccl is not None and hasattr(self.nccl, "destroy"):
             self.nccl.destroy()
+        if self.gloo is not None:
+            self.gloo.free()
         for comm in self._comms.values():
             if comm is not None:
                 comm.Free()
@@ -302,17 +317,20 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
     items: list[_Item] = []
     resolved: dict[str, str | None] = dict.fromkeys(config.algorithms)
     base_comm = groups.comm(groups.workers)
-    if baseline_unavailable(config) is None:
+    for library in libraries(config):
+        if baseline_unavailable(config, library) is not None:
+            continue
+        name = baseline_name(config, library)
         data = data_for(groups.workers) if base_comm is not None else None
-        # Not checked: avg (MPI sums; NCCL may scale before summing), and the root's
-        # broadcast buffer (it is the source).
-        checked = data is not None and get_op(config.op).name != "avg" and not (
+        # Not checked: avg on MPI (it sums) and NCCL (it may scale before summing), and
+        # the root's broadcast buffer (it is the source). The baselines share one result
+        # buffer, poisoned before each call.
+        checked = data is not None and baseline_checked(config, library) and not (
             config.collective == "broadcast" and rank == root)
-        call = _base_call(config, base_comm, data, root, groups.nccl) if data else None
-        items.append(_Item("base", baseline_name(config), base_comm, call,
-                           data.theirs if checked else None, data, xp=xp,
-                           what=f"refcoll bench (before {baseline_name(config)} at {nbytes} B)",
-                           timeout=timeout))
+        call, prepare = _base_call(config, library, groups, data, root) if data else (None, None)
+        items.append(_Item("base", name, base_comm, call, data.theirs if checked else None,
+                           data, xp=xp, what=f"refcoll bench (before {name} at {nbytes} B)",
+                           timeout=timeout, prepare=prepare))
     for name in config.algorithms:
         p, total = groups.layout[name]
         sub = groups.comm(total)
@@ -409,7 +427,11 @@ def _wire_bytes(world, config: BenchConfig, states: dict, timeout: float | None 
 
 def _row(config: BenchConfig, groups: _Groups, nbytes: int, name: str, resolved: str | None,
          by_key: dict, wire: dict | None) -> dict:
-    """Assemble one row from the reduced timings and counts."""
+    """Assemble one row from the reduced timings and counts.
+
+    ``baselines`` holds every library that ran at this size; the first library of
+    ``config.against`` also fills the ``base_*`` fields, as a one-baseline run does.
+    """
     dt = get_dtype(config.dtype)
     p = groups.layout[name][0]
     count = element_count(config.collective, nbytes, dt.itemsize, p)
@@ -424,16 +446,25 @@ def _row(config: BenchConfig, groups: _Groups, nbytes: int, name: str, resolved:
                time_us=seconds * 1e6, algbw=algbw, busbw=algbw * factor)
     if config.check and config.compressor is None:
         row.update(wrong=wrong, checked=checked)
-    base_name = baseline_name(config)
-    if ("base", base_name) in by_key:
+    row["baselines"] = {}
+    base_count = element_count(config.collective, nbytes, dt.itemsize, groups.workers)
+    for j, library in enumerate(libraries(config)):
+        base_name = baseline_name(config, library)
+        if ("base", base_name) not in by_key:
+            continue
         base_seconds, base_wrong, base_checked = by_key[("base", base_name)]
-        base_count = element_count(config.collective, nbytes, dt.itemsize, groups.workers)
         base_algbw = base_count * dt.itemsize / base_seconds / 1e9 if base_seconds > 0 else 0.0
-        checked_base = config.check and get_op(config.op).name != "avg"
-        row.update(baseline=base_name, base_time_us=base_seconds * 1e6,
-                   base_busbw=base_algbw * bus_factor(config.collective, groups.workers),
-                   base_wrong=base_wrong if checked_base else None,
-                   time_over_base=seconds / base_seconds if base_seconds > 0 else None)
+        judged = baseline_checked(config, library)
+        entry = {"baseline": base_name, "time_us": base_seconds * 1e6,
+                 "busbw": base_algbw * bus_factor(config.collective, groups.workers),
+                 "wrong": base_wrong if judged else None,
+                 "checked": base_checked if judged else None,
+                 "time_over": seconds / base_seconds if base_seconds > 0 else None}
+        row["baselines"][library] = entry
+        if j == 0:  # the first library also fills the one-baseline fields of ROW_FIELDS
+            row.update(baseline=base_name, base_time_us=entry["time_us"],
+                       base_busbw=entry["busbw"], base_wrong=entry["wrong"],
+                       time_over_base=entry["time_over"])
     if ("bound", name) in by_key:
         bound_seconds = by_key[("bound", name)][0]
         row.update(bound_us=bound_seconds * 1e6,
