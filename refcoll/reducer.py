@@ -51,7 +51,7 @@ from .compressors import Compressor, parse
 from .core.errors import MismatchError, RefcollError, UsageError
 from .core.ops import is_float
 from .reducer_buckets import (NAMED, BucketLayout, GradBucket, Parameter, address,
-                              assign_buckets, divide_then_sum, same_dtype, cap_bytes,
+                              assign_buckets, compress_each, divide_then_sum, same_dtype, cap_bytes,
                               first_difference, gather_json, layouts, parameters_of)
 
 __all__ = ["Reducer", "GradBucket", "BucketLayout", "Parameter", "assign_buckets"]
@@ -80,13 +80,16 @@ class Reducer:
         bucket_cap_mb, first_bucket_mb: the bucket caps in MiB (DDP's defaults).
         algorithm: the all-reduce algorithm of every bucket (``auto`` chooses by size).
         compressor: a spec string or Compressor: each bucket is all-reduced with it
-            (``op="avg"``), one state per bucket index, kept across iterations.
+            (``op="avg"``), one state per bucket index, kept across iterations; a
+            compressor of matrices (PowerSGD) all-reduces each parameter's view in
+            its shape, with a state per parameter (a list per bucket index).
         find_unused: reduce parameters a step never marks ready as zeros, and leave
             those no rank used untouched (DDP's ``find_unused_parameters``).
         hook: ``hook(bucket) -> handle or array``, replacing the all-reduce of a
             :class:`GradBucket` (DDP's comm hook): it gets undivided gradients and its
             result is the reduced bucket.
-        seed: the seed of bucket ``b``'s compressor state is ``seed + b``.
+        seed: the seed of bucket ``b``'s compressor state is ``seed + b`` (of its
+            parameter ``j``'s, for a compressor of matrices, ``seed + 65536·b + j``).
         gradient_as_bucket_view: DDP's option: gradients written into
             :meth:`gradient`'s views are divided in place, and :meth:`finalize`
             returns the views (no copy in or out).
@@ -316,6 +319,14 @@ class Reducer:
             except Exception as exc:  # noqa: BLE001 - reported at finalize, on every rank
                 self._problems.append({"kind": "hook", "text": f"the hook raised on bucket {b}: "
                                        f"{type(exc).__name__}: {exc}"})
+        elif self.compressor is not None and self.compressor.matrices:
+            if b not in self.states:  # one state per parameter, each view in its shape
+                self.states[b] = [self.compressor.new_state(seed=self.seed + 65536 * b + j,
+                                                            rank=self.rank)
+                                  for j in range(len(layout.params))]
+            self._work[b] = issue("allreduce", t, functools.partial(
+                compress_each, [self._views[i] for i in layout.params], self.states[b],
+                self.compressor, self.algorithm, buf))
         elif self.compressor is not None:
             if b not in self.states:
                 self.states[b] = self.compressor.new_state(seed=self.seed + b, rank=self.rank)

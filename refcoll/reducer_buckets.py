@@ -286,3 +286,21 @@ def divide_then_sum(views, p: int, buf, algorithm: str, t):
     for view in views:
         np.divide(view, view.dtype.type(p), out=view)
     return allreduce(buf, t, op="sum", algorithm=algorithm, out=buf, validate=False)
+
+
+def compress_each(views, states, compressor, algorithm: str, buf, t, validate: bool = False):
+    """All-reduce each view of ``buf`` compressed, in its shape with its own state; return ``buf``.
+
+    ``op="avg"``, in place.
+
+    For a compressor of matrices (``Compressor.matrices``: PowerSGD), which
+    compresses a tensor as a matrix and sends a flat bucket uncompressed: each
+    parameter's view of the bucket goes through it alone, as PyTorch's
+    ``powerSGD_hook`` compresses each tensor of a bucket. Every rank makes the
+    same calls in the same order.
+    """
+    for view, state in zip(views, states):
+        allreduce(view, t, op="avg", algorithm=algorithm, compressor=compressor, state=state,
+                  out=view, validate=validate)
+    return buf
+

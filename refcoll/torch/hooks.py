@@ -38,6 +38,7 @@ from ..calls.collectives import allreduce
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..core.errors import UsageError
+from ..reducer_buckets import compress_each
 from ..transport.torch import torch_transport_for
 from .tensors import as_array
 
@@ -157,13 +158,13 @@ def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> N
     if state.compressor is None:
         allreduce(x, t, op="avg", algorithm=state.algorithm, out=x)
     elif state.compressor.matrices:
-        at = 0
+        views, states, at = [], [], 0
         for j, (key, shape) in enumerate(layout):
             n = math.prod(shape)
-            view = x[at:at + n].reshape(shape)
-            allreduce(view, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
-                      state=state.tensor_state(key, index, j, t.rank), out=view)
+            views.append(x[at:at + n].reshape(shape))
+            states.append(state.tensor_state(key, index, j, t.rank))
             at += n
+        compress_each(views, states, state.compressor, state.algorithm, x, t, validate=True)
     else:
         allreduce(x, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
                   state=state.slot(layout, index, t.rank).state, out=x)
