@@ -42,9 +42,9 @@ from ..calls.agree import gather_records
 from ..core.bits import first_difference, same_bits
 from ..core.chunking import chunk_slice
 from ..core.errors import UsageError
-from ..core.ops import DTYPES, OPS, get_dtype, get_op, is_float, supports
+from ..core.ops import DTYPES, OPS, get_dtype, get_op, is_float
 from ..transport.torch import TorchTransport
-from ..verify.conformance.cases import REDUCING, ROOTED, Case, CaseResult, default_sizes, ordered
+from ..verify.conformance.cases import Case, CaseResult, call_cases, default_sizes, ordered
 from ..verify.conformance.control import bcast_report, gather_reports
 from ..verify.conformance.judge import group_rows
 from ..verify.inputs import make_input
@@ -121,17 +121,7 @@ def build_cases(p: int, backend: str, *, collectives: Sequence[str] | None = Non
     cases = []
     for coll in colls:
         modes = [m for m in inplace if m or coll not in IN_PLACE_ONLY]
-        for op in (op_names if coll in REDUCING else [None]):
-            for dt in dtype_names:
-                if not supports(op, dt):
-                    continue
-                kinds = ["exact", "random"] if is_float(DTYPES[dt]) else ["exact"]
-                for count in size_list:
-                    for mode in modes:
-                        for kind in kinds:
-                            root = (count + 1) % p if coll in ROOTED else 0
-                            cases.append(Case(backend, coll, op, dt, count, mode, kind, root,
-                                              (), p, p))
+        cases += call_cases(backend, coll, (), p, p, op_names, dtype_names, size_list, modes)
     if not cases and not allow_empty:
         raise UsageError("no case matches the selection: " + _why_no_case(
             p, colls, op_names, dtype_names, size_list, list(inplace)))

@@ -15,7 +15,7 @@ from ...core.errors import UsageError
 from ...core.ops import DTYPES, OPS, get_dtype, get_op, is_float, supports
 
 __all__ = ["Case", "CaseResult", "LARGE_SIZE", "REDUCING", "ROOTED", "default_sizes",
-           "case_ranks", "build_cases", "ordered"]
+           "case_ranks", "build_cases", "call_cases", "ordered"]
 
 #: The "large odd" size of the default battery: odd, and prime, so it divides by no p.
 LARGE_SIZE = 5003
@@ -138,20 +138,33 @@ def build_cases(p: int, *, algorithms_: Iterable[str] | None = None,
             ranks, total = case_ranks(name, p, world_size, dict(options))
             if ranks < 1:
                 continue
-            for op in (op_names if coll in REDUCING else [None]):
-                for dt in dtype_names:
-                    if not supports(op, dt):
-                        continue
-                    kinds = ["exact", "random"] if is_float(DTYPES[dt]) else ["exact"]
-                    for count in size_list:
-                        for mode in inplace:
-                            for kind in kinds:
-                                root = (count + 1) % ranks if coll in ROOTED else 0
-                                cases.append(Case(name, coll, op, dt, count, mode, kind, root,
-                                                  options, ranks, total))
+            cases += call_cases(name, coll, options, ranks, total, op_names, dtype_names,
+                                size_list, inplace)
     if not cases and not allow_empty:
         raise UsageError("no conformance case matches the selection: " + _why_no_case(
             p, algos, colls, op_names, dtype_names, size_list, list(inplace), world_size))
+    return cases
+
+
+def call_cases(name: str, coll: str, options, ranks: int, total: int, op_names, dtype_names,
+               size_list, modes) -> list[Case]:
+    """Return one call's cases: each op (of a reducing collective) × dtype × size × mode × kind.
+
+    Ops a dtype does not support are left out; floats get exact and random
+    inputs, integers exact ones; a rooted collective's root is ``(count + 1) % ranks``.
+    """
+    cases = []
+    for op in (op_names if coll in REDUCING else [None]):
+        for dt in dtype_names:
+            if not supports(op, dt):
+                continue
+            kinds = ["exact", "random"] if is_float(DTYPES[dt]) else ["exact"]
+            for count in size_list:
+                for mode in modes:
+                    for kind in kinds:
+                        root = (count + 1) % ranks if coll in ROOTED else 0
+                        cases.append(Case(name, coll, op, dt, count, mode, kind, root,
+                                          options, ranks, total))
     return cases
 
 
