@@ -51,7 +51,8 @@ from .compressors import Compressor, parse
 from .core.errors import MismatchError, RefcollError, UsageError
 from .core.ops import is_float
 from .reducer_buckets import (NAMED, BucketLayout, GradBucket, Parameter, address,
-                              assign_buckets, compress_each, divide_then_sum, same_dtype, cap_bytes,
+                              assign_buckets, compressor_states, divide_then_sum,
+                              reduce_compressed, same_dtype, cap_bytes,
                               first_difference, gather_json, layouts, parameters_of)
 
 __all__ = ["Reducer", "GradBucket", "BucketLayout", "Parameter", "assign_buckets"]
@@ -319,20 +320,13 @@ class Reducer:
             except Exception as exc:  # noqa: BLE001 - reported at finalize, on every rank
                 self._problems.append({"kind": "hook", "text": f"the hook raised on bucket {b}: "
                                        f"{type(exc).__name__}: {exc}"})
-        elif self.compressor is not None and self.compressor.matrices:
-            if b not in self.states:  # one state per parameter, each view in its shape
-                self.states[b] = [self.compressor.new_state(seed=self.seed + 65536 * b + j,
-                                                            rank=self.rank)
-                                  for j in range(len(layout.params))]
-            self._work[b] = issue("allreduce", t, functools.partial(
-                compress_each, [self._views[i] for i in layout.params], self.states[b],
-                self.compressor, self.algorithm, buf))
         elif self.compressor is not None:
             if b not in self.states:
-                self.states[b] = self.compressor.new_state(seed=self.seed + b, rank=self.rank)
-            self._work[b] = iallreduce(buf, t, op="avg", compressor=self.compressor,
-                                       state=self.states[b], algorithm=self.algorithm, out=buf,
-                                       validate=False)
+                self.states[b] = compressor_states(self.compressor, self.seed, b,
+                                                   len(layout.params), self.rank)
+            self._work[b] = issue("allreduce", t, functools.partial(
+                reduce_compressed, self.compressor, self.states[b],
+                [self._views[i] for i in layout.params], buf, self.algorithm))
         elif any(self._divide[i] for i in layout.params):
             views = [self._views[i] for i in layout.params if self._divide[i]]
             self._work[b] = issue("allreduce", t, functools.partial(

@@ -304,3 +304,19 @@ def compress_each(views, states, compressor, algorithm: str, buf, t, validate: b
                   out=view, validate=validate)
     return buf
 
+
+def compressor_states(compressor, seed: int, b: int, n: int, rank: int):
+    """Return bucket ``b``'s compressor state: seed ``seed + b``; for a compressor of
+    matrices, a list of one per parameter ``j`` of its ``n``, seed ``seed + 65536·b + j``."""
+    if compressor.matrices:
+        return [compressor.new_state(seed=seed + 65536 * b + j, rank=rank) for j in range(n)]
+    return compressor.new_state(seed=seed + b, rank=rank)
+
+
+def reduce_compressed(compressor, states, views, buf, algorithm: str, t):
+    """A bucket's compressed all-reduce, ``op="avg"``, in place: whole, or view by view."""
+    if compressor.matrices:
+        return compress_each(views, states, compressor, algorithm, buf, t)
+    return allreduce(buf, t, op="avg", compressor=compressor, state=states, algorithm=algorithm,
+                     out=buf, validate=False)
+

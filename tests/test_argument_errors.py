@@ -313,5 +313,6 @@ def test_simulate_refuses_an_option_the_algorithm_does_not_take():
 @pytest.mark.parametrize("comm", ["world", 0, object()])
 def test_a_comm_that_is_no_communicator_is_a_clear_type_error(comm):
     with pytest.raises(TypeError, match=r"comm= must be an mpi4py intracommunicator \(such as "
-                                        r"MPI.COMM_WORLD\), a refcoll Transport, or None"):
+                                        r"MPI.COMM_WORLD\), a torch.distributed process group, a "
+                                        r"refcoll Transport, or None"):
         refcoll.allreduce(np.ones(3), comm)
