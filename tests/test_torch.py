@@ -39,9 +39,16 @@ def _run(launcher: str, p: int, *args: str, **env_vars):
                           env=env, cwd=ROOT)
 
 
-@pytest.mark.parametrize("launcher,p", [("mpiexec", 1), ("mpiexec", 2), ("mpiexec", 3),
-                                        ("mpiexec", 4), ("torchrun", 1), ("torchrun", 2),
-                                        ("torchrun", 3), ("torchrun", 4)])
+# Every size runs by default under one launcher and under the other with -m slow: the
+# launchers start the same processes, which init_process_group reads either way.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("launcher,p", [("mpiexec", 1), ("torchrun", 2), ("mpiexec", 3),
+                                        ("torchrun", 4), pytest.param("torchrun", 1, marks=SLOW),
+                                        pytest.param("mpiexec", 2, marks=SLOW),
+                                        pytest.param("torchrun", 3, marks=SLOW),
+                                        pytest.param("mpiexec", 4, marks=SLOW)])
 def test_torch_suite(launcher, p):
     res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "torch"))
