@@ -14,13 +14,14 @@
 # summary.txt lists each step's exit status and the script exits with the first
 # failure's. One rank per GPU: the batteries and the benchmark run on one rank.
 #
-# Results, eight files:
+# Results, nine files:
 #   environment.txt   GPU, driver, Python, CuPy, NCCL, MPI; refcoll's device path and why
 #   tests.txt         python -m pytest tests/test_gpu.py -v -rs (skips give their reason)
 #   verify.txt        refcoll verify --device gpu: the battery (ring, auto, rabenseifner),
 #                     then the compressed battery (every compressor, ring)
 #   bench_nccl.txt    refcoll bench --device gpu --against nccl -n 1 -b 8 -e 256M -f 4
 #   bench_nccl.json   the same as JSON (schema refcoll-bench/1)
+#   torch_nccl.txt    refcoll's algorithms over torch's NCCL; verify --backend torch on NCCL
 #   compressors.txt   device copy bandwidth, and every compressor's throughput on 256M float32
 #   compressors.json  the same as JSON (schema refcoll-gpu-compressors/1)
 #   summary.txt       one line per step: its name, exit status and seconds
@@ -91,6 +92,27 @@ step verify_compressed 60 verify.txt "$PY" -m refcoll verify -n 1 --device gpu \
 
 step bench_nccl 120 bench_nccl.txt "$PY" -m refcoll bench --device gpu --against nccl \
     -n 1 -b 8 -e 256M -f 4 --json "$RESULTS/bench_nccl.json"
+
+# refcoll's algorithms over torch.distributed's NCCL (the torch transport), then torch's
+# own NCCL collectives judged by the oracle; skipped, saying why, without CUDA torch. One
+# GPU: one process (NCCL refuses two ranks on one GPU), so the tensor path is what it checks.
+step torch_nccl 60 torch_nccl.txt bash -c '
+    "$0" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)" \
+        || { echo "skipped: no torch with CUDA here"; exit 0; }
+    script=$(mktemp --suffix .py)
+    cat > "$script" <<"EOF"
+import numpy as np, torch
+import refcoll, refcoll.torch as rt
+rt.init_process_group("nccl")
+x = torch.arange(4099, dtype=torch.float32, device="cuda") / 7
+for a in ["ring", "tree", "rabenseifner", "auto"]:
+    got = rt.allreduce(x, algorithm=a).cpu().numpy()
+    want = refcoll.simulate("allreduce", [x.cpu().numpy()], algorithm="ring").outputs[0]
+    print(a, "same bits as the simulator:", np.array_equal(got.view(np.uint8), want.view(np.uint8)))
+EOF
+    "$0" -m torch.distributed.run --standalone --nproc-per-node 1 "$script" || exit 1
+    "$0" -m torch.distributed.run --standalone --nproc-per-node 1 -m refcoll verify --backend torch \
+        --device gpu --sizes 0,1,5003' "$PY"
 
 step compressors 100 compressors.txt "$PY" - "$RESULTS/compressors.json" <<'EOF'
 """Device copy bandwidth and each compressor's throughput on 256M float32 (1 GiB)."""
