@@ -29,10 +29,11 @@ def every_call(cases):
     return covering(cases, lambda c: (c.algorithm, c.collective, c.op, c.count, c.inplace))
 
 
-# The full product at 4 and 5 ranks repeats, dtype by dtype, what 1 to 3 ranks show (an op
-# acts element by element, whatever the world): slow only; test_every_call_at_4_and_5_ranks
-# runs every call, op, size and mode there by default.
-@pytest.mark.parametrize("p", [1, 2, 3, pytest.param(4, marks=pytest.mark.slow),
+# The full product from 3 ranks on repeats, dtype by dtype, what 1 and 2 ranks show (an op
+# acts element by element, whatever the world): slow only; test_every_call_at_3_4_and_5_ranks
+# runs every call, op, size and mode at 3 and 4 by default (5 with -m slow).
+@pytest.mark.parametrize("p", [1, 2, pytest.param(3, marks=pytest.mark.slow),
+                               pytest.param(4, marks=pytest.mark.slow),
                                pytest.param(5, marks=pytest.mark.slow)])
 def test_full_battery(p):
     """Every case; the twins on :func:`every_call`'s subset.
@@ -49,13 +50,13 @@ def test_full_battery(p):
     assert not failures, failure_text(failures)
 
 
-@pytest.mark.parametrize("p", [4, 5])
-def test_every_call_at_4_and_5_ranks(p):
-    """A power of two and a prime past 3: every (algorithm, collective, op, size, mode), twins too.
+@pytest.mark.parametrize("p", [3, 4, pytest.param(5, marks=pytest.mark.slow)])
+def test_every_call_at_3_4_and_5_ranks(p):
+    """Odd and power-of-two worlds: every (algorithm, collective, op, size, mode), twins too.
 
     The full battery's subset at ``p`` (:func:`every_call`): every dtype and input
     kind of each algorithm still appears; each dtype at each size is held by the
-    full battery at 1 to 3 ranks.
+    full battery at 1 and 2 ranks.
     """
     cases = build_cases(p, algorithms_=FOUNDATION)
     chosen = every_call(cases)
@@ -64,7 +65,9 @@ def test_every_call_at_4_and_5_ranks(p):
     assert not failures, failure_text(failures)
 
 
-@pytest.mark.parametrize("p", range(6, 18))
+@pytest.mark.parametrize("p", [p if p in (6, 7, 8, 9, 10, 12, 16, 17)
+                               else pytest.param(p, marks=pytest.mark.slow)
+                               for p in range(6, 18)])  # the others: more of the same p mod 4
 def test_covering_battery(p):
     """One case per (algorithm, collective, size, mode), cycling through (op, dtype, kind).
 

@@ -53,7 +53,8 @@ ROTATED_OPS = ("sum", "min", "avg")
 ROTATED_DTYPES = ("float32", "int32", "float16")
 
 
-@pytest.mark.parametrize("p", range(1, 18))
+@pytest.mark.parametrize("p", [pytest.param(p, marks=pytest.mark.slow) if p == 5 else p
+                               for p in range(1, 18)])  # 5: the fold as at 3, 6 and 7
 def test_battery_on_the_simulator(p):
     """p <= 5: every op on three dtypes; p > 5: one (op, dtype) per p, all nine pairs over 6..17.
 
