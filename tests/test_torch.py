@@ -57,6 +57,16 @@ def test_torch_suite(launcher, p):
     assert " passed" in res.stdout and " failed" not in res.stdout
 
 
+@SLOW
+@pytest.mark.parametrize("launcher,p", [("torchrun", 1), ("torchrun", 2), ("mpiexec", 3),
+                                        ("torchrun", 4)])
+def test_every_case_of_the_battery_over_the_torch_transport(launcher, p):
+    res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "slow",
+               str(ROOT / "tests" / "torch" / "test_torch_battery.py"))
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert "1 passed" in res.stdout
+
+
 @pytest.mark.parametrize("launcher,mode,error", [
     ("mpiexec", "absent", "CollectiveTimeout: rank 0: allreduce over torch (gloo) timed out "
                           "after 2 s at its exchange 1"),
