@@ -348,10 +348,10 @@ def compare_ring_default(ring, default, args, p: int):
     holds = all(all_hold)
     lines = [
         "ring vs default, step-1 averaged gradients: max |difference| "
-        f"{worst_diff:.3e}, {'within' if holds else 'OUTSIDE'} the bound (γ_p+γ_{p+1})·Σ_r|g_r|/p "
+        f"{worst_diff:.3e}, {'within' if holds else 'OUTSIDE'} the bound (γ_p+γ_{{p+1}})·Σ_r|g_r|/p "
         f"elementwise (worst element at {worst_ratio:.3f} of its bound)",
         f"ring vs default, final parameters: max |difference| {final_diff:.3e}; "
-        f"first-order estimate lr/(1-μ)·Σ_s (γ_p+γ_{p+1})·Σ_r|g_r,s|/p: {estimate:.3e} "
+        f"first-order estimate lr/(1-μ)·Σ_s (γ_p+γ_{{p+1}})·Σ_r|g_r,s|/p: {estimate:.3e} "
         "(an estimate, not a bound: see the docstring)",
     ]
     return lines, holds

@@ -65,7 +65,7 @@ def test_every_call_at_3_4_and_5_ranks(p):
     assert not failures, failure_text(failures)
 
 
-@pytest.mark.parametrize("p", [p if p in (6, 7, 8, 9, 10, 12, 16, 17)
+@pytest.mark.parametrize("p", [p if p in (6, 7, 8, 9, 10, 12, 17)
                                else pytest.param(p, marks=pytest.mark.slow)
                                for p in range(6, 18)])  # the others: more of the same p mod 4
 def test_covering_battery(p):

@@ -39,16 +39,19 @@ def _run(launcher: str, p: int, *args: str, **env_vars):
                           env=env, cwd=ROOT)
 
 
-# Every size runs by default under one launcher and under the other with -m slow: the
-# launchers start the same processes, which init_process_group reads either way.
+# Two, three and four processes run by default (one process: in this process, below), every
+# size under both launchers with -m slow: they start the same processes, which
+# init_process_group reads either way.
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("launcher,p", [("mpiexec", 1), ("torchrun", 2), ("torchrun", 3),
-                                        ("mpiexec", 4), pytest.param("torchrun", 1, marks=SLOW),
-                                        pytest.param("mpiexec", 2, marks=SLOW),
-                                        pytest.param("mpiexec", 3, marks=SLOW),
-                                        pytest.param("torchrun", 4, marks=SLOW)])
+@pytest.mark.parametrize("launcher,p", [("torchrun", 2), ("mpiexec", 3), ("mpiexec", 4),
+                                        *[pytest.param(launcher, p, marks=SLOW)
+                                          for launcher in ("torchrun", "mpiexec")
+                                          for p in range(1, 5)
+                                          if (launcher, p) not in (("torchrun", 2),
+                                                                   ("mpiexec", 3),
+                                                                   ("mpiexec", 4))]])
 def test_torch_suite(launcher, p):
     res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "torch"))
@@ -173,3 +176,27 @@ def test_comm_hook_refuses_what_is_not_a_compressor():
     with pytest.raises(UsageError, match="spec string"):
         rt.comm_hook(compressor=3)
     assert isinstance(rt.comm_hook(algorithm="ring")[0], HookState)
+
+
+def test_one_process_alone_runs_the_battery_over_the_torch_transport():
+    # A plain python process: init_process_group makes a Gloo group of one.
+    from conftest import classes, fewest_covering
+    from refcoll.verify.conformance import build_cases, run_battery
+    import torch.distributed as dist
+
+    assert rt.launcher() == "none"
+    rt.init_process_group("gloo")
+    try:
+        t = rt.transport_for()
+        assert (t.size, t.rank, t.backend) == (1, 0, "gloo")
+        cases = build_cases(1)
+        chosen = fewest_covering(cases)
+        assert classes(chosen) == classes(cases)
+        failures = [f"{r.case.id}: {r.reason}" for r in run_battery(t, chosen) if not r.passed]
+        assert not failures, "\n".join(failures[:10])
+        x = torch.arange(6, dtype=torch.bfloat16)
+        assert torch.equal(rt.allreduce(x), x) and torch.equal(rt.iallreduce(x).wait(), x)
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(UsageError, match="not initialized"):
+        rt.transport_for()

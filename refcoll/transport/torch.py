@@ -37,6 +37,7 @@ How the MPI transport's guarantees carry over:
 
 from __future__ import annotations
 
+import atexit
 import functools
 import socket
 import sys
@@ -288,6 +289,13 @@ class TorchTransport(TransportBase):
 
 #: Transports by process group, so repeated calls on one group share one.
 _BY_GROUP: dict = {}
+
+
+@atexit.register
+def _forget_groups() -> None:
+    """Drop the cached transports while torch is whole: a group ``destroy_process_group``
+    ended is then freed here, not in the interpreter's teardown after torch's own."""
+    _BY_GROUP.clear()
 
 
 def torch_transport_for(group=None) -> TorchTransport:
