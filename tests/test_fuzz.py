@@ -356,7 +356,7 @@ def short_switch_interval():
     sys.setswitchinterval(previous)
 
 
-@settings(max_examples=500, deadline=None, derandomize=True, database=None,
+@settings(max_examples=250, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @with_covering_examples
 @given(fuzz_cases(max_pieces=MAX_PIECES))
