@@ -16,6 +16,7 @@ import socket
 
 from ..core.errors import UsageError
 from ..transport.base import default_timeout
+from ..transport.mpi import bounded_barrier
 
 __all__ = ["init_process_group", "launcher"]
 
@@ -43,8 +44,6 @@ def _free_port() -> int:
 def _from_mpi() -> tuple[str, int, int]:
     """Return ``(init_method, rank, size)`` for the processes of an MPI job."""
     from mpi4py import MPI
-
-    from ..transport.mpi import bounded_barrier
 
     comm = MPI.COMM_WORLD
     bounded_barrier(comm, "refcoll.torch.init_process_group")  # every rank is here
