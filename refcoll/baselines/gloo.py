@@ -16,8 +16,6 @@ have no average there ("result type Float can't be cast").
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
 
@@ -25,8 +23,8 @@ import numpy as np
 
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype, get_op, is_integer
-from ..torch.launch import init_process_group
-from ..torch.tensors import as_tensor
+from ..torch.launch import INSTALL_HINT, init_process_group, reduce_op, torch_installed
+from ..torch.tensors import cpu_tensor
 from ..transport.mpi import bounded_barrier
 
 __all__ = ["GLOO_CALLS", "GLOO_DTYPES", "require_torch", "torch_version", "gloo_unavailable",
@@ -46,9 +44,6 @@ GLOO_CALLS = {
 #: than a byte, and no float8.
 GLOO_DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 
-_INSTALL = "pip install 'refcoll[torch]'"
-
-
 def require_torch(what: str = "Gloo", *, load: bool = True):
     """Return ``torch.distributed``, or raise :class:`UsageError` saying why ``what`` cannot run.
 
@@ -56,11 +51,9 @@ def require_torch(what: str = "Gloo", *, load: bool = True):
     takes seconds), and return None: a launcher's check before it starts the
     processes that import it.
     """
-    missing = UsageError(f"{what} needs PyTorch, which is not installed: {_INSTALL}")
+    missing = UsageError(f"{what} needs PyTorch, which is not installed: {INSTALL_HINT}")
     if not load:
-        found = (sys.modules["torch"] is not None if "torch" in sys.modules
-                 else importlib.util.find_spec("torch") is not None)
-        if not found:
+        if not torch_installed():
             raise missing
         return None
     try:
@@ -164,19 +157,9 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
     return GlooGroup(group, made, started)
 
 
-def _reduce_op(op: str):
-    import torch.distributed as dist
-
-    return {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-            "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}[get_op(op).name]
-
-
 def _tensor(array):
-    """Return a CPU tensor over ``array``'s memory (bfloat16 through its bits, no copy)."""
-    import torch
-
-    like = torch.empty(0, dtype=getattr(torch, dtype_name(array.dtype)))
-    return as_tensor(array.reshape(-1), like)
+    """Return a CPU tensor over ``array``'s memory, flat (bfloat16 through its bits, no copy)."""
+    return cpu_tensor(array.reshape(-1))
 
 
 def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray | None, *,
@@ -213,7 +196,7 @@ def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray |
     if collective == "broadcast":
         out = _tensor(recvbuf)
         return (lambda: dist.broadcast(out, src=root, group=group)), None
-    red = _reduce_op(op)
+    red = reduce_op(op)
     if collective == "reduce_scatter":
         out = _tensor(recvbuf)
         # torch 2.13 renamed it reduce_scatter_single (the old name warns); the same call.

@@ -30,7 +30,6 @@ order-dependent case records which refcoll algorithms' results it equals.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -49,8 +48,8 @@ from ..verify.conformance.control import bcast_report, gather_reports
 from ..verify.conformance.judge import group_rows
 from ..verify.inputs import make_input
 from ..verify.oracle import check_outputs, expected_outputs, fold
-from .launch import init_process_group, launcher
-from .tensors import as_array, as_tensor
+from .launch import INSTALL_HINT, init_process_group, launcher, reduce_op, torch_installed
+from .tensors import as_array, cpu_tensor
 
 __all__ = ["TORCH_CALLS", "IN_PLACE_ONLY", "INSTALL_HINT", "backend_for", "require_torch",
            "build_cases", "verdict", "TorchJudge", "TorchReport", "judge_collectives"]
@@ -63,11 +62,6 @@ TORCH_CALLS = {"allreduce": "all_reduce", "reduce_scatter": "reduce_scatter_tens
 #: Collectives torch offers in place only: the tensor is the input and the result.
 IN_PLACE_ONLY = ("allreduce", "broadcast", "reduce")
 
-#: refcoll's op -> the member of ``torch.distributed.ReduceOp``.
-_REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
-
-INSTALL_HINT = "pip install 'refcoll[torch]'"
-
 _EXCHANGE = "refcoll verify --backend torch"  # what a timeout of the verdicts' exchange names
 
 
@@ -78,8 +72,7 @@ def _dist():
     return torch, dist
 
 
-def _torch_installed() -> bool:
-    return importlib.util.find_spec("torch") is not None
+_torch_installed = torch_installed  # looked up when called: a test can stand in for torch
 
 
 def backend_for(device: str) -> str:
@@ -321,9 +314,7 @@ class TorchJudge:
 
     def _tensor(self, array: np.ndarray, dtype: str):
         """Return a writeable tensor holding ``array`` (of ``dtype``), on the group's device."""
-        torch, _ = _dist()
-        like = torch.empty(0, dtype=getattr(torch, dtype))
-        x = as_tensor(np.array(array, copy=True), like)
+        x = cpu_tensor(np.array(array, dtype=DTYPES[dtype], copy=True))
         return x if self.device == "cpu" else x.to(self.device)
 
     def _empty(self, count: int, like):
@@ -341,7 +332,7 @@ class TorchJudge:
         """Run torch's collective of ``case`` on this rank's input; return (result, input)."""
         torch, dist = _dist()
         x = self._tensor(mine, case.dtype)
-        op = getattr(dist.ReduceOp, _REDUCE_OPS[case.op]) if case.op else None
+        op = reduce_op(case.op) if case.op else None
         rank, p, g = self.rank, self.size, self.group
         with warnings.catch_warnings():  # torch 2.13 renames the *_tensor calls
             warnings.simplefilter("ignore", FutureWarning)

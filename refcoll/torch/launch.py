@@ -11,14 +11,20 @@ host, which MPI broadcasts: the same processes, the same group. One process alon
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import socket
+import sys
 
 from ..core.errors import UsageError
+from ..core.ops import get_op
 from ..transport.base import default_timeout
 from ..transport.mpi import bounded_barrier
 
-__all__ = ["init_process_group", "launcher"]
+__all__ = ["init_process_group", "launcher", "torch_installed", "reduce_op", "INSTALL_HINT"]
+
+#: What a user without PyTorch installs for refcoll's torch features.
+INSTALL_HINT = "pip install 'refcoll[torch]'"
 
 #: The environment variables by which a launcher names a process's rank and the world's size.
 _LAUNCHERS = (("torchrun", "RANK", "WORLD_SIZE"),
@@ -33,6 +39,21 @@ def launcher() -> str:
         if rank in os.environ:
             return name.split()[0]
     return "none"
+
+
+def torch_installed() -> bool:
+    """Return whether PyTorch can be imported, without importing it (which takes seconds)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"] is not None
+    return importlib.util.find_spec("torch") is not None
+
+
+def reduce_op(op):
+    """Return ``torch.distributed.ReduceOp``'s member for refcoll's op (``sum``... ``avg``)."""
+    import torch.distributed as dist
+
+    return {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}[get_op(op).name]
 
 
 def _free_port() -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from ..core.errors import UsageError
 from ..core.ops import DTYPES
 
-__all__ = ["as_array", "as_tensor", "check_same_device", "torch_dtype_name"]
+__all__ = ["as_array", "as_tensor", "cpu_tensor", "check_same_device", "torch_dtype_name"]
 
 
 def _torch():
@@ -107,4 +107,10 @@ def check_same_device(tensor, out, rank: int) -> None:
         raise TypeError(f"rank {rank}: out= is {torch_dtype_name(out.dtype)} on {out.device}, "
                         f"the input {torch_dtype_name(tensor.dtype)} on {tensor.device}; they "
                         "must match")
+
+
+def cpu_tensor(array):
+    """Return a CPU tensor over ``array``'s memory, of torch's dtype of the same name (no copy)."""
+    torch = _torch()
+    return as_tensor(array, torch.empty(0, dtype=getattr(torch, str(array.dtype))))
 
