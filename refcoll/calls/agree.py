@@ -2,18 +2,28 @@
 
 The classic failures of collective libraries when ranks disagree (one rank passes
 999 elements, another 1000; one float32, another int32) are hangs and silent
-corruption. refcoll exchanges one fixed-size record per rank first (an
-allgather of ``RECORD_BYTES`` each, ``⌈lg p⌉`` rounds): the collective, the
-algorithm, the op, the dtype, the count, the root and the options. A fixed size
-means the exchange itself cannot be thrown off by the disagreement. Every rank
-then holds every rank's record and raises the same :class:`MismatchError`,
-naming the field and the ranks: ``count: rank 0 has 1000, rank 3 has 999``.
+corruption. refcoll makes every rank compare notes first: a fixed-size record per
+rank of the collective, the algorithm, the op, the dtype, the count, the root and
+the options. A fixed size means the exchange itself cannot be thrown off by the
+disagreement. Every rank ends with every rank's notes and raises the same
+:class:`MismatchError`, naming the field and the ranks: ``count: rank 0 has
+1000, rank 3 has 999``.
 
-``validate=False`` skips the exchange (one round trip per call saved, which
-matters for small messages). Without it, ranks that disagree on sizes still
-never corrupt memory (every receive checks its byte count) but may wait until
-the timeout instead of failing at once, and ranks that disagree on the dtype of
-the same size get wrong numbers without an error.
+On MPI what travels first is a :data:`SIGNATURE_BYTES`-byte digest of the record
+(:class:`Signatures`: an allgather recorded once per transport as persistent
+exchanges, ``⌈lg p⌉`` rounds); the records themselves (``RECORD_BYTES`` each)
+move only when the digests differ, to name the field. A prepared all-reduce
+(:mod:`refcoll.calls.prepared`) starts its first data exchange beside the
+signatures, so the agreement rides with the data instead of costing a round
+trip of its own, and it reduces only after every signature matched. When they
+differ, every rank knows it at once, withdraws its data, leaves its persistent
+exchanges for a new tag slot (:func:`disagreed`) and names the difference
+(:func:`disagreement`). Other transports exchange the records directly.
+
+``validate=False`` skips the exchange. Without it, ranks that disagree on sizes
+still never corrupt memory (every receive checks its byte count) but may wait
+until the timeout instead of failing at once, and ranks that disagree on the
+dtype of the same size get wrong numbers without an error.
 
 The record is the one encoding of small messages between ranks over a
 Transport: :func:`pack` writes JSON into a zero-padded buffer of a fixed size,
@@ -36,8 +46,11 @@ import numpy as np
 from ..algorithms.naive import naive_broadcast
 from ..algorithms.rabenseifner import rabenseifner_allgather
 from ..core.errors import MismatchError, UsageError
+from ..transport.base import TAGS_PER_CALL, transport_cache
+from ..transport.recorder import record
 
-__all__ = ["agree", "record_of", "check_table", "describe_disagreement", "RECORD_BYTES",
+__all__ = ["agree", "record_of", "signature_of", "signatures", "disagreed", "disagreement", "Signatures",
+           "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table", "describe_disagreement", "RECORD_BYTES",
            "FIELDS", "pack", "unpack",
            "gather_records", "broadcast_record", "allgather_records", "barrier"]
 
@@ -177,10 +190,133 @@ def describe_disagreement(records: list[list[str]]) -> str | None:
 
 
 def agree(t, **fields) -> None:
-    """Exchange the call's arguments; raise the same MismatchError on every rank if they differ."""
+    """Exchange the call's arguments; raise the same MismatchError on every rank if they differ.
+
+    On a transport with persistent exchanges (MPI) the ranks first exchange
+    :data:`SIGNATURE_BYTES`-byte digests of their records (:class:`Signatures`);
+    only when those differ do they exchange the records themselves, to name the
+    field. Every rank ends with every rank's digest, so every rank takes the
+    same branch.
+    """
     if t.size == 1:
         return
+    record = record_of(fields)
+    exchange = signatures(t)
+    if exchange is not None:
+        if exchange.agreed(signature_of(record)):
+            return  # the same record everywhere (an error every rank has: each raises it)
+        disagreement(t, fields)
+        return
+    check_table(t, fields, allgather_records(t, record))
+
+
+def disagreement(t, fields: dict) -> None:
+    """After signatures that differed on some rank: name the difference on every rank.
+
+    Every rank leaves its persistent exchanges (:func:`disagreed`), then the
+    ranks exchange their whole records and raise the same error
+    (:func:`check_table`; a rank with an error of its own returns to raise it).
+    """
+    disagreed(t)
     check_table(t, fields, allgather_records(t, record_of(fields)))
+
+
+# ------------------------------------------------------------- signatures
+
+#: Bytes of a call's signature: a BLAKE2b digest of its record.
+SIGNATURE_BYTES = 32
+
+#: The tag of the signature exchange among the persistent exchanges: above the
+#: tags algorithms use, so a call's signature and its data can travel at once.
+SIGNATURE_TAG = TAGS_PER_CALL - 1
+
+
+def signature_of(record: np.ndarray) -> bytes:
+    """Return the signature of a record (cached with it: a loop of identical calls hashes once)."""
+    return _signature(record.tobytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _signature(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=SIGNATURE_BYTES).digest()
+
+
+class _SignatureTags:
+    """A transport seen through :data:`SIGNATURE_TAG`: what the signature exchange records on."""
+
+    def __init__(self, t):
+        self.rank, self.size, self._t = t.rank, t.size, t
+
+    def persistent(self, sends, recvs):
+        moved = lambda pairs: [(buf, peer, SIGNATURE_TAG + tag) for buf, peer, tag in pairs]
+        return self._t.persistent(moved(sends), moved(recvs))
+
+
+class Signatures:
+    """The allgather of every rank's signature, recorded once per transport as persistent exchanges.
+
+    Its steps are public (:attr:`steps`) so that a prepared all-reduce can start
+    its first data exchange beside them (:mod:`refcoll.calls.prepared`): the
+    signature travels with the data, and the data is reduced only after the
+    signatures compared equal.
+    """
+
+    def __init__(self, t):
+        self.rank = t.rank
+        self.table = np.zeros((t.size, SIGNATURE_BYTES), np.uint8)
+        self.schedule = record(_SignatureTags(t), rabenseifner_allgather, self.table.reshape(-1))
+        self.steps = self.schedule.steps
+
+    def agreed(self, signature: bytes) -> bool:
+        """Exchange ``signature``; return whether every rank sent the same one."""
+        self.table[self.rank] = np.frombuffer(signature, np.uint8)
+        self.schedule()
+        return self.uniform(signature)
+
+    def uniform(self, signature: bytes) -> bool:
+        """Return whether the table, after the exchange, holds ``signature`` in every row."""
+        return self.table.tobytes() == signature * len(self.table)
+
+    def free(self) -> None:
+        self.schedule.free()
+
+
+def signatures(t) -> Signatures | None:
+    """Return ``t``'s signature exchange (made on first use); None on a transport without one."""
+    if not hasattr(t, "new_persistent_epoch"):
+        return None
+    cache = transport_cache(t, "agreement")
+    exchange = cache.get("signatures")
+    if exchange is None:
+        exchange = cache["signatures"] = Signatures(t)
+    return exchange
+
+
+def disagreed(t) -> None:
+    """Leave every persistent exchange of ``t`` after an agreement that every rank saw fail.
+
+    A rank that ran a prepared all-reduce sent its data beside its signature;
+    a peer that made a different call never takes it. So every rank frees its
+    prepared plans, the non-blocking engine's recordings and the signature
+    exchange, and moves the persistent exchanges it makes from now on to a new
+    tag slot, where no message of the failed call can match them.
+    """
+    prepared = transport_cache(t, "prepared")
+    for call in prepared.values():
+        call.free()
+    prepared.clear()
+    engine = transport_cache(t, "progress").get("engine")
+    for plan, _ in getattr(engine, "plans", {}).values():  # a scheduling engine's recordings
+        plan.free()
+    if getattr(engine, "plans", None):
+        engine.plans.clear()
+    if getattr(engine, "agreement", None) is not None:
+        engine.agreement.schedule.free()
+        engine.agreement = None
+    exchange = transport_cache(t, "agreement").pop("signatures", None)
+    if exchange is not None:
+        exchange.free()
+    t.new_persistent_epoch()
 
 
 def record_of(fields: dict) -> np.ndarray:

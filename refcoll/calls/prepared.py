@@ -10,6 +10,12 @@ and copies the result out. Below :data:`PLAN_BYTES` a call costs its messages
 and Python steps, not its bytes, and the replay drops most of the steps. The
 results are the same bits: the same exchanges and reductions, in the same order,
 on the same values. Only algorithms whose record says ``replayable`` are replayed.
+
+A validated call carries its argument agreement beside its first exchange
+(:func:`signed_replay`, :class:`refcoll.calls.agree.Signatures`): no round trip
+of its own. A loop that passes the very same ``x`` and ``out=`` again reaches a
+:class:`Bound` plan, recorded on those buffers, with one dictionary lookup: no
+argument handling and no copies.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import numpy as np
 from .. import algorithms
 from ..transport.base import transport_cache
 from ..transport.recorder import record
+from .agree import disagreement, record_of, signature_of, signatures
 from .auto import resolve
 
-__all__ = ["PLAN_BYTES", "PREPARED_KEPT", "Prepared", "Plan", "prepared_call", "prepare"]
+__all__ = ["PLAN_BYTES", "PREPARED_KEPT", "Prepared", "Plan", "Bound", "prepared_call",
+           "prepare", "bound_call", "bind"]
 
 
 #: Largest all-reduce, in bytes, that runs from a recorded plan. Up to here the
@@ -51,6 +59,7 @@ class Prepared:
         self.fn = algorithms.implementation(name, "allreduce")
         self.reduction = reduction
         self.plan = None
+        self.signature = None  # the validated call's, made by its first signed run
         if (count * dtype.itemsize <= PLAN_BYTES and algorithms.get(name).replayable
                 and hasattr(t, "persistent")):
             self.plan = Plan(t, self.fn, reduction, dtype, count)
@@ -65,6 +74,34 @@ class Prepared:
         except BaseException:
             self.plan = None  # its requests may still be running: never restart them
             raise
+
+    def signed(self) -> bool:
+        """Return whether a validated call can carry its agreement beside its data (:meth:`run_signed`)."""
+        return self.plan is not None and self.plan.signatures is not None
+
+    def run_signed(self, t, x: np.ndarray, out: np.ndarray, fields: dict) -> bool:
+        """Run a validated call from the plan, its signature beside its first exchange.
+
+        The plan's first exchange starts, then the signature exchange runs
+        (:class:`~refcoll.calls.agree.Signatures`); only when every rank's
+        signature equals this one does the data exchange complete and the
+        reductions run. Returns False, having withdrawn the data exchange,
+        when the signatures differ: the caller names the difference
+        (:func:`~refcoll.calls.agree.disagreement`).
+        """
+        plan = self.plan
+        if self.signature is None:
+            self.signature = signature_of(record_of(fields))
+        np.copyto(plan.x, x)
+        try:
+            if not signed_replay(plan.schedule.steps, plan.signatures, self.signature):
+                self.plan = None
+                return False
+        except BaseException:
+            self.plan = None  # never restart requests a failed call may have left running
+            raise
+        np.copyto(out, plan.out)
+        return True
 
     def free(self) -> None:
         """Free the plan's persistent requests, if any."""
@@ -104,6 +141,7 @@ class Plan:
         self.x = np.empty(count, dtype)
         self.out = np.empty(count, dtype)
         self.schedule = record(t, fn, self.x, self.out, op=reduction)
+        self.signatures = signatures(t)  # the argument agreement that runs beside it
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         """Reduce the flat ``x`` into the flat ``out`` (which may be ``x``)."""
@@ -114,3 +152,119 @@ class Plan:
     def free(self) -> None:
         """Free the persistent requests."""
         self.schedule.free()
+
+
+def signed_replay(steps, exchange, signature: bytes) -> bool:
+    """Replay ``steps`` with the signature exchange run beside the first of them.
+
+    The first exchange starts, then every rank's signature is gathered; the
+    data exchange completes and the reductions run only when every signature
+    equals ``signature``. Otherwise the data exchange is withdrawn and False
+    returned (the caller names the difference). On an error the started
+    exchange is withdrawn too.
+    """
+    first = steps[0] if steps and hasattr(steps[0], "start") else None
+    if first is not None:
+        first.start()
+    try:
+        agreed = exchange.agreed(signature)
+    except BaseException:
+        if first is not None:
+            first.cancel()
+        raise
+    if not agreed:
+        if first is not None:
+            first.cancel()
+        return False
+    if first is not None:
+        first.finish()
+    for step in steps[1 if first is not None else 0:]:
+        step()
+    return True
+
+
+class Bound:
+    """A prepared all-reduce recorded on the caller's own ``x`` and ``out``: no copies at all.
+
+    A loop that all-reduces the same small arrays into the same ``out`` (a
+    benchmark, a training step's fixed buckets) reaches it with one dictionary
+    lookup (:func:`bound_call`) and replays the schedule on its buffers, which
+    the persistent requests were bound to. It holds the arrays (and the
+    communicator), so their identities, which key it, cannot be reused while it
+    lives. A call advances the transport's call count as an ordinary call does,
+    so ranks on different paths stay in step.
+    """
+
+    def __init__(self, t, comm, x, out, prepared: Prepared, key: tuple, fields: dict | None):
+        self.t, self.comm, self.x, self.out, self.key = t, comm, x, out, key
+        self.dtype = x.dtype
+        self.reduction = prepared.reduction
+        self.schedule = record(t, prepared.fn, x.reshape(-1), out.reshape(-1),
+                               op=prepared.reduction)
+        self.steps = self.schedule.steps
+        self.fields = fields
+        self.exchange = signatures(t) if fields is not None else None
+        self.signature = None if fields is None else signature_of(record_of(fields))
+        self.divides = prepared.reduction.divides
+
+    def __call__(self) -> np.ndarray:
+        """Run the all-reduce in a call of its own; return ``out``."""
+        t = self.t
+        with t.call("allreduce"):
+            try:
+                if self.exchange is None:
+                    for step in self.steps:
+                        step()
+                elif not signed_replay(self.steps, self.exchange, self.signature):
+                    self.free()
+                    disagreement(t, self.fields)
+            except BaseException:
+                self.free()  # never restart requests a failed call may have left running
+                raise
+        if self.divides:
+            self.reduction.finalize(self.out, t.size)
+        return self.out
+
+    def free(self) -> None:
+        """Free the persistent requests and forget the buffers."""
+        _BOUND.pop(self.key, None)
+        if self.schedule is not None:
+            self.schedule.free()
+            self.schedule = None
+            self.steps = []
+
+
+#: Bound all-reduces by (id(comm), id(x), id(out), algorithm, op, validate).
+_BOUND: dict = {}
+
+
+def bound_call(comm, x, out, algorithm, op, validate) -> Bound | None:
+    """Return the all-reduce bound to exactly these arguments, if one is (a dictionary lookup)."""
+    try:
+        bound = _BOUND.get((id(comm), id(x), id(out), algorithm, op, validate))
+    except TypeError:  # an unhashable op
+        return None
+    if bound is None or x.dtype is not bound.dtype:
+        return None
+    return bound
+
+
+def bind(t, comm, x, out, algorithm, op, validate: bool, fields: dict | None) -> None:
+    """Bind the all-reduce just run with these arguments to its buffers, if it qualifies.
+
+    It qualifies when it ran from a plan (small, replayable, on MPI) with a
+    given ``out=`` that is ``x`` or shares no memory with it, both plain
+    C-contiguous NumPy arrays. Kept among the transport's prepared calls, so it is
+    dropped and freed with them.
+    """
+    key = (id(comm), id(x), id(out), algorithm, op, validate)
+    prepared = prepared_call(t, (algorithm, op, x.dtype, x.size))
+    if (prepared is None or prepared.plan is None or key in _BOUND or type(x) is not np.ndarray
+            or type(out) is not np.ndarray or not x.flags.c_contiguous
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        return
+    cache = transport_cache(t, "prepared")
+    if len(cache) >= PREPARED_KEPT:
+        cache.pop(next(iter(cache))).free()
+    bound = Bound(t, comm, x, out, prepared, key, fields if validate and t.size > 1 else None)
+    cache[("bound", *key)] = _BOUND[key] = bound

@@ -110,10 +110,11 @@ class Traffic:
 #: the algorithms' receive buffers by shape (``workspace``), hierarchical's node
 #: split (``node_layouts``), prepared small all-reduces (``prepared``), ``auto``'s
 #: agreed settings (``auto``), the device transport over a host one (``device``)
-#: the cluster model's timing buffers (``model``) and the engine that runs the
-#: transport's non-blocking calls (``progress``).
+#: the cluster model's timing buffers (``model``), the engine that runs the
+#: transport's non-blocking calls (``progress``) and the argument agreement's
+#: signature exchange (``agreement``).
 CACHE_OWNERS = ("workspace", "node_layouts", "prepared", "auto", "device", "model",
-                "progress")
+                "progress", "agreement")
 
 #: Caches of transports that are not :class:`TransportBase` (a user's own), kept
 #: beside them and dropped with them.

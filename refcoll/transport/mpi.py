@@ -50,6 +50,10 @@ POLLS_BEFORE_YIELD = 10
 PATIENT_POLLS = 200
 PATIENT_SLEEP = 50e-6
 
+#: Tag slots kept for persistent exchanges, used one epoch at a time
+#: (:meth:`MPITransport.new_persistent_epoch`).
+PERSISTENT_EPOCHS = 16
+
 
 def _message(buf) -> list:
     """Return the MPI message of a contiguous array: its bytes, as ``MPI.BYTE`` (no copy)."""
@@ -82,9 +86,13 @@ class MPITransport(TransportBase):
         self.size = self.comm.Get_size()
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
-        # Ordinary calls cycle through all tag slots but the last, which persistent
-        # exchanges keep for themselves (MPI guarantees TAG_UB >= 32767: 32 slots).
-        self._tag_slots = max(1, (int(tag_ub) + 1) // TAGS_PER_CALL - 1)
+        # Ordinary calls cycle through the tag slots but the last few, which
+        # persistent exchanges keep for themselves, one epoch at a time
+        # (new_persistent_epoch; MPI guarantees TAG_UB >= 32767: 32 slots).
+        slots = (int(tag_ub) + 1) // TAGS_PER_CALL
+        self._epochs = max(1, min(PERSISTENT_EPOCHS, slots // 2))
+        self._tag_slots = max(1, slots - self._epochs)
+        self._epoch = 0
         self._persistent_tags = self._tag_slots * TAGS_PER_CALL
         self._persistent: list[PersistentExchange] = []
         # Reused by every wait: the first request's status (a receive's) is read after.
@@ -129,6 +137,16 @@ class MPITransport(TransportBase):
         exchange = PersistentExchange(self, sends, recvs)
         self._persistent.append(exchange)
         return exchange
+
+    def new_persistent_epoch(self) -> None:
+        """Move the persistent exchanges made from now on to the next reserved tag slot.
+
+        Every rank calls it at the same point (after an argument agreement that
+        every rank saw fail), so the messages a failed call left unmatched in
+        the old slot can never be taken by a later exchange.
+        """
+        self._epoch = (self._epoch + 1) % self._epochs
+        self._persistent_tags = (self._tag_slots + self._epoch) * TAGS_PER_CALL
 
     def _finish(self, reqs: list, waiting_for) -> None:
         """Complete ``reqs`` by the deadline; the first one's status lands in ``_statuses[0]``."""
@@ -250,12 +268,32 @@ class PersistentExchange:
 
     def __call__(self) -> None:
         """Run the exchange once; return when its buffers may be read and reused."""
-        t = self._t
         _mpi().Prequest.Startall(self._requests)
+        self.finish()
+
+    def finish(self) -> None:
+        """Complete an exchange begun with :meth:`start`, as :meth:`__call__` does after starting."""
+        t = self._t
         t._finish(self._requests, self._describe)
         if self._source is not None:
             t._check_count(self._received, self._source)
         t.traffic.add(self._sent, self._received)
+
+    def cancel(self) -> None:
+        """Withdraw an exchange begun with :meth:`start` and free it: its call is abandoned.
+
+        A receive not yet matched is cancelled (``MPI_Cancel``) and completed; a
+        send is freed and completes on its own (MPI's rule for active requests).
+        """
+        if self._source is not None:  # the receive is the first request
+            receive = self._requests[0]
+            try:
+                if not receive.Test():
+                    receive.Cancel()
+                    receive.Wait()
+            except _mpi().Exception:
+                pass  # it completed in error (a message too long): it is no longer active
+        self.free()
 
     def start(self) -> None:
         """Start the exchange and return at once (:meth:`test` completes it): a schedule's step."""
