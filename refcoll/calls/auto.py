@@ -28,6 +28,7 @@ only: a call that names its algorithm runs that algorithm.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -41,7 +42,8 @@ from .calibration import (DEFAULT, LOAD_LIMIT, Calibration, CalibrationKey, cach
                           measure, ping_pong, runnable_tasks)
 
 __all__ = ["AlgoFilter", "calibration_for", "choose", "candidates", "resolve", "auto_algorithm",
-           "choice_table", "algo_filter",
+           "choice_table", "algo_filter", "modelled_time", "prediction", "choice_changes",
+           "auto_table", "TABLE_PS", "TABLE_LARGEST",
            # the calibration it prices with (refcoll.calls.calibration), for one import:
            "Calibration", "CalibrationKey", "DEFAULT", "LOAD_LIMIT", "measure", "cache_path",
            "current_calibration", "cached_calibrations", "calibrate", "calibration_mode",
@@ -170,6 +172,7 @@ class _AutoSettings:
     calibration: Calibration
     allowed: AlgoFilter = field(default_factory=AlgoFilter)
     choices: dict = field(default_factory=dict)
+    predictions: dict = field(default_factory=dict)  # (name, modelled s) by key, for tracing
 
 
 def _settings(t) -> _AutoSettings:
@@ -243,6 +246,48 @@ def resolve(t, collective: str, count: int, itemsize: int) -> str:
     return name
 
 
+def modelled_time(name: str, collective: str, p: int, count: int, itemsize: int,
+                  calibration: Calibration) -> float | None:
+    """Return the α-β-γ seconds auto's model gives ``name``'s ``collective`` (None: no cost model)."""
+    costs = algorithms.get(name).costs
+    if collective not in costs:
+        return None
+    return costs[collective](p, count, itemsize).time(calibration.alpha, calibration.beta,
+                                                      calibration.gamma)
+
+
+def _agreed_already(t) -> _AutoSettings | None:
+    """Return ``t``'s auto settings if they were agreed already, else None (never communicates)."""
+    while t is not None:
+        settings = transport_cache(t, "auto").get("settings")
+        if settings is not None:
+            return settings
+        t = getattr(t, "inner", None)
+    return None
+
+
+def prediction(t, collective: str, count: int, itemsize: int) -> tuple[str, float | None] | None:
+    """Return what auto runs for this call on ``t`` and its modelled seconds, as tracing shows.
+
+    ``None`` before ``t``'s first ``auto`` call has agreed on the settings:
+    this never communicates, so it may be asked after any call, on any rank.
+    The choice is :func:`resolve`'s own (kept on the transport); the time is
+    kept beside it, since a cost replay (dbtree's) can take longer than the call.
+    """
+    settings = _agreed_already(t)
+    if settings is None:
+        return None
+    key = (collective, count, itemsize)
+    found = settings.predictions.get(key)
+    if found is None:
+        name = resolve(t, collective, count, itemsize)
+        if len(settings.predictions) >= _CHOICES_KEPT:
+            settings.predictions.clear()
+        found = settings.predictions[key] = (
+            name, modelled_time(name, collective, t.size, count, itemsize, settings.calibration))
+    return found
+
+
 def _dispatch(collective: str):
     def run(t, *args, **options):
         extra = set(options) - {"op", "root"}
@@ -289,6 +334,101 @@ def choice_table(calibration: Calibration, ps=(2, 4, 8, 16, 64),
     return [{"p": p, "bytes": b, "algorithm": choose(collective, p, b // itemsize, itemsize,
                                                      calibration)}
             for p in ps for b in sizes]
+
+
+#: The process counts ``refcoll list`` tabulates: every p to 8, then the powers of two and
+#: the midpoints between them. Auto's choice depends on where p sits between powers of
+#: two (the non-power-of-two folds of recursive doubling and Rabenseifner) and on lg p;
+#: between two listed counts the choices are the same and the change points move
+#: monotonically, so the rows between add length, not information.
+TABLE_PS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+
+#: The largest message (bytes of each rank's input) the table scans.
+TABLE_LARGEST = 1 << 26
+
+#: Sizes probed per octave before each change is narrowed to its exact count.
+_PROBES_PER_OCTAVE = 2
+
+
+def choice_changes(collective: str, p: int, itemsize: int = 4,
+                   calibration: Calibration = DEFAULT, allowed: list[str] | None = None,
+                   largest: int = TABLE_LARGEST) -> list[dict]:
+    """Return where auto's choice for ``collective`` on ``p`` ranks changes, from 1 element up.
+
+    Each entry is ``{"count", "bytes", "algorithm", "predicted_s"}``: from
+    ``count`` elements on (``bytes`` of each rank's input) auto picks
+    ``algorithm`` (:func:`choose`, with ``allowed`` as ``REFCOLL_ALGO`` gives
+    it), until the next entry's count; ``predicted_s`` is its modelled time at
+    ``count``. Sizes are probed :data:`_PROBES_PER_OCTAVE` times per octave up
+    to ``largest`` bytes and every change between two probes is narrowed by
+    bisection to the first count at which the choice differs, so each entry is
+    exact: auto picks the previous entry's algorithm at ``count - 1`` and this
+    one at ``count``. (A choice that changed and changed back between two
+    probes, less than an octave apart, would not be seen.) Results are kept per
+    process: a cost replay (dbtree's, O(p·segments)) makes a table take seconds.
+    """
+    pool = None if allowed is None else tuple(allowed)
+    return [{"count": count, "bytes": count * itemsize, "algorithm": name, "predicted_s": time}
+            for count, name, time in _changes(collective, p, itemsize, calibration, pool,
+                                              largest)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _changes(collective: str, p: int, itemsize: int, calibration: Calibration,
+             allowed: tuple | None, largest: int) -> tuple:
+    pool = None if allowed is None else list(allowed)
+    picks: dict[int, str] = {}
+
+    def pick(count: int) -> str:
+        if count not in picks:
+            picks[count] = choose(collective, p, count, itemsize, calibration, pool)
+        return picks[count]
+
+    def entry(count: int) -> tuple:
+        name = pick(count)
+        return count, name, modelled_time(name, collective, p, count, itemsize, calibration)
+
+    top = max(1, largest // itemsize)
+    probes, count = [], 1
+    while count < top:
+        probes.append(count)
+        count = max(count + 1, int(count * 2 ** (1 / _PROBES_PER_OCTAVE)))
+    probes.append(top)
+    changes = [entry(1)]
+    below = 1  # the largest count known to pick the last entry's algorithm
+    for probe in probes[1:]:
+        while pick(probe) != changes[-1][1]:  # narrow (below, probe] to the first count that differs
+            lo, hi = below, probe
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if pick(mid) != changes[-1][1]:
+                    hi = mid
+                else:
+                    lo = mid
+            changes.append(entry(hi))
+            below = hi
+        below = probe
+    return tuple(changes)
+
+
+def auto_table(calibration: Calibration, ps=TABLE_PS, itemsize: int = 4,
+               allowed: AlgoFilter | None = None, largest: int = TABLE_LARGEST) -> dict:
+    """Return auto's choices per collective and p, as ``refcoll list`` prints them.
+
+    ``{collective: [{"p": p, "changes": choice_changes(...)}, ...]}`` for every
+    collective auto chooses among more than one algorithm for;
+    ``allowed`` is ``REFCOLL_ALGO`` (default: none).
+    """
+    allowed = allowed or AlgoFilter()
+    table = {}
+    for collective in algorithms.COLLECTIVES:
+        pool = allowed.allowed(collective)
+        if len([n for n in pool if collective in algorithms.get(n).costs]) < 2:
+            continue
+        table[collective] = [{"p": p, "changes": choice_changes(collective, p, itemsize,
+                                                                calibration, pool, largest)}
+                             for p in ps]
+    return table
 
 
 algorithms.register(auto_algorithm())  # chooses among every algorithm registered above

@@ -33,6 +33,7 @@ from ..transport.mpi import transport_for
 from ..transport.torch import is_process_group, torch_transport_for
 from ..transport.sim import SimWorld
 from .agree import disagreement
+from . import debug
 from .args import (agree_arguments, argument_fields, check_overlap, check_root, flat_input, flat_out, shaped,
                    shared_errors, workers_of)
 from .prepared import bind, bound_call, prepare, prepared_call
@@ -164,6 +165,7 @@ def _in_issue_order(comm_at: int):
     ``comm_at``: the position of the ``comm`` argument.
     """
     def wrap(fn):
+        traced = debug.tracing(fn, comm_at, as_transport)  # REFCOLL_DEBUG=INFO: a line per call
         @functools.wraps(fn)
         def call(*args, **kwargs):
             if any_busy():
@@ -176,8 +178,10 @@ def _in_issue_order(comm_at: int):
                         args = (*args[:comm_at], t, *args[comm_at + 1:])
                     else:
                         kwargs["comm"] = t
-                    job = functools.partial(fn, *args, **kwargs)
+                    job = functools.partial(traced, *args, **kwargs)
                     return engine.submit(Handle(fn.__name__, job, engine)).wait()
+            if debug.enabled():
+                return traced(*args, **kwargs)
             return fn(*args, **kwargs)
         return call
     return wrap

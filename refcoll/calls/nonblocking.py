@@ -21,6 +21,7 @@ from ..core.ops import get_op
 from ..algorithms.rabenseifner import rabenseifner_allgather
 from ..transport.recorder import record
 from .agree import RECORD_BYTES, check_table, record_of
+from . import debug
 from .args import argument_fields
 from .auto import resolve
 from .collectives import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter
@@ -147,11 +148,17 @@ class _Scheduled:
         self.agreement = agreement if validate else None
         self.stage = None
         self.result = None
+        self.trace = None  # REFCOLL_DEBUG: begun at the first step, written at the last
+        self.algorithm = algorithm
 
     def step(self) -> bool:
         """Advance as far as possible; return whether the all-reduce is complete."""
         t = self.t
         if self.stage is None:
+            if debug.enabled():
+                self.trace = debug.begin(t, "allreduce", debug.call_fields(
+                    self.x, op=self.reduction, algorithm=self.algorithm,
+                    validate=self.agreement is not None))
             if self.agreement is not None:
                 self.agreement.table[t.rank] = record_of(self.fields)
                 self.stage = ("agree", _Steps(self.agreement.schedule))
@@ -169,6 +176,8 @@ class _Scheduled:
         np.copyto(out.reshape(-1), self.plan.out)
         self.reduction.finalize(out.reshape(-1), t.size)
         self.result = out
+        if self.trace is not None:
+            self.trace.end()
         return True
 
     def _start_data(self) -> _Steps:

@@ -1,6 +1,6 @@
 """The commands of ``refcoll``: each parses, calls the library, prints.
 
-``list``, ``verify``, ``simulate``, ``gen-inputs``, ``oracle`` and ``check``;
+``verify``, ``simulate``, ``gen-inputs``, ``oracle`` and ``check``; ``list``,
 ``bench``, ``calibrate``, ``model``, ``spec`` and ``train`` have modules of their own.
 """
 
@@ -11,95 +11,21 @@ import sys
 import click
 
 from .. import algorithms
-from ..calls.auto import (algo_filter, cache_path, cached_calibrations, calibration_mode,
-                          candidates, choice_table, current_calibration)
 from ..core.errors import UsageError
-from ..core.ops import DTYPES, OPS, get_dtype, get_op, supports
-from ..core.units import human_bytes
+from ..core.ops import DTYPES, OPS, get_dtype, get_op
 from ..torch import judge as torch_judge
-from ..transport import cuda_aware
 from ..verify import session as verify_session
 from ..verify.inputs import make_inputs, read_rank_files, write_rank_files
 from ..verify.oracle import check_outputs, expected_outputs
 from ..verify.simulation import (MAX_SIMULATED_RANKS, run_simulation, simulation_bytes,
                                  simulation_case)
 from . import launch
-from .calibrate import as_json, describe
 from .common import (check_output_directory, check_output_paths, check_output_paths_on_lead, main,
                      out_of_memory_is_usage, reports_errors, require_memory, require_processes,
                      split_list, still_running, write_json)
 from .launch import relaunch
 
-__all__ = ["list_", "verify", "simulate", "gen_inputs", "oracle", "check"]
-
-
-# -------------------------------------------------------------------------- list
-
-@main.command("list")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False),
-              help="Write the listing as JSON.")
-@reports_errors
-def list_(json_file):
-    """List algorithms, collectives, ops and dtypes, with each algorithm's cost.
-
-    Ends with the GPU, if any, and how device buffers would travel (directly
-    through a CUDA-aware MPI, or staged through host memory) and why.
-    """
-    payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
-    click.echo("algorithms:")
-    for algo in algorithms.REGISTRY.values():
-        costs = {c: _cost_text(algo, c) for c in algo.collectives}
-        payload["algorithms"].append({"name": algo.name, "summary": algo.summary,
-                                      "collectives": list(algo.collectives), "cost": costs,
-                                      "spec": algo.spec})
-        click.echo(f"  {algo.name:<19} {algo.summary}")
-        for coll in algo.collectives:
-            click.echo(f"      {coll:<16} {costs[coll]}")
-    calibration = current_calibration()
-    mode, allowed = calibration_mode(), algo_filter()
-    cached = cached_calibrations()
-    table = choice_table(calibration)
-    payload["auto"] = {"calibration": as_json(calibration), "mode": mode,
-                       "refcoll_algo": allowed.text or None, "cache": str(cache_path()),
-                       "cached": [as_json(c) for c in cached],
-                       "allreduce_float32": table}
-    steering = [f"REFCOLL_CALIBRATION={mode}" if mode != "cache" else "from the cache",
-                f"REFCOLL_ALGO={allowed.text}" if allowed.text else ""]
-    click.echo(f"auto's calibration in force ({'; '.join(filter(None, steering))}):")
-    click.echo(f"  {describe(calibration)}")
-    click.echo(f"  key:    {calibration.key or '(fixed defaults: no measurement)'}")
-    click.echo(f"  source: {calibration.source}")
-    if len(cached) > (1 if calibration.key else 0):
-        click.echo(f"  also cached in {cache_path()} (a job uses the entry of its own key):")
-        for other in cached:
-            if other.key != calibration.key:
-                click.echo(f"    {other.key}: {describe(other)}")
-    sizes = sorted({row["bytes"] for row in table})
-    click.echo("auto picks for all-reduce of float32 with it:")
-    click.echo("  " + f"{'p':>4} " + " ".join(f"{human_bytes(b, 'g', binary=True):>18}"
-                                              for b in sizes))
-    for p in sorted({row["p"] for row in table}):
-        picks = {row["bytes"]: row["algorithm"] for row in table if row["p"] == p}
-        click.echo("  " + f"{p:>4} " + " ".join(f"{picks[b]:>18}" for b in sizes))
-    click.echo("ops:    " + ", ".join(OPS))
-    click.echo("dtypes:")
-    for name, dt in DTYPES.items():
-        ok = [op for op in OPS if supports(op, dt)]
-        payload["dtypes"][name] = ok
-        click.echo(f"  {name:<14} {', '.join(ok)}")
-    payload["gpu"] = info = cuda_aware.device_path()
-    click.echo(f"gpu: {info['gpu'] or 'none (' + str(info['gpu_reason']) + ')'}")
-    click.echo(f"device buffers: {info['path']} ({info['why']})")
-    write_json(json_file, payload)
-
-
-def _cost_text(algo, collective: str) -> str:
-    """Return the cost ``refcoll list`` shows for ``algo``'s ``collective``."""
-    if algo.chooses:  # auto: its cost is the cheapest candidate's, per call
-        return "the least modelled time among " + ", ".join(candidates(collective))
-    if collective in algo.costs:
-        return algo.costs[collective](8, 1 << 18, 4).formula
-    return ""
+__all__ = ["verify", "simulate", "gen_inputs", "oracle", "check"]
 
 
 # ------------------------------------------------------------------------ verify

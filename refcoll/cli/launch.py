@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from ..calls.auto import algo_filter, calibration_mode
+from ..calls.debug import enabled as debug_enabled
 from ..core.errors import UsageError
 from ..transport.base import default_timeout
 
@@ -112,6 +113,7 @@ def check_environment() -> None:
     default_timeout()
     calibration_mode()
     algo_filter()
+    debug_enabled()  # REFCOLL_DEBUG: a level it does not know
 
 
 def workers_env(workers: int) -> dict[str, str]:
