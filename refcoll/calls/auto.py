@@ -155,11 +155,9 @@ def choose(collective: str, p: int, count: int, itemsize: int,
         return pool[0]
     best, best_time = None, float("inf")
     for name in pool:
-        costs = algorithms.get(name).costs
-        if collective not in costs:
+        modelled = modelled_time(name, collective, p, count, itemsize, calibration)
+        if modelled is None:
             continue
-        modelled = costs[collective](p, count, itemsize).time(
-            calibration.alpha, calibration.beta, calibration.gamma)
         if modelled < best_time:
             best, best_time = name, modelled
     return best if best is not None else pool[0]
@@ -248,12 +246,17 @@ def resolve(t, collective: str, count: int, itemsize: int) -> str:
 
 def modelled_time(name: str, collective: str, p: int, count: int, itemsize: int,
                   calibration: Calibration) -> float | None:
-    """Return the α-β-γ seconds auto's model gives ``name``'s ``collective`` (None: no cost model)."""
-    costs = algorithms.get(name).costs
-    if collective not in costs:
+    """Return the α-β-γ seconds auto's model gives ``name``'s ``collective`` (None: no cost model).
+
+    An all-reduce is priced by the algorithm's :meth:`~refcoll.algorithms.registry.Algorithm.flat_cost`:
+    the same counts, without replaying a segmented schedule (dbtree) message by message.
+    """
+    algo = algorithms.get(name)
+    if collective not in algo.costs:
         return None
-    return costs[collective](p, count, itemsize).time(calibration.alpha, calibration.beta,
-                                                      calibration.gamma)
+    cost = (algo.flat_cost(p, count, itemsize) if collective == "allreduce"
+            else algo.costs[collective](p, count, itemsize))
+    return cost.time(calibration.alpha, calibration.beta, calibration.gamma)
 
 
 def _agreed_already(t) -> _AutoSettings | None:
