@@ -16,7 +16,7 @@ from refcoll.algorithms.dbtree import dbtree_allreduce_cost
 from refcoll.algorithms.dbtree import dbtree_model_cost as dbtree_cost
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.measure.model import (MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
+from refcoll.measure.model import (ALGORITHMS, CHANNELLED, MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
                                    allreduce_estimate, buckets_of, parse_bandwidth, parse_count,
                                    parse_duration, plan, select_algorithms)
 
@@ -245,7 +245,9 @@ def test_an_unknown_algorithm_lists_the_supported_ones(option):
 
 def test_select_algorithms():
     assert "switch" not in select_algorithms("all", in_network=False)
-    assert select_algorithms(None, in_network=True)[-1] == "switch"
+    usable = select_algorithms(None, in_network=True)
+    # The registry's schedules in registry order (switch last), then the channelled ones.
+    assert usable[len(ALGORITHMS) - 1] == "switch" and usable[len(ALGORITHMS):] == tuple(CHANNELLED)
     assert select_algorithms("dbtree, ring,dbtree", in_network=False) == ("dbtree", "ring")
 
 

@@ -7,12 +7,14 @@ import os
 import sys
 
 import click
+from click.core import ParameterSource
 
 from ..core.errors import UsageError
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
 from ..measure import model as m
-from ..measure.model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_GPUS
+from ..measure.model import (BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS,
+                             MAX_GPUS)
 from ..transport.mpi import MPITransport
 from . import launch
 from .common import check_output_paths, main, reports_errors, split_list, write_json
@@ -28,8 +30,22 @@ __all__ = ["model"]
 @click.option("--intra-bw", help=f"Intra-node bandwidth per GPU with its unit, e.g. 900GB/s "
                                  f"(NVLink). Units: {BANDWIDTH_UNITS}; a number without a unit "
                                  f"is refused.")
-@click.option("--inter-bw", help="Inter-node bandwidth per GPU with its unit, e.g. 400Gb/s or "
-                                 "50GB/s (its NIC).")
+@click.option("--inter-bw", help="Inter-node bandwidth per NIC with its unit, e.g. 400Gb/s or "
+                                 "50GB/s (a NIC per GPU unless --nics-per-node says).")
+@click.option("--nics-per-node", metavar="N", default=None,
+              help="NICs per node, each of --inter-bw [default: one per GPU].")
+@click.option("--channels", metavar="C", default=None,
+              help=f"NCCL-style channels: rings or trees run at once on 1/C of the data each, "
+                   f"each crossing node boundaries on its own NIC (ring/ch, tree/ch, dbtree/ch), "
+                   f"1 to {MAX_CHANNELS} [default: one per NIC].")
+@click.option("--rail/--no-rail", default=True, show_default=True,
+              help="Rail-optimised placement: NIC j of every node on rail j, so cross-node "
+                   "traffic never leaves its rail; without it, it shares the spine.")
+@click.option("--spine-bw", default=None,
+              help="With --no-rail: the spine's bandwidth per node, with its unit [default: "
+                   "the node's NICs in all, non-blocking].")
+@click.option("--gpu-arch", type=click.Choice(list(m.GPU_ARCHS)), default="hopper",
+              show_default=True, help="GPU generation for NCCL's tuning model's constants.")
 @click.option("--bidirectional/--unidirectional", default=None,
               help="Whether both bandwidths count both directions added (then each direction "
                    "carries half) or one direction. Required unless each link says.")
@@ -60,13 +76,14 @@ __all__ = ["model"]
               help="Backward time per step, e.g. 0.1s (>= 0).")
 @click.option("--algorithm", default="all", show_default=True,
               help=f"All-reduce algorithms, comma-separated, or all: "
-                   f"{m.choices_text(m.ALGORITHMS)}. With --calibrate: default "
+                   f"{m.choices_text(m.MODELLED)}. With --calibrate: default "
                    f"{','.join(m.CALIBRATE_DEFAULT)}.")
 @click.option("--inter", default="ring", show_default=True,
               help=f"The hierarchical all-reduce's algorithm across nodes: "
                    f"{m.choices_text(m.INTER_ALGORITHMS, joiner='or')}.")
-@click.option("--compressor", default=None, help="Compressor spec, e.g. topk:ratio=0.01 or "
-                                                 "ef(powersgd:rank=4).")
+@click.option("--compressor", multiple=True,
+              help="Compressor spec, e.g. topk:ratio=0.01 or ef(powersgd:rank=4); repeat it to "
+                   "try several (+compression and the search take the best).")
 @click.option("--pattern", type=click.Choice(["allreduce", "gather", "twophase"]), default=None,
               help="Compressed collective pattern [default: the compressor's own].")
 @click.option("--buckets", default=None, metavar="B",
@@ -76,6 +93,13 @@ __all__ = ["model"]
 @click.option("--bucket-size", default=None,
               help="Bucket size instead of a count, e.g. 25MB (PyTorch DDP's bucket_cap_mb); "
                    "it must make at most as many buckets as --buckets allows.")
+@click.option("--search/--no-search", default=True, show_default=True,
+              help="Search for the best stack: every algorithm, dense and with each compressor, "
+                   "in 1, 4, 16, 64, 256 buckets, DDP's 25 MiB buckets and --buckets.")
+@click.option("--preset", type=click.Choice(sorted(m.PRESETS)), default=None,
+              help="Option values to start from; options given win. seed: 8 nodes × 8 GPUs, "
+                   "NVLink 300GB/s and a 25GB/s NIC per GPU (per direction), 7e9 fp32 "
+                   "parameters, forward 2s, backward 4s.")
 @click.option("--calibrate", is_flag=True,
               help="Measure α, β, γ on this machine under mpiexec and compare predicted "
                    "all-reduce times with measured ones.")
@@ -87,16 +111,19 @@ __all__ = ["model"]
 @click.option("--json", "json_file", type=click.Path(),
               help="Write the report as JSON (its folder must exist).")
 @reports_errors
-def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted, inter_quoted,
-          intra_latency, inter_latency,
+def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rail, spine_bw,
+          gpu_arch, bidirectional, intra_quoted, inter_quoted, intra_latency, inter_latency,
           in_network, reduce_bw, params, layers_file, bytes_per_element, forward, backward,
-          algorithm, inter, compressor, pattern, buckets, bucket_size, calibrate, nprocs, sizes,
-          json_file):
+          algorithm, inter, compressor, pattern, buckets, bucket_size, search, preset, calibrate,
+          nprocs, sizes, json_file):
     """Model all-reduce and step time on a described cluster, or calibrate against this one.
 
-    Prints each algorithm's all-reduce time with its phases, the compressed
-    collective, and the step time with the speed-up of each technique stacked
-    (topology, compression, overlap). Units: bandwidths 300GB/s, 200Gb/s,
+    Prints each algorithm's all-reduce time with its phases (refcoll's own
+    schedules, and NCCL's ring and tree run on --channels channels, ring/ch and
+    dbtree/ch), NCCL's own tuning model's times, the compressed collective, the
+    step time with the speed-up of each technique stacked (topology,
+    compression, overlap) over the baseline NCCL runs by default, the search
+    for the best stack, and which all-reduce wins and why. Units: bandwidths 300GB/s, 200Gb/s,
     100Gbps (a unit is required); latencies 2us, 500ns (a unit is required,
     but for 0); forward and backward 50ms or 0.05 (seconds); sizes 64K (KiB),
     25MB. Every number must be finite and not negative; counts and bandwidths
@@ -110,14 +137,22 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
     if layers_file is not None:
         with open(layers_file, encoding="utf-8") as fh:
             layers_text = fh.read()
-    result = m.plan_from_text(
+    given = dict(
         nodes=nodes, gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
-        bidirectional=bidirectional, intra_quoted=intra_quoted, inter_quoted=inter_quoted,
-        intra_latency=intra_latency, inter_latency=inter_latency, in_network=in_network,
-        reduce_bw=reduce_bw, params=params, layers_text=layers_text,
+        nics_per_node=nics_per_node, channels=channels, rail=rail, spine_bw=spine_bw,
+        gpu_arch=gpu_arch, bidirectional=bidirectional, intra_quoted=intra_quoted,
+        inter_quoted=inter_quoted, intra_latency=intra_latency, inter_latency=inter_latency,
+        in_network=in_network, reduce_bw=reduce_bw, params=params,
         bytes_per_element=bytes_per_element, forward=forward, backward=backward,
         algorithm=algorithm, inter=inter, compressor=compressor, pattern=pattern,
         buckets=buckets, bucket_size=bucket_size)
+    if preset is not None:
+        ctx = click.get_current_context()
+        for name, value in m.PRESETS[preset].items():
+            if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) and not (
+                    name == "params" and layers_text is not None):
+                given[name] = value
+    result = m.plan_from_text(layers_text=layers_text, search=search, **given)
     write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 
@@ -154,6 +189,35 @@ def _phases(estimate) -> str:
     return ", ".join(parts)
 
 
+def _step(seconds: float) -> str:
+    return m.step_text(seconds)
+
+
+def _nccl_rows(result) -> None:
+    """Print NCCL's tuning model's best protocol per algorithm, its pick marked."""
+    times = result.nccl
+    if not times:
+        return
+    pick = min(times, key=lambda t: t.seconds)
+    for algo in dict.fromkeys(t.algorithm for t in times):
+        t = min((t for t in times if t.algorithm == algo), key=lambda t: t.seconds)
+        mark = "  <- NCCL's pick" if t is pick else ""
+        click.echo(f"  {'NCCL model ' + t.name:<26} {_time(t.seconds):>9} {'':>10}  latency "
+                   f"{_time(t.latency)} + bytes at {_bytes(t.bandwidth)}/s (tuning.cc, NCCL "
+                   f"{m.NCCL_VERSION}){mark}")
+
+
+def _stack_header() -> None:
+    click.echo(f"  {'step':<27} {'collective':<26} {'buckets':>7} {'comm':>9} {'exposed':>9} "
+               f"{'step':>9} {'comm %':>7} {'speed-up':>9} {'vs prev':>8}")
+
+
+def _stack_row(row, label=None) -> None:
+    click.echo(f"  {label or row.label:<27} {row.algorithm:<26} {row.buckets:>7} "
+               f"{_time(row.comm):>9} {_time(row.exposed):>9} {_step(row.step):>9} "
+               f"{100 * row.fraction:>6.1f}% {row.speedup:>8.2f}× {row.gain:>7.2f}×")
+
+
 def _print_plan(result) -> None:
     c, w = result.cluster, result.workload
     intra_a, intra_b = c.link("intra")
@@ -163,16 +227,35 @@ def _print_plan(result) -> None:
                f"direction: intra {_bytes(1 / intra_b)}/s, {_time(intra_a)}; inter "
                f"{_bytes(1 / inter_b)}/s, {_time(inter_a)}; in-network reduction: "
                f"{'yes' if c.in_network else 'no'}; reduction {reduction}")
+    spine = ("rail-optimised (no spine crossed)" if c.rail else
+             f"no rails: cross-node traffic shares a spine of {_bytes(1 / c.spine_beta())}/s "
+             f"per node")
+    click.echo(f"network: {c.nic_count} NICs per node of {_bytes(1 / c.nic_beta())}/s each way; "
+               f"{c.channel_count} channel{'s' if c.channel_count > 1 else ''}"
+               f"{' (one per NIC)' if c.channels is None else ''}; {spine}")
     tensors = f"{len(w.shapes)} tensor{'s' if len(w.shapes) > 1 else ''}"
     click.echo(f"model: {w.elements:,} parameters ({tensors}) × "
                f"{w.bytes_per_element} B = {_bytes(w.nbytes)}; forward {_time(w.forward)}, "
                f"backward {_time(w.backward)}")
     click.echo("")
-    click.echo(f"all-reduce of the gradient ({_bytes(w.nbytes)}), dense:")
+    click.echo(f"all-reduce of the gradient ({_bytes(w.nbytes)}), dense (…/ch: "
+               f"{c.channel_count} channel{'s' if c.channel_count > 1 else ''} as NCCL runs them; "
+               f"the others one schedule, as refcoll runs it):")
     click.echo(f"  {'algorithm':<26} {'time':>9} {'bytes/GPU':>10}  phases [link]")
     for est in sorted(result.dense, key=lambda e: e.seconds):
         click.echo(f"  {est.algorithm:<26} {_time(est.seconds):>9} {_bytes(est.bytes):>10}  "
                    f"{_phases(est)}")
+    _nccl_rows(result)
+    for line in m.allreduce_verdict(c, result.dense):
+        click.echo(line)
+    base = result.baseline
+    if base.get("nccl_pick"):
+        click.echo("")
+        click.echo(f"baseline: what NCCL does by default: its tuning model picks "
+                   f"{base['nccl_pick']} for {_bytes(w.nbytes)} on {c.gpus} ranks; priced here "
+                   f"as {base['algorithm']} ({c.channel_count} channel"
+                   f"{'s' if c.channel_count > 1 else ''}"
+                   f"{', rail-optimised' if c.rail else ', no rails'}), dense, one bucket")
     if result.compressed is not None:
         e = result.compressed
         click.echo("")
@@ -183,14 +266,30 @@ def _print_plan(result) -> None:
         click.echo(f"  {_phases(e)}")
     click.echo("")
     click.echo("step time, techniques stacked:")
-    click.echo(f"  {'step':<24} {'collective':<26} {'buckets':>7} {'comm':>9} {'exposed':>9} "
-               f"{'step':>9} {'comm %':>7} {'speed-up':>9} {'vs prev':>8}")
+    _stack_header()
     for row in result.stack:
-        click.echo(f"  {row.label:<24} {row.algorithm:<26} {row.buckets:>7} {_time(row.comm):>9} "
-                   f"{_time(row.exposed):>9} {_time(row.step):>9} {100 * row.fraction:>6.1f}% "
-                   f"{row.speedup:>8.2f}× {row.gain:>7.2f}×")
+        _stack_row(row)
     for note in result.notes:
         click.echo(f"note: {note}")
+    if result.search:
+        _print_search(result)
+
+
+def _print_search(result) -> None:
+    base = result.stack[0]
+    click.echo("")
+    click.echo(f"best stack, searched: each row the fastest of the {len(result.options.algorithms)} "
+               f"algorithms (one for a pattern with its own collective); speed-up against the "
+               f"baseline:")
+    click.echo(f"  {'compression':<27} {'collective':<26} {'buckets':>7} {'comm':>9} "
+               f"{'exposed':>9} {'step':>9} {'comm %':>7} {'speed-up':>9}")
+    for row in result.search:
+        mark = "  <- best" if row is result.best else ""
+        click.echo(f"  {row.label:<27} {row.algorithm:<26} {row.buckets:>7} "
+                   f"{_time(row.comm):>9} {_time(row.exposed):>9} {_step(row.step):>9} "
+                   f"{100 * row.fraction:>6.1f}% {base.step / row.step:>8.3f}×{mark}")
+    for line in m.stack_verdict(result, result.best):
+        click.echo(line)
 
 
 def _print_calibration(result, library: str) -> None:

@@ -9,14 +9,26 @@ model`` prints it; the formulas are in ``spec/model.md``.
   GPUs, an intra-node and an inter-node link each, quoted one way or both), the
   gradient (:class:`Workload`), what to try (:class:`Options`), buckets. The
   algorithms priced are the registry's records with ``price``.
+* :mod:`~refcoll.measure.model.phases`: :class:`Phase`, :class:`Estimate` and
+  the α-β-γ price of a phase on a link.
 * :mod:`~refcoll.measure.model.pricing`: each algorithm's ``price`` says which
   phase runs on which link; :func:`allreduce_estimate` puts α, β and the
-  reduction rate on them (:class:`Phase`, :class:`Estimate`).
+  reduction rate on them.
+* :mod:`~refcoll.measure.model.channels`: NCCL-style collectives, a ring or
+  tree per channel, each crossing on its own NIC (``ring/ch``, ``tree/ch``,
+  ``dbtree/ch``, ``pat``).
+* :mod:`~refcoll.measure.model.nccl`: NCCL's own tuning model (``latency +
+  bytes / bandwidth`` with the constants of its ``src/graph/tuning.cc``): the
+  comparison rows, and the stack's baseline (what NCCL picks by default).
 * :mod:`~refcoll.measure.model.compression`: the compressed patterns, from the
   compressors' real payloads (:func:`compressed_estimate`, :func:`payload_arrays`).
 * :mod:`~refcoll.measure.model.overlap`: buckets all-reduced under the backward pass.
 * :mod:`~refcoll.measure.model.stack`: the step time with each technique stacked
   (:func:`step_time`, :func:`plan`).
+* :mod:`~refcoll.measure.model.search`: the automatic search for the best stack;
+  :mod:`~refcoll.measure.model.verdict`: the sentence that says which
+  all-reduce wins and why.
+* :mod:`~refcoll.measure.model.buckets`: how many buckets, and the cut.
 * :mod:`~refcoll.measure.model.calibrate`: the same counts held to measured
   all-reduces on this machine (``refcoll model --calibrate``), with the one
   :class:`~refcoll.core.calibration.Calibration` record.
@@ -33,7 +45,9 @@ from ...core.units import (BANDWIDTH_UNITS, human_bytes, human_time, parse_bandw
                            parse_duration, parse_size, parse_sizes)
 from .calibrate import (CALIBRATE_DEFAULT, CALIBRATE_LIMIT, Comparison, calibrate,
                         calibration_choices, compare_with_measurement, measure_allreduce, predict)
-from .cluster import (ALGORITHMS, INTER_ALGORITHMS, MAX_BUCKETS, MAX_GPUS, Cluster, Options,
+from .channels import CHANNELLED, channelled_phases, pat_cost
+from .cluster import (ALGORITHMS, GPU_ARCHS, INTER_ALGORITHMS, MAX_BUCKETS, MAX_CHANNELS,
+                      MAX_GPUS, MAX_NICS, MODELLED, Cluster, Options,
                       Workload, bucket_limit, buckets_for_size, buckets_of, check_buckets,
                       choices_text, load_layers, select_algorithms)
 from .compression import (EXACT_LIMIT, SAMPLE, chosen_pattern, compressed_estimate,
@@ -41,11 +55,35 @@ from .compression import (EXACT_LIMIT, SAMPLE, chosen_pattern, compressed_estima
 from .overlap import StepTime, overlap
 from .pricing import (Estimate, Phase, allreduce_estimate, estimate_name, local_phase,
                       price_phase, steps_phase)
-from .request import calibration_request, plan_from_text, quoted_links
-from .stack import Plan, plan, step_time
+from .nccl import NCCL_VERSION, PROTOCOLS, NcclTime, nccl_choice, nccl_times
+from .request import PRESETS, calibration_request, plan_from_text, quoted_links
+from .search import bucket_ladder, plan_and_search, search_stacks, stack_verdict, verdict
+from .stack import Plan, baseline_algorithm, plan, step_time
+from .verdict import allreduce_verdict, step_text
 
 __all__ = [
     "ALGORITHMS",
+    "MODELLED",
+    "CHANNELLED",
+    "GPU_ARCHS",
+    "MAX_CHANNELS",
+    "MAX_NICS",
+    "NCCL_VERSION",
+    "PROTOCOLS",
+    "PRESETS",
+    "NcclTime",
+    "nccl_times",
+    "nccl_choice",
+    "channelled_phases",
+    "pat_cost",
+    "bucket_ladder",
+    "plan_and_search",
+    "search_stacks",
+    "verdict",
+    "step_text",
+    "allreduce_verdict",
+    "stack_verdict",
+    "baseline_algorithm",
     "INTER_ALGORITHMS",
     "EXACT_LIMIT",
     "SAMPLE",

@@ -2,14 +2,25 @@
 
 **The cluster** (:class:`Cluster`): ``nodes`` nodes of ``g = gpus_per_node``
 GPUs, ``p = nodes·g`` ranks, node-major (GPU ``j`` of node ``i`` is rank
-``i·g + j``). Every GPU has an intra-node link (NVLink, PCIe) and its own
-inter-node link (a NIC per GPU), each with a bandwidth, a latency, and a flag
+``i·g + j``). Every GPU has an intra-node link (NVLink, PCIe); each node has
+``nics`` NICs (one per GPU unless said), each with a bandwidth, a latency, and a flag
 saying how the bandwidth was quoted: a *unidirectional* figure ``B`` is what
 one direction carries; a *bidirectional* figure ``B`` (how NVLink is usually
 quoted) is ``B/2`` each way. Every algorithm sends and receives at once on a
 link (a ring step, a halving or doubling exchange, a switch's reduce and
 multicast), so the per-direction figure is the one that counts:
 ``β = 1 / B_per_direction``.
+
+**NICs, channels and rails.** NCCL runs a collective as ``channels`` copies
+at once, each on ``1/channels`` of the data, each crossing a node boundary
+on its own NIC (NCCL's topology search gives one channel per NIC, the default
+here). With *rail-optimised placement* (``rail``, the default; DGX SuperPOD's
+layout) NIC ``j`` of every node sits on rail ``j``, so the channels' and the
+GPUs' cross-node traffic never leaves its rail; without it, cross-node
+traffic goes through the spine, which gives each node ``spine_bw`` (default:
+its NICs' total, a non-blocking fabric). The :meth:`Cluster.link` ``inter``
+figure is one GPU's share when every GPU of a node crosses at once (``nics``
+NICs for ``g`` GPUs); :meth:`Cluster.channel_link` is one channel's.
 
 :class:`Workload` is the gradient and the compute around it, :class:`Options`
 what to try. The algorithms the model prices are the registry's, each through
@@ -30,13 +41,18 @@ import numpy as np
 from ... import algorithms
 from ...algorithms.registry import NodeShape
 from ...core.errors import UsageError
-from ...core.units import human_bytes
+from .buckets import MAX_BUCKETS, bucket_limit, buckets_for_size, buckets_of, check_buckets
+from .channels import CHANNELLED
 
 __all__ = [
     "ALGORITHMS",
+    "MODELLED",
     "INTER_ALGORITHMS",
     "MAX_GPUS",
     "MAX_BUCKETS",
+    "MAX_CHANNELS",
+    "MAX_NICS",
+    "GPU_ARCHS",
     "Cluster",
     "Workload",
     "Options",
@@ -52,6 +68,10 @@ __all__ = [
 #: The all-reduce algorithms the cluster model prices (those whose record has ``price``).
 ALGORITHMS = tuple(a.name for a in algorithms.REGISTRY.values() if a.price is not None)
 
+#: Everything ``--algorithm`` takes: the registry's schedules as refcoll runs them, then the
+#: channelled collectives of :mod:`~refcoll.measure.model.channels` (NCCL's ring and tree).
+MODELLED = ALGORITHMS + tuple(CHANNELLED)
+
 #: What the hierarchical all-reduce may run across nodes (records with ``across_nodes``).
 INTER_ALGORITHMS = tuple(a.name for a in algorithms.REGISTRY.values()
                          if a.price is not None and a.across_nodes)
@@ -60,15 +80,21 @@ INTER_ALGORITHMS = tuple(a.name for a in algorithms.REGISTRY.values()
 #: counts on a number of ranks that is not a power of two take time quadratic in it.
 MAX_GPUS = 16384
 
-#: The most gradient buckets the overlap model cuts a gradient into: each is priced
-#: on its own, so the work grows with their number.
-MAX_BUCKETS = 100_000
+
+#: The most channels: NCCL's ``MAXCHANNELS`` (src/include/device.h, NCCL 2.30).
+MAX_CHANNELS = 64
+
+#: The most NICs per node the model takes.
+MAX_NICS = 64
+
+#: GPU generations whose constants NCCL's tuning model has (:mod:`.nccl`).
+GPU_ARCHS = ("volta", "ampere", "hopper", "blackwell")
 
 _FLOAT_DTYPES = {2: np.float16, 4: np.float32, 8: np.float64}
 
 
 def _in_network_only(name: str) -> bool:
-    return algorithms.get(name).needs_in_network
+    return name not in CHANNELLED and algorithms.get(name).needs_in_network
 
 
 # ------------------------------------------------------------------------------ cluster
@@ -91,6 +117,14 @@ class Cluster:
             algorithms whose record ``needs_in_network``.
         reduce_bw: bytes of one operand an element-wise reduction consumes per
             second on the device; ``0`` makes local work free.
+        nics: NICs per node, each of ``inter_bw`` (None: one per GPU).
+        channels: NCCL-style channels, rings or trees run at once on a part of the
+            data each (None: one per NIC).
+        rail: rail-optimised placement (NIC ``j`` of every node on rail ``j``).
+        spine_bw: without ``rail``, the bandwidth per node and direction the spine
+            gives cross-node traffic, bytes/s (None: the node's NICs in all).
+        gpu_arch: the GPU generation whose constants NCCL's tuning model takes
+            (:data:`GPU_ARCHS`).
     """
 
     nodes: int
@@ -103,6 +137,11 @@ class Cluster:
     inter_bidirectional: bool = False
     in_network: bool = False
     reduce_bw: float = 1e12
+    nics: int | None = None
+    channels: int | None = None
+    rail: bool = True
+    spine_bw: float | None = None
+    gpu_arch: str = "hopper"
 
     def __post_init__(self):
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -119,6 +158,22 @@ class Cluster:
                    for v in (self.intra_latency, self.inter_latency, self.reduce_bw)):
             raise UsageError("latencies and the reduction bandwidth must be finite and not "
                              "negative")
+        if self.nics is not None and not 1 <= self.nics <= MAX_NICS:
+            raise UsageError(f"NICs per node (--nics-per-node) {self.nics}: give 1 to "
+                             f"{MAX_NICS}")
+        if self.channels is not None and not 1 <= self.channels <= MAX_CHANNELS:
+            raise UsageError(f"channels (--channels) {self.channels}: give 1 to {MAX_CHANNELS} "
+                             f"(NCCL's MAXCHANNELS)")
+        if self.spine_bw is not None:
+            if self.rail:
+                raise UsageError("a spine bandwidth (--spine-bw) applies without rail-optimised "
+                                 "placement only: add --no-rail, or drop --spine-bw")
+            if not (math.isfinite(self.spine_bw) and self.spine_bw > 0):
+                raise UsageError(f"the spine bandwidth (--spine-bw) must be positive and finite, "
+                                 f"got {self.spine_bw:g} bytes/s")
+        if self.gpu_arch not in GPU_ARCHS:
+            raise UsageError(f"unknown GPU generation {self.gpu_arch!r} (--gpu-arch): choose "
+                             f"one of {', '.join(GPU_ARCHS)}")
 
     @property
     def gpus(self) -> int:
@@ -130,14 +185,46 @@ class Cluster:
         """Return the node shape the algorithms' ``price`` reads."""
         return NodeShape(self.nodes, self.gpus_per_node, self.in_network)
 
+    @property
+    def nic_count(self) -> int:
+        """Return the NICs per node (one per GPU unless given)."""
+        return self.nics or self.gpus_per_node
+
+    @property
+    def channel_count(self) -> int:
+        """Return the channels (one per NIC unless given)."""
+        return self.channels or self.nic_count
+
+    def nic_beta(self) -> float:
+        """Return β of one NIC, seconds per byte and direction."""
+        return (2.0 if self.inter_bidirectional else 1.0) / self.inter_bw
+
+    def spine_beta(self) -> float:
+        """Return β of a node's way through the spine (0 with rails: no spine is crossed)."""
+        if self.rail:
+            return 0.0
+        if self.spine_bw is None:
+            return self.nic_beta() / self.nic_count  # non-blocking: the NICs' total
+        return (2.0 if self.inter_bidirectional else 1.0) / self.spine_bw
+
+    def crossing_beta(self, flows: int) -> float:
+        """Return β of one of ``flows`` flows leaving a node at once, spread over its NICs.
+
+        ``⌈flows / nics⌉`` flows share a NIC; without rails the ``flows`` also
+        share the node's way through the spine.
+        """
+        return max(-(-flows // self.nic_count) * self.nic_beta(), flows * self.spine_beta())
+
     def link(self, kind: str) -> tuple[float, float]:
         """Return ``(α, β)`` of ``intra``, ``inter`` or ``slowest``, β per byte and direction.
 
-        ``slowest`` is the link a step that uses both kinds waits for: the larger
-        α and the larger β (on one node it is the intra-node link).
+        ``inter`` is one GPU's share when all ``g`` GPUs of a node cross at once
+        (the NIC's own β with a NIC per GPU). ``slowest`` is the link a step that
+        uses both kinds waits for: the larger α and the larger β (on one node it
+        is the intra-node link).
         """
         intra = (self.intra_latency, (2.0 if self.intra_bidirectional else 1.0) / self.intra_bw)
-        inter = (self.inter_latency, (2.0 if self.inter_bidirectional else 1.0) / self.inter_bw)
+        inter = (self.inter_latency, self.crossing_beta(self.gpus_per_node))
         if kind == "intra":
             return intra
         if kind == "inter":
@@ -145,6 +232,23 @@ class Cluster:
         if self.nodes == 1:
             return intra
         if self.gpus_per_node == 1:
+            return inter
+        return max(intra[0], inter[0]), max(intra[1], inter[1])
+
+    def channel_link(self, kind: str) -> tuple[float, float]:
+        """Return one channel's ``(α, β)`` on ``intra``, ``inter`` or ``slowest``.
+
+        Every channel passes through every GPU, so a GPU's intra-node link
+        carries all of them (β times ``channels``); each channel crosses a node
+        boundary on its own NIC where there are enough (:meth:`crossing_beta` of
+        ``channels`` flows).
+        """
+        c = self.channel_count
+        intra = (self.intra_latency, self.link("intra")[1] * c)
+        inter = (self.inter_latency, self.crossing_beta(c))
+        if kind == "intra" or (kind == "slowest" and self.nodes == 1):
+            return intra
+        if kind == "inter" or self.gpus_per_node == 1:
             return inter
         return max(intra[0], inter[0]), max(intra[1], inter[1])
 
@@ -240,7 +344,7 @@ def load_layers(text: str) -> tuple[tuple[int, ...], ...]:
 # ------------------------------------------------------------------------------ options
 
 def _default_algorithms() -> tuple[str, ...]:
-    return tuple(a for a in ALGORITHMS if not _in_network_only(a))
+    return tuple(a for a in MODELLED if not _in_network_only(a))
 
 
 @dataclass(frozen=True)
@@ -249,8 +353,10 @@ class Options:
 
     Attributes:
         algorithms: the all-reduce algorithms to price (default: every one of
-            :data:`ALGORITHMS` that needs no in-network reduction).
+            :data:`MODELLED` that needs no in-network reduction).
         compressor: a compressor spec (``"topk:ratio=0.01"``), or None.
+        extra_compressors: more compressor specs: ``+compression`` and the search
+            take the best of all those given.
         pattern: the compressed collective pattern; None: the compressor's default.
         buckets: gradient buckets for overlap (1: no overlap).
         inter: the hierarchical all-reduce's algorithm across nodes.
@@ -261,17 +367,25 @@ class Options:
     pattern: str | None = None
     buckets: int = 1
     inter: str = "ring"
+    extra_compressors: tuple[str, ...] = ()
 
     def __post_init__(self):
-        unknown = [a for a in self.algorithms if a not in ALGORITHMS]
+        unknown = [a for a in self.algorithms if a not in MODELLED]
         if unknown or not self.algorithms:
             raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown)) or '(none)'}: the "
-                             f"model prices {', '.join(ALGORITHMS)}")
+                             f"model prices {', '.join(MODELLED)}")
         if self.inter not in INTER_ALGORITHMS:
             raise UsageError(f"unknown inter-node algorithm {self.inter!r} (--inter): choose "
                              f"one of {', '.join(INTER_ALGORITHMS)}")
         if self.buckets < 1:
             raise UsageError(f"buckets must be at least 1, got {self.buckets}")
+        if self.extra_compressors and self.compressor is None:
+            raise UsageError("extra compressors need a first one (compressor)")
+
+    @property
+    def compressors(self) -> tuple[str, ...]:
+        """Return every compressor given, the first one first."""
+        return (self.compressor, *self.extra_compressors) if self.compressor else ()
 
 
 def select_algorithms(text: str | None, *, in_network: bool) -> tuple[str, ...]:
@@ -281,11 +395,11 @@ def select_algorithms(text: str | None, *, in_network: bool) -> tuple[str, ...]:
     that need in-network reduction only with it. Naming one of those without
     it, or an unknown name, is a :class:`UsageError` that says what is supported.
     """
-    usable = tuple(a for a in ALGORITHMS if in_network or not _in_network_only(a))
+    usable = tuple(a for a in MODELLED if in_network or not _in_network_only(a))
     if text is None or text.strip().lower() == "all":
         return usable
     names = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ALGORITHMS]
+    unknown = [a for a in names if a not in MODELLED]
     if unknown or not names:
         raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown)) or '(none)'} "
                          f"(--algorithm): choose from {', '.join(usable)}"
@@ -309,72 +423,3 @@ def choices_text(names: Sequence[str], *, joiner: str = "and") -> str:
     special = [a for a in names if _in_network_only(a)]
     text = ", ".join(anywhere)
     return f"{text}, {joiner} {', '.join(special)} with --in-network" if special else text
-
-
-# ------------------------------------------------------------------------------ buckets
-
-def bucket_limit(workload: Workload) -> int:
-    """Return the most buckets ``workload`` may be cut into: one a parameter, MAX_BUCKETS."""
-    return min(workload.elements, MAX_BUCKETS)
-
-
-def check_buckets(count: int, workload: Workload, *, name: str = "buckets") -> int:
-    """Return ``count`` if it is from 1 to :func:`bucket_limit`; else raise UsageError.
-
-    ``name`` is what the message calls the number (an option, ``--buckets``).
-    """
-    limit = bucket_limit(workload)
-    if count < 1:
-        raise UsageError(f"{name} {count}: give at least 1 (1 means one bucket: no overlap)")
-    if count > limit:
-        raise UsageError(f"{name} {count:,}: give at most {limit:,} (at most one bucket per "
-                         f"parameter and at most {MAX_BUCKETS:,})")
-    return count
-
-
-def buckets_for_size(workload: Workload, nbytes: int, *, name: str = "bucket size") -> int:
-    """Return how many buckets of at most ``nbytes`` the gradient fills (checked as above)."""
-    if nbytes < 1:
-        raise UsageError(f"{name} {nbytes}: give a positive size, e.g. 25MB")
-    count = -(-workload.nbytes // nbytes)
-    limit = bucket_limit(workload)
-    if count > limit:
-        smallest = -(-workload.nbytes // limit)
-        raise UsageError(f"{name} {nbytes:,} B cuts the {human_bytes(workload.nbytes)} gradient "
-                         f"into {count:,} buckets, more than the {limit:,} the model takes: "
-                         f"give at least {smallest:,} B")
-    return count
-
-
-def buckets_of(workload: Workload, count: int) -> list[tuple[tuple[tuple[int, ...], ...], float]]:
-    """Cut the gradient into at most ``count`` buckets, last layers first.
-
-    Returns ``[(shapes, ready), ...]`` in the order the backward pass fills them:
-    ``ready`` is the fraction of the backward pass after which the bucket's
-    last gradient exists (gradients appear at a uniform rate per parameter). A
-    flat parameter count is cut into ``count`` equal pieces; layers are never
-    split (as in PyTorch DDP), so big layers can leave fewer buckets than asked.
-    ``count`` runs from 1 to :func:`bucket_limit` (:func:`check_buckets`).
-    """
-    check_buckets(count, workload)
-    total = workload.elements
-    if not workload.layered:
-        sizes = [total // count + (1 if i < total % count else 0) for i in range(count)]
-        out, done = [], 0
-        for size in sizes:
-            done += size
-            out.append((((size,),), done / total))
-        return out
-    out, current, done = [], [], 0
-    boundary = 1
-    for shape in reversed(workload.shapes):
-        current.append(shape)
-        done += math.prod(shape)
-        if done * count >= boundary * total:
-            out.append((tuple(current), done / total if total else 1.0))
-            current = []
-            while boundary * total <= done * count and boundary < count:
-                boundary += 1
-    if current:
-        out.append((tuple(current), 1.0))
-    return out

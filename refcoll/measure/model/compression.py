@@ -172,14 +172,16 @@ powersgd_elements = factor_elements
 
 def compressed_estimate(cluster: Cluster, spec: str, shapes: Sequence[tuple[int, ...]],
                         dtype, algorithm: str = "ring", *, pattern: str | None = None,
-                        inter: str = "ring") -> Estimate:
+                        inter: str = "ring", layered: bool = False) -> Estimate:
     """Return the phases of a compressed all-reduce of the tensors ``shapes`` on ``cluster``.
 
     A matrix compressor (PowerSGD) compresses each tensor (it needs the shapes)
     and sums all first factors in one all-reduce, then all second ones, as
     PyTorch's PowerSGD hook does per bucket; every other compressor compresses
     the tensors as one flat buffer, as a communication hook does with a bucket.
-    ``algorithm`` and ``inter`` serve the ``allreduce`` pattern only.
+    ``algorithm`` and ``inter`` serve the ``allreduce`` pattern only. ``layered``
+    says the shapes are real layers (a bucket of one bias vector is sent whole),
+    not one flat parameter count.
 
     Raises:
         UsageError: a pattern the compressor does not allow; a flat parameter
@@ -189,14 +191,14 @@ def compressed_estimate(cluster: Cluster, spec: str, shapes: Sequence[tuple[int,
     chosen = chosen_pattern(spec, pattern)
     n = sum(math.prod(s) for s in shapes)
     if chosen == "allreduce":
-        return _allreduce(cluster, spec, shapes, dt, n, algorithm, inter)
+        return _allreduce(cluster, spec, shapes, dt, n, algorithm, inter, layered)
     if chosen == "gather":
         return _gather(cluster, spec, dt, n)
     return _twophase(cluster, spec, dt, n)
 
 
 def _allreduce(cluster: Cluster, spec: str, shapes, dt: np.dtype, n: int, algorithm: str,
-               inter: str) -> Estimate:
+               inter: str, layered: bool = False) -> Estimate:
     """Price the ``allreduce`` pattern: the payload's arrays through ``algorithm``."""
     itemsize, dense = dt.itemsize, n * dt.itemsize
     inner = _innermost(spec)
@@ -208,7 +210,7 @@ def _allreduce(cluster: Cluster, spec: str, shapes, dt: np.dtype, n: int, algori
                 phases.append(replace(ph, name=f"{role}: {ph.name}"))
 
     if inner.matrices:
-        if len(shapes) == 1 and len(shapes[0]) < 2 and n > 1:
+        if not layered and len(shapes) == 1 and len(shapes[0]) < 2 and n > 1:
             raise UsageError(f"compressor {spec!r} compresses each layer as a matrix, so its "
                              "ratio comes from the layer shapes: give --layers, not --params "
                              "(a flat parameter count)")

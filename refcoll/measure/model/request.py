@@ -14,12 +14,22 @@ from ...core.units import parse_bandwidth, parse_count, parse_duration, parse_si
 from .calibrate import CALIBRATE_LIMIT
 from .cluster import (Cluster, Options, Workload, buckets_for_size, check_buckets, load_layers,
                       select_algorithms)
+from .search import plan_and_search
 from .stack import Plan, plan
 
-__all__ = ["QUOTED", "quoted_links", "plan_from_text", "calibration_request"]
+__all__ = ["QUOTED", "PRESETS", "quoted_links", "plan_from_text", "calibration_request"]
 
 #: How a bandwidth may be quoted: the words the options take, and what they mean.
 QUOTED = {"bidirectional": True, "unidirectional": False}
+
+#: Named sets of option values (``--preset``); an option given on the command line wins.
+#: ``seed``: 8 nodes × 8 GPUs, NVLink 300 GB/s per direction, a 25 GB/s NIC per GPU, a
+#: 7-billion-parameter fp32 gradient (28 GB), forward 2 s and backward 4 s.
+PRESETS = {
+    "seed": {"nodes": "8", "gpus_per_node": "8", "intra_bw": "300GB/s", "inter_bw": "25GB/s",
+             "bidirectional": False, "params": "7e9", "bytes_per_element": "4",
+             "forward": "2s", "backward": "4s"},
+}
 
 
 def quoted_links(both: bool | None, intra: str | None, inter: str | None) -> tuple[bool, bool]:
@@ -40,7 +50,8 @@ def quoted_links(both: bool | None, intra: str | None, inter: str | None) -> tup
 
 def _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
              inter_quoted, intra_latency, inter_latency, in_network, reduce_bw, *,
-             params, layers_text) -> Cluster:
+             params, layers_text, nics_per_node=None, channels=None, rail=True, spine_bw=None,
+             gpu_arch="hopper") -> Cluster:
     if nodes is None or gpus_per_node is None:
         raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
     nodes = parse_count(nodes, name="--nodes", example="4")
@@ -61,7 +72,15 @@ def _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quot
                                                 unit=True),
                    intra_bidirectional=intra_both, inter_bidirectional=inter_both,
                    in_network=in_network,
-                   reduce_bw=parse_bandwidth(reduce_bw, name="--reduce-bw", zero=True))
+                   reduce_bw=parse_bandwidth(reduce_bw, name="--reduce-bw", zero=True),
+                   nics=(parse_count(nics_per_node, name="--nics-per-node", example="8")
+                         if nics_per_node is not None else None),
+                   channels=(parse_count(channels, name="--channels", example="8")
+                             if channels is not None else None),
+                   rail=rail,
+                   spine_bw=(parse_bandwidth(spine_bw, name="--spine-bw")
+                             if spine_bw is not None else None),
+                   gpu_arch=gpu_arch)
 
 
 def _workload(params, layers_text, bytes_per_element, forward, backward) -> Workload:
@@ -93,12 +112,15 @@ def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=No
                    in_network: bool = False, reduce_bw="1TB/s", params=None,
                    layers_text: str | None = None, bytes_per_element="4", forward="0",
                    backward="0", algorithm: str | None = "all", inter: str = "ring",
-                   compressor: str | None = None, pattern: str | None = None, buckets=None,
-                   bucket_size=None) -> Plan:
+                   compressor=None, pattern: str | None = None, buckets=None,
+                   bucket_size=None, nics_per_node=None, channels=None, rail: bool = True,
+                   spine_bw=None, gpu_arch: str = "hopper", search: bool = False) -> Plan:
     """Return the plan of ``refcoll model``'s options, given as text (its defaults, too).
 
     Every argument is the option of the same name (``layers_text`` the contents
     of ``--layers FILE``); numbers with units are read by :mod:`refcoll.core.units`.
+    ``compressor`` is one spec or a sequence of them (``--compressor`` repeated);
+    ``search`` runs the automatic search for the best stack as well.
 
     Raises:
         UsageError: the first option that is missing, unreadable or out of range,
@@ -106,11 +128,15 @@ def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=No
     """
     cluster = _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
                        inter_quoted, intra_latency, inter_latency, in_network, reduce_bw,
-                       params=params, layers_text=layers_text)
+                       params=params, layers_text=layers_text, nics_per_node=nics_per_node,
+                       channels=channels, rail=rail, spine_bw=spine_bw, gpu_arch=gpu_arch)
     workload = _workload(params, layers_text, bytes_per_element, forward, backward)
     algorithms = select_algorithms(algorithm, in_network=in_network)
     count = _bucket_count(workload, buckets, bucket_size)
-    return plan(cluster, workload, Options(algorithms, compressor, pattern, count, inter))
+    specs = tuple(dict.fromkeys((compressor,) if isinstance(compressor, str)
+                                else tuple(compressor or ())))  # each spec once, in order
+    options = Options(algorithms, specs[0] if specs else None, pattern, count, inter, specs[1:])
+    return (plan_and_search if search else plan)(cluster, workload, options)
 
 
 def calibration_request(nprocs, sizes) -> tuple[int, list[int]]:

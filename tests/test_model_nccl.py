@@ -1,0 +1,226 @@
+"""The cluster model's NCCL: channels on NICs and rails, NCCL's tree and PAT, NCCL's own tuning
+model, the baseline NCCL runs by default, and the search for the best stack. Every expected
+number is worked out here by hand from the formulas, not read from the code."""
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from refcoll.algorithms.bruck import bruck_allgather_cost, bruck_reduce_scatter_cost
+from refcoll.cli import main
+from refcoll.core.errors import UsageError
+from refcoll.measure.model import (Cluster, Options, Workload, allreduce_estimate,
+                                   baseline_algorithm, nccl_times, pat_cost, plan,
+                                   plan_and_search, plan_from_text)
+
+GB = 1e9
+N_SEED = 7_000_000_000  # fp32 parameters: 28 GB of gradient
+
+
+def seed(**kw):
+    """8 nodes × 8 GPUs, NVLink 300 GB/s and a 25 GB/s NIC per GPU, both per direction."""
+    kw = {"intra_latency": 0.0, "inter_latency": 0.0, "reduce_bw": 0.0, **kw}
+    return Cluster(kw.pop("nodes", 8), kw.pop("g", 8), kw.pop("intra_bw", 300 * GB),
+                   kw.pop("inter_bw", 25 * GB), **kw)
+
+
+def seconds(cluster, algorithm, count=N_SEED, itemsize=4):
+    return allreduce_estimate(cluster, algorithm, count, itemsize).seconds
+
+
+# ------------------------------------------------------------------------ channels and NICs
+
+def test_the_issues_figure_eight_channels_on_eight_nics():
+    n = 4 * N_SEED
+    # One ring a channel, 8 at once, each crossing on its own 25 GB/s NIC.
+    assert seconds(seed(), "ring/ch") == pytest.approx(2 * (63 / 64) * n / (8 * 25 * GB),
+                                                       rel=1e-12)
+    # refcoll's single ring crosses every node boundary on one NIC: 2.2 s.
+    assert seconds(seed(), "ring") == pytest.approx(2 * (63 / 64) * n / (25 * GB), rel=1e-12)
+    # The hierarchical all-reduce of the issue (NVLink 900 GB/s both ways): 354 ms.
+    c = seed(intra_bw=900 * GB, intra_bidirectional=True)
+    hier = 2 * (7 / 8) * n / (450 * GB) + 2 * (7 / 8) * (n / 8) / (25 * GB)
+    assert seconds(c, "hierarchical") == pytest.approx(hier, rel=1e-12)
+    assert seconds(c, "ring/ch") < seconds(c, "hierarchical")
+
+
+def test_one_channel_is_refcolls_ring():
+    for c in (seed(channels=1), seed(nodes=3, g=5, channels=1), seed(nodes=1, channels=1)):
+        assert seconds(c, "ring/ch", 1 << 20) == seconds(c, "ring", 1 << 20)
+
+
+def test_channels_beyond_the_nics_share_them_and_nvlink_can_bind():
+    n = 4 * N_SEED
+    # 4 NICs, 8 channels: two channels a NIC, so the node crosses at 4 × 25 GB/s; the
+    # default, one channel a NIC, is as fast.
+    for c in (seed(nics=4, channels=8), seed(nics=4)):
+        assert seconds(c, "ring/ch") == pytest.approx(2 * (63 / 64) * n / (4 * 25 * GB),
+                                                      rel=1e-12)
+    # 16 channels on 8 NICs are no faster than 8 (but for the chunks' rounding).
+    assert seconds(seed(channels=16), "ring/ch") == pytest.approx(seconds(seed(), "ring/ch"),
+                                                                  rel=1e-6)
+    # NVLink of 100 GB/s carries all 8 channels: 12.5 GB/s each, below the NIC's 25.
+    assert seconds(seed(intra_bw=100 * GB), "ring/ch") == pytest.approx(
+        2 * (63 / 64) * n / (100 * GB), rel=1e-12)
+    # Four NICs for eight GPUs halve what each GPU gets when all of them cross at once.
+    assert seed(nics=4).link("inter")[1] == pytest.approx(2 / (25 * GB))
+
+
+def test_without_rails_the_spine_is_shared():
+    n = 4 * N_SEED
+    c = seed(rail=False, spine_bw=50 * GB)
+    # 8 channels leave each node through a 50 GB/s spine: 6.25 GB/s each.
+    assert seconds(c, "ring/ch") == pytest.approx(2 * (63 / 64) * n / (50 * GB), rel=1e-12)
+    # The hierarchical all-reduce's 8 shards cross at once through the same spine.
+    hier = 2 * (7 / 8) * n / (300 * GB) + 2 * (7 / 8) * (n / 8) / (50 * GB / 8)
+    assert seconds(c, "hierarchical") == pytest.approx(hier, rel=1e-12)
+    # A non-blocking spine (the default) changes nothing.
+    assert seconds(seed(rail=False), "ring/ch") == pytest.approx(seconds(seed(), "ring/ch"))
+    with pytest.raises(UsageError, match="--no-rail"):
+        seed(spine_bw=50 * GB)
+    for bad in (dict(channels=0), dict(channels=65), dict(nics=0), dict(gpu_arch="kepler")):
+        with pytest.raises(UsageError):
+            seed(**bad)
+
+
+# ------------------------------------------------------------------------- NCCL tree, PAT
+
+def test_nccls_tree_sends_twice_a_channels_part_over_its_hops():
+    n = 4 * N_SEED
+    # Bandwidth: each channel's NIC carries 2·n/C each way (interior in one tree, leaf in
+    # the other); NVLink's share (300/8) is not the bottleneck.
+    assert seconds(seed(), "dbtree/ch") == pytest.approx(2 * (n / 8) / (25 * GB), rel=1e-12)
+    # Latency: up and down a chain of 8 GPUs (7 hops) and a tree of 8 nodes (depth 3).
+    fast = seed(intra_bw=1e30, inter_bw=1e30, intra_latency=2e-6, inter_latency=5e-6)
+    assert seconds(fast, "dbtree/ch", 1 << 20) == pytest.approx(2 * 7 * 2e-6 + 2 * 3 * 5e-6)
+    assert seconds(fast, "ring/ch", 1 << 20) == pytest.approx(2 * 63 * 5e-6)
+
+
+def test_pat_takes_log_rounds_across_nodes():
+    m, count = 16, 16 * 1000
+    c = Cluster(m, 1, 1e11, 25 * GB, inter_latency=5e-6, reduce_bw=0)
+    est = allreduce_estimate(c, "pat", count, 4)
+    assert sum(ph.rounds for ph in est.phases) == 2 * 4  # lg 16 each way
+    assert est.bytes == 2 * (m - 1) * (count // m) * 4
+    assert est.seconds == pytest.approx(8 * 5e-6 + 2 * (15 / 16) * count * 4 / (25 * GB))
+    for nodes in (2, 3, 5, 8, 13):
+        for block in (1, 7, 100):
+            assert pat_cost(nodes, block, 4, reduce=False).counts() == \
+                bruck_allgather_cost(nodes, block, 4).counts()
+            assert pat_cost(nodes, block, 4, reduce=True).counts() == \
+                bruck_reduce_scatter_cost(nodes, nodes * block, 4).counts()
+
+
+# -------------------------------------------------------------------- NCCL's tuning model
+
+def by_name(times):
+    return {t.name: t for t in times}
+
+
+def test_nccls_model_for_the_seed_gradient():
+    times = by_name(nccl_times(seed(), 4 * N_SEED))
+    ring = times["Ring/Simple"]
+    # baseLat 8.4 + 112 NVLink steps at max(3.4, 3 × 1 µs overhead) + 14 network steps at 14,
+    # then 1.4× (the ring's plateau, Ampere and later).
+    assert ring.latency == pytest.approx((8.4 + 112 * 3.4 + 14 * 14.0) * 1.4e-6)
+    assert ring.bandwidth == pytest.approx(8 * 25 * GB * 64 / 126)
+    assert ring.seconds == pytest.approx(ring.latency + 4 * N_SEED / ring.bandwidth)
+    tree = times["Tree/Simple"]
+    assert tree.latency == pytest.approx((8.4 + 2 * (7 * 4.0 + 3 * 14.0)) * 1e-6)
+    assert tree.bandwidth == pytest.approx(min(0.92 * 200, 8 * 36.0) * 0.5 * GB)
+    assert set(times) == {f"{a}/{p}" for a in ("Ring", "Tree") for p in ("LL", "LL128", "Simple")}
+    assert baseline_algorithm(seed(), 4 * N_SEED) == ("ring/ch", ring)
+
+
+def test_nccls_model_picks_the_tree_for_small_messages():
+    times = by_name(nccl_times(seed(), 4096))
+    ll = times["Tree/LL"]
+    assert ll.latency == pytest.approx((6.8 + 2 * (7 * 0.6 + 3 * 5.0)) * 1e-6)
+    # busBw min(0.92·200, 8·36) = 184, LL: min(184/3.8, llMaxBw 20.4) = 20.4, halved, then
+    # the tree correction of 4 KiB (64 B · 2^6) for LL: 0.7.
+    assert ll.bandwidth == pytest.approx(20.4 * 0.5 * 0.7 * GB)
+    assert times["Ring/LL"].latency == pytest.approx((6.6 + 112 * 1.0 + 14 * 2.7) * 1e-6)
+    name, choice = baseline_algorithm(seed(), 4096)
+    assert choice.name == "Tree/LL" and name == "dbtree/ch"
+    # One node: NVLink latencies only, no plateau, no post overhead.
+    one = by_name(nccl_times(seed(nodes=1), 1 << 30))
+    assert one["Ring/Simple"].latency == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
+    assert nccl_times(seed(nodes=1, g=1), 1 << 20) == ()
+
+
+# ------------------------------------------------------------ baseline, search and verdict
+
+def test_the_baseline_is_nccls_default_not_a_flat_ring():
+    w = Workload.from_params(N_SEED, forward=2.0, backward=4.0)
+    result = plan(seed(), w, Options())
+    base = result.stack[0]
+    assert base.label == "baseline (NCCL Ring/Simple)" and base.algorithm == "ring/ch"
+    assert base.comm == pytest.approx(2 * (63 / 64) * 4 * N_SEED / (200 * GB), rel=1e-12)
+    assert result.baseline["nccl_pick"] == "Ring/Simple"
+
+
+def test_the_search_never_keeps_compression_that_slows_the_step():
+    # 1% top-k is gathered: at 64 GPUs each receives 63 payloads of 2% of the gradient,
+    # more than a ring all-reduce moves, at every bucket count.
+    w = Workload.from_params(1 << 24, forward=0.01, backward=0.02)
+    options = Options(compressor="topk:ratio=0.01", extra_compressors=("fp16",))
+    result = plan_and_search(seed(intra_latency=2e-6, inter_latency=5e-6), w, options)
+    tried = {(row.label, row.buckets) for row in result.search}
+    assert {"dense", "topk:ratio=0.01", "fp16"} == {label for label, _ in tried}
+    assert {b for _, b in tried} == {1, 4, 16, 64, 256, 3}  # 64 MiB in DDP's 25 MiB buckets
+    assert all(result.best.step <= row.step for row in result.search)
+    assert result.best.compressor != "topk:ratio=0.01"
+    assert any("topk:ratio=0.01 is not kept" in line for line in result.verdict)
+    # With nothing to hide under, buckets only add latency and fp16 halves the bytes.
+    bare = Workload.from_params(1 << 24)
+    best = plan_and_search(seed(intra_latency=2e-6, inter_latency=5e-6), bare,
+                           Options(compressor="fp16")).best
+    assert best.compressor == "fp16" and best.buckets == 1
+    # Dense when compression gains nothing: fp16 on a free network.
+    free = seed(intra_bw=1e30, inter_bw=1e30, reduce_bw=1e12)
+    assert plan_and_search(free, bare, Options(compressor="fp16")).best.compressor is None
+
+
+def test_the_seed_preset_gives_a_row_per_algorithm_and_says_who_wins(tmp_path):
+    out = tmp_path / "seed.json"
+    res = CliRunner().invoke(main, ["model", "--preset", "seed", "--json", str(out)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["cluster"]["nodes"] == 8 and data["cluster"]["gpus_per_node"] == 8
+    assert data["workload"]["bytes"] == 4 * N_SEED
+    assert data["workload"]["forward"] == 2.0 and data["workload"]["backward"] == 4.0
+    names = {a["algorithm"] for a in data["allreduce"]}
+    assert {"ring", "hierarchical", "ring/ch", "dbtree/ch", "tree/ch", "pat"} <= names
+    assert data["nccl_model"]["version"] and len(data["nccl_model"]["times"]) == 6
+    assert "ring/ch wins the all-reduce" in res.output and "the gap is" in res.output
+    assert "what NCCL does by default" in res.output and "best stack found" in res.output
+    assert data["best"]["step"] <= min(row["step"] for row in data["search"])
+    # An option given on the command line beats the preset's.
+    res = CliRunner().invoke(main, ["model", "--preset", "seed", "--nodes", "2", "--no-search",
+                                    "--json", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0 and json.loads(out.read_text())["cluster"]["nodes"] == 2
+    assert json.loads(out.read_text())["search"] == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--channels", "0"], "--channels"), (["--channels", "65"], "--channels"),
+    (["--nics-per-node", "nan"], "--nics-per-node"), (["--spine-bw", "10GB/s"], "--no-rail"),
+    (["--no-rail", "--spine-bw", "10"], "--spine-bw"),
+])
+def test_bad_network_options_are_one_line_and_exit_2(args, needle):
+    res = CliRunner().invoke(main, ["model", "--preset", "seed", *args], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output
+
+
+def test_the_library_takes_several_compressors_as_text():
+    result = plan_from_text(nodes="2", gpus_per_node="2", intra_bw="100GB/s", inter_bw="10GB/s",
+                            bidirectional=False, params="1e6",
+                            compressor=["fp16", "bf16", "fp16"])
+    assert result.options.compressors == ("fp16", "bf16")
+    assert result.stack[2].compressor in ("fp16", "bf16")
+    assert math.isfinite(result.stack[2].step)
