@@ -21,13 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 import refcoll
-
-
-def parse_size(text: str) -> int:
-    """Return the bytes of ``8``, ``4K``, ``1M``..."""
-    units = {"K": 1 << 10, "M": 1 << 20}
-    text = text.strip().upper()
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+from refcoll.core.units import SIZE_RULE, parse_size
 
 
 def sample(comm, fn, calls: int) -> float:
@@ -43,7 +37,8 @@ def sample(comm, fn, calls: int) -> float:
 def main() -> None:
     """Time every size and print one row per size (rank 0)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="8,64,512,4K", help="message sizes in bytes")
+    ap.add_argument("--sizes", default="8,64,512,4K",
+                    help=f"message sizes, comma-separated, in {SIZE_RULE}")
     ap.add_argument("--samples", type=int, default=30, help="samples per variant")
     ap.add_argument("--calls", type=int, default=200, help="calls timed together in a sample")
     ap.add_argument("--algorithm", default="auto", help="refcoll algorithm")
@@ -57,7 +52,7 @@ def main() -> None:
               f"samples of {args.calls} calls, µs per call")
         print(f"{'bytes':>6} {'MPI':>8} {'validate=False':>15} {'ratio':>6} "
               f"{'validate=True':>14} {'ratio':>6} {'validation':>11}")
-    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+    for nbytes in (parse_size(s, name="--sizes") for s in args.sizes.split(",")):
         x = np.random.default_rng(comm.rank).standard_normal(max(nbytes // 4, 1)).astype(np.float32)
         out, theirs = np.empty_like(x), np.empty_like(x)
         variants = {

@@ -23,15 +23,32 @@ needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
 
 @pytest.mark.parametrize("text,nbytes", [
     ("8", 8), ("64K", 64 * 1024), ("64k", 65536), ("16M", 16 << 20), (" 1G ", 1 << 30), ("0", 0),
+    ("8T", 8 << 40), ("1.5K", 1536), ("64KiB", 65536), ("1MiB", 1 << 20), ("1MB", 10 ** 6),
+    ("8KB", 8000), ("8kB", 8000), ("2GB", 2 * 10 ** 9),
 ])
-def test_sizes_take_binary_suffixes_as_nccl_tests_does(text, nbytes):
+def test_sizes_follow_the_one_rule_of_core_units(text, nbytes):
+    # A letter alone and KiB... are powers of 1024, as nccl-tests reads -e 128M; kB... of 1000.
     assert parse_size(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["1.5K", "-8", "8T", "", "K", "8KB", "eight"])
+@pytest.mark.parametrize("text", ["-8", "", "K", "eight", "8X", "8KiBB", "inf"])
 def test_a_bad_size_is_a_usage_error(text):
     with pytest.raises(UsageError, match="bad size"):
         parse_size(text)
+
+
+def test_the_benchmark_scripts_read_sizes_by_the_same_rule():
+    import importlib.util as util
+    from pathlib import Path
+
+    from refcoll.core import units
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "small_messages.py"
+    spec = util.spec_from_file_location("small_messages", script)
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse_size is units.parse_size
+    assert [module.parse_size(s) for s in ("4K", "1MB", "1MiB")] == [4096, 10 ** 6, 1 << 20]
 
 
 def test_the_sweep_multiplies_up_to_the_largest_size():
@@ -162,7 +179,8 @@ def no_gpu(monkeypatch):
     (["--against", "nccl"], "--against nccl needs --device gpu (NCCL runs on GPUs)"),
     (["--device", "gpu"], "--device gpu needs a CUDA GPU and CuPy: CuPy is not installed"),
     (["--device", "gpu", "--against", "nccl"], "--device gpu needs a CUDA GPU and CuPy"),
-    (["-b", "1.5K"], "bad size '1.5K'"),
+    (["-b", "1.5X"], "bad -b/--minbytes '1.5X'"),
+    (["-e", "64Q"], "bad -e/--maxbytes '64Q'"),
     (["-f", "1"], "step factor"),
     (["--algorithm", "rung"], "unknown algorithm 'rung'"),
     (["--algorithm", "tree", "--collective", "allgather"], "does not implement allgather"),
@@ -218,5 +236,15 @@ def test_a_real_sweep_reports_every_size_and_algorithm(tmp_path, monkeypatch):
     assert data["summary"]["passed"] and data["summary"]["wrong"] == 0
     assert len(table.read_text().splitlines()) == 1 + len(rows)
     assert "#wrong: 0 of" in res.stdout and "validate=False" in res.stdout
+    for row in rows:  # the in-place half, refcoll's and MPI's (MPI_IN_PLACE)
+        assert row["inplace_wrong"] == 0 and row["inplace_checked"] == row["checked"]
+        assert row["base_inplace_wrong"] == 0 and row["base_inplace_time_us"] > 0
+    # nccl-tests' closing lines: the plain average is the algorithm under test's (ring, the
+    # first), both halves, and a script that takes the line's last field reads it.
+    (plain,) = [line for line in res.stdout.splitlines()
+                if line.startswith("# Avg bus bandwidth ") and "(" not in line]
+    ring = [v for r in rows if r["algorithm"] == "ring" for v in (r["busbw"], r["inplace_busbw"])]
+    assert float(plain.split()[-1]) == float(f"{sum(ring) / len(ring):g}")
+    assert "# Out of bounds values : 0 OK" in res.stdout
     if png is not None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

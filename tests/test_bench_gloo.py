@@ -148,13 +148,21 @@ def test_a_real_run_shows_mpi_gloo_and_refcoll_side_by_side(torch_dist, tmp_path
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     titles = next(line for line in lines if line.startswith("#") and "algorithm" in line).split()
-    assert titles[-6:] == ["MPI", "busbw", "time/MPI", "Gloo", "busbw", "time/Gloo"]
+    # nccl-tests' thirteen, then the algorithm, MPI's two halves and Gloo's one.
+    assert titles[-9:] == ["algorithm", "MPI", "busbw", "in-place", "busbw", "time/MPI", "Gloo",
+                           "busbw", "time/Gloo"]
     body = [line.split() for line in lines if line and not line.startswith("#")]
     assert [int(cells[0]) for cells in body] == [1024, 8192]
     for cells in body:
-        assert cells[8] == "0"  # refcoll's #wrong
-        assert all(float(c) > 0 for c in (cells[9], cells[12]))  # MPI's and Gloo's times
+        assert cells[8] == cells[12] == "0"  # refcoll's #wrong, out of place and in place
+        assert all(float(c) > 0 for c in (cells[14], cells[16], cells[19]))  # MPI's, Gloo's
     assert "# Gloo all_reduce #wrong: 0" in lines and "# MPI_Allreduce #wrong: 0" in lines
+    assert [line for line in lines if line.startswith("# Avg bus bandwidth (")] == [
+        f"# Avg bus bandwidth ({name}) : {data:g}" for name, data in (
+            ("MPI_Allreduce", json.loads(out.read_text())["summary"]["baselines"]["mpi"]
+             ["avg_busbw"]),
+            ("Gloo all_reduce", json.loads(out.read_text())["summary"]["baselines"]["gloo"]
+             ["avg_busbw"]))]
     data = json.loads(out.read_text())
     assert data["header"]["against"] == "mpi,gloo" and data["header"]["versions"]["torch"]
     assert [b["name"] for b in data["header"]["baselines"]] == ["MPI_Allreduce", "Gloo all_reduce"]
@@ -163,6 +171,8 @@ def test_a_real_run_shows_mpi_gloo_and_refcoll_side_by_side(torch_dist, tmp_path
         assert row["baseline"] == "MPI_Allreduce" and row["base_wrong"] == 0
         entry = row["baselines"]["gloo"]
         assert entry["wrong"] == 0 and entry["checked"] == 3 * row["count"] * 2  # 3 runs, 2 ranks
+        assert entry["inplace_time_us"] is None  # Gloo's halves: out of place only
+        assert row["baselines"]["mpi"]["inplace_wrong"] == 0
         assert entry["time_over"] == pytest.approx(row["time_us"] / entry["time_us"])
         assert entry["busbw"] == pytest.approx(row["size"] / entry["time_us"] / 1e3)
     summary = data["summary"]["baselines"]

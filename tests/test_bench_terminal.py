@@ -287,6 +287,9 @@ class _Stuck:
     def Iallreduce(self, *args, **kwargs):
         return _Never()
 
+    def Iallgather(self, *args, **kwargs):
+        return _Never()
+
     def __getattr__(self, name):  # Barrier, Split, Allreduce, Dup, bcast...
         raise AssertionError(f"blocking MPI call {name} reached with a rank missing")
 
@@ -309,7 +312,7 @@ def test_the_split_of_the_participants_waits_by_the_deadline():
 def test_the_results_are_reduced_by_the_deadline():
     item = _Item("ours", "ring", None, None)
     item.times = [1.0]
-    with pytest.raises(CollectiveTimeout, match="gathering the timings.*MPI_Iallreduce over 2"):
+    with pytest.raises(CollectiveTimeout, match="gathering the timings.*MPI_Iallgather over 2"):
         _reduce_items(_Stuck(), [item], timeout=0.05)
 
 

@@ -12,8 +12,9 @@ import click
 
 from .. import algorithms
 from ..core.plot import require_matplotlib
-from ..measure.bench import (BenchConfig, bar_target, check_config, extra_ranks, parse_size,
-                             rank_writer, run_report, save_report, size_sweep)
+from ..measure.bench import (FORMATS, SIZE_RULE, BenchConfig, bar_target, check_config,
+                             extra_ranks, forced_mpi_env, parse_size, rank_writer, run_report,
+                             save_report, size_sweep)
 from ..measure.bench.terminal import PROGRESS_VARIABLE, progress_setting
 from . import launch
 from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
@@ -26,29 +27,50 @@ __all__ = ["bench"]
 @click.option("-n", "--np", "nprocs", type=int, default=2, show_default=True,
               help="Processes to start with mpiexec (ignored inside an MPI job).")
 @click.option("-b", "--minbytes", default="8", show_default=True,
-              help="Smallest size in bytes (K, M, G suffixes: binary).")
-@click.option("-e", "--maxbytes", default="64M", show_default=True, help="Largest size in bytes.")
+              help=f"Smallest size in {SIZE_RULE}.")
+@click.option("-e", "--maxbytes", default="64M", show_default=True,
+              help="Largest size (read as -b is).")
 @click.option("-f", "--stepfactor", type=int, default=2, show_default=True,
               help="Multiply the size by this from one row to the next.")
 @click.option("--algorithm", default="auto", show_default=True,
-              help="Algorithms, comma-separated, or all (those with the collective).")
+              help="Algorithms, comma-separated, or all (those with the collective); the first "
+                   "is the algorithm under test, whose average ends '# Avg bus bandwidth'.")
 @click.option("--collective", type=click.Choice(list(algorithms.COLLECTIVES)), default="allreduce",
               show_default=True)
-@click.option("--op", default="sum", show_default=True, help="sum, prod, min, max or avg.")
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("-o", "--op", default="sum", show_default=True,
+              help="sum, prod, max, min or avg, a comma list, or all (nccl-tests' -o).")
+@click.option("-d", "--datatype", "--dtype", "dtype", default="float32", show_default=True,
+              help="nccl-tests' names (float, half, bfloat16, double, int8, uint8, int32, "
+                   "uint32, int64, uint64, f8e4m3 or fp8_e4m3, f8e5m2) or refcoll's (float32, "
+                   "float16, int16...), a comma list, or all (nccl-tests' -d).")
+@click.option("-r", "--root", type=int, default=0, show_default=True,
+              help="The root of broadcast and reduce (nccl-tests' -r).")
+@click.option("-a", "--average", type=click.IntRange(0, 3), default=3, show_default=True,
+              help="Each rank's median time, then over ranks: 0 rank 0's, 1 the mean, 2 the "
+                   "smallest, 3 the largest (nccl-tests' -a; its default is 1).")
 @click.option("--against", default="mpi", show_default=True,
               help="The library collectives timed beside refcoll's, comma-separated: mpi (the "
-                   "MPI library's), nccl (NCCL's through CuPy, with --device gpu, one process "
-                   "per GPU), gloo (torch.distributed's Gloo backend; needs PyTorch), or none. "
-                   "mpi,gloo times both in the same run.")
+                   "MPI library's; mpi:ALGO forces its own algorithm ALGO, e.g. mpi:ring), nccl "
+                   "(NCCL's through CuPy, with --device gpu, one process per GPU), gloo "
+                   "(torch.distributed's Gloo backend; needs PyTorch), or none. "
+                   "mpi:ring,gloo times both in the same run.")
+@click.option("--nccl-algo", default=None,
+              help="NCCL_ALGO for --against nccl (Ring, Tree, ^NVLS...; default: the "
+                   "environment's, else NCCL's choice).")
+@click.option("--nccl-proto", default=None,
+              help="NCCL_PROTO for --against nccl (LL, LL128, Simple...).")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Where the buffers live: host memory (NumPy) or each rank's GPU (CuPy).")
-@click.option("-w", "--warmup", type=int, default=5, show_default=True,
-              help="Untimed iterations per size.")
+@click.option("-w", "--warmup", "--warmup_iters", "warmup", type=int, default=5,
+              show_default=True, help="Untimed iterations per size.")
 @click.option("-i", "--iters", type=int, default=20, show_default=True,
-              help="Timed iterations per size.")
+              help="Timed iterations per size (nccl-tests' -n; -n here is the processes).")
 @click.option("-c", "--check", type=click.IntRange(0, 1), default=1, show_default=True,
-              help="1: compare every iteration's result with the expected one, bit for bit.")
+              help="1: compare every iteration's result with the expected one, bit for bit; "
+                   "0: #wrong shows N/A.")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="refcoll",
+              show_default=True,
+              help="nccl-tests: nccl-tests' layout exactly (refcoll's columns as # lines).")
 @click.option("--bound", is_flag=True,
               help="Also time each algorithm's bare messages and reductions (its transport bound).")
 @click.option("--compressor", default=None,
@@ -59,15 +81,19 @@ __all__ = ["bench"]
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Draw busbw against size to this PNG (needs matplotlib).")
 @reports_errors
-def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dtype, against,
-          device, warmup, iters, check, bound, compressor, json_file, csv_file, plot_file):
+def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dtype, root, average,
+          against, nccl_algo, nccl_proto, device, warmup, iters, check, fmt, bound, compressor,
+          json_file, csv_file, plot_file):
     """Time collectives over a size sweep, as nccl-tests does, beside the MPI library's own.
 
-    Prints size, count, type, redop, algorithm, time (the largest over ranks of
-    each rank's median), algbw, busbw and #wrong per size and algorithm, then
-    each baseline's time, busbw and time/base (below 1: refcoll is faster);
-    with several (--against mpi,gloo) the columns are named by library
-    (time/MPI, time/Gloo). Each baseline's #wrong is in the footer.
+    Each row is nccl-tests' row: size, count, type, redop, root, then time
+    (each rank's median, then over ranks as -a says), algbw, busbw and #wrong
+    out of place and again in place; then refcoll's columns: the algorithm
+    (and what auto chose), each baseline's time, busbw (MPI's in place too)
+    and time/base (below 1: refcoll is faster), the bound. The footer ends
+    with nccl-tests' '# Out of bounds values' and '# Avg bus bandwidth' (the
+    algorithm under test, both halves); each baseline's average has a line
+    of its own. The header says when the ranks outnumber the cores.
     With --device gpu the header names the GPU and how device buffers travel
     (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
@@ -77,23 +103,28 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         # only it checks (_bench_in_world): another node may lack the folder.
         check_output_paths(json=json_file, csv=csv_file, plot=plot_file)
     names = split_list(algorithm, algorithms.names(), "algorithm")
+    low = parse_size(minbytes, name="-b/--minbytes")
+    high = parse_size(maxbytes, name="-e/--maxbytes")
     config = BenchConfig(
-        sizes=size_sweep(parse_size(minbytes), parse_size(maxbytes), stepfactor),
+        sizes=size_sweep(low, high, stepfactor), sweep=(low, high, stepfactor),
         algorithms=names if names is not None else algorithms.names(collective),
         collective=collective, op=op, dtype=dtype, against=against, device=device,
-        warmup=warmup, iters=iters, check=bool(check), bound=bound, compressor=compressor)
-    check_config(config)
+        warmup=warmup, iters=iters, check=bool(check), bound=bound, compressor=compressor,
+        root=root, average=average, nccl_algo=nccl_algo, nccl_proto=nccl_proto)
+    check_config(config, None if launch.in_mpi_job() else nprocs)
     if plot_file:
         require_matplotlib()
     require_processes(nprocs)
     if not launch.in_mpi_job():
-        # The terminal is here: the ranks' streams are pipes.
-        env = {**launch.workers_env(nprocs), PROGRESS_VARIABLE: progress_setting(bar_target())}
+        # The terminal is here: the ranks' streams are pipes. The MPI library reads a
+        # forced algorithm at MPI_Init, so its variables go into the job's environment.
+        env = {**launch.workers_env(nprocs), PROGRESS_VARIABLE: progress_setting(bar_target()),
+               **forced_mpi_env(config)}
         launch.relaunch(nprocs + extra_ranks(config.algorithms, nprocs), env)
-    _bench_in_world(nprocs, config, json_file, csv_file, plot_file)
+    _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt)
 
 
-def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
+def _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt="refcoll") -> None:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -104,7 +135,7 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file) -> None:
     writer = _writer() if lead else None  # rank 0 writes the table and the bar, nobody else
     try:
         report = run_report(world, config, line=writer.line if lead else None,
-                            progress=writer)
+                            progress=writer, fmt=fmt)
     finally:
         if writer is not None:
             writer.clear()  # an error's message must not land on the bar's line

@@ -26,6 +26,7 @@ import re
 from .errors import UsageError
 
 __all__ = [
+    "SIZE_RULE",
     "BANDWIDTH_UNITS",
     "parse_count",
     "parse_size",
@@ -47,6 +48,10 @@ _BANDWIDTH_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
 
 #: Size prefixes, by the power of the base they stand for.
 _SIZE_LETTERS = "KMGT"
+
+#: How :func:`parse_size` reads a size, in words, for every command's --help.
+SIZE_RULE = ("bytes; K, M, G, T (any case) and KiB, MiB, GiB, TiB are powers of 1024, as "
+             "nccl-tests reads -e 128M; kB, MB, GB, TB are powers of 1000")
 
 #: The bandwidth units :func:`parse_bandwidth` reads, for messages and help.
 BANDWIDTH_UNITS = "B/s, kB/s, MB/s, GB/s, TB/s, KiB/s, MiB/s, GiB/s, Gb/s (= Gbit/s = Gbps), Mb/s"

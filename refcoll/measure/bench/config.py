@@ -4,18 +4,20 @@
 here, before any MPI), the sizes (:func:`parse_size`, :func:`size_sweep`,
 :func:`element_count`), :func:`bus_factor`, the device's array module and GPU
 (:func:`array_module`, :func:`use_device`), the baseline's name and availability,
-and the fields of a row (:data:`ROW_FIELDS`).
+the MPI library's forced algorithm (:func:`mpi_algorithm`, :func:`forced_mpi_env`,
+:func:`check_forced_mpi`), the runs of ``-d all -o all`` (:func:`variants`) and the
+fields of a row (:data:`ROW_FIELDS`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from ... import algorithms
-from ...baselines import gloo, nccl
+from ...baselines import gloo, mpi_algorithms, nccl, nccl_log
 from ...baselines.mpi import BASELINES, mpi_unavailable
 from ...compressors import parse as parse_compressor
 from ...core import units
@@ -24,6 +26,7 @@ from ...core.errors import UsageError
 from ...core.ops import check_supported, get_dtype, get_op, is_float
 from ...transport import device as devices
 from ...transport.mpi import bounded_barrier
+from .options import parse_against, parse_dtypes, parse_ops, variant_pairs
 
 __all__ = [
     "BenchConfig",
@@ -47,6 +50,12 @@ __all__ = [
     "op_label",
     "baseline_op",
     "reduces",
+    "variants",
+    "rooted",
+    "mpi_algorithm",
+    "forced_mpi_env",
+    "check_forced_mpi",
+    "SIZE_RULE",
 ]
 
 #: NCCL's collective that each refcoll collective is timed against with ``--against nccl``.
@@ -59,26 +68,24 @@ GLOO_BASELINES = gloo.GLOO_CALLS
 #: with several of them.
 LIBRARIES = {"mpi": "MPI", "nccl": "NCCL", "gloo": "Gloo"}
 
-#: The fields of every row, in the order ``--csv`` writes them.
+#: The fields of every row, in the order ``--csv`` writes them: the out-of-place half
+#: (``time_us``... ``wrong``), then the in-place half (``inplace_*``), as nccl-tests' row.
 ROW_FIELDS = (
-    "collective", "algorithm", "resolved", "ranks", "size", "count", "dtype", "op",
+    "collective", "algorithm", "resolved", "ranks", "size", "count", "dtype", "op", "root",
     "time_us", "algbw", "busbw", "wrong", "checked",
+    "inplace_time_us", "inplace_algbw", "inplace_busbw", "inplace_wrong", "inplace_checked",
     "baseline", "base_time_us", "base_busbw", "base_wrong", "time_over_base",
+    "base_inplace_time_us", "base_inplace_busbw", "base_inplace_wrong",
     "bound_us", "time_over_bound",
     "compressor", "pattern", "wire_sent", "wire_received", "dense_sent",
+    "nccl_algo", "nccl_proto", "nccl_channels",
 )
 
+#: How every size option reads its value (:func:`refcoll.core.units.parse_size`), for --help.
+SIZE_RULE = units.SIZE_RULE
 
-def parse_size(text: str) -> int:
-    """Return the bytes of a size as nccl-tests takes it: ``8``, ``64K``, ``16M``, ``1G``.
-
-    :func:`refcoll.core.units.parse_size` with nccl-tests' reading: whole bytes,
-    binary suffixes K, M and G in any case (K = 1024), no decimal units.
-
-    Raises:
-        UsageError: anything else (a fraction, a negative number, another unit).
-    """
-    return units.parse_size(text, name="size", whole=True, letters="KMG", decimal=False)
+#: The size of a sweep (``-b``, ``-e``) as :func:`refcoll.core.units.parse_size` reads it.
+parse_size = units.parse_size
 
 
 def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -191,6 +198,18 @@ class BenchConfig:
         compressor: a compressor spec (all-reduce only), or None.
         workers: ranks that hold data (``None``: the whole communicator); the
             ranks after them serve as switch processes.
+        root: the root of broadcast and reduce (nccl-tests' ``-r``).
+        average: how the ranks' times make a row's (nccl-tests' ``-a``): 0 rank 0's,
+            1 the mean, 2 the smallest, 3 the largest (the default).
+        in_place: also time the in-place half of each row (nccl-tests always does).
+        nccl_algo, nccl_proto: ``NCCL_ALGO`` and ``NCCL_PROTO`` for ``--against
+            nccl`` (None: what the environment says, if anything).
+        sweep: the ``(-b, -e, -f)`` the sizes came from, as the header reports them
+            (None: read off ``sizes``).
+
+    ``dtype`` and ``op`` may name several (a comma list, or ``all``, as nccl-tests'
+    ``-d all -o all``): :func:`variants` gives one configuration per pair, and
+    ``against`` may force the MPI library's algorithm (``mpi:ring``).
     """
 
     sizes: Sequence[int] = (8,)
@@ -206,9 +225,34 @@ class BenchConfig:
     bound: bool = False
     compressor: str | None = None
     workers: int | None = None
+    root: int = 0
+    average: int = 3
+    in_place: bool = True
+    nccl_algo: str | None = None
+    nccl_proto: str | None = None
+    sweep: tuple[int, int, int] | None = None
 
 
-def check_config(config: BenchConfig) -> None:
+def rooted(collective: str) -> bool:
+    """Return whether ``collective`` has a root (broadcast and reduce), as nccl-tests' column."""
+    return collective in ("broadcast", "reduce")
+
+
+def variants(config: BenchConfig) -> list[BenchConfig]:
+    """Return one configuration per ``(dtype, op)`` of ``config``, in nccl-tests' order.
+
+    ``-d all -o all`` runs every type with every op it has; a collective that only
+    moves data runs each type once.
+    """
+    ops = parse_ops(config.op)
+    pairs = variant_pairs(parse_dtypes(config.dtype), ops, reduces=reduces(config.collective),
+                          every_op=str(config.op).strip() == "all")
+    if not pairs:
+        raise UsageError(f"no op of -o {config.op} runs on -d {config.dtype}")
+    return [replace(config, dtype=dtype, op=op) for dtype, op in pairs]
+
+
+def check_config(config: BenchConfig, workers: int | None = None) -> None:
     """Raise :class:`UsageError` for a configuration no rank could run (before any MPI).
 
     Unknown or unsupported names, an algorithm without the collective, an op the
@@ -216,7 +260,19 @@ def check_config(config: BenchConfig) -> None:
     where there is none, NCCL without ``--device gpu`` or with a dtype or op it
     lacks, ``--bound`` on a GPU, iteration counts below their minimum. Nothing
     here opens a CUDA context (:func:`use_device` checks the dtype on the device).
+    Several dtypes or ops: each pair is checked (:func:`variants`). ``workers``
+    (default ``config.workers``), where known, bounds the root of broadcast and
+    reduce (the others have none: nccl-tests prints -1).
     """
+    workers = workers or config.workers
+    if workers is not None and rooted(config.collective) and config.root >= workers:
+        raise UsageError(f"-r {config.root} is not one of the {workers} data ranks "
+                         f"(0..{workers - 1})")
+    runs = variants(config)
+    if len(runs) > 1 or runs[0].dtype != config.dtype or runs[0].op != config.op:
+        for run in runs:
+            check_config(run)
+        return
     if not config.sizes:
         raise UsageError("no message sizes to run")
     if config.collective not in algorithms.COLLECTIVES:
@@ -232,7 +288,19 @@ def check_config(config: BenchConfig) -> None:
     if config.warmup < 0 or config.iters < 1:
         raise UsageError(f"need warm-up >= 0 and iterations >= 1, got -w {config.warmup} "
                          f"-i {config.iters}")
+    if config.root < 0:
+        raise UsageError(f"the root must be a rank (>= 0), got -r {config.root}")
+    if config.average not in (0, 1, 2, 3):
+        raise UsageError(f"-a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max) over ranks, as "
+                         f"nccl-tests does; got {config.average}")
     chosen = libraries(config)
+    if config.nccl_algo or config.nccl_proto:
+        nccl_log.nccl_env(config.nccl_algo, config.nccl_proto)  # names NCCL lacks: refused
+        if "nccl" not in chosen:
+            raise UsageError("--nccl-algo and --nccl-proto choose NCCL's algorithm: they go "
+                             "with --against nccl")
+    if mpi_algorithm(config) is not None:
+        forced_mpi_env(config)  # a name the MPI library lacks: refused, naming its own
     if "nccl" in chosen and config.device != "gpu":
         raise UsageError("--against nccl needs --device gpu (NCCL runs on GPUs)")
     if array_module(config.device) is not np and config.bound:
@@ -284,9 +352,9 @@ def libraries(config: BenchConfig) -> tuple[str, ...]:
     Raises:
         UsageError: an unknown name, a name twice, or ``none`` in a list.
     """
-    against = config.against
-    names = [a.strip() for a in (against.split(",") if isinstance(against, str) else against)]
-    choices = f"choose {', '.join(LIBRARIES)} or none, or a comma list (mpi,gloo)"
+    names = [library for library, _ in parse_against(config.against)]
+    choices = (f"choose {', '.join(LIBRARIES)} or none, or a comma list (mpi,gloo; "
+               "mpi:ALGO forces the MPI library's algorithm)")
     if names == ["none"]:
         return ()
     text = ",".join(names)
@@ -313,8 +381,55 @@ def baseline_name(config: BenchConfig, library: str | None = None) -> str | None
     if library == "gloo":
         return GLOO_BASELINES[config.collective]
     if library == "mpi":
-        return BASELINES[config.collective]
+        forced = mpi_algorithm(config)
+        return BASELINES[config.collective] + (f"[{forced}]" if forced else "")
     return None
+
+
+def mpi_algorithm(config: BenchConfig) -> str | None:
+    """Return the MPI library's algorithm ``--against mpi:ALGO`` forces (None: its own choice)."""
+    return next((algo for library, algo in parse_against(config.against) if library == "mpi"),
+                None)
+
+
+def forced_mpi_env(config: BenchConfig, library: str | None = None) -> dict[str, str]:
+    """Return the environment that forces ``mpi:ALGO`` on ``library`` (None: mpi4py's, unread).
+
+    MPICH reads ``MPIR_CVAR_<COLL>_INTRA_ALGORITHM``, Open MPI its ``coll_tuned``
+    parameters (:func:`refcoll.baselines.mpi_algorithms.forced_env`); both at
+    ``MPI_Init``, so the variables must be in the environment the ranks start
+    with. Empty when nothing is forced.
+
+    Raises:
+        UsageError: an algorithm that library does not have, naming those it has.
+    """
+    forced = mpi_algorithm(config)
+    if forced is None:
+        return {}
+    library = library or mpi_algorithms.installed_library()
+    return dict(mpi_algorithms.forced_env(library, config.collective, forced))
+
+
+def check_forced_mpi(config: BenchConfig, rank: int) -> dict[str, str]:
+    """Refuse, in a rank, a forced MPI algorithm whose variables this job was not started with.
+
+    Returns the variables in force (empty when nothing is forced).
+
+    Raises:
+        UsageError: on every rank alike, naming each variable to set and its value.
+    """
+    if mpi_algorithm(config) is None:
+        return {}
+    from mpi4py import MPI
+
+    env = forced_mpi_env(config, mpi_algorithms.library_of(MPI.Get_library_version()))
+    missing = mpi_algorithms.missing_env(env)
+    if missing:
+        settings = " ".join(f"{name}={env[name]}" for name in missing)
+        raise UsageError(f"rank {rank}: --against {config.against} needs the MPI library's "
+                         f"algorithm forced before MPI starts: set {settings} in the job's "
+                         "environment (refcoll bench -n N sets it itself)")
+    return env
 
 
 def baseline_checked(config: BenchConfig, library: str) -> bool:

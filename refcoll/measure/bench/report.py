@@ -1,9 +1,11 @@
-"""The report of ``refcoll bench``: its header, table, footer, CSV and plot.
+"""The report of ``refcoll bench``: its table, footer, CSV and plot.
 
-:func:`bench_header` captures the run's environment (machine, MPI library,
-versions, the device path on GPUs, auto's calibration); :func:`summarize` gives the
-footer's numbers; :func:`format_table` (or :func:`format_header`,
-:func:`format_row`, :func:`format_footer` line by line) prints nccl-tests' table;
+:func:`~.header.bench_header` captures the run's environment; :func:`summarize` gives
+the footer's numbers; :func:`format_table` (or :func:`format_header`,
+:func:`format_row`, :func:`format_footer` line by line) prints the table in one of
+two formats: ``refcoll`` (nccl-tests' thirteen columns, out of place and in place,
+then refcoll's: the algorithm, each baseline, the bound) or ``nccl-tests``
+(nccl-tests' layout exactly, :mod:`.nccl_tests`, refcoll's columns on ``#`` lines);
 :func:`write_csv` and :func:`plot` write the rows; :func:`run_report` runs a sweep
 with its header and footer, :func:`save_report` writes its files. Where the table
 is printed, with its progress bar, is :mod:`.terminal`'s.
@@ -12,26 +14,14 @@ is printed, with its progress bar, is :mod:`.terminal`'s.
 from __future__ import annotations
 
 import csv
-import os
-import platform
-import time
 from collections import defaultdict
-from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Sequence
 
-import numpy as np
-
-from ... import algorithms
-from ...baselines import gloo, nccl
-from ...calls import as_transport, device_for
-from ...calls.auto import calibration_for
 from ...core.errors import UsageError
 from ...core.plot import figure
-from ...core.ops import dtype_name, get_dtype, get_op
-from ...transport import cuda_aware
-from ...transport.mpi import bounded_barrier, default_timeout
-from .config import (LIBRARIES, ROW_FIELDS, BenchConfig, array_module, baseline_name,
-                     baseline_unavailable, libraries, op_label, use_device)
+from . import nccl_tests
+from .config import LIBRARIES, ROW_FIELDS, BenchConfig
+from .header import bench_header
 from .run import run_bench
 
 __all__ = [
@@ -46,137 +36,55 @@ __all__ = [
     "run_report",
     "save_report",
     "SCHEMA",
+    "FORMATS",
 ]
-
-
-def bench_header(comm, config: BenchConfig) -> dict:
-    """Return the run's description: machine, MPI library, versions, ranks, settings, notes.
-
-    Collective over ``comm`` when ``auto`` is selected (its calibration may be
-    measured here, once) and on GPUs (each rank's GPU is chosen here, as
-    :func:`run_bench` does). ``gpu`` describes the device path
-    (:func:`refcoll.transport.cuda_aware.device_path`: the GPU, direct or staged transfers and
-    why) on GPUs, and is None on CPUs.
-    """
-    from mpi4py import MPI
-
-    def package(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    workers = config.workers or comm.size
-    timeout = default_timeout()
-    use_device(comm, config)
-    unavailable = baseline_unavailable(config)
-    notes = [
-        "timed calls pass validate=False: the argument agreement round trip is not timed",
-        "time: the largest over ranks of each rank's median over the timed iterations",
-        f"busbw = algbw x nccl-tests' factor for {config.collective}",
-    ]
-    chosen = libraries(config)
-    available = [lib for lib in chosen if baseline_unavailable(config, lib) is None]
-    if get_op(config.op).name == "avg":
-        if "nccl" in available:
-            notes.append("avg: NCCL's ncclAvg may scale before summing; the baseline is not "
-                         "checked")
-        if "mpi" in available:
-            notes.append("avg: MPI has no average; the baseline runs MPI_SUM and is not checked")
-    if "gloo" in available:
-        notes.append("Gloo: torch.distributed's Gloo group of the same processes, on the same "
-                     "buffers (torch.from_numpy, no copy); all_reduce and reduce work in place, "
-                     "so the input is copied into the result buffer before each call, untimed")
-    if config.device == "gpu":
-        notes.append("device time: every timed call ends when the current stream has drained")
-    if any(algorithms.get(n).workers is not None for n in config.algorithms):
-        notes.append("switch: busbw factor (n-1)/(n+1) of in-network reduction, n the workers")
-    header = {
-        "command": "refcoll bench",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"node": platform.node(), "arch": platform.machine(),
-                    "system": platform.platform(), "cpus": os.cpu_count(),
-                    "processor": MPI.Get_processor_name()},
-        "mpi": {"library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
-                "standard": "%d.%d" % MPI.Get_version()},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                     "mpi4py": package("mpi4py"), "refcoll": package("refcoll"),
-                     "ml_dtypes": package("ml_dtypes")},
-        "gpu": cuda_aware.device_path() if config.device == "gpu" else None,
-        "world": comm.size,
-        "workers": workers,
-        "collective": config.collective,
-        "op": op_label(config),
-        "dtype": dtype_name(get_dtype(config.dtype)),
-        "root": 0 if config.collective in ("broadcast", "reduce") else None,
-        "algorithms": list(config.algorithms),
-        "sizes": list(config.sizes),
-        "baseline": baseline_name(config) if unavailable is None else None,
-        "baseline_note": unavailable,
-        "baselines": [{"against": lib, "name": baseline_name(config, lib),
-                       "available": baseline_unavailable(config, lib) is None,
-                       "note": baseline_unavailable(config, lib)} for lib in chosen],
-        "device": config.device,
-        "against": config.against,
-        "warmup": config.warmup,
-        "iters": config.iters,
-        "check": config.check,
-        "bound": config.bound and config.compressor is None,
-        "compressor": config.compressor,
-        "validate": False,
-        "notes": notes,
-        "calibration": None,
-    }
-    if "gloo" in chosen:
-        header["versions"]["torch"] = gloo.torch_version()
-    if config.device == "gpu":
-        cupy = array_module("gpu")
-        header["versions"]["cupy"] = getattr(cupy, "__version__", None)
-        header["versions"]["nccl"] = nccl.nccl_version()
-    if any(algorithms.get(n).chooses for n in config.algorithms):
-        # MPI has no nonblocking split: a bounded MPI_Ibarrier first.
-        bounded_barrier(comm, "refcoll bench (MPI_Comm_split for auto's calibration)", timeout)
-        sub = comm.Split(0 if comm.rank < workers else MPI.UNDEFINED, comm.rank)
-        if sub != MPI.COMM_NULL:
-            # The calibration of the transport the calls run on (device buffers: its wrapper);
-            # its messages wait by the transport's deadline.
-            template = array_module(config.device).zeros(1, np.uint8)
-            cal = calibration_for(device_for(as_transport(sub), template))
-            header["calibration"] = {"alpha": cal.alpha, "beta": cal.beta, "gamma": cal.gamma,
-                                     "source": cal.source}
-            sub.Free()
-        # A bounded MPI_Ibarrier (the spare ranks wait here through the calibration),
-        # then the blocking (pickled) bcast.
-        bounded_barrier(comm, "refcoll bench (sharing auto's calibration)", timeout)
-        header["calibration"] = comm.bcast(header["calibration"], root=0)
-    return header
 
 
 def summarize(rows: Sequence[dict]) -> dict:
     """Return the footer's numbers: average busbw per algorithm and baseline, the check tally.
 
-    ``baseline``, ``base_avg_busbw`` and ``base_wrong`` are the first library's
-    (the one in each row's ``base_*`` fields); ``baselines`` has every library's
-    ``name``, ``avg_busbw``, ``wrong`` and ``checked``, each baseline counted once
-    per size. ``passed`` judges refcoll's results only.
+    Every average is over every row and both halves, as nccl-tests' ``Avg bus
+    bandwidth``; ``algorithm`` is the algorithm under test (the first one run)
+    and ``under_test_avg_busbw`` its average. ``baseline``, ``base_avg_busbw`` and
+    ``base_wrong`` are the first library's (the one in each row's ``base_*``
+    fields); ``baselines`` has every library's ``name``, ``avg_busbw``, ``wrong``
+    and ``checked``, each baseline counted once per size, type and op.
+    ``wrong`` and ``checked`` count refcoll's results, both halves;
+    ``out_of_bounds`` is nccl-tests' ``Out of bounds values``: the results (one
+    per row, half and rank) that had a wrong element. ``passed`` judges
+    refcoll's results only.
     """
     per: dict[str, list[float]] = defaultdict(list)
     base: list[float] = []
     seen_base = set()
+    wrong = checked = bad = 0
+    judged = False
     for row in rows:
-        per[row["algorithm"]].append(row["busbw"])
-        if row["base_busbw"] is not None and row["size"] not in seen_base:
-            seen_base.add(row["size"])
-            base.append(row["base_busbw"])
-    checked_rows = [r for r in rows if r["wrong"] is not None]
-    wrong = sum(r["wrong"] for r in checked_rows) if checked_rows else None
-    base_rows = {r["size"]: r["base_wrong"] for r in rows if r["base_wrong"] is not None}
+        per[row["algorithm"]] += [v for v in (row["busbw"], row.get("inplace_busbw"))
+                                  if v is not None]
+        key = (row["dtype"], row["op"], row["size"])
+        if row["base_busbw"] is not None and key not in seen_base:
+            seen_base.add(key)
+            base += [v for v in (row["base_busbw"], row.get("base_inplace_busbw")) if v is not None]
+        for prefix in ("", "inplace_"):
+            if row.get(prefix + "wrong") is not None:
+                judged = True
+                wrong += row[prefix + "wrong"]
+                checked += row[prefix + "checked"]
+                bad += row.get(prefix + "wrong_ranks") or 0
+    base_rows = {(r["dtype"], r["op"], r["size"]): (r["base_wrong"] or 0)
+                 + (r.get("base_inplace_wrong") or 0) for r in rows if r["base_wrong"] is not None}
+    averages = {name: sum(v) / len(v) if v else 0.0 for name, v in per.items()}
+    under_test = rows[0]["algorithm"] if rows else None
     return {
-        "avg_busbw": {name: sum(v) / len(v) for name, v in per.items()},
+        "avg_busbw": averages,
+        "algorithm": under_test,
+        "under_test_avg_busbw": averages.get(under_test),
         "base_avg_busbw": sum(base) / len(base) if base else None,
         "baseline": next((r["baseline"] for r in rows if r["baseline"]), None),
-        "wrong": wrong,
-        "checked": sum(r["checked"] for r in checked_rows) if checked_rows else None,
+        "wrong": wrong if judged else None,
+        "checked": checked if judged else None,
+        "out_of_bounds": bad,
         "base_wrong": sum(base_rows.values()) if base_rows else None,
         "baselines": _summarize_baselines(rows),
         "passed": not wrong,
@@ -184,36 +92,35 @@ def summarize(rows: Sequence[dict]) -> dict:
 
 
 def _summarize_baselines(rows: Sequence[dict]) -> dict:
-    """Return ``library -> {name, avg_busbw, wrong, checked}`` over one row per size."""
-    per_size: dict[str, dict[int, dict]] = defaultdict(dict)
+    """Return ``library -> {name, avg_busbw, wrong, checked}``, one row per size, both halves."""
+    per_size: dict[str, dict[tuple, dict]] = defaultdict(dict)
     for row in rows:
         for library, entry in (row.get("baselines") or {}).items():
-            per_size[library].setdefault(row["size"], entry)
+            per_size[library].setdefault((row["dtype"], row["op"], row["size"]), entry)
     out = {}
     for library, sizes in per_size.items():
         entries = list(sizes.values())
-        checked = [e for e in entries if e["wrong"] is not None]
+        busbw = [v for e in entries for v in (e["busbw"], e.get("inplace_busbw")) if v is not None]
+        counts = [(e[f"{p}wrong"], e[f"{p}checked"]) for e in entries for p in ("", "inplace_")
+                  if e.get(f"{p}wrong") is not None]
         out[library] = {
             "name": entries[0]["baseline"],
-            "avg_busbw": sum(e["busbw"] for e in entries) / len(entries),
-            "wrong": sum(e["wrong"] for e in checked) if checked else None,
-            "checked": sum(e["checked"] for e in checked) if checked else None,
+            "avg_busbw": sum(busbw) / len(busbw),
+            "wrong": sum(w for w, _ in counts) if counts else None,
+            "checked": sum(c for _, c in counts) if counts else None,
         }
     return out
 
 
+# ------------------------------------------------------------------- refcoll's table
+
+def _checked(header: dict) -> bool:
+    return bool(header["check"]) and not header["compressor"]
+
+
 def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
-    """Return the table's columns: (title, unit, width, formatter of a row)."""
-    cols = [("size", "(B)", 12, lambda r: f"{r['size']}"),
-            ("count", "(elements)", 12, lambda r: f"{r['count']}"),
-            ("type", "", 13, lambda r: r["dtype"]),
-            ("redop", "", 5, lambda r: r["op"]),
-            ("algorithm", "", 26, _algorithm_label),
-            ("time", "(us)", 10, lambda r: _us(r["time_us"])),
-            ("algbw", "(GB/s)", 7, lambda r: f"{r['algbw']:.2f}"),
-            ("busbw", "(GB/s)", 7, lambda r: f"{r['busbw']:.2f}")]
-    if header["check"] and not header["compressor"]:
-        cols.append(("#wrong", "", 7, lambda r: _opt(r["wrong"], "{}")))
+    """Return the columns after nccl-tests' thirteen: (title, unit, width, formatter of a row)."""
+    cols = [("algorithm", "", 24, _algorithm_label)]
     shown = [b for b in header.get("baselines", ()) if b["available"]]
     for entry in shown:
         library, name = entry["against"], entry["name"]
@@ -223,15 +130,23 @@ def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
             short = (name.replace("MPI_", "").replace("Reduce_scatter_block", "RSblock")
                      if library == "mpi" else LIBRARIES[library])
             ratio = "time/base"
-        cols += [(short, "(us)", 10, lambda r, k=library: _us(_base(r, k, "time_us"))),
-                 ("busbw", "(GB/s)", 7, lambda r, k=library: _opt(_base(r, k, "busbw"), "{:.2f}")),
-                 (ratio, "", 9, lambda r, k=library: _opt(_base(r, k, "time_over"), "{:.2f}"))]
+        cols += [(short, "(us)", max(9, len(short)),
+                  lambda r, k=library: _us(_base(r, k, "time_us"))),
+                 ("busbw", "(GB/s)", 6, lambda r, k=library: _opt(_base(r, k, "busbw"), "{:.2f}"))]
+        if header.get("in_place") and library == "mpi":
+            cols += [("in-place", "(us)", 9,
+                      lambda r, k=library: _us(_base(r, k, "inplace_time_us"))),
+                     ("busbw", "(GB/s)", 6,
+                      lambda r, k=library: _opt(_base(r, k, "inplace_busbw"), "{:.2f}"))]
+        cols.append((ratio, "", 9, lambda r, k=library: _opt(_base(r, k, "time_over"), "{:.2f}")))
     if header["bound"]:
-        cols += [("bound", "(us)", 10, lambda r: _us(r["bound_us"])),
+        cols += [("bound", "(us)", 9, lambda r: _us(r["bound_us"])),
                  ("time/bound", "", 10, lambda r: _opt(r["time_over_bound"], "{:.2f}"))]
     if header["compressor"]:
         cols += [("wire", "(B sent)", 12, lambda r: _opt(r["wire_sent"], "{}")),
                  ("dense", "(B sent)", 12, lambda r: _opt(r["dense_sent"], "{}"))]
+    if header.get("nccl") is not None:
+        cols.append(("NCCL chose", "algo/proto", 14, _nccl_label))
     return cols
 
 
@@ -244,6 +159,10 @@ def _algorithm_label(row: dict) -> str:
     return f"{row['algorithm']}({row['resolved']})" if row["resolved"] else row["algorithm"]
 
 
+def _nccl_label(row: dict) -> str:
+    return f"{row['nccl_algo']}/{row['nccl_proto']}" if row.get("nccl_algo") else "n/a"
+
+
 def _us(value) -> str:
     if value is None:
         return "n/a"
@@ -254,11 +173,13 @@ def _opt(value, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def format_header(header: dict) -> str:
-    """Return the ``#`` lines that open the table, and the column titles."""
+def _comments(header: dict) -> list[str]:
+    """Return the ``#`` lines that describe the run (both formats print them)."""
     lines = [
-        f"# refcoll bench: {header['collective']}, {header['dtype']} {header['op']}, "
-        f"{header['workers']} ranks" + (f" ({header['world']} with switch processes)"
+        f"# refcoll bench: {header['collective']}, "
+        + (f"{header['dtype']} {header['op']}, " if len(header.get("variants") or [0]) == 1
+           else f"-d {header['dtype']} -o {header['op']} ({len(header['variants'])} runs), ")
+        + f"{header['workers']} ranks" + (f" ({header['world']} with switch processes)"
                                        if header["world"] > header["workers"] else ""),
         f"# machine: {header['machine']['node']} ({header['machine']['arch']}, "
         f"{header['machine']['cpus']} CPUs), {header['machine']['system']}",
@@ -267,6 +188,18 @@ def format_header(header: dict) -> str:
         f"# iterations: {header['warmup']} warm-up + {header['iters']} timed per size; check: "
         + _check_label(header),
     ]
+    for host in header.get("hosts") or []:
+        lines.append(f"# {'OVERSUBSCRIBED' if host['oversubscribed'] else 'cores'}: "
+                     f"{host['ranks']} ranks on {host['cores']} cores of {host['host']}")
+    forced = (header.get("mpi") or {}).get("algorithm")
+    if forced:
+        env = " ".join(f"{k}={v}" for k, v in header["mpi"]["forced_env"].items())
+        lines.append(f"# MPI algorithm forced: {forced} ({env})")
+    nccl_in_force = header.get("nccl")
+    if nccl_in_force is not None:
+        lines.append(f"# NCCL: NCCL_ALGO={nccl_in_force['algo'] or '(NCCL chooses)'} "
+                     f"NCCL_PROTO={nccl_in_force['proto'] or '(NCCL chooses)'}; its choice per "
+                     "size from NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING")
     where = f"on the same {'device ' if header.get('gpu') else ''}buffers, interleaved"
     lines += [f"# baseline: {b['name']} {where}" if b["available"] else
               f"# baseline: none ({b['note']})"
@@ -282,11 +215,19 @@ def format_header(header: dict) -> str:
         c = header["calibration"]
         lines.append(f"# auto: alpha={c['alpha']:.3g} s, beta={c['beta']:.3g} s/B, "
                      f"gamma={c['gamma']:.3g} s/element ({c['source']})")
-    lines += [f"# note: {note}" for note in header["notes"]]
-    cols = _columns(header)
-    lines.append("#" + " ".join(f"{title:>{w}}" for title, _, w, _ in cols))
-    lines.append("#" + " ".join(f"{unit:>{w}}" for _, unit, w, _ in cols))
-    return "\n".join(lines)
+    return lines + [f"# note: {note}" for note in header["notes"]]
+
+
+def format_header(header: dict, fmt: str = "refcoll") -> str:
+    """Return the ``#`` lines that open the table, and the column titles.
+
+    ``fmt``: ``refcoll`` (nccl-tests' thirteen columns, then refcoll's) or
+    ``nccl-tests`` (nccl-tests' opening lines exactly, refcoll's on ``#`` lines).
+    """
+    if fmt == "nccl-tests":
+        return "\n".join(nccl_tests.header_lines(header, _comments(header)))
+    extra = [(title, unit, width) for title, unit, width, _ in _columns(header)]
+    return "\n".join([*_comments(header), *nccl_tests.title_lines("#", extra)])
 
 
 def _check_label(header: dict) -> str:
@@ -297,31 +238,50 @@ def _check_label(header: dict) -> str:
     return "every iteration, bit for bit"
 
 
-def format_row(row: dict, header: dict) -> str:
-    """Return one row of the table."""
-    return " " + " ".join(f"{fmt(row):>{w}}" for _, _, w, fmt in _columns(header))
+def format_row(row: dict, header: dict, fmt: str = "refcoll") -> str:
+    """Return one row of the table (with ``nccl-tests``: its data line and a ``#`` line)."""
+    line = nccl_tests.data_line(row, _checked(header))
+    if fmt == "nccl-tests":
+        shown = [b for b in header.get("baselines", ()) if b["available"]]
+        return line + "\n" + nccl_tests.row_comment(row, shown, header["bound"])
+    return line + "".join(f"  {cell(row):>{w}}" for _, _, w, cell in _columns(header))
 
 
-def format_footer(summary: dict) -> str:
-    """Return the closing lines: average bus bandwidths and the correctness tally."""
-    averages = [f"{name} {value:.3f}" for name, value in summary["avg_busbw"].items()]
-    averages += [f"{b['name']} {b['avg_busbw']:.3f}" for b in summary["baselines"].values()]
-    lines = ["# Avg bus bandwidth (GB/s): " + ", ".join(averages)]
+def format_footer(summary: dict, header: dict | None = None, fmt: str = "refcoll") -> str:
+    """Return the closing lines: out-of-bounds values, the average bus bandwidths, the tally.
+
+    ``# Avg bus bandwidth    : X`` is the algorithm under test's, over every row
+    and both halves, and ends with its number; with several algorithms each one
+    has a labelled line too, and each baseline its own, ``# Avg bus bandwidth
+    (MPI_Allreduce) : Y``.
+    """
+    if fmt == "nccl-tests":
+        return "\n".join(nccl_tests.footer_lines(summary, header or {"collective": "?"}))
+    bad = summary["out_of_bounds"]
+    avg = summary["under_test_avg_busbw"]
+    lines = [f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}",
+             f"# {'Avg bus bandwidth':<20} : {0.0 if avg is None else avg:g}"]
+    if len(summary["avg_busbw"]) > 1:
+        lines += [f"# Avg bus bandwidth ({name}) : {value:g}"
+                  for name, value in summary["avg_busbw"].items()]
+    lines += [f"# Avg bus bandwidth ({b['name']}) : {b['avg_busbw']:g}"
+              for b in summary["baselines"].values()]
     if summary["wrong"] is None:
         lines.append("# #wrong: not checked")
     else:
         verdict = "OK" if summary["passed"] else "FAILED"
-        lines.append(f"# #wrong: {summary['wrong']} of {summary['checked']} elements checked: "
-                     f"{verdict}")
+        lines.append(f"# #wrong: {summary['wrong']} of {summary['checked']} elements checked "
+                     f"(both halves): {verdict}")
     lines += [f"# {b['name']} #wrong: {b['wrong']}" for b in summary["baselines"].values()
               if b["wrong"] is not None]
     return "\n".join(lines)
 
 
-def format_table(header: dict, rows: Sequence[dict]) -> str:
+def format_table(header: dict, rows: Sequence[dict], fmt: str = "refcoll") -> str:
     """Return the whole report: header lines, one line per row, footer."""
-    body = [format_row(row, header) for row in rows]
-    return "\n".join([format_header(header), *body, format_footer(summarize(rows))])
+    body = [format_row(row, header, fmt) for row in rows]
+    return "\n".join([format_header(header, fmt), *body,
+                      format_footer(summarize(rows), header, fmt)])
 
 
 #: A further library's columns in ``--csv``, after :data:`ROW_FIELDS`: ``gloo_time_us``...
@@ -390,9 +350,13 @@ def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
 #: The ``schema`` of ``--json``'s document.
 SCHEMA = "refcoll-bench/1"
 
+#: The table's formats (``--format``).
+FORMATS = ("refcoll", "nccl-tests")
+
 
 def run_report(comm, config: BenchConfig, *, line: Callable[[str], None] | None = None,
-               progress: Callable[[int, int, int], None] | None = None) -> dict:
+               progress: Callable[[int, int, int], None] | None = None,
+               fmt: str = "refcoll") -> dict:
     """Run the benchmark with its header and summary, on every rank of ``comm``.
 
     Args:
@@ -402,17 +366,20 @@ def run_report(comm, config: BenchConfig, *, line: Callable[[str], None] | None 
             header's, each row's, the footer's (rank 0 passes
             :meth:`TableWriter.line`; the others nothing).
         progress: :func:`~.run.run_bench`'s ``progress``.
+        fmt: the table's format, one of :data:`FORMATS`.
 
     Returns:
         ``--json``'s document: ``{"schema": SCHEMA, "header", "rows", "summary"}``.
     """
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
     show = line if line is not None else (lambda text: None)
     header = bench_header(comm, config)
-    show(format_header(header))
-    rows = run_bench(comm, config, on_row=lambda row: show(format_row(row, header)),
+    show(format_header(header, fmt))
+    rows = run_bench(comm, config, on_row=lambda row: show(format_row(row, header, fmt)),
                      progress=progress)
     summary = summarize(rows)
-    show(format_footer(summary))
+    show(format_footer(summary, header, fmt))
     return {"schema": SCHEMA, "header": header, "rows": rows, "summary": summary}
 
 

@@ -1,11 +1,12 @@
-"""The timing loop of ``refcoll bench``: buffers, timed items, communicators, rows.
+"""The timing loop of ``refcoll bench``: timed items, communicators, the sweep.
 
 :func:`run_bench` runs a sweep on every rank: per size it allocates each rank's
-buffers and the expected result (:func:`_make_data`), builds the timed items (our
-algorithms, the library baseline, the transport bounds: :class:`_Item`), runs
-``warmup + iters`` iterations over them in an order rotated by one per iteration,
-each item after a barrier of its participants, then reduces the timings and the
-counts over the ranks into one row per algorithm.
+buffers and the expected result (:func:`~.data.make_data`), builds the timed items
+(our algorithms out of place and in place, the library baselines' two halves, the
+transport bounds: :class:`_Item`), runs ``warmup + iters`` iterations over them in
+an order rotated by one per iteration, each item after a barrier of its
+participants, then gathers every rank's timings and counts into one row per
+algorithm (:mod:`.rows`). ``-d all -o all`` runs the sweep once per type and op.
 """
 
 from __future__ import annotations
@@ -18,83 +19,29 @@ import numpy as np
 
 from ... import algorithms
 from ...baselines import gloo, nccl
-from ...baselines.mpi import mpi_call
 from ...calls import as_transport, device_for
-from ...calls import collectives as api
 from ...calls.auto import resolve
 from ...compressors import parse as parse_compressor
 from ...core import xp as xp_module
-from ...core.bits import complement, count_wrong
-from ...core.chunking import chunk_slice
+from ...core.bits import count_wrong
 from ...core.errors import UsageError
-from ...core.ops import dtype_name, get_dtype, get_op
-from ...transport.mpi import bounded_barrier, default_timeout, wait_by_deadline
+from ...core.ops import get_op
+from ...transport.mpi import bounded_barrier, default_timeout
 from ...transport.recorder import Schedule
 from ...verify.conformance import case_ranks
-from ...verify.inputs import make_input, make_inputs
-from ...verify.oracle import fold
-from .config import (ROW_FIELDS, BenchConfig, array_module, baseline_checked, baseline_name,
-                     baseline_op, baseline_unavailable, bus_factor, check_config, element_count,
-                     libraries, op_label, reduces, use_device)
+from .config import (BenchConfig, array_module, baseline_checked, baseline_name,
+                     baseline_unavailable, check_config, check_forced_mpi, libraries, use_device,
+                     variants)
+from .data import Data, base_call, base_in_place, make_data, our_call, our_in_place
 from .replay import Replay, node_options, schedule
+from .rows import make_row, reduce_items, wire_bytes
+from .tuning import NcclLog
 
 __all__ = ["run_bench"]
 
-
-# -------------------------------------------------------------------- the data
-
-@dataclass
-class _Data:
-    """One rank's buffers for one size and one number of data ranks ``p``.
-
-    ``x``, ``out``, ``theirs`` and ``poison`` are arrays of the device (NumPy or
-    CuPy); ``expected`` is always on the host, where results are checked.
-    """
-
-    p: int
-    count: int                       # elements of the whole array
-    x: Any                           # this rank's input (zeros on a switch process)
-    out: Any = None                  # refcoll's result (None on a switch, non-roots of reduce)
-    theirs: Any = None               # the baseline's result
-    expected: np.ndarray | None = None
-    poison: Any = None               # expected's complement: what a buffer holds before a call
-
-
-def _make_data(config: BenchConfig, nbytes: int, p: int, rank: int, root: int = 0) -> _Data:
-    """Allocate this rank's input and result buffers, and the expected result when checking."""
-    xp = array_module(config.device)
-    coll, dt = config.collective, get_dtype(config.dtype)
-    op = get_op(config.op).name if reduces(coll) else "sum"
-    count = element_count(coll, nbytes, dt.itemsize, p)
-    in_count = count // p if coll == "allgather" else count
-    if rank >= p:  # a switch process: a template of the buffer, no result
-        return _Data(p, count, xp.zeros(in_count, dt))
-    expected = None
-    if config.check:
-        inputs = make_inputs("exact", dt, in_count, p, op=op)
-        x = inputs[rank]
-        if coll == "allgather":
-            expected = np.stack(inputs).reshape(-1)
-        elif coll == "broadcast":
-            expected = inputs[root]
-        elif coll != "reduce" or rank == root:
-            full = fold(op, inputs)
-            expected = full[chunk_slice(count, p, rank)] if coll == "reduce_scatter" else full
-        del inputs
-    else:
-        x = make_input("exact", dt, in_count, rank, p, op=op)
-    shapes = {"allreduce": (count,), "reduce_scatter": (count // p,), "allgather": (p, in_count),
-              "broadcast": (count,), "reduce": (count,)}
-    x = xp.asarray(x)
-    out = xp.empty(shapes[coll], dt) if coll != "reduce" or rank == root else None
-    theirs = None
-    if coll == "broadcast":
-        theirs = x.copy() if rank == root else xp.empty(count, dt)
-    elif coll != "reduce" or rank == root:
-        theirs = xp.empty(int(np.prod(shapes[coll])), dt)
-    poison = xp.asarray(complement(expected)) if expected is not None else None
-    xp_module.synchronize(xp)  # the buffers are written before anything reads them
-    return _Data(p, count, x, out, theirs, expected, poison)
+#: The names the tests reach for, kept from before the buffers had a module of their own.
+_Data, _make_data = Data, make_data
+_reduce_items = reduce_items
 
 
 # --------------------------------------------------------------- the timed items
@@ -103,7 +50,7 @@ def _make_data(config: BenchConfig, nbytes: int, p: int, rank: int, root: int = 
 class _Item:
     """One thing timed each iteration: an algorithm, the baseline or a bound."""
 
-    kind: str                       # "ours", "base" or "bound"
+    kind: str                       # "ours", "ours_ip", "base", "base_ip" or "bound"
     name: str                       # the algorithm, or the baseline's name
     comm: Any                       # the participants' communicator; None: this rank sits out
     call: Callable[[], Any]
@@ -149,42 +96,6 @@ class _Item:
             self.checked += self.data.expected.size
 
 
-def _our_call(config: BenchConfig, t, data: _Data, algorithm: str, root: int, state=None):
-    """Return the zero-argument call of refcoll's collective on ``data``'s buffers."""
-    coll, op, x, out = config.collective, get_op(config.op).name, data.x, data.out
-    common = {"algorithm": algorithm, "validate": False}
-    if coll == "allreduce":
-        if config.compressor is not None:
-            return lambda: api.allreduce(x, t, op=op, compressor=state.compressor,
-                                         state=state.state, out=out, **common)
-        return lambda: api.allreduce(x, t, op=op, out=out, **common)
-    if coll == "reduce_scatter":
-        return lambda: api.reduce_scatter(x, t, op=op, out=out, **common)
-    if coll == "allgather":
-        return lambda: api.allgather(x, t, out=out, **common)
-    if coll == "broadcast":
-        return lambda: api.broadcast(x, root, t, out=out, **common)
-    return lambda: api.reduce(x, root, t, op=op, out=out, **common)
-
-
-def _base_call(config: BenchConfig, library: str, groups: "_Groups", data: _Data, root: int):
-    """Return ``(call, prepare)``: the library's collective on ``data``'s buffers.
-
-    NCCL's on the run's NCCL communicator (:func:`refcoll.baselines.nccl.nccl_call`);
-    Gloo's on its Gloo group (:func:`refcoll.baselines.gloo.gloo_call`, which
-    needs ``prepare`` before each call); else the MPI library's on the data ranks
-    (:func:`refcoll.baselines.mpi.mpi_call`; on device buffers, given to mpi4py
-    as they are: a CUDA-aware MPI reads them; avg sums, and is not checked).
-    """
-    args = (config.collective, data.x, data.theirs)
-    kwargs = {"op": baseline_op(config), "root": root}
-    if library == "gloo":
-        return gloo.gloo_call(groups.gloo.group, *args, **kwargs)
-    if library == "nccl":
-        return nccl.nccl_call(groups.nccl, *args, **kwargs), None
-    return mpi_call(groups.comm(groups.workers), *args, **kwargs), None
-
-
 @dataclass
 class _Compressed:
     """A compressor and one rank's state for one (algorithm, size) stream."""
@@ -217,11 +128,14 @@ class _Groups:
             comm = world.Split(color, world.rank)
             self._comms[total] = None if comm == MPI.COMM_NULL else comm
         self.nccl = None  # NCCL's communicator of the data ranks, made once for the sweep
+        self.nccl_log = None  # NCCL's TUNING lines, read after each size (rank 0)
         self.gloo = None  # the Gloo group of the data ranks, started once for the sweep
         if "gloo" in libraries(config):  # collective over the whole world, as torch's groups are
             self.gloo = gloo.gloo_group(world, self.workers, timeout)
         if "nccl" in libraries(config) and self._comms[self.workers] is not None:
             # NCCL's unique id goes out in a blocking MPI bcast: a bounded MPI_Ibarrier first.
+            # Its debug settings first: NCCL reads them once, when it initialises.
+            self.nccl_log = NcclLog.start(config)
             bounded_barrier(self._comms[self.workers], "refcoll bench (making NCCL's communicator)",
                             timeout)
             self.nccl = nccl.nccl_comm(self._comms[self.workers])
@@ -234,6 +148,8 @@ class _Groups:
         """Free every communicator this run made (MPI_Comm_free does not wait for the others)."""
         if self.nccl is not None and hasattr(self.nccl, "destroy"):
             self.nccl.destroy()
+        if self.nccl_log is not None:
+            self.nccl_log.close()
         if self.gloo is not None:
             self.gloo.free()
         for comm in self._comms.values():
@@ -248,31 +164,42 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
     Args:
         comm: an mpi4py communicator; its first ``config.workers`` ranks hold
             data, the rest serve switch algorithms (or sit out).
-        config: what to run (checked with :func:`check_config` first).
+        config: what to run (checked with :func:`check_config` first); several
+            dtypes or ops (``all``) run one sweep each, in nccl-tests' order.
         on_row: called with each row as soon as its size is done.
         progress: called as ``progress(done, total, nbytes)`` after every
             iteration, ``done`` and ``total`` counting iterations of the sweep.
 
     Returns:
-        One dict per (size, algorithm) with the fields of :data:`ROW_FIELDS`,
-        the same on every rank.
+        One dict per (dtype, op, size, algorithm) with the fields of
+        :data:`~.config.ROW_FIELDS` (and every rank's times), the same on every rank.
+
+    Raises:
+        UsageError: on every rank alike: a root outside the data ranks, a forced
+            MPI algorithm whose variables the job lacks, and all that
+            :func:`check_config` refuses.
     """
-    check_config(config)
+    check_config(config, config.workers or comm.size)
     timeout = default_timeout()  # a bad REFCOLL_TIMEOUT is a UsageError on every rank, up front
+    check_forced_mpi(config, comm.rank)
+    runs = variants(config)
     use_device(comm, config)
-    groups = _Groups(comm, config, timeout)
+    groups = _Groups(comm, runs[0], timeout)
     rows: list[dict] = []
     schedules: dict[tuple, list] = {}  # a schedule serves every size and algorithm it fits
-    runs = config.warmup + config.iters
+    per_size = config.warmup + config.iters
+    total = len(runs) * len(config.sizes) * per_size
     try:
-        for i, nbytes in enumerate(config.sizes):
-            step = None if progress is None else (
-                lambda k, done=i * runs, n=nbytes: progress(done + k, len(config.sizes) * runs, n))
-            size_rows = _run_size(groups, config, nbytes, schedules, step, timeout)
-            rows += size_rows
-            if on_row is not None:
-                for row in size_rows:
-                    on_row(row)
+        for v, run in enumerate(runs):
+            for i, nbytes in enumerate(run.sizes):
+                done = (v * len(run.sizes) + i) * per_size
+                step = None if progress is None else (
+                    lambda k, done=done, n=nbytes: progress(done + k, total, n))
+                size_rows = _run_size(groups, run, nbytes, schedules, step, timeout)
+                rows += size_rows
+                if on_row is not None:
+                    for row in size_rows:
+                        on_row(row)
     finally:
         groups.free()
     return rows
@@ -295,24 +222,38 @@ def _run_size(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict
         for item in items:
             if isinstance(item.call, Schedule):
                 item.call.free()
-    by_key = _reduce_items(groups.world, items, timeout)
-    wires = _wire_bytes(groups.world, config, states, timeout)
-    return [_row(config, groups, nbytes, name, resolved[name], by_key, wires.get(name))
-            for name in config.algorithms]
+    by_key = reduce_items(groups.world, items, timeout, config.average)
+    wires = wire_bytes(groups.world, config, states, timeout)
+    choice = _nccl_choice(groups, config, nbytes, timeout)
+    return [make_row(config, groups, nbytes, name, resolved[name], by_key, wires.get(name),
+                     choice) for name in config.algorithms]
+
+
+def _nccl_choice(groups: _Groups, config: BenchConfig, nbytes: int, timeout: float | None):
+    """Return what NCCL chose at this size, from rank 0's TUNING lines (None: no NCCL run)."""
+    if "nccl" not in libraries(config) or baseline_unavailable(config, "nccl") is not None:
+        return None
+    choice = None
+    if groups.world.rank == 0 and groups.nccl_log is not None:
+        choice = groups.nccl_log.choice(config.collective, nbytes)
+    # The gathers of the timings completed: every rank is here, at this blocking bcast.
+    bounded_barrier(groups.world, f"refcoll bench (sharing NCCL's choice at {nbytes} B)", timeout)
+    return groups.world.bcast(choice, root=0)
 
 
 def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
            states: dict, timeout: float | None = None) -> tuple[list[_Item], dict]:
     """Return this rank's timed items at one size, and what ``auto`` resolved to (rank 0's)."""
-    rank, root = groups.world.rank, 0
-    datas: dict[int, _Data] = {}
+    rank, root = groups.world.rank, config.root
+    datas: dict[int, Data] = {}
 
-    def data_for(p: int) -> _Data:
+    def data_for(p: int) -> Data:
         if p not in datas:
-            datas[p] = _make_data(config, nbytes, p, rank, root)
+            datas[p] = make_data(config, nbytes, p, rank, root)
         return datas[p]
 
     bound = config.bound and config.compressor is None
+    in_place = config.in_place and config.compressor is None
     xp = array_module(config.device)
     items: list[_Item] = []
     resolved: dict[str, str | None] = dict.fromkeys(config.algorithms)
@@ -327,16 +268,23 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
         # buffer, poisoned before each call.
         checked = data is not None and baseline_checked(config, library) and not (
             config.collective == "broadcast" and rank == root)
-        call, prepare = _base_call(config, library, groups, data, root) if data else (None, None)
+        call, prepare = base_call(config, library, groups, data, root) if data else (None, None)
+        what = f"refcoll bench (before {name} at {nbytes} B)"
         items.append(_Item("base", name, base_comm, call, data.theirs if checked else None,
-                           data, xp=xp, what=f"refcoll bench (before {name} at {nbytes} B)",
-                           timeout=timeout, prepare=prepare))
+                           data, xp=xp, what=what, timeout=timeout, prepare=prepare))
+        # Every rank decides alike whether the library has an in-place half (MPI's).
+        if in_place and library == "mpi":
+            call = base_in_place(config, library, groups, data, root) if data else None
+            items.append(_Item("base_ip", name, base_comm, call,
+                               data.inplace.mpi_out if checked else None, data, xp=xp,
+                               what=f"{what[:-1]}, in place)", timeout=timeout,
+                               prepare=data.inplace.refill if data else None))
     for name in config.algorithms:
         p, total = groups.layout[name]
         sub = groups.comm(total)
         if sub is None:  # a spare rank: it sits out this algorithm
-            items += [_Item("ours", name, None, None)] + ([_Item("bound", name, None, None)]
-                                                           if bound else [])
+            items += [_Item(kind, name, None, None) for kind, wanted in
+                      (("ours", True), ("ours_ip", in_place), ("bound", bound)) if wanted]
             continue
         t = as_transport(sub)
         data = data_for(p)
@@ -349,9 +297,16 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
         if config.compressor is not None:
             comp = parse_compressor(config.compressor)
             state = states[name] = _Compressed(comp, comp.new_state(seed=0, rank=sub.rank))
-        items.append(_Item("ours", name, sub, _our_call(config, t, data, name, root, state),
+        what = f"refcoll bench (before {name} at {nbytes} B)"
+        items.append(_Item("ours", name, sub, our_call(config, t, data, name, root, state),
                            data.out if config.compressor is None else None, data, xp=xp,
-                           what=f"refcoll bench (before {name} at {nbytes} B)", timeout=timeout))
+                           what=what, timeout=timeout))
+        if in_place:
+            ip = data.inplace
+            items.append(_Item("ours_ip", name, sub, our_in_place(config, t, data, name, root),
+                               ip.out if ip is not None else None, data, xp=xp,
+                               what=f"{what[:-1]}, in place)", timeout=timeout,
+                               prepare=ip.refill if ip is not None else None))
         if bound:
             items.append(_bound_item(config, sub, t, name, resolved[name] or name, p, total,
                                      data.count, nbytes, schedules, timeout))
@@ -363,13 +318,13 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
 def _bound_item(config: BenchConfig, sub, t, name: str, algorithm: str, p: int, total: int,
                 count: int, nbytes: int, schedules: dict, timeout: float | None) -> _Item:
     """Return the timed replay of ``algorithm``'s schedule (rank 0 simulates it, once)."""
-    key = (algorithm, p, total, count)
+    key = (algorithm, p, total, count, config.dtype, config.op, config.root)
     if key not in schedules:
         node = node_options(t, algorithm)  # collective: every rank splits the nodes
         plans = None
         if sub.rank == 0:
             plans = schedule(config.collective, algorithm, p, count, config.dtype,
-                             op=get_op(config.op).name, root=0, **node)
+                             op=get_op(config.op).name, root=config.root, **node)
         # After rank 0's simulation: a bounded MPI_Ibarrier, then the blocking scatter.
         bounded_barrier(sub, f"refcoll bench (sending {name}'s schedule at {nbytes} B)",
                         timeout)
@@ -377,98 +332,3 @@ def _bound_item(config: BenchConfig, sub, t, name: str, algorithm: str, p: int, 
     return _Item("bound", name, sub,
                  Replay(sub, schedules[key], config.dtype, config.op, timeout=timeout),
                  what=f"refcoll bench (before {name}'s bound at {nbytes} B)", timeout=timeout)
-
-
-def _iallreduce(comm, buf: np.ndarray, op, what: str, timeout: float | None) -> None:
-    """All-reduce ``buf`` in place with ``MPI_Iallreduce``, waited for by the deadline."""
-    from mpi4py import MPI
-
-    wait_by_deadline(
-        comm.Iallreduce(MPI.IN_PLACE, buf, op=op), timeout,
-        lambda: f"rank {comm.rank}: refcoll bench timed out after {timeout:g} s {what} "
-                f"(MPI_Iallreduce over {comm.size} ranks): not every rank has reached it, and "
-                "MPI cannot tell which; a rank may be dead, slow, or still timing "
-                "(set REFCOLL_TIMEOUT to wait longer)")
-
-
-def _reduce_items(world, items: list[_Item], timeout: float | None = None) -> dict:
-    """Return ``(kind, name) -> (time, wrong, checked)``: the slowest median, summed counts."""
-    from mpi4py import MPI
-
-    medians = np.array([float(np.median(item.times)) if item.times else 0.0 for item in items])
-    counts = np.array([[item.wrong, item.checked] for item in items], dtype=np.int64)
-    _iallreduce(world, medians, MPI.MAX, "gathering the timings", timeout)
-    _iallreduce(world, counts, MPI.SUM, "gathering the checks", timeout)
-    return {(item.kind, item.name): (float(medians[j]), int(counts[j, 0]), int(counts[j, 1]))
-            for j, item in enumerate(items)}
-
-
-def _wire_bytes(world, config: BenchConfig, states: dict, timeout: float | None = None) -> dict:
-    """Return each compressed algorithm's wire bytes in its last call: the largest over ranks."""
-    if config.compressor is None:
-        return {}
-    from mpi4py import MPI
-
-    values = np.zeros((len(config.algorithms), 3), dtype=np.int64)
-    patterns = []
-    for j, name in enumerate(config.algorithms):
-        traffic = getattr(states[name].state, "traffic", None) if name in states else None
-        if traffic is not None:
-            values[j] = traffic.sent, traffic.received, traffic.dense
-        patterns.append(getattr(traffic, "pattern", None))
-    _iallreduce(world, values, MPI.MAX, "gathering the wire bytes", timeout)
-    # The all-reduce completed, so every rank has reached it and comes to this blocking
-    # (pickled) bcast next: bounded as if by a barrier.
-    patterns = world.bcast(patterns, root=0)  # rank 0 holds data: it ran every pattern
-    return {name: {"wire_sent": int(values[j, 0]), "wire_received": int(values[j, 1]),
-                   "dense_sent": int(values[j, 2]), "pattern": patterns[j]}
-            for j, name in enumerate(config.algorithms)}
-
-
-def _row(config: BenchConfig, groups: _Groups, nbytes: int, name: str, resolved: str | None,
-         by_key: dict, wire: dict | None) -> dict:
-    """Assemble one row from the reduced timings and counts.
-
-    ``baselines`` holds every library that ran at this size; the first library of
-    ``config.against`` also fills the ``base_*`` fields, as a one-baseline run does.
-    """
-    dt = get_dtype(config.dtype)
-    p = groups.layout[name][0]
-    count = element_count(config.collective, nbytes, dt.itemsize, p)
-    size = count * dt.itemsize
-    in_network = algorithms.get(name).workers is not None
-    factor = bus_factor(config.collective, p, in_network=in_network)
-    seconds, wrong, checked = by_key[("ours", name)]
-    algbw = size / seconds / 1e9 if seconds > 0 else 0.0
-    row = dict.fromkeys(ROW_FIELDS)
-    row.update(collective=config.collective, algorithm=name, resolved=resolved, ranks=p,
-               size=size, count=count, dtype=dtype_name(dt), op=op_label(config),
-               time_us=seconds * 1e6, algbw=algbw, busbw=algbw * factor)
-    if config.check and config.compressor is None:
-        row.update(wrong=wrong, checked=checked)
-    row["baselines"] = {}
-    base_count = element_count(config.collective, nbytes, dt.itemsize, groups.workers)
-    for j, library in enumerate(libraries(config)):
-        base_name = baseline_name(config, library)
-        if ("base", base_name) not in by_key:
-            continue
-        base_seconds, base_wrong, base_checked = by_key[("base", base_name)]
-        base_algbw = base_count * dt.itemsize / base_seconds / 1e9 if base_seconds > 0 else 0.0
-        judged = baseline_checked(config, library)
-        entry = {"baseline": base_name, "time_us": base_seconds * 1e6,
-                 "busbw": base_algbw * bus_factor(config.collective, groups.workers),
-                 "wrong": base_wrong if judged else None,
-                 "checked": base_checked if judged else None,
-                 "time_over": seconds / base_seconds if base_seconds > 0 else None}
-        row["baselines"][library] = entry
-        if j == 0:  # the first library also fills the one-baseline fields of ROW_FIELDS
-            row.update(baseline=base_name, base_time_us=entry["time_us"],
-                       base_busbw=entry["busbw"], base_wrong=entry["wrong"],
-                       time_over_base=entry["time_over"])
-    if ("bound", name) in by_key:
-        bound_seconds = by_key[("bound", name)][0]
-        row.update(bound_us=bound_seconds * 1e6,
-                   time_over_bound=seconds / bound_seconds if bound_seconds > 0 else None)
-    if config.compressor is not None:
-        row.update(compressor=config.compressor, **(wire or {}))
-    return row
