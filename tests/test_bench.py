@@ -248,3 +248,87 @@ def test_a_real_sweep_reports_every_size_and_algorithm(tmp_path, monkeypatch):
     assert "# Out of bounds values : 0 OK" in res.stdout
     if png is not None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------- nccl-tests' sizes, roots and refusals
+
+@pytest.mark.parametrize("collective,nbytes,itemsize,n,count", [
+    ("reduce_scatter", 64, 4, 3, 12),         # 16 floats, 5 a rank, trimmed to 4 (16 B)
+    ("allgather", 1 << 20, 4, 3, 87380 * 3),  # not 87381 a rank: not a multiple of 4
+    ("reduce_scatter", 8, 4, 2, 0),           # nccl-tests prints a 0-byte row here
+    ("allgather", 24, 8, 2, 0),               # one double a rank: less than 16 bytes
+    ("allgather", 64, 1, 3, 48),              # int8: 21 a rank, trimmed to 16
+    ("allreduce", 60, 4, 3, 15), ("broadcast", 10, 4, 3, 2), ("reduce", 8, 8, 5, 1),
+])
+def test_sizes_are_trimmed_as_nccl_tests_get_coll_byte_count_trims_them(
+        collective, nbytes, itemsize, n, count):
+    from refcoll.measure.bench import element_count
+
+    assert element_count(collective, nbytes, itemsize, n) == count
+
+
+def test_root_minus_one_runs_every_root_and_below_it_is_refused():
+    from refcoll.measure.bench.config import check_config, root_runs
+
+    every = BenchConfig(collective="reduce", root=-1, algorithms=["tree"])
+    assert [run.root for run in root_runs(every, 3)] == [0, 1, 2]
+    assert root_runs(BenchConfig(root=-1), 3) == [BenchConfig(root=-1)]  # allreduce: no root
+    check_config(every, 3)
+    with pytest.raises(UsageError, match="or -1 for every root in turn as nccl-tests takes it"):
+        check_config(BenchConfig(collective="reduce", root=-2, algorithms=["tree"]), 3)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--against", "nccl", "--nccl-algo", "Rung"], "NCCL has no algorithm 'Rung'"),
+    (["--nccl-proto", "LL"], "--nccl-algo and --nccl-proto choose NCCL's algorithm: they go "
+                             "with --against nccl"),
+    (["--against", "mpi:rung"], "has no allreduce algorithm 'rung'"),
+    (["--collective", "broadcast", "--algorithm", "tree", "-r", "2"],
+     "-r 2 is not one of the 2 data ranks"),
+    (["-d", "floaty"], "unknown dtype 'floaty'"),
+    (["-d", "float,all"], "unknown dtype 'all'"),
+    (["-o", "sum,mulsum"], "unknown op 'mulsum'"),
+    (["-a", "7"], "-a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max)"),
+    (["-a", "mean"], "-a/--average 'mean': not a number"),
+    (["-c", "-1"], "-c/--check -1: must be at least 0"),
+    (["-r", "one"], "-r/--root 'one': not a number"),
+    (["-b", "1X"], "bad -b/--minbytes '1X': cannot read a size"),
+    (["-e", "64Q"], "bad -e/--maxbytes '64Q': cannot read a size"),
+    (["-f", "x"], "-f/--stepfactor 'x': not a number"),
+    (["--collective", "alltoall"], "--collective 'alltoall': choose one of allreduce"),
+    (["--format", "nccl"], "--format 'nccl': choose one of refcoll, nccl-tests"),
+    (["--device", "tpu"], "--device 'tpu': choose one of cpu, gpu"),
+    (["--collective", "reduce_scatter", "--against", "mpi:ring"],
+     "MPICH 5.0 has no reduce_scatter algorithm 'ring'; it has: "),
+    (["--collective", "allgather", "--against", "mpi:reduce_scatter_allgather"],
+     "has no allgather algorithm 'reduce_scatter_allgather'"),
+])
+def test_nccl_tests_options_refuse_what_cannot_run_in_one_line(monkeypatch, args, message):
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.baselines.mpi_algorithms.installed_library", lambda: "mpich")
+    res = CliRunner().invoke(main, ["bench", "-n", "2", *args])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
+
+
+def test_a_decimal_size_is_run_as_written_and_said_to_differ_from_nccl_tests(monkeypatch):
+    import refcoll.cli as cli
+    from refcoll.cli.bench import decimal_size_note
+
+    assert decimal_size_note("-e", "1M") is None and decimal_size_note("-e", "1MiB") is None
+    assert decimal_size_note("-b", "4096") is None
+    seen = {}
+
+    def fake_run(cmd, env):
+        seen.update(cmd=cmd)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    res = CliRunner().invoke(main, ["bench", "-n", "2", "-b", "1K", "-e", "1GB"])
+    assert res.exit_code == 0 and seen["cmd"][:3] == ["mpiexec", "-n", "2"], res.output
+    assert res.output.splitlines() == [
+        "refcoll: note: -e 1GB is 1,000,000,000 B (a power of 1000); nccl-tests reads 1GB as "
+        "1,073,741,824 B: write 1G for that"]

@@ -86,6 +86,7 @@ def test_the_parser_reads_nccl_tests_own_layout():
     (146.0934, 7, " 146.09"), (1359.64, 7, "1359.64"), (12646.31, 7, "12646.3"),
     (1234567.0, 7, "1234567"), (12345678.0, 7, "1.2e+07"), (0.0012, 6, "  0.00"),
     (338.82, 6, "338.82"), (1520.4, 6, "1520.4"), (None, 6, "   N/A"),
+    (1e100, 7, "1.0e+10"),  # snprintf(str, width+1, ...) cuts what does not fit
 ])
 def test_numbers_are_squeezed_into_their_columns_as_nccl_tests_does(value, width, text):
     assert float_str(value, width) == text
@@ -130,6 +131,18 @@ def test_oversubscription_counts_ranks_against_the_cores_they_may_use():
         {"host": "b", "ranks": 1, "cores": 1, "oversubscribed": False}]
 
 
+def test_the_count_column_is_one_ranks_chunk_for_reduce_scatter_and_allgather(header):
+    from refcoll.measure.bench.nccl_tests import preamble
+
+    # nccl-tests' row: size = the larger buffer (the whole array), count = paramcount.
+    for collective, count in (("reduce_scatter", 4), ("allgather", 4), ("allreduce", 12)):
+        row = _row(48, 1.0, 1.0, 0, collective=collective, ranks=3, count=12)
+        assert preamble(row).split()[:2] == ["48", str(count)], collective
+        for fmt, strict in (("nccl-tests", True), ("refcoll", False)):
+            (got,) = parse_nccl_tests(format_table(header, [row], fmt), strict=strict)["rows"]
+            assert (got["size"], got["count"]) == ("48", str(count)), (collective, fmt)
+
+
 # ---------------------------------------------------------------- both formats, offline
 
 def _row(size, busbw, ip_busbw, wrong, **extra):
@@ -162,15 +175,38 @@ def header():
 def test_a_parser_of_nccl_tests_reads_both_formats(header, fmt, strict):
     rows = [_row(8, 1.0, 2.0, 0), _row(64, 3.0, 4.0, 5), _row(64, 100.0, 100.0, 0,
                                                             algorithm="tree")]
-    got = parse_nccl_tests(format_table(header, rows, fmt), strict=strict)
+    text = format_table(header, rows, fmt)
+    got = parse_nccl_tests(text, strict=strict)
+    # nccl-tests prints one data line per size: tree's row (not under test) is a # line there.
+    shown = 2 if fmt == "nccl-tests" else 3
     assert [(r["size"], r["count"], r["type"], r["redop"], r["root"]) for r in got["rows"]] == [
         ("8", "2", "float", "sum", "-1"), ("64", "16", "float", "sum", "-1"),
-        ("64", "16", "float", "sum", "-1")]
+        ("64", "16", "float", "sum", "-1")][:shown]
     assert [(r["busbw"], r["wrong"], r["ip_busbw"], r["ip_wrong"]) for r in got["rows"][:2]] == [
         ("1.00", "0", "2.00", "0"), ("3.00", "5", "4.00", "5")]
     # The algorithm under test (ring, the first) over both halves; not tree's, not MPI's 8.
     assert got["avg"] == pytest.approx(2.5) == summarize(rows)["under_test_avg_busbw"]
+    if fmt == "nccl-tests":  # what a script averaging the data lines gets is the footer's
+        lines = got["rows"]
+        mean = sum(float(r[k]) for r in lines for k in ("busbw", "ip_busbw")) / (2 * len(lines))
+        assert mean == pytest.approx(got["avg"])
+        (tree,) = [line for line in text.splitlines() if line.startswith("#") and "100.00" in line]
+        data = [line for line in text.splitlines() if not line.startswith("#")]
+        assert len(tree) == len(data[0]) and tree.split()[1:3] == ["64", "16"]  # columns kept
     assert got["oob"] == (2, "FAILED")  # the two halves of the 64 B row had a wrong element
+
+
+def test_each_roots_baseline_counts_in_its_average():
+    rows = [_row(8, 1.0, 1.0, 0, collective="reduce", root=root, base_busbw=busbw,
+                 base_inplace_busbw=busbw, base_wrong=root,
+                 baselines={"mpi": {"baseline": "MPI_Reduce", "time_us": 5.0, "busbw": busbw,
+                                    "wrong": root, "checked": 2, "time_over": 2.0,
+                                    "inplace_time_us": 6.0, "inplace_busbw": busbw,
+                                    "inplace_wrong": 0, "inplace_checked": 2}})
+            for root, busbw in ((0, 2.0), (1, 4.0))]
+    summary = summarize(rows)
+    assert summary["base_avg_busbw"] == summary["baselines"]["mpi"]["avg_busbw"] == 3.0
+    assert summary["base_wrong"] == summary["baselines"]["mpi"]["wrong"] == 1
 
 
 def test_no_check_prints_n_a_under_wrong_in_both_formats(header):
@@ -195,7 +231,7 @@ def test_nccl_tests_format_moves_refcoll_columns_to_comments(header):
                               "in place 6.00 us busbw 7.00, time/base 2.00")
     assert [line for line in lines if "Avg bus bandwidth" in line] == [
         "# Avg bus bandwidth    : 1.5 "]
-    assert lines[-2:] == ["#", "# Collective test concluded: all_reduce_perf"]
+    assert lines[-3:] == ["#", "# Collective test concluded: all_reduce_perf", "#"]
 
 
 def test_refcoll_format_gives_each_baseline_its_own_average_line(header):
@@ -247,6 +283,10 @@ def test_bench_starts_mpiexec_with_the_forced_algorithm(monkeypatch):
     res = CliRunner().invoke(main, ["bench", "-n", "2", "--against", "mpi:reduce_scatter_allgather"])
     assert res.exit_code == 0, res.output
     assert seen["env"]["MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"] == "reduce_scatter_allgather"
+    # nccl-tests' -c takes a count of checked calls (-c 5): still a run, checked throughout.
+    seen.clear()
+    res = CliRunner().invoke(main, ["bench", "-n", "2", "-c", "5", "-a", "0", "-r", "1"])
+    assert res.exit_code == 0 and seen["cmd"][:3] == ["mpiexec", "-n", "2"], res.output
 
 
 # ------------------------------------------------------------------------ NCCL, offline
@@ -291,22 +331,6 @@ def test_nccl_choice_reaches_the_row_and_both_tables(header):
     (line,) = [x for x in format_table(with_nccl, [row]).splitlines() if not x.startswith("#")]
     assert line.split()[-1] == "Ring/Simple"
     assert "NCCL chose Ring/Simple on 4 channels" in format_table(with_nccl, [row], "nccl-tests")
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--against", "nccl", "--nccl-algo", "Rung"], "NCCL has no algorithm 'Rung'"),
-    (["--nccl-proto", "LL"], "--nccl-algo and --nccl-proto choose NCCL's algorithm: they go "
-                             "with --against nccl"),
-    (["--against", "mpi:rung"], "has no allreduce algorithm 'rung'"),
-    (["--collective", "broadcast", "--algorithm", "tree", "-r", "2"],
-     "-r 2 is not one of the 2 data ranks"),
-    (["-d", "floaty"], "unknown dtype 'floaty'"),
-])
-def test_nccl_tests_options_refuse_what_cannot_run_in_one_line(monkeypatch, args, message):
-    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
-    res = CliRunner().invoke(main, ["bench", "-n", "2", *args])
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
 
 
 # ------------------------------------------------------------------------- real runs
@@ -358,11 +382,30 @@ SCRIPT = textwrap.dedent("""
         out[coll] = [(r["wrong"], r["inplace_wrong"], r["inplace_checked"],
                       r["baselines"]["mpi"]["inplace_wrong"], r["root"])
                      for r in run_bench(MPI.COMM_WORLD, config)]
+    # -r -1: every root in turn, as nccl-tests' broadcast_perf and reduce_perf run them.
+    for coll in ("broadcast", "reduce"):
+        config = BenchConfig(sizes=[48], algorithms=["tree"], collective=coll, warmup=0, iters=1,
+                             root=-1, dtype="int32")
+        out["every_root_" + coll] = [(r["root"], r["wrong"], r["inplace_wrong"],
+                                      r["baselines"]["mpi"]["wrong"])
+                                     for r in run_bench(MPI.COMM_WORLD, config)]
     real = api.allreduce
     api.allreduce = lambda x, t, out=None, **kw: out if out is x else real(x, t, out=out, **kw)
     (row,) = run_bench(MPI.COMM_WORLD, BenchConfig(sizes=[48], algorithms=["ring"], warmup=0,
                                                    iters=1))
     out["lazy"] = (row["wrong"], row["inplace_wrong"], row["inplace_checked"])
+    # In place, a reduce-scatter's result is a view of its input and an allgather's input a
+    # view of its result: a call that does nothing when they share memory must be caught.
+    import numpy as np
+    for name in ("reduce_scatter", "allgather"):
+        real = getattr(api, name)
+        setattr(api, name, lambda x, t, out=None, real=real, **kw: out if out is not None
+                and np.shares_memory(out, x) else real(x, t, out=out, **kw))
+        (row,) = run_bench(MPI.COMM_WORLD, BenchConfig(sizes=[48], algorithms=["ring"],
+                                                       collective=name, warmup=0, iters=1,
+                                                       dtype="int32"))
+        out["lazy_" + name] = (row["wrong"], row["inplace_wrong"], row["inplace_checked"],
+                               row["inplace_wrong_ranks"])
     if MPI.COMM_WORLD.rank == 0:
         json.dump(out, open(sys.argv[1], "w"))
 """)
@@ -379,8 +422,10 @@ def test_every_collective_is_checked_in_place_as_nccl_tests_lays_it_out(tmp_path
     got = json.loads(result.read_text())
     counted = {"allreduce": 12 * 3, "reduce_scatter": 4 * 3, "allgather": 12 * 3,
                "broadcast": 12 * 3, "reduce": 12}  # elements checked: one run, 3 ranks
+    for coll in ("broadcast", "reduce"):
+        assert got.pop("every_root_" + coll) == [[root, 0, 0, 0] for root in range(3)], coll
     for coll, rows in got.items():
-        if coll == "lazy":
+        if coll.startswith("lazy"):
             continue
         (wrong, ip_wrong, ip_checked, mpi_ip_wrong, root) = rows[0]
         assert (wrong, ip_wrong, mpi_ip_wrong) == (0, 0, 0), coll
@@ -388,6 +433,38 @@ def test_every_collective_is_checked_in_place_as_nccl_tests_lays_it_out(tmp_path
         assert root == (1 if coll in ("broadcast", "reduce") else None)
     # An in-place call that writes nothing leaves each rank its own input: wrong throughout.
     assert got["lazy"] == [0, 36, 36]
+    # Reduce-scatter: each rank's chunk still holds its own input, not the sum (4 a rank).
+    assert got["lazy_reduce_scatter"] == [0, 12, 12, 3]
+    # Allgather: each rank's own row is its input, the two others still hold the poison.
+    assert got["lazy_allgather"] == [0, 2 * 4 * 3, 36, 3]
+
+
+@needs_mpi
+@pytest.mark.parametrize("args,message", [
+    (["--collective", "broadcast", "-r", "5"], "-r 5 is not one of the 2 data ranks (0..1)"),
+], ids=["root"])
+def test_inside_a_users_job_every_rank_refuses_before_any_table(tmp_path, args, message):
+    env = {**os.environ, "REFCOLL_CACHE": str(tmp_path), "REFCOLL_CALIBRATION": "default"}
+    res = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "refcoll", "bench",
+                          "-b", "8", "-e", "8", "-w", "0", "-i", "1", *args],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.splitlines() == [f"refcoll: error: {message}"] * 2, res.stderr
+
+
+def test_in_place_inputs_are_copied_back_outside_the_clock(monkeypatch):
+    from mpi4py import MPI
+    from refcoll.measure.bench import _Item, run
+
+    clock = [0.0]
+    monkeypatch.setattr(run.time, "perf_counter", lambda: clock[0])
+
+    def advance(seconds):
+        return lambda: clock.__setitem__(0, clock[0] + seconds)
+
+    item = _Item("ours_ip", "ring", MPI.COMM_SELF, advance(1.0), prepare=advance(100.0))
+    item.run(timed=True, check=False)
+    assert item.times == [1.0]  # the copy (100 s on this clock) came before the clock started
 
 
 @needs_mpi

@@ -690,23 +690,23 @@ def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, 
 
     _on_fake(device, monkeypatch)
     algorithm = "tree" if collective in ("broadcast", "reduce") else "ring"
-    config = BenchConfig(sizes=[8, 4096], algorithms=[algorithm], collective=collective,
+    config = BenchConfig(sizes=[16, 4096], algorithms=[algorithm], collective=collective,
                          against="nccl", device="gpu", warmup=1, iters=2, workers=1)
     if _is_fake(device):
         device.reset()
     rows = run_bench(mpi_self, config)
     name = nccl.NCCL_CALLS[collective]
-    assert [(r["size"], r["baseline"]) for r in rows] == [(8, name), (4096, name)]
+    assert [(r["size"], r["baseline"]) for r in rows] == [(16, name), (4096, name)]
     for row in rows:
         assert row["wrong"] == 0 and row["checked"] == 3 * row["count"]  # 1 + 2 runs, 1 rank
         assert row["base_time_us"] > 0 and row["time_over_base"] > 0 and row["base_wrong"] == 0
     if _is_fake(device):
         stats = device.stats
-        assert [c[:2] for c in stats.nccl_calls] == [(NCCL_METHODS[collective], 2)] * 3 + [
+        assert [c[:2] for c in stats.nccl_calls] == [(NCCL_METHODS[collective], 4)] * 3 + [
             (NCCL_METHODS[collective], 1024)] * 3
         assert stats.device_in_use == 0, "NCCL's rank took its own GPU"
         assert stats.stream_syncs >= 4 * 6, "each timed call ends with a synchronisation"
-        checked = 3 * 4 * (2 + 1024) * (1 if collective == "broadcast" else 2)
+        checked = 3 * 4 * (4 + 1024) * (1 if collective == "broadcast" else 2)
         assert stats.d2h_bytes >= checked, "results are checked on host copies"
 
 

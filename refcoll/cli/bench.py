@@ -6,12 +6,15 @@ Thin: the options become a :class:`~refcoll.measure.bench.BenchConfig`, the rank
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
 
 from .. import algorithms
+from ..core.errors import UsageError
 from ..core.plot import require_matplotlib
+from ..core.units import parse_count
 from ..measure.bench import (FORMATS, SIZE_RULE, BenchConfig, bar_target, check_config,
                              extra_ranks, forced_mpi_env, parse_size, rank_writer, run_report,
                              save_report, size_sweep)
@@ -20,7 +23,7 @@ from . import launch
 from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
                      require_processes, split_list, write_json)
 
-__all__ = ["bench"]
+__all__ = ["bench", "decimal_size_note"]
 
 
 @main.command("bench")
@@ -30,22 +33,22 @@ __all__ = ["bench"]
               help=f"Smallest size in {SIZE_RULE}.")
 @click.option("-e", "--maxbytes", default="64M", show_default=True,
               help="Largest size (read as -b is).")
-@click.option("-f", "--stepfactor", type=int, default=2, show_default=True,
+@click.option("-f", "--stepfactor", default="2", metavar="INTEGER", show_default=True,
               help="Multiply the size by this from one row to the next.")
 @click.option("--algorithm", default="auto", show_default=True,
               help="Algorithms, comma-separated, or all (those with the collective); the first "
                    "is the algorithm under test, whose average ends '# Avg bus bandwidth'.")
-@click.option("--collective", type=click.Choice(list(algorithms.COLLECTIVES)), default="allreduce",
-              show_default=True)
+@click.option("--collective", default="allreduce", show_default=True,
+              metavar="[" + "|".join(algorithms.COLLECTIVES) + "]")
 @click.option("-o", "--op", default="sum", show_default=True,
               help="sum, prod, max, min or avg, a comma list, or all (nccl-tests' -o).")
 @click.option("-d", "--datatype", "--dtype", "dtype", default="float32", show_default=True,
               help="nccl-tests' names (float, half, bfloat16, double, int8, uint8, int32, "
                    "uint32, int64, uint64, f8e4m3 or fp8_e4m3, f8e5m2) or refcoll's (float32, "
                    "float16, int16...), a comma list, or all (nccl-tests' -d).")
-@click.option("-r", "--root", type=int, default=0, show_default=True,
-              help="The root of broadcast and reduce (nccl-tests' -r).")
-@click.option("-a", "--average", type=click.IntRange(0, 3), default=3, show_default=True,
+@click.option("-r", "--root", default="0", metavar="INTEGER", show_default=True,
+              help="The root of broadcast and reduce; -1: every root in turn (nccl-tests' -r).")
+@click.option("-a", "--average", default="3", metavar="INTEGER", show_default=True,
               help="Each rank's median time, then over ranks: 0 rank 0's, 1 the mean, 2 the "
                    "smallest, 3 the largest (nccl-tests' -a; its default is 1).")
 @click.option("--against", default="mpi", show_default=True,
@@ -59,17 +62,17 @@ __all__ = ["bench"]
                    "environment's, else NCCL's choice).")
 @click.option("--nccl-proto", default=None,
               help="NCCL_PROTO for --against nccl (LL, LL128, Simple...).")
-@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+@click.option("--device", default="cpu", show_default=True, metavar="[cpu|gpu]",
               help="Where the buffers live: host memory (NumPy) or each rank's GPU (CuPy).")
-@click.option("-w", "--warmup", "--warmup_iters", "warmup", type=int, default=5,
+@click.option("-w", "--warmup", "--warmup_iters", "warmup", default="5", metavar="INTEGER",
               show_default=True, help="Untimed iterations per size.")
-@click.option("-i", "--iters", type=int, default=20, show_default=True,
+@click.option("-i", "--iters", default="20", metavar="INTEGER", show_default=True,
               help="Timed iterations per size (nccl-tests' -n; -n here is the processes).")
-@click.option("-c", "--check", type=click.IntRange(0, 1), default=1, show_default=True,
-              help="1: compare every iteration's result with the expected one, bit for bit; "
-                   "0: #wrong shows N/A.")
-@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="refcoll",
-              show_default=True,
+@click.option("-c", "--check", default="1", show_default=True, metavar="INTEGER",
+              help="1 (or any count, as nccl-tests' -c N takes one): compare every "
+                   "iteration's result with the expected one, bit for bit; 0: #wrong shows N/A.")
+@click.option("--format", "fmt", default="refcoll", show_default=True,
+              metavar="[" + "|".join(FORMATS) + "]",
               help="nccl-tests: nccl-tests' layout exactly (refcoll's columns as # lines).")
 @click.option("--bound", is_flag=True,
               help="Also time each algorithm's bare messages and reductions (its transport bound).")
@@ -98,6 +101,17 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     (direct through a CUDA-aware MPI, or staged through host memory) and why.
     Exit 0 when every check passes, 1 on wrong results, 2 on bad usage.
     """
+    # Every value is read here, so that a bad one is one line and exit 2 (click's own
+    # refusals are three), on every rank of a job started by a user's mpiexec.
+    collective = _one_of(collective, algorithms.COLLECTIVES, "--collective")
+    device = _one_of(device, ("cpu", "gpu"), "--device")
+    fmt = _one_of(fmt, FORMATS, "--format")
+    stepfactor = _whole(stepfactor, "-f/--stepfactor", "2")
+    root = _whole(root, "-r/--root", "0")
+    average = _whole(average, "-a/--average", "1")  # its range: check_config's, in words
+    warmup = _whole(warmup, "-w/--warmup", "5")
+    iters = _whole(iters, "-i/--iters", "20")
+    check = _whole(check, "-c/--check", "1", minimum=0)  # nccl-tests' -c N checks N calls
     if not launch.in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
         # only it checks (_bench_in_world): another node may lack the folder.
@@ -112,6 +126,11 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         warmup=warmup, iters=iters, check=bool(check), bound=bound, compressor=compressor,
         root=root, average=average, nccl_algo=nccl_algo, nccl_proto=nccl_proto)
     check_config(config, None if launch.in_mpi_job() else nprocs)
+    if not launch.in_mpi_job():  # the launcher speaks once, not every rank
+        for option, text in (("-b", minbytes), ("-e", maxbytes)):
+            note = decimal_size_note(option, text)
+            if note:
+                click.echo(f"refcoll: note: {note}", err=True)
     if plot_file:
         require_matplotlib()
     require_processes(nprocs)
@@ -144,6 +163,34 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt="refcoll
         save_report(report, csv_path=csv_file, plot_path=plot_file)
     sys.stdout.flush()
     sys.exit(0 if report["summary"]["passed"] else 1)
+
+
+def decimal_size_note(option: str, text: str) -> str | None:
+    """Return a note when a size uses a decimal unit, which nccl-tests reads as binary.
+
+    nccl-tests' ``parsesize`` reads only the letter (``sscanf("%lf %1s")``), so its
+    ``-e 1GB`` is 1 GiB; here ``GB`` is 10^9 bytes (:data:`SIZE_RULE`). Said, not
+    refused: both readings are a size, and the user may mean either.
+    """
+    written = str(text).strip()
+    if not re.fullmatch(r".*[0-9.]\s*[kKMGT]B", written):  # 64K, 1MiB, 4096: one reading
+        return None
+    decimal, binary = parse_size(written, name=option), parse_size(written[:-1], name=option)
+    return (f"{option} {written} is {decimal:,} B (a power of 1000); nccl-tests reads "
+            f"{written} as {binary:,} B: write {written[:-1]} for that")
+
+
+def _one_of(value: str, choices, option: str) -> str:
+    """Return ``value`` if it is one of ``choices``; else a one-line UsageError naming them."""
+    if value not in choices:
+        raise UsageError(f"{option} {value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
+def _whole(text: str, option: str, example: str, *, minimum: int | None = None,
+           maximum: int | None = None) -> int:
+    """Return a whole number given to ``option`` (a UsageError in one line otherwise)."""
+    return parse_count(text, name=option, minimum=minimum, maximum=maximum, example=example)
 
 
 def _writer():

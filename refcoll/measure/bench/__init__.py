@@ -32,8 +32,10 @@ each half, as nccl-tests' row ``size count type redop root | time algbw busbw
   kept in the JSON (``rank_times_us``);
 * ``algbw = S / time``, ``S`` the bytes of the whole array: the buffer of an
   all-reduce, broadcast and reduce, the full input of a reduce-scatter, the full
-  output of an allgather (so reduce-scatter and allgather round the element count
-  down to a multiple of ``n``, as nccl-tests does);
+  output of an allgather (so reduce-scatter and allgather trim each rank's chunk
+  to a whole number of 16-byte words, as nccl-tests does: the size column is the
+  whole array, the count column one rank's chunk, nccl-tests' ``paramcount``;
+  the JSON's ``count`` stays the whole array's elements);
 * ``busbw = algbw · factor`` with :func:`~.config.bus_factor`: all-reduce ``2(n-1)/n``,
   in-network all-reduce (``switch``) ``(n-1)/(n+1)`` with ``n`` the workers,
   reduce-scatter and allgather ``(n-1)/n``, broadcast and reduce ``1``;

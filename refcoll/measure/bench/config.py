@@ -40,6 +40,7 @@ __all__ = [
     "size_sweep",
     "bus_factor",
     "element_count",
+    "table_count",
     "array_module",
     "use_device",
     "check_config",
@@ -52,6 +53,7 @@ __all__ = [
     "reduces",
     "variants",
     "rooted",
+    "root_runs",
     "mpi_algorithm",
     "forced_mpi_env",
     "check_forced_mpi",
@@ -123,13 +125,29 @@ def bus_factor(collective: str, n: int, *, in_network: bool = False) -> float:
 def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
     """Return the elements of the whole array for a size of ``nbytes``.
 
-    Reduce-scatter and allgather round down to a multiple of ``n``, so every rank's
-    chunk is the same (the MPI baseline, ``MPI_Reduce_scatter_block``, needs it).
+    Reduce-scatter and allgather give every rank a chunk of the same size (the MPI
+    baseline, ``MPI_Reduce_scatter_block``, needs it), trimmed as nccl-tests trims
+    it (``ReduceScatterGetCollByteCount``, ``AllGatherGetCollByteCount``: ``base =
+    (count/nranks) & ~(16/eltSize - 1)``) to a whole number of 16-byte words, so
+    that a row of refcoll's and a row of nccl-tests' for the same ``-b`` and ranks
+    have the same size.
     """
     count = nbytes // itemsize
     if collective in ("reduce_scatter", "allgather"):
-        count -= count % n
+        base = count // n
+        base -= base % max(1, 16 // itemsize)
+        count = base * n
     return count
+
+
+def table_count(collective: str, count: int, n: int) -> int:
+    """Return the ``count`` column of nccl-tests' row: the elements each rank's call names.
+
+    nccl-tests prints ``paramcount``: the whole buffer for all-reduce, broadcast and
+    reduce, but one rank's chunk (``count/nranks``) for reduce-scatter and allgather,
+    while its ``size`` column is the bytes of the larger buffer, the whole array.
+    """
+    return count // n if collective in ("reduce_scatter", "allgather") and n else count
 
 
 def reduces(collective: str) -> bool:
@@ -198,7 +216,8 @@ class BenchConfig:
         compressor: a compressor spec (all-reduce only), or None.
         workers: ranks that hold data (``None``: the whole communicator); the
             ranks after them serve as switch processes.
-        root: the root of broadcast and reduce (nccl-tests' ``-r``).
+        root: the root of broadcast and reduce (nccl-tests' ``-r``; -1: every
+            root in turn, :func:`root_runs`).
         average: how the ranks' times make a row's (nccl-tests' ``-a``): 0 rank 0's,
             1 the mean, 2 the smallest, 3 the largest (the default).
         in_place: also time the in-place half of each row (nccl-tests always does).
@@ -236,6 +255,18 @@ class BenchConfig:
 def rooted(collective: str) -> bool:
     """Return whether ``collective`` has a root (broadcast and reduce), as nccl-tests' column."""
     return collective in ("broadcast", "reduce")
+
+
+def root_runs(config: BenchConfig, workers: int) -> list[BenchConfig]:
+    """Return one configuration per root: ``-r -1`` runs every root in turn, as nccl-tests does.
+
+    nccl-tests' broadcast and reduce (``BroadcastRunTest``, ``ReduceRunTest``) loop
+    over the roots ``0 .. nranks-1`` when the root is ``-1``, inside the loop over
+    types and ops; a collective without a root, or a root given, runs once.
+    """
+    if rooted(config.collective) and config.root == -1:
+        return [replace(config, root=root) for root in range(workers)]
+    return [config]
 
 
 def variants(config: BenchConfig) -> list[BenchConfig]:
@@ -288,8 +319,9 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
     if config.warmup < 0 or config.iters < 1:
         raise UsageError(f"need warm-up >= 0 and iterations >= 1, got -w {config.warmup} "
                          f"-i {config.iters}")
-    if config.root < 0:
-        raise UsageError(f"the root must be a rank (>= 0), got -r {config.root}")
+    if config.root < -1:
+        raise UsageError(f"the root must be a rank (>= 0), or -1 for every root in turn as "
+                         f"nccl-tests takes it; got -r {config.root}")
     if config.average not in (0, 1, 2, 3):
         raise UsageError(f"-a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max) over ranks, as "
                          f"nccl-tests does; got {config.average}")

@@ -6,38 +6,52 @@ prints a ``# nThread ...`` line, ``# Using devices`` and one ``#  Rank`` line pe
 rank, three column-title lines, then one data line per size: ``size count type
 redop root`` and, out of place then in place, ``time algbw busbw #wrong`` (a
 number squeezed into its column by ``getFloatStr``; ``N/A`` under ``#wrong``
-when not checking), and closes with ``# Out of bounds values : N OK|FAILED`` and
-``# Avg bus bandwidth    : X``. This module prints the same lines from a
-report, so a parser of nccl-tests' output reads refcoll's; what only refcoll
-has (the algorithm and what ``auto`` chose, the baselines, the bound, NCCL's
-choice) goes on ``#`` lines, which such parsers skip.
+when not checking), and closes with ``# Out of bounds values : N OK|FAILED``,
+``# Avg bus bandwidth    : X``, ``#``, ``# Collective test concluded`` and ``#``
+(``finalizeFooter``). This module prints the same lines from a report, so a
+parser of nccl-tests' output reads refcoll's; what only refcoll has (the
+algorithm and what ``auto`` chose, the baselines, the bound, NCCL's choice)
+goes on ``#`` lines, which such parsers skip. nccl-tests prints one data line
+per size (and type, op, root): with several algorithms only the one under test
+(the first) has data lines, the others' rows are ``#`` lines
+(:func:`commented`), so that the mean of the data lines' busbw is the footer's
+``Avg bus bandwidth``.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from .config import table_count
 from .options import program_name, table_type
 
 __all__ = ["float_str", "preamble", "half", "title_lines", "header_lines", "data_line",
-           "footer_lines", "row_comment"]
+           "commented", "footer_lines", "row_comment"]
 
 
 def float_str(value: float | None, width: int) -> str:
-    """Return ``value`` in ``width`` columns as nccl-tests' ``getFloatStr``: 2, 1, 0 decimals, e."""
+    """Return ``value`` in ``width`` columns as nccl-tests' ``getFloatStr``: 2, 1, 0 decimals, e.
+
+    Its ``snprintf(str, width+1, ...)`` cuts what still does not fit to ``width``.
+    """
     if value is None:
         return f"{'N/A':>{width}}"
     for fmt in (".2f", ".1f", ".0f"):
         text = f"{value:{width}{fmt}}"
         if len(text) <= width:
             return text
-    return f"{value:{width}{'.1e' if width >= 7 else '.0e'}}"
+    return f"{value:{width}{'.1e' if width >= 7 else '.0e'}}"[:width]
 
 
 def preamble(row: dict) -> str:
-    """Return a data line's ``size count type redop root``, in nccl-tests' widths."""
+    """Return a data line's ``size count type redop root``, in nccl-tests' widths.
+
+    ``count`` is nccl-tests' (:func:`~.config.table_count`: one rank's chunk for
+    reduce-scatter and allgather), ``size`` the bytes of the whole array.
+    """
     root = row.get("root")
-    return (f"{row['size']:12d}  {row['count']:12d}  {table_type(row['dtype']):>8}  "
+    count = table_count(row.get("collective", ""), row["count"], row.get("ranks") or 1)
+    return (f"{row['size']:12d}  {count:12d}  {table_type(row['dtype']):>8}  "
             f"{row['op']:>6}  {-1 if root is None else root:6d}")
 
 
@@ -55,6 +69,11 @@ def data_line(row: dict, checked: bool) -> str:
             + half(row["time_us"], row["algbw"], row["busbw"], row["wrong"], checked=checked)
             + half(row.get("inplace_time_us"), row.get("inplace_algbw"),
                    row.get("inplace_busbw"), row.get("inplace_wrong"), checked=checked))
+
+
+def commented(line: str) -> str:
+    """Return a data line as a ``#`` line, its columns where they were (a row not under test)."""
+    return "#" + line[1:] if line.startswith(" ") else "# " + line
 
 
 def title_lines(prefix: str = "#", extra: Sequence[tuple[str, str, int]] = ()) -> list[str]:
@@ -162,5 +181,6 @@ def footer_lines(summary: dict, header: dict) -> list[str]:
     lines += [f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}",
               f"# {'Avg bus bandwidth':<20} : {0.0 if avg is None else avg:g} ",
               "#",
-              f"# Collective test concluded: {program_name(header['collective'])}"]
+              f"# Collective test concluded: {program_name(header['collective'])}",
+              "#"]
     return lines

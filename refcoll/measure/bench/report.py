@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from ...core.errors import UsageError
 from ...core.plot import figure
 from . import nccl_tests
-from .config import LIBRARIES, ROW_FIELDS, BenchConfig
+from .config import LIBRARIES, ROW_FIELDS, BenchConfig, check_config
 from .header import bench_header
 from .run import run_bench
 
@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 
+def _run_key(row: dict) -> tuple:
+    """Return what one baseline row stands for: its type, op, root and size (not its algorithm)."""
+    return row["dtype"], row["op"], row.get("root"), row["size"]
+
+
 def summarize(rows: Sequence[dict]) -> dict:
     """Return the footer's numbers: average busbw per algorithm and baseline, the check tally.
 
@@ -48,7 +53,7 @@ def summarize(rows: Sequence[dict]) -> dict:
     and ``under_test_avg_busbw`` its average. ``baseline``, ``base_avg_busbw`` and
     ``base_wrong`` are the first library's (the one in each row's ``base_*``
     fields); ``baselines`` has every library's ``name``, ``avg_busbw``, ``wrong``
-    and ``checked``, each baseline counted once per size, type and op.
+    and ``checked``, each baseline counted once per size, type, op and root.
     ``wrong`` and ``checked`` count refcoll's results, both halves;
     ``out_of_bounds`` is nccl-tests' ``Out of bounds values``: the results (one
     per row, half and rank) that had a wrong element. ``passed`` judges
@@ -62,7 +67,7 @@ def summarize(rows: Sequence[dict]) -> dict:
     for row in rows:
         per[row["algorithm"]] += [v for v in (row["busbw"], row.get("inplace_busbw"))
                                   if v is not None]
-        key = (row["dtype"], row["op"], row["size"])
+        key = _run_key(row)
         if row["base_busbw"] is not None and key not in seen_base:
             seen_base.add(key)
             base += [v for v in (row["base_busbw"], row.get("base_inplace_busbw")) if v is not None]
@@ -72,7 +77,7 @@ def summarize(rows: Sequence[dict]) -> dict:
                 wrong += row[prefix + "wrong"]
                 checked += row[prefix + "checked"]
                 bad += row.get(prefix + "wrong_ranks") or 0
-    base_rows = {(r["dtype"], r["op"], r["size"]): (r["base_wrong"] or 0)
+    base_rows = {_run_key(r): (r["base_wrong"] or 0)
                  + (r.get("base_inplace_wrong") or 0) for r in rows if r["base_wrong"] is not None}
     averages = {name: sum(v) / len(v) if v else 0.0 for name, v in per.items()}
     under_test = rows[0]["algorithm"] if rows else None
@@ -96,7 +101,7 @@ def _summarize_baselines(rows: Sequence[dict]) -> dict:
     per_size: dict[str, dict[tuple, dict]] = defaultdict(dict)
     for row in rows:
         for library, entry in (row.get("baselines") or {}).items():
-            per_size[library].setdefault((row["dtype"], row["op"], row["size"]), entry)
+            per_size[library].setdefault(_run_key(row), entry)
     out = {}
     for library, sizes in per_size.items():
         entries = list(sizes.values())
@@ -239,10 +244,18 @@ def _check_label(header: dict) -> str:
 
 
 def format_row(row: dict, header: dict, fmt: str = "refcoll") -> str:
-    """Return one row of the table (with ``nccl-tests``: its data line and a ``#`` line)."""
+    """Return one row of the table (with ``nccl-tests``: its data line and a ``#`` line).
+
+    With ``nccl-tests`` a row of an algorithm other than the one under test (the
+    first of ``header["algorithms"]``) is a ``#`` line too: nccl-tests prints one
+    data line per size, and a parser averaging them must get the footer's figure.
+    """
     line = nccl_tests.data_line(row, _checked(header))
     if fmt == "nccl-tests":
         shown = [b for b in header.get("baselines", ()) if b["available"]]
+        under_test = (header.get("algorithms") or [row["algorithm"]])[0]
+        if row["algorithm"] != under_test:  # one data line per size, as nccl-tests prints
+            line = nccl_tests.commented(line)
         return line + "\n" + nccl_tests.row_comment(row, shown, header["bound"])
     return line + "".join(f"  {cell(row):>{w}}" for _, _, w, cell in _columns(header))
 
@@ -373,6 +386,9 @@ def run_report(comm, config: BenchConfig, *, line: Callable[[str], None] | None 
     """
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
+    # Before the header is printed: a root outside the data ranks (known only here,
+    # inside the job) is refused on every rank with no table begun.
+    check_config(config, config.workers or comm.size)
     show = line if line is not None else (lambda text: None)
     header = bench_header(comm, config)
     show(format_header(header, fmt))

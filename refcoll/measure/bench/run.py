@@ -30,8 +30,8 @@ from ...transport.mpi import bounded_barrier, default_timeout
 from ...transport.recorder import Schedule
 from ...verify.conformance import case_ranks
 from .config import (BenchConfig, array_module, baseline_checked, baseline_name,
-                     baseline_unavailable, check_config, check_forced_mpi, libraries, use_device,
-                     variants)
+                     baseline_unavailable, check_config, check_forced_mpi, libraries, root_runs,
+                     use_device, variants)
 from .data import Data, base_call, base_in_place, make_data, our_call, our_in_place
 from .replay import Replay, node_options, schedule
 from .rows import make_row, reduce_items, wire_bytes
@@ -165,7 +165,8 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
         comm: an mpi4py communicator; its first ``config.workers`` ranks hold
             data, the rest serve switch algorithms (or sit out).
         config: what to run (checked with :func:`check_config` first); several
-            dtypes or ops (``all``) run one sweep each, in nccl-tests' order.
+            dtypes or ops (``all``), or every root (``root=-1``), run one sweep
+            each, in nccl-tests' order.
         on_row: called with each row as soon as its size is done.
         progress: called as ``progress(done, total, nbytes)`` after every
             iteration, ``done`` and ``total`` counting iterations of the sweep.
@@ -182,7 +183,8 @@ def run_bench(comm, config: BenchConfig, *, on_row: Callable[[dict], None] | Non
     check_config(config, config.workers or comm.size)
     timeout = default_timeout()  # a bad REFCOLL_TIMEOUT is a UsageError on every rank, up front
     check_forced_mpi(config, comm.rank)
-    runs = variants(config)
+    # nccl-tests' order: types, then ops, then roots (-r -1: every root of the data ranks).
+    runs = [run for v in variants(config) for run in root_runs(v, config.workers or comm.size)]
     use_device(comm, config)
     groups = _Groups(comm, runs[0], timeout)
     rows: list[dict] = []
