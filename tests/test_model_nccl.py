@@ -224,3 +224,139 @@ def test_the_library_takes_several_compressors_as_text():
     assert result.options.compressors == ("fp16", "bf16")
     assert result.stack[2].compressor in ("fp16", "bf16")
     assert math.isfinite(result.stack[2].step)
+
+
+# ------------------------------------------------------------------- review: fixed defects
+
+def test_a_tie_is_named_and_the_next_best_is_the_first_slower_one():
+    from refcoll.measure.model import allreduce_verdict
+    # One GPU a node: Rabenseifner and PAT both take 2·lg 8 = 6 rounds and move 2·(7/8)·n;
+    # the ring takes 14 rounds. Before, a tie at the top gave no sentence at all.
+    c = Cluster(8, 1, 300 * GB, 25 * GB, inter_latency=5e-6, reduce_bw=0)
+    n = 8 * 1000
+    dense = [allreduce_estimate(c, a, n, 4) for a in ("ring", "rabenseifner", "pat")]
+    tie = 6 * 5e-6 + 2 * (7 / 8) * n * 4 / (25 * GB)
+    assert dense[1].seconds == pytest.approx(tie) and dense[2].seconds == pytest.approx(tie)
+    (line,) = allreduce_verdict(c, dense)
+    assert line.startswith("rabenseifner (tied with pat) wins")
+    assert "for ring, the next best" in line
+    assert "6 rounds" in line and "against 14" in line
+    # Every algorithm tied: one GPU, nothing moves.
+    one = Cluster(1, 1, GB, GB)
+    assert allreduce_verdict(one, [allreduce_estimate(one, a, n, 4) for a in ("ring", "tree")]) \
+        == ("On one GPU an all-reduce moves nothing: every algorithm takes 0.",)
+
+
+def test_times_that_three_digits_show_equal_get_more_digits():
+    from refcoll.measure.model.verdict import distinct_times
+    assert distinct_times(0.18784533, 0.18786133) == ("187.8 ms", "187.9 ms")
+    assert distinct_times(0.304, 0.312) == ("304 ms", "312 ms")
+
+
+def test_the_search_names_a_hierarchical_all_reduce_with_its_inter_algorithm():
+    # Before, the bucket sentence looked the row's name 'hierarchical(inter=rabenseifner)' up
+    # as an algorithm and a valid command ended with 'unknown algorithm'.
+    w = Workload.from_params(N_SEED, forward=2.0, backward=4.0)
+    options = Options(algorithms=("hierarchical", "ring/ch"), inter="rabenseifner")
+    result = plan_and_search(seed(intra_latency=2e-6, inter_latency=5e-6), w, options)
+    assert result.best.algorithm == "hierarchical(inter=rabenseifner)"
+    # 26 MB buckets: 7 + 3 + 3 + 7 rounds against the ring's 2·63.
+    line = [v for v in result.verdict if v.startswith("In buckets of")][0]
+    assert "hierarchical(inter=rabenseifner) beats ring/ch" in line
+    assert "20 rounds" in line and "against 126" in line
+
+
+def test_the_bucket_sentence_prices_the_bucket_as_the_best_stack_sends_it():
+    from refcoll.measure.model import human_bytes
+    from refcoll.measure.model.verdict import distinct_times
+    w = Workload.from_params(N_SEED, forward=2.0, backward=4.0)
+    c = seed(intra_latency=2e-6, inter_latency=5e-6)
+    result = plan_and_search(c, w, Options(compressor="fp16"))
+    best = result.best
+    assert (best.compressor, best.algorithm, best.buckets) == ("fp16", "dbtree/ch", 1069)
+    e = N_SEED // 1069  # the last of 1069 buckets (the first N_SEED % 1069 hold one more)
+    per = -(-e // 8)  # a channel's elements, fp16 (2 B) on the wire
+    tree = 2 * 7 * 2e-6 + 2 * 3 * 5e-6 + 2 * per * 2 / (25 * GB)
+    ring = 2 * 63 * 5e-6 + 2 * 63 * -(-per // 64) * 2 / (25 * GB)
+    t_tree, t_ring = distinct_times(tree, ring)
+    line = [v for v in result.verdict if v.startswith("In buckets of")][0]
+    assert f"compressed with fp16 to {human_bytes(2 * e)}" in line
+    assert f"({t_tree} against {t_ring} a bucket)" in line
+
+
+def test_a_topology_row_slower_than_ncclss_default_is_noted():
+    w = Workload.from_params(N_SEED, forward=2.0, backward=4.0)
+    result = plan(seed(), w, Options(algorithms=("ring",)))
+    base, topo = result.stack[:2]
+    n = 4 * N_SEED
+    assert base.comm == pytest.approx(2 * (63 / 64) * n / (8 * 25 * GB), rel=1e-12)
+    assert topo.comm == pytest.approx(2 * (63 / 64) * n / (25 * GB), rel=1e-12)
+    assert topo.speedup == pytest.approx(base.step / topo.step)
+    assert any(note.startswith("+topology makes the step slower") and "ring/ch" in note
+               for note in result.notes)
+
+
+def test_a_flat_ring_allgather_crosses_each_boundary_on_one_nic():
+    from refcoll.measure.model import compressed_estimate
+    # 2 NICs for 8 GPUs: a GPU gets a quarter NIC when all cross at once (the hierarchical
+    # all-reduce's shards), but a flat ring has one GPU a node crossing, on a whole NIC.
+    c = seed(nics=2, intra_latency=2e-6, inter_latency=5e-6)
+    assert c.link("inter") == (5e-6, 4 / (25 * GB))
+    assert c.link("flat") == (5e-6, 1 / (25 * GB))
+    est = compressed_estimate(c, "topk:ratio=0.01", ((1 << 20,),), "float32")
+    payload = est.payload
+    gather = [ph for ph in est.phases if ph.name == "payload allgather"][0]
+    assert gather.link == "flat"
+    assert gather.seconds == pytest.approx(63 * (5e-6 + payload / (25 * GB)))
+
+
+def test_a_single_layer_compressed_by_powersgd_is_priced_as_layers():
+    # One 1-D layer from --layers: PowerSGD sends it whole. Before, the +compression
+    # estimate forgot that the shapes were layers and refused them as a flat count.
+    w = Workload(((4096,),), forward=0.01, backward=0.02)
+    result = plan(seed(), w, Options(compressor="powersgd:rank=4"))
+    assert result.compressed.payload == 4096 * 4
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gpu-arch", "pascal"], "--gpu-arch"), (["--preset", "nope"], "--preset"),
+    (["--pattern", "scatter"], "--pattern"), (["--intra-quoted", "both"], "--intra-quoted"),
+])
+def test_unknown_choices_are_one_line_and_exit_2(args, needle):
+    base = [] if "--preset" in args else ["--preset", "seed"]
+    res = CliRunner().invoke(main, ["model", *base, *args], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Usage" not in res.output
+
+
+def test_one_node_of_one_gpu_reads_in_the_singular(tmp_path):
+    out = tmp_path / "one.json"
+    res = CliRunner().invoke(main, ["model", "--nodes", "1", "--gpus-per-node", "1",
+                                    "--intra-bw", "1GB/s", "--unidirectional", "--params", "1e6",
+                                    "--no-search", "--json", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "cluster: 1 node × 1 GPU = 1 GPU;" in res.output
+    assert "network: 1 NIC per node" in res.output and "1 nodes" not in res.output
+    assert "On one GPU an all-reduce moves nothing" in res.output
+    data = json.loads(out.read_text())["cluster"]
+    assert data["nics"] == data["nics_per_node"] == 1 and data["channels"] == 1
+
+
+def test_columns_line_up_with_long_algorithm_names():
+    res = CliRunner().invoke(main, ["model", "--preset", "seed", "--inter", "recursive_doubling",
+                                    "--algorithm", "hierarchical,ring/ch,ring"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    # The dense table: each time ends under the header's "time".
+    at = lines.index(next(x for x in lines if x.startswith("  algorithm ")))
+    end = lines[at].index(" time") + len(" time")
+    rows = lines[at + 1:at + 6]
+    assert any(x.startswith("  hierarchical(inter=recursive_doubling) ") for x in rows)
+    assert all(x[end - 1] == "s" and x[end] == " " for x in rows)
+    # The search table: each bucket count ends under the header's "buckets".
+    at = lines.index(next(x for x in lines if x.startswith("  compression ")))
+    end = lines[at].index("buckets") + len("buckets")
+    rows = [x for x in lines[at + 1:] if x.startswith("  dense ")]
+    assert rows and all(x[end - 1].isdigit() and x[end] == " " for x in rows)

@@ -44,15 +44,16 @@ __all__ = ["model"]
 @click.option("--spine-bw", default=None,
               help="With --no-rail: the spine's bandwidth per node, with its unit [default: "
                    "the node's NICs in all, non-blocking].")
-@click.option("--gpu-arch", type=click.Choice(list(m.GPU_ARCHS)), default="hopper",
-              show_default=True, help="GPU generation for NCCL's tuning model's constants.")
+@click.option("--gpu-arch", default="hopper", show_default=True,
+              metavar="|".join(m.GPU_ARCHS),
+              help="GPU generation for NCCL's tuning model's constants.")
 @click.option("--bidirectional/--unidirectional", default=None,
               help="Whether both bandwidths count both directions added (then each direction "
                    "carries half) or one direction. Required unless each link says.")
-@click.option("--intra-quoted", type=click.Choice(["unidirectional", "bidirectional"]),
-              default=None, help="How --intra-bw is quoted, overriding the flag above.")
-@click.option("--inter-quoted", type=click.Choice(["unidirectional", "bidirectional"]),
-              default=None, help="How --inter-bw is quoted, overriding the flag above.")
+@click.option("--intra-quoted", metavar="|".join(m.QUOTED), default=None,
+              help="How --intra-bw is quoted, overriding the flag above.")
+@click.option("--inter-quoted", metavar="|".join(m.QUOTED), default=None,
+              help="How --inter-bw is quoted, overriding the flag above.")
 @click.option("--intra-latency", default="2us", show_default=True,
               help="Intra-node latency per message with its unit (ns, us, ms, s), or 0.")
 @click.option("--inter-latency", default="5us", show_default=True,
@@ -84,7 +85,7 @@ __all__ = ["model"]
 @click.option("--compressor", multiple=True,
               help="Compressor spec, e.g. topk:ratio=0.01 or ef(powersgd:rank=4); repeat it to "
                    "try several (+compression and the search take the best).")
-@click.option("--pattern", type=click.Choice(["allreduce", "gather", "twophase"]), default=None,
+@click.option("--pattern", metavar="|".join(m.PATTERNS), default=None,
               help="Compressed collective pattern [default: the compressor's own].")
 @click.option("--buckets", default=None, metavar="B",
               help=f"Gradient buckets all-reduced during the backward pass: 1 (one bucket, no "
@@ -96,7 +97,7 @@ __all__ = ["model"]
 @click.option("--search/--no-search", default=True, show_default=True,
               help="Search for the best stack: every algorithm, dense and with each compressor, "
                    "in 1, 4, 16, 64, 256 buckets, DDP's 25 MiB buckets and --buckets.")
-@click.option("--preset", type=click.Choice(sorted(m.PRESETS)), default=None,
+@click.option("--preset", metavar="|".join(sorted(m.PRESETS)), default=None,
               help="Option values to start from; options given win. seed: 8 nodes × 8 GPUs, "
                    "NVLink 300GB/s and a 25GB/s NIC per GPU (per direction), 7e9 fp32 "
                    "parameters, forward 2s, backward 4s.")
@@ -148,7 +149,7 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
         buckets=buckets, bucket_size=bucket_size)
     if preset is not None:
         ctx = click.get_current_context()
-        for name, value in m.PRESETS[preset].items():
+        for name, value in m.preset_values(preset).items():
             if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) and not (
                     name == "params" and layers_text is not None):
                 given[name] = value
@@ -189,11 +190,16 @@ def _phases(estimate) -> str:
     return ", ".join(parts)
 
 
+def _count(number: int, noun: str) -> str:
+    """Return ``1 node``, ``8 nodes``: a count with its noun, plural when it is not 1."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _step(seconds: float) -> str:
     return m.step_text(seconds)
 
 
-def _nccl_rows(result) -> None:
+def _nccl_rows(result, width: int = 26) -> None:
     """Print NCCL's tuning model's best protocol per algorithm, its pick marked."""
     times = result.nccl
     if not times:
@@ -202,18 +208,25 @@ def _nccl_rows(result) -> None:
     for algo in dict.fromkeys(t.algorithm for t in times):
         t = min((t for t in times if t.algorithm == algo), key=lambda t: t.seconds)
         mark = "  <- NCCL's pick" if t is pick else ""
-        click.echo(f"  {'NCCL model ' + t.name:<26} {_time(t.seconds):>9} {'':>10}  latency "
+        click.echo(f"  {'NCCL model ' + t.name:<{width}} {_time(t.seconds):>9} {'':>10}  latency "
                    f"{_time(t.latency)} + bytes at {_bytes(t.bandwidth)}/s (tuning.cc, NCCL "
                    f"{m.NCCL_VERSION}){mark}")
 
 
-def _stack_header() -> None:
-    click.echo(f"  {'step':<27} {'collective':<26} {'buckets':>7} {'comm':>9} {'exposed':>9} "
+def _widths(rows) -> tuple[int, int]:
+    """Return the label and collective columns' widths: wide enough for every row."""
+    return (max([27, *(len(r.label) for r in rows)]),
+            max([26, *(len(r.algorithm) for r in rows)]))
+
+
+def _stack_header(label: int = 27, collective: int = 26) -> None:
+    click.echo(f"  {'step':<{label}} {'collective':<{collective}} {'buckets':>7} {'comm':>9} "
+               f"{'exposed':>9} "
                f"{'step':>9} {'comm %':>7} {'speed-up':>9} {'vs prev':>8}")
 
 
-def _stack_row(row, label=None) -> None:
-    click.echo(f"  {label or row.label:<27} {row.algorithm:<26} {row.buckets:>7} "
+def _stack_row(row, label: int = 27, collective: int = 26) -> None:
+    click.echo(f"  {row.label:<{label}} {row.algorithm:<{collective}} {row.buckets:>7} "
                f"{_time(row.comm):>9} {_time(row.exposed):>9} {_step(row.step):>9} "
                f"{100 * row.fraction:>6.1f}% {row.speedup:>8.2f}× {row.gain:>7.2f}×")
 
@@ -223,15 +236,18 @@ def _print_plan(result) -> None:
     intra_a, intra_b = c.link("intra")
     inter_a, inter_b = c.link("inter")
     reduction = f"{_bytes(c.reduce_bw)}/s" if c.reduce_bw else "free"
-    click.echo(f"cluster: {c.nodes} nodes × {c.gpus_per_node} GPUs = {c.gpus} GPUs; per GPU and "
+    click.echo(f"cluster: {_count(c.nodes, 'node')} × {_count(c.gpus_per_node, 'GPU')} = "
+               f"{_count(c.gpus, 'GPU')}; per GPU and "
                f"direction: intra {_bytes(1 / intra_b)}/s, {_time(intra_a)}; inter "
                f"{_bytes(1 / inter_b)}/s, {_time(inter_a)}; in-network reduction: "
                f"{'yes' if c.in_network else 'no'}; reduction {reduction}")
     spine = ("rail-optimised (no spine crossed)" if c.rail else
              f"no rails: cross-node traffic shares a spine of {_bytes(1 / c.spine_beta())}/s "
              f"per node")
-    click.echo(f"network: {c.nic_count} NICs per node of {_bytes(1 / c.nic_beta())}/s each way; "
-               f"{c.channel_count} channel{'s' if c.channel_count > 1 else ''}"
+    if c.nodes == 1:
+        spine = "one node: no traffic crosses a NIC"
+    click.echo(f"network: {_count(c.nic_count, 'NIC')} per node of {_bytes(1 / c.nic_beta())}/s "
+               f"each way; {_count(c.channel_count, 'channel')}"
                f"{' (one per NIC)' if c.channels is None else ''}; {spine}")
     tensors = f"{len(w.shapes)} tensor{'s' if len(w.shapes) > 1 else ''}"
     click.echo(f"model: {w.elements:,} parameters ({tensors}) × "
@@ -241,11 +257,12 @@ def _print_plan(result) -> None:
     click.echo(f"all-reduce of the gradient ({_bytes(w.nbytes)}), dense (…/ch: "
                f"{c.channel_count} channel{'s' if c.channel_count > 1 else ''} as NCCL runs them; "
                f"the others one schedule, as refcoll runs it):")
-    click.echo(f"  {'algorithm':<26} {'time':>9} {'bytes/GPU':>10}  phases [link]")
+    width = max([26, *(len(e.algorithm) for e in result.dense)])
+    click.echo(f"  {'algorithm':<{width}} {'time':>9} {'bytes/GPU':>10}  phases [link]")
     for est in sorted(result.dense, key=lambda e: e.seconds):
-        click.echo(f"  {est.algorithm:<26} {_time(est.seconds):>9} {_bytes(est.bytes):>10}  "
-                   f"{_phases(est)}")
-    _nccl_rows(result)
+        click.echo(f"  {est.algorithm:<{width}} {_time(est.seconds):>9} "
+                   f"{_bytes(est.bytes):>10}  {_phases(est)}".rstrip())
+    _nccl_rows(result, width)
     for line in m.allreduce_verdict(c, result.dense):
         click.echo(line)
     base = result.baseline
@@ -266,9 +283,10 @@ def _print_plan(result) -> None:
         click.echo(f"  {_phases(e)}")
     click.echo("")
     click.echo("step time, techniques stacked:")
-    _stack_header()
+    widths = _widths(result.stack)
+    _stack_header(*widths)
     for row in result.stack:
-        _stack_row(row)
+        _stack_row(row, *widths)
     for note in result.notes:
         click.echo(f"note: {note}")
     if result.search:
@@ -281,11 +299,12 @@ def _print_search(result) -> None:
     click.echo(f"best stack, searched: each row the fastest of the {len(result.options.algorithms)} "
                f"algorithms (one for a pattern with its own collective); speed-up against the "
                f"baseline:")
-    click.echo(f"  {'compression':<27} {'collective':<26} {'buckets':>7} {'comm':>9} "
-               f"{'exposed':>9} {'step':>9} {'comm %':>7} {'speed-up':>9}")
+    label, collective = _widths(result.search)
+    click.echo(f"  {'compression':<{label}} {'collective':<{collective}} {'buckets':>7} "
+               f"{'comm':>9} {'exposed':>9} {'step':>9} {'comm %':>7} {'speed-up':>9}")
     for row in result.search:
         mark = "  <- best" if row is result.best else ""
-        click.echo(f"  {row.label:<27} {row.algorithm:<26} {row.buckets:>7} "
+        click.echo(f"  {row.label:<{label}} {row.algorithm:<{collective}} {row.buckets:>7} "
                    f"{_time(row.comm):>9} {_time(row.exposed):>9} {_step(row.step):>9} "
                    f"{100 * row.fraction:>6.1f}% {base.step / row.step:>8.3f}×{mark}")
     for line in m.stack_verdict(result, result.best):

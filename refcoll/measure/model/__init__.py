@@ -47,7 +47,7 @@ from .calibrate import (CALIBRATE_DEFAULT, CALIBRATE_LIMIT, Comparison, calibrat
                         calibration_choices, compare_with_measurement, measure_allreduce, predict)
 from .channels import CHANNELLED, channelled_phases, pat_cost
 from .cluster import (ALGORITHMS, GPU_ARCHS, INTER_ALGORITHMS, MAX_BUCKETS, MAX_CHANNELS,
-                      MAX_GPUS, MAX_NICS, MODELLED, Cluster, Options,
+                      MAX_GPUS, MAX_NICS, MODELLED, PATTERNS, Cluster, Options,
                       Workload, bucket_limit, buckets_for_size, buckets_of, check_buckets,
                       choices_text, load_layers, select_algorithms)
 from .compression import (EXACT_LIMIT, SAMPLE, chosen_pattern, compressed_estimate,
@@ -56,7 +56,8 @@ from .overlap import StepTime, overlap
 from .pricing import (Estimate, Phase, allreduce_estimate, estimate_name, local_phase,
                       price_phase, steps_phase)
 from .nccl import NCCL_VERSION, PROTOCOLS, NcclTime, nccl_choice, nccl_times
-from .request import PRESETS, calibration_request, plan_from_text, quoted_links
+from .request import (PRESETS, QUOTED, calibration_request, plan_from_text, preset_values,
+                      quoted_links)
 from .search import bucket_ladder, plan_and_search, search_stacks, stack_verdict, verdict
 from .stack import Plan, baseline_algorithm, plan, step_time
 from .verdict import allreduce_verdict, step_text
@@ -71,6 +72,9 @@ __all__ = [
     "NCCL_VERSION",
     "PROTOCOLS",
     "PRESETS",
+    "QUOTED",
+    "PATTERNS",
+    "preset_values",
     "NcclTime",
     "nccl_times",
     "nccl_choice",

@@ -40,6 +40,7 @@ import numpy as np
 
 from ... import algorithms
 from ...algorithms.registry import NodeShape
+from ...compressors.patterns import PATTERNS as _PATTERN_FUNCTIONS
 from ...core.errors import UsageError
 from .buckets import MAX_BUCKETS, bucket_limit, buckets_for_size, buckets_of, check_buckets
 from .channels import CHANNELLED
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_CHANNELS",
     "MAX_NICS",
     "GPU_ARCHS",
+    "PATTERNS",
     "Cluster",
     "Workload",
     "Options",
@@ -86,6 +88,9 @@ MAX_CHANNELS = 64
 
 #: The most NICs per node the model takes.
 MAX_NICS = 64
+
+#: The compressed collective patterns (``--pattern``), those of ``refcoll.compressors.patterns``.
+PATTERNS = tuple(_PATTERN_FUNCTIONS)
 
 #: GPU generations whose constants NCCL's tuning model has (:mod:`.nccl`).
 GPU_ARCHS = ("volta", "ampere", "hopper", "blackwell")
@@ -216,15 +221,20 @@ class Cluster:
         return max(-(-flows // self.nic_count) * self.nic_beta(), flows * self.spine_beta())
 
     def link(self, kind: str) -> tuple[float, float]:
-        """Return ``(α, β)`` of ``intra``, ``inter`` or ``slowest``, β per byte and direction.
+        """Return ``(α, β)`` of ``intra``, ``inter``, ``slowest`` or ``flat``, β per byte and
+        direction.
 
         ``inter`` is one GPU's share when all ``g`` GPUs of a node cross at once
         (the NIC's own β with a NIC per GPU). ``slowest`` is the link a step that
         uses both kinds waits for: the larger α and the larger β (on one node it
-        is the intra-node link).
+        is the intra-node link). ``flat`` is ``slowest`` for a flat ring over
+        all ranks, node-major: one GPU of each node sends across the boundary at
+        each step, on one NIC of its own (``⌈1/nics⌉ = 1``), so fewer NICs than
+        GPUs do not slow it.
         """
         intra = (self.intra_latency, (2.0 if self.intra_bidirectional else 1.0) / self.intra_bw)
-        inter = (self.inter_latency, self.crossing_beta(self.gpus_per_node))
+        flows = 1 if kind == "flat" else self.gpus_per_node
+        inter = (self.inter_latency, self.crossing_beta(flows))
         if kind == "intra":
             return intra
         if kind == "inter":
@@ -379,6 +389,9 @@ class Options:
                              f"one of {', '.join(INTER_ALGORITHMS)}")
         if self.buckets < 1:
             raise UsageError(f"buckets must be at least 1, got {self.buckets}")
+        if self.pattern is not None and self.pattern not in PATTERNS:
+            raise UsageError(f"unknown pattern {self.pattern!r} (--pattern): choose one of "
+                             f"{', '.join(PATTERNS)}")
         if self.extra_compressors and self.compressor is None:
             raise UsageError("extra compressors need a first one (compressor)")
 

@@ -235,9 +235,15 @@ def _allreduce(cluster: Cluster, spec: str, shapes, dt: np.dtype, n: int, algori
     return Estimate(algorithm, tuple(phases), "allreduce", spec, payload, dense)
 
 
+def _ring_link(cluster: Cluster) -> str:
+    """Return the link a flat ring allgather's steps wait for (one flow a node boundary)."""
+    link = cluster.shape.ring_link()
+    return "flat" if link == "slowest" else link
+
+
 def _gather(cluster: Cluster, spec: str, dt: np.dtype, n: int) -> Estimate:
     """Price the ``gather`` pattern: counts and payloads round a ring allgather."""
-    p, dense, link = cluster.gpus, n * dt.itemsize, cluster.shape.ring_link()
+    p, dense, link = cluster.gpus, n * dt.itemsize, _ring_link(cluster)
     arrays = payload_arrays(spec, n, dt.name)
     payload = sum(c * s for _, c, s in arrays)
     phases = [local_phase(cluster, "compress", dense)]
@@ -251,7 +257,7 @@ def _gather(cluster: Cluster, spec: str, dt: np.dtype, n: int) -> Estimate:
 def _twophase(cluster: Cluster, spec: str, dt: np.dtype, n: int) -> Estimate:
     """Price the ``twophase`` pattern: all-to-all of chunks, recompress, chunk allgather."""
     p, g = cluster.gpus, cluster.gpus_per_node
-    dense, link = n * dt.itemsize, cluster.shape.ring_link()
+    dense, link = n * dt.itemsize, _ring_link(cluster)
     chunk = max_chunk(n, p)
     arrays = payload_arrays(spec, chunk, dt.name)
     part = sum(c * s for _, c, s in arrays)

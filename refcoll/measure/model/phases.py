@@ -24,7 +24,8 @@ class Phase:
 
     Attributes:
         name: what happens (``intra reduce-scatter``...).
-        link: ``intra``, ``inter``, ``slowest`` (a step using both kinds) or
+        link: ``intra``, ``inter``, ``slowest`` (a step using both kinds), ``flat``
+            (a flat ring's step: both kinds, one GPU of a node crossing) or
             ``local`` (computation only).
         rounds: α terms on the critical path.
         bytes: β bytes on the critical path: what the busiest GPU sends (and

@@ -17,7 +17,8 @@ from .cluster import (Cluster, Options, Workload, buckets_for_size, check_bucket
 from .search import plan_and_search
 from .stack import Plan, plan
 
-__all__ = ["QUOTED", "PRESETS", "quoted_links", "plan_from_text", "calibration_request"]
+__all__ = ["QUOTED", "PRESETS", "preset_values", "quoted_links", "plan_from_text",
+           "calibration_request"]
 
 #: How a bandwidth may be quoted: the words the options take, and what they mean.
 QUOTED = {"bidirectional": True, "unidirectional": False}
@@ -32,6 +33,21 @@ PRESETS = {
 }
 
 
+def preset_values(name: str) -> dict:
+    """Return the option values of the preset ``name``; an unknown one is a UsageError."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r} (--preset): choose {', '.join(sorted(PRESETS))}")
+    return dict(PRESETS[name])
+
+
+def _quoted(text: str | None, option: str) -> bool | None:
+    if text is None:
+        return None
+    if text not in QUOTED:
+        raise UsageError(f"{option} {text!r}: say {' or '.join(QUOTED)}")
+    return QUOTED[text]
+
+
 def quoted_links(both: bool | None, intra: str | None, inter: str | None) -> tuple[bool, bool]:
     """Return whether the intra- and inter-node bandwidths count both directions added.
 
@@ -39,8 +55,8 @@ def quoted_links(both: bool | None, intra: str | None, inter: str | None) -> tup
     per link and override ``both`` (``--bidirectional``/``--unidirectional``;
     None: not said). A link nobody said it for is a :class:`UsageError`.
     """
-    intra_both = both if intra is None else QUOTED[intra]
-    inter_both = both if inter is None else QUOTED[inter]
+    intra_both = both if intra is None else _quoted(intra, "--intra-quoted")
+    inter_both = both if inter is None else _quoted(inter, "--inter-quoted")
     if intra_both is None or inter_both is None:
         raise UsageError("say how the bandwidths are quoted: --unidirectional (per direction) "
                          "or --bidirectional (both directions added), or per link with "

@@ -10,15 +10,14 @@ faster. :func:`stack_verdict` says what the search kept and why.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ...core.units import human_bytes, human_time
 from .cluster import Cluster, Options, Workload, bucket_limit, buckets_of
 from .overlap import StepTime
-from .pricing import allreduce_estimate
-from .stack import Plan, candidates_for, plan, step_time
-from .verdict import allreduce_verdict, step_text, why
+from .pricing import estimate_name
+from .stack import Plan, bucket_estimate, candidates_for, plan, step_time
+from .verdict import allreduce_verdict, distinct_times, step_text, why
 
 __all__ = ["DDP_BUCKET", "bucket_ladder", "search_stacks", "verdict", "stack_verdict",
            "plan_and_search"]
@@ -59,13 +58,18 @@ def search_stacks(cluster: Cluster, workload: Workload,
 
 
 def _bucket_estimates(result: Plan, best: StepTime, other: str):
-    cut = buckets_of(result.workload, best.buckets)
-    count = sum(math.prod(s) for s in cut[-1][0])
-    itemsize = result.workload.bytes_per_element
-    return (allreduce_estimate(result.cluster, best.algorithm, count, itemsize,
-                               inter=result.options.inter),
-            allreduce_estimate(result.cluster, other, count, itemsize,
-                               inter=result.options.inter))
+    """Return the best stack's last bucket priced with its algorithm and with ``other``.
+
+    Rows and estimates name an algorithm as :func:`~.pricing.estimate_name` does
+    (``hierarchical(inter=tree)``); the registry name is looked up from it. The bucket
+    is priced as the best stack sends it: compressed when it is.
+    """
+    options = result.options
+    names = {estimate_name(a, options.inter): a for a in options.algorithms}
+    shapes = buckets_of(result.workload, best.buckets)[-1][0]
+    kw = dict(compressor=best.compressor, pattern=options.pattern, inter=options.inter)
+    return (bucket_estimate(result.cluster, result.workload, shapes, names[best.algorithm], **kw),
+            bucket_estimate(result.cluster, result.workload, shapes, names[other], **kw))
 
 
 def stack_verdict(result: Plan, best: StepTime | None) -> tuple[str, ...]:
@@ -83,9 +87,11 @@ def stack_verdict(result: Plan, best: StepTime | None) -> tuple[str, ...]:
     if best.pattern in (None, "allreduce") and best.algorithm != winner and best.buckets > 1:
         mine, theirs = _bucket_estimates(result, best, winner)
         if mine.seconds < theirs.seconds:
-            out.append(f"In buckets of {human_bytes(mine.dense)}, {best.algorithm} beats "
-                       f"{winner} ({human_time(mine.seconds)} against "
-                       f"{human_time(theirs.seconds)} a bucket): "
+            sent = (f", compressed with {best.compressor} to {human_bytes(mine.payload)}"
+                    if best.compressor else "")
+            tm, tt = distinct_times(mine.seconds, theirs.seconds)
+            out.append(f"In buckets of {human_bytes(mine.dense)}{sent}, {best.algorithm} beats "
+                       f"{winner} ({tm} against {tt} a bucket): "
                        f"{why(result.cluster, mine, theirs)}.")
     dense = min((r for r in result.search if r.compressor is None), key=lambda r: r.step)
     if best.compressor is not None:

@@ -27,7 +27,8 @@ from .overlap import StepTime, overlap
 from .pricing import Estimate, allreduce_estimate, estimate_name
 from .verdict import allreduce_verdict
 
-__all__ = ["step_time", "Plan", "plan", "baseline_algorithm", "candidates_for"]
+__all__ = ["step_time", "Plan", "plan", "baseline_algorithm", "candidates_for",
+           "bucket_estimate"]
 
 #: The compressed pattern that runs an all-reduce algorithm over the payload; the
 #: others run their own collective, whatever algorithm is named.
@@ -37,8 +38,9 @@ _ALLREDUCE_PATTERN = "allreduce"
 _SINGLE_RANK = "ring"
 
 
-def _bucket_estimate(cluster: Cluster, workload: Workload, shapes, algorithm: str, *,
-                     compressor: str | None, pattern: str | None, inter: str) -> Estimate:
+def bucket_estimate(cluster: Cluster, workload: Workload, shapes, algorithm: str, *,
+                    compressor: str | None, pattern: str | None, inter: str) -> Estimate:
+    """Return the estimate of one bucket (tensors ``shapes``), dense or compressed."""
     if compressor is None:
         count = sum(math.prod(s) for s in shapes)
         return allreduce_estimate(cluster, algorithm, count, workload.bytes_per_element,
@@ -55,8 +57,8 @@ def step_time(cluster: Cluster, workload: Workload, algorithm: str, *,
     comm, seen = [], {}  # buckets of the same shapes (all of a flat count's) cost the same
     for shapes, _ in cut:
         if shapes not in seen:
-            seen[shapes] = _bucket_estimate(cluster, workload, shapes, algorithm,
-                                            compressor=compressor, pattern=pattern, inter=inter)
+            seen[shapes] = bucket_estimate(cluster, workload, shapes, algorithm,
+                                           compressor=compressor, pattern=pattern, inter=inter)
         comm.append(seen[shapes].seconds)
     exposed, _ = overlap([ready * workload.backward for _, ready in cut], comm, workload.backward)
     est = seen[cut[-1][0]]
@@ -93,8 +95,8 @@ class Plan:
         """Return the plan as a JSON-ready dict (the ``--json`` schema)."""
         w, c = self.workload, self.cluster
         return {
-            "cluster": {**asdict(c), "gpus": c.gpus, "nics_per_node": c.nic_count,
-                        "channels": c.channel_count},
+            "cluster": {**asdict(c), "gpus": c.gpus, "nics": c.nic_count,
+                        "nics_per_node": c.nic_count, "channels": c.channel_count},
             "workload": {"parameters": w.elements, "tensors": len(w.shapes),
                          "bytes_per_element": w.bytes_per_element, "bytes": w.nbytes,
                          "forward": w.forward, "backward": w.backward},
@@ -175,6 +177,11 @@ def plan(cluster: Cluster, workload: Workload, options: Options) -> Plan:
     topology, _ = _fastest([(step_time(cluster, workload, a, **kw), a)
                             for a in options.algorithms])
     rows.append(_stacked(topology, "+topology", baseline, rows[-1]))
+    if topology.step > baseline.step:
+        notes.append(f"+topology makes the step slower: the fastest algorithm chosen "
+                     f"({topology.algorithm}, {human_time(topology.comm)}) is slower than "
+                     f"NCCL's default ({baseline.algorithm}, {human_time(baseline.comm)}); "
+                     f"add {baseline.algorithm} to --algorithm to stack on it")
     compressed, comp_kw = None, {}
     if options.compressors:
         tried = [(step_time(cluster, workload, a, compressor=spec, pattern=options.pattern,
@@ -184,7 +191,7 @@ def plan(cluster: Cluster, workload: Workload, options: Options) -> Plan:
         comp_kw = dict(compressor=with_comp.compressor, pattern=options.pattern)
         compressed = compressed_estimate(cluster, with_comp.compressor, workload.shapes,
                                          workload.dtype, algorithm, pattern=options.pattern,
-                                         **kw)
+                                         layered=workload.layered, **kw)
         rows.append(_stacked(with_comp, "+compression", baseline, rows[-1]))
         if with_comp.comm > topology.comm:
             notes.append(_slower_note(cluster, compressed, topology, with_comp))
