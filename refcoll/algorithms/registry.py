@@ -75,6 +75,16 @@ class NodeShape:
         levels = self.levels()
         return "slowest" if levels == "split" else levels
 
+    def flat_ring_link(self) -> str:
+        """Return the link of one flat ring over all ranks, node-major: ``flat`` across nodes.
+
+        Each step crosses every node boundary once, on one GPU's NIC, so the
+        cluster prices the crossing as one flow (``flat``), not as every GPU of
+        the node sharing the node's NICs.
+        """
+        link = self.ring_link()
+        return "flat" if link == "slowest" else link
+
 
 def _pow2(x: int) -> bool:
     return x & (x - 1) == 0

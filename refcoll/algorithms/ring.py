@@ -178,7 +178,7 @@ def ring_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
 
 def ring_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
     """Price the flat ring on a cluster: each step waits for the slowest link it uses."""
-    p, link = shape.ranks, shape.ring_link()
+    p, link = shape.ranks, shape.flat_ring_link()
     return [LinkCost("reduce-scatter", link, ring_reduce_scatter_cost(p, count, itemsize)),
             LinkCost("allgather", link, ring_allgather_cost(p, max_chunk(count, p), itemsize))]
 

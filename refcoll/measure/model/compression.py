@@ -237,8 +237,7 @@ def _allreduce(cluster: Cluster, spec: str, shapes, dt: np.dtype, n: int, algori
 
 def _ring_link(cluster: Cluster) -> str:
     """Return the link a flat ring allgather's steps wait for (one flow a node boundary)."""
-    link = cluster.shape.ring_link()
-    return "flat" if link == "slowest" else link
+    return cluster.shape.flat_ring_link()
 
 
 def _gather(cluster: Cluster, spec: str, dt: np.dtype, n: int) -> Estimate:
