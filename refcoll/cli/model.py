@@ -318,15 +318,16 @@ def _print_calibration(result, library: str) -> None:
     click.echo(f"ping-pong fit: α = {_time(cal.alpha)}, β = {cal.beta * 1e9:.4g} ns/B "
                f"({_bytes(1 / cal.beta) if cal.beta > 0 else 'inf'}/s); γ = "
                f"{cal.gamma_per_byte * 1e9:.4g} ns/B; call {_time(cal.call)}")
-    click.echo(f"  {'algorithm':<26} {'size':>8} {'predicted':>10} {'α-β-γ fit':>10} "
-               f"{'measured':>10} {'pred/meas':>9}")
+    click.echo(f"  {'algorithm':<26} {'size':>8} {'predicted':>10} {'of it wait':>10} "
+               f"{'α-β-γ fit':>10} {'measured':>10} {'pred/meas':>9}")
     for r in rows:
         size = _bytes(r["bytes"], "g", binary=True)
         click.echo(f"  {r['algorithm']:<26} {size:>8} {_time(r['predicted']):>10} "
-                   f"{_time(r['predicted_fit']):>10} {_time(r['measured']):>10} "
+                   f"{_time(r['wait']):>10} {_time(r['predicted_fit']):>10} "
+                   f"{_time(r['measured']):>10} "
                    f"{r['ratio']:>9.2f}")
-    click.echo(f"{result.within()} of {len(rows)} predictions within 30% of the measured time "
-               f"(α-β-γ fit: {result.within(fit=True)})")
+    for line in result.summary_lines():  # geometric-mean error, within 30%, worst; the term
+        click.echo(line)
     if result.others is not None:
         click.echo(f"other processes used {100 * result.others:.0f}% of the machine's CPU "
                    f"meanwhile" + ("; the timings shared the cores, rerun on an idle machine"

@@ -54,6 +54,18 @@ class Calibration:
             machine with fewer cores than ranks a round after a barrier waits
             for peers to be scheduled again, and ``first`` is much larger than
             ``later``.
+        waits: ``(buffer bytes, message bytes, q first, W first, q later, W
+            later)``, beside each row of ``steps``: the share ``q`` of those
+            steps that waited for a descheduled peer and their mean wait ``W``,
+            seconds (the scheduling term,
+            :mod:`refcoll.measure.model.calibrate_sched`). Empty in a record
+            measured before it, which then predicts without the term.
+        stretch: ``(buffer bytes, message bytes, (s_1, s_2, ...))`` beside each
+            row of ``steps``: ``s_R``, seconds, is the median time ``R``
+            consecutive ``later`` steps took beyond ``R`` median ones
+            (:func:`refcoll.measure.model.calibrate_sched.stretch`): the
+            scheduling term measured with the rounds' real correlation. Empty
+            in an older record, which then uses ``waits``.
 
     ``auto``'s calibrations leave the tables empty; the cluster model's
     (:func:`refcoll.measure.model.calibrate`) fill them.
@@ -71,6 +83,8 @@ class Calibration:
     pingpong: tuple[tuple[int, float], ...] = ()
     reduction: tuple[tuple[int, float], ...] = ()
     steps: tuple[tuple[int, int, float, float, float, float], ...] = ()
+    waits: tuple[tuple[int, int, float, float, float, float], ...] = ()
+    stretch: tuple[tuple[int, int, tuple[float, ...]], ...] = ()
 
     @property
     def gamma_per_byte(self) -> float:
@@ -93,7 +107,12 @@ class Calibration:
                 "reduction": [{"bytes": b, "seconds": s} for b, s in self.reduction],
                 "steps": [{"buffer": n, "message": b, "first": f, "later": e,
                            "reduction_first": rf, "reduction_later": rl}
-                          for n, b, f, e, rf, rl in self.steps]}
+                          for n, b, f, e, rf, rl in self.steps],
+                "waits": [{"buffer": n, "message": b, "q_first": qf, "wait_first": wf,
+                           "q_later": ql, "wait_later": wl}
+                          for n, b, qf, wf, ql, wl in self.waits],
+                "stretch": [{"buffer": n, "message": b, "rounds": list(values)}
+                            for n, b, values in self.stretch]}
 
 
 #: Shared-memory MPI on a current CPU: ~3 µs latency, ~4 GB/s, ~1 G additions/s.

@@ -9,7 +9,11 @@ misses them by two to five times: β depends on the message size and on whether
 the buffers are in cache, and with more ranks than cores a round waits for its
 peers to be scheduled. So the prediction keeps each algorithm's
 :class:`~refcoll.core.cost.Cost` and prices its rounds and reductions with steps
-measured at the message sizes and buffer sizes the all-reduce uses.
+measured at the message sizes and buffer sizes the all-reduce uses, and adds
+the time its rounds wait for descheduled peers, measured by the same steps
+(:mod:`~refcoll.measure.model.calibrate_sched`). Steps and all-reduces are
+measured in :data:`PASSES` interleaved passes per size, so both see the same
+load, and each figure is the median over every pass.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -25,15 +28,18 @@ import numpy as np
 from ... import algorithms as registry
 from ...calls.agree import barrier
 from ...calls.auto import resolve
-from ...calls.calibration import ping_pong
+from ...calls.calibration import ping_pong, runnable_tasks
 from ...calls.collectives import allreduce
 from ...core.calibration import GAMMA_ITEMSIZE, Calibration
 from ...core.errors import UsageError
 from ...core.ops import get_op
 from ...transport.base import transport_cache
+from .calibrate_compare import Comparison
+from .calibrate_sched import stretch, wait_median, wait_summary, waits_at
 
-__all__ = ["CALIBRATE_LIMIT", "CALIBRATE_DEFAULT", "calibration_choices", "Comparison",
-           "calibrate", "predict", "measure_allreduce", "compare_with_measurement"]
+__all__ = ["CALIBRATE_LIMIT", "CALIBRATE_DEFAULT", "PASSES", "calibration_choices", "Comparison",
+           "calibrate", "predict", "scheduling_wait", "measure_allreduce",
+           "compare_with_measurement"]
 
 #: The largest buffer ``refcoll model --calibrate`` measures (every rank holds a few).
 CALIBRATE_LIMIT = 1 << 30
@@ -41,6 +47,11 @@ CALIBRATE_LIMIT = 1 << 30
 #: What ``refcoll model --calibrate`` measures unless told: the all-reduces whose
 #: rounds the measured-step model prices best, and ``auto``'s choice among them.
 CALIBRATE_DEFAULT = ("ring", "recursive_doubling", "rabenseifner", "auto")
+
+#: Interleaved passes per size: step tables, then every all-reduce, and again.
+#: Another job's burst then lands in a share of each measurement's samples, not
+#: in all of one and none of another.
+PASSES = 6
 
 
 def calibration_choices() -> list[str]:
@@ -73,6 +84,22 @@ def _repeats(nbytes: int) -> int:
     return 100 if nbytes <= 1 << 16 else 40 if nbytes <= 1 << 20 else 20 if nbytes <= 1 << 24 else 8
 
 
+#: The clock every measurement reads (a test replaces it with a counter).
+_clock = time.perf_counter
+
+
+def _everyone(t, values: Sequence[float]) -> np.ndarray:
+    """Return every rank's ``values`` as rows of a ``(ranks, len(values))`` array (collective).
+
+    Every rank must pass as many values; an all-reduce of the rows, each rank's
+    own in place and zeros elsewhere.
+    """
+    rows = np.zeros((t.size, len(values)))
+    rows[t.rank] = values
+    return allreduce(rows.ravel(), t, algorithm="recursive_doubling",
+                     validate=False).reshape(rows.shape)
+
+
 def _largest_median(t, times: list[float]) -> float:
     """Return the largest over ranks of each rank's median time (every rank calls)."""
     mine = np.array([float(np.median(times)) if times else 0.0])
@@ -84,16 +111,27 @@ def _warmups(repeats: int) -> int:
     return max(3, repeats // 2)
 
 
-def _timed(t, fn: Callable[[int], None], repeats: int, *, sync: bool = True) -> list[float]:
-    """Return the times of ``repeats`` calls ``fn(i)``, after :func:`_warmups` untimed ones."""
+def _per_pass(repeats: int) -> tuple[int, int]:
+    """Return ``(timed, untimed)`` calls of one of :data:`PASSES` passes, for ``repeats`` in all."""
+    timed = -(-repeats // PASSES)
+    return timed, max(1, timed // 2)
+
+
+def _timed(t, fn: Callable[[int], None], repeats: int, *, sync: bool = True,
+           warmups: int | None = None) -> list[float]:
+    """Return the times of ``repeats`` calls ``fn(i)``, after ``warmups`` untimed ones.
+
+    ``warmups`` defaults to :func:`_warmups`.
+    """
+    warmups = _warmups(repeats) if warmups is None else warmups
     times = []
-    for i in range(_warmups(repeats) + repeats):
+    for i in range(warmups + repeats):
         if sync:
             barrier(t)
-        start = time.perf_counter()
+        start = _clock()
         fn(i)
-        if i >= _warmups(repeats):
-            times.append(time.perf_counter() - start)
+        if i >= warmups:
+            times.append(_clock() - start)
     return times
 
 
@@ -147,8 +185,8 @@ def _pingpong(t, sizes: list[int]) -> list[tuple[int, float]]:
     return points
 
 
-def _step_table(t, nbytes: int) -> list[tuple[int, int, float, float, float, float]]:
-    """Time ring steps and their reductions per message size, inside buffers of ``nbytes``.
+def _step_samples(t, nbytes: int, collected: dict[int, list[list[float]]]) -> None:
+    """Time one pass of ring steps and their reductions per message size, in buffers of ``nbytes``.
 
     The steps do to memory what the rounds of an out-of-place ring,
     recursive-doubling or Rabenseifner all-reduce do, slice by slice through
@@ -160,44 +198,74 @@ def _step_table(t, nbytes: int) -> list[tuple[int, int, float, float, float, flo
     sender's cache, and a peer on a core of another cache domain pays for
     fetching it, as the sender then pays for writing lines the peer has read.
 
-    Returns ``(nbytes, message, first, later, reduction after first, reduction
-    after later)`` rows, seconds.
+    Appends this rank's times, seconds, to ``collected[message]`` = ``[first,
+    later, reduction after first, reduction after later]``: a share
+    (:func:`_per_pass`) of each message size's repeats.
     """
     add = get_op("sum")
     left, right = (t.rank - 1) % t.size, (t.rank + 1) % t.size
     count = nbytes // 4
     x, out, spare = _buffers(t, nbytes)
-    rows = []
     for b in _message_sizes(nbytes, t.size):
         elements = b // 4
         slots = max(count // elements, 1)
-        repeats, warmups = _repeats(b), _warmups(_repeats(b))
-        medians = []
+        repeats, warmups = _per_pass(_repeats(b))
+        kept = collected.setdefault(b, [[], [], [], []])
 
         def piece(buf: np.ndarray, i: int) -> np.ndarray:
             return buf[(i % slots) * elements:(i % slots + 1) * elements]
 
-        for kind in ("first", "later"):
-            steps, reductions = [], []
-            for i in range(warmups + repeats):
-                if kind == "first" or i == warmups:
+        for kind, (steps, reductions) in enumerate((kept[0::2], kept[1::2])):
+            done = len(steps)  # each pass goes on through the buffers where the last stopped
+            for i in range(done, done + warmups + repeats):
+                if kind == 0 or i == done + warmups:
                     barrier(t)
-                start = time.perf_counter()
-                if kind == "first":
+                start = _clock()
+                if kind == 0:
                     sending, landing = piece(x, i), piece(out, i)
                 else:  # what the previous step reduced; never the slice it receives into
                     sending = piece(out, i - 1)
                     landing = piece(spare if slots == 1 else out, i)
                 t.sendrecv(sending, right, landing, left)
-                middle = time.perf_counter()
+                middle = _clock()
                 t.reduce_local(add, landing, piece(x, i), piece(out, i))
-                if i >= warmups:
+                if i >= done + warmups:
                     steps.append(middle - start)
-                    reductions.append(time.perf_counter() - middle)
-            medians.append((_largest_median(t, steps), _largest_median(t, reductions)))
-        (first, reduce_first), (later, reduce_later) = medians
-        rows.append((nbytes, b, first, later, reduce_first, reduce_later))
-    return rows
+                    reductions.append(_clock() - middle)
+
+
+def _most_rounds(p: int, nbytes: int) -> int:
+    """Return the most rounds any all-reduce calibration can measure takes here."""
+    return max([1] + [registry.get(name).costs["allreduce"](p, nbytes // 4, 4).rounds
+                      for name in calibration_choices()])
+
+
+def _step_rows(t, nbytes: int, collected: dict[int, list[list[float]]]
+               ) -> tuple[list, list, list]:
+    """Return the ``steps``, ``waits`` and ``stretch`` rows of :class:`Calibration` (collective).
+
+    Steps: the largest over ranks of each rank's median, per column. Waits:
+    :func:`~refcoll.measure.model.calibrate_sched.wait_summary` of the
+    ``first`` and the ``later`` steps of every rank. Stretch:
+    :func:`~refcoll.measure.model.calibrate_sched.stretch` of the ``later``
+    steps for 1 up to :func:`_most_rounds` rounds.
+    """
+    rows, waits, stretches = [], [], []
+    for b in sorted(collected):
+        first, later, _, _ = collected[b]
+        rows.append((nbytes, b, *(_largest_median(t, column) for column in collected[b])))
+        everyone = _everyone(t, later)
+        waits.append((nbytes, b, *wait_summary(_everyone(t, first)), *wait_summary(everyone)))
+        stretches.append((nbytes, b, tuple(stretch(everyone, r) for r in
+                                           range(1, _most_rounds(t.size, nbytes) + 1))))
+    return rows, waits, stretches
+
+
+def _runnable(t, counts: list[int]) -> float | None:
+    """Return rank 0's median count of runnable tasks, on every rank (None: unknown)."""
+    mine = np.array([float(np.median(counts)) if t.rank == 0 and counts else -1.0])
+    value = float(allreduce(mine, t, op="max", algorithm="recursive_doubling", validate=False)[0])
+    return value if value >= 0 else None
 
 
 def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
@@ -205,15 +273,19 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     """Measure this machine's step tables for ``sizes``, then α, β and γ (collective).
 
     First an all-reduce call's own work; then, for each all-reduce size in
-    ``sizes`` from the smallest up, a ring step and a reduction at each message
-    size :func:`_message_sizes` gives, inside buffers of that size (see
-    :class:`~refcoll.core.calibration.Calibration`), and ``after_size(nbytes)`` if given (what
-    :func:`compare_with_measurement` measures there); last the ping-pong
-    between ranks 0 and 1 and local reductions at 8 B and every power of two
-    from 1 KiB to ``max(sizes)``, for the α-β-γ fit. Small sizes come first
-    because transfers of tens of MiB leave this kind of machine slower at
-    small and medium sizes for a while. Everything goes through ``Transport``
-    calls, as the algorithms make them; every rank returns the same numbers.
+    ``sizes`` from the smallest up, :data:`PASSES` passes of a ring step and
+    a reduction at each message size :func:`_message_sizes` gives, inside
+    buffers of that size (see :class:`~refcoll.core.calibration.Calibration`),
+    each followed by ``after_size(nbytes)`` if given (what
+    :func:`compare_with_measurement` measures there, interleaved with the
+    steps); last the ping-pong between ranks 0 and 1 and local reductions at
+    8 B and every power of two from 1 KiB to ``max(sizes)``, for the α-β-γ
+    fit. Small sizes come first because transfers of tens of MiB leave this
+    kind of machine slower at small and medium sizes for a while. Everything
+    goes through ``Transport`` calls, as the algorithms make them; every rank
+    returns the same numbers. ``load``: rank 0's median count of runnable
+    tasks (:func:`~refcoll.calls.calibration.runnable_tasks`) after each pass,
+    per core.
     """
     if t.size < 2:
         raise UsageError("calibration needs at least 2 ranks to measure messages")
@@ -222,11 +294,21 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     measured = _pingpong_sizes(max(sizes))
     _buffers(t, measured[-1])  # once, at the largest size
     call = _call_overhead(t)
-    steps = []
+    steps, waits, stretches, counts = [], [], [], []
     for nbytes in sorted(set(sizes)):
-        steps += _step_table(t, nbytes)
-        if after_size is not None:
-            after_size(nbytes)
+        collected: dict[int, list[list[float]]] = {}
+        for _ in range(PASSES):
+            _step_samples(t, nbytes, collected)
+            count = runnable_tasks() if t.rank == 0 else None  # between passes: never timed
+            if count is not None:
+                counts.append(count)
+            if after_size is not None:
+                after_size(nbytes)
+        rows, row_waits, row_stretch = _step_rows(t, nbytes, collected)
+        steps += rows
+        waits += row_waits
+        stretches += row_stretch
+    runnable = _runnable(t, counts)
     pingpong = _pingpong(t, measured)
     add = get_op("sum")
     reduction = []
@@ -239,7 +321,9 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     # The fit's γ is per byte of one float32 operand; the record's is per element.
     return Calibration(alpha=alpha, beta=beta, gamma=gamma * GAMMA_ITEMSIZE, source="measured",
                        ranks=t.size, call=call, pingpong=tuple(pingpong),
-                       reduction=tuple(reduction), steps=tuple(steps))
+                       reduction=tuple(reduction), steps=tuple(steps), waits=tuple(waits),
+                       stretch=tuple(stretches),
+                       load=None if runnable is None else runnable / (os.cpu_count() or 1))
 
 
 def _call_overhead(t) -> float:
@@ -267,19 +351,19 @@ def _interpolate(table: Sequence[tuple[float, float]], x: float) -> float:
 
 
 def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, itemsize: int = 4,
-            *, fit: bool = False) -> float:
+            *, fit: bool = False, waits: bool = True) -> float:
     """Return the predicted time of a single-machine all-reduce of ``nbytes``.
 
     With ``fit`` (or for a size the calibration has no steps for): the textbook
     ``rounds·α + critical_bytes·β + reduced·s·γ`` of :mod:`refcoll.core.cost` at the
     fitted α, β, γ. Otherwise the measured-step model: ``call + F(b) +
-    (rounds-1)·L(b) + RF(b) + (k-1)·RL(b)``, ``b = critical_bytes/rounds`` the
+    (rounds-1)·L(b) + RF(b) + (k-1)·RL(b) + wait``, ``b = critical_bytes/rounds`` the
     algorithm's mean message, ``k = reduced·s/b`` its reductions, ``F``, ``L``,
     ``RF`` and ``RL`` the calibration's first and later ring steps and the
     reductions after each, inside buffers of ``nbytes`` (log-log interpolated
     between its message sizes): a timed call starts from synchronised ranks
     and sends its input in its first round, later rounds send what the one
-    before reduced.
+    before reduced. ``wait`` is :func:`scheduling_wait` (0 with ``waits=False``).
     Exact in form for ring and recursive doubling, whose messages are all
     alike; Rabenseifner's halve, and ``b`` is their mean.
     """
@@ -295,8 +379,51 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     def at(column: int) -> float:
         return _interpolate([(row[0], row[column]) for row in steps], message)
 
+    wait = scheduling_wait(calibration, algorithm, p, nbytes, itemsize) if waits else 0.0
     return (calibration.call + at(1) + (c.rounds - 1) * at(2) + min(reductions, 1.0) * at(3)
-            + max(reductions - 1.0, 0.0) * at(4))
+            + max(reductions - 1.0, 0.0) * at(4) + wait)
+
+
+def scheduling_wait(calibration: Calibration, algorithm: str, p: int, nbytes: int,
+                    itemsize: int = 4) -> float:
+    """Return the median time an all-reduce's rounds wait for descheduled peers.
+
+    The calibration's measured stretch of ``R`` consecutive rounds at its mean
+    message inside buffers of ``nbytes`` (linear in ``log`` message between
+    rows) where it has one for ``R``. Otherwise
+    :func:`~refcoll.measure.model.calibrate_sched.wait_median` of its ``R``
+    rounds at the measured ``q`` and ``W``: the first round's, then ``R - 1``
+    later ones', pooled (``q = (q_F + (R-1)·q_L)/R``, ``W`` the mean of the
+    waits weighted by how often each kind waits). 0 for a calibration with
+    neither.
+    """
+    c = registry.get(algorithm).costs["allreduce"](p, nbytes // itemsize, itemsize)
+    if c.rounds == 0:
+        return 0.0
+    message = c.critical_bytes / c.rounds
+    runs = [(b, values[c.rounds - 1], 0.0) for n, b, values in calibration.stretch
+            if n == nbytes and len(values) >= c.rounds]
+    if runs:
+        return waits_at(sorted(runs), message)[0]
+    rows = [row[1:] for row in calibration.waits if row[0] == nbytes]
+    if not rows:
+        return 0.0
+    q_first, w_first = waits_at([(b, qf, wf) for b, qf, wf, _, _ in rows], message)
+    q_later, w_later = waits_at([(b, ql, wl) for b, _, _, ql, wl in rows], message)
+    later = c.rounds - 1
+    waited = q_first + later * q_later  # expected rounds that wait, of R
+    if waited <= 0:
+        return 0.0
+    mean_wait = (q_first * w_first + later * q_later * w_later) / waited
+    return wait_median(c.rounds, waited / c.rounds, mean_wait)
+
+
+def _allreduce_times(t, algorithm: str, nbytes: int, repeats: int,
+                     warmups: int | None = None) -> list[float]:
+    """Return this rank's times of ``repeats`` all-reduces of float32 ``nbytes``, seconds."""
+    x, out, _ = _buffers(t, nbytes)
+    return _timed(t, lambda _: allreduce(x, t, algorithm=algorithm, validate=False, out=out),
+                  repeats, warmups=warmups)
 
 
 def measure_allreduce(t, algorithm: str, nbytes: int, *, repeats: int | None = None) -> float:
@@ -305,10 +432,7 @@ def measure_allreduce(t, algorithm: str, nbytes: int, *, repeats: int | None = N
     Out of place into a preallocated ``out=``, argument agreement off: the
     algorithm alone, as ``refcoll bench`` times it.
     """
-    x, out, _ = _buffers(t, nbytes)
-    times = _timed(t, lambda _: allreduce(x, t, algorithm=algorithm, validate=False, out=out),
-                   repeats or _repeats(nbytes))
-    return _largest_median(t, times)
+    return _largest_median(t, _allreduce_times(t, algorithm, nbytes, repeats or _repeats(nbytes)))
 
 
 def _machine_busy() -> float | None:
@@ -327,55 +451,32 @@ def _machine_busy() -> float | None:
     return (user + nice + system + irq + softirq + steal) / ticks
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """Predicted against measured all-reduce times on this machine.
-
-    Attributes:
-        calibration: what the predictions were made from.
-        rows: by algorithm then size: ``algorithm`` (``auto`` names what it
-            resolved to), ``bytes``, ``predicted`` (measured-step model),
-            ``predicted_fit`` (α-β-γ fit), ``measured``, ``ratio`` =
-            predicted / measured.
-        others: the share of the machine's CPU time that other processes used
-            while this ran (None where unknown): above a few percent, the
-            measurements shared the cores with someone else's work.
-    """
-
-    calibration: Calibration
-    rows: list[dict]
-    others: float | None
-
-    def within(self, tolerance: float = 0.3, *, fit: bool = False) -> int:
-        """Return how many predictions are within ``tolerance`` of the measured time."""
-        key = "predicted_fit" if fit else "predicted"
-        return sum(abs(r[key] / r["measured"] - 1) <= tolerance for r in self.rows
-                   if r["measured"])
-
-    def to_json(self) -> dict:
-        """Return the comparison as a JSON-ready dict."""
-        return {"calibration": self.calibration.to_json(), "rows": self.rows,
-                "others_cpu_share": self.others, "within_30_percent": self.within(),
-                "fit_within_30_percent": self.within(fit=True)}
-
-
 def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int]) -> Comparison:
     """Calibrate, measure each algorithm at each size on ``t``, and predict (collective).
 
-    Each size's all-reduces are measured right after its step tables (see
-    :func:`calibrate`); the predictions use the calibration alone. The CPU
+    Each size's all-reduces are measured in :data:`PASSES` passes interleaved
+    with its step tables (see :func:`calibrate`), the algorithms in a rotated
+    order each pass, and reported by the largest over ranks of each rank's
+    median over every pass; the predictions use the calibration alone. The CPU
     time the machine spent beyond this job's own ranks is reported with them.
     """
-    measured: dict[tuple[str, int], tuple[str, float]] = {}
+    times: dict[tuple[str, int], list[float]] = {}
+    ran: dict[tuple[str, int], str] = {}
+    passes: dict[int, int] = {}
 
-    def measure_all(nbytes: int) -> None:
-        for algorithm in algorithms:
+    def measure_pass(nbytes: int) -> None:
+        start = passes[nbytes] = passes.get(nbytes, -1) + 1
+        repeats, warmups = _per_pass(_repeats(nbytes))
+        for i in range(len(algorithms)):
+            algorithm = algorithms[(start + i) % len(algorithms)]
             chooses = registry.get(algorithm).chooses  # auto: what it resolves to here
-            ran = resolve(t, "allreduce", nbytes // 4, 4) if chooses else algorithm
-            measured[algorithm, nbytes] = ran, measure_allreduce(t, algorithm, nbytes)
+            ran[algorithm, nbytes] = (resolve(t, "allreduce", nbytes // 4, 4) if chooses
+                                      else algorithm)
+            times.setdefault((algorithm, nbytes), []).extend(
+                _allreduce_times(t, algorithm, nbytes, repeats, warmups))
 
     busy, own, wall = _machine_busy(), time.process_time(), time.perf_counter()
-    calibration = calibrate(t, sizes, after_size=measure_all)
+    calibration = calibrate(t, sizes, after_size=measure_pass)
     own = allreduce(np.array([time.process_time() - own]), t, algorithm="recursive_doubling",
                     validate=False)[0]
     others = None
@@ -385,11 +486,14 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
     rows = []
     for algorithm in algorithms:
         for nbytes in sizes:
-            ran, seconds = measured[algorithm, nbytes]
-            predicted = predict(calibration, ran, t.size, nbytes)
-            rows.append({"algorithm": algorithm if ran == algorithm else f"{algorithm} ({ran})",
+            name, seconds = ran[algorithm, nbytes], _largest_median(t, times[algorithm, nbytes])
+            predicted = predict(calibration, name, t.size, nbytes)
+            rows.append({"algorithm": algorithm if name == algorithm else f"{algorithm} ({name})",
                          "bytes": nbytes, "predicted": predicted,
-                         "predicted_fit": predict(calibration, ran, t.size, nbytes, fit=True),
+                         "wait": scheduling_wait(calibration, name, t.size, nbytes),
+                         "predicted_without_wait": predict(calibration, name, t.size, nbytes,
+                                                           waits=False),
+                         "predicted_fit": predict(calibration, name, t.size, nbytes, fit=True),
                          "measured": seconds,
                          "ratio": predicted / seconds if seconds else math.inf})
-    return Comparison(calibration, rows, others)
+    return Comparison(calibration, rows, others, os.cpu_count() or 0)
