@@ -249,7 +249,7 @@ class _SignatureTags:
 
     def persistent(self, sends, recvs):
         moved = lambda pairs: [(buf, peer, SIGNATURE_TAG + tag) for buf, peer, tag in pairs]
-        return self._t.persistent(moved(sends), moved(recvs))
+        return self._t.persistent(moved(sends), moved(recvs), "the argument agreement's signatures")
 
 
 class Signatures:
@@ -297,26 +297,31 @@ def disagreed(t) -> None:
 
     A rank that ran a prepared all-reduce sent its data beside its signature;
     a peer that made a different call never takes it. So every rank frees its
-    prepared plans, the non-blocking engine's recordings and the signature
-    exchange, and moves the persistent exchanges it makes from now on to a new
-    tag slot, where no message of the failed call can match them.
+    prepared plans and the signature exchange, and moves the persistent
+    exchanges it makes from now on to a new tag slot, where no message of the
+    failed call can match them. The non-blocking schedule engine's recordings
+    are recorded again there, on the same buffers, rather than dropped: calls
+    already queued behind the failed one hold them and must still run right.
     """
     prepared = transport_cache(t, "prepared")
-    for call in prepared.values():
+    for call in list(prepared.values()):
         call.free()
     prepared.clear()
     engine = transport_cache(t, "progress").get("engine")
-    for plan, _ in getattr(engine, "plans", {}).values():  # a scheduling engine's recordings
+    plans = list(getattr(engine, "plans", {}).values())  # a scheduling engine's recordings
+    agreement = getattr(engine, "agreement", None)
+    for plan, _ in plans:
         plan.free()
-    if getattr(engine, "plans", None):
-        engine.plans.clear()
-    if getattr(engine, "agreement", None) is not None:
-        engine.agreement.schedule.free()
-        engine.agreement = None
+    if agreement is not None:
+        agreement.schedule.free()
     exchange = transport_cache(t, "agreement").pop("signatures", None)
     if exchange is not None:
         exchange.free()
     t.new_persistent_epoch()
+    for plan, _ in plans:
+        plan.renew(t)
+    if agreement is not None:
+        agreement.schedule = record(t, rabenseifner_allgather, agreement.table.reshape(-1))
 
 
 def record_of(fields: dict) -> np.ndarray:

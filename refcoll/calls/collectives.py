@@ -36,7 +36,7 @@ from .agree import disagreement
 from . import debug
 from .args import (agree_arguments, argument_fields, check_overlap, check_root, flat_input, flat_out, shaped,
                    shared_errors, workers_of)
-from .prepared import bind, bound_call, prepare, prepared_call
+from .prepared import bind, bound_call, op_key, prepare, prepared_call
 from .progress import Handle, any_busy, busy_engine
 
 __all__ = [
@@ -243,7 +243,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     arr = array_namespace(x).asarray(x)
     c = _Call(arr, comm, "allreduce", algorithm, options, validate)
     t, xp = c.t, c.xp
-    key = (algorithm, op, arr.dtype, arr.size)
+    key = (algorithm, op_key(op), arr.dtype, arr.size)  # every spelling of an op: one key
     prepared = None if options else prepared_call(t, key)
     if prepared is None:
         with c.errors():

@@ -23,13 +23,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import algorithms
+from ..core.ops import get_op
 from ..transport.base import transport_cache
 from ..transport.recorder import record
 from .agree import disagreement, record_of, signature_of, signatures
 from .auto import resolve
 
 __all__ = ["PLAN_BYTES", "PREPARED_KEPT", "Prepared", "Plan", "Bound", "prepared_call",
-           "prepare", "bound_call", "bind"]
+           "prepare", "bound_call", "bind", "op_key"]
 
 
 #: Largest all-reduce, in bytes, that runs from a recorded plan. Up to here the
@@ -37,9 +38,42 @@ __all__ = ["PLAN_BYTES", "PREPARED_KEPT", "Prepared", "Plan", "Bound", "prepared
 #: it saves; above it an out-of-place call should not copy its input at all.
 PLAN_BYTES = 64 << 10
 
-#: Prepared all-reduces kept per transport; past this the oldest is dropped (on
-#: every rank alike, as every rank makes the same calls).
+#: Prepared and bound all-reduces kept per transport. A quarter of the room is
+#: for :class:`Bound` calls, the rest for :class:`Prepared` ones; past its share
+#: the oldest of a kind is dropped. The shares are apart because ranks need not
+#: bind alike (one passes the same ``out=`` again, another a new one) but must
+#: prepare alike: a rank that dropped a prepared call its peers still replay
+#: would run it the ordinary way while they wait for its replay.
 PREPARED_KEPT = 128
+
+
+def _kept(bound: bool) -> int:
+    """Return how many entries of a kind a transport keeps (read late: a test may lower it)."""
+    share = max(1, PREPARED_KEPT // 4)
+    return share if bound else max(1, PREPARED_KEPT - share)
+
+
+def _make_room(cache: dict, bound: bool) -> None:
+    """Drop the oldest entries of a kind until there is room for one more of it."""
+    keys = [k for k in cache if (k[0] == "bound") == bound]
+    for k in keys[:max(0, len(keys) - _kept(bound) + 1)]:
+        cache.pop(k).free()
+
+
+def op_key(op):
+    """Return the op as a prepared call is keyed: its name for every spelling of it.
+
+    ``"sum"``, ``"SUM"``, refcoll's op object and mpi4py's ``MPI.SUM`` are one op, and
+    the argument agreement sees them as one, so they must key one prepared call: a
+    rank that spells it differently from its peers still replays when they do. An
+    op that is not one refcoll reduces with is returned as is (the checks name it).
+    """
+    if op.__class__ is str:
+        return op if op.islower() else op.lower()
+    try:
+        return get_op(op).name
+    except Exception:  # noqa: BLE001 - the ordinary checks raise the right error for it
+        return op
 
 class Prepared:
     """An all-reduce already run once on a transport with this (algorithm, op, dtype, count).
@@ -96,6 +130,7 @@ class Prepared:
         try:
             if not signed_replay(plan.schedule.steps, plan.signatures, self.signature):
                 self.plan = None
+                plan.free()  # its first exchange was withdrawn, the others never started
                 return False
         except BaseException:
             self.plan = None  # never restart requests a failed call may have left running
@@ -124,8 +159,8 @@ def prepare(t, key: tuple, reduction) -> None:
     except TypeError:  # an op object that cannot key a cache (mpi4py's MPI.SUM): never prepared
         return
     prepared = transport_cache(t, "prepared")
-    if len(prepared) >= PREPARED_KEPT:
-        prepared.pop(next(iter(prepared))).free()
+    if len(prepared) >= _kept(False):
+        _make_room(prepared, False)
     prepared[key] = Prepared(t, key, reduction)
 
 
@@ -140,7 +175,17 @@ class Plan:
     def __init__(self, t, fn, reduction, dtype, count: int):
         self.x = np.empty(count, dtype)
         self.out = np.empty(count, dtype)
-        self.schedule = record(t, fn, self.x, self.out, op=reduction)
+        self.fn, self.reduction = fn, reduction
+        self.renew(t)
+
+    def renew(self, t) -> None:
+        """Record the schedule (again) on the plan's buffers, in ``t``'s current tag slot.
+
+        After a failed agreement every rank moves its persistent exchanges to a
+        new slot (:func:`~refcoll.calls.agree.disagreed`); a plan that calls
+        already queued hold is recorded again there instead of being dropped.
+        """
+        self.schedule = record(t, self.fn, self.x, self.out, op=self.reduction)
         self.signatures = signatures(t)  # the argument agreement that runs beside it
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
@@ -227,7 +272,8 @@ class Bound:
 
     def free(self) -> None:
         """Free the persistent requests and forget the buffers."""
-        _BOUND.pop(self.key, None)
+        if _BOUND.get(self.key) is self:
+            del _BOUND[self.key]
         if self.schedule is not None:
             self.schedule.free()
             self.schedule = None
@@ -244,7 +290,9 @@ def bound_call(comm, x, out, algorithm, op, validate) -> Bound | None:
         bound = _BOUND.get((id(comm), id(x), id(out), algorithm, op, validate))
     except TypeError:  # an unhashable op
         return None
-    if bound is None or x.dtype is not bound.dtype:
+    if bound is None or x.dtype is not bound.dtype or out.dtype is not bound.dtype:
+        return None  # a dtype set since (x.dtype = ...): the ordinary way checks it again
+    if not out.flags.writeable:
         return None
     return bound
 
@@ -253,18 +301,24 @@ def bind(t, comm, x, out, algorithm, op, validate: bool, fields: dict | None) ->
     """Bind the all-reduce just run with these arguments to its buffers, if it qualifies.
 
     It qualifies when it ran from a plan (small, replayable, on MPI) with a
-    given ``out=`` that is ``x`` or shares no memory with it, both plain
-    C-contiguous NumPy arrays. Kept among the transport's prepared calls, so it is
-    dropped and freed with them.
+    given ``out=`` that is ``x`` (or its very memory) or shares no memory with
+    it, both plain C-contiguous NumPy arrays (the call's checks ran before). Kept
+    among the transport's prepared calls, in a share of their room of its own
+    (:data:`PREPARED_KEPT`), so it is dropped and freed with them but never
+    pushes a prepared call out.
     """
     key = (id(comm), id(x), id(out), algorithm, op, validate)
-    prepared = prepared_call(t, (algorithm, op, x.dtype, x.size))
+    try:
+        hash(key)
+    except TypeError:  # an op that cannot key a dictionary (mpi4py's MPI.SUM): never bound
+        return
+    prepared = prepared_call(t, (algorithm, op_key(op), x.dtype, x.size))
     if (prepared is None or prepared.plan is None or key in _BOUND or type(x) is not np.ndarray
             or type(out) is not np.ndarray or not x.flags.c_contiguous
             or not out.flags.c_contiguous or not out.flags.writeable):
         return
     cache = transport_cache(t, "prepared")
-    if len(cache) >= PREPARED_KEPT:
-        cache.pop(next(iter(cache))).free()
+    if len(cache) >= _kept(True):
+        _make_room(cache, True)
     bound = Bound(t, comm, x, out, prepared, key, fields if validate and t.size > 1 else None)
     cache[("bound", *key)] = _BOUND[key] = bound

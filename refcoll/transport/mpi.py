@@ -94,6 +94,9 @@ class MPITransport(TransportBase):
         self._tag_slots = max(1, slots - self._epochs)
         self._epoch = 0
         self._persistent_tags = self._tag_slots * TAGS_PER_CALL
+        # The communicator persistent exchanges are made on: this one, until every
+        # reserved slot has had its epoch (then a duplicate, new_persistent_epoch).
+        self._persistent_comm = self.comm
         self._persistent: list[PersistentExchange] = []
         # Reused by every wait: the first request's status (a receive's) is read after.
         self._statuses = [MPI.Status(), MPI.Status()]
@@ -124,7 +127,7 @@ class MPITransport(TransportBase):
         self._check_count(recvbuf.nbytes, source)
         self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
 
-    def persistent(self, sends, recvs) -> "PersistentExchange":
+    def persistent(self, sends, recvs, what: str = "persistent") -> "PersistentExchange":
         """Return one exchange over fixed buffers, as MPI persistent requests.
 
         ``sends`` and ``recvs`` are lists of ``(buf, peer, tag)`` (at most one
@@ -132,9 +135,10 @@ class MPITransport(TransportBase):
         would, with the same deadline and byte-count check. The buffers must
         stay alive and in place while it exists. Its tags live in a slot no
         ordinary call uses; ranks must run their persistent exchanges in the
-        same order, as they run their calls.
+        same order, as they run their calls. ``what`` names the exchange in a
+        timeout's message.
         """
-        exchange = PersistentExchange(self, sends, recvs)
+        exchange = PersistentExchange(self, sends, recvs, what)
         self._persistent.append(exchange)
         return exchange
 
@@ -143,10 +147,19 @@ class MPITransport(TransportBase):
 
         Every rank calls it at the same point (after an argument agreement that
         every rank saw fail), so the messages a failed call left unmatched in
-        the old slot can never be taken by a later exchange.
+        the old slot can never be taken by a later exchange. Once every reserved
+        slot has had its epoch, the slots would come round again to messages still
+        unreceived there: instead the persistent exchanges move to a duplicate of
+        the communicator (``MPI_Comm_idup``, by the deadline; every rank is here),
+        where no old message can match at all, and the previous duplicate is freed.
         """
         self._epoch = (self._epoch + 1) % self._epochs
         self._persistent_tags = (self._tag_slots + self._epoch) * TAGS_PER_CALL
+        if self._epoch == 0:
+            old, self._persistent_comm = self._persistent_comm, duplicate(
+                self.comm, self.timeout, self.current_call)
+            if old is not self.comm:
+                old.Free()
 
     def _finish(self, reqs: list, waiting_for) -> None:
         """Complete ``reqs`` by the deadline; the first one's status lands in ``_statuses[0]``."""
@@ -230,6 +243,9 @@ class MPITransport(TransportBase):
         """Free the persistent exchanges, then the duplicated communicator."""
         for exchange in list(self._persistent):
             exchange.free()
+        if self._persistent_comm is not None and self._persistent_comm is not self.comm:
+            self._persistent_comm.Free()
+        self._persistent_comm = None
         if self._owned and self.comm is not None:
             self.comm.Free()
             self.comm = None
@@ -243,7 +259,7 @@ class PersistentExchange:
     Made by :meth:`MPITransport.persistent`.
     """
 
-    def __init__(self, t: MPITransport, sends, recvs):
+    def __init__(self, t: MPITransport, sends, recvs, what: str = "persistent"):
         if len(sends) > 1 or len(recvs) > 1:
             raise ValueError("a persistent exchange holds at most one send and one receive")
         base = t._persistent_tags
@@ -253,9 +269,10 @@ class PersistentExchange:
                                  f"{TAGS_PER_CALL}")
         self._t = t
         # The receive comes first: its status is the one the byte count is read from.
-        self._requests = ([t.comm.Recv_init(_message(buf), peer, base + tag)
+        comm = t._persistent_comm
+        self._requests = ([comm.Recv_init(_message(buf), peer, base + tag)
                            for buf, peer, tag in recvs]
-                          + [t.comm.Send_init(_message(buf), peer, base + tag)
+                          + [comm.Send_init(_message(buf), peer, base + tag)
                              for buf, peer, tag in sends])
         self._buffers = [buf for buf, _, _ in (*sends, *recvs)]  # MPI writes and reads them
         self._received = recvs[0][0].nbytes if recvs else -1
@@ -263,13 +280,21 @@ class PersistentExchange:
         self._sent = sends[0][0].nbytes if sends else -1
         waits = ([f"to receive {buf.nbytes} B from rank {peer}" for buf, peer, _ in recvs]
                  + [f"to send {buf.nbytes} B to rank {peer}" for buf, peer, _ in sends])
-        self._waiting_for = " and ".join(waits) + " (persistent)"
+        self._waiting_for = " and ".join(waits) + f" ({what})"
         _UNFREED.add(self)
 
     def __call__(self) -> None:
         """Run the exchange once; return when its buffers may be read and reused."""
+        if not self._requests:
+            self._freed()
         _mpi().Prequest.Startall(self._requests)
         self.finish()
+
+    def _freed(self):
+        """Refuse to run a freed exchange: with no requests it would "complete" moving nothing."""
+        raise RefcollError(f"rank {self._t.rank}: a freed persistent exchange was run "
+                           f"({self._waiting_for}); its plan was dropped (its communicator freed, "
+                           "or a failed agreement moved the exchanges to a new tag slot)")
 
     def finish(self) -> None:
         """Complete an exchange begun with :meth:`start`, as :meth:`__call__` does after starting."""
@@ -297,6 +322,8 @@ class PersistentExchange:
 
     def start(self) -> None:
         """Start the exchange and return at once (:meth:`test` completes it): a schedule's step."""
+        if not self._requests:
+            self._freed()
         _mpi().Prequest.Startall(self._requests)
         self._deadline = (None if self._t.timeout is None
                           else time.monotonic() + self._t.timeout)
