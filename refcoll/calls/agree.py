@@ -309,19 +309,14 @@ def disagreed(t) -> None:
     prepared.clear()
     engine = transport_cache(t, "progress").get("engine")
     plans = list(getattr(engine, "plans", {}).values())  # a scheduling engine's recordings
-    agreement = getattr(engine, "agreement", None)
     for plan, _ in plans:
         plan.free()
-    if agreement is not None:
-        agreement.schedule.free()
     exchange = transport_cache(t, "agreement").pop("signatures", None)
     if exchange is not None:
         exchange.free()
     t.new_persistent_epoch()
     for plan, _ in plans:
         plan.renew(t)
-    if agreement is not None:
-        agreement.schedule = record(t, rabenseifner_allgather, agreement.table.reshape(-1))
 
 
 def record_of(fields: dict) -> np.ndarray:

@@ -18,9 +18,7 @@ import numpy as np
 
 from .. import algorithms
 from ..core.ops import get_op
-from ..algorithms.rabenseifner import rabenseifner_allgather
-from ..transport.recorder import record
-from .agree import RECORD_BYTES, check_table, record_of
+from .agree import disagreement, record_of, signature_of, signatures
 from . import debug
 from .args import argument_fields
 from .auto import resolve
@@ -119,33 +117,29 @@ class _Steps:
         return True
 
 
-class _Agreement:
-    """The argument agreement's allgather of records, recorded once per transport."""
-
-    def __init__(self, t):
-        self.table = np.empty((t.size, RECORD_BYTES), np.uint8)
-        self.schedule = record(t, rabenseifner_allgather, self.table.reshape(-1))
-
-
 class _Scheduled:
     """An all-reduce as a state machine: its recorded steps, started one at a time.
 
     The algorithm is recorded once per (algorithm, op, dtype, count) on buffers
     of its own (:class:`refcoll.calls.prepared.Plan`), as a prepared call's plan
-    is, and so is the agreement's exchange of records. A run copies this rank's
-    record in and steps through the agreement, judges it as the blocking call
-    does (:func:`refcoll.calls.agree.check_table`), copies the input in, steps
-    through the algorithm, and copies the result out. Each :meth:`step` goes as
-    far as it can without waiting. The same exchanges and reductions in the same
-    order on the same values as the blocking call: the same bits, and the same
-    error when the ranks disagree.
+    is. A validated run first steps through the blocking calls' signature
+    exchange (:class:`refcoll.calls.agree.Signatures`, the transport's current
+    one, taken when the run starts), so a rank that calls ``iallreduce`` meets a
+    rank that calls ``allreduce`` in the same exchange; where the signatures
+    differ it names the difference as the blocking call does
+    (:func:`refcoll.calls.agree.disagreement`). Then it copies the input in,
+    steps through the algorithm, and copies the result out. Each :meth:`step`
+    goes as far as it can without waiting. The same exchanges and reductions in
+    the same order on the same values as the blocking call: the same bits, and
+    the same error when the ranks disagree.
     """
 
-    def __init__(self, t, plan: Plan, agreement, x, out, reduction, algorithm, validate: bool):
+    def __init__(self, t, plan: Plan, x, out, reduction, algorithm, validate: bool):
         self.t, self.plan, self.x, self.out = t, plan, x, out
         self.reduction = reduction
         self.fields = argument_fields("allreduce", algorithm, reduction, x.reshape(-1), {})
-        self.agreement = agreement if validate else None
+        self.validate = validate
+        self.exchange = None  # the signature exchange this run steps through
         self.stage = None
         self.result = None
         self.trace = None  # REFCOLL_DEBUG: begun at the first step, written at the last
@@ -158,17 +152,21 @@ class _Scheduled:
             if debug.enabled():
                 self.trace = debug.begin(t, "allreduce", debug.call_fields(
                     self.x, op=self.reduction, algorithm=self.algorithm,
-                    validate=self.agreement is not None))
-            if self.agreement is not None:
-                self.agreement.table[t.rank] = record_of(self.fields)
-                self.stage = ("agree", _Steps(self.agreement.schedule))
+                    validate=self.validate))
+            if self.validate:
+                self.exchange = signatures(t)
+                self.signature = signature_of(record_of(self.fields))
+                self.exchange.table[t.rank] = np.frombuffer(self.signature, np.uint8)
+                self.stage = ("agree", _Steps(self.exchange.schedule))
             else:
                 self.stage = ("data", self._start_data())
         kind, steps = self.stage
         if not steps.advance():
             return False
         if kind == "agree":
-            check_table(t, self.fields, self.agreement.table)
+            if not self.exchange.uniform(self.signature):
+                with t.call("allreduce"):  # the records travel as the blocking call's do
+                    disagreement(t, self.fields)
             self.stage = ("data", self._start_data())
             if not self.stage[1].advance():
                 return False
@@ -220,7 +218,4 @@ def scheduled(engine, t, x, kwargs: dict):
         reduction = get_op(op)
         plan = engine.plans[key] = (Plan(t, algorithms.implementation(name, "allreduce"),
                                          reduction, x.dtype, x.size), reduction)
-    if engine.agreement is None:
-        engine.agreement = _Agreement(t)
-    return _Scheduled(t, plan[0], engine.agreement, x, out, plan[1], algorithm,
-                      kwargs.get("validate", True))
+    return _Scheduled(t, plan[0], x, out, plan[1], algorithm, kwargs.get("validate", True))

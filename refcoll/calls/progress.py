@@ -266,7 +266,6 @@ class ScheduleEngine:
         self._advancing = False
         self.plans: dict = {}  # recorded all-reduces by (algorithm, op, dtype, count)
         self.checked: set = set()  # calls whose first, whole run succeeded
-        self.agreement = None  # the recorded exchange of argument records
 
     def submit(self, handle: Handle) -> Handle:
         """Queue ``handle``'s call and advance the engine (a schedule's first step starts now)."""

@@ -291,3 +291,22 @@ def test_a_freed_persistent_exchange_refuses_to_run():
     for run in (exchange, exchange.start):
         with pytest.raises(RefcollError, match="freed persistent exchange"):
             run()
+
+
+def test_a_scheduled_iallreduce_meets_a_blocking_call_in_the_same_signature_exchange():
+    """The schedule engine steps through the blocking calls' signatures: one MismatchError."""
+    from refcoll.calls.progress import engine_for
+
+    t = _transport()
+    engine_for(t, "schedule")
+    for _ in range(3):  # the first runs whole, the later ones from the engine's recording
+        assert refcoll.iallreduce(np.ones(16, np.float32), t).wait()[0] == t.size
+    if t.size > 1:
+        with pytest.raises(MismatchError, match=r"count: rank 0 has 16, rank \d+ has 17"):
+            if t.rank == t.size - 1:
+                refcoll.allreduce(np.ones(17, np.float32), t)
+            else:
+                refcoll.iallreduce(np.ones(16, np.float32), t).wait()
+    for _ in range(2):
+        assert refcoll.iallreduce(np.ones(16, np.float32), t).wait()[0] == t.size
+        assert refcoll.allreduce(np.ones(17, np.float32), t)[0] == t.size
