@@ -150,7 +150,7 @@ def test_gen_inputs_refuses_a_count_that_cannot_fit(tmp_path):
     assert not (tmp_path / "in").exists()
 
 
-@pytest.mark.parametrize("p", [simulation.MAX_SIMULATED_RANKS + 1, 1024])
+@pytest.mark.parametrize("p", [simulation.MAX_SIMULATED_RANKS + 1, 8192])
 def test_simulate_bounds_the_simulated_ranks(no_simulation, p):
     one_line_error(invoke("simulate", "--algorithm", "ring", "-p", p, "--count", 1),
                    f"-p {p}", "threads", f"-p {simulation.MAX_SIMULATED_RANKS} or fewer")

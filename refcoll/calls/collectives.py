@@ -31,6 +31,7 @@ from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
 from ..transport.mpi import transport_for
 from ..transport.torch import is_process_group, torch_transport_for
+from ..transport.ledger_only import LedgerWorld
 from ..transport.sim import SimWorld
 from .agree import disagreement
 from . import debug
@@ -394,7 +395,8 @@ class SimResult:
 
 def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
              timeout: float | None = None, record_payloads: bool = False,
-             node_size: int | None = None, calibration=None, **options) -> SimResult:
+             node_size: int | None = None, calibration=None, moves_data: bool = True,
+             **options) -> SimResult:
     """Run one collective on ``len(inputs)`` simulated ranks in this process.
 
     The same algorithm code runs as under MPI, over threads and a rendezvous
@@ -412,7 +414,10 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     ``record_payloads=True`` keeps every message's bytes in the ledger;
     ``node_size`` gives the simulated world its node shape (what
     ``Transport.split_node`` sees), as ``refcoll.algorithms.hierarchical`` uses
-    when no ``ranks_per_node`` option is passed to it. ``calibration`` is the
+    when no ``ranks_per_node`` option is passed to it. ``moves_data=False`` runs it
+    on a :class:`~refcoll.transport.ledger_only.LedgerWorld`: the same ledger with no
+    data and no thread per rank (outputs are None; algorithms that split are
+    refused), for thousands of ranks. ``calibration`` is the
     :class:`~refcoll.calls.auto.Calibration` ``algorithm="auto"`` resolves with
     (default :data:`~refcoll.calls.auto.DEFAULT`): pass the one an MPI job agreed on
     (``refcoll.calls.auto.calibration_for(transport)``) to predict that job's bits.
@@ -439,7 +444,8 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     if algo.extra_ranks is not None:  # ranks that hold no data get a template of the buffer
         template = array_namespace(inputs[0]).zeros_like(inputs[0])
         args += [(template,)] * algo.extra_ranks(workers, **options)
-    world = SimWorld(len(args), timeout=timeout, record_payloads=record_payloads,
-                     ranks_per_node=node_size, calibration=calibration)
+    world = (SimWorld if moves_data else LedgerWorld)(
+        len(args), timeout=timeout, record_payloads=record_payloads, ranks_per_node=node_size,
+        calibration=calibration)
     outputs = world.run(lambda t, x: fn(x, comm=t, **kwargs), args)
     return SimResult(outputs[:workers], world.ledger, world)

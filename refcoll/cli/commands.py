@@ -14,6 +14,7 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS, get_dtype, get_op
 from ..torch import judge as torch_judge
+from ..transport.sim import progress_note
 from ..verify import session as verify_session
 from ..verify.inputs import make_inputs, read_rank_files, write_rank_files
 from ..verify.oracle import check_outputs, expected_outputs
@@ -269,13 +270,19 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
 @click.option("--ranks-per-node", "ranks_per_node", type=int, default=None,
               help="Consecutive ranks per node: report intra- and inter-node bytes "
                    "(and give an algorithm that takes a node shape this one).")
+@click.option("--ledger-only", "ledger_only", is_flag=True,
+              help="Record each rank's messages and replay their rendezvous, moving no data "
+                   "(the same ledger, no thread per rank; for thousands of ranks). Not for "
+                   "algorithms that split their communicator.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write the ledger summary as JSON.")
 @reports_errors
-def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, json_file):
+def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, ledger_only,
+             json_file):
     """Run one collective in-process and print its ledger beside the cost formula.
 
-    The simulated ranks are threads of this process: -p is at most 256, and a
+    The simulated ranks are threads of this process that take turns: -p is at
+    most 4096 (--ledger-only runs them one after another, without data), and a
     run whose inputs, outputs and per-rank buffers would not fit in available
     memory (MemAvailable of /proc/meminfo; 4 GiB where it cannot be read) is
     refused before it starts. A run longer than 10 s says so on stderr every
@@ -286,8 +293,9 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, j
                            root=root, ranks_per_node=ranks_per_node)
     what, advice = case.describe(), "lower --count or -p"
     require_memory(case.memory_bytes(), what, advice)
-    with out_of_memory_is_usage(what, advice), still_running(f"simulate {algorithm} -p {p}"):
-        report = run_simulation(case)
+    with out_of_memory_is_usage(what, advice), still_running(f"simulate {algorithm} -p {p}",
+                                                             progress_note):
+        report = run_simulation(case, moves_data=not ledger_only)
     predicted = report.predicted
     click.echo(f"refcoll simulate: {algorithm} {collective}, p={p}, n={count} x {dtype} "
                f"({count * case.itemsize} B per rank), op={case.op}")

@@ -251,12 +251,13 @@ HEARTBEAT_S = 10.0
 
 
 @contextlib.contextmanager
-def still_running(label: str):
+def still_running(label: str, detail=None):
     """Note on stderr every :data:`HEARTBEAT_S` seconds that a long run is still going.
 
     Not :func:`click.progressbar`: the run is one library call whose progress
     cannot be counted from outside, so there is no fraction to draw, only the
-    time gone.
+    time gone, and what ``detail()`` says, if given (a simulation's ranks finished
+    and messages matched: :func:`refcoll.transport.sim.progress_note`).
     """
     done = threading.Event()
     every = HEARTBEAT_S
@@ -265,7 +266,9 @@ def still_running(label: str):
         waited = 0.0
         while not done.wait(every):
             waited += every
-            click.echo(f"refcoll: {label}: still running after {waited:g} s", err=True)
+            note = detail() if detail is not None else None
+            click.echo(f"refcoll: {label}: still running after {waited:g} s"
+                       + (f" ({note})" if note else ""), err=True)
 
     beater = threading.Thread(target=beat, name="refcoll-heartbeat", daemon=True)
     beater.start()

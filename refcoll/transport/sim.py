@@ -1,10 +1,13 @@
-"""An in-process simulated world: ranks as threads, every message in a ledger.
+"""An in-process simulated world: ranks as threads that take turns, every message in a ledger.
 
 A send completes only when a matching receive takes it (rendezvous, like
 ``MPI_Ssend``), so a schedule that could deadlock on a real MPI with large
 messages deadlocks here too, and the world reports the wait-for cycle instead of
 hanging. Bytes are copied from the sender's buffer straight into the receiver's,
-so the simulator computes exactly what an MPI run computes.
+so the simulator computes exactly what an MPI run computes. The threads run one
+at a time, each until it blocks (:mod:`~refcoll.transport.scheduler`), so what a
+message costs does not grow with the number of ranks. For the ledger alone at
+thousands of ranks, :mod:`~refcoll.transport.ledger_only` needs no threads.
 
     world = SimWorld(4)
     outputs = world.run(lambda t: ring_allreduce(t, inputs[t.rank], ...))
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import defaultdict, deque
 from typing import Any, Callable, Sequence
 
@@ -23,57 +27,45 @@ import numpy as np
 
 from ..core.errors import CollectiveTimeout, DeadlockError, PeerFailure, RefcollError
 from .base import Ledger, Message, Reduction, TransportBase, default_timeout
+from .requests import Request, SplitRequest, collector_paused, find_cycle, split_groups
+from .scheduler import RunQueue, SimProgress, Waiter, Watchdog, WorldLock, small_stacks
 
-__all__ = ["SimWorld", "SimTransport", "as_bytes"]
+__all__ = ["SimWorld", "SimTransport", "SimProgress", "as_bytes", "progress_note"]
+
+#: The worlds running in this process, for :func:`progress_note` (and the lock that guards it).
+_RUNNING: "weakref.WeakSet[SimWorld]" = weakref.WeakSet()
+_RUNNING_LOCK = threading.Lock()
 
 
 def as_bytes(buf) -> np.ndarray:
     """Return a contiguous array's memory as a flat ``uint8`` view (no copy)."""
     if not buf.flags.c_contiguous:
         raise ValueError("transport buffers must be C-contiguous (pass a contiguous view)")
-    return buf.reshape(-1).view(np.uint8)
+    return (buf if buf.ndim == 1 else buf.reshape(-1)).view(np.uint8)
 
 
-class _Request:
-    """One posted send or receive, in world ranks."""
+def progress_note() -> str | None:
+    """Return a note on the simulated worlds running in this process, or None if none is.
 
-    __slots__ = ("kind", "rank", "peer", "tag", "comm", "buf", "clock", "done", "step")
-
-    def __init__(self, kind, rank, peer, tag, comm, buf, clock):
-        self.kind, self.rank, self.peer, self.tag = kind, rank, peer, tag
-        self.comm, self.buf, self.clock = comm, buf, clock
-        self.done = False
-        self.step = 0
-
-    def describe(self) -> str:
-        if self.kind == "send":
-            return f"send of {self.buf.nbytes} B to rank {self.peer} (tag {self.tag})"
-        return f"receive of {self.buf.nbytes} B from rank {self.peer} (tag {self.tag})"
-
-
-class _SplitRequest:
-    """One rank's part in a collective ``split``: done once every member arrived."""
-
-    def __init__(self, rendezvous: dict, rank: int):
-        self.rendezvous = rendezvous
-        self.rank = rank
-
-    @property
-    def done(self) -> bool:
-        return self.rendezvous["result"] is not None
-
-    @property
-    def peer(self) -> int:
-        missing = [w for w in self.rendezvous["members"] if w not in self.rendezvous["arrived"]]
-        return missing[0] if missing else self.rank
-
-    def describe(self) -> str:
-        missing = [w for w in self.rendezvous["members"] if w not in self.rendezvous["arrived"]]
-        return f"split waiting for ranks {missing}"
+    For a command's heartbeat: a long ``refcoll simulate`` can say how far it is.
+    """
+    with _RUNNING_LOCK:
+        worlds = list(_RUNNING)
+    notes = [w.snapshot().describe() for w in worlds]
+    return "; ".join(notes) if notes else None
 
 
 class SimWorld:
     """``size`` simulated ranks that exchange real bytes through a matching engine.
+
+    Each rank runs on a thread of its own, but the threads take turns
+    (:class:`~refcoll.transport.scheduler.RunQueue`): a thread runs until it
+    blocks on the world, then hands its turn to the next thread whose wait is
+    over. No thread is woken for nothing and the interpreter lock is not fought
+    over, and the deadlock detector's bookkeeping is a few counters per wait
+    rather than a look at every rank, so what a message costs does not grow with
+    the world. Which thread runs when changes neither the messages, their rounds,
+    nor the bytes: the ledger and the outputs are the same for any order.
 
     Args:
         size: number of ranks.
@@ -88,13 +80,22 @@ class SimWorld:
         calibration: the :class:`~refcoll.calls.auto.Calibration` ``auto`` resolves
             with on this world's ranks (default: :data:`refcoll.calls.auto.DEFAULT`),
             to predict what an MPI job that agreed on it returns.
+        slots: how many rank threads may run at once (default 1: one at a time;
+            ``size`` lets every thread run as soon as its wait is over, as the
+            operating system schedules them).
+        progress: called with a :class:`SimProgress` every ``progress_every``
+            seconds while :meth:`run` runs (a long run's progress note).
     """
 
     def __init__(self, size: int, *, timeout: float | None = None,
                  ranks_per_node: int | None = None, record_payloads: bool = False,
-                 calibration=None):
+                 calibration=None, slots: int = 1,
+                 progress: Callable[["SimProgress"], None] | None = None,
+                 progress_every: float = 10.0):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
         self.size = size
         self.ranks_per_node = ranks_per_node or size
         self.record_payloads = record_payloads
@@ -102,21 +103,27 @@ class SimWorld:
         env = os.environ.get("REFCOLL_TIMEOUT")
         self.timeout = timeout if timeout is not None else (default_timeout() if env else None)
         self.ledger = Ledger()
-        self._lock = threading.Lock()
-        self._wake = [threading.Condition(self._lock) for _ in range(size)]
+        self.progress, self.progress_every = progress, progress_every
+        self._lock = WorldLock()
+        self._queue = RunQueue(self._lock, slots)
+        self._local = threading.local()  # this thread's Waiter
         self._sends: dict[tuple, deque] = defaultdict(deque)
         self._recvs: dict[tuple, deque] = defaultdict(deque)
         self._clock = [0] * size
         # What each rank's threads wait on (a rank's progress thread, refcoll.calls.progress,
-        # waits beside its main thread), and how many of its threads are doing something else:
-        # its main thread, and its progress thread while it has calls to run.
-        self._waiting: dict[int, dict[int, list]] = defaultdict(dict)
+        # waits beside its main thread), how many of its threads are doing something else
+        # (its main thread, its progress thread while it has calls to run) and how many of
+        # its waits are over; _stuck_ranks counts the live ranks with none of either.
+        self._waiting: dict[int, dict[int, Waiter]] = defaultdict(dict)
         self._active = [1] * size
+        self._ready = [0] * size
+        self._stuck_ranks = 0
         self._finished: set[int] = set()
         self._error: BaseException | None = None
         self._splits: dict[tuple, dict] = {}
         self._next_comm = 1
         self._ran = False
+        self._started = 0.0
 
     # ------------------------------------------------------------------ running
 
@@ -134,11 +141,17 @@ class SimWorld:
         if self._ran:
             raise RuntimeError("a SimWorld runs once: create a new SimWorld for another run")
         self._ran = True
+        self._started = time.monotonic()
         results: list[Any] = [None] * self.size
         errors: list[BaseException | None] = [None] * self.size
 
-        def main(t: SimTransport) -> None:
+        def main(t: SimTransport, w: Waiter) -> None:
+            self._local.waiter = w
             try:
+                with self._lock:
+                    while not w.turn:  # the first turn: rank order, one at a time
+                        w.sleep(None, self._lock)
+                    w.turn = False
                 results[t.rank] = fn(t, *(args[t.rank] if args is not None else ()))
             except BaseException as exc:  # noqa: BLE001 - every failure must reach run()
                 errors[t.rank] = exc
@@ -148,33 +161,56 @@ class SimWorld:
                     self._wake_all()
             finally:
                 with self._lock:
-                    self._finished.add(t.rank)
+                    if self._is_stuck(t.world_rank):
+                        self._stuck_ranks -= 1
+                    self._finished.add(t.world_rank)
+                    self._queue.stopped()
                     self._detect_deadlock()
 
-        threads = [
-            threading.Thread(target=main, args=(t,), name=f"refcoll-sim-rank{t.rank}", daemon=True)
-            for t in self.transports()
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        starts = [Waiter(r) for r in range(self.size)]
+        threads = [threading.Thread(target=main, args=(t, starts[t.rank]), daemon=True,
+                                    name=f"refcoll-sim-rank{t.rank}") for t in self.transports()]
+        with self._lock:
+            for w in starts:
+                self._queue.can_go(w)
+        report = (lambda: self.progress(self.snapshot())) if self.progress is not None else None
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
+        try:
+            with Watchdog(self._lock, self._queue, self._recount, report, self.progress_every), \
+                    collector_paused():
+                with small_stacks(self.size):
+                    for th in threads:
+                        th.start()
+                for th in threads:
+                    th.join()
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self)
         own = [e for e in errors if e is not None and not isinstance(e, PeerFailure)]
-        if own:
-            first = next(e for e in own if not isinstance(e, DeadlockError)) if any(
-                not isinstance(e, DeadlockError) for e in own) else own[0]
-            raise first
-        if any(e is not None for e in errors):
-            raise next(e for e in errors if e is not None)
+        if own:  # a rank's own failure first, a deadlock only when no rank failed by itself
+            raise next((e for e in own if not isinstance(e, DeadlockError)), own[0])
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
         return results
+
+    def snapshot(self) -> "SimProgress":
+        """Return how far the run has come (safe to call from any thread)."""
+        with self._lock:
+            return SimProgress(self.size, len(self._finished), len(self.ledger.messages),
+                               time.monotonic() - (self._started or time.monotonic()))
 
     # ----------------------------------------------------------- matching engine
 
     def _wake_all(self) -> None:
-        for cv in self._wake:
-            cv.notify_all()
+        """Wake every waiting thread (the world failed: each raises the error)."""
+        self._queue.flush()
+        for waits in self._waiting.values():
+            for w in waits.values():
+                w.wake(self._lock)
 
-    def _post(self, req: _Request) -> None:
+    def _post(self, req: Request) -> None:
         if req.kind == "send":
             key = (req.comm, req.rank, req.peer, req.tag)
             waiting = self._recvs.get(key)
@@ -194,7 +230,7 @@ class SimWorld:
             else:
                 self._recvs[key].append(req)
 
-    def _match(self, send: _Request, recv: _Request) -> None:
+    def _match(self, send: Request, recv: Request) -> None:
         if send.buf.nbytes != recv.buf.nbytes:
             self._error = RefcollError(
                 f"size mismatch: rank {send.rank} sent {send.buf.nbytes} B to rank {recv.rank} "
@@ -206,47 +242,81 @@ class SimWorld:
         recv.buf[...] = send.buf
         step = max(send.clock, recv.clock) + 1
         send.step = recv.step = step
-        send.done = recv.done = True
         self.ledger.messages.append(
             Message(step, send.rank, recv.rank, send.buf.nbytes, send.tag, send.comm,
                     send.buf.tobytes() if self.record_payloads else None)
         )
-        self._wake[send.rank].notify_all()
-        self._wake[recv.rank].notify_all()
+        self._done(send)
+        self._done(recv)
 
-    def _stuck(self, rank: int) -> bool:
+    def _done(self, req) -> None:
+        """Mark ``req`` matched; a thread whose last pending request it was may go on."""
+        req.done = True
+        w = req.waiter
+        if w is not None:
+            w.pending -= 1
+            if w.pending == 0:
+                self._count(w.rank, ready=1)
+                self._queue.can_go(w)
+
+    def _is_stuck(self, rank: int) -> bool:
         """Return whether every thread of ``rank`` waits, on this world or on another thread.
 
-        A thread whose requests are all matched but which has not woken yet is
+        A thread whose requests are all matched but which has not run yet is
         not stuck: it is about to go on.
         """
-        waits = self._waiting[rank].values()
-        return (self._active[rank] <= 0 and bool(waits)
-                and all(any(not r.done for r in reqs) for reqs in waits))
+        return self._active[rank] <= 0 and bool(self._waiting[rank]) and self._ready[rank] == 0
+
+    def _count(self, rank: int, *, active: int = 0, ready: int = 0, enter=None,
+               leave=None) -> None:
+        """Change ``rank``'s counts and waits (``enter=(ident, waiter)``, ``leave=ident``).
+
+        Keeps :attr:`_stuck_ranks` right, so that the detector tests one number.
+        """
+        before = self._is_stuck(rank)
+        if enter is not None:
+            self._waiting[rank][enter[0]] = enter[1]
+        if leave is not None:
+            self._waiting[rank].pop(leave, None)
+        self._active[rank] += active
+        self._ready[rank] += ready
+        if rank not in self._finished:
+            self._stuck_ranks += self._is_stuck(rank) - before
+
+    def _recount(self) -> None:
+        """Count the stuck ranks from scratch and look for a deadlock (the watchdog's check)."""
+        self._stuck_ranks = sum(self._is_stuck(r) for r in range(self.size)
+                                if r not in self._finished)
+        self._detect_deadlock()
 
     def _pending(self, rank: int):
-        return next(r for reqs in self._waiting[rank].values() for r in reqs if not r.done)
+        return next(r for w in self._waiting[rank].values() for r in w.reqs if not r.done)
 
     def activity(self, rank: int, delta: int) -> None:
         """Count a thread of ``rank`` starting (+1) or stopping (-1) work outside this world.
 
         A rank's main thread blocked on a non-blocking call's handle stops; its
         progress thread starts while it has calls to run. A rank is stuck, for
-        the deadlock detector, only when none of its threads is doing anything else.
+        the deadlock detector, only when none of its threads is doing anything
+        else; a thread that stops hands its turn on.
         """
         with self._lock:
-            self._active[rank] += delta
+            self._count(rank, active=delta)
             if delta < 0:
+                self._queue.stopped(-delta)
                 self._detect_deadlock()
+            else:
+                self._queue.started(delta)
 
     def _detect_deadlock(self) -> None:
-        live = [r for r in range(self.size) if r not in self._finished]
-        if self._error is not None or not live or not all(self._stuck(r) for r in live):
+        live = self.size - len(self._finished)
+        if self._error is not None or not live or self._stuck_ranks < live:
             return
-        waits = {}
-        for r in live:
-            waits[r] = self._pending(r)
-        cycle = _find_cycle({r: q.peer for r, q in waits.items()})
+        live_ranks = [r for r in range(self.size) if r not in self._finished]
+        if not all(self._is_stuck(r) for r in live_ranks):  # the counts are a shortcut only
+            return
+        waits = {r: self._pending(r) for r in live_ranks}
+        cycle = find_cycle({r: q.peer for r, q in waits.items()})
         lines = [f"  rank {r} waits on a {q.describe()}" +
                  (" (that rank has finished)" if q.peer in self._finished else "")
                  for r, q in sorted(waits.items())]
@@ -255,57 +325,87 @@ class SimWorld:
         self._error = DeadlockError(head + "\n" + "\n".join(lines))
         self._wake_all()
 
+    def _waiter(self, rank: int) -> Waiter:
+        """Return this thread's :class:`Waiter` (a progress thread gets one on its first wait)."""
+        w = getattr(self._local, "waiter", None)
+        if w is None:
+            w = self._local.waiter = Waiter(rank)
+        w.rank = rank
+        return w
+
     def _complete(self, rank: int, reqs: list, what: str) -> None:
         """Post ``reqs`` for ``rank`` and block until all are matched."""
         with self._lock:
             if self._error is not None:
                 raise self._error
             for req in reqs:
-                if isinstance(req, _Request):
+                if req.kind != "split":
                     self._post(req)
-            if not all(r.done for r in reqs):
-                me = threading.get_ident()
-                self._waiting[rank][me] = reqs
-                self._active[rank] -= 1
-                self._detect_deadlock()
-                deadline = None if self.timeout is None else time.monotonic() + self.timeout
-                try:
-                    while not all(r.done for r in reqs):
-                        if self._error is not None:
-                            raise self._error
-                        left = None if deadline is None else deadline - time.monotonic()
-                        if left is not None and left <= 0:
-                            pending = next(r for r in reqs if not r.done)
-                            raise CollectiveTimeout(
-                                f"rank {rank}: {what} timed out after {self.timeout:g} s waiting "
-                                f"on a {pending.describe()}"
-                            )
-                        self._wake[rank].wait(left)
-                finally:
-                    self._waiting[rank].pop(me, None)
-                    self._active[rank] += 1
+            pending = sum(1 for r in reqs if not r.done)
+            if pending:
+                self._block(rank, reqs, pending, what)
             if self._error is not None:
                 raise self._error
-            steps = [r.step for r in reqs if isinstance(r, _Request)]
+            steps = [r.step for r in reqs if r.kind != "split"]
             if steps:
                 self._clock[rank] = max(self._clock[rank], *steps)
 
-    def _request(self, kind, rank, peer, tag, comm, buf) -> _Request:
-        return _Request(kind, rank, peer, tag, comm, buf, self._clock[rank])
+    def _block(self, rank: int, reqs: list, pending: int, what: str) -> None:
+        """Wait, the world's lock held, until ``reqs`` are matched; hand the turn on meanwhile."""
+        w = self._waiter(rank)
+        w.reqs, w.pending, w.turn = reqs, pending, False
+        for r in reqs:
+            if not r.done:
+                r.waiter = w
+        me = threading.get_ident()
+        self._count(rank, active=-1, enter=(me, w))
+        self._queue.stopped()
+        self._detect_deadlock()
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                left = None if deadline is None else deadline - time.monotonic()
+                if w.pending == 0 and (w.turn or (left is not None and left <= 0)):
+                    return
+                if left is not None and left <= 0:
+                    pending_req = next(r for r in reqs if not r.done)
+                    raise CollectiveTimeout(
+                        f"rank {rank}: {what} timed out after {self.timeout:g} s waiting "
+                        f"on a {pending_req.describe()}"
+                    )
+                w.sleep(left, self._lock)
+        finally:
+            for r in reqs:
+                r.waiter = None
+            self._queue.leave(w)
+            if not w.turn:
+                self._queue.started()  # it goes on out of turn: a timeout, an error
+            w.turn = False
+            self._count(rank, active=1, ready=-1 if w.pending == 0 else 0, leave=me)
+            w.reqs = []
+
+    def _request(self, kind, rank, peer, tag, comm, buf) -> Request:
+        return Request(kind, rank, peer, tag, comm, buf, self._clock[rank])
 
     def _split(self, t: "SimTransport", color, key) -> "SimTransport | None":
         ident = (t.comm, t._split_seq)
         t._split_seq += 1
+        req = SplitRequest(t.world_rank)
         with self._lock:
             rv = self._splits.setdefault(
-                ident, {"members": list(t.members), "arrived": {}, "result": None}
+                ident, {"members": list(t.members), "arrived": {}, "result": None,
+                        "requests": []}
             )
+            req.rendezvous = rv
             rv["arrived"][t.world_rank] = (color, key, t.rank)
+            rv["requests"].append(req)
             if len(rv["arrived"]) == len(rv["members"]):
-                rv["result"] = self._make_groups(rv["arrived"])
-                for w in rv["members"]:
-                    self._wake[w].notify_all()
-        self._complete(t.world_rank, [_SplitRequest(rv, t.world_rank)], "split")
+                rv["result"], self._next_comm = split_groups(rv["arrived"], self._next_comm)
+                for q in rv["requests"]:
+                    self._done(q)
+        self._complete(t.world_rank, [req], "split")
         with self._lock:
             rv["taken"] = rv.get("taken", 0) + 1
             if rv["taken"] == len(rv["members"]):
@@ -315,41 +415,14 @@ class SimWorld:
             return None
         return SimTransport(self, comm, members, members.index(t.world_rank))
 
-    def _make_groups(self, arrived: dict) -> dict:
-        groups: dict[int, list] = defaultdict(list)
-        for w, (color, key, rank) in arrived.items():
-            if color is not None and color >= 0:
-                groups[color].append((key, rank, w))
-        result: dict[int, tuple] = {}
-        for color in sorted(groups):
-            members = [w for _, _, w in sorted(groups[color])]
-            comm = self._next_comm
-            self._next_comm += 1
-            for w in members:
-                result[w] = (comm, members)
-        return result
-
     def _record_reduction(self, rank: int, elements: int) -> None:
-        with self._lock:
+        with self._lock.plain:  # wakes no thread
             self.ledger.reductions.append(Reduction(rank, elements, self._clock[rank]))
 
     def _pending_for(self, comm: int, rank: int) -> list:
         with self._lock:
             return [q for (c, _, dst, _), dq in self._sends.items() if c == comm and dst == rank
                     for q in dq]
-
-
-def _find_cycle(edges: dict[int, int]) -> list[int]:
-    """Return a cycle in a functional graph ``rank -> rank it waits on``, or []."""
-    for start in edges:
-        seen: list[int] = []
-        node = start
-        while node in edges and node not in seen:
-            seen.append(node)
-            node = edges[node]
-        if node in seen:
-            return seen[seen.index(node):] + [node]
-    return []
 
 
 class SimTransport(TransportBase):

@@ -29,11 +29,12 @@ __all__ = ["MAX_SIMULATED_RANKS", "COMPARED", "SimulationCase", "NodeTraffic",
            "RankTraffic", "SimulationReport", "simulation_bytes", "simulation_case",
            "run_simulation"]
 
-#: The most ranks a simulation runs. Simulated ranks are threads of one process:
-#: a ring all-reduce of one element takes about 1 s at 64 ranks, 5 s at 128 and
-#: 25 s at 256 on two cores (its p² messages each switch threads), and grows as
-#: p² beyond.
-MAX_SIMULATED_RANKS = 256
+#: The most ranks a simulation runs. Simulated ranks are threads of one process
+#: that take turns (refcoll.transport.scheduler): on two shared cores a tree or
+#: Rabenseifner all-reduce of one element takes seconds at 1,024 ranks and under
+#: a minute at 4,096; a ring's 2p(p-1) messages take about 20 s at 256 ranks and
+#: grow as p² (``--ledger-only`` replays them without data, about 3x cheaper).
+MAX_SIMULATED_RANKS = 4096
 
 #: The counts compared, as :meth:`Cost.counts` and :meth:`Ledger.counts` name
 #: them, with the label ``refcoll simulate`` prints for each.
@@ -114,9 +115,8 @@ def simulation_case(algorithm: str, p: int, count: int, *, collective: str = "al
         raise UsageError(f"-p {p}: a simulation needs at least 1 rank; give -p 1 or more")
     if p > MAX_SIMULATED_RANKS:
         raise UsageError(f"-p {p}: simulated ranks are threads of this one process, so at "
-                         f"most {MAX_SIMULATED_RANKS} (a ring over 256 already takes tens of "
-                         f"seconds); give -p {MAX_SIMULATED_RANKS} or fewer (the cost formulas "
-                         "of `refcoll list` hold for any p)")
+                         f"most {MAX_SIMULATED_RANKS}; give -p {MAX_SIMULATED_RANKS} or fewer "
+                         "(the cost formulas of `refcoll list` hold for any p)")
     if count < 0:
         raise UsageError(f"--count {count}: the element count per rank must be 0 or more")
     algo = algorithms.get(algorithm)
@@ -197,12 +197,15 @@ class SimulationReport:
                 "node_traffic": self.node.to_json() if self.node is not None else None}
 
 
-def run_simulation(case: SimulationCase) -> SimulationReport:
-    """Run ``case`` on simulated ranks (exact inputs) and hold its ledger against its costs."""
+def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> SimulationReport:
+    """Run ``case`` on simulated ranks (exact inputs) and hold its ledger against its costs.
+
+    ``moves_data=False``: the ledger-only world (the same ledger, no data, no threads).
+    """
     algo = algorithms.get(case.algorithm)
     inputs = make_inputs("exact", get_dtype(case.dtype), case.count, case.p, op=case.op)
     result = collectives.simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
-                                  **case.options)
+                                  moves_data=moves_data, **case.options)
     ledger = result.ledger
     shape = (case.p, case.count, case.itemsize)
     predicted = (algo.costs[case.collective](*shape, **case.cost_options)
