@@ -47,7 +47,7 @@ from ..algorithms.naive import naive_broadcast
 from ..algorithms.rabenseifner import rabenseifner_allgather
 from ..core.errors import MismatchError, UsageError
 from ..transport.base import TAGS_PER_CALL, transport_cache
-from ..transport.recorder import record
+from ..transport.recorder import compile_steps, record, run_steps
 
 __all__ = ["agree", "record_of", "signature_of", "signatures", "disagreed", "disagreement", "Signatures",
            "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table", "describe_disagreement", "RECORD_BYTES",
@@ -264,14 +264,23 @@ class Signatures:
     def __init__(self, t):
         self.rank = t.rank
         self.table = np.zeros((t.size, SIGNATURE_BYTES), np.uint8)
+        self._written = None  # the signature in this rank's row
         self.schedule = record(_SignatureTags(t), rabenseifner_allgather, self.table.reshape(-1))
         self.steps = self.schedule.steps
+        self.program = compile_steps(self.steps)
+        self.t = t
 
     def agreed(self, signature: bytes) -> bool:
         """Exchange ``signature``; return whether every rank sent the same one."""
-        self.table[self.rank] = np.frombuffer(signature, np.uint8)
-        self.schedule()
+        self.write(signature)
+        run_steps(self.t, self.program)
         return self.uniform(signature)
+
+    def write(self, signature: bytes) -> None:
+        """Put ``signature`` in this rank's row, for the exchange to send (the exchange leaves it)."""
+        if signature != self._written:
+            self.table[self.rank] = np.frombuffer(signature, np.uint8)
+            self._written = signature
 
     def uniform(self, signature: bytes) -> bool:
         """Return whether the table, after the exchange, holds ``signature`` in every row."""
@@ -279,6 +288,7 @@ class Signatures:
 
     def free(self) -> None:
         self.schedule.free()
+        self.program = []
 
 
 def signatures(t) -> Signatures | None:

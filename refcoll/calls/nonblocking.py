@@ -156,7 +156,7 @@ class _Scheduled:
             if self.validate:
                 self.exchange = signatures(t)
                 self.signature = signature_of(record_of(self.fields))
-                self.exchange.table[t.rank] = np.frombuffer(self.signature, np.uint8)
+                self.exchange.write(self.signature)
                 self.stage = ("agree", _Steps(self.exchange.schedule))
             else:
                 self.stage = ("data", self._start_data())

@@ -24,8 +24,8 @@ import numpy as np
 
 from .. import algorithms
 from ..core.ops import get_op
-from ..transport.base import transport_cache
-from ..transport.recorder import record
+from ..transport.base import TAGS_PER_CALL, transport_cache
+from ..transport.recorder import compile_steps, record, run_steps
 from .agree import disagreement, record_of, signature_of, signatures
 from .auto import resolve
 
@@ -247,6 +247,7 @@ class Bound:
         self.schedule = record(t, prepared.fn, x.reshape(-1), out.reshape(-1),
                                op=prepared.reduction)
         self.steps = self.schedule.steps
+        self.program = compile_steps(self.steps)
         self.fields = fields
         self.exchange = signatures(t) if fields is not None else None
         self.signature = None if fields is None else signature_of(record_of(fields))
@@ -255,17 +256,48 @@ class Bound:
     def __call__(self) -> np.ndarray:
         """Run the all-reduce in a call of its own; return ``out``."""
         t = self.t
-        with t.call("allreduce"):
-            try:
-                if self.exchange is None:
-                    for step in self.steps:
-                        step()
-                elif not signed_replay(self.steps, self.exchange, self.signature):
+        if t._depth:  # inside another call's scope (not from the public calls)
+            with t.call("allreduce"):
+                return self._run(t)
+        # The call's own tag slot and count, as TransportBase.call's scope sets them: the
+        # ranks' call counts stay in step whichever path each takes.
+        t._tag_base = (t._calls % t._tag_slots) * TAGS_PER_CALL
+        t._calls += 1
+        t._ops = 0
+        t._depth = 1
+        t.current_call = "allreduce"
+        try:
+            return self._run(t)
+        finally:
+            t._depth = 0
+            t.current_call = None
+
+    def _run(self, t) -> np.ndarray:
+        try:
+            if self.exchange is None:
+                run_steps(t, self.program)
+            else:
+                first = self.steps[0] if self.steps and hasattr(self.steps[0], "start") else None
+                if first is not None:
+                    first.start()
+                try:
+                    agreed = self.exchange.agreed(self.signature)
+                except BaseException:
+                    if first is not None:
+                        first.cancel()
+                    raise
+                if not agreed:
+                    if first is not None:
+                        first.cancel()
                     self.free()
                     disagreement(t, self.fields)
-            except BaseException:
-                self.free()  # never restart requests a failed call may have left running
-                raise
+                    return self.out  # only if this rank raises nothing (it always does)
+                if first is not None:
+                    first.finish()
+                run_steps(t, self.program, 1 if first is not None else 0)
+        except BaseException:
+            self.free()  # never restart requests a failed call may have left running
+            raise
         if self.divides:
             self.reduction.finalize(self.out, t.size)
         return self.out
@@ -278,6 +310,7 @@ class Bound:
             self.schedule.free()
             self.schedule = None
             self.steps = []
+            self.program = []
 
 
 #: Bound all-reduces by (id(comm), id(x), id(out), algorithm, op, validate).
@@ -322,3 +355,4 @@ def bind(t, comm, x, out, algorithm, op, validate: bool, fields: dict | None) ->
         _make_room(cache, True)
     bound = Bound(t, comm, x, out, prepared, key, fields if validate and t.size > 1 else None)
     cache[("bound", *key)] = _BOUND[key] = bound
+

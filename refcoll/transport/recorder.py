@@ -27,10 +27,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.ops import get_dtype, get_op
+from ..core.errors import RefcollError
+from ..core.ops import Op, get_dtype, get_op
+from .base import TransportBase
 from .mpi import default_timeout, duplicate
 
-__all__ = ["Recorder", "Schedule", "record"]
+__all__ = ["Recorder", "Schedule", "record", "compile_steps", "run_steps"]
 
 
 class Recorder:
@@ -152,3 +154,51 @@ def record(t, fn: Callable, *args, **kwargs) -> Schedule:
     recorder = Recorder(t)
     fn(recorder, *args, **kwargs)
     return Schedule(recorder.steps)
+
+
+def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
+    """Return recorded steps as a flat program :func:`run_steps` runs without a call per layer.
+
+    For the smallest calls, where the Python layers between a step and MPI cost
+    as much as the message. An exchange becomes ``(requests, bytes received,
+    source, bytes sent, what it waits for)``, run as
+    :meth:`~refcoll.transport.mpi.PersistentExchange.__call__` runs it (start,
+    the transport's deadline wait, the byte count, the traffic). A reduction
+    ``transport.reduce_local(op, a, b, out)`` on a transport that keeps the base
+    one becomes the op's ufunc bound to its buffers (what ``op.apply`` calls);
+    any other step stays as it is.
+    """
+    program = []
+    for step in steps:
+        if hasattr(step, "_requests"):
+            program.append((step._requests, step._received, step._source, step._sent,
+                            step._describe))
+            continue
+        owner = getattr(getattr(step, "func", None), "__self__", None)
+        if (owner is not None and type(owner).reduce_local is TransportBase.reduce_local
+                and len(step.args) == 4 and type(step.args[0]).apply is Op.apply):
+            op, a, b, out = step.args
+            step = functools.partial(op.ufunc, a, b, out=out)
+        program.append(step)
+    return program
+
+
+def run_steps(t, program: list, start: int = 0) -> None:
+    """Run a :func:`compile_steps` program on MPI transport ``t``, from step ``start``."""
+    from mpi4py import MPI
+
+    startall, finish, byte, statuses = MPI.Prequest.Startall, t._finish, MPI.BYTE, t._statuses
+    traffic = t.traffic
+    for i in range(start, len(program)):
+        step = program[i]
+        if step.__class__ is tuple:
+            requests, received, source, sent, what = step
+            if not requests:
+                raise RefcollError(f"rank {t.rank}: a freed persistent exchange was run ({what()})")
+            startall(requests)
+            finish(requests, what)
+            if source is not None and statuses[0].Get_count(byte) != received:
+                t._check_count(received, source)  # raises, naming both sizes
+            traffic.add(sent, received)
+        else:
+            step()
