@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from refcoll.verify.conformance import build_cases, run_battery
 from refcoll.transport import SimWorld
 
@@ -99,3 +101,25 @@ def classes(cases) -> set:
         out |= {(call, c.op), (call, "size", c.count), (call, "inplace", c.inplace),
                 (c.algorithm, c.dtype, c.kind)}
     return out
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Make a command's ``mpiexec`` a recorder: returns the dict it fills with ``cmd`` and ``env``.
+
+    Outside an MPI job, with MPICH's launcher, so that the command starts the job
+    itself, as it would from a shell.
+    """
+    import refcoll.cli as cli
+
+    seen = {}
+
+    def fake_run(cmd, env=None):
+        seen.update(cmd=cmd, env=env)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    return seen

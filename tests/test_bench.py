@@ -144,20 +144,10 @@ def test_the_schedule_is_the_ledger_and_matches_the_cost_formula():
     assert all([s for s, *_ in plan] == sorted({s for s, *_ in plan}) for plan in plans)
 
 
-def test_a_switch_run_starts_the_switch_processes_too(monkeypatch):
-    import refcoll.cli as cli
+def test_a_switch_run_starts_the_switch_processes_too(monkeypatch, launched):
     from refcoll.algorithms.switch import switch_count
 
-    seen = {}
-
-    def fake_run(cmd, env):
-        seen.update(cmd=cmd, env=env)
-        return type("Done", (), {"returncode": 0})()
-
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
-    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
-    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    seen = launched
     res = CliRunner().invoke(main, ["bench", "-n", "5", "--algorithm", "switch,ring"])
     assert res.exit_code == 0, res.output
     assert seen["cmd"][:3] == ["mpiexec", "-n", str(5 + switch_count(5))]
@@ -311,22 +301,12 @@ def test_nccl_tests_options_refuse_what_cannot_run_in_one_line(monkeypatch, args
     assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
 
 
-def test_a_decimal_size_is_run_as_written_and_said_to_differ_from_nccl_tests(monkeypatch):
-    import refcoll.cli as cli
+def test_a_decimal_size_is_run_as_written_and_said_to_differ_from_nccl_tests(monkeypatch, launched):
     from refcoll.cli.bench import decimal_size_note
 
     assert decimal_size_note("-e", "1M") is None and decimal_size_note("-e", "1MiB") is None
     assert decimal_size_note("-b", "4096") is None
-    seen = {}
-
-    def fake_run(cmd, env):
-        seen.update(cmd=cmd)
-        return type("Done", (), {"returncode": 0})()
-
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
-    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
-    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    seen = launched
     res = CliRunner().invoke(main, ["bench", "-n", "2", "-b", "1K", "-e", "1GB"])
     assert res.exit_code == 0 and seen["cmd"][:3] == ["mpiexec", "-n", "2"], res.output
     assert res.output.splitlines() == [

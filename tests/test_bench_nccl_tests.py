@@ -266,20 +266,10 @@ def test_inside_a_job_a_forced_algorithm_needs_its_variables(monkeypatch):
     assert check_forced_mpi(config, 3) == {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}
 
 
-def test_bench_starts_mpiexec_with_the_forced_algorithm(monkeypatch):
-    import refcoll.cli as cli
+def test_bench_starts_mpiexec_with_the_forced_algorithm(monkeypatch, launched):
 
-    seen = {}
-
-    def fake_run(cmd, env):
-        seen.update(cmd=cmd, env=env)
-        return type("Done", (), {"returncode": 0})()
-
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
-    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
+    seen = launched
     monkeypatch.setattr("refcoll.baselines.mpi_algorithms.installed_library", lambda: "mpich")
-    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
     res = CliRunner().invoke(main, ["bench", "-n", "2", "--against", "mpi:reduce_scatter_allgather"])
     assert res.exit_code == 0, res.output
     assert seen["env"]["MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"] == "reduce_scatter_allgather"

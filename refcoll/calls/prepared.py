@@ -199,14 +199,15 @@ class Plan:
         self.schedule.free()
 
 
-def signed_replay(steps, exchange, signature: bytes) -> bool:
+def signed_replay(steps, exchange, signature: bytes, rest=None) -> bool:
     """Replay ``steps`` with the signature exchange run beside the first of them.
 
     The first exchange starts, then every rank's signature is gathered; the
     data exchange completes and the reductions run only when every signature
     equals ``signature``. Otherwise the data exchange is withdrawn and False
     returned (the caller names the difference). On an error the started
-    exchange is withdrawn too.
+    exchange is withdrawn too. ``rest(start)``, if given, runs the steps from
+    ``start`` on instead (a :class:`Bound` plan's flat program).
     """
     first = steps[0] if steps and hasattr(steps[0], "start") else None
     if first is not None:
@@ -223,8 +224,12 @@ def signed_replay(steps, exchange, signature: bytes) -> bool:
         return False
     if first is not None:
         first.finish()
-    for step in steps[1 if first is not None else 0:]:
-        step()
+    start = 1 if first is not None else 0
+    if rest is None:
+        for step in steps[start:]:
+            step()
+    else:
+        rest(start)
     return True
 
 
@@ -276,25 +281,10 @@ class Bound:
         try:
             if self.exchange is None:
                 run_steps(t, self.program)
-            else:
-                first = self.steps[0] if self.steps and hasattr(self.steps[0], "start") else None
-                if first is not None:
-                    first.start()
-                try:
-                    agreed = self.exchange.agreed(self.signature)
-                except BaseException:
-                    if first is not None:
-                        first.cancel()
-                    raise
-                if not agreed:
-                    if first is not None:
-                        first.cancel()
-                    self.free()
-                    disagreement(t, self.fields)
-                    return self.out  # only if this rank raises nothing (it always does)
-                if first is not None:
-                    first.finish()
-                run_steps(t, self.program, 1 if first is not None else 0)
+            elif not signed_replay(self.steps, self.exchange, self.signature,
+                                   lambda start: run_steps(t, self.program, start)):
+                self.free()
+                disagreement(t, self.fields)
         except BaseException:
             self.free()  # never restart requests a failed call may have left running
             raise
