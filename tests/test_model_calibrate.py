@@ -176,6 +176,64 @@ def test_a_record_without_waits_predicts_as_before():
         "q_later": 0.25, "wait_later": 1e-3}
 
 
+def _two_paths() -> Calibration:
+    """A record with ordinary and planned steps at 64 KiB, 2 ranks, and own work per algorithm."""
+    n = 1 << 16
+    steps = ((n, 1 << 15, 4e-5, 3e-5, 5e-6, 4e-6), (n, 1 << 16, 6e-5, 5e-5, 8e-6, 7e-6))
+    planned = ((n, 1 << 15, 2e-5, 1e-5, 3e-6, 2e-6), (n, 1 << 16, 3e-5, 2e-5, 6e-6, 5e-6))
+    return Calibration(3e-6, 1e-10, 1e-9, source="measured", ranks=2, call=3e-5, steps=steps,
+                       planned_call=5e-6, planned_steps=planned,
+                       own=(("ring", n, 2e-5), ("naive", n, 1e-5)))
+
+
+def test_a_call_that_runs_from_its_plan_is_priced_with_the_planned_steps_and_call():
+    cal, n = _two_paths(), 1 << 16
+    assert registry.get("ring").replayable and not registry.get("naive").replayable
+    planned = Calibration(**{**cal.__dict__, "steps": cal.planned_steps,
+                             "call": cal.planned_call, "planned_steps": (), "own": ()})
+    # Up to PLAN_BYTES a replayable algorithm replays its plan: no own work is added.
+    assert predict(cal, "ring", 2, n, waits=False) == pytest.approx(
+        predict(planned, "ring", 2, n, waits=False))
+    # One that is not replayable runs the ordinary way, its own work added to the call.
+    ordinary = Calibration(**{**cal.__dict__, "planned_steps": (), "own": (),
+                              "call": cal.call + 1e-5})
+    assert predict(cal, "naive", 2, n, waits=False) == pytest.approx(
+        predict(ordinary, "naive", 2, n, waits=False))
+    # A record without planned steps (older, or no persistent exchanges) prices as before.
+    old = Calibration(**{**cal.__dict__, "planned_steps": (), "own": ()})
+    assert predict(old, "ring", 2, n, waits=False) > predict(cal, "ring", 2, n, waits=False)
+    assert old.to_json()["planned_steps"] == [] and old.to_json()["own"] == []
+    assert cal.to_json()["own"][0] == {"algorithm": "ring", "buffer": n, "seconds": 2e-5}
+    assert cal.to_json()["planned_call"] == 5e-6
+
+
+def test_own_work_is_the_same_on_every_rank_and_skips_what_cannot_run_dry(monkeypatch):
+    steps_module = importlib.import_module("refcoll.measure.model.calibrate_steps")
+
+    def broken(t, x, out, *, op):
+        raise RuntimeError("reads what it received")
+
+    def rank(t):
+        return steps_module.own_work(t, ["ring", "recursive_doubling"], [1024, 4096],
+                                     calibrate_module._buffers, lambda _: 5,
+                                     calibrate_module._clock)
+
+    first, second = SimWorld(2).run(rank)
+    assert first == second
+    assert [(name, n) for name, n, _ in first] == [
+        ("ring", 1024), ("ring", 4096), ("recursive_doubling", 1024),
+        ("recursive_doubling", 4096)]
+    assert all(seconds > 0 for _, _, seconds in first)
+    real = registry.implementation
+
+    def implementation(name, collective):
+        return broken if name == "ring" else real(name, collective)
+
+    monkeypatch.setattr(steps_module.algorithms, "implementation", implementation)
+    first, _ = SimWorld(2).run(rank)
+    assert [name for name, _, _ in first] == ["recursive_doubling"] * 2
+
+
 class _Counter:
     """A clock per thread: every read advances 1 µs; a rank's messages advance it more."""
 
@@ -312,3 +370,8 @@ def test_compare_with_measurement_on_two_ranks_reports_every_row(tmp_path):
     assert all(0 <= w["q_first"] <= 1 and 0 <= w["q_later"] <= 1 for w in cal["waits"])
     assert data["geomean_error"] >= 0 and data["scheduling"]["ranks"] == 2
     assert data["lines"][0].startswith("measured steps + scheduling wait")
+    # 4 KiB replays a plan on MPI: its steps and call were measured that way too.
+    assert [(s["buffer"], s["message"]) for s in cal["planned_steps"]] == [
+        (s["buffer"], s["message"]) for s in cal["steps"]]
+    assert cal["planned_call"] > 0 and cal["call"] > 0
+    assert {(o["algorithm"], o["buffer"]) for o in cal["own"]} >= {("ring", 4096)}

@@ -39,7 +39,9 @@ class Calibration:
         measured_at: Unix time of the measurement; None for a fixed calibration.
         load: runnable tasks per core while it was measured (None: unknown).
         ranks: processes the measurements ran on (0: not recorded).
-        call: seconds of an all-reduce call's own work, measured on one rank.
+        call: seconds a repeated all-reduce call costs beyond its algorithm's
+            rounds, on the ordinary path (its checks skipped, as a prepared
+            call's are), measured on every rank after a barrier.
         pingpong: ``(bytes, one-way seconds)`` between ranks 0 and 1, the others idle.
         reduction: ``(bytes of one operand, seconds)`` of one float32 reduction of
             operands in cache.
@@ -67,6 +69,19 @@ class Calibration:
             scheduling term measured with the rounds' real correlation. Empty
             in an older record, which then uses ``waits``.
 
+        planned_call: the same for a call that replays a bound plan
+            (:mod:`refcoll.calls.prepared`): the lookup and the empty replay. 0
+            in an older record or on a transport without persistent exchanges.
+        planned_steps: rows like ``steps`` for the buffer sizes up to
+            ``refcoll.calls.prepared.PLAN_BYTES``, each step run as a plan
+            runs it (a persistent exchange, the op's ufunc on bound buffers).
+            Empty in an older record, which then prices those sizes with
+            ``steps``.
+        own: ``(algorithm, buffer bytes, seconds)``: the algorithm's own work
+            in an ordinary all-reduce of that size, its exchanges and
+            reductions left out (chunk arithmetic, views, its loop). Empty in
+            an older record.
+
     ``auto``'s calibrations leave the tables empty; the cluster model's
     (:func:`refcoll.measure.model.calibrate`) fill them.
     """
@@ -85,6 +100,9 @@ class Calibration:
     steps: tuple[tuple[int, int, float, float, float, float], ...] = ()
     waits: tuple[tuple[int, int, float, float, float, float], ...] = ()
     stretch: tuple[tuple[int, int, tuple[float, ...]], ...] = ()
+    planned_call: float = 0.0
+    planned_steps: tuple[tuple[int, int, float, float, float, float], ...] = ()
+    own: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def gamma_per_byte(self) -> float:
@@ -112,7 +130,12 @@ class Calibration:
                            "q_later": ql, "wait_later": wl}
                           for n, b, qf, wf, ql, wl in self.waits],
                 "stretch": [{"buffer": n, "message": b, "rounds": list(values)}
-                            for n, b, values in self.stretch]}
+                            for n, b, values in self.stretch],
+                "planned_call": self.planned_call,
+                "planned_steps": [{"buffer": n, "message": b, "first": f, "later": e,
+                                   "reduction_first": rf, "reduction_later": rl}
+                                  for n, b, f, e, rf, rl in self.planned_steps],
+                "own": [{"algorithm": a, "buffer": n, "seconds": s} for a, n, s in self.own]}
 
 
 #: Shared-memory MPI on a current CPU: ~3 µs latency, ~4 GB/s, ~1 G additions/s.

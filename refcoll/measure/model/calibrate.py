@@ -13,7 +13,10 @@ measured at the message sizes and buffer sizes the all-reduce uses, and adds
 the time its rounds wait for descheduled peers, measured by the same steps
 (:mod:`~refcoll.measure.model.calibrate_sched`). Steps and all-reduces are
 measured in :data:`PASSES` interleaved passes per size, so both see the same
-load, and each figure is the median over every pass.
+load, and each figure is the median over every pass. A repeated call up to
+:data:`~refcoll.calls.prepared.PLAN_BYTES` replays a recorded plan and costs
+less per round and per call than the ordinary path: each path's steps and
+call are measured as it runs them (:mod:`~refcoll.measure.model.calibrate_steps`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ...core.ops import get_op
 from ...transport.base import transport_cache
 from .calibrate_compare import Comparison
 from .calibrate_sched import stretch, wait_median, wait_summary, waits_at
+from .calibrate_steps import InCall, call_overheads, own_work, planned_path, step_samples
 
 __all__ = ["CALIBRATE_LIMIT", "CALIBRATE_DEFAULT", "PASSES", "calibration_choices", "Comparison",
            "calibrate", "predict", "scheduling_wait", "measure_allreduce",
@@ -185,53 +189,18 @@ def _pingpong(t, sizes: list[int]) -> list[tuple[int, float]]:
     return points
 
 
-def _step_samples(t, nbytes: int, collected: dict[int, list[list[float]]]) -> None:
-    """Time one pass of ring steps and their reductions per message size, in buffers of ``nbytes``.
+def _step_samples(t, nbytes: int, collected: dict[int, list[list[float]]], *,
+                  planned: bool = False) -> None:
+    """Time one pass of steps in buffers of ``nbytes`` (:func:`~.calibrate_steps.step_samples`).
 
-    The steps do to memory what the rounds of an out-of-place ring,
-    recursive-doubling or Rabenseifner all-reduce do, slice by slice through
-    an input and an output buffer of ``nbytes``: the peer's partial is received
-    straight into the output slice and reduced there with the input slice.
-    ``first``: right after a barrier, sending a slice of the input, as a call's
-    first round does. ``later``: back to back, sending the slice the previous
-    step has just reduced, as later rounds do; that data is still in the
-    sender's cache, and a peer on a core of another cache domain pays for
-    fetching it, as the sender then pays for writing lines the peer has read.
-
-    Appends this rank's times, seconds, to ``collected[message]`` = ``[first,
-    later, reduction after first, reduction after later]``: a share
-    (:func:`_per_pass`) of each message size's repeats.
+    The ordinary path's first steps run inside a call (:class:`~.calibrate_steps.InCall`).
     """
-    add = get_op("sum")
-    left, right = (t.rank - 1) % t.size, (t.rank + 1) % t.size
-    count = nbytes // 4
-    x, out, spare = _buffers(t, nbytes)
-    for b in _message_sizes(nbytes, t.size):
-        elements = b // 4
-        slots = max(count // elements, 1)
-        repeats, warmups = _per_pass(_repeats(b))
-        kept = collected.setdefault(b, [[], [], [], []])
-
-        def piece(buf: np.ndarray, i: int) -> np.ndarray:
-            return buf[(i % slots) * elements:(i % slots + 1) * elements]
-
-        for kind, (steps, reductions) in enumerate((kept[0::2], kept[1::2])):
-            done = len(steps)  # each pass goes on through the buffers where the last stopped
-            for i in range(done, done + warmups + repeats):
-                if kind == 0 or i == done + warmups:
-                    barrier(t)
-                start = _clock()
-                if kind == 0:
-                    sending, landing = piece(x, i), piece(out, i)
-                else:  # what the previous step reduced; never the slice it receives into
-                    sending = piece(out, i - 1)
-                    landing = piece(spare if slots == 1 else out, i)
-                t.sendrecv(sending, right, landing, left)
-                middle = _clock()
-                t.reduce_local(add, landing, piece(x, i), piece(out, i))
-                if i >= done + warmups:
-                    steps.append(middle - start)
-                    reductions.append(_clock() - middle)
+    sizes, per_pass = _message_sizes(nbytes, t.size), lambda b: _per_pass(_repeats(b))
+    if planned:
+        step_samples(t, _buffers, nbytes, sizes, per_pass, _clock, collected, planned=True)
+        return
+    with InCall(t) as call:
+        step_samples(t, _buffers, nbytes, sizes, per_pass, _clock, collected, call=call)
 
 
 def _most_rounds(p: int, nbytes: int) -> int:
@@ -272,15 +241,19 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
               after_size: Callable[[int], None] | None = None) -> Calibration:
     """Measure this machine's step tables for ``sizes``, then α, β and γ (collective).
 
-    First an all-reduce call's own work; then, for each all-reduce size in
-    ``sizes`` from the smallest up, :data:`PASSES` passes of a ring step and
-    a reduction at each message size :func:`_message_sizes` gives, inside
-    buffers of that size (see :class:`~refcoll.core.calibration.Calibration`),
-    each followed by ``after_size(nbytes)`` if given (what
+    First a repeated all-reduce call's own work on either path
+    (:func:`~refcoll.measure.model.calibrate_steps.call_overheads`); then, for
+    each all-reduce size in ``sizes`` from the smallest up, :data:`PASSES`
+    passes of a ring step and a reduction at each message size
+    :func:`_message_sizes` gives, inside buffers of that size (see
+    :class:`~refcoll.core.calibration.Calibration`), the first steps inside
+    a call, and again as a plan replays them up to
+    :data:`~refcoll.calls.prepared.PLAN_BYTES`, each followed by ``after_size(nbytes)`` if given (what
     :func:`compare_with_measurement` measures there, interleaved with the
     steps); last the ping-pong between ranks 0 and 1 and local reductions at
     8 B and every power of two from 1 KiB to ``max(sizes)``, for the α-β-γ
-    fit. Small sizes come first because transfers of tens of MiB leave this
+    fit, and each algorithm's own work at each size
+    (:func:`~refcoll.measure.model.calibrate_steps.own_work`). Small sizes come first because transfers of tens of MiB leave this
     kind of machine slower at small and medium sizes for a while. Everything
     goes through ``Transport`` calls, as the algorithms make them; every rank
     returns the same numbers. ``load``: rank 0's median count of runnable
@@ -293,12 +266,15 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
         raise UsageError("calibration sizes must be at least 4 bytes (one float32)")
     measured = _pingpong_sizes(max(sizes))
     _buffers(t, measured[-1])  # once, at the largest size
-    call = _call_overhead(t)
-    steps, waits, stretches, counts = [], [], [], []
+    call, planned_call = call_overheads(t, _timed, _repeats(0), _largest_median)
+    steps, planned, waits, stretches, counts = [], [], [], [], []
     for nbytes in sorted(set(sizes)):
         collected: dict[int, list[list[float]]] = {}
+        replayed: dict[int, list[list[float]]] = {}
         for _ in range(PASSES):
             _step_samples(t, nbytes, collected)
+            if planned_path(t, nbytes):
+                _step_samples(t, nbytes, replayed, planned=True)
             count = runnable_tasks() if t.rank == 0 else None  # between passes: never timed
             if count is not None:
                 counts.append(count)
@@ -306,9 +282,12 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
                 after_size(nbytes)
         rows, row_waits, row_stretch = _step_rows(t, nbytes, collected)
         steps += rows
+        planned += [(nbytes, b, *(_largest_median(t, column) for column in replayed[b]))
+                    for b in sorted(replayed)]
         waits += row_waits
         stretches += row_stretch
     runnable = _runnable(t, counts)
+    own = own_work(t, calibration_choices(), sorted(set(sizes)), _buffers, _repeats, _clock)
     pingpong = _pingpong(t, measured)
     add = get_op("sum")
     reduction = []
@@ -320,19 +299,11 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     _, gamma = _fit_line(reduction)
     # The fit's γ is per byte of one float32 operand; the record's is per element.
     return Calibration(alpha=alpha, beta=beta, gamma=gamma * GAMMA_ITEMSIZE, source="measured",
-                       ranks=t.size, call=call, pingpong=tuple(pingpong),
+                       ranks=t.size, call=call, planned_call=planned_call,
+                       planned_steps=tuple(planned), own=tuple(own), pingpong=tuple(pingpong),
                        reduction=tuple(reduction), steps=tuple(steps), waits=tuple(waits),
                        stretch=tuple(stretches),
                        load=None if runnable is None else runnable / (os.cpu_count() or 1))
-
-
-def _call_overhead(t) -> float:
-    """Return the median time of a one-element all-reduce on a one-rank split of ``t``."""
-    solo = t.split(t.rank, 0)
-    x, out = np.ones(1, np.float32), np.empty(1, np.float32)
-    times = _timed(solo, lambda _: allreduce(x, solo, algorithm="ring", validate=False, out=out),
-                   _repeats(0), sync=False)
-    return _largest_median(t, times)
 
 
 def _interpolate(table: Sequence[tuple[float, float]], x: float) -> float:
@@ -365,14 +336,26 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     and sends its input in its first round, later rounds send what the one
     before reduced. ``wait`` is :func:`scheduling_wait` (0 with ``waits=False``).
     Exact in form for ring and recursive doubling, whose messages are all
-    alike; Rabenseifner's halve, and ``b`` is their mean.
+    alike; Rabenseifner's halve, and ``b`` is their mean. ``call`` and the
+    step tables are those of the path the repeated call takes
+    (:mod:`~refcoll.measure.model.calibrate_steps`): up to
+    :data:`~refcoll.calls.prepared.PLAN_BYTES`, for a ``replayable``
+    algorithm where the record has planned steps, the plan's replay
+    (``planned_call``, ``planned_steps``); otherwise the ordinary call, whose
+    ``call`` adds the algorithm's own work (``own``).
     """
     c = registry.get(algorithm).costs["allreduce"](p, nbytes // itemsize, itemsize)
     steps = [row[1:] for row in calibration.steps if row[0] == nbytes]
     if fit or not steps:
         return c.time(calibration.alpha, calibration.beta, calibration.gamma_per_byte * itemsize)
+    call = calibration.call
+    replayed = [row[1:] for row in calibration.planned_steps if row[0] == nbytes]
+    if replayed and registry.get(algorithm).replayable:  # it runs from its plan
+        steps, call = replayed, calibration.planned_call
+    else:  # the ordinary way: the algorithm's own Python runs too
+        call += sum(s for name, n, s in calibration.own if name == algorithm and n == nbytes)
     if c.rounds == 0:
-        return calibration.call
+        return call
     message = c.critical_bytes / c.rounds
     reductions = c.reduced * itemsize / message if message else 0.0
 
@@ -380,7 +363,7 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
         return _interpolate([(row[0], row[column]) for row in steps], message)
 
     wait = scheduling_wait(calibration, algorithm, p, nbytes, itemsize) if waits else 0.0
-    return (calibration.call + at(1) + (c.rounds - 1) * at(2) + min(reductions, 1.0) * at(3)
+    return (call + at(1) + (c.rounds - 1) * at(2) + min(reductions, 1.0) * at(3)
             + max(reductions - 1.0, 0.0) * at(4) + wait)
 
 
