@@ -275,7 +275,8 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
     reduction.finalize(result, workers)
     if prepared is None and not options and workers == t.size > 1:
         prepare(t, key, reduction)
-    elif prepared is not None and out is not None and arr is x and not options:
+    elif (prepared is not None and prepared.plan is not None and out is not None and arr is x
+          and not options):
         bind(t, comm, x, out, algorithm, op, validate,
              argument_fields("allreduce", algorithm, reduction, flat, options))
     return shaped(result, out, arr.shape)
