@@ -29,10 +29,12 @@ def every_call(cases):
     return covering(cases, lambda c: (c.algorithm, c.collective, c.op, c.count, c.inplace))
 
 
-# The full product from 3 ranks on repeats, dtype by dtype, what 1 and 2 ranks show (an op
-# acts element by element, whatever the world): slow only; test_every_call_at_3_4_and_5_ranks
-# runs every call, op, size and mode at 3 and 4 by default (5 with -m slow).
-@pytest.mark.parametrize("p", [1, 2, pytest.param(3, marks=pytest.mark.slow),
+# The full product from 2 ranks on repeats, dtype by dtype, what 1 rank shows (an op acts
+# element by element, whatever the world): slow only; test_every_call_at_3_4_and_5_ranks
+# runs every call, op, size and mode at 3 and 4 by default (5 with -m slow), and 2 ranks run
+# every case of the MPI battery's selection under mpiexec (tests/mpi/test_mpi_battery.py).
+@pytest.mark.parametrize("p", [1, pytest.param(2, marks=pytest.mark.slow),
+                               pytest.param(3, marks=pytest.mark.slow),
                                pytest.param(4, marks=pytest.mark.slow),
                                pytest.param(5, marks=pytest.mark.slow)])
 def test_full_battery(p):

@@ -13,8 +13,10 @@ MPIEXEC = mpiexec_path()
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 # 5 processes repeat what 3 show (a non-power-of-two world) at twice the cost, and 8 what 4
-# show (a power of two) at twice that, with four processes on each core: slow only.
-@pytest.mark.parametrize("p", [1, 2, 3, 4, pytest.param(5, marks=pytest.mark.slow),
+# show (a power of two) at twice that, with four processes on each core: slow only. One
+# process runs the calls' one-rank paths, which the in-process tests run too: slow only.
+@pytest.mark.parametrize("p", [pytest.param(1, marks=pytest.mark.slow), 2, 3, 4,
+                               pytest.param(5, marks=pytest.mark.slow),
                                pytest.param(8, marks=pytest.mark.slow)])
 def test_mpi_suite(p):
     cmd = [MPIEXEC, "-n", str(p), sys.executable, "-m", "pytest", "--with-mpi", "-q",

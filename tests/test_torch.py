@@ -45,12 +45,12 @@ def _run(launcher: str, p: int, *args: str, **env_vars):
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("launcher,p", [("torchrun", 2), ("mpiexec", 4),
+@pytest.mark.parametrize("launcher,p", [("torchrun", 2), ("mpiexec", 3),
                                         *[pytest.param(launcher, p, marks=SLOW)
                                           for launcher in ("torchrun", "mpiexec")
                                           for p in range(1, 5)
                                           if (launcher, p) not in (("torchrun", 2),
-                                                                   ("mpiexec", 4))]])
+                                                                   ("mpiexec", 3))]])
 def test_torch_suite(launcher, p):
     res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "torch"))
