@@ -285,6 +285,17 @@ def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring")
             LinkCost("intra allgather", "intra", ring_allgather_cost(g, shard, itemsize))]
 
 
+def hierarchical_orders(collective: str, p: int) -> list[dict]:
+    """Return the node shapes and across-node algorithms that order ``p`` ranks distinctly.
+
+    Every proper divisor of ``p`` as the node size, with each algorithm that may
+    run across nodes (in-network ones need switches the ranks do not have).
+    """
+    across = [a.name for a in REGISTRY.values() if a.across_nodes and not a.needs_in_network]
+    return [{}] + [{"ranks_per_node": k, "inter": name}
+                   for k in range(2, p) if p % k == 0 for name in across]
+
+
 register(Algorithm(
     "hierarchical",
     "ring reduce-scatter in each node, all-reduce across nodes, ring allgather in each node",
@@ -297,4 +308,5 @@ register(Algorithm(
     node_option="ranks_per_node",
     node_traffic=hierarchical_traffic,
     price=hierarchical_price,
+    orders=hierarchical_orders,
 ))

@@ -142,6 +142,10 @@ class Algorithm:
         needs_in_network: it runs only where the network reduces (switches).
         chooses: it runs another algorithm it picks per call (``auto``), so an
             option belongs to a named algorithm instead.
+        orders: ``orders(collective, p) -> [options, ...]``: the option sets under
+            which its ``collective`` on ``p`` ranks reduces in a distinct order (ring
+            direction, a tree's radix...), the first its default ``{}``. ``refcoll
+            check --identify`` runs every one; ``None``: its default order only.
     """
 
     name: str
@@ -164,6 +168,11 @@ class Algorithm:
     across_nodes: bool = False
     needs_in_network: bool = False
     chooses: bool = False
+    orders: Callable | None = None
+
+    def reduction_orders(self, collective: str, p: int) -> list[dict]:
+        """Return the option sets of its distinct reduction orders (:attr:`orders`)."""
+        return list(self.orders(collective, p)) if self.orders else [{}]
 
     @property
     def collectives(self) -> tuple[str, ...]:

@@ -412,6 +412,14 @@ def switch_worker_ranks(total: int, *, radix: int = RADIX, packet: int = PACKET,
     return switch_workers(total, radix=radix)
 
 
+def switch_orders(collective: str, p: int) -> list[dict]:
+    """Return the radixes whose switch trees reduce ``p`` workers in distinct orders.
+
+    A radix of ``p`` or more is one switch folding every worker left to right.
+    """
+    return [{}] + [{"radix": k} for k in range(2, min(p, 8) + 1) if k != RADIX]
+
+
 register(Algorithm(
     "switch",
     "in-network reduction (SHARP, SwitchML): packets summed up a tree of switch processes",
@@ -430,4 +438,5 @@ register(Algorithm(
     model_cost=switch_ideal_cost,
     across_nodes=True,
     needs_in_network=True,
+    orders=switch_orders,
 ))

@@ -1,0 +1,130 @@
+"""refcoll.verify.identify: naming the reduction order an output was computed in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refcoll import algorithms
+from refcoll.core.errors import UsageError
+from refcoll.verify.identify import (candidate_orders, identify, known_orders, order_label,
+                                     ulp_distance)
+from refcoll.verify.inputs import make_inputs
+from refcoll.verify.oracle import expected_outputs
+
+COUNT = 203  # not a multiple of 3, 4 or 5: uneven chunks
+
+
+def _predict(collective, inputs, name, options, root=0):
+    return expected_outputs(collective, inputs, algorithm=name, op="sum", root=root, **options)
+
+
+def test_order_labels():
+    assert order_label("ring", {}) == "ring"
+    assert order_label("ring", {"direction": "reverse", "start": "own"}) == \
+        "ring(direction=reverse, start=own)"
+
+
+def _bits(outputs):
+    return b"".join(np.ascontiguousarray(o).tobytes() for o in outputs if o is not None)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "reduce"])
+@pytest.mark.parametrize("p", [3, 4, 5])
+def test_every_order_identifies_itself(collective, p):
+    """An order's own output matches exactly the orders that predict the same bits.
+
+    Each algorithm's first and last order are judged (every order is simulated
+    inside each identification).
+    """
+    inputs = make_inputs("adversarial", "float32", COUNT, p)
+    orders = candidate_orders(collective, p)
+    assert orders and all(not algorithms.get(name).chooses for name, _ in orders)
+    predicted = {order_label(n, o): _bits(_predict(collective, inputs, n, o, root=p - 1))
+                 for n, o in orders}
+    judged = {}
+    for name, options in orders:
+        judged.setdefault(name, []).append(options)
+    for name, sets in judged.items():
+        for options in {0: sets[0], 1: sets[-1]}.values():
+            outputs = _predict(collective, inputs, name, options, root=p - 1)
+            result = identify(inputs, outputs, collective=collective, root=p - 1, known=[])
+            mine = predicted[order_label(name, options)]
+            assert sorted(result.matches) == sorted(
+                label for label, bits in predicted.items() if bits == mine)
+
+
+def test_distinct_orders_are_told_apart():
+    """On adversarial inputs the naive fold and the ring are different orders at p = 4."""
+    inputs = make_inputs("adversarial", "float32", COUNT, 4)
+    ring = identify(inputs, _predict("allreduce", inputs, "ring", {}), known=[])
+    assert "ring" in ring.matches and "naive" not in ring.matches
+    assert not ring.indistinct
+    groups = ring.groups(ring.matches)
+    assert sum(len(g) for g in groups) == len(ring.matches)
+
+
+def test_a_changed_element_matches_nothing_and_names_the_nearest():
+    inputs = make_inputs("adversarial", "float32", COUNT, 4)
+    outputs = [o.copy() for o in _predict("allreduce", inputs, "naive", {})]
+    for o in outputs:  # every rank agrees on the wrong bits
+        o[7] = np.nextafter(o[7], np.float32(np.inf))
+    result = identify(inputs, outputs, known=[])
+    assert result.matches == []
+    label, differ, total = result.nearest
+    assert (label, differ, total) == ("naive", 4, 4 * COUNT)
+    naive = next(c for c in result.candidates if c.label == "naive")
+    assert naive.ulps == 1
+    assert "nearest naive: 4 of 812 elements differ, at most 1 ulp apart" in \
+        "\n".join(result.summary())
+
+
+def test_order_free_inputs_say_they_cannot_tell():
+    inputs = make_inputs("exact", "float32", COUNT, 4)
+    result = identify(inputs, _predict("allreduce", inputs, "ring", {}), known=[])
+    assert result.indistinct
+    assert "cannot tell orders apart" in "\n".join(result.summary())
+
+
+def test_library_facts_name_the_library():
+    inputs = make_inputs("adversarial", "float32", COUNT, 4)
+    outputs = _predict("allreduce", inputs, "ring", {})
+    known = [{"library": "Lib 1.0", "description": "Lib's ring", "collective": "allreduce",
+              "p": 4, "op": "sum", "matches": ["ring"]},
+             {"library": "Lib 1.0", "description": "Lib's ring at 3", "collective": "allreduce",
+              "p": 3, "op": "sum", "matches": ["ring"]}]
+    result = identify(inputs, outputs, known=known)
+    assert result.libraries["ring"] == ["Lib's ring (Lib 1.0)"]
+    assert any(line.startswith("matches ring") and line.endswith(": Lib's ring (Lib 1.0)")
+               for line in result.summary())
+
+
+def test_only_ranks_with_an_output_are_compared():
+    inputs = make_inputs("adversarial", "float32", COUNT, 3)
+    outputs = _predict("reduce", inputs, "tree", {}, root=2)
+    assert outputs[0] is None and outputs[2] is not None
+    assert "tree" in identify(inputs, outputs, collective="reduce", root=2, known=[]).matches
+    with pytest.raises(UsageError, match="no rank's output"):
+        identify(inputs, [None, None, None], collective="reduce", root=2, known=[])
+
+
+def test_ulp_distance_counts_representable_values():
+    one = np.float32(1.0)
+    steps = [one]
+    for _ in range(5):
+        steps.append(np.nextafter(steps[-1], np.float32(2.0)))
+    assert ulp_distance(np.array(steps[:1] * 6), np.array(steps)) == 5
+    tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+    assert ulp_distance(np.array([tiny]), np.array([-tiny])) == 2
+    assert ulp_distance(np.array([0.0]), np.array([-0.0])) == 0
+    assert ulp_distance(np.array([1.0]), np.array([np.nan])) > 2 ** 60
+    assert ulp_distance(np.array([3], np.int32), np.array([-4], np.int32)) == 7
+
+
+def test_known_orders_file_is_a_list_or_refused(tmp_path):
+    assert known_orders(tmp_path / "absent.json") == []
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(UsageError, match="bad.json"):
+        known_orders(bad)
+    assert isinstance(known_orders(), list)
