@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import refcoll
+import refcoll.cli.check as check_command
 from conftest import mpiexec_path
 from refcoll.cli import main
 from refcoll.verify.inputs import make_inputs, read_rank_files, write_rank_files
@@ -128,3 +129,18 @@ def test_the_mpi_librarys_own_allreduce_is_judged_conforming(tmp_path):
     identical = next(f for f in report["findings"] if f["check"] == "identical on every rank")
     assert identical["data"]["differing_ranks"] == [3]
     assert "rank 3 element 1234" in identical["detail"]
+
+
+def test_the_reports_notes_are_printed_before_the_verdict(tmp_path, monkeypatch):
+    def with_a_note(*args, **kwargs):
+        report = check_outputs(*args, **kwargs)
+        report.notes = ["passed on the error bound alone"]
+        return report
+
+    monkeypatch.setattr(check_command, "check_outputs", with_a_note)
+    assert invoke("gen-inputs", "-p", 3, "--count", 5, tmp_path / "in").exit_code == 0
+    assert invoke("oracle", "--algorithm", "ring", tmp_path / "in", tmp_path / "out").exit_code == 0
+    res = invoke("check", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[-2:] == ["note: passed on the error bound alone", "verdict: conforming"]

@@ -128,3 +128,36 @@ def test_known_orders_file_is_a_list_or_refused(tmp_path):
     with pytest.raises(UsageError, match="bad.json"):
         known_orders(bad)
     assert isinstance(known_orders(), list)
+
+
+def test_check_identify_on_the_command_line(tmp_path):
+    """``refcoll check --identify`` prints the orders found and writes them to the JSON."""
+    import json
+
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+    from refcoll.verify.inputs import write_rank_files
+
+    inputs = make_inputs("adversarial", "float32", COUNT, 4)
+    write_rank_files(tmp_path / "in", inputs, meta={"p": 4})
+    ring = _predict("allreduce", inputs, "ring", {})
+    write_rank_files(tmp_path / "out", ring)
+    runner = CliRunner()
+    args = ["check", "--identify", str(tmp_path / "in"), str(tmp_path / "out")]
+    done = runner.invoke(main, [*args, "--json", str(tmp_path / "r.json")])
+    assert done.exit_code == 0, done.output
+    lines = [line for line in done.output.splitlines() if line.startswith("identify: ")]
+    assert lines[0].startswith("identify: orders tried: ")
+    assert any(line.startswith("identify: matches ring") for line in lines)
+    assert done.output.rstrip().endswith("verdict: conforming")
+    found = json.loads((tmp_path / "r.json").read_text())["identify"]
+    assert "ring" in found["matches"] and "naive" not in found["matches"]
+    # One element off on every rank: no order, the ring nearest, and still conforming.
+    wrong = [o.copy() for o in ring]
+    for o in wrong:
+        o[11] = np.nextafter(o[11], np.float32(-np.inf))
+    write_rank_files(tmp_path / "out", wrong)
+    done = runner.invoke(main, args)
+    assert done.exit_code == 0, done.output
+    assert "identify: matches no order refcoll knows; nearest ring" in done.output

@@ -7,6 +7,7 @@ outputs (:mod:`refcoll.verify.oracle`).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -14,8 +15,10 @@ import click
 from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
-from ..verify.inputs import make_inputs, read_rank_files, write_rank_files
+from ..verify.inputs import make_inputs
+from ..verify.identify import identify as identify_order
 from ..verify.oracle import check_outputs, expected_outputs
+from ..verify.rankfiles import load_case, write_world
 from ..verify.simulation import simulation_bytes
 from .common import (check_output_directory, check_output_paths, main, out_of_memory_is_usage,
                      reports_errors, require_memory, write_json)
@@ -37,7 +40,7 @@ _KINDS = ["exact", "random", "adversarial"]
 @click.option("--op", default="sum", show_default=True,
               help="The op the inputs are made exact for.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=click.Path())
 @reports_errors
 def gen_inputs(p, count, dtype, kind, op, seed, directory):
     """Write rank<r>.npy inputs for P ranks (and meta.json) into DIRECTORY.
@@ -55,8 +58,8 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
     require_memory(p * count * dt.itemsize + 8 * count, what, advice)
     with out_of_memory_is_usage(what, advice):
         arrays = make_inputs(kind, dt, count, p, op=reduction.name, seed=seed)
-    write_rank_files(directory, arrays, meta={"p": p, "count": count, "kind": kind,
-                                              "op": reduction.name, "seed": seed})
+    write_world(directory, arrays, meta={"count": count, "kind": kind, "op": reduction.name,
+                                         "seed": seed})
     click.echo(f"wrote {p} inputs of {count} x {dtype} ({kind}) to {directory}")
 
 
@@ -72,19 +75,16 @@ def _collective_options(f):
 @main.command()
 @click.option("--algorithm", required=True, help="The algorithm whose results to predict.")
 @_collective_options
-@click.argument("in_dir", type=click.Path(file_okay=False))
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("in_dir", type=click.Path())
+@click.argument("out_dir", type=click.Path())
 @reports_errors
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit."""
     check_output_directory("OUT_DIR", out_dir)
+    if os.path.abspath(in_dir) == os.path.abspath(out_dir):
+        raise UsageError(f"OUT_DIR {out_dir} is IN_DIR: the outputs would overwrite the inputs")
     algorithms.implementation(algorithm, collective)
-    inputs = read_rank_files(in_dir)
-    if any(x is None for x in inputs):
-        raise UsageError(f"{in_dir}: rank files are missing (need rank0.npy .. "
-                         f"rank{len(inputs) - 1}.npy)")
-    if root >= len(inputs):
-        raise UsageError(f"--root {root} is not one of the {len(inputs)} ranks")
+    inputs, _, _ = load_case(in_dir, collective=collective, root=root)
     what = f"predicting {algorithm} {collective} for {len(inputs)} ranks"
     advice = "predict fewer or smaller inputs"
     require_memory(simulation_bytes(collective, len(inputs), inputs[0].size,
@@ -92,8 +92,8 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     with out_of_memory_is_usage(what, advice):
         outputs = expected_outputs(collective, inputs, algorithm=algorithm, op=get_op(op).name,
                                    root=root)
-    write_rank_files(out_dir, outputs, meta={"algorithm": algorithm, "collective": collective,
-                                             "op": get_op(op).name, "root": root})
+    write_world(out_dir, outputs, meta={"algorithm": algorithm, "collective": collective,
+                                        "op": get_op(op).name, "root": root})
     click.echo(f"wrote {sum(o is not None for o in outputs)} expected outputs of {algorithm} "
                f"{collective} to {out_dir}")
 
@@ -103,36 +103,55 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
               help="Also require bit-exactness against this algorithm.")
 @click.option("--any", "any_order", is_flag=True,
               help="Judge without a declared algorithm (the default).")
+@click.option("--identify", is_flag=True,
+              help="Also name every order refcoll knows that gives these outputs bit for bit "
+                   "(or the nearest).")
 @_collective_options
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write the whole report as JSON.")
-@click.argument("in_dir", type=click.Path(file_okay=False))
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("in_dir", type=click.Path())
+@click.argument("out_dir", type=click.Path())
 @reports_errors
-def check(algorithm, any_order, op, collective, root, json_file, in_dir, out_dir):
+def check(algorithm, any_order, identify, op, collective, root, json_file, in_dir, out_dir):
     """Judge another implementation's outputs (OUT_DIR/rank<r>.npy) for IN_DIR's inputs.
 
-    Exit 0 conforming, 1 not conforming, 2 the files cannot be judged.
+    With --identify, also simulate every reduction order refcoll knows (each
+    algorithm under each of its order options) and name those whose outputs
+    equal OUT_DIR's bit for bit, with the library orders recorded as equal to
+    them (spec/orders.md), or the nearest. Exit 0 conforming, 1 not conforming,
+    2 the files cannot be judged (with the file and the reason: see
+    refcoll.verify.rankfiles).
     """
     check_output_paths(json=json_file)
     if algorithm and any_order:
         raise UsageError("give --algorithm A or --any, not both")
     if algorithm:
         algorithms.implementation(algorithm, collective)
-    inputs = read_rank_files(in_dir)
-    if root >= len(inputs):
-        raise UsageError(f"--root {root} is not one of the {len(inputs)} ranks")
-    outputs = read_rank_files(out_dir, dtype=inputs[0].dtype, size=len(inputs))
+    op = get_op(op).name
+    inputs, outputs, _ = load_case(in_dir, out_dir, collective=collective, root=root, op=op)
     with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs",
                                 "judge fewer or smaller outputs"):
-        report = check_outputs(inputs, outputs, collective=collective, op=get_op(op).name,
+        report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
+        found = identify_order(inputs, outputs, collective=collective, op=op,
+                               root=root) if identify else None
+    _print_report(report, collective, algorithm, found)
+    write_json(json_file, {**report.to_json(),
+                           **({"identify": found.to_json()} if found else {})})
+    sys.exit(0 if report.conforming else 1)
+
+
+def _print_report(report, collective: str, algorithm: str | None, found=None) -> None:
+    """Print the findings as a table, the report's notes (advice), the orders found
+    (``found``, with --identify), then the verdict."""
     against = f", against {algorithm}" if algorithm else ""
     click.echo(f"refcoll check: {collective} {report.op}, {report.ranks} ranks, {report.count} x "
                f"{report.dtype}{against}")
     click.echo(f"{'check':<42} {'result':<7} detail")
     for f in report.findings:
         click.echo(f"{f.check:<42} {'ok' if f.passed else 'FAIL':<7} {f.detail}")
+    for note in getattr(report, "notes", []):
+        click.echo(f"note: {note}")
+    for line in found.summary() if found else ():
+        click.echo(f"identify: {line}")
     click.echo("verdict: " + ("conforming" if report.conforming else "not conforming"))
-    write_json(json_file, report.to_json())
-    sys.exit(0 if report.conforming else 1)

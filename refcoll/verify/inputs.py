@@ -26,18 +26,21 @@ Kinds:
   the sign, are drawn per element from a generator every rank shares. ``prod``:
   magnitudes in ``[1, 1 + min(1/8, 1/p))`` with random mantissas and signs, so
   every partial product rounds and none can overflow (``|Π| < e``).
+
+The rank files these inputs are written to and read from (``rank<r>.npy`` and
+``meta.json``) are :mod:`refcoll.verify.rankfiles`'; :func:`write_rank_files` and
+:func:`read_rank_files` are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import zlib
-from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import UsageError
 from ..core.ops import dtype_name, exact_integer_limit, get_dtype, is_integer
+from .rankfiles import read_rank_files, write_rank_files
+from .rankfiles import stored_dtype as _storage  # noqa: F401  (vectors.py reads it here)
 
 __all__ = ["KINDS", "make_input", "make_inputs", "write_rank_files", "read_rank_files"]
 
@@ -107,66 +110,3 @@ def make_inputs(kind: str, dtype, count: int, size: int, *, op: str = "sum",
                 seed: int = 0) -> list[np.ndarray]:
     """Return every rank's input, by rank."""
     return [make_input(kind, dtype, count, r, size, op=op, seed=seed) for r in range(size)]
-
-
-# ------------------------------------------------------------------ rank files
-
-def _storage(dtype: np.dtype) -> np.dtype:
-    """Return how ``dtype`` is stored in ``.npy``: ml_dtypes types as unsigned bits."""
-    if dtype.kind == "V" or dtype.name.startswith(("bfloat16", "float8")):
-        return np.dtype(f"uint{8 * dtype.itemsize}")
-    return dtype
-
-
-def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
-    """Write ``rank<r>.npy`` for each array and ``meta.json`` naming the dtype.
-
-    bfloat16 and float8 arrays are stored as their unsigned-integer bits (``.npy``
-    cannot name ml_dtypes' types); ``meta.json`` records the real dtype, so any
-    language can read the bits back.
-    """
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    first = next((a for a in arrays if a is not None), None)
-    info = dict(meta or {})
-    if first is not None:
-        info.setdefault("dtype", dtype_name(first.dtype))
-        info["stored_as"] = str(_storage(first.dtype))
-    for r, arr in enumerate(arrays):
-        if arr is not None:
-            np.save(path / f"rank{r}.npy", np.ascontiguousarray(arr).view(_storage(arr.dtype)))
-    (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
-
-
-def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
-    """Read ``rank<r>.npy`` files, ``None`` for a missing rank (up to ``size`` ranks).
-
-    The dtype comes from ``dtype``, else ``meta.json``, else the files themselves;
-    arrays stored as bits are viewed back as that dtype.
-    """
-    path = Path(directory)
-    if not path.is_dir():
-        raise UsageError(f"{directory}: no such directory")
-    meta_file = path / "meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-    want = get_dtype(dtype or meta["dtype"]) if (dtype or "dtype" in meta) else None
-    ranks = sorted(int(f.stem[4:]) for f in path.glob("rank*.npy") if f.stem[4:].isdigit())
-    if not ranks and size is None:
-        raise UsageError(f"{directory}: no rank<r>.npy files")
-    count = size if size is not None else ranks[-1] + 1
-    arrays = []
-    for r in range(count):
-        f = path / f"rank{r}.npy"
-        if not f.exists():
-            arrays.append(None)
-            continue
-        try:
-            arr = np.load(f, allow_pickle=False)
-        except ValueError as exc:
-            raise UsageError(f"{f}: not a readable .npy file ({exc})") from None
-        if want is not None and arr.dtype != want:
-            if arr.dtype.itemsize != want.itemsize or arr.dtype.kind not in "uiV":
-                raise UsageError(f"{f}: holds {arr.dtype}, expected {dtype_name(want)}")
-            arr = arr.view(want)
-        arrays.append(arr)
-    return arrays

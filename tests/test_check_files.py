@@ -1,0 +1,373 @@
+"""refcoll check / oracle / gen-inputs on files they cannot judge: one line, exit 2.
+
+Every case builds its directories with NumPy and json directly (not with refcoll's
+writer), runs the command through click's runner and requires exit 2, nothing on
+stdout, and one line on stderr that names the file and the reason. Good files next
+to them must still be judged (exit 0), so a refusal cannot come from a reader that
+refuses everything.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import refcoll
+from refcoll import algorithms
+from refcoll.cli import main
+from refcoll.verify.inputs import make_inputs
+
+P, N = 4, 8
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def inputs(p=P, n=N, dtype="float32"):
+    rng = np.random.default_rng([p, n])
+    return [rng.standard_normal(n).astype(dtype) for _ in range(p)]
+
+
+def write_world(folder: Path, arrays, meta: dict | None = None) -> Path:
+    """Save ``rank<r>.npy`` (None: no file) and, if given, ``meta.json`` verbatim."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for r, x in enumerate(arrays):
+        if x is not None:
+            np.save(folder / f"rank{r}.npy", x)
+    if meta is not None:
+        (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def good_case(tmp: Path, *, meta_in=True, meta_out=True, collective="allreduce", root=0):
+    """Inputs of P ranks and the ring's outputs for them, as gen-inputs and oracle write."""
+    xs = inputs()
+    write_world(tmp / "in", xs, {"dtype": "float32", "p": P, "count": N} if meta_in else None)
+    options = {"root": root} if collective in ("reduce", "broadcast") else {}
+    name = "ring" if "ring" in algorithms.names(collective) else "tree"
+    outs = refcoll.simulate(collective, xs, algorithm=name, **options).outputs
+    write_world(tmp / "out", outs, {"dtype": "float32", "p": P, "collective": collective,
+                                    "op": "sum", "root": root} if meta_out else None)
+    return tmp / "in", tmp / "out"
+
+
+def assert_refused(res, *needles):
+    """Exit 2, no traceback, and one line on stderr holding every needle."""
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert res.stdout == "", res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refcoll: error: "), res.stderr
+    for needle in needles:
+        assert str(needle) in lines[0], (needle, lines[0])
+
+
+# ------------------------------------------------------------------- broken files
+
+def _npz(path: Path) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, x=inputs()[0])
+    path.write_bytes(buf.getvalue())
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-5])
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None, 3.0], dtype=object), allow_pickle=True)
+
+
+def _text(path: Path) -> None:
+    path.write_text("1.0 2.0 3.0\n")
+
+
+BROKEN = {  # what is written over the file, and the reason the refusal must give
+    "npz": (_npz, ".npz archive"),
+    "empty": (lambda f: f.write_bytes(b""), "empty"),
+    "truncated": (_truncated, "truncated"),
+    "pickled-objects": (_pickled, "Python objects"),
+    "not-npy": (_text, "not a .npy file"),
+}
+
+BAD_META = {
+    "not-json": ('{"dtype": float32}', "not valid JSON"),
+    "empty": ("", "empty"),
+    "number": ("4", "not a JSON object"),
+    "list": ('["float32", 4]', "not a JSON object"),
+    "not-utf8": (b"\xff\xfe\x00{", "not valid JSON"),
+    "unknown-dtype": ('{"dtype": "float33"}', "unknown dtype 'float33'"),
+    "p-zero": ('{"p": 0}', "p must be"),
+    "p-string": ('{"p": "4"}', "p must be"),
+    "stored-as-wrong": ('{"dtype": "float32", "stored_as": "uint32"}', "stored_as"),
+}
+
+#: Where a broken file lies and the command that meets it: (folder, command).
+PLACES = {
+    "check-in": ("in", ["check"]),
+    "check-out": ("out", ["check"]),
+    "oracle-in": ("in", ["oracle", "--algorithm", "ring"]),
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("kind", BAD_META)
+def test_a_bad_meta_json_is_refused(tmp_path, place, kind):
+    folder, command = PLACES[place]
+    in_dir, out_dir = good_case(tmp_path)
+    text, reason = BAD_META[kind]
+    meta = tmp_path / folder / "meta.json"
+    (meta.write_bytes if isinstance(text, bytes) else meta.write_text)(text)
+    if command[0] == "oracle":
+        out_dir = tmp_path / "predicted"
+    assert_refused(invoke(*command, in_dir, out_dir), meta, reason)
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("kind", BROKEN)
+def test_a_broken_rank_file_is_refused(tmp_path, place, kind):
+    folder, command = PLACES[place]
+    in_dir, out_dir = good_case(tmp_path)
+    spoil, reason = BROKEN[kind]
+    spoil(tmp_path / folder / "rank1.npy")
+    if command[0] == "oracle":
+        out_dir = tmp_path / "predicted"
+    assert_refused(invoke(*command, in_dir, out_dir), tmp_path / folder / "rank1.npy", reason)
+    assert not out_dir.exists() or command[0] == "check", "oracle wrote outputs for bad inputs"
+
+
+# ----------------------------------------------------------------- the inputs' world
+
+def _drop(rank, folder="in"):
+    return lambda tmp: (tmp / folder / f"rank{rank}.npy").unlink()
+
+
+def _drop_meta(folder="in"):
+    return lambda tmp: (tmp / folder / "meta.json").unlink()
+
+
+def _then(*steps):
+    def run(tmp):
+        for step in steps:
+            step(tmp)
+    return run
+
+
+def _replace(rank, array, folder="in"):
+    return lambda tmp: np.save(tmp / folder / f"rank{rank}.npy", array)
+
+
+def _meta(folder="in", **fields):
+    def run(tmp):
+        path = tmp / folder / "meta.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return run
+
+
+INPUT_CASES = {  # spoil the good case's inputs; the file named and the reason
+    "rank0-missing": (_drop(0), "rank0.npy", "missing"),
+    "rank0-missing-no-meta": (_then(_drop_meta(), _drop(0)), "rank0.npy", "missing"),
+    "gap-no-meta": (_then(_drop_meta(), _drop(1)), "rank1.npy", "missing"),
+    "last-missing-meta-p4": (_drop(3), "rank3.npy", "p = 4"),
+    "extra-beyond-meta-p4": (_replace(4, inputs()[0]), "rank4.npy", "p = 4"),
+    "shorter-rank": (_replace(2, inputs(n=N - 1)[0]), "rank2.npy", f"{N - 1} elements"),
+    "shorter-rank-no-meta": (_then(_drop_meta(), _replace(2, inputs(n=N - 1)[0])), "rank2.npy",
+                             f"{N - 1} elements"),
+    "other-shape": (_replace(1, inputs()[1].reshape(2, -1)), "rank1.npy", "(2, 4)"),
+    "count-disagrees": (_meta(count=N + 1), "meta.json", f"count {N + 1}"),
+    "mixed-dtypes-no-meta": (_then(_drop_meta(), _replace(2, inputs(dtype="float64")[2])),
+                             "rank2.npy", "float64"),
+    "mixed-dtypes-meta": (_replace(2, inputs(dtype="float64")[2]), "rank2.npy", "float64"),
+    "int32-as-float32": (_replace(1, np.arange(N, dtype=np.int32)), "rank1.npy", "int32"),
+    "uint32-as-float32": (_replace(1, np.arange(N, dtype=np.uint32)), "rank1.npy", "uint32"),
+    "complex-no-meta": (_then(_drop_meta(), *[_replace(r, np.ones(N, np.complex64))
+                                              for r in range(P)]), "rank0.npy", "complex64"),
+    "no-rank-files": (_then(*[_drop(r) for r in range(P)], _drop_meta()), "in", "no rank"),
+}
+
+
+@pytest.mark.parametrize("command", ["check", "oracle"])
+@pytest.mark.parametrize("case", INPUT_CASES)
+def test_inputs_that_make_no_world_are_refused(tmp_path, case, command):
+    spoil, name, reason = INPUT_CASES[case]
+    in_dir, out_dir = good_case(tmp_path)
+    spoil(tmp_path)
+    if command == "oracle":
+        res = invoke("oracle", "--algorithm", "ring", in_dir, tmp_path / "predicted")
+        assert not (tmp_path / "predicted").exists(), "oracle wrote outputs for bad inputs"
+    else:
+        res = invoke("check", in_dir, out_dir)
+    needles = [in_dir / name if name != "in" else in_dir, reason]
+    if case.startswith(("mixed", "int32", "uint32")):
+        needles.append("float32")  # both dtypes are named
+    assert_refused(res, *needles)
+
+
+def test_without_meta_json_the_files_define_the_world(tmp_path):
+    in_dir, out_dir = good_case(tmp_path, meta_in=False, meta_out=False)
+    res = invoke("check", "--algorithm", "ring", in_dir, out_dir)
+    assert res.exit_code == 0 and f"{P} ranks, {N} x float32" in res.output, res.output
+    res = invoke("oracle", "--algorithm", "ring", in_dir, tmp_path / "predicted")
+    assert res.exit_code == 0, res.output
+    written = sorted(f.name for f in (tmp_path / "predicted").glob("rank*.npy"))
+    assert written == [f"rank{r}.npy" for r in range(P)]
+
+
+# ------------------------------------------------------------------------ the outputs
+
+OUTPUT_CASES = {
+    "rank-missing": (_drop(2, "out"), "rank2.npy", "missing"),
+    "rank-missing-no-meta": (_then(_drop_meta("out"), _drop(2, "out")), "rank2.npy", "missing"),
+    "extra-rank": (_replace(P, inputs()[0], "out"), f"rank{P}.npy", f"{P} ranks"),
+    "int32-as-float32": (_replace(1, np.arange(N, dtype=np.int32), "out"), "rank1.npy", "int32"),
+    "uint32-as-float32": (_replace(1, np.arange(N, dtype=np.uint32), "out"), "rank1.npy",
+                          "uint32"),
+    "float64-as-float32": (_replace(1, inputs(dtype="float64")[1], "out"), "rank1.npy",
+                           "float64"),
+    "meta-p-differs": (_meta("out", p=P - 1), "meta.json", f"p = {P - 1}"),
+    "meta-dtype-differs": (_meta("out", dtype="float64"), "meta.json", "float64"),
+    "meta-collective-differs": (_meta("out", collective="reduce_scatter"), "meta.json",
+                                "reduce_scatter"),
+    "meta-op-differs": (_meta("out", op="max"), "meta.json", "--op max"),
+}
+
+
+@pytest.mark.parametrize("case", OUTPUT_CASES)
+def test_outputs_that_do_not_fit_the_inputs_are_refused(tmp_path, case):
+    spoil, name, reason = OUTPUT_CASES[case]
+    in_dir, out_dir = good_case(tmp_path)
+    spoil(tmp_path)
+    needles = [out_dir / name, reason]
+    if "as-float32" in case:
+        needles.append("float32")
+    assert_refused(invoke("check", in_dir, out_dir), *needles)
+
+
+def test_reduce_needs_only_the_roots_output(tmp_path):
+    in_dir, out_dir = good_case(tmp_path, collective="reduce", root=2)
+    assert sorted(f.name for f in out_dir.glob("rank*.npy")) == ["rank2.npy"]
+    res = invoke("check", "--collective", "reduce", "--root", 2, in_dir, out_dir)
+    assert res.exit_code == 0, res.output
+    (out_dir / "rank2.npy").unlink()
+    assert_refused(invoke("check", "--collective", "reduce", "--root", 2, in_dir, out_dir),
+                   out_dir / "rank2.npy", "root")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_bit_stored_types_read_back_from_their_unsigned_bits_only(tmp_path, dtype):
+    xs = make_inputs("exact", dtype, N, P)
+    in_dir = write_world(tmp_path / "in", [x.view(f"u{x.itemsize}") for x in xs],
+                         {"dtype": dtype, "stored_as": f"uint{8 * xs[0].itemsize}", "p": P})
+    outs = refcoll.simulate("allreduce", xs, algorithm="ring").outputs
+    out_dir = write_world(tmp_path / "out", [o.view(f"u{o.itemsize}") for o in outs])
+    res = invoke("check", "--algorithm", "ring", in_dir, out_dir)
+    assert res.exit_code == 0 and f"x {dtype}" in res.output, res.output
+    np.save(out_dir / "rank3.npy", outs[3].view(f"i{outs[3].itemsize}"))  # signed: not the bits
+    assert_refused(invoke("check", in_dir, out_dir), out_dir / "rank3.npy",
+                   f"int{8 * outs[3].itemsize}", dtype)
+
+
+# --------------------------------------------------------------- folders and options
+
+FOLDER_CASES = {
+    "in-missing": ("in", lambda p: None, "does not exist"),
+    "in-is-a-file": ("in", lambda p: p.write_text("x"), "not a folder"),
+    "out-missing": ("out", lambda p: None, "does not exist"),
+    "out-is-a-file": ("out", lambda p: p.write_text("x"), "not a folder"),
+}
+
+
+@pytest.mark.parametrize("case", FOLDER_CASES)
+def test_a_missing_folder_or_a_file_in_its_place_is_refused(tmp_path, case):
+    which, make, reason = FOLDER_CASES[case]
+    in_dir, out_dir = good_case(tmp_path)
+    target = in_dir if which == "in" else out_dir
+    for f in target.iterdir():
+        f.unlink()
+    target.rmdir()
+    make(target)
+    assert_refused(invoke("check", in_dir, out_dir), target, reason)
+    if which == "in":
+        assert_refused(invoke("oracle", "--algorithm", "ring", in_dir, tmp_path / "p"),
+                       target, reason)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="running as root, which reads a chmod 000 file anyway")
+@pytest.mark.parametrize("name", ["rank1.npy", "meta.json"])
+def test_an_unreadable_file_is_refused(tmp_path, name):
+    in_dir, out_dir = good_case(tmp_path)
+    (in_dir / name).chmod(0)
+    try:
+        assert_refused(invoke("check", in_dir, out_dir), in_dir / name, "cannot be read")
+    finally:
+        (in_dir / name).chmod(0o644)
+
+
+@pytest.mark.parametrize("command", ["check", "oracle"])
+def test_a_root_beyond_the_world_is_refused(tmp_path, command):
+    in_dir, out_dir = good_case(tmp_path)
+    if command == "oracle":
+        out_dir = tmp_path / "predicted"
+        res = invoke("oracle", "--algorithm", "tree", "--collective", "reduce", "--root", P,
+                     in_dir, out_dir)
+    else:
+        res = invoke("check", "--collective", "reduce", "--root", P, in_dir, out_dir)
+    assert_refused(res, f"--root {P}", f"{P} ranks")
+
+
+# ---------------------------------------------------------- what the writers leave
+
+def test_gen_inputs_over_a_larger_world_leaves_no_stale_ranks(tmp_path):
+    assert invoke("gen-inputs", "-p", 6, "--count", 5, tmp_path / "in").exit_code == 0
+    assert invoke("gen-inputs", "-p", 3, "--count", 5, tmp_path / "in").exit_code == 0
+    assert sorted(f.name for f in (tmp_path / "in").glob("rank*.npy")) == [
+        "rank0.npy", "rank1.npy", "rank2.npy"]
+    assert invoke("oracle", "--algorithm", "ring", tmp_path / "in", tmp_path / "out").exit_code == 0
+    # A reduce predicted over an all-reduce's folder keeps only the root's file.
+    assert invoke("oracle", "--algorithm", "tree", "--collective", "reduce", "--root", 1,
+                  tmp_path / "in", tmp_path / "out").exit_code == 0
+    assert sorted(f.name for f in (tmp_path / "out").glob("rank*.npy")) == ["rank1.npy"]
+    res = invoke("check", "--collective", "reduce", "--root", 1, "--algorithm", "tree",
+                 tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
+def test_zero_elements_run_end_to_end(tmp_path, collective):
+    """gen-inputs --count 0, oracle, then check on the oracle's own output: exit 0."""
+    in_dir = tmp_path / "in"
+    res = invoke("gen-inputs", "-p", 3, "--count", 0, "--dtype", "bfloat16", in_dir)
+    assert res.exit_code == 0, res.output
+    for name in algorithms.names(collective):
+        out_dir = tmp_path / name
+        res = invoke("oracle", "--algorithm", name, "--collective", collective, "--root", 2,
+                     in_dir, out_dir)
+        assert res.exit_code == 0, (name, res.output)
+        res = invoke("check", "--algorithm", name, "--collective", collective, "--root", 2,
+                     in_dir, out_dir)
+        assert res.exit_code == 0, (name, res.output)
+        assert "3 ranks, 0 x bfloat16" in res.output and "verdict: conforming" in res.output
+
+
+def test_the_writers_refuse_a_file_in_the_folders_place(tmp_path):
+    (tmp_path / "taken").write_text("x")
+    assert_refused(invoke("gen-inputs", "-p", 2, "--count", 3, tmp_path / "taken"),
+                   tmp_path / "taken", "is a file")
+    in_dir, _ = good_case(tmp_path)
+    assert_refused(invoke("oracle", "--algorithm", "ring", in_dir, tmp_path / "taken"),
+                   tmp_path / "taken", "is a file")
+
+
+def test_oracle_refuses_to_write_over_its_inputs(tmp_path):
+    in_dir, _ = good_case(tmp_path)
+    before = {f.name: f.read_bytes() for f in in_dir.iterdir()}
+    assert_refused(invoke("oracle", "--algorithm", "ring", in_dir, in_dir), in_dir, "overwrite")
+    assert {f.name: f.read_bytes() for f in in_dir.iterdir()} == before
