@@ -40,7 +40,6 @@ import numpy as np
 
 from ..core.ops import dtype_name, exact_integer_limit, get_dtype, is_integer
 from .rankfiles import read_rank_files, write_rank_files
-from .rankfiles import stored_dtype as _storage  # noqa: F401  (vectors.py reads it here)
 
 __all__ = ["KINDS", "make_input", "make_inputs", "write_rank_files", "read_rank_files"]
 
