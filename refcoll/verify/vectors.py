@@ -54,8 +54,8 @@ from .. import algorithms
 from ..calls.collectives import simulate
 from ..core.bits import first_bit_difference, same_bits
 from ..core.ops import dtype_name, get_dtype
-from .rankfiles import stored_dtype
 from .inputs import make_inputs
+from .rankfiles import stored_dtype
 
 __all__ = ["FORMAT", "SEED", "PROCESS_COUNTS", "GENERATOR", "Vector", "plan", "generate",
            "verify", "load", "read_manifest"]
