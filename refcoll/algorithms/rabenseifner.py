@@ -7,9 +7,23 @@ and doubles on the way up: ``2·lg p`` rounds and, like the ring,
 ``src/mpi/coll/allreduce/allreduce_intra_reduce_scatter_allgather.c``; Thakur,
 Rabenseifner and Gropp 2005). For ``p`` not a power of two MPICH's fold
 (:mod:`~refcoll.algorithms.recursive`) first leaves ``p' = 2^⌊lg p⌋`` survivors.
-Reduction order: pairing the top bit first, the balanced tree takes the leaves
-in bit-reversed order: ``((L0 op L4) op (L2 op L6)) op ((L1 op L5) op (L3 op L7))``,
-the same for every element.
+Reduction order: pairing the top bit first (the default, ``pairing="far"``), the
+balanced tree takes the leaves in bit-reversed order:
+``((L0 op L4) op (L2 op L6)) op ((L1 op L5) op (L3 op L7))``, the same for every
+element; at ``p = 4``, ``(x0+x2)+(x1+x3)``. MPICH's and Open MPI's MPI_Reduce_scatter
+(recursive halving) reduce in this order.
+
+``pairing="near"`` pairs neighbours first (mask 1, 2, ..., p'/2), as MPICH
+(``src/mpi/coll/allreduce/allreduce_intra_reduce_scatter_allgather.c``), Open MPI
+(``ompi/mca/coll/base/coll_base_allreduce.c``,
+``ompi_coll_base_allreduce_intra_redscat_allgather``) and Rabenseifner's paper
+do: the leaves in rank order, ``((L0 op L1) op (L2 op L3)) op ((L4 op L5) op (L6 op L7))``;
+at ``p = 4``, ``(x0+x1)+(x2+x3)``. Its reduce-scatter is Open MPI's butterfly
+(``coll_base_reduce_scatter.c``), which ends with a swap of positions. Both
+pairings have the same rounds and the published cost; the near halves can differ
+by an element from the far ones, so its exact counts are replayed from the schedule.
+Open MPI's fold differs in its messages (each of a pair reduces half, the even
+rank survives) but not in its leaves ``x(2i) op x(2i+1)``, so the bits are the same.
 
 Spec: spec/rabenseifner.md
 """
@@ -21,10 +35,12 @@ import numpy as np
 from ..core.chunking import chunk_bounds, chunk_sizes, max_chunk
 from ..core.cost import ZERO, Cost
 from ._util import copy_into, view, workspace
-from .recursive import (ABSORBS, SENDS, STAYS, doubling_allgather_steps, doubling_rounds, fold_in,
-                        fold_out, fold_role, halving_reduce_scatter_steps, halving_rounds,
-                        largest_receive, new_rank, own_blocks, pof2_below, pof2_fold,
-                        sum_of_largest, survivor_ranges, survivor_sizes)
+from .knomial import replay_cost
+from .recursive import (ABSORBS, PAIRINGS, SENDS, STAYS, check_pairing, doubling_allgather_steps,
+                        doubling_rounds, fold_in, fold_out, fold_role, halving_reduce_scatter_steps,
+                        halving_rounds, halving_windows, largest_receive, new_rank, own_blocks,
+                        pof2_below, pof2_fold, real_rank, sum_of_largest, survivor_ranges,
+                        survivor_sizes)
 from .registry import Algorithm, LinkCost, register
 
 __all__ = ["rabenseifner_allreduce", "rabenseifner_reduce_scatter", "rabenseifner_allgather",
@@ -32,7 +48,7 @@ __all__ = ["rabenseifner_allreduce", "rabenseifner_reduce_scatter", "rabenseifne
            "rabenseifner_allgather_cost", "rabenseifner_price"]
 
 
-def rabenseifner_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
+def rabenseifner_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, pairing: str = "far") -> None:
     """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling allgather.
 
     Schedule (p' = pof2_below(p); positions = chunk_bounds(n, p'), the one rule):
@@ -58,8 +74,16 @@ def rabenseifner_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
       MPICH instead requires n >= p'). The first reduction writes straight into
       ``out`` (no copy of x), on the partial received there (out of place);
       later receives go to one reused workspace; sends are views.
+    Option ``pairing="near"``: halve distance 1 first (mask m = 1, ..., p'/2),
+      as MPICH (``allreduce_intra_reduce_scatter_allgather.c``), Open MPI
+      (``coll_base_allreduce.c``, ``ompi_coll_base_allreduce_intra_redscat_allgather``)
+      and Rabenseifner's paper do; survivor i ends with position bitreverse(i) and
+      the doubling runs the halving backwards. Its order is the balanced tree over
+      the leaves in rank order, ``(L0 op L1) op (L2 op L3)``: recursive doubling's.
+      The same rounds; each step's halves may differ by an element (``cost``).
     Spec: spec/rabenseifner.md
     """
+    check_pairing(pairing)
     size = t.size
     if size == 1:
         copy_into(out, x)
@@ -69,12 +93,14 @@ def rabenseifner_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
     current = fold_in(t, x, op=op, into=out, scratch=scratch)
     if current is not None:
         me = new_rank(t.rank, size)
-        halving_reduce_scatter_steps(t, current, ranges, me, op=op, acc=out, scratch=scratch)
-        doubling_allgather_steps(t, out, ranges, me)
+        halving_reduce_scatter_steps(t, current, ranges, me, op=op, acc=out, scratch=scratch,
+                                     pairing=pairing)
+        doubling_allgather_steps(t, out, ranges, me, pairing)
     fold_out(t, out, out)
 
 
-def rabenseifner_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
+def rabenseifner_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op,
+                                pairing: str = "far") -> None:
     """Recursive-halving reduce-scatter: rank r gets chunk r (``chunk_bounds(n, p)``).
 
     Schedule: the fold, then :func:`halving_reduce_scatter_steps` over the
@@ -88,7 +114,13 @@ def rabenseifner_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> Non
       Rabenseifner and Gropp 2005); the fold adds 2α + n·β + (n/p)·β + n·γ.
     Restrictions: none. Partials live in one n-element workspace (``acc``); the
       last step of a rank that stands for itself writes straight into ``out``.
+    Option ``pairing="near"``: Open MPI's butterfly
+      (``coll_base_reduce_scatter.c``, ``ompi_coll_base_reduce_scatter_intra_butterfly``;
+      Träff 2005): halve distance 1 first, so survivor i ends with survivor
+      bitreverse(i)'s position, then the two swap them (one more round where
+      bitreverse(i) != i). Order: the rank-order balanced tree over the leaves.
     """
+    check_pairing(pairing)
     size, rank = t.size, t.rank
     if size == 1:
         copy_into(out, x)
@@ -100,11 +132,34 @@ def rabenseifner_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> Non
     acc = workspace(t, x.size, x.dtype, slot=1)
     current = fold_in(t, x, op=op, into=acc, scratch=scratch)
     if current is not None:
-        halving_reduce_scatter_steps(t, current, ranges, new_rank(rank, size), op=op, acc=acc,
-                                     scratch=scratch, last=out if role == STAYS else None)
+        me = new_rank(rank, size)
+        direct = role == STAYS and pairing == "far"
+        halving_reduce_scatter_steps(t, current, ranges, me, op=op, acc=acc, scratch=scratch,
+                                     last=out if direct else None, pairing=pairing)
+        if pairing == "near":
+            _swap_positions(t, acc, ranges, me, out if role == STAYS else None)
         if role == ABSORBS:
             copy_into(out, view(acc, bounds, rank))
     fold_out(t, view(acc, bounds, partner) if role == ABSORBS else out, out)
+
+
+def _swap_positions(t, acc: np.ndarray, ranges, me: int, out: np.ndarray | None) -> None:
+    """Swap the position survivor ``me`` holds after a ``near`` halving for its own.
+
+    Survivor ``me`` holds position ``j = bitreverse(me)``, and survivor ``j`` holds
+    position ``me``: each sends the other its position (Open MPI's "mirror
+    permutation"). Ours lands in ``out`` when given (a rank that stands for
+    itself), else in its place in ``acc``.
+    """
+    held = halving_windows(me, len(ranges), "near")[-1][1]
+    start, stop = ranges[me]
+    target = acc[start:stop] if out is None else out
+    if held == me:
+        copy_into(target, acc[start:stop])
+        return
+    dest = real_rank(held, t.size)
+    t.sendrecv(acc[ranges[held][0]:ranges[held][1]], dest,
+               target, dest)  # its position -> survivor bitreverse(me); ours <- it
 
 
 def rabenseifner_allgather(t, out: np.ndarray) -> None:
@@ -133,14 +188,67 @@ def rabenseifner_allgather(t, out: np.ndarray) -> None:
 
 # ------------------------------------------------------------------ cost
 
-def rabenseifner_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
+def _near_programs(p: int, n: int, collective: str):
+    """Return every rank's calls under ``pairing="near"`` (for :func:`replay_cost`) and γ."""
+    bounds = chunk_bounds(n, p)
+    ranges = (chunk_bounds(n, pof2_below(p)) if collective == "allreduce"
+              else survivor_ranges(bounds, p))
+    width = [stop - start for start, stop in ranges]
+    programs, reduced = [[] for _ in range(p)], [0] * p
+    for rank in range(p):
+        role, partner = fold_role(rank, p)
+        calls = programs[rank]
+        if role == SENDS:
+            back = n if collective == "allreduce" else bounds[rank][1] - bounds[rank][0]
+            programs[rank] = [[("send", partner, n)], [("recv", partner, back)]]
+            continue
+        if role == ABSORBS:
+            calls.append([("recv", partner, n)])
+            reduced[rank] += n
+        me = new_rank(rank, p)
+        steps = halving_windows(me, len(ranges), "near")
+        for peer, keep_lo, keep_hi, send_lo, send_hi in steps:
+            kept, given = sum(width[keep_lo:keep_hi]), sum(width[send_lo:send_hi])
+            calls.append([("send", real_rank(peer, p), given), ("recv", real_rank(peer, p), kept)])
+            reduced[rank] += kept
+        if collective == "allreduce":
+            for peer, keep_lo, keep_hi, send_lo, send_hi in reversed(steps):
+                kept, given = sum(width[keep_lo:keep_hi]), sum(width[send_lo:send_hi])
+                calls.append([("send", real_rank(peer, p), kept),
+                              ("recv", real_rank(peer, p), given)])
+            back = n
+        else:
+            held = steps[-1][1]
+            if held != me:
+                calls.append([("send", real_rank(held, p), width[held]),
+                              ("recv", real_rank(held, p), width[me])])
+            back = bounds[partner][1] - bounds[partner][0] if role == ABSORBS else 0
+        if role == ABSORBS:
+            calls.append([("send", partner, back)])
+    return programs, max(reduced)
+
+
+def _near_cost(p: int, n: int, itemsize: int, collective: str, formula: str) -> Cost:
+    """``pairing="near"``: the schedule replayed exactly (halves may differ by an element)."""
+    if p == 1:
+        return ZERO
+    programs, reduced = _near_programs(p, n, collective)
+    return replay_cost(programs, itemsize, reduced, formula)
+
+
+def rabenseifner_allreduce_cost(p: int, n: int, itemsize: int, *, pairing: str = "far") -> Cost:
     """Rabenseifner: fold, halving and doubling over ``chunk_bounds(n, p')``, unfold.
 
     Published (Thakur, Rabenseifner and Gropp 2005; MPICH): ``2·lg p·α +
     2·((p-1)/p)·n·β + ((p-1)/p)·n·γ`` for ``p`` a power of two; otherwise, with ``p'``
     for ``p``, ``(2·lg p' + 2)·α + (2·(p'-1)/p' + 2)·n·β + (1 + (p'-1)/p')·n·γ``:
     the fold's two rounds of ``n`` and its extra reduction of ``n``.
+    ``pairing="near"``: the same published forms; the exact counts replayed.
     """
+    check_pairing(pairing)
+    if pairing == "near":
+        return _near_cost(p, n, itemsize, "allreduce",
+                          rabenseifner_allreduce_cost(p, n, itemsize).formula)
     if p == 1:
         return ZERO
     pof2, rem, lg = pof2_fold(p)
@@ -165,13 +273,21 @@ def rabenseifner_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
 
 
 
-def rabenseifner_reduce_scatter_cost(p: int, n: int, itemsize: int) -> Cost:
+def rabenseifner_reduce_scatter_cost(p: int, n: int, itemsize: int, *,
+                                     pairing: str = "far") -> Cost:
     """Recursive halving over the survivors' chunks, with the fold (chunk 2i sent back).
 
     Published (Thakur, Rabenseifner and Gropp 2005): ``lg p·α + ((p-1)/p)·n·β +
     ((p-1)/p)·n·γ`` for ``p`` a power of two. The fold adds ``2α + n·β + (n/p)·β +
     n·γ``: the even ranks' buffers in, chunk ``2i`` back out, one more reduction.
+    ``pairing="near"`` (Open MPI's butterfly): one more round, the swap of the
+    positions of survivors ``i`` and ``bitreverse(i)``; the exact counts replayed.
     """
+    check_pairing(pairing)
+    if pairing == "near":
+        return _near_cost(p, n, itemsize, "reduce_scatter",
+                          rabenseifner_reduce_scatter_cost(p, n, itemsize).formula
+                          + " (+ α + (n/p)·β for the swap)")
     if p == 1:
         return ZERO
     pof2, rem, lg = pof2_fold(p)
@@ -239,6 +355,16 @@ def rabenseifner_price(shape, count: int, itemsize: int, *, inter: str = "ring")
             LinkCost("inter doubling", "inter", rabenseifner_allgather_cost(m, node_part, itemsize))]
 
 
+def rabenseifner_orders(collective: str, p: int) -> list[dict]:
+    """Return ``[{}]``, and ``pairing="near"`` where it reduces in another order (``p' >= 4``).
+
+    The allgather reduces nothing; with ``p' <= 2`` survivors there is one pairing.
+    """
+    if collective == "allgather" or pof2_below(p) < 4:
+        return [{}]
+    return [{}, {"pairing": PAIRINGS[1]}]
+
+
 register(Algorithm(
     "rabenseifner",
     "recursive-halving reduce-scatter + recursive-doubling allgather: 2 lg p rounds, ring's bytes",
@@ -258,4 +384,5 @@ register(Algorithm(
     auto=True,
     price=rabenseifner_price,
     across_nodes=True,
+    orders=rabenseifner_orders,
 ))

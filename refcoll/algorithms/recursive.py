@@ -36,10 +36,12 @@ partial``, whichever rank computes it. The leaves are the survivors' inputs
 
 * recursive doubling combines them in a balanced binary tree in rank order:
   ``((L0 op L1) op (L2 op L3)) op ((L4 op L5) op (L6 op L7))``;
-* Rabenseifner (and its reduce-scatter) pairs the top bit first, so its balanced
-  tree takes the leaves in bit-reversed order:
+* Rabenseifner (and its reduce-scatter) pairs the top bit first by default
+  (``pairing="far"``), so its balanced tree takes the leaves in bit-reversed order:
   ``((L0 op L4) op (L2 op L6)) op ((L1 op L5) op (L3 op L7))``, the same for
-  every element.
+  every element. ``pairing="near"`` pairs distance 1 first, as MPICH's and Open
+  MPI's files and Rabenseifner's paper do (:func:`halving_windows`): the
+  rank-order tree of recursive doubling.
 
 Spec: spec/recursive_doubling.md, spec/rabenseifner.md
 """
@@ -49,10 +51,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.chunking import chunk_bounds
+from ..core.errors import UsageError
 from ._util import receive_into, view
 
 __all__ = [
     "SENDS",
+    "PAIRINGS",
+    "check_pairing",
+    "halving_windows",
     "ABSORBS",
     "STAYS",
     "pof2_below",
@@ -78,6 +84,9 @@ __all__ = [
 
 #: Fold roles (see :func:`fold_role`).
 SENDS, ABSORBS, STAYS = "sends", "absorbs", "stays"
+
+#: Rabenseifner's pairings (:func:`halving_windows`), the default first.
+PAIRINGS = ("far", "near")
 
 
 # ----------------------------------------------------------------- peer arithmetic
@@ -202,53 +211,83 @@ def fold_out(t, result: np.ndarray, dest: np.ndarray) -> None:
 
 # ------------------------------------------------------- halving and doubling steps
 
+def check_pairing(pairing: str) -> None:
+    """Refuse a ``pairing`` other than :data:`PAIRINGS`."""
+    if pairing not in PAIRINGS:
+        raise UsageError(f"pairing must be one of {', '.join(PAIRINGS)} (far: the top bit "
+                         f"first; near: distance 1 first, as MPICH and Open MPI), got {pairing!r}")
+
+
+def halving_windows(me: int, pof2: int, pairing: str = "far") -> list[tuple[int, ...]]:
+    """Return survivor ``me``'s halving steps: ``(peer, keep_lo, keep_hi, send_lo, send_hi)``.
+
+    In positions. The window starts as all ``pof2`` positions; each step, mask
+    ``m = p'/2, ..., 1`` (``far``) or ``m = 1, ..., p'/2`` (``near``), the lower
+    of ``me`` and ``peer = me ^ m`` keeps the window's lower half and the other
+    the upper half; each sends the half it gives up. ``far`` leaves position
+    ``me`` at survivor ``me``; ``near`` leaves position ``bitreverse(me)`` there
+    (MPICH's ``allreduce_intra_reduce_scatter_allgather.c``, Open MPI's
+    ``coll_base_allreduce_intra_redscat_allgather``).
+    """
+    masks = []
+    mask = pof2 // 2 if pairing == "far" else 1
+    while 0 < mask < pof2:
+        masks.append(mask)
+        mask = mask // 2 if pairing == "far" else mask * 2
+    lo, hi, steps = 0, pof2, []
+    for mask in masks:
+        peer, mid = me ^ mask, (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me < peer else ((mid, hi), (lo, mid))
+        steps.append((peer, *keep, *give))
+        lo, hi = keep
+    return steps
+
+
 def halving_reduce_scatter_steps(t, src: np.ndarray, ranges, me: int, *, op,
                                  acc: np.ndarray, scratch: np.ndarray,
-                                 last: np.ndarray | None = None) -> None:
+                                 last: np.ndarray | None = None, pairing: str = "far") -> None:
     """Run recursive halving among the ``p' = len(ranges)`` survivors (survivor ``me``).
 
-    ``ranges[j]`` are the elements of position ``j``. Step ``k = 1..lg p'``, mask
-    ``m = p'/2, p'/4, ..., 1``: exchange with ``peer = me ^ m``: send our partial of
-    the ``m`` positions that hold the peer (``block_of(peer, m)``), receive its
-    partial of the ``m`` positions that hold us (``block_of(me, m)``) and reduce,
-    lower rank first, into ``acc`` at the same offsets. The first step reads
-    ``src``, later ones ``acc``. Afterwards ``acc[ranges[me]]`` holds position
-    ``me`` reduced over every survivor (or ``last``, when given, which receives
-    the final step's reduction instead). A step receives straight into its
-    target when that overlaps nothing it reads (the first step of an
-    out-of-place call), else into ``scratch``.
+    ``ranges[j]`` are the elements of position ``j``. Each step of
+    :func:`halving_windows` (``far``: mask ``m = p'/2, p'/4, ..., 1``, so the
+    window kept is the ``m`` positions holding ``me``): exchange with ``peer``:
+    send our partial of the half we give up, receive its partial of the half we
+    keep and reduce, lower rank first, into ``acc`` at the same offsets. The first
+    step reads ``src``, later ones ``acc``. Afterwards ``acc`` holds the last
+    window kept (position ``me`` when ``far``) reduced over every survivor (or
+    ``last``, when given, receives the final step's reduction instead). A step
+    receives straight into its target when that overlaps nothing it reads (the
+    first step of an out-of-place call), else into ``scratch``.
     """
-    mask = len(ranges) // 2
-    while mask:
-        peer = doubling_partner(me, mask)
+    steps = halving_windows(me, len(ranges), pairing)
+    for i, (peer, keep_lo, keep_hi, send_lo, send_hi) in enumerate(steps):
         dest = real_rank(peer, t.size)
-        keep_start, keep_stop = _span(ranges, block_of(me, mask), mask)
-        target = last if mask == 1 and last is not None else acc[keep_start:keep_stop]
+        keep_start, keep_stop = _span(ranges, keep_lo, keep_hi - keep_lo)
+        final = i == len(steps) - 1 and last is not None
+        target = last if final else acc[keep_start:keep_stop]
         incoming = receive_into(target, scratch[: keep_stop - keep_start], src)
-        t.sendrecv(_blocks(src, ranges, block_of(peer, mask), mask), dest,
-                   incoming, dest)  # partial of the peer's half -> peer; of ours <- peer
+        t.sendrecv(_blocks(src, ranges, send_lo, send_hi - send_lo), dest,
+                   incoming, dest)  # partial of the half we give up -> peer; of ours <- peer
         reduce_in_rank_order(t, op, src[keep_start:keep_stop], incoming, target,
-                              theirs_lower=peer < me)
+                             theirs_lower=peer < me)
         src = acc
-        mask //= 2
 
 
-def doubling_allgather_steps(t, buf: np.ndarray, ranges, me: int) -> None:
+def doubling_allgather_steps(t, buf: np.ndarray, ranges, me: int, pairing: str = "far") -> None:
     """Run the recursive-doubling allgather among the survivors, in place in ``buf``.
 
-    On entry survivor ``me`` holds position ``me``. Step ``k = 1..lg p'``, mask
-    ``m = 1, 2, ..., p'/2``: send our ``m`` positions (``block_of(me, m)``) to
-    ``peer = me ^ m`` and receive its ``m`` (``block_of(peer, m)``) straight into
-    place; we then hold ``2m``.
+    The halving's steps (:func:`halving_windows`) backwards: on entry survivor
+    ``me`` holds the last window it kept; each step it sends that window to the
+    peer and receives, straight into place, the half it gave up there, which the
+    peer kept; it then holds the window before. ``far``: mask ``m = 1, 2, ...,
+    p'/2``, our ``m`` positions (``block_of(me, m)``) for the peer's ``m``.
     """
-    mask = 1
-    while mask < len(ranges):
-        peer = doubling_partner(me, mask)
+    for peer, keep_lo, keep_hi, send_lo, send_hi in reversed(halving_windows(me, len(ranges),
+                                                                              pairing)):
         dest = real_rank(peer, t.size)
-        t.sendrecv(_blocks(buf, ranges, block_of(me, mask), mask), dest,
-                   _blocks(buf, ranges, block_of(peer, mask), mask),
-                   dest)  # our m positions -> peer; its m positions <- peer
-        mask *= 2
+        t.sendrecv(_blocks(buf, ranges, keep_lo, keep_hi - keep_lo), dest,
+                   _blocks(buf, ranges, send_lo, send_hi - send_lo),
+                   dest)  # the window we hold -> peer; the half it holds <- peer
 
 
 def largest_receive(n: int, ranges, rank: int, size: int) -> int:

@@ -11,6 +11,23 @@ root 0::
     ├── 2 ── 3                  step 2: 2->0                      step 2: 0->2
     └── 4                       step 3: 4->0                      step 3: 0->1, 2->3
 
+**k-nomial trees** (options ``radix``, ``subtrees``, ``first``; the shapes are in
+:mod:`~refcoll.algorithms.knomial`): MPICH's ``knomial_1`` and ``knomial_2`` trees
+of any radix (``src/mpi/coll/algorithms/treealgo/treeutil.c``, folded as
+``allreduce_intra_tree.c`` does). With ``p = 4``, root 0 (``+`` the op)::
+
+    default (binomial)             (x0+x1)+(x2+x3)      MPICH reduce_intra_binomial.c
+    first="farthest"               (x0+(x2+x3))+x1      MPICH tree, knomial_2, k = 2
+    subtrees="shrinking"           (x0+(x1+x2))+x3      MPICH tree, knomial_1, k = 2 (its default)
+    radix=3, subtrees="shrinking"  x0+((x1+x2)+x3)      MPICH tree, knomial_1, k = 3
+    radix=3, first="farthest"      ((x0+x3)+x2)+x1      MPICH tree, knomial_2, k = 3
+
+Their cost: the root receives (reduce) or sends (broadcast) the whole buffer to
+each of its up to ``(k-1)·⌈log_k p⌉`` children, one a round; taking the largest
+subtree first, as MPICH does, makes the root wait for it, so the rounds exceed
+the binomial tree's (6 against 3 for knomial_1 at p = 8). The cost functions
+replay such a tree's schedule exactly.
+
 Segments: every function takes ``segment``, the most elements one message
 carries; a buffer (a half, for the double tree) is cut into
 ``S = ceil(n / segment)`` pieces by :func:`~refcoll.core.chunking.chunk_bounds`, which
@@ -29,6 +46,8 @@ import numpy as np
 from ..core.chunking import chunk_bounds
 from ..core.cost import ZERO, Cost
 from ._util import copy_into, workspace
+from .knomial import (FIRSTS, SUBTREES, check_tree_options, knomial_children, knomial_parent,
+                      largest_first, replay_cost)
 from .registry import Algorithm, LinkCost, register
 
 __all__ = [
@@ -46,6 +65,8 @@ __all__ = [
     "tree_broadcast_cost",
     "tree_allreduce_cost",
     "tree_price",
+    "tree_links",
+    "tree_orders",
 ]
 
 
@@ -165,9 +186,24 @@ def binomial_children(rank: int, size: int, root: int) -> list[int]:
     return children
 
 
+def tree_links(rank: int, size: int, root: int = 0, *, radix: int = 2,
+               subtrees: str = "growing", first: str = "nearest") -> tuple[int | None, list[int]]:
+    """Return ``(parent, children)`` of ``rank`` in the tree rooted at ``root``, as ranks.
+
+    The children are in the order ``first`` gives (:mod:`~refcoll.algorithms.knomial`);
+    the defaults are the binomial tree (:func:`binomial_parent`, :func:`binomial_children`).
+    """
+    position = tree_position(rank, size, root)
+    parent = knomial_parent(position, size, radix, subtrees)
+    children = knomial_children(position, size, radix, subtrees, first)
+    return (None if parent is None else tree_rank(parent, size, root),
+            [tree_rank(c, size, root) for c in children])
+
+
 def tree_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
-                segment: int | None = None) -> None:
-    """Binomial-tree reduce to any root, optionally pipelined in segments.
+                segment: int | None = None, radix: int = 2, subtrees: str = "growing",
+                first: str = "nearest") -> None:
+    """Binomial-tree (or k-nomial) reduce to any root, optionally pipelined in segments.
 
     Schedule (q = this rank's position, per segment in order): receive the
       partials of children ``q+1, q+2, q+4, ...`` in that order and fold each on
@@ -180,8 +216,12 @@ def tree_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
     Restrictions: none. Any p: positions past p-1 do not exist, so the last
       subtrees are cut short. ``n == 0``: nothing moves. ``p == 1``: a copy.
       ``out`` is written on the root only; other ranks keep their partial in a
-      segment-sized workspace.   Spec: spec/tree.md
+      segment-sized workspace.
+    Options ``radix``, ``subtrees``, ``first``: a k-nomial tree instead
+      (:mod:`~refcoll.algorithms.knomial`), its children folded in the order
+      ``first`` gives, each on the right of the partial.   Spec: spec/tree.md
     """
+    check_tree_options(radix, subtrees, first)
     size, rank = t.size, t.rank
     segments = segment_bounds(x.size, segment)
     largest = max((stop - start for start, stop in segments), default=0)
@@ -191,12 +231,13 @@ def tree_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
     else:
         partial = workspace(t, largest, x.dtype, slot=1)
         target = lambda start, stop: partial[: stop - start]  # noqa: E731 - reused per segment
-    tree_reduce_steps(t, x, op=op, parent=binomial_parent(rank, size, root), left=(),
-                      right=binomial_children(rank, size, root), segments=segments,
+    parent, children = tree_links(rank, size, root, radix=radix, subtrees=subtrees, first=first)
+    tree_reduce_steps(t, x, op=op, parent=parent, left=(), right=children, segments=segments,
                       target=target, scratch=scratch)
 
 
-def tree_broadcast(t, buf: np.ndarray, *, root: int = 0, segment: int | None = None) -> None:
+def tree_broadcast(t, buf: np.ndarray, *, root: int = 0, segment: int | None = None,
+                   radix: int = 2, subtrees: str = "growing") -> None:
     """Binomial-tree broadcast from any root, in place, optionally pipelined in segments.
 
     Schedule (per segment in order): receive it from parent ``q - lowbit(q)``,
@@ -205,15 +246,19 @@ def tree_broadcast(t, buf: np.ndarray, *, root: int = 0, segment: int | None = N
     Cost: ⌈log2 p⌉·α + ⌈log2 p⌉·n·β (MPICH's binomial broadcast); with S
       segments ⌈log2 p⌉·S·α + ⌈log2 p⌉·n·β.
     Restrictions: none (any p; ``n == 0``: nothing moves; ``p == 1``: nothing).
-    Spec: spec/tree.md
+    Options ``radix``, ``subtrees``: a k-nomial tree, its children sent to
+      largest subtree first, as MPICH's tree algorithms do.   Spec: spec/tree.md
     """
+    check_tree_options(radix, subtrees, "nearest")
     size, rank = t.size, t.rank
-    tree_broadcast_steps(t, buf, parent=binomial_parent(rank, size, root),
-                         children=binomial_children(rank, size, root)[::-1],
+    parent, children = tree_links(rank, size, root, radix=radix, subtrees=subtrees,
+                                  first=largest_first(subtrees))
+    tree_broadcast_steps(t, buf, parent=parent, children=children,
                          segments=segment_bounds(buf.size, segment))
 
 
-def tree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, segment: int | None = None) -> None:
+def tree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, segment: int | None = None,
+                   radix: int = 2, subtrees: str = "growing", first: str = "nearest") -> None:
     """Tree all-reduce: binomial reduce to rank 0, then binomial broadcast from rank 0.
 
     Every rank folds its partials straight into ``out`` (the broadcast then
@@ -224,16 +269,23 @@ def tree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, segment: int | None
     Cost: 2⌈log2 p⌉·α + 2⌈log2 p⌉·n·β + ⌈log2 p⌉·n·γ (MPICH's reduce +
       broadcast); with S segments 2⌈log2 p⌉·S·α. Few rounds, not
       bandwidth-optimal: for long messages use ``ring`` or ``rabenseifner``.
-    Restrictions: none, as :func:`tree_reduce`.   Spec: spec/tree.md
+    Restrictions: none, as :func:`tree_reduce`.
+    Options ``radix``, ``subtrees``, ``first``: MPICH's ``tree`` all-reduce
+      (``allreduce_intra_tree.c``) on its ``knomial_1`` (``subtrees="shrinking"``) or
+      ``knomial_2`` (``first="farthest"``) tree of radix ``MPIR_CVAR_ALLREDUCE_TREE_KVAL``;
+      the broadcast sends to the largest subtree first.   Spec: spec/tree.md
     """
+    check_tree_options(radix, subtrees, first)
     size, rank = t.size, t.rank
     segments = segment_bounds(x.size, segment)
     largest = max((stop - start for start, stop in segments), default=0)
-    parent, children = binomial_parent(rank, size, 0), binomial_children(rank, size, 0)
+    parent, children = tree_links(rank, size, 0, radix=radix, subtrees=subtrees, first=first)
     tree_reduce_steps(t, x, op=op, parent=parent, left=(), right=children, segments=segments,
                       target=lambda start, stop: out[start:stop],
                       scratch=workspace(t, largest, x.dtype))
-    tree_broadcast_steps(t, out, parent=parent, children=children[::-1], segments=segments)
+    down = tree_links(rank, size, 0, radix=radix, subtrees=subtrees,
+                      first=largest_first(subtrees))[1]
+    tree_broadcast_steps(t, out, parent=parent, children=down, segments=segments)
 
 
 # ------------------------------------------------------------------ cost
@@ -249,8 +301,57 @@ def _segment_count(n: int, segment: int | None) -> int:
     return len(segment_bounds(n, segment))
 
 
-def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None) -> Cost:
-    """Binomial reduce: ``⌈lg p⌉·S`` rounds; the root folds ``⌈lg p⌉`` whole buffers."""
+def _knomial(radix: int, subtrees: str, first: str) -> bool:
+    """Return whether the options name a tree other than the binomial one (then: replayed)."""
+    check_tree_options(radix, subtrees, first)
+    return (radix, subtrees, first) != (2, SUBTREES[0], FIRSTS[0])
+
+
+def _tree_programs(p: int, n: int, segment, radix: int, subtrees: str, first: str,
+                   phases: tuple[str, ...]):
+    """Return every rank's calls (:func:`~refcoll.algorithms.knomial.replay_cost`) and γ.
+
+    ``phases``: ``"reduce"`` (per segment: a receive from each child in ``first``
+    order, then a send to the parent) and ``"broadcast"`` (per segment: a receive
+    from the parent, then a send to each child, largest subtree first), in order.
+    """
+    segments = segment_bounds(n, segment)
+    programs, reduced = [[] for _ in range(p)], [0] * p
+    for rank in range(p):
+        for phase in phases:
+            order = first if phase == "reduce" else largest_first(subtrees)
+            parent, children = tree_links(rank, p, 0, radix=radix, subtrees=subtrees, first=order)
+            for start, stop in segments:
+                size = stop - start
+                if phase == "reduce":
+                    programs[rank] += [[("recv", child, size)] for child in children]
+                    reduced[rank] += size * len(children)
+                    programs[rank] += [[("send", parent, size)]] if parent is not None else []
+                else:
+                    programs[rank] += [[("recv", parent, size)]] if parent is not None else []
+                    programs[rank] += [[("send", child, size)] for child in children]
+    return programs, max(reduced)
+
+
+def _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, phases, formula) -> Cost:
+    if p == 1:
+        return ZERO
+    programs, reduced = _tree_programs(p, n, segment, radix, subtrees, first, phases)
+    return replay_cost(programs, itemsize, reduced, formula)
+
+
+_KNOMIAL = "(k-1)·⌈log_k p⌉ partials of n at the root, rounds by the fold order (replayed)"
+
+
+def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
+                     radix: int = 2, subtrees: str = "growing", first: str = "nearest") -> Cost:
+    """Binomial reduce: ``⌈lg p⌉·S`` rounds; the root folds ``⌈lg p⌉`` whole buffers.
+
+    A k-nomial tree (any other options): its schedule replayed exactly.
+    """
+    if _knomial(radix, subtrees, first):
+        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, ("reduce",),
+                             "k-nomial reduce: " + _KNOMIAL)
     if p == 1:
         return ZERO
     segments = _segment_count(n, segment)
@@ -259,8 +360,15 @@ def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = Non
                 "⌈lg p⌉·S·α + ⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
 
 
-def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = None) -> Cost:
-    """Binomial broadcast: ``⌈lg p⌉·S`` rounds; the root sends ``⌈lg p⌉`` whole buffers."""
+def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
+                        radix: int = 2, subtrees: str = "growing") -> Cost:
+    """Binomial broadcast: ``⌈lg p⌉·S`` rounds; the root sends ``⌈lg p⌉`` whole buffers.
+
+    A k-nomial tree: its schedule replayed exactly.
+    """
+    if _knomial(radix, subtrees, "nearest"):
+        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, "nearest", ("broadcast",),
+                             "k-nomial broadcast: (k-1)·⌈log_k p⌉ copies of n from the root")
     if p == 1:
         return ZERO
     segments = _segment_count(n, segment)
@@ -269,13 +377,19 @@ def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = 
                 "⌈lg p⌉·S·α + ⌈lg p⌉·n·β (S segments; 1 unsegmented)")
 
 
-def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None) -> Cost:
+def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
+                        radix: int = 2, subtrees: str = "growing",
+                        first: str = "nearest") -> Cost:
     """Binomial reduce to rank 0, then binomial broadcast: the two add up round for round.
 
     The broadcast starts when the root has its result, so its rounds follow the
     reduce's. A rank at position q sends ``S`` messages up and ``S`` to each of
     its ``c(q) < ⌈lg p⌉`` children, so the root, with ``⌈lg p⌉·S``, is the busiest.
+    A k-nomial tree: its schedule replayed exactly.
     """
+    if _knomial(radix, subtrees, first):
+        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, first,
+                             ("reduce", "broadcast"), "k-nomial reduce + broadcast: 2·" + _KNOMIAL)
     if p == 1:
         return ZERO
     segments = _segment_count(n, segment)
@@ -296,6 +410,41 @@ def tree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list
             LinkCost("inter reduce", "inter", tree_reduce_cost(m, count, itemsize)),
             LinkCost("inter broadcast", "inter", tree_broadcast_cost(m, count, itemsize)),
             LinkCost("intra broadcast", "intra", tree_broadcast_cost(g, count, itemsize))]
+
+
+def _order_text(p: int, radix: int, subtrees: str, first: str) -> str:
+    """Return the fold the root's result is, as text: the key that tells orders apart."""
+    def partial(q: int) -> str:
+        text = f"x{q}"
+        for child in knomial_children(q, p, radix, subtrees, first):
+            text = "(" + "+".join(sorted((text, partial(child)))) + ")"  # sums commute bitwise
+        return text
+    return partial(0)
+
+
+#: The option sets :func:`tree_orders` tries, in order: MPICH's knomial_1 and knomial_2.
+_ORDER_CANDIDATES = tuple({"radix": k, **variant} if k != 2 else variant
+                          for k in (2, 3, 4)
+                          for variant in ({"subtrees": "shrinking"}, {"first": "farthest"}))
+
+
+def tree_orders(collective: str, p: int) -> list[dict]:
+    """Return the option sets whose reduction orders differ on ``p`` ranks (the first ``{}``).
+
+    MPICH's ``knomial_1`` (``subtrees="shrinking"``) and ``knomial_2``
+    (``first="farthest"``) trees of radix 2, 3 and 4, each kept only when its
+    fold differs from every one before it; a broadcast reduces nothing.
+    """
+    if collective == "broadcast":
+        return [{}]
+    seen, out = {_order_text(p, 2, SUBTREES[0], FIRSTS[0])}, [{}]
+    for options in _ORDER_CANDIDATES:
+        text = _order_text(p, options.get("radix", 2), options.get("subtrees", SUBTREES[0]),
+                           options.get("first", FIRSTS[0]))
+        if text not in seen:
+            seen.add(text)
+            out.append(options)
+    return out
 
 
 register(Algorithm(
@@ -319,4 +468,5 @@ register(Algorithm(
     auto=True,
     price=tree_price,
     across_nodes=True,
+    orders=tree_orders,
 ))
