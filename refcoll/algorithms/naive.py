@@ -5,6 +5,22 @@ collective can be: the root talks to each rank in turn, and a reduction folds th
 ranks' buffers strictly left to right, ``((x0 op x1) op x2) op ...``. Slow
 (``O(p)`` rounds of whole buffers), obviously right.
 
+Reduction orders: the reductions (reduce, all-reduce, reduce-scatter) take
+``fold``, whatever the root:
+
+* ``"left"`` (the default): ``((x0 op x1) op x2) ... op x(p-1)``: the root
+  receives from ranks 0, 1, ..., p-1 in turn.
+* ``"right"``: ``x0 op (x1 op (... op (x(p-2) op x(p-1))))``: the root starts
+  from rank p-1's buffer and receives from ranks p-2, ..., 0, each new buffer
+  the left operand. Open MPI's basic linear reduce
+  (``ompi/mca/coll/base/coll_base_reduce.c``,
+  ``ompi_coll_base_reduce_intra_basic_linear``), and so its basic linear
+  all-reduce (``coll_base_allreduce.c``, ``ompi_coll_base_allreduce_intra_basic_linear``:
+  that reduce to 0, then a broadcast) and its ``nonoverlapping`` all-reduce
+  (the same file) when its reduce is the linear one.
+
+Both folds cost the same: the root receives the same ``p-1`` buffers.
+
 Spec: spec/naive.md
 """
 
@@ -14,10 +30,13 @@ import numpy as np
 
 from ..core.chunking import chunk_bounds, chunk_sizes
 from ..core.cost import ZERO, Cost
+from ..core.errors import UsageError
 from ._util import copy_into, same_memory, view, workspace
 from .registry import Algorithm, register
 
 __all__ = [
+    "FOLDS",
+    "naive_orders",
     "naive_reduce",
     "naive_broadcast",
     "naive_allreduce",
@@ -31,15 +50,28 @@ __all__ = [
 ]
 
 
-def naive_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0) -> None:
+#: ``fold``: the orders the reductions fold in (the default first).
+FOLDS = ("left", "right")
+
+
+def _check_fold(fold) -> None:
+    if fold not in FOLDS:
+        raise UsageError(f"naive fold must be one of {', '.join(FOLDS)}, got {fold!r}")
+
+
+def naive_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
+                 fold: str = "left") -> None:
     """Linear reduce: the root folds every rank's buffer in rank order.
 
     Schedule: rank ``i != root`` sends its whole buffer to the root; the root
-      receives from ranks 0, 1, ..., p-1 in that order (its own buffer it has).
-    Reduction order: ``((x0 op x1) op x2) ... op x(p-1)``, whatever the root.
+      receives from ranks 0, 1, ..., p-1 in that order (its own buffer it has);
+      ``fold="right"``: from ranks p-1, p-2, ..., 0.
+    Reduction order: ``((x0 op x1) op x2) ... op x(p-1)``, whatever the root;
+      ``fold="right"``: ``x0 op (x1 op (... op x(p-1)))``, Open MPI's basic linear.
     Cost: (p-1)·α + (p-1)·n·β + (p-1)·n·γ (the root receives everything).
     Restrictions: none; ``out`` is only written on the root.
     """
+    _check_fold(fold)
     size, rank = t.size, t.rank
     if rank != root:
         t.send(x, root)  # whole buffer -> root
@@ -47,24 +79,30 @@ def naive_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0)
     if size == 1:
         copy_into(out, x)
         return
-    # The running partial lives in out and starts as x0: the root's own input when
-    # the root is rank 0, else rank 0's buffer, received straight into out (an
-    # in-place root first keeps its own input aside, as out is about to change).
-    if root == 0:
+    right = fold == "right"
+    first = size - 1 if right else 0
+    # The running partial lives in out and starts as the first rank's buffer: the
+    # root's own input when the root is that rank, else that rank's buffer, received
+    # straight into out (an in-place root first keeps its own input aside, as out is
+    # about to change).
+    if root == first:
         partial = x
     else:
         if same_memory(out, x):
             x = x.copy()
-        t.recv(out, 0)  # whole buffer <- rank 0
+        t.recv(out, first)  # whole buffer <- the first rank
         partial = out
     incoming = workspace(t, x.size, x.dtype)
-    for src in range(1, size):
+    for src in (range(size - 2, -1, -1) if right else range(1, size)):
         if src == root:
             contribution = x
         else:
             t.recv(incoming, src)  # whole buffer <- rank src
             contribution = incoming
-        t.reduce_local(op, partial, contribution, out)  # ((x0 op x1) ...) op x(src)
+        if right:
+            t.reduce_local(op, contribution, partial, out)  # x(src) op (x(src+1) op ...)
+        else:
+            t.reduce_local(op, partial, contribution, out)  # ((x0 op x1) ...) op x(src)
         partial = out
 
 
@@ -81,29 +119,31 @@ def naive_broadcast(t, buf: np.ndarray, *, root: int = 0) -> None:
         t.recv(buf, root)  # whole buffer <- root
 
 
-def naive_allreduce(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
+def naive_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, fold: str = "left") -> None:
     """Naive all-reduce: :func:`naive_reduce` to rank 0, then :func:`naive_broadcast`.
 
-    Reduction order: ``((x0 op x1) op x2) ... op x(p-1)`` for every element.
+    Reduction order: ``((x0 op x1) op x2) ... op x(p-1)`` for every element;
+    ``fold="right"``: ``x0 op (x1 op (... op x(p-1)))``.
     Cost: 2(p-1)·α + 2(p-1)·n·β + (p-1)·n·γ.
     """
-    naive_reduce(t, x, out, op=op, root=0)
+    naive_reduce(t, x, out, op=op, root=0, fold=fold)
     naive_broadcast(t, out, root=0)
 
 
-def naive_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op) -> None:
+def naive_reduce_scatter(t, x: np.ndarray, out: np.ndarray, *, op, fold: str = "left") -> None:
     """Naive reduce-scatter: :func:`naive_reduce` to rank 0, which sends chunk i to rank i.
 
+    Reduction order: :func:`naive_reduce`'s, by ``fold``.
     Cost: 2(p-1)·α + (p-1)·n·β + ((p-1)/p)·n·β + (p-1)·n·γ.
     """
     size, rank = t.size, t.rank
     bounds = chunk_bounds(x.size, size)
     if rank != 0:
-        naive_reduce(t, x, None, op=op, root=0)
+        naive_reduce(t, x, None, op=op, root=0, fold=fold)
         t.recv(out, 0)  # chunk rank <- rank 0
         return
     full = np.empty_like(x)
-    naive_reduce(t, x, full, op=op, root=0)
+    naive_reduce(t, x, full, op=op, root=0, fold=fold)
     for dest in range(1, size):
         t.send(view(full, bounds, dest), dest)  # chunk dest -> rank dest
     copy_into(out, view(full, bounds, 0))
@@ -125,10 +165,18 @@ def naive_allgather(t, out: np.ndarray) -> None:
     naive_broadcast(t, out, root=0)
 
 
+def naive_orders(collective: str, p: int) -> list[dict]:
+    """Return the option sets of distinct orders: the right fold differs from ``p = 3`` on."""
+    if p <= 2 or collective not in ("allreduce", "reduce_scatter", "reduce"):
+        return [{}]
+    return [{}, {"fold": "right"}]
+
+
 # ------------------------------------------------------------------ cost
 
-def naive_reduce_cost(p: int, n: int, itemsize: int) -> Cost:
-    """Linear reduce: the root receives ``p-1`` whole buffers, one after another."""
+def naive_reduce_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -> Cost:
+    """Linear reduce: the root receives ``p-1`` whole buffers, one after another (either fold)."""
+    _check_fold(fold)
     if p == 1:
         return ZERO
     b = n * itemsize
@@ -145,8 +193,9 @@ def naive_broadcast_cost(p: int, n: int, itemsize: int) -> Cost:
                 "(p-1)·α + (p-1)·n·β")
 
 
-def naive_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
+def naive_allreduce_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -> Cost:
     """Linear reduce to rank 0, then linear broadcast from it."""
+    _check_fold(fold)
     if p == 1:
         return ZERO
     b = n * itemsize
@@ -154,8 +203,9 @@ def naive_allreduce_cost(p: int, n: int, itemsize: int) -> Cost:
                 2 * (p - 1) * b, (p - 1) * n, "2(p-1)·α + 2(p-1)·n·β + (p-1)·n·γ")
 
 
-def naive_reduce_scatter_cost(p: int, n: int, itemsize: int) -> Cost:
+def naive_reduce_scatter_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -> Cost:
     """Linear reduce to rank 0, then rank 0 sends chunk i to rank i."""
+    _check_fold(fold)
     if p == 1:
         return ZERO
     b = n * itemsize
@@ -193,4 +243,5 @@ register(Algorithm(
     },
     "spec/naive.md",
     order=0,
+    orders=naive_orders,
 ))
