@@ -227,9 +227,11 @@ def test_allreduce_takes_mpi_max():
 # ---- 4. algorithm options an algorithm does not take --------------------------------
 
 def test_the_options_of_each_algorithm_come_from_its_signature():
-    assert algorithms.options("ring", "allreduce") == ()
-    assert algorithms.options("tree", "allreduce") == ("segment",)
-    assert algorithms.options("tree", "reduce") == ("segment",)  # root is the call's own
+    assert algorithms.options("ring", "allreduce") == ("direction", "start", "split")
+    assert algorithms.options("ring", "allgather") == ()
+    assert algorithms.options("tree", "allreduce") == ("segment", "radix", "subtrees", "first")
+    assert algorithms.options("tree", "reduce") == ("segment", "radix", "subtrees",
+                                                    "first")  # root is the call's own
     assert algorithms.options("hierarchical", "allreduce") == ("ranks_per_node", "inter")
     assert algorithms.options("switch", "allreduce") == ("radix", "packet", "slots", "mode")
     assert algorithms.options("auto", "allreduce") == ()
@@ -241,12 +243,19 @@ def test_check_options_lists_what_the_algorithm_takes():
     with pytest.raises(UsageError) as info:
         algorithms.check_options("ring", "allreduce", {"segment": 4}, rank=2)
     assert str(info.value) == (
-        "rank 2: algorithm 'ring' takes no algorithm options for allreduce (got segment); "
-        "drop it, or choose an algorithm that takes it: tree, dbtree")
+        "rank 2: algorithm 'ring' does not take the option segment for allreduce: its "
+        "allreduce takes direction, start, split; drop it, or choose an algorithm that takes "
+        "it: tree, dbtree")
+    with pytest.raises(UsageError) as info:
+        algorithms.check_options("bruck", "allgather", {"segment": 4}, rank=1)
+    assert str(info.value) == (
+        "rank 1: algorithm 'bruck' takes no algorithm options for allgather (got segment); "
+        "drop it")
     with pytest.raises(UsageError) as info:
         algorithms.check_options("tree", "allreduce", {"segmnt": 4})
     assert str(info.value) == ("algorithm 'tree' does not take the option segmnt for "
-                               "allreduce: its allreduce takes segment; drop it")
+                               "allreduce: its allreduce takes segment, radix, subtrees, first; "
+                               "drop it")
     with pytest.raises(UsageError, match="the options a, b for allreduce: its allreduce takes "
                                          "ranks_per_node, inter; drop them$"):
         algorithms.check_options("hierarchical", "allreduce", {"b": 1, "a": 2, "inter": "ring"})
@@ -287,7 +296,7 @@ def test_an_option_the_algorithm_does_not_take_is_a_usage_error_before_any_data_
         assert exc is not None, f"rank {rank} took bogus=4"
         assert f"rank {rank}: algorithm" in str(exc) and "bogus" in str(exc)
         assert ("takes no algorithm options" in str(exc)
-                or "its reduce takes segment" in str(exc)), exc
+                or "does not take the option bogus" in str(exc)), exc
     assert world.ledger.messages == []  # refused before the algorithm sent anything
 
 
@@ -295,7 +304,8 @@ def test_one_rank_with_a_bad_option_makes_it_an_error_on_every_rank():
     x = np.arange(8, dtype=np.float32)
     errors = every_rank(lambda t: refcoll.allreduce(x, t, algorithm="ring",
                                                     **({"segment": 4} if t.rank == 2 else {})))
-    assert "rank 2: algorithm 'ring' takes no algorithm options for allreduce" in str(errors[2])
+    assert "rank 2: algorithm 'ring' does not take the option segment for allreduce" in \
+        str(errors[2])
     assert "choose an algorithm that takes it: tree, dbtree" in str(errors[2])
     for rank in (0, 1, 3):
         assert "rank 2 could not run allreduce: UsageError: rank 2: algorithm 'ring'" in str(
@@ -304,7 +314,7 @@ def test_one_rank_with_a_bad_option_makes_it_an_error_on_every_rank():
 
 def test_simulate_refuses_an_option_the_algorithm_does_not_take():
     xs = [np.arange(5, dtype=np.float64) for _ in range(3)]
-    with pytest.raises(UsageError, match="'ring' takes no algorithm options .*got segment"):
+    with pytest.raises(UsageError, match="'ring' does not take the option segment"):
         refcoll.simulate("allreduce", xs, algorithm="ring", segment=4)
     ok = refcoll.simulate("allreduce", xs, algorithm="tree", segment=2)
     assert np.array_equal(ok.outputs[0], 3 * xs[0])

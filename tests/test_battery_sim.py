@@ -98,15 +98,16 @@ def test_battery_catches_a_broken_algorithm(monkeypatch):
 
     real = ring.ring_reduce_scatter_steps
 
-    def lossy(t, x, bounds, *, op, target, scratch):
+    def lossy(t, x, bounds, *, op, target, scratch, **walk):
         def skip_rank_one(idx):
             view = target(idx)
             return view
 
-        real(t, x, bounds, op=op, target=skip_rank_one, scratch=scratch)
+        held = real(t, x, bounds, op=op, target=skip_rank_one, scratch=scratch, **walk)
         if t.rank == 1 and x.size:
             start, stop = bounds[1]
             target(1)[...] = x[start:stop]  # drop everyone else's contribution to chunk 1
+        return held
 
     monkeypatch.setattr(ring, "ring_reduce_scatter_steps", lossy)
     failures = sim_battery(3, algorithms_=["ring"], collectives=["allreduce"], ops=["sum"],
