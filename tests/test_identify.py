@@ -161,3 +161,10 @@ def test_check_identify_on_the_command_line(tmp_path):
     done = runner.invoke(main, args)
     assert done.exit_code == 0, done.output
     assert "identify: matches no order refcoll knows; nearest ring" in done.output
+
+
+def test_the_library_facts_ship_with_the_package():
+    """known_orders.json is package data: an installed refcoll names libraries too."""
+    facts = known_orders()
+    assert facts, "refcoll/verify/known_orders.json is missing or empty"
+    assert all({"library", "collective", "p", "matches"} <= set(f) for f in facts)
