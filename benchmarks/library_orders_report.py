@@ -104,7 +104,10 @@ def _cell(entry: dict | None) -> str:
         return ("equal to refcoll's (no reduction)" if entry["collective"] not in REDUCING
                 else f"every order ({entry['tried']}): the inputs cannot tell")
     if entry["matches"]:
-        return ", ".join(f"`{m}`" for m in entry["matches"])
+        # Plain names first; past four, the rest (equal bits here) only counted.
+        shown = sorted(entry["matches"], key=lambda m: "(" in m)
+        more = f" (+{len(shown) - 3} more with these bits)" if len(shown) > 4 else ""
+        return ", ".join(f"`{m}`" for m in (shown[:3] if more else shown)) + more
     label, diff, total = entry["nearest"]
     return f"unmatched; nearest `{label}`: {diff} of {total} elements differ"
 
