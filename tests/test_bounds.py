@@ -56,6 +56,11 @@ Where the bound is inherently loose:
 * **Products**: ``γ(p-1)|Π x|`` assumes every product rounds the same way; with
   random mantissas they do not (observed ``0.84-0.91`` at ``p = 2``, ``0.14-0.24``
   at ``p = 64``, random and adversarial alike).
+
+Products whose partial products reach the subnormal range lose up to half the
+smallest subnormal per rounding there, a relative error far above ``u``: the bound's
+gradual underflow term ``(p-1)·(s/2)·Π_{|x_i|>1}|x_i|·(1+γ(p))`` covers them
+(:func:`test_subnormal_products_are_within_the_gradual_underflow_term`).
 """
 
 from __future__ import annotations
@@ -65,12 +70,14 @@ import math
 
 import numpy as np
 import pytest
+from ml_dtypes import finfo
 
 import refcoll
 from refcoll import algorithms
 from refcoll.core.chunking import chunk_slice
+from refcoll.core.ops import get_dtype, unit_roundoff
 from refcoll.verify.inputs import KINDS, make_inputs
-from refcoll.verify.oracle import error_bound, exact_reduce, violations
+from refcoll.verify.oracle import error_bound, exact_reduce, gamma, violations
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "avg", "prod")
@@ -188,6 +195,30 @@ def test_random_sums_are_far_from_the_bound_at_many_ranks():
     assert _tightness("naive", 64) > 3 * max(
         _measure("naive", "allreduce", 64, "random", "sum", dtype)[1]
         for dtype in ("float32", "bfloat16"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_subnormal_products_are_within_the_gradual_underflow_term(dtype):
+    """Products that end in the subnormal range lose up to half the smallest subnormal per
+    rounding there: refcoll's own results need the bound's gradual underflow term."""
+    dt = get_dtype(dtype)
+    info = finfo(dt)
+    p, n = 4, 257
+    rng = np.random.default_rng(16)
+    # Each operand about the fourth root of a product spread over the subnormal range.
+    target = np.log2(float(info.smallest_normal)) - rng.uniform(0, info.nmant, size=n)
+    inputs = [(np.exp2(target / p + rng.uniform(-1, 1, size=n))
+               * rng.choice([-1.0, 1.0], size=n)).astype(dt) for _ in range(p)]
+    exact = exact_reduce("prod", inputs)
+    bound = error_bound("prod", inputs, dt)
+    without = gamma(p - 1, unit_roundoff(dt)) * np.abs(exact)
+    needed = False
+    for name in ("naive", "ring", "tree", "recursive_doubling"):
+        out = refcoll.simulate("allreduce", inputs, algorithm=name, op="prod").outputs[0]
+        idx, _, _ = violations(out, exact, bound)
+        assert idx.size == 0, f"{name}: {idx.size} elements outside the bound"
+        needed |= bool(np.any(np.abs(out.astype(np.float64) - exact) > without))
+    assert needed, "no product rounded in the subnormal range: the inputs miss the case"
 
 
 def _report() -> None:
