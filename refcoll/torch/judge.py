@@ -24,19 +24,19 @@ small input; what the backend refuses there (torch 2.13's Gloo: int16, unsigned
 types beyond uint8, float8, and AVG of integers, which it divides in float) is listed
 as not supported, never as failed; a case that raises after its probe passed fails.
 Gloo's order is its own, so floats are held to no refcoll order, but each
-order-dependent case records which refcoll algorithms' results it equals.
+order-dependent case records which refcoll orders give its bits
+(:func:`refcoll.verify.identify.identify`: for Gloo's all-reduce,
+``ring(direction=reverse, split=gloo)``).
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import algorithms
 from ..calls.agree import gather_records
 from ..core.bits import first_difference, same_bits
 from ..core.chunking import chunk_slice
@@ -47,7 +47,8 @@ from ..verify.conformance.cases import Case, CaseResult, call_cases, default_siz
 from ..verify.conformance.control import bcast_report, gather_reports
 from ..verify.conformance.judge import group_rows
 from ..verify.inputs import make_input
-from ..verify.oracle import check_outputs, expected_outputs, fold
+from ..verify.identify import identify
+from ..verify.oracle import check_outputs, fold
 from .launch import INSTALL_HINT, init_process_group, launcher, reduce_op, torch_installed
 from .tensors import as_array, cpu_tensor
 
@@ -154,39 +155,6 @@ def _output_count(case: Case) -> int:
 
 # ---------------------------------------------------------------------- verdicts
 
-@functools.lru_cache(maxsize=None)
-def _candidates(collective: str) -> tuple:
-    """Return ``(label, algorithm, options)`` of each refcoll order a result is compared with.
-
-    Every algorithm of the collective with each battery option set, except those
-    that pick another per call or need ranks without data (no fixed order on p ranks).
-    """
-    found = []
-    for name in algorithms.names(collective):
-        algo = algorithms.get(name)
-        if algo.chooses or algo.extra_ranks is not None:
-            continue
-        for options in algo.battery_options:
-            shown = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-            found.append((f"{name}({shown})" if options else name, name, dict(options)))
-    return tuple(found)
-
-
-def _same_bits_as(case: Case, inputs, outputs) -> list[str]:
-    """Return the refcoll orders whose simulated outputs equal ``outputs`` bit for bit."""
-    matching = []
-    for label, name, options in _candidates(case.collective):
-        try:
-            predicted = expected_outputs(case.collective, inputs, algorithm=name, op=case.op,
-                                         root=case.root, **options)
-        except UsageError:  # an option set that does not fit p ranks
-            continue
-        if all(out is None or same_bits(out, np.asarray(want).reshape(-1))
-               for out, want in zip(outputs, predicted)):
-            matching.append(label)
-    return matching
-
-
 def _inexact(case: Case, inputs, outputs) -> list[str]:
     """Return where an ``exact`` case's float sum, avg or prod is not the fold's bits.
 
@@ -222,7 +190,8 @@ def verdict(case: Case, inputs, outputs, problems: Sequence[str] = ()) -> dict:
                            root=case.root)
     problems = [f"{f.check}: {f.detail}" for f in report.findings if not f.passed]
     problems += _inexact(case, inputs, outputs)
-    same = _same_bits_as(case, inputs, outputs) if ordered(case) and not problems else None
+    same = identify(inputs, outputs, collective=case.collective, op=case.op or "sum",
+                    root=case.root, known=[]).matches if ordered(case) and not problems else None
     return {"problems": problems, "same_bits": same}
 
 
