@@ -127,3 +127,13 @@ def test_json_keeps_its_keys():
     assert {"collective", "op", "algorithm", "ranks", "count", "dtype", "conforming",
             "findings", "notes"} <= set(data)
     assert {"check", "passed", "detail", "data"} <= set(data["findings"][0])
+
+
+def test_a_legal_infinity_is_reported_as_legal():
+    """3e38, 3e38, -3e38, -3e38: +inf conforms, and the detail says which results are legal."""
+    f32 = np.float32
+    inputs = [np.array([v], f32) for v in (3e38, 3e38, -3e38, -3e38)]
+    report = check_outputs(inputs, [np.array([np.inf], f32)] * 4)
+    bound = next(f for f in report.findings if f.check == "within the error bound")
+    assert bound.passed
+    assert "a legal order gives +inf" in bound.detail and "no legal order" not in bound.detail

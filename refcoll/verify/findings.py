@@ -203,7 +203,8 @@ def bound_finding(op: str, columns, got, ranks, parts, dtype) -> Finding:
                      "fraction_of_bound": float(judged.fraction[i]),
                      "special": bool(judged.special[i])}
             if judged.special[i] or not judged.ok[i]:
-                worst["why"] = explain(op, cols[:, i], float(got[r][i]), dtype)
+                worst["why"] = explain(op, cols[:, i], float(got[r][i]), dtype,
+                                       legal=bool(judged.ok[i]))
     if worst is None:
         return Finding(label, True, "no elements")
     at = where(worst["rank"], worst["index"], parts[worst["rank"]])

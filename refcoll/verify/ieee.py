@@ -426,8 +426,8 @@ def judge_extremum(op: str, cols: np.ndarray, got: np.ndarray):
     return ok, convention
 
 
-def explain(op: str, column: np.ndarray, value: float, dtype) -> str:
-    """Say, for one failing element, which rule its result breaks."""
+def explain(op: str, column: np.ndarray, value: float, dtype, *, legal: bool = False) -> str:
+    """Say, for one element, which rule its result breaks (``legal``: which rule allows it)."""
     column = np.asarray(column, dtype=np.float64)
     v = float(value)
     if op in ("min", "max"):
@@ -450,4 +450,6 @@ def explain(op: str, column: np.ndarray, value: float, dtype) -> str:
         allowed.append("finite values within the bound")
     what = "NaN" if np.isnan(v) else ("+inf" if v == np.inf else "-inf" if v == -np.inf
                                       else "0" if v == 0 and op == "prod" else "this value")
+    if legal:
+        return f"a legal order gives {what} (legal here: {', '.join(allowed)})"
     return f"no legal order gives {what}: legal are " + (", ".join(allowed) or "none")
