@@ -18,6 +18,8 @@ import pytest
 import refcoll
 from refcoll import algorithms
 from refcoll.core.errors import UsageError
+from refcoll.algorithms.ring import ring_orders
+from refcoll.core.chunking import chunk_bounds
 from refcoll.transport import SimWorld
 from refcoll.verify.inputs import make_inputs
 
@@ -289,3 +291,23 @@ def test_mpi_gives_the_simulators_bits_under_every_order(tmp_path):
             assert _bits(got[r][f"c{i}"]) == _bits(want[r]), (collective, algorithm, options, r)
     own = refcoll.simulate("allreduce", xs, algorithm="ring", start="own").outputs
     assert all(_bits(got[r]["inplace"]) == _bits(own[r]) for r in range(p))
+
+
+@pytest.mark.parametrize("p", [3, 4, 5])
+def test_reverse_own_reduce_scatter_is_mpich_pairwise_fold(p):
+    """MPICH's pairwise reduce-scatter: chunk r = ((x_r + x_(r-1)) + x_(r-2)) + ... + x_(r+1)."""
+    rng = np.random.default_rng(p)
+    n = 7 * p + 2
+    xs = [(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 7, n)).astype(np.float32)
+          for _ in range(p)]
+    res = refcoll.simulate("reduce_scatter", xs, algorithm="ring", op="sum",
+                           direction="reverse", start="own")
+    bounds = chunk_bounds(n, p)
+    for r in range(p):
+        lo, hi = bounds[r]
+        acc = xs[r][lo:hi].copy()
+        for i in range(1, p):
+            acc = (acc + xs[(r - i) % p][lo:hi]).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(res.outputs[r]).view(np.uint32),
+                                      acc.view(np.uint32))
+    assert {"direction": "reverse", "start": "own"} in ring_orders("reduce_scatter", p)

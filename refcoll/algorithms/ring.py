@@ -38,7 +38,9 @@ mod p); the received partial is the left operand, the rank's own chunk the right
                                                             torch's Gloo all_reduce, and its
                                                             reduce_scatter_tensor (the
                                                             all-reduce's block)
-    reverse    own    ((x(c) op x(c-1)) op ...) op x(c+1)   none known: Open MPI's, mirrored
+    reverse    own    ((x(c) op x(c-1)) op ...) op x(c+1)   MPICH's pairwise reduce-scatter,
+                                                            reduce_scatter_intra_pairwise.c
+                                                            ("front"; its sums, not its schedule)
 
 With those options each library's sums come out bit for bit (checked on
 adversarial and random float32 inputs, Gloo's float64 too, p = 3 and 4, at
@@ -267,8 +269,11 @@ def ring_orders(collective: str, p: int) -> list[dict]:
     if p <= 2 or collective == "allgather":
         return [{}]
     if collective == "reduce_scatter":
+        # reverse/own: MPICH's pairwise reduce-scatter (reduce_scatter_intra_pairwise.c)
+        # folds chunk r over ranks r, r-1, ..., r+1, the ring's order under those options.
         gloo = {"direction": "reverse", "split": "gloo"}
-        return [{}, {"direction": "reverse"}, gloo] if p > 3 else [{}, gloo]
+        pairwise = {"direction": "reverse", "start": "own"}
+        return [{}, {"direction": "reverse"}, gloo, pairwise] if p > 3 else [{}, gloo, pairwise]
     orders = [{}, {"split": "ceil"}, {"split": "last"}, {"start": "own"},
               {"direction": "reverse", "start": "own"},
               {"direction": "reverse", "split": "gloo"}]
