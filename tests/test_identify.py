@@ -30,7 +30,7 @@ def _bits(outputs):
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "reduce"])
-@pytest.mark.parametrize("p", [3, 4, 5])
+@pytest.mark.parametrize("p", [3, 4, pytest.param(5, marks=pytest.mark.slow)])
 def test_every_order_identifies_itself(collective, p):
     """An order's own output matches exactly the orders that predict the same bits.
 

@@ -15,7 +15,10 @@ MPIEXEC = mpiexec_path()
 # 5 processes repeat what 3 show (a non-power-of-two world) at twice the cost, and 8 what 4
 # show (a power of two) at twice that, with four processes on each core: slow only. One
 # process runs the calls' one-rank paths, which the in-process tests run too: slow only.
-@pytest.mark.parametrize("p", [pytest.param(1, marks=pytest.mark.slow), 2, 3, 4,
+# 2 processes pair as the first round of 4 does, and the torch suite runs 2 under
+# torchrun: slow only.
+@pytest.mark.parametrize("p", [pytest.param(1, marks=pytest.mark.slow),
+                               pytest.param(2, marks=pytest.mark.slow), 3, 4,
                                pytest.param(5, marks=pytest.mark.slow),
                                pytest.param(8, marks=pytest.mark.slow)])
 def test_mpi_suite(p):

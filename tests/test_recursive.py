@@ -53,10 +53,10 @@ ROTATED_OPS = ("sum", "min", "avg")
 ROTATED_DTYPES = ("float32", "int32", "float16")
 
 
-@pytest.mark.parametrize("p", [pytest.param(p, marks=pytest.mark.slow) if p == 5 else p
-                               for p in range(1, 18)])  # 5: the fold as at 3, 6 and 7
+@pytest.mark.parametrize("p", [pytest.param(p, marks=pytest.mark.slow) if p in (5, 15) else p
+                               for p in range(1, 18)])  # 5: the fold as at 3, 6 and 7; 15: 6's pair
 def test_battery_on_the_simulator(p):
-    """p <= 5: every op on three dtypes; p > 5: one (op, dtype) per p, all nine pairs over 6..17.
+    """p <= 5: every op on three dtypes; p > 5: one (op, dtype) per p, all nine pairs over 6..17 (15 repeats 6's: slow).
 
     Every default size (0, 1, p-1, p, p+1, 5003), both in-place modes, every collective.
     The full battery (every op and dtype at every p) is ``-m slow``.
