@@ -5,6 +5,7 @@ from __future__ import annotations
 import compileall
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +43,24 @@ def mpiexec_path() -> str | None:
     if beside.exists():
         return str(beside)
     return os.environ.get("REFCOLL_MPIEXEC") or shutil.which("mpiexec")
+
+
+def run_script(tmp_path, p: int, source: str, args=(), env=None):
+    """Run ``source`` as a script on ``p`` processes under mpiexec; skip without one.
+
+    The environment is this one less any MPI library's variables (a forced
+    algorithm of the caller's must not leak in), plus ``env``.
+    """
+    mpiexec = mpiexec_path()
+    if mpiexec is None:
+        pytest.skip("no mpiexec: install with pip install 'refcoll[mpi]'")
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("MPIR_CVAR_", "PMI_", "OMPI_", "PMIX_"))}
+    return subprocess.run([mpiexec, "-n", str(p), sys.executable, str(script), *args],
+                          env={**full, **(env or {})}, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
 
 
 #: The algorithm files' simulated batteries run without the non-blocking twins: the MPI

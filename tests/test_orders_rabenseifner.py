@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import textwrap
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 import refcoll
-from conftest import ROOT, mpiexec_path
+from conftest import run_script
 from refcoll import algorithms
 from refcoll.core.chunking import chunk_bounds
 from refcoll.core.errors import UsageError
@@ -248,16 +247,7 @@ _JOB = textwrap.dedent("""
 
 
 def _job(tmp_path, p, cases, env=None):
-    mpiexec = mpiexec_path()
-    if mpiexec is None:
-        pytest.skip("no mpiexec")
-    script = tmp_path / "job.py"
-    script.write_text(_JOB)
-    full = {k: v for k, v in os.environ.items()
-            if not k.startswith(("MPIR_CVAR_", "PMI_", "OMPI_", "PMIX_"))}
-    return subprocess.run([mpiexec, "-n", str(p), sys.executable, str(script), json.dumps(cases)],
-                          env={**full, **(env or {})}, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return run_script(tmp_path, p, _JOB, [json.dumps(cases)], env)
 
 
 def _mpich_env(env: dict, order) -> dict:
