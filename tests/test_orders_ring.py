@@ -7,8 +7,7 @@ again below; the MPI transport must give the simulator's bits.
 
 from __future__ import annotations
 
-import os
-import subprocess
+import json
 import sys
 import textwrap
 
@@ -23,7 +22,7 @@ from refcoll.core.chunking import chunk_bounds
 from refcoll.transport import SimWorld
 from refcoll.verify.inputs import make_inputs
 
-from conftest import ROOT, mpiexec_path
+from conftest import mpiexec_path, run_script
 
 PROCESS_COUNTS = (3, 4, 5)
 COUNTS = (11, 121)  # none divisible by 3, 4 or 5; at 121 the four cuts differ for each p
@@ -239,6 +238,7 @@ def test_the_orders_left_out_repeat_a_listed_one():
 
 
 MPI_SCRIPT = textwrap.dedent("""
+    import json
     import sys
     import numpy as np
     from mpi4py import MPI
@@ -246,14 +246,7 @@ MPI_SCRIPT = textwrap.dedent("""
     from refcoll.verify.inputs import make_input
 
     comm = MPI.COMM_WORLD
-    cases = [("allreduce", "ring", {}), ("allreduce", "ring", {"start": "own"}),
-             ("allreduce", "ring", {"direction": "reverse", "split": "gloo"}),
-             ("allreduce", "ring", {"direction": "reverse", "start": "own", "split": "last"}),
-             ("allreduce", "ring", {"split": "ceil"}),
-             ("reduce_scatter", "ring", {"direction": "reverse"}),
-             ("reduce_scatter", "ring", {"direction": "reverse", "split": "gloo"}),
-             ("allreduce", "naive", {"fold": "right"}),
-             ("reduce_scatter", "naive", {"fold": "right"})]
+    cases = json.loads(sys.argv[2])
     x = make_input("adversarial", "float32", 1001, comm.rank, comm.size)
     outs = {}
     for i, (collective, algorithm, options) in enumerate(cases):
@@ -277,11 +270,7 @@ MPI_CASES = [("allreduce", "ring", {}), ("allreduce", "ring", {"start": "own"}),
 @pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_mpi_gives_the_simulators_bits_under_every_order(tmp_path):
     p = 3
-    script = tmp_path / "orders.py"
-    script.write_text(MPI_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-    res = subprocess.run([mpiexec_path(), "-n", str(p), sys.executable, str(script), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    res = run_script(tmp_path, p, MPI_SCRIPT, [str(tmp_path), json.dumps(MPI_CASES)])
     assert res.returncode == 0, res.stderr[-3000:]
     got = [np.load(tmp_path / f"rank{r}.npz") for r in range(p)]
     xs = make_inputs("adversarial", "float32", 1001, p)
