@@ -229,9 +229,10 @@ def test_allreduce_takes_mpi_max():
 def test_the_options_of_each_algorithm_come_from_its_signature():
     assert algorithms.options("ring", "allreduce") == ("direction", "start", "split")
     assert algorithms.options("ring", "allgather") == ()
-    assert algorithms.options("tree", "allreduce") == ("segment", "radix", "subtrees", "first")
-    assert algorithms.options("tree", "reduce") == ("segment", "radix", "subtrees",
-                                                    "first")  # root is the call's own
+    assert algorithms.options("tree", "allreduce") == ("segment", "radix", "subtrees", "first",
+                                                       "shape")
+    assert algorithms.options("tree", "reduce") == ("segment", "radix", "subtrees", "first",
+                                                    "shape")  # root is the call's own
     assert algorithms.options("hierarchical", "allreduce") == ("ranks_per_node", "inter")
     assert algorithms.options("switch", "allreduce") == ("radix", "packet", "slots", "mode")
     assert algorithms.options("auto", "allreduce") == ()
@@ -254,8 +255,8 @@ def test_check_options_lists_what_the_algorithm_takes():
     with pytest.raises(UsageError) as info:
         algorithms.check_options("tree", "allreduce", {"segmnt": 4})
     assert str(info.value) == ("algorithm 'tree' does not take the option segmnt for "
-                               "allreduce: its allreduce takes segment, radix, subtrees, first; "
-                               "drop it")
+                               "allreduce: its allreduce takes segment, radix, subtrees, first, "
+                               "shape; drop it")
     with pytest.raises(UsageError, match="the options a, b for allreduce: its allreduce takes "
                                          "ranks_per_node, inter; drop them$"):
         algorithms.check_options("hierarchical", "allreduce", {"b": 1, "a": 2, "inter": "ring"})

@@ -28,7 +28,7 @@ FOUND = {
     "mpich-allreduce-ring": {3: "ring(split=ceil)", 4: "ring"},
     "mpich-allreduce-tree": {3: "tree(subtrees=shrinking)", 4: "tree(subtrees=shrinking)"},
     "mpich-allreduce-tree-knomial_2": {3: "tree(first=farthest)", 4: "tree(first=farthest)"},
-    "mpich-allreduce-tree-kary": {3: "naive", 4: None},
+    "mpich-allreduce-tree-kary": {3: "naive", 4: "tree(shape=kary)"},
     "mpich-allreduce-recursive_multiplying": {3: "recursive_doubling(fold=modulo)",
                                               4: "recursive_doubling"},
     "mpich-reduce_scatter-pairwise": {3: "ring(direction=reverse, start=own)",

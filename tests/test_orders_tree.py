@@ -1,4 +1,5 @@
-"""k-nomial trees (MPICH's knomial_1 and knomial_2, any radix): orders, costs, refusals, MPI."""
+"""k-nomial trees (MPICH's knomial_1 and knomial_2, any radix) and k-ary trees (MPICH's kary,
+Open MPI's binary reduce): orders, costs, refusals, MPI."""
 
 from __future__ import annotations
 
@@ -66,6 +67,28 @@ def _expected(xs, radix, subtrees, first):
     return _growing(x, 0, width, radix, first == "farthest")
 
 
+def _kary(x, q, k):
+    """Fold of the heap-ordered k-ary subtree at ``q``: children ``k*q+1 .. k*q+k`` in order."""
+    acc = x[q]
+    for child in range(k * q + 1, k * q + k + 1):
+        if child < len(x):
+            acc = acc + _kary(x, child, k)
+    return acc
+
+
+def _strided(x, q, k):
+    """Fold of Open MPI's level-order tree at ``q``: on the level whose first position is
+    ``(k**L - 1) // (k - 1)``, children ``q + k**L, q + 2*k**L, ...`` in order."""
+    level = 0
+    while (k ** (level + 1) - 1) // (k - 1) <= q:
+        level += 1
+    acc = x[q]
+    for v in range(1, k + 1):
+        if q + v * k ** level < len(x):
+            acc = acc + _strided(x, q + v * k ** level, k)
+    return acc
+
+
 VARIANTS = [{}, {"first": "farthest"}, {"subtrees": "shrinking"},
             {"radix": 3, "subtrees": "shrinking"}, {"radix": 3, "first": "farthest"},
             {"radix": 3}, {"radix": 4, "subtrees": "shrinking"}, {"radix": 4, "first": "farthest"}]
@@ -106,6 +129,66 @@ def test_p4_folds_are_the_ones_the_docstring_draws():
     assert len({_bits(w).tobytes() for w in drawn.values()}) == len(drawn)
 
 
+KARY = [({"shape": "kary"}, _kary), ({"shape": "kary", "radix": 3}, _kary),
+        ({"shape": "strided"}, _strided), ({"shape": "strided", "radix": 3}, _strided)]
+
+
+@pytest.mark.parametrize("p", [4, 5, 7])
+@pytest.mark.parametrize("options,fold", KARY, ids=lambda o: str(o) if isinstance(o, dict) else "")
+def test_kary_trees_are_the_heap_and_level_folds(p, options, fold):
+    xs = _inputs(p)
+    x = [np.float32(0) + xi for xi in xs]
+    want = fold(x, 0, options.get("radix", 2))
+    for out in refcoll.simulate("allreduce", xs, algorithm="tree", **options).outputs:
+        assert np.array_equal(_bits(out), _bits(want))
+    root = 2
+    shifted = [x[(q + root) % p] for q in range(p)]
+    out = refcoll.simulate("reduce", xs, algorithm="tree", root=root, **options).outputs[root]
+    assert np.array_equal(_bits(out), _bits(fold(shifted, 0, options.get("radix", 2))))
+
+
+def test_kary_trees_at_p4_p5_and_p7_are_drawn_right():
+    x0, x1, x2, x3, x4 = _inputs(5)
+    four = refcoll.simulate("allreduce", [x0, x1, x2, x3], algorithm="tree", shape="kary")
+    assert np.array_equal(_bits(four.outputs[0]), _bits((x0 + (x1 + x3)) + x2))
+    heap = refcoll.simulate("allreduce", [x0, x1, x2, x3, x4], algorithm="tree", shape="kary")
+    level = refcoll.simulate("allreduce", [x0, x1, x2, x3, x4], algorithm="tree",
+                             shape="strided")
+    assert np.array_equal(_bits(heap.outputs[0]), _bits((x0 + ((x1 + x3) + x4)) + x2))
+    assert np.array_equal(_bits(level.outputs[0]), _bits((x0 + (x1 + x3)) + (x2 + x4)))
+    assert not np.array_equal(_bits(heap.outputs[0]), _bits(level.outputs[0]))
+    from refcoll.algorithms.knomial import node_children
+
+    assert [node_children(q, 7, 2, shape="strided") for q in range(3)] == [[1, 2], [3, 5], [4, 6]]
+    assert [node_children(q, 7, 2, shape="kary") for q in range(3)] == [[1, 2], [3, 4], [5, 6]]
+
+
+def test_kary_ledger_equals_cost():
+    for p in (1, 2, 5, 7):
+        for options in ({"shape": "kary"}, {"shape": "strided", "radix": 3},
+                        {"shape": "kary", "first": "farthest"}):
+            for segment, n in ((None, 0), (None, 50), (3, 10)):
+                xs = [np.ones(n, np.float32)] * p
+                for collective in ("allreduce", "reduce", "broadcast"):
+                    opts = dict(options, segment=segment)
+                    if collective == "broadcast":
+                        opts.pop("first", None)
+                    roots = {} if collective == "allreduce" else {"root": (n + 1) % p}
+                    ledger = refcoll.simulate(collective, xs, algorithm="tree", **roots,
+                                              **opts).ledger
+                    cost = TREE.costs[collective](p, n, 4, **opts)
+                    assert ledger.counts() == cost.counts(), (p, collective, opts, n)
+
+
+def test_kary_broadcast_reaches_every_rank():
+    for p in (3, 5, 8):
+        xs = _inputs(p, 33)
+        for options in ({"shape": "kary"}, {"shape": "strided", "radix": 3}):
+            outs = refcoll.simulate("broadcast", xs, algorithm="tree", root=2 % p,
+                                    **options).outputs
+            assert all(np.array_equal(_bits(o), _bits(xs[2 % p])) for o in outs)
+
+
 def test_broadcast_reaches_every_rank_in_every_tree():
     for p in (3, 5, 8):
         xs = _inputs(p, 33)
@@ -143,8 +226,10 @@ def test_default_options_keep_the_binomial_costs_closed_form():
 def test_orders_are_distinct_and_start_with_the_default():
     for p in (3, 4, 5, 8, 64):
         orders = TREE.reduction_orders("allreduce", p)
-        assert orders[0] == {} and 1 < len(orders) <= 8
+        assert orders[0] == {} and 1 < len(orders) <= 9
         assert {"subtrees": "shrinking"} in orders and {"first": "farthest"} in orders
+        assert ({"shape": "kary"} in orders) == (p >= 4)  # p = 3: the binomial tree's fold
+        assert ({"shape": "strided"} in orders) == (p >= 5)  # p <= 4: the kary tree
         xs = _inputs(p, 64)
         outs = {_bits(refcoll.simulate("allreduce", xs, algorithm="tree", **o).outputs[0]).tobytes()
                 for o in orders}
@@ -154,7 +239,9 @@ def test_orders_are_distinct_and_start_with_the_default():
 
 @pytest.mark.parametrize("bad,word", [({"radix": 1}, "radix"), ({"radix": 2.0}, "radix"),
                                       ({"radix": True}, "radix"), ({"subtrees": "x"}, "growing"),
-                                      ({"first": "x"}, "farthest")])
+                                      ({"first": "x"}, "farthest"),
+                                      ({"shape": "heap"}, "kary, strided"),
+                                      ({"shape": "kary", "subtrees": "shrinking"}, "knomial")])
 def test_bad_values_are_refused_naming_the_allowed_ones(bad, word):
     with pytest.raises(UsageError, match=word):
         refcoll.simulate("allreduce", _inputs(3, 4), algorithm="tree", **bad)
@@ -223,20 +310,24 @@ def test_mpi_transport_gives_the_simulators_bits_and_mpichs_knomial_1(tmp_path):
     """
     cases = [("allreduce", {"subtrees": "shrinking"}),
              ("allreduce", {"radix": 3, "first": "farthest"}),
-             ("reduce", {"radix": 3, "subtrees": "shrinking"}), ("broadcast", {"radix": 3})]
+             ("reduce", {"radix": 3, "subtrees": "shrinking"}), ("broadcast", {"radix": 3}),
+             ("allreduce", {"shape": "kary"}), ("reduce", {"shape": "strided", "radix": 3}),
+             ("broadcast", {"shape": "kary", "radix": 3})]
     done = _job(tmp_path, 4, cases, _mpich_env("knomial_1", 2, {"subtrees": "shrinking"}))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert sorted(re.findall(r"ok\d", done.stdout)) == [f"ok{r}" for r in range(4)], done.stdout
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tree_type,kval,options", [
-    ("knomial_2", 3, {"radix": 3, "first": "farthest"}),
-    ("knomial_1", 3, {"radix": 3, "subtrees": "shrinking"}),
+@pytest.mark.parametrize("tree_type,kval,options,p", [
+    ("knomial_2", 3, {"radix": 3, "first": "farthest"}, 4),
+    ("knomial_1", 3, {"radix": 3, "subtrees": "shrinking"}, 4),
+    ("kary", 2, {"shape": "kary"}, 5),
+    ("kary", 3, {"shape": "kary", "radix": 3}, 7),
 ])
-def test_mpichs_tree_allreduce_is_the_option_sets_order(tmp_path, tree_type, kval, options):
+def test_mpichs_tree_allreduce_is_the_option_sets_order(tmp_path, tree_type, kval, options, p):
     env = _mpich_env(tree_type, kval, options)
     if not env:
         pytest.skip("needs mpi4py on MPICH")
-    done = _job(tmp_path, 4, [], env)
+    done = _job(tmp_path, p, [], env)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

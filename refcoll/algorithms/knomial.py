@@ -1,7 +1,31 @@
-"""k-nomial trees (MPICH's ``knomial_1`` and ``knomial_2``) and the exact replay of a schedule.
+"""The shapes of the ``tree`` algorithm's trees, their reduction orders, and schedule replay.
 
-The ``tree`` algorithm (:mod:`~refcoll.algorithms.tree`) takes three options that
+The ``tree`` algorithm (:mod:`~refcoll.algorithms.tree`) takes four options that
 choose its tree; this module holds their shapes, and registers nothing.
+
+* ``shape``: the family of trees.
+
+  - ``"knomial"`` (default): the k-nomial trees below, chosen by ``radix`` and
+    ``subtrees``; with the defaults, the binomial tree.
+  - ``"kary"``: the heap-ordered k-ary tree, ``k = radix`` children per node: the
+    children of position ``q`` are ``k·q + 1 .. k·q + k`` and its parent is
+    ``(q - 1) // k``. MPICH's ``kary`` tree (``MPIR_CVAR_ALLREDUCE_TREE_TYPE=kary``;
+    ``src/mpi/coll/algorithms/treealgo/treeutil.c``, ``MPII_Treeutil_tree_kary_init``).
+  - ``"strided"``: the k-ary tree that Open MPI builds level by level
+    (``ompi/mca/coll/base/coll_base_topo.c``, ``ompi_coll_base_topo_build_tree``;
+    with ``k = 2`` the tree of its ``binary`` reduce, ``coll_base_reduce.c``,
+    ``ompi_coll_base_reduce_intra_binary``). Level ``L`` holds positions
+    ``(k^L - 1)/(k - 1)`` on, ``k^L`` of them; the children of position ``q`` on
+    level ``L`` are ``q + k^L, q + 2·k^L, ..., q + k·k^L``: each node takes one
+    child from each of the next level's ``k`` blocks of ``k^L``. The same levels
+    as ``kary``, interleaved: at ``p = 7``, ``k = 2`` position 1 has children 3
+    and 5 (``kary``: 3 and 4). For ``p <= k + 2`` the two trees are one.
+
+  Both k-ary trees list the children nearest first, which is also the largest
+  subtree first; MPICH's tree all-reduce (``allreduce_intra_tree.c``) and Open
+  MPI's generic reduce (``ompi_coll_base_reduce_generic``) fold them in that order,
+  and the library outputs recorded at ``p = 4`` are ``(x0+(x1+x3))+x2`` bit for bit.
+  ``subtrees`` belongs to ``"knomial"`` alone.
 
 * ``radix`` ``k >= 2`` (default 2, the binomial tree): a rank has up to ``k-1``
   children per level, and the tree ``⌈log_k p⌉`` levels.
@@ -66,22 +90,30 @@ from collections import defaultdict, deque
 from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
 
-__all__ = ["SUBTREES", "FIRSTS", "check_tree_options", "knomial_parent", "knomial_children",
-           "largest_first", "replay_cost"]
+__all__ = ["SHAPES", "SUBTREES", "FIRSTS", "check_tree_options", "knomial_parent",
+           "knomial_children", "kary_parent", "kary_children", "strided_parent",
+           "strided_children", "node_parent", "node_children", "largest_first",
+           "order_candidates", "distinct_orders", "replay_cost"]
 
 #: The values of the tree options (the first is the default).
+SHAPES = ("knomial", "kary", "strided")
 SUBTREES = ("growing", "shrinking")
 FIRSTS = ("nearest", "farthest")
 
 
-def check_tree_options(radix, subtrees: str, first: str) -> None:
-    """Refuse a radix below 2 or a value of ``subtrees``/``first`` not in the lists above."""
+def check_tree_options(radix, subtrees: str, first: str, shape: str = SHAPES[0]) -> None:
+    """Refuse a radix below 2, a value of ``shape``/``subtrees``/``first`` not in the lists
+    above, and ``subtrees`` on a k-ary tree (it names k-nomial trees only)."""
+    if shape not in SHAPES:
+        raise UsageError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
     if isinstance(radix, bool) or not isinstance(radix, int) or radix < 2:
         raise UsageError(f"radix must be an integer >= 2 (2: the binomial tree), got {radix!r}")
     if subtrees not in SUBTREES:
         raise UsageError(f"subtrees must be one of {', '.join(SUBTREES)}, got {subtrees!r}")
     if first not in FIRSTS:
         raise UsageError(f"first must be one of {', '.join(FIRSTS)}, got {first!r}")
+    if shape != SHAPES[0] and subtrees != SUBTREES[0]:
+        raise UsageError(f"subtrees applies to shape={SHAPES[0]} only, not to shape={shape}")
 
 
 def _digits(size: int, radix: int) -> int:
@@ -157,9 +189,104 @@ def knomial_children(position: int, size: int, radix: int = 2, subtrees: str = "
     return out[::-1] if first == "farthest" else out
 
 
-def largest_first(subtrees: str) -> str:
+def kary_parent(position: int, size: int, radix: int = 2) -> int | None:
+    """Return the parent of ``position`` in the heap-ordered k-ary tree: ``(q - 1) // k``."""
+    return None if position == 0 else (position - 1) // radix
+
+
+def kary_children(position: int, size: int, radix: int = 2) -> list[int]:
+    """Return the children of ``position`` in the heap-ordered k-ary tree, nearest first:
+    ``k·q + 1 .. k·q + k`` below ``size``."""
+    return [c for c in range(radix * position + 1, radix * position + radix + 1) if c < size]
+
+
+def _level_start(position: int, radix: int) -> tuple[int, int]:
+    """Return ``(first position, width k^L)`` of the level ``position`` lies on."""
+    start, width = 0, 1
+    while start + width <= position:
+        start, width = start + width, width * radix
+    return start, width
+
+
+def strided_parent(position: int, size: int, radix: int = 2) -> int | None:
+    """Return the parent of ``position`` in Open MPI's level-by-level k-ary tree.
+
+    A position at offset ``j`` of level ``L`` hangs under offset ``j mod k^(L-1)`` of
+    level ``L - 1`` (``coll_base_topo.c`` walks there by steps of ``k^(L-1)``).
+    """
+    if position == 0:
+        return None
+    start, width = _level_start(position, radix)
+    above = width // radix
+    return start - above + (position - start) % above
+
+
+def strided_children(position: int, size: int, radix: int = 2) -> list[int]:
+    """Return the children of ``position`` on level ``L``, nearest first:
+    ``q + v·k^L`` for ``v = 1..k``, below ``size``."""
+    width = _level_start(position, radix)[1]
+    return [c for c in (position + v * width for v in range(1, radix + 1)) if c < size]
+
+
+_KARY = {"kary": (kary_parent, kary_children), "strided": (strided_parent, strided_children)}
+
+
+def node_parent(position: int, size: int, radix: int = 2, subtrees: str = SUBTREES[0],
+                shape: str = SHAPES[0]) -> int | None:
+    """Return the parent position of ``position`` in the tree ``shape`` names."""
+    if shape in _KARY:
+        return _KARY[shape][0](position, size, radix)
+    return knomial_parent(position, size, radix, subtrees)
+
+
+def node_children(position: int, size: int, radix: int = 2, subtrees: str = SUBTREES[0],
+                  first: str = FIRSTS[0], shape: str = SHAPES[0]) -> list[int]:
+    """Return the children positions of ``position``, in the order they are folded in."""
+    if shape in _KARY:
+        out = _KARY[shape][1](position, size, radix)
+        return out[::-1] if first == "farthest" else out
+    return knomial_children(position, size, radix, subtrees, first)
+
+
+def largest_first(subtrees: str, shape: str = SHAPES[0]) -> str:
     """Return the ``first`` that lists a node's children largest subtree first (a broadcast's)."""
-    return "farthest" if subtrees == "growing" else "nearest"
+    return "farthest" if subtrees == "growing" and shape == SHAPES[0] else "nearest"
+
+
+# ------------------------------------------------------------ distinct reduction orders
+
+def _order_text(p: int, options: dict) -> str:
+    """Return the fold the root's result is, as text: the key that tells orders apart."""
+    radix, subtrees = options.get("radix", 2), options.get("subtrees", SUBTREES[0])
+    first, shape = options.get("first", FIRSTS[0]), options.get("shape", SHAPES[0])
+
+    def partial(q: int) -> str:
+        text = f"x{q}"
+        for child in node_children(q, p, radix, subtrees, first, shape):
+            text = "(" + "+".join(sorted((text, partial(child)))) + ")"  # sums commute bitwise
+        return text
+    return partial(0)
+
+
+def order_candidates() -> tuple[dict, ...]:
+    """Return the option sets worth trying, in order: MPICH's knomial_1 and knomial_2 of
+    radix 2, 3 and 4, MPICH's binary ``kary`` tree and Open MPI's binary ``strided`` one."""
+    knomial = tuple({"radix": k, **variant} if k != 2 else variant
+                    for k in (2, 3, 4)
+                    for variant in ({"subtrees": "shrinking"}, {"first": "farthest"}))
+    return knomial + ({"shape": "kary"}, {"shape": "strided"})
+
+
+def distinct_orders(p: int) -> list[dict]:
+    """Return ``{}`` and each of :func:`order_candidates` whose fold on ``p`` ranks differs
+    from every one before it (sums commute bit for bit, so operand order is ignored)."""
+    seen, out = {_order_text(p, {})}, [{}]
+    for options in order_candidates():
+        text = _order_text(p, options)
+        if text not in seen:
+            seen.add(text)
+            out.append(options)
+    return out
 
 
 # ------------------------------------------------------------ exact schedule replay

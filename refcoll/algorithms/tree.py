@@ -22,6 +22,14 @@ of any radix (``src/mpi/coll/algorithms/treealgo/treeutil.c``, folded as
     radix=3, subtrees="shrinking"  x0+((x1+x2)+x3)      MPICH tree, knomial_1, k = 3
     radix=3, first="farthest"      ((x0+x3)+x2)+x1      MPICH tree, knomial_2, k = 3
 
+**k-ary trees** (option ``shape``): ``shape="kary"``, MPICH's heap-ordered k-ary
+tree (``treeutil.c``, ``MPII_Treeutil_tree_kary_init``; children of ``q`` are
+``k·q+1 .. k·q+k``), and ``shape="strided"``, the level-by-level k-ary tree of Open
+MPI's binary reduce (``coll_base_topo.c``, ``ompi_coll_base_topo_build_tree``;
+``coll_base_reduce.c``, ``ompi_coll_base_reduce_intra_binary``), both folded
+nearest child first, as the two libraries do. With ``p = 4``, ``radix=2``, both are
+``(x0+(x1+x3))+x2``; they part from ``p = 5`` on.
+
 Their cost: the root receives (reduce) or sends (broadcast) the whole buffer to
 each of its up to ``(k-1)·⌈log_k p⌉`` children, one a round; taking the largest
 subtree first, as MPICH does, makes the root wait for it, so the rounds exceed
@@ -46,8 +54,8 @@ import numpy as np
 from ..core.chunking import chunk_bounds
 from ..core.cost import ZERO, Cost
 from ._util import copy_into, workspace
-from .knomial import (FIRSTS, SUBTREES, check_tree_options, knomial_children, knomial_parent,
-                      largest_first, replay_cost)
+from .knomial import (FIRSTS, SHAPES, SUBTREES, check_tree_options, distinct_orders,
+                      largest_first, node_children, node_parent, replay_cost)
 from .registry import Algorithm, LinkCost, register
 
 __all__ = [
@@ -187,23 +195,24 @@ def binomial_children(rank: int, size: int, root: int) -> list[int]:
 
 
 def tree_links(rank: int, size: int, root: int = 0, *, radix: int = 2,
-               subtrees: str = "growing", first: str = "nearest") -> tuple[int | None, list[int]]:
+               subtrees: str = "growing", first: str = "nearest",
+               shape: str = "knomial") -> tuple[int | None, list[int]]:
     """Return ``(parent, children)`` of ``rank`` in the tree rooted at ``root``, as ranks.
 
     The children are in the order ``first`` gives (:mod:`~refcoll.algorithms.knomial`);
     the defaults are the binomial tree (:func:`binomial_parent`, :func:`binomial_children`).
     """
     position = tree_position(rank, size, root)
-    parent = knomial_parent(position, size, radix, subtrees)
-    children = knomial_children(position, size, radix, subtrees, first)
+    parent = node_parent(position, size, radix, subtrees, shape)
+    children = node_children(position, size, radix, subtrees, first, shape)
     return (None if parent is None else tree_rank(parent, size, root),
             [tree_rank(c, size, root) for c in children])
 
 
 def tree_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
                 segment: int | None = None, radix: int = 2, subtrees: str = "growing",
-                first: str = "nearest") -> None:
-    """Binomial-tree (or k-nomial) reduce to any root, optionally pipelined in segments.
+                first: str = "nearest", shape: str = "knomial") -> None:
+    """Binomial-tree (or k-nomial, or k-ary) reduce to any root, optionally pipelined in segments.
 
     Schedule (q = this rank's position, per segment in order): receive the
       partials of children ``q+1, q+2, q+4, ...`` in that order and fold each on
@@ -219,9 +228,11 @@ def tree_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
       segment-sized workspace.
     Options ``radix``, ``subtrees``, ``first``: a k-nomial tree instead
       (:mod:`~refcoll.algorithms.knomial`), its children folded in the order
-      ``first`` gives, each on the right of the partial.   Spec: spec/tree.md
+      ``first`` gives, each on the right of the partial.
+    Option ``shape``: ``"kary"`` (MPICH's k-ary tree) or ``"strided"`` (Open MPI's
+      binary reduce for ``radix=2``), children folded nearest first.   Spec: spec/tree.md
     """
-    check_tree_options(radix, subtrees, first)
+    check_tree_options(radix, subtrees, first, shape)
     size, rank = t.size, t.rank
     segments = segment_bounds(x.size, segment)
     largest = max((stop - start for start, stop in segments), default=0)
@@ -231,13 +242,14 @@ def tree_reduce(t, x: np.ndarray, out: np.ndarray | None, *, op, root: int = 0,
     else:
         partial = workspace(t, largest, x.dtype, slot=1)
         target = lambda start, stop: partial[: stop - start]  # noqa: E731 - reused per segment
-    parent, children = tree_links(rank, size, root, radix=radix, subtrees=subtrees, first=first)
+    parent, children = tree_links(rank, size, root, radix=radix, subtrees=subtrees, first=first,
+                                  shape=shape)
     tree_reduce_steps(t, x, op=op, parent=parent, left=(), right=children, segments=segments,
                       target=target, scratch=scratch)
 
 
 def tree_broadcast(t, buf: np.ndarray, *, root: int = 0, segment: int | None = None,
-                   radix: int = 2, subtrees: str = "growing") -> None:
+                   radix: int = 2, subtrees: str = "growing", shape: str = "knomial") -> None:
     """Binomial-tree broadcast from any root, in place, optionally pipelined in segments.
 
     Schedule (per segment in order): receive it from parent ``q - lowbit(q)``,
@@ -247,18 +259,20 @@ def tree_broadcast(t, buf: np.ndarray, *, root: int = 0, segment: int | None = N
       segments ⌈log2 p⌉·S·α + ⌈log2 p⌉·n·β.
     Restrictions: none (any p; ``n == 0``: nothing moves; ``p == 1``: nothing).
     Options ``radix``, ``subtrees``: a k-nomial tree, its children sent to
-      largest subtree first, as MPICH's tree algorithms do.   Spec: spec/tree.md
+      largest subtree first, as MPICH's tree algorithms do. Option ``shape``: a k-ary
+      tree, children sent to nearest (the largest subtree) first.   Spec: spec/tree.md
     """
-    check_tree_options(radix, subtrees, "nearest")
+    check_tree_options(radix, subtrees, "nearest", shape)
     size, rank = t.size, t.rank
     parent, children = tree_links(rank, size, root, radix=radix, subtrees=subtrees,
-                                  first=largest_first(subtrees))
+                                  first=largest_first(subtrees, shape), shape=shape)
     tree_broadcast_steps(t, buf, parent=parent, children=children,
                          segments=segment_bounds(buf.size, segment))
 
 
 def tree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, segment: int | None = None,
-                   radix: int = 2, subtrees: str = "growing", first: str = "nearest") -> None:
+                   radix: int = 2, subtrees: str = "growing", first: str = "nearest",
+                   shape: str = "knomial") -> None:
     """Tree all-reduce: binomial reduce to rank 0, then binomial broadcast from rank 0.
 
     Every rank folds its partials straight into ``out`` (the broadcast then
@@ -273,18 +287,21 @@ def tree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, segment: int | None
     Options ``radix``, ``subtrees``, ``first``: MPICH's ``tree`` all-reduce
       (``allreduce_intra_tree.c``) on its ``knomial_1`` (``subtrees="shrinking"``) or
       ``knomial_2`` (``first="farthest"``) tree of radix ``MPIR_CVAR_ALLREDUCE_TREE_KVAL``;
-      the broadcast sends to the largest subtree first.   Spec: spec/tree.md
+      the broadcast sends to the largest subtree first. ``shape="kary"``: MPICH's tree
+      all-reduce on its ``kary`` tree (``MPIR_CVAR_ALLREDUCE_TREE_TYPE=kary``), children
+      folded nearest first.   Spec: spec/tree.md
     """
-    check_tree_options(radix, subtrees, first)
+    check_tree_options(radix, subtrees, first, shape)
     size, rank = t.size, t.rank
     segments = segment_bounds(x.size, segment)
     largest = max((stop - start for start, stop in segments), default=0)
-    parent, children = tree_links(rank, size, 0, radix=radix, subtrees=subtrees, first=first)
+    parent, children = tree_links(rank, size, 0, radix=radix, subtrees=subtrees, first=first,
+                                  shape=shape)
     tree_reduce_steps(t, x, op=op, parent=parent, left=(), right=children, segments=segments,
                       target=lambda start, stop: out[start:stop],
                       scratch=workspace(t, largest, x.dtype))
     down = tree_links(rank, size, 0, radix=radix, subtrees=subtrees,
-                      first=largest_first(subtrees))[1]
+                      first=largest_first(subtrees, shape), shape=shape)[1]
     tree_broadcast_steps(t, out, parent=parent, children=down, segments=segments)
 
 
@@ -301,13 +318,13 @@ def _segment_count(n: int, segment: int | None) -> int:
     return len(segment_bounds(n, segment))
 
 
-def _knomial(radix: int, subtrees: str, first: str) -> bool:
+def _knomial(radix: int, subtrees: str, first: str, shape: str) -> bool:
     """Return whether the options name a tree other than the binomial one (then: replayed)."""
-    check_tree_options(radix, subtrees, first)
-    return (radix, subtrees, first) != (2, SUBTREES[0], FIRSTS[0])
+    check_tree_options(radix, subtrees, first, shape)
+    return (radix, subtrees, first, shape) != (2, SUBTREES[0], FIRSTS[0], SHAPES[0])
 
 
-def _tree_programs(p: int, n: int, segment, radix: int, subtrees: str, first: str,
+def _tree_programs(p: int, n: int, segment, radix: int, subtrees: str, first: str, shape: str,
                    phases: tuple[str, ...]):
     """Return every rank's calls (:func:`~refcoll.algorithms.knomial.replay_cost`) and γ.
 
@@ -319,8 +336,9 @@ def _tree_programs(p: int, n: int, segment, radix: int, subtrees: str, first: st
     programs, reduced = [[] for _ in range(p)], [0] * p
     for rank in range(p):
         for phase in phases:
-            order = first if phase == "reduce" else largest_first(subtrees)
-            parent, children = tree_links(rank, p, 0, radix=radix, subtrees=subtrees, first=order)
+            order = first if phase == "reduce" else largest_first(subtrees, shape)
+            parent, children = tree_links(rank, p, 0, radix=radix, subtrees=subtrees, first=order,
+                                          shape=shape)
             for start, stop in segments:
                 size = stop - start
                 if phase == "reduce":
@@ -333,25 +351,27 @@ def _tree_programs(p: int, n: int, segment, radix: int, subtrees: str, first: st
     return programs, max(reduced)
 
 
-def _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, phases, formula) -> Cost:
+def _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, shape, phases,
+                  formula) -> Cost:
     if p == 1:
         return ZERO
-    programs, reduced = _tree_programs(p, n, segment, radix, subtrees, first, phases)
+    programs, reduced = _tree_programs(p, n, segment, radix, subtrees, first, shape, phases)
     return replay_cost(programs, itemsize, reduced, formula)
 
 
-_KNOMIAL = "(k-1)·⌈log_k p⌉ partials of n at the root, rounds by the fold order (replayed)"
+_KNOMIAL = "the root's partials of n (k-nomial: (k-1)·⌈log_k p⌉; k-ary: k), rounds replayed"
 
 
 def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
-                     radix: int = 2, subtrees: str = "growing", first: str = "nearest") -> Cost:
+                     radix: int = 2, subtrees: str = "growing", first: str = "nearest",
+                     shape: str = "knomial") -> Cost:
     """Binomial reduce: ``⌈lg p⌉·S`` rounds; the root folds ``⌈lg p⌉`` whole buffers.
 
-    A k-nomial tree (any other options): its schedule replayed exactly.
+    A k-nomial or k-ary tree (any other options): its schedule replayed exactly.
     """
-    if _knomial(radix, subtrees, first):
-        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, ("reduce",),
-                             "k-nomial reduce: " + _KNOMIAL)
+    if _knomial(radix, subtrees, first, shape):
+        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, shape,
+                             ("reduce",), "tree reduce: " + _KNOMIAL)
     if p == 1:
         return ZERO
     segments = _segment_count(n, segment)
@@ -361,14 +381,15 @@ def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = Non
 
 
 def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
-                        radix: int = 2, subtrees: str = "growing") -> Cost:
+                        radix: int = 2, subtrees: str = "growing",
+                        shape: str = "knomial") -> Cost:
     """Binomial broadcast: ``⌈lg p⌉·S`` rounds; the root sends ``⌈lg p⌉`` whole buffers.
 
-    A k-nomial tree: its schedule replayed exactly.
+    A k-nomial or k-ary tree: its schedule replayed exactly.
     """
-    if _knomial(radix, subtrees, "nearest"):
-        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, "nearest", ("broadcast",),
-                             "k-nomial broadcast: (k-1)·⌈log_k p⌉ copies of n from the root")
+    if _knomial(radix, subtrees, "nearest", shape):
+        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, "nearest", shape,
+                             ("broadcast",), "tree broadcast: a copy of n to each child, replayed")
     if p == 1:
         return ZERO
     segments = _segment_count(n, segment)
@@ -379,17 +400,17 @@ def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = 
 
 def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
                         radix: int = 2, subtrees: str = "growing",
-                        first: str = "nearest") -> Cost:
+                        first: str = "nearest", shape: str = "knomial") -> Cost:
     """Binomial reduce to rank 0, then binomial broadcast: the two add up round for round.
 
     The broadcast starts when the root has its result, so its rounds follow the
     reduce's. A rank at position q sends ``S`` messages up and ``S`` to each of
     its ``c(q) < ⌈lg p⌉`` children, so the root, with ``⌈lg p⌉·S``, is the busiest.
-    A k-nomial tree: its schedule replayed exactly.
+    A k-nomial or k-ary tree: its schedule replayed exactly.
     """
-    if _knomial(radix, subtrees, first):
-        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, first,
-                             ("reduce", "broadcast"), "k-nomial reduce + broadcast: 2·" + _KNOMIAL)
+    if _knomial(radix, subtrees, first, shape):
+        return _knomial_cost(p, n, itemsize, segment, radix, subtrees, first, shape,
+                             ("reduce", "broadcast"), "tree reduce + broadcast: 2·" + _KNOMIAL)
     if p == 1:
         return ZERO
     segments = _segment_count(n, segment)
@@ -412,39 +433,16 @@ def tree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list
             LinkCost("intra broadcast", "intra", tree_broadcast_cost(g, count, itemsize))]
 
 
-def _order_text(p: int, radix: int, subtrees: str, first: str) -> str:
-    """Return the fold the root's result is, as text: the key that tells orders apart."""
-    def partial(q: int) -> str:
-        text = f"x{q}"
-        for child in knomial_children(q, p, radix, subtrees, first):
-            text = "(" + "+".join(sorted((text, partial(child)))) + ")"  # sums commute bitwise
-        return text
-    return partial(0)
-
-
-#: The option sets :func:`tree_orders` tries, in order: MPICH's knomial_1 and knomial_2.
-_ORDER_CANDIDATES = tuple({"radix": k, **variant} if k != 2 else variant
-                          for k in (2, 3, 4)
-                          for variant in ({"subtrees": "shrinking"}, {"first": "farthest"}))
-
-
 def tree_orders(collective: str, p: int) -> list[dict]:
     """Return the option sets whose reduction orders differ on ``p`` ranks (the first ``{}``).
 
     MPICH's ``knomial_1`` (``subtrees="shrinking"``) and ``knomial_2``
-    (``first="farthest"``) trees of radix 2, 3 and 4, each kept only when its
-    fold differs from every one before it; a broadcast reduces nothing.
+    (``first="farthest"``) trees of radix 2, 3 and 4, MPICH's binary ``kary`` tree and
+    Open MPI's binary ``strided`` one, each kept only when its fold differs from every
+    one before it (:func:`~refcoll.algorithms.knomial.distinct_orders`); a broadcast
+    reduces nothing.
     """
-    if collective == "broadcast":
-        return [{}]
-    seen, out = {_order_text(p, 2, SUBTREES[0], FIRSTS[0])}, [{}]
-    for options in _ORDER_CANDIDATES:
-        text = _order_text(p, options.get("radix", 2), options.get("subtrees", SUBTREES[0]),
-                           options.get("first", FIRSTS[0]))
-        if text not in seen:
-            seen.add(text)
-            out.append(options)
-    return out
+    return [{}] if collective == "broadcast" else distinct_orders(p)
 
 
 register(Algorithm(
