@@ -163,21 +163,25 @@ def test_kary_trees_at_p4_p5_and_p7_are_drawn_right():
     assert [node_children(q, 7, 2, shape="kary") for q in range(3)] == [[1, 2], [3, 4], [5, 6]]
 
 
+def _assert_ledger_equals_cost(p, n, options, segment):
+    """Every tree collective on ``p`` ranks moves what its cost function says."""
+    xs = [np.ones(n, np.float32)] * p
+    for collective in ("allreduce", "reduce", "broadcast"):
+        opts = dict(options, segment=segment)
+        if collective == "broadcast":
+            opts.pop("first", None)
+        roots = {} if collective == "allreduce" else {"root": (n + 1) % p}
+        ledger = refcoll.simulate(collective, xs, algorithm="tree", **roots, **opts).ledger
+        cost = TREE.costs[collective](p, n, 4, **opts)
+        assert ledger.counts() == cost.counts(), (p, collective, opts, n)
+
+
 def test_kary_ledger_equals_cost():
     for p in (1, 2, 5, 7):
         for options in ({"shape": "kary"}, {"shape": "strided", "radix": 3},
                         {"shape": "kary", "first": "farthest"}):
             for segment, n in ((None, 0), (None, 50), (3, 10)):
-                xs = [np.ones(n, np.float32)] * p
-                for collective in ("allreduce", "reduce", "broadcast"):
-                    opts = dict(options, segment=segment)
-                    if collective == "broadcast":
-                        opts.pop("first", None)
-                    roots = {} if collective == "allreduce" else {"root": (n + 1) % p}
-                    ledger = refcoll.simulate(collective, xs, algorithm="tree", **roots,
-                                              **opts).ledger
-                    cost = TREE.costs[collective](p, n, 4, **opts)
-                    assert ledger.counts() == cost.counts(), (p, collective, opts, n)
+                _assert_ledger_equals_cost(p, n, options, segment)
 
 
 def test_kary_broadcast_reaches_every_rank():
@@ -203,16 +207,7 @@ def test_ledger_equals_cost_for_every_tree(p):
     for options in VARIANTS[1:]:
         for segment in (None, 3):
             for n in sorted({0, 1, p + 1, 50}):
-                xs = [np.ones(n, np.float32)] * p
-                for collective in ("allreduce", "reduce", "broadcast"):
-                    opts = dict(options, segment=segment)
-                    if collective == "broadcast":
-                        opts.pop("first", None)
-                    roots = {} if collective == "allreduce" else {"root": (n + 1) % p}
-                    ledger = refcoll.simulate(collective, xs, algorithm="tree", **roots,
-                                              **opts).ledger
-                    cost = TREE.costs[collective](p, n, 4, **opts)
-                    assert ledger.counts() == cost.counts(), (collective, opts, n)
+                _assert_ledger_equals_cost(p, n, options, segment)
 
 
 def test_default_options_keep_the_binomial_costs_closed_form():
