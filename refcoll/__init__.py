@@ -2,12 +2,15 @@
 
     import refcoll
     y = refcoll.allreduce(x, algorithm="ring")            # under mpiexec
+    with refcoll.allreduce_init(x, algorithm="ring") as plan:   # persistent: made once,
+        y = plan()                                              # run many times
     res = refcoll.simulate("allreduce", xs, algorithm="ring")  # in one process
 """
 
-from .calls import (Handle, SimResult, allgather, allreduce, as_transport, broadcast, iallgather,
-                    iallreduce, ibroadcast, ireduce, ireduce_scatter, reduce, reduce_scatter,
-                    simulate, wait_all)
+from .calls import (Handle, Plan, SimResult, allgather, allgather_init, allreduce, allreduce_init,
+                    as_transport, broadcast, broadcast_init, iallgather, iallreduce, ibroadcast,
+                    ireduce, ireduce_scatter, reduce, reduce_init, reduce_scatter,
+                    reduce_scatter_init, simulate, wait_all)
 from .algorithms import COLLECTIVES, REGISTRY
 from . import compressors  # also routes allreduce(compressor=...) to it
 from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,
@@ -31,6 +34,12 @@ __all__ = [
     "ireduce",
     "wait_all",
     "Handle",
+    "allreduce_init",
+    "reduce_scatter_init",
+    "allgather_init",
+    "broadcast_init",
+    "reduce_init",
+    "Plan",
     "Reducer",
     "GradBucket",
     "simulate",

@@ -25,7 +25,7 @@ from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype, get_op, is_integer
 from ..torch.launch import INSTALL_HINT, init_process_group, reduce_op, torch_installed
 from ..torch.tensors import cpu_tensor
-from ..transport.mpi import bounded_barrier
+from ..transport.deadline import bounded_barrier
 
 __all__ = ["GLOO_CALLS", "GLOO_DTYPES", "require_torch", "torch_version", "gloo_unavailable",
            "GlooGroup", "gloo_group", "gloo_call"]

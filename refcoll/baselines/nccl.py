@@ -13,7 +13,7 @@ import numpy as np
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_op
 from ..core.xp import array_namespace, require_cupy
-from ..transport.mpi import bounded_barrier
+from ..transport.deadline import bounded_barrier
 
 __all__ = ["NCCL_CALLS", "require_nccl", "nccl_version", "nccl_comm", "nccl_call",
            "nccl_allreduce", "nccl_types"]

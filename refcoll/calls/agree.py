@@ -12,8 +12,8 @@ disagreement. Every rank ends with every rank's notes and raises the same
 On MPI what travels first is a :data:`SIGNATURE_BYTES`-byte digest of the record
 (:class:`Signatures`: an allgather recorded once per transport as persistent
 exchanges, ``⌈lg p⌉`` rounds); the records themselves (``RECORD_BYTES`` each)
-move only when the digests differ, to name the field. A prepared all-reduce
-(:mod:`refcoll.calls.prepared`) starts its first data exchange beside the
+move only when the digests differ, to name the field. A recorded plan
+(:mod:`refcoll.calls.plans`) starts its first data exchange beside the
 signatures, so the agreement rides with the data instead of costing a round
 trip of its own, and it reduces only after every signature matched. When they
 differ, every rank knows it at once, withdraws its data, leaves its persistent
@@ -31,7 +31,7 @@ Transport: :func:`pack` writes JSON into a zero-padded buffer of a fixed size,
 :func:`broadcast_record` and :func:`allgather_records` move records. The
 conformance battery's reports and verdicts travel the same way, and
 :func:`barrier` is the one barrier over a Transport (an mpi4py communicator has
-:func:`refcoll.transport.mpi.bounded_barrier`).
+:func:`refcoll.transport.deadline.bounded_barrier`).
 """
 
 from __future__ import annotations
@@ -216,9 +216,16 @@ def disagreement(t, fields: dict) -> None:
     Every rank leaves its persistent exchanges (:func:`disagreed`), then the
     ranks exchange their whole records and raise the same error
     (:func:`check_table`; a rank with an error of its own returns to raise it).
+    Records that are the same everywhere while the signatures differed mean
+    the ranks took different paths for the same call (a kept plan on some,
+    none on others): that is a :class:`MismatchError` too.
     """
     disagreed(t)
     check_table(t, fields, allgather_records(t, record_of(fields)))
+    if not fields.get("error"):
+        raise MismatchError(f"ranks called {fields.get('collective', 'a collective')} with the "
+                            "same arguments but on different paths (a plan kept on some ranks "
+                            "only: did an earlier call fail on some ranks alone?)")
 
 
 # ------------------------------------------------------------- signatures
@@ -255,8 +262,8 @@ class _SignatureTags:
 class Signatures:
     """The allgather of every rank's signature, recorded once per transport as persistent exchanges.
 
-    Its steps are public (:attr:`steps`) so that a prepared all-reduce can start
-    its first data exchange beside them (:mod:`refcoll.calls.prepared`): the
+    Its steps are public (:attr:`steps`) so that a recorded plan can start
+    its first data exchange beside them (:mod:`refcoll.calls.plans`): the
     signature travels with the data, and the data is reduced only after the
     signatures compared equal.
     """
@@ -305,28 +312,21 @@ def signatures(t) -> Signatures | None:
 def disagreed(t) -> None:
     """Leave every persistent exchange of ``t`` after an agreement that every rank saw fail.
 
-    A rank that ran a prepared all-reduce sent its data beside its signature;
-    a peer that made a different call never takes it. So every rank frees its
-    prepared plans and the signature exchange, and moves the persistent
-    exchanges it makes from now on to a new tag slot, where no message of the
-    failed call can match them. The non-blocking schedule engine's recordings
-    are recorded again there, on the same buffers, rather than dropped: calls
-    already queued behind the failed one hold them and must still run right.
+    A rank that ran a recorded plan sent its data beside its signature; a peer
+    that made a different call never takes it. So every rank drops the
+    signature exchange, moves the persistent exchanges it makes from now on to
+    a new tag slot, where no message of the failed call can match them, and
+    records its plans again there, in the order they were made
+    (:class:`~refcoll.calls.plans.Plan`): user plans, the blocking calls' kept
+    plans and the calls queued on the schedule engine that hold them must
+    still run right.
     """
-    prepared = transport_cache(t, "prepared")
-    for call in list(prepared.values()):
-        call.free()
-    prepared.clear()
-    engine = transport_cache(t, "progress").get("engine")
-    plans = list(getattr(engine, "plans", {}).values())  # a scheduling engine's recordings
-    for plan, _ in plans:
-        plan.free()
     exchange = transport_cache(t, "agreement").pop("signatures", None)
     if exchange is not None:
         exchange.free()
     t.new_persistent_epoch()
-    for plan, _ in plans:
-        plan.renew(t)
+    for plan in list(transport_cache(t, "plans").get("live", {}).values()):
+        plan.renew()
 
 
 def record_of(fields: dict) -> np.ndarray:

@@ -13,13 +13,83 @@ import math
 
 import numpy as np
 
+from .. import algorithms
+from ..core.chunking import chunk_slice, chunk_sizes
 from ..core.errors import MismatchError, UsageError
-from ..core.ops import dtype_name, get_dtype
+from ..core.ops import check_supported, dtype_name, get_dtype, get_op
 from ..core.xp import array_namespace, check_device_dtype, is_device_array
 from .agree import agree
 
-__all__ = ["flat_input", "flat_out", "check_overlap", "shaped", "shared_errors",
-           "agree_arguments", "argument_fields", "workers_of", "check_root"]
+__all__ = ["Call", "checked", "PLAN_BYTES", "flat_input", "flat_out", "check_overlap", "shaped", "shared_errors",
+           "argument_fields", "workers_of", "check_root"]
+
+
+#: Largest all-reduce, in bytes, that a blocking call keeps a plan of
+#: (:func:`refcoll.calls.plans.run`). Up to here the two copies a kept plan adds
+#: (input in, result out) cost less than the Python layers it saves; above it a
+#: call should not copy its input at all.
+PLAN_BYTES = 64 << 10
+
+
+def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, validate: bool,
+            options: dict) -> "Call":
+    """Check one call's arguments on this rank and return them as a :class:`Call`.
+
+    The root, op, algorithm and options, the input as a flat view, and
+    ``out=`` (or a new result array) in the shape the collective returns,
+    refusing buffers that overlap other than in its one in-place layout. A
+    check that fails on one rank fails on every rank (:func:`shared_errors`).
+    """
+    xp = array_namespace(x)
+    with shared_errors(t, validate, collective):
+        if root is not None:
+            check_root(root, t)
+        reduction = None if op is None else get_op(op)
+        algo = algorithms.get(algorithm)
+        algorithms.implementation(algorithm, collective)
+        if options:
+            algorithms.check_options(algorithm, collective, options, rank=t.rank)
+        flat = flat_input(x, t)
+        if reduction is not None:
+            check_supported(reduction, flat.dtype)
+        arr = xp.asarray(x)
+        rank, size, workers = t.rank, t.size, t.size
+        if collective == "allreduce":
+            workers = workers_of(algo, t, options)
+            shape = arr.shape
+        elif collective == "reduce_scatter":
+            shape = (chunk_sizes(flat.size, size)[rank],)
+        elif collective == "allgather":
+            shape = (size, *arr.shape)
+        else:
+            shape = arr.shape
+        if rank >= workers or (collective == "reduce" and rank != root):
+            result = None  # a switch rank, a reduce's non-root: nothing comes back
+        else:
+            what = _WHAT.get(collective, collective)
+            result = flat_out(out, shape, flat.dtype, t, what, xp)
+            if out is not None and out is not arr:  # out=x: the one in-place layout
+                check_overlap(flat, result, _in_place(collective, flat, result, rank, size), t,
+                              what)
+    key = None
+    if (collective == "allreduce" and result is not None and not options and workers == size > 1
+            and flat.nbytes <= PLAN_BYTES and hasattr(t, "persistent") and xp is np):
+        key = (algorithm, reduction.name, flat.dtype, flat.size)
+    return Call(t, comm, collective, algorithm, options, validate, reduction,
+                0 if root is None else root, arr, flat, result, out, shape, workers, key)
+
+
+#: The collectives as messages name them.
+_WHAT = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter"}
+
+
+def _in_place(collective: str, flat, result, rank: int, size: int) -> tuple:
+    """Return the two views that may be one buffer: the collective's in-place layout."""
+    if collective == "reduce_scatter":  # out= a view of x at chunk r, as NCCL's
+        return flat[chunk_slice(flat.size, size, rank)], result
+    if collective == "allgather":  # x as row r of out=
+        return flat, result[chunk_slice(result.size, size, rank)]
+    return flat, result
 
 
 def flat_input(x, t) -> np.ndarray:
@@ -119,12 +189,6 @@ def argument_fields(collective: str, algorithm: str, op, flat, options, root: in
                 options=sorted(options.items()))
 
 
-def agree_arguments(t, validate: bool, collective: str, algorithm: str, op, flat, options,
-           root: int = 0) -> None:
-    if validate:
-        agree(t, **argument_fields(collective, algorithm, op, flat, options, root))
-
-
 def workers_of(algo, t, options) -> int:
     """Return how many of ``t``'s ranks hold data for ``algo`` (all, unless it has switches)."""
     if algo.workers is None:
@@ -140,3 +204,77 @@ def check_root(root: int, t) -> None:
     if not isinstance(root, (int, np.integer)) or not 0 <= root < t.size:
         raise UsageError(f"rank {t.rank}: root {root!r} is not a rank of this communicator "
                          f"(0..{t.size - 1})")
+
+
+class Call:
+    """One collective call's arguments, checked on this rank: what a plan is made of.
+
+    Built by the public calls (:mod:`refcoll.calls.collectives`) after their
+    local checks; run once by :func:`refcoll.calls.plans.run` or kept in a
+    :class:`~refcoll.calls.plans.Plan`. ``flat`` and ``result`` are the flat
+    views the algorithm works on (``result`` is ``None`` where the call returns
+    nothing: a ``reduce``'s non-roots, a switch rank); ``shape`` is the result's.
+
+    ``key`` is set where a blocking call may keep a plan of it (a small
+    all-reduce on a transport with persistent exchanges, no options): the
+    agreed fields, which every rank computes alike.
+    """
+
+    __slots__ = ("t", "comm", "collective", "algorithm", "options", "validate", "reduction",
+                 "root", "x", "flat", "result", "out", "shape", "workers", "key")
+
+    def __init__(self, t, comm, collective: str, algorithm: str, options: dict, validate: bool,
+                 reduction, root: int, x, flat, result, out, shape, workers: int, key=None):
+        self.t, self.comm, self.collective, self.algorithm = t, comm, collective, algorithm
+        self.options, self.validate, self.reduction, self.root = options, validate, reduction, root
+        self.x, self.flat, self.result, self.out, self.shape = x, flat, result, out, shape
+        self.workers, self.key = workers, key
+
+    def fields(self) -> dict:
+        """Return what every rank must agree on for this call (:func:`argument_fields`)."""
+        return argument_fields(self.collective, self.algorithm, self.reduction, self.flat,
+                               self.options, self.root)
+
+    def arguments(self) -> tuple:
+        """Return the algorithm's positional arguments after ``t`` (the registry's signatures)."""
+        if self.collective == "allgather" or self.collective == "broadcast":
+            return (self.result,)
+        return (self.flat, self.result)
+
+    def keywords(self) -> dict:
+        """Return the algorithm's keyword arguments: its options, the op and the root."""
+        keywords = dict(self.options) if self.options else {}
+        if self.reduction is not None:
+            keywords["op"] = self.reduction
+        if self.collective == "broadcast" or self.collective == "reduce":
+            keywords["root"] = self.root
+        return keywords
+
+    def prologue(self) -> None:
+        """Put this rank's own data where an in-place algorithm reads it (allgather, broadcast)."""
+        if self.collective == "allgather":
+            flat, size = self.flat, self.flat.size
+            own = self.result[self.t.rank * size:(self.t.rank + 1) * size]
+        elif self.collective == "broadcast" and self.t.rank == self.root:
+            flat, own = self.flat, self.result
+        else:
+            return
+        if flat.size and not array_namespace(flat).shares_memory(own, flat):
+            array_namespace(flat).copyto(own, flat)
+
+    def finish(self) -> None:
+        """Finish the op on the result (``avg``'s division), after the algorithm."""
+        if self.result is not None and self.reduction is not None and self.reduction.divides:
+            self.reduction.finalize(self.result, self.workers)
+
+    def output(self):
+        """Return what the call returns: ``out=``, or the result in its shape (or None)."""
+        if self.result is None:
+            return None
+        return shaped(self.result, self.out, self.shape)
+
+    def on(self, flat, result) -> "Call":
+        """Return the same call on other buffers (a kept plan's own)."""
+        return Call(self.t, self.comm, self.collective, self.algorithm, self.options,
+                    self.validate, self.reduction, self.root, flat, flat, result, None,
+                    self.shape, self.workers, self.key)

@@ -1,16 +1,20 @@
-"""The public collectives: argument handling around the registry's algorithms.
+"""The public collectives, blocking and persistent: check, agree, choose, run.
 
-Each call turns its input into a flat contiguous view (a copy only when the input
-is not contiguous), allocates the result unless ``out=`` is given, runs the
-algorithm in the transport's tag space for one call, and finishes ``avg``.
-The input is never modified unless it is also ``out``. What every call does
-before its algorithm runs is :class:`_Call`'s; what each adds (the shape of its
-result, the in-place layout it allows) is in its own function.
+Each blocking call reads top to bottom: it finds the transport, checks its
+arguments on this rank (:func:`~refcoll.calls.args.checked`: the input as a flat
+view, a copy only when it is not contiguous; ``out=`` or a new result), and
+hands them to :func:`refcoll.calls.plans.run`, which agrees on them with the
+other ranks (unless ``validate=False``), chooses the algorithm (``auto``) and
+runs it in the transport's tag space for one call, then finishes ``avg``. The
+input is never modified unless it is also ``out``.
 
-Repeated all-reduces are prepared (:mod:`refcoll.calls.prepared`). :func:`simulate` runs one
-collective on many simulated ranks in this process, with its ledger: the same
-algorithm code as under MPI, so its outputs are, bit for bit, what a real run
-must return.
+Each ``*_init`` twin makes the same checks and returns a
+:class:`~refcoll.calls.plans.Plan` instead: MPI-4's persistent collective,
+agreed, chosen and recorded once, run many times.
+
+:func:`simulate` runs one collective on many simulated ranks in this process,
+with its ledger: the same algorithm code as under MPI, so its outputs are, bit
+for bit, what a real run must return.
 """
 
 from __future__ import annotations
@@ -23,9 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import algorithms
-from ..core.chunking import chunk_slice, chunk_sizes
 from ..core.errors import UsageError
-from ..core.ops import check_supported, get_op
 from ..core.xp import array_namespace
 from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
@@ -33,11 +35,10 @@ from ..transport.mpi import transport_for
 from ..transport.torch import is_process_group, torch_transport_for
 from ..transport.ledger_only import LedgerWorld
 from ..transport.sim import SimWorld
-from .agree import disagreement
-from . import debug
-from .args import (agree_arguments, argument_fields, check_overlap, check_root, flat_input, flat_out, shaped,
-                   shared_errors, workers_of)
-from .prepared import bind, bound_call, op_key, prepare, prepared_call
+from . import debug, plans
+from .agree import agree
+from .args import checked
+from .plans import Plan
 from .progress import Handle, any_busy, busy_engine
 
 __all__ = [
@@ -46,10 +47,17 @@ __all__ = [
     "allgather",
     "broadcast",
     "reduce",
+    "allreduce_init",
+    "reduce_scatter_init",
+    "allgather_init",
+    "broadcast_init",
+    "reduce_init",
+    "Plan",
     "as_transport",
     "device_for",
     "use_compressed",
     "COLLECTIVE_FUNCTIONS",
+    "INIT_FUNCTIONS",
     "simulate",
     "SimResult",
 ]
@@ -114,50 +122,8 @@ def _is_intracomm(comm) -> bool:
     return mpi is not None and isinstance(comm, mpi.Intracomm)
 
 
-class _Call:
-    """What every collective does around its algorithm: the transport, the checks, the run.
-
-    Built outside the shared-error context (finding the transport is not an
-    argument check); :meth:`check` runs inside it, :meth:`run` after it.
-    """
-
-    def __init__(self, x, comm, collective: str, algorithm: str, options: dict, validate: bool):
-        self.xp = array_namespace(x)
-        self.t = device_for(as_transport(comm, collective), x)
-        self.collective, self.algorithm, self.options = collective, algorithm, options
-        self.validate = validate
-        self.reduction = None
-        self.root = 0
-
-    def errors(self):
-        """Return the context in which the call checks its arguments (:func:`shared_errors`)."""
-        return shared_errors(self.t, self.validate, self.collective)
-
-    def check(self, x, *, op=None, root: int | None = None):
-        """Check the root, op, algorithm and options; return ``x`` as a flat view."""
-        t = self.t
-        if root is not None:
-            check_root(root, t)
-            self.root = root
-        if op is not None:
-            self.reduction = get_op(op)
-        self.fn = algorithms.implementation(self.algorithm, self.collective)
-        algorithms.check_options(self.algorithm, self.collective, self.options, rank=t.rank)
-        self.flat = flat_input(x, t)
-        if self.reduction is not None:
-            check_supported(self.reduction, self.flat.dtype)
-        return self.flat
-
-    def run(self, *args, **kwargs) -> None:
-        """Agree on the arguments and run the algorithm, in the call's own tag space."""
-        with self.t.call(self.collective):
-            agree_arguments(self.t, self.validate, self.collective, self.algorithm,
-                            self.reduction, self.flat, self.options, self.root)
-            self.fn(self.t, *args, **kwargs, **self.options)
-
-
 def _in_issue_order(comm_at: int):
-    """Make a blocking collective queue behind the non-blocking calls outstanding on its comm.
+    """Make a collective queue behind the non-blocking calls outstanding on its comm.
 
     MPI orders a communicator's blocking and non-blocking collectives alike, in
     issue order: a blocking call made while ``iallreduce``s are running on the
@@ -186,6 +152,21 @@ def _in_issue_order(comm_at: int):
             return fn(*args, **kwargs)
         return call
     return wrap
+
+
+def _call(collective: str, x, comm, *, op=None, root=None, algorithm, out, validate, options):
+    """Find the transport that carries ``x`` over ``comm`` and check the call's arguments there."""
+    t = device_for(as_transport(comm, collective), x)
+    return checked(t, comm, collective, x, op=op, root=root, algorithm=algorithm, out=out,
+                   validate=validate, options=options)
+
+
+def _init(call) -> Plan:
+    """Make a plan of ``call``: agree on it once (unless ``validate=False``), choose, record."""
+    with call.t.call(call.collective):
+        if call.validate:
+            agree(call.t, **call.fields())
+        return Plan(call)
 
 
 @_in_issue_order(1)
@@ -227,6 +208,9 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         last ranks of ``comm`` are switch processes: they call ``allreduce`` too,
         with an array of the same count and dtype (its values are ignored), and
         get ``None`` back.
+
+    A loop that all-reduces the same arrays again and again is faster as a plan
+    (:func:`allreduce_init`).
     """
     if compressor is not None:
         if _COMPRESSED is None:
@@ -237,49 +221,15 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         return result
     if state is not None:
         raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
-    if out is not None and not options:
-        bound = bound_call(comm, x, out, algorithm, op, validate)
-        if bound is not None:  # these very arguments ran before: replay on their buffers
-            return bound()
-    arr = array_namespace(x).asarray(x)
-    c = _Call(arr, comm, "allreduce", algorithm, options, validate)
-    t, xp = c.t, c.xp
-    key = (algorithm, op_key(op), arr.dtype, arr.size)  # every spelling of an op: one key
-    prepared = None if options else prepared_call(t, key)
-    if prepared is None:
-        with c.errors():
-            flat = c.check(arr, op=op)
-            workers = workers_of(algorithms.get(algorithm), t, options)
-    else:  # the same call ran before: its arguments were checked and resolved then
-        c.reduction, workers = prepared.reduction, t.size
-        c.flat = flat = xp.ascontiguousarray(arr).reshape(-1)
-    reduction = c.reduction
-    if t.rank >= workers:  # a rank that holds no data (a switch): serve, return nothing
-        c.run(flat, None, op=reduction)
-        return None
-    with c.errors():
-        result = flat_out(out, arr.shape, flat.dtype, t, "all-reduce", xp)
-        if out is not arr:  # the one in-place layout needs no check
-            check_overlap(flat, result, (flat, result), t, "all-reduce")
-    if prepared is None:
-        c.run(flat, result, op=reduction)
-    else:
-        with t.call("allreduce"):
-            if validate and prepared.signed():  # the agreement rides beside the data
-                fields = argument_fields("allreduce", algorithm, reduction, flat, options)
-                if not prepared.run_signed(t, flat, result, fields):
-                    disagreement(t, fields)
-            else:
-                agree_arguments(t, validate, "allreduce", algorithm, reduction, flat, options)
-                prepared.run(t, flat, result)
-    reduction.finalize(result, workers)
-    if prepared is None and not options and workers == t.size > 1:
-        prepare(t, key, reduction)
-    elif (prepared is not None and prepared.plan is not None and out is not None and arr is x
-          and not options):
-        bind(t, comm, x, out, algorithm, op, validate,
-             argument_fields("allreduce", algorithm, reduction, flat, options))
-    return shaped(result, out, arr.shape)
+    if not options:  # the arguments of a kept plan were checked when it was kept: replay it
+        t = as_transport(comm, "allreduce")
+        plan = plans.reusable(t, x, op, algorithm, out)
+        if plan is not None:
+            return plan.replay(x.reshape(-1), x.reshape(-1) if out is x else (
+                np.empty(x.size, x.dtype) if out is None else out.reshape(-1)), out, x.shape,
+                validate)
+    return plans.run(_call("allreduce", x, comm, op=op, algorithm=algorithm, out=out,
+                           validate=validate, options=options))
 
 
 @_in_issue_order(1)
@@ -292,17 +242,8 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     longer), so ``n`` need not divide by ``p``. Returns a 1-D array. In place:
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
-    c = _Call(x, comm, "reduce_scatter", algorithm, options, validate)
-    t = c.t
-    with c.errors():
-        flat = c.check(x, op=op)
-        shape = (chunk_sizes(flat.size, t.size)[t.rank],)
-        result = flat_out(out, shape, flat.dtype, t, "reduce-scatter", c.xp)
-        check_overlap(flat, result, (flat[chunk_slice(flat.size, t.size, t.rank)], result), t,
-                      "reduce-scatter")
-    c.run(flat, result, op=c.reduction)
-    c.reduction.finalize(result, t.size)
-    return shaped(result, out, shape)
+    return plans.run(_call("reduce_scatter", x, comm, op=op, algorithm=algorithm, out=out,
+                           validate=validate, options=options))
 
 
 @_in_issue_order(1)
@@ -314,18 +255,8 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     (``.reshape(-1)`` gives the flat concatenation NCCL and MPI return). In place:
     pass ``x`` as row ``r`` of ``out``.
     """
-    c = _Call(x, comm, "allgather", algorithm, options, validate)
-    t, xp = c.t, c.xp
-    with c.errors():
-        flat = c.check(x)
-        shape = (t.size, *xp.asarray(x).shape)
-        result = flat_out(out, shape, flat.dtype, t, "allgather", xp)
-        own_block = result[chunk_slice(result.size, t.size, t.rank)]
-        check_overlap(flat, result, (flat, own_block), t, "allgather")
-        if not (flat.size and xp.shares_memory(own_block, flat)):
-            xp.copyto(own_block, flat)
-    c.run(result)
-    return shaped(result, out, shape)
+    return plans.run(_call("allgather", x, comm, algorithm=algorithm, out=out, validate=validate,
+                           options=options))
 
 
 @_in_issue_order(2)
@@ -336,36 +267,68 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     Non-root ranks' ``x`` gives only the shape and dtype; ``out=x`` overwrites it
     in place, as ``MPI_Bcast`` does.
     """
-    c = _Call(x, comm, "broadcast", algorithm, options, validate)
-    t, xp = c.t, c.xp
-    with c.errors():
-        flat = c.check(x, root=root)
-        shape = xp.asarray(x).shape
-        result = flat_out(out, shape, flat.dtype, t, "broadcast", xp)
-        check_overlap(flat, result, (flat, result), t, "broadcast")
-        if t.rank == root and not xp.shares_memory(result, flat):
-            xp.copyto(result, flat)
-    c.run(result, root=root)
-    return shaped(result, out, shape)
+    return plans.run(_call("broadcast", x, comm, root=root, algorithm=algorithm, out=out,
+                           validate=validate, options=options))
 
 
 @_in_issue_order(2)
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
-    c = _Call(x, comm, "reduce", algorithm, options, validate)
-    t, xp = c.t, c.xp
-    with c.errors():
-        flat = c.check(x, op=op, root=root)
-        shape = xp.asarray(x).shape
-        result = flat_out(out, shape, flat.dtype, t, "reduce", xp) if t.rank == root else None
-        if result is not None:
-            check_overlap(flat, result, (flat, result), t, "reduce")
-    c.run(flat, result, op=c.reduction, root=root)
-    if t.rank != root:
-        return None
-    c.reduction.finalize(result, t.size)
-    return shaped(result, out, shape)
+    return plans.run(_call("reduce", x, comm, op=op, root=root, algorithm=algorithm, out=out,
+                           validate=validate, options=options))
+
+
+# ------------------------------------------------------------ persistent collectives
+
+@_in_issue_order(1)
+def allreduce_init(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
+                   **options) -> Plan:
+    """Make a persistent all-reduce of ``x`` into ``out`` (``MPI_Allreduce_init``): collective.
+
+    Every rank calls it together. The ranks agree on the arguments here, once
+    (unless ``validate=False``), ``auto`` chooses here, and on MPI the
+    algorithm's schedule is recorded on ``x`` and ``out`` (a new array when not
+    given: ``plan.out``). Then each ``plan()`` (or ``plan.start()`` and
+    ``plan.wait()``) all-reduces what ``x`` holds at that moment, with the bits
+    :func:`allreduce` would give; ``plan.free()`` (or a ``with`` block)
+    releases it. The arguments are :func:`allreduce`'s (no ``compressor``).
+    See :class:`~refcoll.calls.plans.Plan` for what a run refuses.
+    """
+    return _init(_call("allreduce", x, comm, op=op, algorithm=algorithm, out=out,
+                       validate=validate, options=options))
+
+
+@_in_issue_order(1)
+def reduce_scatter_init(x, comm=None, *, op="sum", algorithm="ring", out=None,
+                        validate: bool = True, **options) -> Plan:
+    """Make a persistent :func:`reduce_scatter` (``MPI_Reduce_scatter_block_init``): collective."""
+    return _init(_call("reduce_scatter", x, comm, op=op, algorithm=algorithm, out=out,
+                       validate=validate, options=options))
+
+
+@_in_issue_order(1)
+def allgather_init(x, comm=None, *, algorithm="ring", out=None, validate: bool = True,
+                   **options) -> Plan:
+    """Make a persistent :func:`allgather` (``MPI_Allgather_init``): collective."""
+    return _init(_call("allgather", x, comm, algorithm=algorithm, out=out, validate=validate,
+                       options=options))
+
+
+@_in_issue_order(2)
+def broadcast_init(x, root: int = 0, comm=None, *, algorithm="naive", out=None,
+                   validate: bool = True, **options) -> Plan:
+    """Make a persistent :func:`broadcast` (``MPI_Bcast_init``): collective."""
+    return _init(_call("broadcast", x, comm, root=root, algorithm=algorithm, out=out,
+                       validate=validate, options=options))
+
+
+@_in_issue_order(2)
+def reduce_init(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
+                validate: bool = True, **options) -> Plan:
+    """Make a persistent :func:`reduce` (``MPI_Reduce_init``): collective."""
+    return _init(_call("reduce", x, comm, op=op, root=root, algorithm=algorithm, out=out,
+                       validate=validate, options=options))
 
 
 #: The collectives by name, for :func:`simulate` and the battery.
@@ -375,6 +338,15 @@ COLLECTIVE_FUNCTIONS = {
     "allgather": allgather,
     "broadcast": broadcast,
     "reduce": reduce,
+}
+
+#: Their persistent twins by the same names.
+INIT_FUNCTIONS = {
+    "allreduce": allreduce_init,
+    "reduce_scatter": reduce_scatter_init,
+    "allgather": allgather_init,
+    "broadcast": broadcast_init,
+    "reduce": reduce_init,
 }
 
 

@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import algorithms
 from ..core.ops import get_op
-from .agree import disagreement, record_of, signature_of, signatures
-from . import debug
-from .args import argument_fields
-from .auto import resolve
+from .args import Call
 from .collectives import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter
-from .prepared import Plan
+from .plans import Steps, kept
 from .progress import Handle, engine_for, wait_all
 
 __all__ = ["iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "wait_all",
@@ -34,12 +30,12 @@ def _issue(name: str, fn, x, comm, args: tuple, kwargs: dict) -> Handle:
     """Queue ``fn(x, *args, comm=t, **kwargs)`` on the engine of ``comm``'s transport."""
     t = as_transport(comm, name)
     engine = engine_for(t)
-    job = None
+
+    def job():
+        return fn(x, *args, comm=t, **kwargs)
+
     if engine.kind == "schedule" and name == "allreduce":
-        job = scheduled(engine, t, x, kwargs)
-    if job is None:
-        def job():
-            return fn(x, *args, comm=t, **kwargs)
+        job = scheduled(t, x, kwargs, job) or job
     return engine.submit(Handle(name, job, engine))
 
 
@@ -91,131 +87,58 @@ NONBLOCKING_FUNCTIONS = {
 }
 
 
-class _Steps:
-    """A recorded schedule run one step at a time: exchanges started, then tested, across calls."""
+class _Planned:
+    """An ``iallreduce`` for the schedule engine: its kept plan's steps, one exchange at a time.
 
-    def __init__(self, schedule):
-        self.steps = schedule.steps
-        self.index = 0
-        self.started = False
-
-    def advance(self) -> bool:
-        """Run as far as possible without waiting; return whether every step is done."""
-        steps = self.steps
-        while self.index < len(steps):
-            step = steps[self.index]
-            if hasattr(step, "test"):  # an exchange: start it, then look again later
-                if not self.started:
-                    step.start()
-                    self.started = True
-                if not step.test():
-                    return False
-                self.started = False
-            else:
-                step()
-            self.index += 1
-        return True
-
-
-class _Scheduled:
-    """An all-reduce as a state machine: its recorded steps, started one at a time.
-
-    The algorithm is recorded once per (algorithm, op, dtype, count) on buffers
-    of its own (:class:`refcoll.calls.prepared.Plan`), as a prepared call's plan
-    is. A validated run first steps through the blocking calls' signature
-    exchange (:class:`refcoll.calls.agree.Signatures`, the transport's current
-    one, taken when the run starts), so a rank that calls ``iallreduce`` meets a
-    rank that calls ``allreduce`` in the same exchange; where the signatures
-    differ it names the difference as the blocking call does
-    (:func:`refcoll.calls.agree.disagreement`). Then it copies the input in,
-    steps through the algorithm, and copies the result out. Each :meth:`step`
-    goes as far as it can without waiting. The same exchanges and reductions in
-    the same order on the same values as the blocking call: the same bits, and
-    the same error when the ranks disagree.
+    The plan is fetched when the call starts (an earlier call in the queue may
+    have made or dropped it); without one the call runs whole, as the blocking
+    call it is.
     """
 
-    def __init__(self, t, plan: Plan, x, out, reduction, algorithm, validate: bool):
-        self.t, self.plan, self.x, self.out = t, plan, x, out
-        self.reduction = reduction
-        self.fields = argument_fields("allreduce", algorithm, reduction, x.reshape(-1), {})
-        self.validate = validate
-        self.exchange = None  # the signature exchange this run steps through
-        self.stage = None
+    def __init__(self, t, key, caller: Call, whole):
+        self.t, self.key, self.caller, self.whole = t, key, caller, whole
+        self.steps = None
         self.result = None
-        self.trace = None  # REFCOLL_DEBUG: begun at the first step, written at the last
-        self.algorithm = algorithm
 
     def step(self) -> bool:
-        """Advance as far as possible; return whether the all-reduce is complete."""
-        t = self.t
-        if self.stage is None:
-            if debug.enabled():
-                self.trace = debug.begin(t, "allreduce", debug.call_fields(
-                    self.x, op=self.reduction, algorithm=self.algorithm,
-                    validate=self.validate))
-            if self.validate:
-                self.exchange = signatures(t)
-                self.signature = signature_of(record_of(self.fields))
-                self.exchange.write(self.signature)
-                self.stage = ("agree", _Steps(self.exchange.schedule))
-            else:
-                self.stage = ("data", self._start_data())
-        kind, steps = self.stage
-        if not steps.advance():
+        """Advance as far as possible without waiting; return whether the call is complete."""
+        if self.steps is None:
+            plan = kept(self.t, self.key)
+            if plan is None:
+                self.result = self.whole()
+                return True
+            self.steps = Steps(plan, None, self.caller)
+        if not self.steps.step():
             return False
-        if kind == "agree":
-            if not self.exchange.uniform(self.signature):
-                with t.call("allreduce"):  # the records travel as the blocking call's do
-                    disagreement(t, self.fields)
-            self.stage = ("data", self._start_data())
-            if not self.stage[1].advance():
-                return False
-        out = self.out if self.out is not None else np.empty_like(self.x)
-        np.copyto(out.reshape(-1), self.plan.out)
-        self.reduction.finalize(out.reshape(-1), t.size)
-        self.result = out
-        if self.trace is not None:
-            self.trace.end()
+        self.result = self.steps.result
         return True
 
-    def _start_data(self) -> _Steps:
-        np.copyto(self.plan.x, self.x.reshape(-1))
-        return _Steps(self.plan.schedule)
 
+def scheduled(t, x, kwargs: dict, whole):
+    """Return the job of an ``iallreduce`` for the schedule engine: a state machine where it can be.
 
-def scheduled(engine, t, x, kwargs: dict):
-    """Return the job of an all-reduce for the schedule engine: a state machine where it can be.
-
-    Only the plain case steps: a NumPy array, no compressor or options, an
-    algorithm whose record says ``replayable``, a transport with persistent
-    exchanges, and a call whose first run on this transport (whole, with every
-    check) succeeded. Anything else returns None and runs whole when the engine
-    reaches it.
+    Only the plain case steps: a contiguous NumPy array, no compressor or
+    options, ``out=`` absent or of ``x``'s shape and dtype, and arguments whose
+    blocking call keeps a plan (:func:`refcoll.calls.plans.run`: the same
+    arguments came twice, checked in full then). Anything else returns None and
+    runs whole, as the blocking call, when the engine reaches it.
     """
     algorithm = kwargs.get("algorithm", "ring")
-    op = kwargs.get("op", "sum")
     out = kwargs.get("out")
-    if (not isinstance(x, np.ndarray) or not hasattr(t, "persistent") or t.size < 2
-            or set(kwargs) - {"algorithm", "op", "out", "validate"}
-            or (out is not None and (out.shape != x.shape or out.dtype != x.dtype))):
+    if (not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not hasattr(t, "persistent")
+            or t.size < 2 or set(kwargs) - {"algorithm", "op", "out", "validate"}
+            or (out is not None and (type(out) is not np.ndarray or out.shape != x.shape
+                                     or out.dtype != x.dtype or not out.flags.c_contiguous))):
         return None
-    key = (algorithm, op, x.dtype, x.size)
     try:
-        plan = engine.plans.get(key)
-    except TypeError:  # an unhashable op: the whole call says what it needs
-        return None
-    if plan is None:
-        if key not in engine.checked:
-            def first():
-                result = allreduce(x, comm=t, **kwargs)
-                engine.checked.add(key)
-                return result
-            return first
-        name = (resolve(t, "allreduce", x.size, x.dtype.itemsize)
-                if algorithms.get(algorithm).chooses else algorithm)
-        if not algorithms.get(name).replayable:
+        reduction = get_op(kwargs.get("op", "sum"))
+        key = (algorithm, reduction.name, x.dtype, x.size)
+        if kept(t, key) is None:
             return None
-        reduction = get_op(op)
-        plan = engine.plans[key] = (Plan(t, algorithms.implementation(name, "allreduce"),
-                                         reduction, x.dtype, x.size), reduction)
-    return _Scheduled(t, plan[0], x, out, plan[1], algorithm, kwargs.get("validate", True))
+    except Exception:  # noqa: BLE001 - the whole call names what is wrong with its arguments
+        return None
+    flat = x.reshape(-1)
+    result = np.empty_like(flat) if out is None else out.reshape(-1)
+    caller = Call(t, t, "allreduce", algorithm, {}, kwargs.get("validate", True), reduction, 0, x,
+                  flat, result, out, x.shape, t.size, key)
+    return _Planned(t, key, caller, whole)

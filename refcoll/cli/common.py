@@ -23,7 +23,7 @@ import click
 
 from ..core.errors import CollectiveTimeout, RefcollError, UsageError
 from ..core.units import human_bytes
-from ..transport.mpi import abort_job, bounded_barrier
+from ..transport.deadline import abort_job, bounded_barrier
 from . import launch
 
 __all__ = ["main", "reports_errors", "check_output_paths", "check_output_paths_on_lead",

@@ -40,8 +40,8 @@ class Calibration:
         load: runnable tasks per core while it was measured (None: unknown).
         ranks: processes the measurements ran on (0: not recorded).
         call: seconds a repeated all-reduce call costs beyond its algorithm's
-            rounds, on the ordinary path (its checks skipped, as a prepared
-            call's are), measured on every rank after a barrier.
+            rounds, on the ordinary path (its checks and scope), measured on
+            every rank after a barrier.
         pingpong: ``(bytes, one-way seconds)`` between ranks 0 and 1, the others idle.
         reduction: ``(bytes of one operand, seconds)`` of one float32 reduction of
             operands in cache.
@@ -69,11 +69,11 @@ class Calibration:
             scheduling term measured with the rounds' real correlation. Empty
             in an older record, which then uses ``waits``.
 
-        planned_call: the same for a call that replays a bound plan
-            (:mod:`refcoll.calls.prepared`): the lookup and the empty replay. 0
+        planned_call: the same for a call that replays a kept plan
+            (:mod:`refcoll.calls.plans`): the lookup and the empty replay. 0
             in an older record or on a transport without persistent exchanges.
         planned_steps: rows like ``steps`` for the buffer sizes up to
-            ``refcoll.calls.prepared.PLAN_BYTES``, each step run as a plan
+            ``refcoll.calls.args.PLAN_BYTES``, each step run as a plan
             runs it (a persistent exchange, the op's ufunc on bound buffers).
             Empty in an older record, which then prices those sizes with
             ``steps``.

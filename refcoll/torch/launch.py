@@ -19,7 +19,7 @@ import sys
 from ..core.errors import UsageError
 from ..core.ops import get_op
 from ..transport.base import default_timeout
-from ..transport.mpi import bounded_barrier
+from ..transport.deadline import bounded_barrier
 
 __all__ = ["init_process_group", "launcher", "torch_installed", "reduce_op", "INSTALL_HINT"]
 

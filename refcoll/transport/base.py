@@ -108,12 +108,13 @@ class Traffic:
 
 #: Who keeps what in a transport's cache (:func:`transport_cache`), one dict each:
 #: the algorithms' receive buffers by shape (``workspace``), hierarchical's node
-#: split (``node_layouts``), prepared small all-reduces (``prepared``), ``auto``'s
+#: split (``node_layouts``), persistent collectives and the blocking calls' kept
+#: plans (``plans``, :mod:`refcoll.calls.plans`), ``auto``'s
 #: agreed settings (``auto``), the device transport over a host one (``device``)
 #: the cluster model's timing buffers (``model``), the engine that runs the
 #: transport's non-blocking calls (``progress``) and the argument agreement's
 #: signature exchange (``agreement``).
-CACHE_OWNERS = ("workspace", "node_layouts", "prepared", "auto", "device", "model",
+CACHE_OWNERS = ("workspace", "node_layouts", "plans", "auto", "device", "model",
                 "progress", "agreement")
 
 #: Caches of transports that are not :class:`TransportBase` (a user's own), kept

@@ -31,7 +31,7 @@ from ..core.xp import (array_namespace, cupy_or_none, gpu_unavailable_reason, is
                        require_cupy)
 from .base import transport_cache
 from .cuda_aware import cuda_aware
-from .mpi import bounded_barrier
+from .deadline import bounded_barrier
 from .sim import SimTransport, as_bytes
 
 __all__ = ["STAGING_CHUNK_BYTES", "DeviceOp", "PinnedPool", "DirectTransport", "StagingTransport",

@@ -8,38 +8,33 @@ special here.
 An exchange that repeats with the same buffers can be made persistent
 (:meth:`MPITransport.persistent`, MPI's ``MPI_Send_init``/``MPI_Recv_init``): the
 requests are built once and each run is one ``MPI_Startall`` and the wait. The
-prepared small-message all-reduce of :mod:`refcoll.calls.collectives` runs on them.
+plans of :mod:`refcoll.calls.plans` (persistent collectives) run on them.
+
+A rank that cannot go on with a communicator's calls (a plan misused on it
+alone) revokes the transport (:meth:`MPITransport.revoke`, as ULFM's
+``MPI_Comm_revoke``): a notice goes to every other rank, whose next wait that
+cannot complete reads it and raises :class:`~refcoll.core.errors.PeerFailure`
+naming the rank and the reason, instead of waiting for its deadline.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import os
-import sys
 import time
+import weakref
 
-from ..core.errors import CollectiveTimeout, RefcollError
+import numpy as np
+
+from ..core.errors import PeerFailure, RefcollError
 from .base import TAGS_PER_CALL, TransportBase, default_timeout
+from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
 from .sim import as_bytes
 
-__all__ = ["MPITransport", "PersistentExchange", "transport_for", "bounded_barrier", "duplicate",
-           "default_timeout", "timed_out", "wait_by_deadline", "abort_job"]
+__all__ = ["MPITransport", "PersistentExchange", "transport_for"]
 
 
-@functools.cache
-def _mpi():
-    from mpi4py import MPI  # imported lazily: the simulator needs no MPI library
-
-    return MPI
-
-
-#: Polls of a wait before each further poll yields the CPU. With a core per rank
-#: a peer's message comes within a few polls and the yield is never reached; with
-#: more ranks than cores the peer may be waiting for this very core, and on 4
-#: ranks over 2 cores yielding after 10 polls instead of 100 made small and
-#: medium all-reduces 1.5 to 3 times faster.
-POLLS_BEFORE_YIELD = 10
+_mpi = mpi
 
 #: A progress thread (:mod:`refcoll.calls.progress`) waits patiently: past this many
 #: polls of one wait it sleeps :data:`PATIENT_SLEEP` seconds between polls, which
@@ -53,6 +48,9 @@ PATIENT_SLEEP = 50e-6
 #: Tag slots kept for persistent exchanges, used one epoch at a time
 #: (:meth:`MPITransport.new_persistent_epoch`).
 PERSISTENT_EPOCHS = 16
+
+#: Bytes of a revocation notice (:meth:`MPITransport.revoke`): UTF-8 text, zero-padded.
+NOTICE_BYTES = 512
 
 
 def _message(buf) -> list:
@@ -89,9 +87,20 @@ class MPITransport(TransportBase):
         # Ordinary calls cycle through the tag slots but the last few, which
         # persistent exchanges keep for themselves, one epoch at a time
         # (new_persistent_epoch; MPI guarantees TAG_UB >= 32767: 32 slots).
-        slots = (int(tag_ub) + 1) // TAGS_PER_CALL
+        # The last slot is the revocation notices' (revoke).
+        slots = (int(tag_ub) + 1) // TAGS_PER_CALL - 1
         self._epochs = max(1, min(PERSISTENT_EPOCHS, slots // 2))
         self._tag_slots = max(1, slots - self._epochs)
+        self._notice_tag = (self._tag_slots + self._epochs) * TAGS_PER_CALL
+        self.revoked: str | None = None  # why, once this rank or a peer revoked the transport
+        self._notice = np.zeros(NOTICE_BYTES, np.uint8)
+        self._notice_request = None
+        if self.size > 1:
+            self._notice_request = self.comm.Irecv([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
+                                                   self._notice_tag)
+            _LISTENING.add(self)
+        self._notice_status = MPI.Status()
+        self._notices_sent: list = []
         self._epoch = 0
         self._persistent_tags = self._tag_slots * TAGS_PER_CALL
         # The communicator persistent exchanges are made on: this one, until every
@@ -161,11 +170,55 @@ class MPITransport(TransportBase):
             if old is not self.comm:
                 old.Free()
 
+    def revoke(self, reason: str) -> None:
+        """Tell every other rank that this rank cannot go on with this transport's calls.
+
+        ULFM's ``MPI_Comm_revoke``: a notice of ``reason`` goes to every other
+        rank; a peer waiting for a message this rank will never send reads it
+        and raises :class:`~refcoll.core.errors.PeerFailure` at once. From then
+        on every exchange on the transport, here and there, raises: what was
+        in flight cannot be told apart from what is new. A call that failed on
+        one rank alone (a plan whose buffers changed there) revokes, so that
+        its peers learn it in that very call.
+        """
+        if self.revoked is not None or self.size == 1:
+            self.revoked = self.revoked or reason
+            return
+        self.revoked = reason
+        MPI = _mpi()
+        text = np.zeros(NOTICE_BYTES, np.uint8)
+        data = reason.encode()[:NOTICE_BYTES]
+        text[:len(data)] = np.frombuffer(data, np.uint8)
+        self._notices_sent.extend(self.comm.Isend([text, MPI.BYTE], peer, self._notice_tag)
+                                  for peer in range(self.size) if peer != self.rank)
+        self._notices_sent.append(text)  # MPI reads it until the sends complete
+
+    def _noticed(self) -> bool:
+        """Return whether a peer's revocation notice has come (its reason now in ``revoked``)."""
+        request = self._notice_request
+        if request is None or not request.Test(self._notice_status):
+            return False
+        self._notice_request = None
+        text = self._notice.tobytes().rstrip(bytes(1)).decode(errors="replace")
+        self.revoked = f"rank {self._notice_status.Get_source()} revoked the communicator: {text}"
+        return True
+
+    def _check_revoked(self) -> None:
+        """Raise if this transport was revoked, here or (a notice arrived) by a peer."""
+        if self.revoked is None:
+            self._noticed()
+        if self.revoked is not None:
+            raise PeerFailure(f"rank {self.rank}: {self.current_call or 'a call'} cannot "
+                              f"complete: {self.revoked}")
+
     def _finish(self, reqs: list, waiting_for) -> None:
         """Complete ``reqs`` by the deadline; the first one's status lands in ``_statuses[0]``."""
         MPI = _mpi()
         self._ops += 1
         statuses = self._statuses
+        if self.revoked is not None:
+            self._withdraw(reqs)
+            self._check_revoked()
         if self.timeout is None:
             MPI.Request.Waitall(reqs, statuses)
             return
@@ -176,6 +229,9 @@ class MPITransport(TransportBase):
         patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
         while not MPI.Request.Testall(reqs, statuses):
             polls += 1
+            if self._noticed():  # a peer gave up on this transport: this wait never completes
+                self._withdraw(reqs)
+                self._check_revoked()
             if patient and polls > PATIENT_POLLS:
                 time.sleep(PATIENT_SLEEP)  # a progress thread: leave the core to the computation
             elif polls > POLLS_BEFORE_YIELD:
@@ -187,6 +243,29 @@ class MPITransport(TransportBase):
                     f"{waiting_for()}; that rank may be dead, slow, or in a different call "
                     "(set REFCOLL_TIMEOUT to wait longer)"
                 )
+
+    def _stop_listening(self) -> None:
+        """Withdraw the receive of revocation notices and release the notices sent."""
+        _LISTENING.discard(self)
+        if self._notice_request is not None:
+            self._notice_request.Cancel()
+            self._notice_request.Wait()
+            self._notice_request = None
+        for sent in self._notices_sent:
+            if hasattr(sent, "Free"):
+                sent.Free()  # an active send completes on its own
+        self._notices_sent = []
+
+    @staticmethod
+    def _withdraw(reqs: list) -> None:
+        """Cancel the receives among ``reqs`` that are still waiting: their call is abandoned."""
+        for req in reqs:
+            try:
+                if not req.Test():
+                    req.Cancel()
+                    req.Wait()
+            except _mpi().Exception:
+                pass  # completed in error, or a send: it completes on its own
 
     def _check_count(self, nbytes: int, source: int) -> None:
         """Check the byte count of the receive the last wait completed (its first request)."""
@@ -243,6 +322,7 @@ class MPITransport(TransportBase):
         """Free the persistent exchanges, then the duplicated communicator."""
         for exchange in list(self._persistent):
             exchange.free()
+        self._stop_listening()
         if self._persistent_comm is not None and self._persistent_comm is not self.comm:
             self._persistent_comm.Free()
         self._persistent_comm = None
@@ -336,6 +416,9 @@ class PersistentExchange:
         """
         t = self._t
         if not _mpi().Request.Testall(self._requests, t._statuses):
+            if t._noticed() or t.revoked is not None:
+                t._withdraw(self._requests)
+                t._check_revoked()
             if self._deadline is not None and time.monotonic() > self._deadline:
                 timed_out(f"rank {t.rank}: a non-blocking call timed out after {t.timeout:g} s "
                           f"still waiting {self._waiting_for}; that rank may be dead, slow, or in "
@@ -364,108 +447,18 @@ class PersistentExchange:
 _UNFREED: set[PersistentExchange] = set()
 
 
+#: Transports whose receive of revocation notices is posted: withdrawn at exit too,
+#: since a receive still posted at MPI_Finalize is reported by the library.
+_LISTENING: "weakref.WeakSet[MPITransport]" = weakref.WeakSet()
+
+
 @atexit.register
 def _free_persistent() -> None:
-    if _UNFREED and not _mpi().Is_finalized():
+    if (_UNFREED or _LISTENING) and not _mpi().Is_finalized():
         for exchange in list(_UNFREED):
             exchange.free()
-
-
-def abort_on_timeout() -> bool:
-    """Return whether ``REFCOLL_ABORT_ON_TIMEOUT`` asks a timeout to end the whole MPI job."""
-    return os.environ.get("REFCOLL_ABORT_ON_TIMEOUT", "").strip().lower() in ("1", "true", "yes")
-
-
-#: Exit status of a job that a timeout aborted (the CLI's for a timeout too).
-TIMEOUT_STATUS = 3
-
-
-def timed_out(message: str):
-    """Raise :class:`CollectiveTimeout`, or abort the MPI job when asked to.
-
-    With ``REFCOLL_ABORT_ON_TIMEOUT=1`` the message goes to stderr and
-    ``MPI_Abort`` ends every process of the job, as PyTorch's NCCL watchdog
-    tears a job down (``TORCH_NCCL_ASYNC_ERROR_HANDLING``): for programs that
-    would rather die at once than have every rank handle the exception.
-    """
-    if abort_on_timeout():
-        sys.stderr.write(f"refcoll: error: {message}; aborting the MPI job "
-                         "(REFCOLL_ABORT_ON_TIMEOUT=1)\n")
-        abort_job(TIMEOUT_STATUS)
-    raise CollectiveTimeout(message)
-
-
-#: Seconds between writing the last message and ``MPI_Abort``. The launcher
-#: forwards each process's stderr from a pipe, and tears the job down when asked
-#: to abort: without the pause the reason can be lost with the job.
-ABORT_GRACE = 1.0
-
-
-def abort_job(code: int) -> None:
-    """End every process of the MPI job with ``code`` (nothing when there is no job)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
-            and mpi.COMM_WORLD.Get_size() > 1:
-        time.sleep(ABORT_GRACE)
-        mpi.COMM_WORLD.Abort(code)
-
-
-def wait_by_deadline(request, timeout: float | None, describe) -> None:
-    """Complete one request (a nonblocking collective's) by the deadline, or time out."""
-    if timeout is None:
-        request.Wait()
-        return
-    deadline = time.monotonic() + timeout
-    polls = 0
-    while not request.Test():
-        polls += 1
-        if polls > POLLS_BEFORE_YIELD:
-            os.sched_yield()
-        if time.monotonic() > deadline:
-            timed_out(describe())
-
-
-def _not_arrived(comm, collective: str | None, what: str, timeout: float,
-                 stage: str = "at communicator setup") -> str:
-    size = comm.Get_size()
-    return (f"rank {comm.Get_rank()}: {collective or 'refcoll'} timed out after {timeout:g} s "
-            f"{stage} ({what} over {size} ranks): not every rank has reached it, "
-            "and MPI cannot tell which have not (a nonblocking collective completes on all of "
-            "them or none); a rank may be dead, slow, or on another code path "
-            "(set REFCOLL_TIMEOUT to wait longer)")
-
-
-def duplicate(comm, timeout: float | None, collective: str | None = None):
-    """Return ``MPI_Comm_idup(comm)``, waited for by the deadline.
-
-    ``MPI_Comm_dup`` is a blocking collective: a rank that never makes its
-    first refcoll call would hang every other rank there, before any deadline
-    applies. The nonblocking form is waited for like every other exchange.
-    """
-    if comm.Get_size() == 1:
-        return comm.Dup()  # nothing to wait for
-    new, request = comm.Idup()
-    wait_by_deadline(request, timeout,
-                     lambda: _not_arrived(comm, collective, "MPI_Comm_idup", timeout))
-    return new
-
-
-def bounded_barrier(comm, what: str, timeout: float | None = None, *,
-                    stage: str = "waiting for every rank") -> None:
-    """``MPI_Ibarrier`` on ``comm``, waited for by the deadline (``timeout`` None: the default).
-
-    Put before an MPI call that has no nonblocking form (``MPI_Comm_split``, a
-    library's own collective in a benchmark): once every rank has passed the
-    barrier, the call cannot wait for a rank that never comes.
-    """
-    if comm.Get_size() == 1:
-        return
-    if timeout is None:
-        timeout = default_timeout()
-    wait_by_deadline(comm.Ibarrier(), timeout,
-                     lambda: _not_arrived(comm, what, "MPI_Ibarrier", timeout, stage))
+        for t in list(_LISTENING):
+            t._stop_listening()
 
 
 _KEYVAL = None

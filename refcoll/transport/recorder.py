@@ -3,8 +3,8 @@
 A schedule is a list of steps, each an exchange (its receives and sends) or a
 local reduction, run in order. Two kinds of caller build one:
 
-* a prepared call (:mod:`refcoll.calls.prepared`) records an algorithm once on
-  buffers of its own (:func:`record`): a :class:`Recorder` stands in for the
+* a plan (:mod:`refcoll.calls.plans`) records an algorithm once on
+  its buffers (:func:`record`): a :class:`Recorder` stands in for the
   transport, and each send, receive or sendrecv the algorithm makes becomes one
   persistent exchange of the real transport (MPI's ``MPI_Send_init`` /
   ``MPI_Recv_init``, with the transport's deadline), each local reduction the
@@ -30,9 +30,10 @@ import numpy as np
 from ..core.errors import RefcollError
 from ..core.ops import Op, get_dtype, get_op
 from .base import TransportBase
-from .mpi import default_timeout, duplicate
+from .deadline import duplicate
+from .base import default_timeout
 
-__all__ = ["Recorder", "Schedule", "record", "compile_steps", "run_steps"]
+__all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "run_steps"]
 
 
 class Recorder:
@@ -106,7 +107,7 @@ class Schedule:
             plan: this rank's plan.
             dtype: the elements' dtype; op: the reduction op.
             timeout: seconds the duplication may wait for the other ranks (None:
-                ``REFCOLL_TIMEOUT``'s, see :func:`refcoll.transport.mpi.default_timeout`).
+                ``REFCOLL_TIMEOUT``'s, see :func:`refcoll.transport.base.default_timeout`).
         """
         from mpi4py import MPI
 
@@ -183,10 +184,36 @@ def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
     return program
 
 
+class Stepper:
+    """Recorded steps run one at a time: an exchange started, then tested across calls.
+
+    What a schedule-driven non-blocking call advances (:mod:`refcoll.calls.plans`).
+    """
+
+    def __init__(self, steps):
+        self.steps, self.index, self.started = steps, 0, False
+
+    def advance(self) -> bool:
+        """Run as far as possible without waiting; return whether every step is done."""
+        steps = self.steps
+        while self.index < len(steps):
+            step = steps[self.index]
+            if hasattr(step, "test"):  # an exchange: start it, then look again later
+                if not self.started:
+                    step.start()
+                    self.started = True
+                if not step.test():
+                    return False
+                self.started = False
+            else:
+                step()
+            self.index += 1
+        return True
+
+
 def run_steps(t, program: list, start: int = 0) -> None:
     """Run a :func:`compile_steps` program on MPI transport ``t``, from step ``start``."""
-    from mpi4py import MPI
-
+    MPI = _MPI[0] or _load_mpi()
     startall, finish, byte, statuses = MPI.Prequest.Startall, t._finish, MPI.BYTE, t._statuses
     traffic = t.traffic
     for i in range(start, len(program)):
@@ -202,3 +229,15 @@ def run_steps(t, program: list, start: int = 0) -> None:
             traffic.add(sent, received)
         else:
             step()
+
+
+#: mpi4py's MPI module, once :func:`run_steps` has loaded it (an import per call costs as
+#: much as a small message's Python layers).
+_MPI = [None]
+
+
+def _load_mpi():
+    from mpi4py import MPI
+
+    _MPI[0] = MPI
+    return MPI

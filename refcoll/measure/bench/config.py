@@ -25,7 +25,7 @@ from ...core import xp as xp_module
 from ...core.errors import UsageError
 from ...core.ops import check_supported, get_dtype, get_op, is_float
 from ...transport import device as devices
-from ...transport.mpi import bounded_barrier
+from ...transport.deadline import bounded_barrier
 from .options import parse_against, parse_dtypes, parse_ops, variant_pairs
 
 __all__ = [

@@ -24,7 +24,8 @@ from ...calls import as_transport, device_for
 from ...calls.auto import calibration_for
 from ...core.ops import dtype_name, get_dtype, get_op
 from ...transport import cuda_aware
-from ...transport.mpi import bounded_barrier, default_timeout
+from ...transport.deadline import bounded_barrier
+from ...transport.base import default_timeout
 from .config import (array_module, baseline_name, baseline_unavailable, check_forced_mpi,
                      libraries, mpi_algorithm, op_label, rooted, use_device, variants)
 from .options import AVERAGE

@@ -19,7 +19,7 @@ import numpy as np
 
 from ... import algorithms
 from ...core.ops import dtype_name, get_dtype
-from ...transport.mpi import wait_by_deadline
+from ...transport.deadline import wait_by_deadline
 from .config import (ROW_FIELDS, BenchConfig, baseline_checked, baseline_name, bus_factor,
                      element_count, libraries, op_label, rooted)
 from .options import over_ranks

@@ -26,7 +26,8 @@ from ...core import xp as xp_module
 from ...core.bits import count_wrong
 from ...core.errors import UsageError
 from ...core.ops import get_op
-from ...transport.mpi import bounded_barrier, default_timeout
+from ...transport.deadline import bounded_barrier
+from ...transport.base import default_timeout
 from ...transport.recorder import Schedule
 from ...verify.conformance import case_ranks
 from .config import (BenchConfig, array_module, baseline_checked, baseline_name,

@@ -14,7 +14,7 @@ the time its rounds wait for descheduled peers, measured by the same steps
 (:mod:`~refcoll.measure.model.calibrate_sched`). Steps and all-reduces are
 measured in :data:`PASSES` interleaved passes per size, so both see the same
 load, and each figure is the median over every pass. A repeated call up to
-:data:`~refcoll.calls.prepared.PLAN_BYTES` replays a recorded plan and costs
+:data:`~refcoll.calls.args.PLAN_BYTES` replays a recorded plan and costs
 less per round and per call than the ordinary path: each path's steps and
 call are measured as it runs them (:mod:`~refcoll.measure.model.calibrate_steps`).
 """
@@ -248,7 +248,7 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     :func:`_message_sizes` gives, inside buffers of that size (see
     :class:`~refcoll.core.calibration.Calibration`), the first steps inside
     a call, and again as a plan replays them up to
-    :data:`~refcoll.calls.prepared.PLAN_BYTES`, each followed by ``after_size(nbytes)`` if given (what
+    :data:`~refcoll.calls.args.PLAN_BYTES`, each followed by ``after_size(nbytes)`` if given (what
     :func:`compare_with_measurement` measures there, interleaved with the
     steps); last the ping-pong between ranks 0 and 1 and local reductions at
     8 B and every power of two from 1 KiB to ``max(sizes)``, for the α-β-γ
@@ -339,7 +339,7 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     alike; Rabenseifner's halve, and ``b`` is their mean. ``call`` and the
     step tables are those of the path the repeated call takes
     (:mod:`~refcoll.measure.model.calibrate_steps`): up to
-    :data:`~refcoll.calls.prepared.PLAN_BYTES`, for a ``replayable``
+    :data:`~refcoll.calls.args.PLAN_BYTES`, for a ``replayable``
     algorithm where the record has planned steps, the plan's replay
     (``planned_call``, ``planned_steps``); otherwise the ordinary call, whose
     ``call`` adds the algorithm's own work (``own``).

@@ -4,7 +4,7 @@ A round of an all-reduce completes only when its peers run. With ``r``
 runnable tasks (this job's ranks and anyone else's) on ``c`` cores, a peer is
 off its core a share ``1 - c/r`` of the time (0 when ``r <= c``), and a round
 that needs it waits until the scheduler gives it a core back: for a peer that
-yields (:data:`refcoll.transport.mpi.POLLS_BEFORE_YIELD`), the rest of the
+yields (:data:`refcoll.transport.deadline.POLLS_BEFORE_YIELD`), the rest of the
 share of the round's work that another rank on that core holds; behind someone
 else's process, up to a time slice (Linux's EEVDF ``base_slice``, 0.75 ms and
 up, half of it on average). Each round therefore costs its median time ``m``

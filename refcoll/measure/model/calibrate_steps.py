@@ -1,14 +1,14 @@
 """The steps and call overheads calibration measures, on both paths an all-reduce can take.
 
 An all-reduce repeated on the same arrays runs one of two ways
-(:mod:`refcoll.calls.prepared`). Up to :data:`~refcoll.calls.prepared.PLAN_BYTES`,
-for an algorithm whose record says ``replayable`` on a transport with persistent
-exchanges, it replays a recorded plan: MPI persistent requests (as MPI-4's
-``MPI_Allreduce_init``) and reductions bound to its buffers, reached through a
-:class:`~refcoll.calls.prepared.Bound` lookup that skips the call's argument
-handling. Otherwise it runs the ordinary way: the prepared call's skipped checks,
-then the algorithm's ``sendrecv`` and ``reduce_local`` calls. The two cost
-different amounts per round and per call, so each is measured as it runs:
+(:mod:`refcoll.calls.plans`). Up to :data:`~refcoll.calls.args.PLAN_BYTES`, for an
+algorithm whose record says ``replayable`` on a transport with persistent
+exchanges, it replays the plan the transport kept of it: MPI persistent requests
+(as MPI-4's ``MPI_Allreduce_init``) and reductions bound to the plan's buffers,
+reached through :func:`~refcoll.calls.plans.reusable`, which skips the call's
+argument checks. Otherwise it runs the ordinary way: the checks, then the
+algorithm's ``sendrecv`` and ``reduce_local`` calls. The two cost different
+amounts per round and per call, so each is measured as it runs:
 :func:`step_samples` times ring steps either way, and :func:`call_overheads`
 times the public call on every rank with an algorithm that moves nothing.
 """
@@ -20,9 +20,10 @@ from typing import Callable
 import numpy as np
 
 from ... import algorithms
+from ...calls import plans
 from ...calls.agree import barrier
+from ...calls.args import PLAN_BYTES, checked
 from ...calls.collectives import allreduce
-from ...calls.prepared import PLAN_BYTES, op_key
 from ...core.ops import get_op
 from ...transport.base import transport_cache
 from ...transport.recorder import compile_steps, record, run_steps
@@ -31,40 +32,32 @@ __all__ = ["planned_path", "InCall", "step_samples", "call_overheads", "own_work
 
 
 def planned_path(t, nbytes: int) -> bool:
-    """Return whether a repeated all-reduce of ``nbytes`` on ``t`` can run from a plan.
+    """Return whether a repeated all-reduce of ``nbytes`` on ``t`` can run from a kept plan.
 
-    The rule of :class:`~refcoll.calls.prepared.Prepared`: at most
-    :data:`~refcoll.calls.prepared.PLAN_BYTES`, on a transport with persistent
+    The rule of :func:`~refcoll.calls.args.checked`'s key: at most
+    :data:`~refcoll.calls.args.PLAN_BYTES`, on a transport with persistent
     exchanges (the algorithm must also be ``replayable``: the caller checks).
     """
     return nbytes <= PLAN_BYTES and hasattr(t, "persistent") and t.size > 1
 
 
-def _nothing(t, x, out, *, op) -> None:
-    """An all-reduce that moves and reduces nothing."""
-
-
 class _Idle:
-    """A prepared all-reduce whose algorithm does nothing: the call layer's own cost.
+    """A kept plan whose run does nothing but ``body``: the call layer's own cost.
 
-    Duck-typed as :class:`~refcoll.calls.prepared.Prepared` (``fn``,
-    ``reduction``, ``plan``, ``run``, ``signed``, ``free``). With ``planned`` its
-    ``plan`` is set, so the call binds (:func:`~refcoll.calls.prepared.bind`) a
-    :class:`~refcoll.calls.prepared.Bound` with an empty schedule.
+    Duck-typed as :class:`~refcoll.calls.plans.Plan` where a blocking call
+    replays a kept plan (:meth:`~refcoll.calls.plans.Plan.replay`): the call's
+    scope, then ``body`` where the recorded exchanges would run.
     """
 
-    def __init__(self, planned: bool):
-        self.fn, self.reduction, self.signature = _nothing, get_op("sum"), None
-        self.plan = True if planned else None
+    def __init__(self, t):
+        self.t = t
         self.body: Callable[[], None] | None = None
 
-    def run(self, t, x, out) -> None:
-        """Run the body given (a timed step), or nothing."""
-        if self.body is not None:
-            self.body()
-
-    def signed(self) -> bool:
-        return False
+    def replay(self, flat, result, out, shape, validate):
+        with self.t.call("allreduce"):
+            if self.body is not None:
+                self.body()
+        return out if out is not None else result.reshape(shape)
 
     def free(self) -> None:
         """Hold nothing."""
@@ -73,39 +66,45 @@ class _Idle:
 class InCall:
     """Run code inside a repeated ordinary all-reduce call on ``t`` (collective).
 
-    While entered, a count no measured call uses is kept prepared with an
-    :class:`_Idle` algorithm; calling the object with ``body`` runs the public
-    ``refcoll.allreduce`` (out of place, argument agreement off), which runs
-    ``body`` where the algorithm would run. A round timed there waits, as a
-    real call's first round does, for the peer that finished the call's own
-    work later, and runs in the caches the call's own work left.
+    Calling the object with ``body`` runs the public path of ``refcoll.allreduce``
+    (out of place, argument agreement off) with ``body`` where the algorithm
+    would run: with ``planned``, a small call that finds a kept plan (an
+    :class:`_Idle` one, kept while the object is entered, under a count no
+    measured call uses); otherwise a large call's checks and scope around
+    ``body`` (:func:`refcoll.calls.plans.run` with it as the implementation).
+    A round timed there waits, as a real call's first round does, for the peer
+    that finished the call's own work later, and runs in the caches the call's
+    own work left.
     """
 
     def __init__(self, t, planned: bool = False):
         count = 3 if planned else PLAN_BYTES // 4 + 3
-        self.t, self.idle = t, _Idle(planned)
+        self.t, self.planned, self.idle = t, planned, _Idle(t)
         self.x, self.out = np.ones(count, np.float32), np.empty(count, np.float32)
-        self.key = ("ring", op_key("sum"), self.x.dtype, count)
+        self.key = ("ring", "sum", self.x.dtype, count)
 
     def __enter__(self) -> "InCall":
-        cache = transport_cache(self.t, "prepared")
-        self.kept = cache.pop(self.key, None)
-        cache[self.key] = self.idle
+        if self.planned:
+            table = transport_cache(self.t, "plans").setdefault("kept", {})
+            self.kept = table.pop(self.key, None)
+            table[self.key] = self.idle
         return self
 
     def __exit__(self, *exc) -> None:
-        cache = transport_cache(self.t, "prepared")
-        cache.pop(self.key, None)
-        bound = cache.pop(("bound", id(self.t), id(self.x), id(self.out), "ring", "sum", False),
-                          None)
-        if bound is not None:
-            bound.free()
-        if self.kept is not None:
-            cache[self.key] = self.kept
+        if self.planned:
+            table = transport_cache(self.t, "plans")["kept"]
+            table.pop(self.key, None)
+            if self.kept is not None:
+                table[self.key] = self.kept
 
     def __call__(self, body: Callable[[], None] | None = None) -> None:
         self.idle.body = body
-        allreduce(self.x, self.t, algorithm="ring", validate=False, out=self.out)
+        if self.planned:
+            allreduce(self.x, self.t, algorithm="ring", validate=False, out=self.out)
+            return
+        call = checked(self.t, self.t, "allreduce", self.x, op="sum", root=None,
+                       algorithm="ring", out=self.out, validate=False, options={})
+        plans.run(call, implementation=lambda *args, **kwargs: body and body())
 
 
 def call_overheads(t, timed: Callable, repeats: int, largest: Callable) -> tuple[float, float]:
@@ -114,9 +113,8 @@ def call_overheads(t, timed: Callable, repeats: int, largest: Callable) -> tuple
     Every rank calls ``refcoll.allreduce`` on ``t`` after a barrier, out of
     place into the same ``out=``, argument agreement off, as
     :func:`~refcoll.measure.model.calibrate.measure_allreduce` does, with an
-    algorithm that moves nothing kept as the prepared call: the ordinary path's
-    checks skipped, its scope, output checks and binding test; and the planned
-    path's bound lookup and empty replay. ``planned`` is 0 when ``t`` cannot
+    algorithm that moves nothing (:class:`InCall`): the ordinary path's checks
+    and scope; and the planned path's kept-plan lookup and empty replay. ``planned`` is 0 when ``t`` cannot
     run plans. The counts used key no call that is ever measured; the entries
     are removed afterwards. ``timed`` and ``largest`` are calibration's timer
     and its largest-over-ranks median.

@@ -1,0 +1,482 @@
+"""Plans: a collective agreed once, its algorithm chosen once, its schedule recorded once, run many times.
+
+MPI-4's persistent collectives (``MPI_Allreduce_init``, ``MPI_Start``,
+``MPI_Wait``) and NCCL's capture-then-replay under CUDA graphs, in Python::
+
+    plan = refcoll.allreduce_init(grad, comm, algorithm="ring")   # every rank, together
+    for step in range(steps):
+        ...                                  # write this step's values into grad
+        total = plan()                       # or: plan.start(); ...; total = plan.wait()
+    plan.free()                              # or: with refcoll.allreduce_init(...) as plan:
+
+Making a plan (collective) checks the arguments, agrees on them (unless
+``validate=False``), chooses the algorithm (``auto`` resolves here, once) and,
+where the transport has persistent exchanges (MPI) and the algorithm's record
+says ``replayable``, records the all-reduce's schedule on the plan's buffers
+(:mod:`refcoll.transport.recorder`): each exchange one set of persistent MPI
+requests, each reduction a ufunc bound to its buffers. A run then starts those
+requests and runs those reductions in order: the same exchanges and reductions
+on the same values, so the same bits as the algorithm itself, and none of the
+call's Python layers. Elsewhere (the simulator, ``torch.distributed``, the
+other collectives, an algorithm that splits its communicator) a run calls the
+algorithm again on the plan's buffers, its arguments agreed at the start.
+
+The ranks agree once, when the plan is made; a run exchanges nothing but its
+data. What would break the plan's promise is checked on each rank at every run,
+locally: a freed plan, a run already started, a buffer whose shape or dtype
+changed in place, another buffer or communicator passed in. A rank that finds
+one refuses the run with a :class:`~refcoll.core.errors.UsageError` and, on
+MPI, revokes the communicator's transport
+(:meth:`~refcoll.transport.mpi.MPITransport.revoke`): its peers, already in the
+run and waiting for its data, raise :class:`~refcoll.core.errors.PeerFailure`
+naming it and the reason, in that very run rather than at their deadline (in
+the simulator, a peer's failure does the same by itself).
+
+The blocking calls (:mod:`refcoll.calls.collectives`) go through
+:func:`run`: agree, choose, run the algorithm. A small all-reduce whose
+arguments came twice is kept as a plan on buffers of its own, so that the
+third call of those arguments replays it (its input copied in, its result
+copied out): the transport's kept plans (:func:`kept`, :func:`reusable`), at
+most :data:`PLANS_KEPT`, looked up by the agreed fields, never by a buffer's
+identity. A blocking call agrees at every call, so a kept plan's replay carries
+the call's signature beside its first exchange (:meth:`Plan._signed`): no round
+trip of its own, and no data reduced before every rank's signature matched.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from .. import algorithms
+from ..core.errors import UsageError
+from ..transport.base import TransportBase, transport_cache
+from ..transport.recorder import Stepper, compile_steps, record, run_steps
+from . import debug
+from ..core.xp import array_namespace
+from .agree import agree, disagreement, record_of, signature_of, signatures
+from .args import PLAN_BYTES, Call
+from .auto import resolve
+from .progress import Handle, any_busy, busy_engine, engine_for
+
+__all__ = ["Plan", "Steps", "run", "kept", "reusable", "live_plans", "PLAN_BYTES", "PLANS_KEPT"]
+
+#: Kept plans per transport; past it the oldest is freed. Every rank makes the
+#: same calls, so every rank keeps and drops the same plans.
+PLANS_KEPT = 96
+
+
+class Plan:
+    """One collective call, agreed, chosen and (where it can be) recorded: run it many times.
+
+    Made by :func:`refcoll.allreduce_init` and its kin. ``plan()`` runs it now
+    and returns the result; ``plan.start()`` runs it as a non-blocking call
+    (in issue order with the communicator's others) and ``wait()`` / ``test()``
+    complete it; ``free()`` releases its persistent requests.
+
+    Attributes:
+        collective: the call's name (``allreduce``...).
+        algorithm: the algorithm it runs (``auto`` resolved).
+        x: the input it reads at every run (the caller's array).
+        out: the result it writes at every run (``out=`` or its own array;
+            ``None`` on a ``reduce``'s non-roots and a switch rank).
+        recorded: whether a run replays a recorded schedule (else the
+            algorithm runs again).
+        runs: how many runs have completed.
+    """
+
+    def __init__(self, call: Call, *, own_buffers: bool = False):
+        t = self.t = call.t
+        self.comm, self.collective, self.validate = call.comm, call.collective, call.validate
+        self.reduction, self.root, self.options = call.reduction, call.root, call.options
+        name = call.algorithm
+        if algorithms.get(name).chooses:
+            name = resolve(t, call.collective, call.flat.size, call.flat.itemsize)
+        self.algorithm = name
+        self.fn = algorithms.implementation(name, call.collective)
+        self.fields = call.fields()
+        if own_buffers:  # a kept plan: the caller's arrays are copied in and out
+            result = None if call.result is None else array_namespace(call.flat).empty_like(
+                call.result)
+            call = call.on(array_namespace(call.flat).empty_like(call.flat), result)
+        self.call = call
+        self.x, self.out = call.x, call.output()
+        self._shapes = self._layout_now()
+        self.runs = 0
+        self._handle = None
+        self._freed = False
+        self._schedule = self._program = None
+        self._signature = None
+        if t.size > 1 and own_buffers:  # a blocking call's: each call says if it agrees
+            # A kept plan's signature says so: a rank that replays it meets only ranks that do.
+            self._signature = signature_of(record_of(dict(self.fields, compressor="(kept plan)")))
+        self.recorded = (call.collective == "allreduce" and t.size > 1 and call.result is not None
+                         and hasattr(t, "persistent") and algorithms.get(name).replayable)
+        if self.recorded:
+            self._record()
+        live_plans(t)[id(self)] = self
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else ("started" if self._handle else "ready")
+        return (f"<refcoll.Plan {self.collective} {self.algorithm} "
+                f"{'recorded' if self.recorded else 'run'} {state}>")
+
+    # ----------------------------------------------------------- the public use
+
+    def __call__(self, x=None, *, out=None, comm=None):
+        """Run the plan now and return its result (``MPI_Start`` then ``MPI_Wait``).
+
+        ``x``, ``out`` and ``comm`` may be passed to say which buffers and
+        communicator the caller means; each must be the plan's own (the same
+        memory, shape and dtype), or the run is refused.
+        """
+        error = self._misuse(x, out, comm)
+        engine = busy_engine(self.t) if any_busy() else None
+        if engine is not None:  # non-blocking calls are outstanding: run behind them
+            return engine.submit(Handle(self.collective, lambda: self._run(error), engine)).wait()
+        if debug.enabled():
+            return debug.traced(self.t, self.collective, self._trace_fields(),
+                                lambda: self._run(error))
+        return self._run(error)
+
+    def start(self, x=None, *, out=None, comm=None) -> "Plan":
+        """Start a non-blocking run (``MPI_Start``); :meth:`wait` or :meth:`test` completes it."""
+        error = self._misuse(x, out, comm)
+        engine = engine_for(self.t)
+        job = (Steps(self, error) if engine.kind == "schedule" and self._program is not None
+               else lambda: self._run(error))
+        self._handle = engine.submit(Handle(self.collective, job, engine))
+        return self
+
+    def wait(self, timeout: float | None = None):
+        """Complete the started run and return its result (``MPI_Wait``); raise its error."""
+        handle = self._handle
+        if handle is None:
+            raise UsageError(f"rank {self.t.rank}: wait() on a {self.collective} plan that was "
+                             "not started: call start() first")
+        try:
+            result = handle.wait(timeout)
+        except BaseException:
+            if handle._done.is_set():
+                self._handle = None  # the run failed: the plan may be started again
+            raise
+        self._handle = None
+        return result
+
+    def test(self) -> bool:
+        """Return whether the started run has completed (a plan not started: True)."""
+        return self._handle is None or self._handle.test()
+
+    def free(self) -> None:
+        """Release the persistent requests and the buffers; a later run is refused.
+
+        A started run is waited for first (MPI frees an active request once it
+        completes); freeing twice is allowed.
+        """
+        if self._freed:
+            return
+        if self._handle is not None:
+            try:
+                self.wait()
+            except Exception:  # noqa: BLE001 - freeing releases; the failure was the run's
+                pass
+        self._freed = True
+        self._forget()
+        live_plans(self.t).pop(id(self), None)
+        self.x = self.out = self.call = None
+
+    @property
+    def freed(self) -> bool:
+        """Return whether :meth:`free` has run."""
+        return self._freed
+
+    def __enter__(self) -> "Plan":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    # ------------------------------------------------------------- the running
+
+    def _run(self, error: str | None = None):
+        """Run once, in the call's own tag space; return the result."""
+        t, call = self.t, self.call
+        if error:
+            _refuse(t, error)
+        with t.call(self.collective):
+            if self._program is None:
+                call.prologue()
+                self.fn(t, *call.arguments(), **call.keywords())
+            else:
+                run_steps(t, self._program)
+        call.finish()
+        self.runs += 1
+        return self.out
+
+    def _signed(self) -> None:
+        """Replay a kept plan with the call's signature exchange beside its first exchange.
+
+        The first exchange starts, then every rank's signature is gathered; the
+        data exchange completes and the reductions run only when every
+        signature is the plan's. Otherwise every rank withdraws its data and
+        raises (:func:`~refcoll.calls.agree.disagreement`, which also records
+        the plans again in a fresh tag slot).
+        """
+        t, first = self.t, self._schedule.steps[0]
+        exchange = signatures(t)
+        first.start()
+        try:
+            agreed = exchange.agreed(self._signature)
+        except BaseException:
+            first.cancel()
+            raise
+        if not agreed:
+            first.cancel()
+            disagreement(t, self.fields)
+        first.finish()
+        run_steps(t, self._program, 1)
+
+    def run_copied(self, call: Call):
+        """Run a kept plan on a blocking call's arrays: copy its input in, run, copy the result out."""
+        return self.replay(call.flat, call.result, call.out, call.x.shape, call.validate)
+
+    def replay(self, flat, result, out, shape, validate: bool):
+        """Run a kept plan on a blocking call's flat input into its flat ``result``; return the output.
+
+        ``out`` (the caller's ``out=``, or None) and ``shape`` say what the call
+        returns: ``out`` itself, or ``result`` in ``shape``.
+        """
+        own = self.call
+        own.flat[...] = flat
+        with self.t.call(self.collective):
+            if validate and self._signature is not None:
+                self._signed()
+            else:
+                run_steps(self.t, self._program)
+        result[...] = own.result
+        if self.reduction.divides:
+            self.reduction.finalize(result, self.t.size)
+        self.runs += 1
+        return out if out is not None else result.reshape(shape)
+
+    # ------------------------------------------------------- recording, checks
+
+    def _record(self) -> None:
+        """Record the all-reduce on the plan's buffers, in the transport's current tag slot."""
+        self._schedule = record(self.t, self.fn, *self.call.arguments(), **self.call.keywords())
+        self._program = compile_steps(self._schedule.steps)
+
+    def renew(self) -> None:
+        """Record again after every rank left the old persistent exchanges (a failed agreement)."""
+        self._forget()
+        if self.recorded:
+            self._record()
+
+    def _forget(self) -> None:
+        if self._schedule is not None:
+            self._schedule.free()
+        self._schedule = self._program = None
+
+    def _misuse(self, x, out, comm) -> str | None:
+        """Return what breaks the plan's promise for this run, or None (refused at once if freed)."""
+        if (x is None and out is None and comm is None and not self._freed
+                and self._handle is None and self._layout_now() == self._shapes):
+            return None  # the common case, in a few attribute reads
+        rank = self.t.rank
+        if self._freed:
+            raise UsageError(f"rank {rank}: this {self.collective} plan was freed; make a new "
+                             f"one with refcoll.{self.collective}_init")
+        if self._handle is not None:
+            raise UsageError(f"rank {rank}: this {self.collective} plan is already started; "
+                             "wait() for it before starting it again")
+        if comm is not None and comm is not self.comm and comm is not self.t:
+            return f"rank {rank}: this {self.collective} plan belongs to another communicator"
+        for name, given, held in (("x", x, self.x), ("out", out, self.out)):
+            if given is not None and not _same_buffer(given, held):
+                return (f"rank {rank}: {name}= is not the buffer this {self.collective} plan "
+                        "was made with; a plan runs on its own buffers: make a plan per buffer")
+        now = self._layout_now()
+        if now != self._shapes:
+            name = "x" if now[:2] != self._shapes[:2] else "out"
+            at = 0 if name == "x" else 2
+            return (f"rank {rank}: {name} of this {self.collective} plan changed from shape "
+                    f"{self._shapes[at]} {self._shapes[at + 1]} to shape {now[at]} {now[at + 1]} "
+                    "since the plan was made; a plan runs on the buffers it was made with: make "
+                    "a new plan")
+        return None
+
+    def _layout_now(self) -> tuple:
+        """Return the shapes and dtypes of the plan's buffers as they are now."""
+        x, out = self.x, self.out
+        return (x.shape, x.dtype) if out is None else (x.shape, x.dtype, out.shape, out.dtype)
+
+    def _trace_fields(self) -> dict:
+        return debug.call_fields(self.x, op=self.reduction, algorithm=self.algorithm,
+                                 root=self.root, options=self.options, validate=self.validate)
+
+
+def _refuse(t, error: str) -> None:
+    """Refuse a run on this rank alone, telling its peers (:meth:`~refcoll.transport.mpi.MPITransport.revoke`).
+
+    Without this, a peer already in the run would wait for this rank until its
+    deadline; on MPI it learns in that very run, as a PeerFailure naming the
+    reason. The simulator tells its ranks that a peer failed by itself.
+    """
+    revoke = getattr(t, "revoke", None)
+    if revoke is not None:
+        revoke(error)
+    raise UsageError(error)
+
+
+def _same_buffer(a, b) -> bool:
+    """Return whether ``a`` is ``b``'s very memory, shape and dtype."""
+    if a is b:
+        return True
+    if b is None or getattr(a, "shape", None) != b.shape or getattr(a, "dtype", None) != b.dtype:
+        return False
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) else False)
+
+
+class Steps:
+    """A plan's run as a state machine for the schedule engine: each exchange started, then tested.
+
+    A validated run first steps through the signature exchange, then the
+    recording. ``caller``: a blocking-style call run on a kept plan (its input
+    copied in when the data starts, its result copied out at the end). The same exchanges and reductions, in the same order, as
+    :meth:`Plan._run`: the same bits, and the same error.
+    """
+
+    def __init__(self, plan: Plan, error: str | None, caller: Call | None = None):
+        self.plan, self.error, self.caller = plan, error, caller
+        self.stage = None
+        self.result = None
+
+    def step(self) -> bool:
+        """Advance as far as possible without waiting; return whether the run is complete."""
+        plan, t = self.plan, self.plan.t
+        if self.stage is None:
+            if self.error:
+                _refuse(t, self.error)
+            if self.caller is not None and self.caller.validate and plan._signature is not None:
+                self.exchange = signatures(t)
+                self.exchange.write(plan._signature)
+                self.stage = ("agree", Stepper(self.exchange.schedule.steps))
+            else:
+                self.stage = ("data", self._start_data())
+        kind, steps = self.stage
+        if not steps.advance():
+            return False
+        if kind == "agree":
+            if not self.exchange.uniform(plan._signature):
+                with t.call(plan.collective):
+                    disagreement(t, plan.fields)
+            self.stage = ("data", self._start_data())
+            if not self.stage[1].advance():
+                return False
+        call = self.caller or plan.call
+        if self.caller is not None:
+            call.result[...] = plan.call.result
+        call.finish()
+        plan.runs += 1
+        self.result = call.output()
+        return True
+
+    def _start_data(self) -> "Stepper":
+        if self.caller is not None:
+            self.plan.call.flat[...] = self.caller.flat
+        return Stepper(self.plan._schedule.steps)
+
+
+# ------------------------------------------------------------ the blocking calls
+
+def live_plans(t) -> dict:
+    """Return ``t``'s plans not yet freed, in the order they were made (every rank's same order)."""
+    return transport_cache(t, "plans").setdefault("live", {})
+
+
+def kept(t, key) -> Plan | None:
+    """Return the plan ``t`` keeps for a blocking call of these agreed fields, if any."""
+    table = transport_cache(t, "plans").get("kept")
+    return None if table is None else table.get(key)
+
+
+def reusable(t, x, op, algorithm, out) -> Plan | None:
+    """Return the kept plan a blocking all-reduce of these arguments may replay, if any.
+
+    Its arguments were checked in full, on every rank, when the plan was kept:
+    a later call with the same algorithm, op, dtype and count on a contiguous
+    NumPy array passes the same checks, and ``out=`` (when given) is checked
+    here as the full checks would (:func:`refcoll.calls.args.flat_out`). Any
+    other call returns None and takes the ordinary path.
+    """
+    table = t.cache.get("plans") if isinstance(t, TransportBase) else None
+    if not table or x.__class__ is not np.ndarray or not x.flags.c_contiguous:
+        return None
+    kept_plans = table.get("kept")
+    if not kept_plans:
+        return None
+    if op.__class__ is not str or not op.islower():
+        return None  # MPI.SUM, "SUM": the full checks spell it
+    plan = kept_plans.get((algorithm, op, x.dtype, x.size))
+    if plan is None or out is None or out is x:
+        return plan
+    if (out.__class__ is not np.ndarray or out.dtype != x.dtype or out.size != x.size
+            or not out.flags.c_contiguous or not out.flags.writeable or np.shares_memory(x, out)):
+        return None  # the full checks say what is wrong, or take the in-place layout
+    return plan
+
+
+def _keep(t, key, call: Call) -> None:
+    """Keep a plan of ``call`` on buffers of its own, for the next calls of the same fields."""
+    cache = transport_cache(t, "plans")
+    table = cache.setdefault("kept", collections.OrderedDict())
+    while len(table) >= PLANS_KEPT:
+        table.popitem(last=False)[1].free()
+    table[key] = Plan(call, own_buffers=True)
+
+
+def run(call: Call, implementation=None):
+    """Run one blocking call: its kept plan if it has one, else agree, choose and run.
+
+    ``implementation``: run it instead of the algorithm's (calibration times the
+    call layer around an algorithm that does nothing); no plan is kept then.
+
+    A small all-reduce on a transport with persistent exchanges is kept as a
+    plan the second time its fields come (``seen``): a one-off call pays no
+    recording. Every rank makes the same calls, so every rank keeps the same
+    plans at the same call; a kept plan's signature says it is one, so ranks on
+    different paths raise a MismatchError instead of waiting for each other.
+    """
+    t, key = call.t, call.key
+    if key is not None:
+        plan = kept(t, key)
+        if plan is not None:
+            return plan.run_copied(call)
+    with t.call(call.collective):
+        if call.validate:
+            agree(t, **call.fields())
+        name = call.algorithm
+        if algorithms.get(name).chooses:
+            name = resolve(t, call.collective, call.flat.size, call.flat.itemsize)
+        fn = implementation or algorithms.implementation(name, call.collective)
+        call.prologue()
+        fn(t, *call.arguments(), **call.keywords())
+    call.finish()
+    if key is not None and implementation is None and algorithms.get(name).replayable:
+        seen = transport_cache(t, "plans").setdefault("seen", set())
+        if key in seen:
+            seen.discard(key)
+            _keep(t, key, call)
+        else:
+            if len(seen) >= 4 * PLANS_KEPT:
+                seen.clear()
+            seen.add(key)
+    return call.output()
+
+
+def renew_all(t) -> None:
+    """Record every live plan of ``t`` again, in the order they were made (after :func:`disagreed`)."""
+    for plan in list(live_plans(t).values()):
+        plan.renew()
