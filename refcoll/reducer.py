@@ -45,8 +45,8 @@ import time
 import numpy as np
 
 from . import algorithms
-from .calls.collectives import as_transport, broadcast
-from .calls.nonblocking import iallreduce, issue, wait_all
+from .calls.collectives import allreduce_init, as_transport, broadcast
+from .calls.nonblocking import issue, wait_all
 from .compressors import Compressor, parse
 from .core.errors import MismatchError, RefcollError, UsageError
 from .core.ops import is_float
@@ -143,6 +143,10 @@ class Reducer:
         self._set_layout(assign_buckets([p.nbytes for p in self.params],
                                         [p.dtype for p in self.params],
                                         list(reversed(range(len(self.params)))), *self._caps))
+        # DDP's local used map, summed after the last bucket: one plan, run every iteration.
+        self._used = np.zeros(len(self.params), np.int32)
+        self._used_plan = allreduce_init(self._used, self.data_transport, op="sum",
+                                         algorithm="ring", validate=False) if find_unused else None
         self._start_iteration()
 
     def _check_arguments(self, spec, bucket_cap_mb, first_bucket_mb, compressor) -> None:
@@ -173,8 +177,16 @@ class Reducer:
         return list(self._buckets)
 
     def _set_layout(self, groups) -> None:
+        """Lay the buckets out; make each one's all-reduce plan (collective: every rank, in order)."""
         self._buckets = layouts(self.params, groups)
         self._buffers = [np.zeros(b.numel, b.dtype) for b in self._buckets]
+        for plan in getattr(self, "_plans", []):
+            plan.free()
+        # A bucket's all-reduce repeats on the same buffer every iteration: a plan, agreed and
+        # recorded once (persistent collectives). A hook or a compressor reduces its own way.
+        self._plans = [] if self.hook is not None or self.compressor is not None else [
+            allreduce_init(buf, self.data_transport, op="sum", algorithm=self.algorithm, out=buf,
+                           validate=False) for buf in self._buffers]
         self._bucket_of = [0] * len(self.params)
         self._views: list = [None] * len(self.params)
         for b, buf in zip(self._buckets, self._buffers):
@@ -201,7 +213,7 @@ class Reducer:
         self._divide = [False] * n  # slots written in place, divided when their bucket launches
         self._ready_at: list = [None] * n
         self._grads: list = [None] * n
-        self._used = np.zeros(n, np.int32)
+        self._used[...] = 0
         self._order: list[int] = []
         self._problems: list[dict] = []
         self._pending = [len(b.params) for b in self._buckets]
@@ -330,10 +342,9 @@ class Reducer:
         elif any(self._divide[i] for i in layout.params):
             views = [self._views[i] for i in layout.params if self._divide[i]]
             self._work[b] = issue("allreduce", t, functools.partial(
-                divide_then_sum, views, self.size, buf, self.algorithm))
+                divide_then_sum, views, self.size, self._plans[b]))
         else:
-            self._work[b] = iallreduce(buf, t, op="sum", algorithm=self.algorithm, out=buf,
-                                       validate=False)
+            self._work[b] = self._plans[b].start().handle
         self._returned_at[b] = time.perf_counter()
 
     # --------------------------------------------------------------- finalize
@@ -433,8 +444,7 @@ class Reducer:
         waiting = [b for b, w in enumerate(self._work) if hasattr(w, "wait")]
         handles = [self._work[b] for b in waiting]
         if self.find_unused:  # DDP's all_reduce_local_used_map, after the last bucket
-            handles.append(iallreduce(self._used, self.data_transport, op="sum",
-                                      algorithm="ring", validate=False))
+            handles.append(self._used_plan.start().handle)
         results = wait_all(handles)
         reduced = list(self._work)
         for b, result in zip(waiting, results):

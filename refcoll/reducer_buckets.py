@@ -281,11 +281,14 @@ def same_dtype(dtype, wanted: np.dtype) -> bool:
         return False
 
 
-def divide_then_sum(views, p: int, buf, algorithm: str, t):
-    """A bucket of slots written in place: each divided by ``p`` (DDP's ``div_``), then summed."""
+def divide_then_sum(views, p: int, plan, t):
+    """A bucket of slots written in place: each divided by ``p`` (DDP's ``div_``), then summed.
+
+    ``plan``: the bucket's all-reduce plan (:func:`refcoll.allreduce_init`, in place).
+    """
     for view in views:
         np.divide(view, view.dtype.type(p), out=view)
-    return allreduce(buf, t, op="sum", algorithm=algorithm, out=buf, validate=False)
+    return plan()
 
 
 def compress_each(views, states, compressor, algorithm: str, buf, t, validate: bool = False):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import refcoll
-import refcoll.reducer as reducer_module
 from refcoll.compressors import parse
 from refcoll.core.errors import MismatchError, UsageError
+from refcoll.calls.plans import Plan
 from refcoll.reducer import Reducer
 from refcoll.reducer_buckets import assign_buckets, parameters_of
 
@@ -162,13 +162,13 @@ def test_parameters_are_read_from_arrays_shapes_pairs_and_names():
 
 def test_buckets_launch_in_bucket_order_whatever_the_ready_order(monkeypatch):
     issued = {}
-    real = reducer_module.iallreduce
+    real = Plan.start
 
-    def recording(buf, t, **kwargs):
-        issued.setdefault(t.rank, []).append(buf.size)
-        return real(buf, t, **kwargs)
+    def recording(plan, *args, **kwargs):  # a bucket's all-reduce is its plan, started
+        issued.setdefault(plan.t.rank, []).append(plan.x.size)
+        return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(reducer_module, "iallreduce", recording)
+    monkeypatch.setattr(Plan, "start", recording)
     shapes = [(100,), (200,), (300,), (400,)]  # 4 buckets of one parameter each
 
     def body(t):
@@ -340,9 +340,9 @@ def test_unused_parameters_get_the_others_sum_or_are_left_alone():
 
 def test_no_sync_accumulates_and_the_first_ready_after_adds_it(monkeypatch):
     launches = []
-    real = reducer_module.iallreduce
-    monkeypatch.setattr(reducer_module, "iallreduce",
-                        lambda buf, t, **kw: launches.append(t.rank) or real(buf, t, **kw))
+    real = Plan.start
+    monkeypatch.setattr(Plan, "start",
+                        lambda plan, *a, **kw: launches.append(plan.t.rank) or real(plan, *a, **kw))
 
     def body(t):
         red = Reducer(SHAPES, t, algorithm="ring", **caps(300, 600))

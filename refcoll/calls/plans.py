@@ -84,6 +84,8 @@ class Plan:
         recorded: whether a run replays a recorded schedule (else the
             algorithm runs again).
         runs: how many runs have completed.
+        handle: the :class:`~refcoll.calls.progress.Handle` of the run last
+            started with :meth:`start` (``None`` before, and once waited for).
     """
 
     def __init__(self, call: Call, *, own_buffers: bool = False):
@@ -104,7 +106,7 @@ class Plan:
         self.x, self.out = call.x, call.output()
         self._shapes = self._layout_now()
         self.runs = 0
-        self._handle = None
+        self.handle = None
         self._freed = False
         self._schedule = self._program = None
         self._signature = None
@@ -118,7 +120,7 @@ class Plan:
         live_plans(t)[id(self)] = self
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("started" if self._handle else "ready")
+        state = "freed" if self._freed else ("started" if self.handle else "ready")
         return (f"<refcoll.Plan {self.collective} {self.algorithm} "
                 f"{'recorded' if self.recorded else 'run'} {state}>")
 
@@ -141,17 +143,23 @@ class Plan:
         return self._run(error)
 
     def start(self, x=None, *, out=None, comm=None) -> "Plan":
-        """Start a non-blocking run (``MPI_Start``); :meth:`wait` or :meth:`test` completes it."""
+        """Start a non-blocking run (``MPI_Start``); return the plan.
+
+        :meth:`wait` or :meth:`test` completes it. The run's
+        :class:`~refcoll.calls.progress.Handle` is :attr:`handle`, for
+        :func:`refcoll.wait_all` and its time stamps; a run completed through it
+        may be started again at once.
+        """
         error = self._misuse(x, out, comm)
         engine = engine_for(self.t)
         job = (Steps(self, error) if engine.kind == "schedule" and self._program is not None
                else lambda: self._run(error))
-        self._handle = engine.submit(Handle(self.collective, job, engine))
+        self.handle = engine.submit(Handle(self.collective, job, engine))
         return self
 
     def wait(self, timeout: float | None = None):
         """Complete the started run and return its result (``MPI_Wait``); raise its error."""
-        handle = self._handle
+        handle = self.handle
         if handle is None:
             raise UsageError(f"rank {self.t.rank}: wait() on a {self.collective} plan that was "
                              "not started: call start() first")
@@ -159,14 +167,14 @@ class Plan:
             result = handle.wait(timeout)
         except BaseException:
             if handle._done.is_set():
-                self._handle = None  # the run failed: the plan may be started again
+                self.handle = None  # the run failed: the plan may be started again
             raise
-        self._handle = None
+        self.handle = None
         return result
 
     def test(self) -> bool:
         """Return whether the started run has completed (a plan not started: True)."""
-        return self._handle is None or self._handle.test()
+        return self.handle is None or self.handle.test()
 
     def free(self) -> None:
         """Release the persistent requests and the buffers; a later run is refused.
@@ -176,7 +184,7 @@ class Plan:
         """
         if self._freed:
             return
-        if self._handle is not None:
+        if self.handle is not None:
             try:
                 self.wait()
             except Exception:  # noqa: BLE001 - freeing releases; the failure was the run's
@@ -185,6 +193,30 @@ class Plan:
         self._forget()
         live_plans(self.t).pop(id(self), None)
         self.x = self.out = self.call = None
+
+    def rebind(self, x, out=None) -> None:
+        """Point the plan at other buffers of the same shapes and dtypes (this rank alone).
+
+        For a caller whose buffer moves while its call stays the same, as a DDP
+        bucket's does when PyTorch reallocates it: the ranks agreed on the
+        call, not on addresses, and a recording's exchanges are this rank's own
+        persistent requests, so recording them again on the new buffers is
+        local. ``out=None`` keeps the in-place layout when the plan had it.
+        """
+        if self._freed or (self.handle is not None and not self.handle._done.is_set()):
+            raise UsageError(f"rank {self.t.rank}: rebind() on a {self.collective} plan that is "
+                             "freed or running")
+        in_place = self.out is self.x
+        out = x if out is None and in_place else out
+        shapes = (x.shape, x.dtype) if out is None else (x.shape, x.dtype, out.shape, out.dtype)
+        if shapes != self._shapes or self.collective != "allreduce":
+            raise UsageError(f"rank {self.t.rank}: rebind() takes buffers of the plan's shapes "
+                             f"and dtypes ({self._shapes}), for an all-reduce")
+        call = self.call
+        self.call = call.on(x.reshape(-1), out.reshape(-1) if out is not None else call.result)
+        self.call.x, self.call.out = x, out
+        self.x, self.out = x, self.call.output()
+        self.renew()
 
     @property
     def freed(self) -> bool:
@@ -280,14 +312,16 @@ class Plan:
 
     def _misuse(self, x, out, comm) -> str | None:
         """Return what breaks the plan's promise for this run, or None (refused at once if freed)."""
+        if self.handle is not None and self.handle._done.is_set():
+            self.handle = None  # completed through its handle: nothing left to wait for
         if (x is None and out is None and comm is None and not self._freed
-                and self._handle is None and self._layout_now() == self._shapes):
+                and self.handle is None and self._layout_now() == self._shapes):
             return None  # the common case, in a few attribute reads
         rank = self.t.rank
         if self._freed:
             raise UsageError(f"rank {rank}: this {self.collective} plan was freed; make a new "
                              f"one with refcoll.{self.collective}_init")
-        if self._handle is not None:
+        if self.handle is not None:
             raise UsageError(f"rank {rank}: this {self.collective} plan is already started; "
                              "wait() for it before starting it again")
         if comm is not None and comm is not self.comm and comm is not self.t:

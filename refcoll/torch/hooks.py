@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..calls.collectives import allreduce
+from ..calls.collectives import allreduce, allreduce_init
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..core.errors import UsageError
-from ..reducer_buckets import compress_each
+from ..reducer_buckets import address, compress_each
 from ..transport.torch import torch_transport_for
 from .tensors import as_array
 
@@ -95,6 +95,7 @@ class HookState:
     calls: int = 0
     layouts: int = 0
     carried: int = 0
+    plans: dict = field(default_factory=dict, repr=False)  # bucket index -> (layout, plan)
     last: dict = field(default_factory=dict)
     _slots: dict = field(default_factory=dict, repr=False)
     _tensors: dict = field(default_factory=dict, repr=False)
@@ -156,7 +157,7 @@ def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> N
     makes the same calls in the same order.
     """
     if state.compressor is None:
-        allreduce(x, t, op="avg", algorithm=state.algorithm, out=x)
+        bucket_plan(state, x, layout, index, t)()
     elif state.compressor.matrices:
         views, states, at = [], [], 0
         for j, (key, shape) in enumerate(layout):
@@ -168,6 +169,27 @@ def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> N
     else:
         allreduce(x, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
                   state=state.slot(layout, index, t.rank).state, out=x)
+
+
+def bucket_plan(state: HookState, x: np.ndarray, layout: Layout, index: int, t):
+    """Return bucket ``index``'s all-reduce plan (``op="avg"``, in place on ``x``).
+
+    A bucket's all-reduce repeats every iteration on the same parameters: one
+    plan (:func:`refcoll.allreduce_init`), made when the bucket's layout is new,
+    which every rank sees at the same iteration (DDP's buckets are the same on
+    every rank), so the plan is made collectively. Where PyTorch moved the
+    bucket's buffer, the plan follows it on this rank alone (:meth:`Plan.rebind`).
+    """
+    kept = state.plans.get(index)
+    if kept is None or kept[0] != layout:
+        if kept is not None:
+            kept[1].free()
+        kept = state.plans[index] = (layout, allreduce_init(x, t, op="avg",
+                                                            algorithm=state.algorithm, out=x))
+    plan = kept[1]
+    if plan.x is not x and (plan.x.shape != x.shape or address(plan.x) != address(x)):
+        plan.rebind(x)
+    return plan
 
 
 def comm_hook(algorithm: str = "ring", compressor=None, *, group=None, seed: int = 0,
