@@ -166,3 +166,80 @@ def test_algorithm_names_are_compared_only_in_their_own_modules():
                         found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
                                      f"compares with {side.value!r}")
     assert not found, "\n".join(found)
+
+
+def _path_to_the_algorithm(algorithm: str, p: int = 2) -> list[list[str]]:
+    """Return, per rank, the refcoll files on the stack when the algorithm's function is entered.
+
+    From the public ``refcoll.allreduce`` down: the call path a reader follows.
+    """
+    import sys
+    import threading
+
+    import numpy as np
+
+    import refcoll
+    from refcoll import algorithms
+    from refcoll.calls.auto import resolve
+
+    paths: dict[int, list[str]] = {}
+    targets: set = set()
+
+    def profile(frame, event, arg):
+        if event != "call" or frame.f_code not in targets:
+            return
+        files, at = [], frame
+        while at is not None:
+            name = at.f_code.co_filename
+            if "/refcoll/" in name:
+                files.append(str(Path(name).relative_to(PACKAGE.parent)))
+            at = at.f_back
+        files.reverse()
+        start = next(i for i, f in enumerate(files) if f.endswith("calls/collectives.py"))
+        paths.setdefault(threading.get_ident(), files[start:])  # from the public call down
+
+    def body(t):
+        name = resolve(t, "allreduce", 10, 4) if algorithm == "auto" else algorithm
+        targets.add(algorithms.implementation(name, "allreduce").__code__)
+        sys.setprofile(profile)
+        try:
+            refcoll.allreduce(np.arange(10, dtype=np.float32), t, algorithm=algorithm)
+        finally:
+            sys.setprofile(None)
+
+    refcoll.SimWorld(p).run(body)
+    return list(paths.values())
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "auto", "rabenseifner", "tree"])
+def test_a_reader_reaches_the_algorithm_through_three_files_never_coming_back(algorithm):
+    """DESIGN.md: check, agree, choose, run, in at most three files, none left and re-entered."""
+    paths = _path_to_the_algorithm(algorithm)
+    assert len(paths) == 2  # every rank reached the algorithm
+    for path in paths:
+        collapsed = [f for i, f in enumerate(path) if i == 0 or f != path[i - 1]]
+        assert collapsed[0] == "refcoll/calls/collectives.py", path
+        assert len(collapsed) <= 3, " -> ".join(collapsed)
+        assert len(set(collapsed)) == len(collapsed), " -> ".join(collapsed)  # none re-entered
+
+
+def test_no_call_path_keys_a_cache_by_a_buffers_identity():
+    """The fast paths are objects found by name (plans), not caches keyed by ``id(buffer)``."""
+    found = []
+    for module, path in MODULES.items():
+        if not module.startswith("refcoll.calls"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "id"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert set(found) <= {f"refcoll/calls/plans.py:{line}" for line in _LIVE_PLAN_LINES}, found
+
+
+#: ``id(plan)`` keys the table of live plans (renewed after a failed agreement): a plan's
+#: identity, never a buffer's. Read from the source, so a new ``id(...)`` elsewhere fails.
+_LIVE_PLAN_LINES = [n.lineno for n in ast.walk(ast.parse((PACKAGE / "calls" / "plans.py")
+                                                         .read_text()))
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id == "id" and isinstance(n.args[0], ast.Name)
+                    and n.args[0].id == "self"]
