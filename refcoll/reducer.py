@@ -16,16 +16,15 @@ What follows PyTorch (``torch/csrc/distributed/c10d/reducer.cpp``,
    ``fl(1/p)`` on the way (``copy_grad_to_bucket``; undivided for a hook or a
    compressor). A bucket whose last gradient arrived is ready; buckets launch in
    index order, every consecutive ready one from ``next_bucket`` on
-   (``mark_bucket_ready``), each a non-blocking all-reduce (``sum``).
+   (``mark_bucket_ready``), each its plan started (``allreduce_init``, ``sum``).
 3. :meth:`Reducer.finalize` first agrees, over a control communicator of its own,
    on what went wrong anywhere (a parameter never ready, ready twice, a bad
    argument), raising the same UsageError on every rank, then waits for every
    bucket and returns the gradients (``finalize_backward``).
 4. After the first iteration the buckets are rebuilt once, in the order rank 0's
    gradients became ready (``rebuild_buckets``, ``sync_bucket_indices``).
-5. ``find_unused=True``: parameters never ready are reduced as zeros and a
-   used map is summed; parameters no rank used are left alone. ``no_sync()``
-   accumulates locally.
+5. ``find_unused=True``: parameters never ready are reduced as zeros and a used map
+   is summed; parameters no rank used are left alone. ``no_sync()`` accumulates locally.
 
 Averaging, to the bit: DDP multiplies each gradient by ``fl(1/p)`` and sums, so
 the result is ``Σ_r fl(g_r · fl(1/p))`` in the algorithm's order, not refcoll's
@@ -45,15 +44,15 @@ import time
 import numpy as np
 
 from . import algorithms
-from .calls.collectives import allreduce_init, as_transport, broadcast
+from .calls.collectives import as_transport, broadcast
 from .calls.nonblocking import issue, wait_all
 from .compressors import Compressor, parse
 from .core.errors import MismatchError, RefcollError, UsageError
 from .core.ops import is_float
 from .reducer_buckets import (NAMED, BucketLayout, GradBucket, Parameter, address,
-                              assign_buckets, compressor_states, divide_then_sum,
-                              reduce_compressed, same_dtype, cap_bytes,
-                              first_difference, gather_json, layouts, parameters_of)
+                              assign_buckets, bucket_plans, compressor_states, divide_then_sum,
+                              reduce_compressed, same_dtype, cap_bytes, first_difference,
+                              gather_json, layouts, parameters_of, used_map)
 
 __all__ = ["Reducer", "GradBucket", "BucketLayout", "Parameter", "assign_buckets"]
 
@@ -143,10 +142,7 @@ class Reducer:
         self._set_layout(assign_buckets([p.nbytes for p in self.params],
                                         [p.dtype for p in self.params],
                                         list(reversed(range(len(self.params)))), *self._caps))
-        # DDP's local used map, summed after the last bucket: one plan, run every iteration.
-        self._used = np.zeros(len(self.params), np.int32)
-        self._used_plan = allreduce_init(self._used, self.data_transport, op="sum",
-                                         algorithm="ring", validate=False) if find_unused else None
+        self._used, self._used_plan = used_map(len(self.params), self.data_transport, find_unused)
         self._start_iteration()
 
     def _check_arguments(self, spec, bucket_cap_mb, first_bucket_mb, compressor) -> None:
@@ -177,16 +173,11 @@ class Reducer:
         return list(self._buckets)
 
     def _set_layout(self, groups) -> None:
-        """Lay the buckets out; make each one's all-reduce plan (collective: every rank, in order)."""
         self._buckets = layouts(self.params, groups)
         self._buffers = [np.zeros(b.numel, b.dtype) for b in self._buckets]
-        for plan in getattr(self, "_plans", []):
-            plan.free()
-        # A bucket's all-reduce repeats on the same buffer every iteration: a plan, agreed and
-        # recorded once (persistent collectives). A hook or a compressor reduces its own way.
-        self._plans = [] if self.hook is not None or self.compressor is not None else [
-            allreduce_init(buf, self.data_transport, op="sum", algorithm=self.algorithm, out=buf,
-                           validate=False) for buf in self._buffers]
+        self._plans = bucket_plans(self._buffers, self.data_transport, self.algorithm,
+                                   self.hook is None and self.compressor is None,
+                                   getattr(self, "_plans", []))
         self._bucket_of = [0] * len(self.params)
         self._views: list = [None] * len(self.params)
         for b, buf in zip(self._buckets, self._buffers):

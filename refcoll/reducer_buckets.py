@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from .calls.agree import allgather_records, pack, unpack
-from .calls.collectives import allreduce
+from .calls.collectives import allreduce, allreduce_init
 from .core.errors import UsageError
 from .core.ops import dtype_name, get_dtype
 
@@ -279,6 +279,28 @@ def same_dtype(dtype, wanted: np.dtype) -> bool:
         return dtype is not None and np.dtype(dtype) == wanted
     except TypeError:  # not a NumPy dtype (a torch tensor's): not the parameter's
         return False
+
+
+def bucket_plans(buffers, t, algorithm: str, wanted: bool = True, old=()) -> list:
+    """Return each bucket's all-reduce, summed in place, as a plan (collective: every rank, in order).
+
+    A bucket's all-reduce repeats on the same buffer every iteration: agreed
+    and recorded once (:func:`refcoll.allreduce_init`), started every time.
+    ``wanted=False``: none (a hook or a compressor reduces its own way). The
+    ``old`` plans (of the layout before a rebuild) are freed first.
+    """
+    for plan in old:
+        plan.free()
+    return [allreduce_init(buf, t, op="sum", algorithm=algorithm, out=buf, validate=False)
+            for buf in buffers] if wanted else []
+
+
+def used_map(n: int, t, find_unused: bool):
+    """Return DDP's local used map of ``n`` parameters and its summing plan (None without ``find_unused``)."""
+    used = np.zeros(n, np.int32)
+    plan = allreduce_init(used, t, op="sum", algorithm="ring", validate=False) if find_unused \
+        else None
+    return used, plan
 
 
 def divide_then_sum(views, p: int, plan, t):

@@ -314,18 +314,23 @@ def disagreed(t) -> None:
 
     A rank that ran a recorded plan sent its data beside its signature; a peer
     that made a different call never takes it. So every rank drops the
-    signature exchange, moves the persistent exchanges it makes from now on to
-    a new tag slot, where no message of the failed call can match them, and
-    records its plans again there, in the order they were made
-    (:class:`~refcoll.calls.plans.Plan`): user plans, the blocking calls' kept
-    plans and the calls queued on the schedule engine that hold them must
-    still run right.
+    signature exchange and moves the persistent exchanges it makes from now on
+    to a new tag slot, where no message of the failed call can match them. It
+    drops the blocking calls' kept plans (a plan kept on some ranks only may be
+    what failed: every rank goes back to the ordinary path, and a queued
+    non-blocking call that finds none runs whole), and records the user's plans
+    again in the new slot, in the order they were made
+    (:class:`~refcoll.calls.plans.Plan`).
     """
     exchange = transport_cache(t, "agreement").pop("signatures", None)
     if exchange is not None:
         exchange.free()
     t.new_persistent_epoch()
-    for plan in list(transport_cache(t, "plans").get("live", {}).values()):
+    plans = transport_cache(t, "plans")
+    for plan in plans.pop("kept", {}).values():
+        plan.free()  # every rank drops its kept plans: all back on one path
+    plans.pop("seen", None)
+    for plan in list(plans.get("live", {}).values()):
         plan.renew()
 
 

@@ -19,8 +19,8 @@ import numpy as np
 from ..core.ops import get_op
 from .args import Call
 from .collectives import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter
-from .plans import Steps, kept
-from .progress import Handle, engine_for, wait_all
+from .plans import kept
+from .progress import Handle, Steps, engine_for, wait_all
 
 __all__ = ["iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "wait_all",
            "issue", "Handle", "NONBLOCKING_FUNCTIONS"]
@@ -107,7 +107,7 @@ class _Planned:
             if plan is None:
                 self.result = self.whole()
                 return True
-            self.steps = Steps(plan, None, self.caller)
+            self.steps = Steps(plan, self.caller)
         if not self.steps.step():
             return False
         self.result = self.steps.result

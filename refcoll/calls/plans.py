@@ -15,22 +15,22 @@ where the transport has persistent exchanges (MPI) and the algorithm's record
 says ``replayable``, records the all-reduce's schedule on the plan's buffers
 (:mod:`refcoll.transport.recorder`): each exchange one set of persistent MPI
 requests, each reduction a ufunc bound to its buffers. A run then starts those
-requests and runs those reductions in order: the same exchanges and reductions
-on the same values, so the same bits as the algorithm itself, and none of the
-call's Python layers. Elsewhere (the simulator, ``torch.distributed``, the
-other collectives, an algorithm that splits its communicator) a run calls the
-algorithm again on the plan's buffers, its arguments agreed at the start.
+requests and runs those reductions in order: the same bits as the algorithm,
+and none of the call's Python layers. Elsewhere (the simulator,
+``torch.distributed``, the other collectives, an algorithm that splits its
+communicator) a run calls the algorithm again on the plan's buffers.
 
-The ranks agree once, when the plan is made; a run exchanges nothing but its
-data. What would break the plan's promise is checked on each rank at every run,
-locally: a freed plan, a run already started, a buffer whose shape or dtype
+A run exchanges nothing but its data. What would break the plan's promise is
+checked on each rank at every run, locally: a freed plan, a run already started, a buffer whose shape or dtype
 changed in place, another buffer or communicator passed in. A rank that finds
-one refuses the run with a :class:`~refcoll.core.errors.UsageError` and, on
-MPI, revokes the communicator's transport
-(:meth:`~refcoll.transport.mpi.MPITransport.revoke`): its peers, already in the
-run and waiting for its data, raise :class:`~refcoll.core.errors.PeerFailure`
-naming it and the reason, in that very run rather than at their deadline (in
-the simulator, a peer's failure does the same by itself).
+one refuses the run with a :class:`~refcoll.core.errors.UsageError` and, for a
+validated plan, revokes the communicator's transport
+(:meth:`~refcoll.transport.mpi.MPITransport.revoke`, the simulator's alike):
+its peers, already in the run and waiting for its data, raise
+:class:`~refcoll.core.errors.PeerFailure` naming it and the reason, in that
+very run rather than at their deadline, and the transport refuses every later
+exchange. With ``validate=False`` the rank at fault raises alone; its peers
+wait for its next, corrected start, or until their deadline.
 
 The blocking calls (:mod:`refcoll.calls.collectives`) go through
 :func:`run`: agree, choose, run the algorithm. A small all-reduce whose
@@ -52,15 +52,15 @@ import numpy as np
 from .. import algorithms
 from ..core.errors import UsageError
 from ..transport.base import TransportBase, transport_cache
-from ..transport.recorder import Stepper, compile_steps, record, run_steps
+from ..transport.recorder import compile_steps, record, run_steps
 from . import debug
 from ..core.xp import array_namespace
 from .agree import agree, disagreement, record_of, signature_of, signatures
 from .args import PLAN_BYTES, Call
 from .auto import resolve
-from .progress import Handle, any_busy, busy_engine, engine_for
+from .progress import Handle, Steps, any_busy, busy_engine, engine_for
 
-__all__ = ["Plan", "Steps", "run", "kept", "reusable", "live_plans", "PLAN_BYTES", "PLANS_KEPT"]
+__all__ = ["Plan", "run", "kept", "reusable", "live_plans", "PLAN_BYTES", "PLANS_KEPT"]
 
 #: Kept plans per transport; past it the oldest is freed. Every rank makes the
 #: same calls, so every rank keeps and drops the same plans.
@@ -83,7 +83,7 @@ class Plan:
             ``None`` on a ``reduce``'s non-roots and a switch rank).
         recorded: whether a run replays a recorded schedule (else the
             algorithm runs again).
-        runs: how many runs have completed.
+        runs: how many runs have completed; freed: whether :meth:`free` has run.
         handle: the :class:`~refcoll.calls.progress.Handle` of the run last
             started with :meth:`start` (``None`` before, and once waited for).
     """
@@ -107,7 +107,8 @@ class Plan:
         self._shapes = self._layout_now()
         self.runs = 0
         self.handle = None
-        self._freed = False
+        self.freed = False
+        self._broken = None  # why a run failed partway (abandon)
         self._schedule = self._program = None
         self._signature = None
         if t.size > 1 and own_buffers:  # a blocking call's: each call says if it agrees
@@ -120,7 +121,7 @@ class Plan:
         live_plans(t)[id(self)] = self
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("started" if self.handle else "ready")
+        state = "freed" if self.freed else ("started" if self.handle else "ready")
         return (f"<refcoll.Plan {self.collective} {self.algorithm} "
                 f"{'recorded' if self.recorded else 'run'} {state}>")
 
@@ -152,8 +153,8 @@ class Plan:
         """
         error = self._misuse(x, out, comm)
         engine = engine_for(self.t)
-        job = (Steps(self, error) if engine.kind == "schedule" and self._program is not None
-               else lambda: self._run(error))
+        job = (Steps(self) if engine.kind == "schedule" and self._program is not None
+               and error is None else lambda: self._run(error))
         self.handle = engine.submit(Handle(self.collective, job, engine))
         return self
 
@@ -182,14 +183,14 @@ class Plan:
         A started run is waited for first (MPI frees an active request once it
         completes); freeing twice is allowed.
         """
-        if self._freed:
+        if self.freed:
             return
         if self.handle is not None:
             try:
                 self.wait()
             except Exception:  # noqa: BLE001 - freeing releases; the failure was the run's
                 pass
-        self._freed = True
+        self.freed = True
         self._forget()
         live_plans(self.t).pop(id(self), None)
         self.x = self.out = self.call = None
@@ -203,7 +204,7 @@ class Plan:
         persistent requests, so recording them again on the new buffers is
         local. ``out=None`` keeps the in-place layout when the plan had it.
         """
-        if self._freed or (self.handle is not None and not self.handle._done.is_set()):
+        if self.freed or (self.handle is not None and not self.handle._done.is_set()):
             raise UsageError(f"rank {self.t.rank}: rebind() on a {self.collective} plan that is "
                              "freed or running")
         in_place = self.out is self.x
@@ -218,15 +219,10 @@ class Plan:
         self.x, self.out = x, self.call.output()
         self.renew()
 
-    @property
-    def freed(self) -> bool:
-        """Return whether :meth:`free` has run."""
-        return self._freed
-
     def __enter__(self) -> "Plan":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc) -> None:  # the with block frees the plan, however it ends
         self.free()
 
     # ------------------------------------------------------------- the running
@@ -235,13 +231,17 @@ class Plan:
         """Run once, in the call's own tag space; return the result."""
         t, call = self.t, self.call
         if error:
-            _refuse(t, error)
-        with t.call(self.collective):
-            if self._program is None:
-                call.prologue()
-                self.fn(t, *call.arguments(), **call.keywords())
-            else:
-                run_steps(t, self._program)
+            _refuse(t, error, tell=self.validate)
+        try:
+            with t.call(self.collective):
+                if self._program is None:
+                    call.prologue()
+                    self.fn(t, *call.arguments(), **call.keywords())
+                else:
+                    run_steps(t, self._program)
+        except BaseException:
+            self.abandon()
+            raise
         call.finish()
         self.runs += 1
         return self.out
@@ -255,23 +255,24 @@ class Plan:
         raises (:func:`~refcoll.calls.agree.disagreement`, which also records
         the plans again in a fresh tag slot).
         """
-        t, first = self.t, self._schedule.steps[0]
+        t, steps = self.t, self._schedule.steps
+        first = steps[0] if steps and hasattr(steps[0], "start") else None  # n = 0: none
         exchange = signatures(t)
-        first.start()
+        if first is not None:
+            first.start()
         try:
             agreed = exchange.agreed(self._signature)
         except BaseException:
-            first.cancel()
+            if first is not None:
+                first.cancel()
             raise
         if not agreed:
-            first.cancel()
+            if first is not None:
+                first.cancel()
             disagreement(t, self.fields)
-        first.finish()
-        run_steps(t, self._program, 1)
-
-    def run_copied(self, call: Call):
-        """Run a kept plan on a blocking call's arrays: copy its input in, run, copy the result out."""
-        return self.replay(call.flat, call.result, call.out, call.x.shape, call.validate)
+        if first is not None:
+            first.finish()
+        run_steps(t, self._program, 0 if first is None else 1)
 
     def replay(self, flat, result, out, shape, validate: bool):
         """Run a kept plan on a blocking call's flat input into its flat ``result``; return the output.
@@ -281,16 +282,35 @@ class Plan:
         """
         own = self.call
         own.flat[...] = flat
-        with self.t.call(self.collective):
-            if validate and self._signature is not None:
-                self._signed()
-            else:
-                run_steps(self.t, self._program)
+        try:
+            with self.t.call(self.collective):
+                if validate and self._signature is not None:
+                    self._signed()
+                else:
+                    run_steps(self.t, self._program)
+        except BaseException:
+            self.abandon()
+            raise
         result[...] = own.result
         if self.reduction.divides:
             self.reduction.finalize(result, self.t.size)
         self.runs += 1
         return out if out is not None else result.reshape(shape)
+
+    def abandon(self) -> None:
+        """After a run that failed partway: never start its requests again (they may be running).
+
+        A kept plan is dropped (the next call of its arguments takes the
+        ordinary path); a user's recorded plan refuses its later runs.
+        """
+        table = transport_cache(self.t, "plans").get("kept", {})
+        if self.call is not None and table.get(self.call.key) is self:
+            del table[self.call.key]
+            self.free()
+        elif self._program is not None:
+            self._broken = (f"rank {self.t.rank}: run {self.runs + 1} of this {self.collective} "
+                            "plan failed partway; its requests may still be running: make a "
+                            "new plan")
 
     # ------------------------------------------------------- recording, checks
 
@@ -314,13 +334,16 @@ class Plan:
         """Return what breaks the plan's promise for this run, or None (refused at once if freed)."""
         if self.handle is not None and self.handle._done.is_set():
             self.handle = None  # completed through its handle: nothing left to wait for
-        if (x is None and out is None and comm is None and not self._freed
-                and self.handle is None and self._layout_now() == self._shapes):
+        if (x is None and out is None and comm is None and not self.freed
+                and self.handle is None and self._broken is None
+                and self._layout_now() == self._shapes):
             return None  # the common case, in a few attribute reads
         rank = self.t.rank
-        if self._freed:
-            raise UsageError(f"rank {rank}: this {self.collective} plan was freed; make a new "
-                             f"one with refcoll.{self.collective}_init")
+        if self._broken is not None:
+            return self._broken
+        if self.freed:  # its peers may be in the run already: tell them (_refuse)
+            return (f"rank {rank}: this {self.collective} plan was freed; make a new one with "
+                    f"refcoll.{self.collective}_init")
         if self.handle is not None:
             raise UsageError(f"rank {rank}: this {self.collective} plan is already started; "
                              "wait() for it before starting it again")
@@ -350,77 +373,25 @@ class Plan:
                                  root=self.root, options=self.options, validate=self.validate)
 
 
-def _refuse(t, error: str) -> None:
-    """Refuse a run on this rank alone, telling its peers (:meth:`~refcoll.transport.mpi.MPITransport.revoke`).
+def _refuse(t, error: str, *, tell: bool) -> None:
+    """Refuse a run on this rank alone; with ``tell``, revoke the transport so its peers know.
 
-    Without this, a peer already in the run would wait for this rank until its
-    deadline; on MPI it learns in that very run, as a PeerFailure naming the
-    reason. The simulator tells its ranks that a peer failed by itself.
+    A peer already in the run waits for this rank's data. Told (a validated
+    plan, :meth:`~refcoll.transport.mpi.MPITransport.revoke`), it raises
+    PeerFailure naming this rank and the reason in that very run, and the
+    transport refuses every later exchange. Untold (``validate=False``), it
+    waits: for this rank's next, corrected start, or until its deadline.
     """
-    revoke = getattr(t, "revoke", None)
-    if revoke is not None:
-        revoke(error)
+    if tell and getattr(t, "revoke", None) is not None:
+        t.revoke(error)
     raise UsageError(error)
 
 
 def _same_buffer(a, b) -> bool:
     """Return whether ``a`` is ``b``'s very memory, shape and dtype."""
-    if a is b:
-        return True
-    if b is None or getattr(a, "shape", None) != b.shape or getattr(a, "dtype", None) != b.dtype:
-        return False
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) else False)
-
-
-class Steps:
-    """A plan's run as a state machine for the schedule engine: each exchange started, then tested.
-
-    A validated run first steps through the signature exchange, then the
-    recording. ``caller``: a blocking-style call run on a kept plan (its input
-    copied in when the data starts, its result copied out at the end). The same exchanges and reductions, in the same order, as
-    :meth:`Plan._run`: the same bits, and the same error.
-    """
-
-    def __init__(self, plan: Plan, error: str | None, caller: Call | None = None):
-        self.plan, self.error, self.caller = plan, error, caller
-        self.stage = None
-        self.result = None
-
-    def step(self) -> bool:
-        """Advance as far as possible without waiting; return whether the run is complete."""
-        plan, t = self.plan, self.plan.t
-        if self.stage is None:
-            if self.error:
-                _refuse(t, self.error)
-            if self.caller is not None and self.caller.validate and plan._signature is not None:
-                self.exchange = signatures(t)
-                self.exchange.write(plan._signature)
-                self.stage = ("agree", Stepper(self.exchange.schedule.steps))
-            else:
-                self.stage = ("data", self._start_data())
-        kind, steps = self.stage
-        if not steps.advance():
-            return False
-        if kind == "agree":
-            if not self.exchange.uniform(plan._signature):
-                with t.call(plan.collective):
-                    disagreement(t, plan.fields)
-            self.stage = ("data", self._start_data())
-            if not self.stage[1].advance():
-                return False
-        call = self.caller or plan.call
-        if self.caller is not None:
-            call.result[...] = plan.call.result
-        call.finish()
-        plan.runs += 1
-        self.result = call.output()
-        return True
-
-    def _start_data(self) -> "Stepper":
-        if self.caller is not None:
-            self.plan.call.flat[...] = self.caller.flat
-        return Stepper(self.plan._schedule.steps)
+    return a is b or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                      and a.shape == b.shape and a.dtype == b.dtype
+                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 # ------------------------------------------------------------ the blocking calls
@@ -445,15 +416,11 @@ def reusable(t, x, op, algorithm, out) -> Plan | None:
     here as the full checks would (:func:`refcoll.calls.args.flat_out`). Any
     other call returns None and takes the ordinary path.
     """
-    table = t.cache.get("plans") if isinstance(t, TransportBase) else None
-    if not table or x.__class__ is not np.ndarray or not x.flags.c_contiguous:
+    table = t.cache.get("plans", {}).get("kept") if isinstance(t, TransportBase) else None
+    if (not table or x.__class__ is not np.ndarray or not x.flags.c_contiguous
+            or op.__class__ is not str or not op.islower()):  # MPI.SUM, "SUM": checked in full
         return None
-    kept_plans = table.get("kept")
-    if not kept_plans:
-        return None
-    if op.__class__ is not str or not op.islower():
-        return None  # MPI.SUM, "SUM": the full checks spell it
-    plan = kept_plans.get((algorithm, op, x.dtype, x.size))
+    plan = table.get((algorithm, op, x.dtype, x.size))
     if plan is None or out is None or out is x:
         return plan
     if (out.__class__ is not np.ndarray or out.dtype != x.dtype or out.size != x.size
@@ -487,7 +454,7 @@ def run(call: Call, implementation=None):
     if key is not None:
         plan = kept(t, key)
         if plan is not None:
-            return plan.run_copied(call)
+            return plan.replay(call.flat, call.result, call.out, call.x.shape, call.validate)
     with t.call(call.collective):
         if call.validate:
             agree(t, **call.fields())
@@ -508,9 +475,3 @@ def run(call: Call, implementation=None):
                 seen.clear()
             seen.add(key)
     return call.output()
-
-
-def renew_all(t) -> None:
-    """Record every live plan of ``t`` again, in the order they were made (after :func:`disagreed`)."""
-    for plan in list(live_plans(t).values()):
-        plan.renew()

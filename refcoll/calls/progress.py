@@ -39,8 +39,10 @@ import time
 
 from ..core.errors import CollectiveTimeout, UsageError
 from ..transport.base import transport_cache
+from ..transport.recorder import Stepper
+from .agree import disagreement, signatures
 
-__all__ = ["Handle", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for", "engine_kind",
+__all__ = ["Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for", "engine_kind",
            "busy_engine", "any_busy", "wait_all", "LINGER"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
@@ -307,6 +309,64 @@ class ScheduleEngine:
             if deadline is not None and time.monotonic() > deadline:
                 raise _not_done(handle, timeout)
             os.sched_yield()
+
+
+class Steps:
+    """A recorded plan's run as the schedule engine's job: each exchange started, then tested.
+
+    For a :class:`~refcoll.calls.plans.Plan` with a recording. A validated
+    ``caller`` (a blocking call run on a kept plan: its input copied in when
+    the data starts, its result copied out at the end) first steps through the
+    signature exchange. The same exchanges and reductions, in the same order,
+    as the plan's blocking run: the same bits, and the same error.
+    """
+
+    def __init__(self, plan, caller=None):
+        self.plan, self.caller = plan, caller
+        self.stage = None
+        self.result = None
+
+    def step(self) -> bool:
+        """Advance as far as possible without waiting; return whether the run is complete."""
+        try:
+            return self._step()
+        except BaseException:
+            self.plan.abandon()  # its requests may still be running: never start them again
+            raise
+
+    def _step(self) -> bool:
+        plan, t = self.plan, self.plan.t
+        if self.stage is None:
+            if self.caller is not None and self.caller.validate and plan._signature is not None:
+                self.exchange = signatures(t)
+                self.exchange.write(plan._signature)
+                self.stage = ("agree", Stepper(self.exchange.schedule.steps))
+            else:
+                self.stage = ("data", self._start_data())
+        kind, steps = self.stage
+        if not steps.advance():
+            return False
+        if kind == "agree":
+            if not self.exchange.uniform(plan._signature):
+                with t.call(plan.collective):
+                    disagreement(t, plan.fields)
+            self.stage = ("data", self._start_data())
+            if not self.stage[1].advance():
+                return False
+        with t.call(plan.collective):
+            pass  # the call's count, as a blocking run takes it (a failed one, in disagreement)
+        call = self.caller or plan.call
+        if self.caller is not None:
+            call.result[...] = plan.call.result
+        call.finish()
+        plan.runs += 1
+        self.result = call.output()
+        return True
+
+    def _start_data(self) -> Stepper:
+        if self.caller is not None:
+            self.plan.call.flat[...] = self.caller.flat
+        return Stepper(self.plan._schedule.steps)
 
 
 def _step(handle: Handle, whole: bool) -> bool:

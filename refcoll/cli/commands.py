@@ -14,7 +14,7 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS
 from ..torch import judge as torch_judge
-from ..transport.sim import progress_note
+from ..transport.scheduler import progress_note
 from ..verify import session as verify_session
 from ..verify.simulation import MAX_SIMULATED_RANKS, run_simulation, simulation_case
 from . import launch

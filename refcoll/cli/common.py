@@ -257,7 +257,7 @@ def still_running(label: str, detail=None):
     Not :func:`click.progressbar`: the run is one library call whose progress
     cannot be counted from outside, so there is no fraction to draw, only the
     time gone, and what ``detail()`` says, if given (a simulation's ranks finished
-    and messages matched: :func:`refcoll.transport.sim.progress_note`).
+    and messages matched: :func:`refcoll.transport.scheduler.progress_note`).
     """
     done = threading.Event()
     every = HEARTBEAT_S

@@ -15,11 +15,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from ..core.errors import UsageError
 
 __all__ = ["Transport", "TransportBase", "Traffic", "Ledger", "Message", "Reduction",
            "TAGS_PER_CALL", "DEFAULT_TIMEOUT", "default_timeout", "CACHE_OWNERS",
-           "transport_cache"]
+           "transport_cache", "as_bytes"]
 
 #: Tags an algorithm may use inside one collective call: ``0 <= tag < TAGS_PER_CALL``.
 TAGS_PER_CALL = 1024
@@ -120,6 +122,13 @@ CACHE_OWNERS = ("workspace", "node_layouts", "plans", "auto", "device", "model",
 #: Caches of transports that are not :class:`TransportBase` (a user's own), kept
 #: beside them and dropped with them.
 _OTHER_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def as_bytes(buf) -> np.ndarray:
+    """Return a contiguous array's memory as a flat ``uint8`` view (no copy)."""
+    if not buf.flags.c_contiguous:
+        raise ValueError("transport buffers must be C-contiguous (pass a contiguous view)")
+    return (buf if buf.ndim == 1 else buf.reshape(-1)).view(np.uint8)
 
 
 def transport_cache(t, owner: str) -> dict:

@@ -29,10 +29,10 @@ import numpy as np
 from ..core.errors import UsageError
 from ..core.xp import (array_namespace, cupy_or_none, gpu_unavailable_reason, is_device_array,
                        require_cupy)
-from .base import transport_cache
+from .base import as_bytes, transport_cache
 from .cuda_aware import cuda_aware
 from .deadline import bounded_barrier
-from .sim import SimTransport, as_bytes
+from .sim import SimTransport
 
 __all__ = ["STAGING_CHUNK_BYTES", "DeviceOp", "PinnedPool", "DirectTransport", "StagingTransport",
            "device_transport", "check_one_gpu_per_rank", "use_node_gpu"]

@@ -22,14 +22,12 @@ from __future__ import annotations
 import atexit
 import os
 import time
-import weakref
 
 import numpy as np
 
 from ..core.errors import PeerFailure, RefcollError
-from .base import TAGS_PER_CALL, TransportBase, default_timeout
+from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
 from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
-from .sim import as_bytes
 
 __all__ = ["MPITransport", "PersistentExchange", "transport_for"]
 
@@ -93,12 +91,8 @@ class MPITransport(TransportBase):
         self._tag_slots = max(1, slots - self._epochs)
         self._notice_tag = (self._tag_slots + self._epochs) * TAGS_PER_CALL
         self.revoked: str | None = None  # why, once this rank or a peer revoked the transport
+        self._revoked_at = 0  # the call revoked: calls before it still complete
         self._notice = np.zeros(NOTICE_BYTES, np.uint8)
-        self._notice_request = None
-        if self.size > 1:
-            self._notice_request = self.comm.Irecv([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
-                                                   self._notice_tag)
-            _LISTENING.add(self)
         self._notice_status = MPI.Status()
         self._notices_sent: list = []
         self._epoch = 0
@@ -107,6 +101,8 @@ class MPITransport(TransportBase):
         # reserved slot has had its epoch (then a duplicate, new_persistent_epoch).
         self._persistent_comm = self.comm
         self._persistent: list[PersistentExchange] = []
+        self._abandoned = False  # a failed call left messages behind (new_persistent_epoch)
+        self._kept_comms: list = []
         # Reused by every wait: the first request's status (a receive's) is read after.
         self._statuses = [MPI.Status(), MPI.Status()]
 
@@ -160,54 +156,71 @@ class MPITransport(TransportBase):
         slot has had its epoch, the slots would come round again to messages still
         unreceived there: instead the persistent exchanges move to a duplicate of
         the communicator (``MPI_Comm_idup``, by the deadline; every rank is here),
-        where no old message can match at all, and the previous duplicate is freed.
+        where no old message can match at all. The previous duplicate is kept, not
+        freed, and so is every communicator of a transport that has been here
+        (:meth:`free`): MPI gives a freed communicator's context to the next one
+        made, where a message a failed call left would match a receive not its own.
         """
+        self._abandoned = True
         self._epoch = (self._epoch + 1) % self._epochs
         self._persistent_tags = (self._tag_slots + self._epoch) * TAGS_PER_CALL
         if self._epoch == 0:
             old, self._persistent_comm = self._persistent_comm, duplicate(
                 self.comm, self.timeout, self.current_call)
             if old is not self.comm:
-                old.Free()
+                self._kept_comms.append(old)  # never freed: see above
 
     def revoke(self, reason: str) -> None:
         """Tell every other rank that this rank cannot go on with this transport's calls.
 
         ULFM's ``MPI_Comm_revoke``: a notice of ``reason`` goes to every other
-        rank; a peer waiting for a message this rank will never send reads it
-        and raises :class:`~refcoll.core.errors.PeerFailure` at once. From then
-        on every exchange on the transport, here and there, raises: what was
-        in flight cannot be told apart from what is new. A call that failed on
-        one rank alone (a plan whose buffers changed there) revokes, so that
-        its peers learn it in that very call.
+        rank; a peer waiting in this rank's next call (the one it refuses) or a
+        later one, for a message this rank will never send, reads it and raises
+        :class:`~refcoll.core.errors.PeerFailure` at once. From that call on
+        every exchange on the transport, here and there, raises: what was in
+        flight cannot be told apart from what is new. A peer still finishing an
+        earlier call (this rank finished it) is left to finish it.
         """
-        if self.revoked is not None or self.size == 1:
-            self.revoked = self.revoked or reason
+        if self.revoked is not None:
             return
-        self.revoked = reason
+        self.revoked, self._revoked_at = reason, self._calls
+        if self.size == 1:
+            return
         MPI = _mpi()
         text = np.zeros(NOTICE_BYTES, np.uint8)
-        data = reason.encode()[:NOTICE_BYTES]
+        data = f"{self._calls} {reason}".encode()[:NOTICE_BYTES]
         text[:len(data)] = np.frombuffer(data, np.uint8)
         self._notices_sent.extend(self.comm.Isend([text, MPI.BYTE], peer, self._notice_tag)
                                   for peer in range(self.size) if peer != self.rank)
         self._notices_sent.append(text)  # MPI reads it until the sends complete
 
     def _noticed(self) -> bool:
-        """Return whether a peer's revocation notice has come (its reason now in ``revoked``)."""
-        request = self._notice_request
-        if request is None or not request.Test(self._notice_status):
+        """Return whether a peer's revocation notice has come (its reason now in ``revoked``).
+
+        Probed for, not received into a standing request: only a wait that is
+        not complete at once looks, and a transport dropped without
+        :meth:`free` leaves nothing posted behind.
+        """
+        if self.size == 1 or self.revoked is not None:
             return False
-        self._notice_request = None
-        text = self._notice.tobytes().rstrip(bytes(1)).decode(errors="replace")
+        MPI, status = _mpi(), self._notice_status
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, self._notice_tag, status):
+            return False
+        self.comm.Recv([self._notice, MPI.BYTE], status.Get_source(), self._notice_tag, status)
+        at, _, text = self._notice.tobytes().rstrip(bytes(1)).decode(errors="replace").partition(" ")
         self.revoked = f"rank {self._notice_status.Get_source()} revoked the communicator: {text}"
+        self._revoked_at = int(at)
         return True
 
-    def _check_revoked(self) -> None:
-        """Raise if this transport was revoked, here or (a notice arrived) by a peer."""
+    def _stopped(self) -> bool:
+        """Return whether the current call is revoked (a peer's notice read, if one came)."""
         if self.revoked is None:
             self._noticed()
-        if self.revoked is not None:
+        return self.revoked is not None and self._calls > self._revoked_at
+
+    def _check_revoked(self) -> None:
+        """Raise if this transport is revoked for the current call (a notice read first)."""
+        if self._stopped():
             raise PeerFailure(f"rank {self.rank}: {self.current_call or 'a call'} cannot "
                               f"complete: {self.revoked}")
 
@@ -216,7 +229,7 @@ class MPITransport(TransportBase):
         MPI = _mpi()
         self._ops += 1
         statuses = self._statuses
-        if self.revoked is not None:
+        if self.revoked is not None and self._calls > self._revoked_at:
             self._withdraw(reqs)
             self._check_revoked()
         if self.timeout is None:
@@ -229,7 +242,7 @@ class MPITransport(TransportBase):
         patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
         while not MPI.Request.Testall(reqs, statuses):
             polls += 1
-            if self._noticed():  # a peer gave up on this transport: this wait never completes
+            if self._stopped():  # a peer gave up on this call: this wait never completes
                 self._withdraw(reqs)
                 self._check_revoked()
             if patient and polls > PATIENT_POLLS:
@@ -244,13 +257,8 @@ class MPITransport(TransportBase):
                     "(set REFCOLL_TIMEOUT to wait longer)"
                 )
 
-    def _stop_listening(self) -> None:
-        """Withdraw the receive of revocation notices and release the notices sent."""
-        _LISTENING.discard(self)
-        if self._notice_request is not None:
-            self._notice_request.Cancel()
-            self._notice_request.Wait()
-            self._notice_request = None
+    def _release_notices(self) -> None:
+        """Release the revocation notices sent (an active send completes on its own)."""
         for sent in self._notices_sent:
             if hasattr(sent, "Free"):
                 sent.Free()  # an active send completes on its own
@@ -319,10 +327,22 @@ class MPITransport(TransportBase):
         return []
 
     def free(self) -> None:
-        """Free the persistent exchanges, then the duplicated communicator."""
+        """Free the persistent exchanges, then the duplicated communicator.
+
+        A revoked transport's communicators, or one's whose calls failed an
+        agreement, are left unfreed: the calls it abandoned may have left
+        messages on their way, and MPI gives a freed communicator's context to
+        the next one made, where such a message would match a receive that is
+        not its own (a small, bounded leak, against a silently wrong result).
+        """
         for exchange in list(self._persistent):
             exchange.free()
-        self._stop_listening()
+        self._release_notices()
+        if self.comm is not None:
+            self._noticed()  # a notice no wait read yet must not outlive its communicator
+        if self.revoked is not None or self._abandoned:
+            self._persistent_comm = self.comm = None
+            return
         if self._persistent_comm is not None and self._persistent_comm is not self.comm:
             self._persistent_comm.Free()
         self._persistent_comm = None
@@ -416,7 +436,7 @@ class PersistentExchange:
         """
         t = self._t
         if not _mpi().Request.Testall(self._requests, t._statuses):
-            if t._noticed() or t.revoked is not None:
+            if t._stopped():
                 t._withdraw(self._requests)
                 t._check_revoked()
             if self._deadline is not None and time.monotonic() > self._deadline:
@@ -447,18 +467,11 @@ class PersistentExchange:
 _UNFREED: set[PersistentExchange] = set()
 
 
-#: Transports whose receive of revocation notices is posted: withdrawn at exit too,
-#: since a receive still posted at MPI_Finalize is reported by the library.
-_LISTENING: "weakref.WeakSet[MPITransport]" = weakref.WeakSet()
-
-
 @atexit.register
 def _free_persistent() -> None:
-    if (_UNFREED or _LISTENING) and not _mpi().Is_finalized():
+    if _UNFREED and not _mpi().Is_finalized():
         for exchange in list(_UNFREED):
             exchange.free()
-        for t in list(_LISTENING):
-            t._stop_listening()
 
 
 _KEYVAL = None

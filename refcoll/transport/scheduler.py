@@ -27,12 +27,29 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["WorldLock", "Waiter", "RunQueue", "Watchdog", "SimProgress", "small_stacks",
-           "PATIENCE"]
+           "PATIENCE", "RUNNING", "RUNNING_LOCK", "progress_note"]
+
+#: The simulated worlds running in this process (each ``SimWorld.run`` adds its world),
+#: for :func:`progress_note`, and the lock that guards the set.
+RUNNING: "weakref.WeakSet" = weakref.WeakSet()
+RUNNING_LOCK = threading.Lock()
+
+
+def progress_note() -> str | None:
+    """Return a note on the simulated worlds running in this process, or None if none is.
+
+    For a command's heartbeat: a long ``refcoll simulate`` can say how far it is.
+    """
+    with RUNNING_LOCK:
+        worlds = list(RUNNING)
+    notes = [w.snapshot().describe() for w in worlds]
+    return "; ".join(notes) if notes else None
 
 #: Seconds the head of the queue waits for a turn while every turn is held, before
 #: the watchdog lets it run beside the holders (whichever is blocked elsewhere).

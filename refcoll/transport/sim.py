@@ -19,41 +19,18 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 from collections import defaultdict, deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..core.errors import CollectiveTimeout, DeadlockError, PeerFailure, RefcollError
-from .base import Ledger, Message, Reduction, TransportBase, default_timeout
+from .base import Ledger, Message, Reduction, TransportBase, as_bytes, default_timeout
 from .requests import Request, SplitRequest, collector_paused, find_cycle, split_groups
-from .scheduler import RunQueue, SimProgress, Waiter, Watchdog, WorldLock, small_stacks
+from .scheduler import (RUNNING, RUNNING_LOCK, RunQueue, SimProgress, Waiter, Watchdog,
+                        WorldLock, small_stacks)
 
-__all__ = ["SimWorld", "SimTransport", "SimProgress", "as_bytes", "progress_note"]
-
-#: The worlds running in this process, for :func:`progress_note` (and the lock that guards it).
-_RUNNING: "weakref.WeakSet[SimWorld]" = weakref.WeakSet()
-_RUNNING_LOCK = threading.Lock()
-
-
-def as_bytes(buf) -> np.ndarray:
-    """Return a contiguous array's memory as a flat ``uint8`` view (no copy)."""
-    if not buf.flags.c_contiguous:
-        raise ValueError("transport buffers must be C-contiguous (pass a contiguous view)")
-    return (buf if buf.ndim == 1 else buf.reshape(-1)).view(np.uint8)
-
-
-def progress_note() -> str | None:
-    """Return a note on the simulated worlds running in this process, or None if none is.
-
-    For a command's heartbeat: a long ``refcoll simulate`` can say how far it is.
-    """
-    with _RUNNING_LOCK:
-        worlds = list(_RUNNING)
-    notes = [w.snapshot().describe() for w in worlds]
-    return "; ".join(notes) if notes else None
-
+__all__ = ["SimWorld", "SimTransport", "SimProgress"]
 
 class SimWorld:
     """``size`` simulated ranks that exchange real bytes through a matching engine.
@@ -121,6 +98,7 @@ class SimWorld:
         self._finished: set[int] = set()
         self._error: BaseException | None = None
         self._splits: dict[tuple, dict] = {}
+        self._revoked: dict[int, tuple] = {}  # communicator -> (why, the call revoked)
         self._next_comm = 1
         self._ran = False
         self._started = 0.0
@@ -174,8 +152,8 @@ class SimWorld:
             for w in starts:
                 self._queue.can_go(w)
         report = (lambda: self.progress(self.snapshot())) if self.progress is not None else None
-        with _RUNNING_LOCK:
-            _RUNNING.add(self)
+        with RUNNING_LOCK:
+            RUNNING.add(self)
         try:
             with Watchdog(self._lock, self._queue, self._recount, report, self.progress_every), \
                     collector_paused():
@@ -185,8 +163,8 @@ class SimWorld:
                 for th in threads:
                     th.join()
         finally:
-            with _RUNNING_LOCK:
-                _RUNNING.discard(self)
+            with RUNNING_LOCK:
+                RUNNING.discard(self)
         own = [e for e in errors if e is not None and not isinstance(e, PeerFailure)]
         if own:  # a rank's own failure first, a deadlock only when no rank failed by itself
             raise next((e for e in own if not isinstance(e, DeadlockError)), own[0])
@@ -316,6 +294,8 @@ class SimWorld:
         if not all(self._is_stuck(r) for r in live_ranks):  # the counts are a shortcut only
             return
         waits = {r: self._pending(r) for r in live_ranks}
+        if any(q.comm in self._revoked for q in waits.values()):
+            return  # those waits end in PeerFailure as soon as their ranks run again
         cycle = find_cycle({r: q.peer for r, q in waits.items()})
         lines = [f"  rank {r} waits on a {q.describe()}" +
                  (" (that rank has finished)" if q.peer in self._finished else "")
@@ -333,9 +313,10 @@ class SimWorld:
         w.rank = rank
         return w
 
-    def _complete(self, rank: int, reqs: list, what: str) -> None:
-        """Post ``reqs`` for ``rank`` and block until all are matched."""
+    def _complete(self, rank: int, reqs: list, what: str, calls: int = 0) -> None:
+        """Post ``reqs`` for ``rank`` (its transport in its call ``calls``); block until matched."""
         with self._lock:
+            self._check_revoked(rank, reqs, what, calls)
             if self._error is not None:
                 raise self._error
             for req in reqs:
@@ -343,14 +324,14 @@ class SimWorld:
                     self._post(req)
             pending = sum(1 for r in reqs if not r.done)
             if pending:
-                self._block(rank, reqs, pending, what)
+                self._block(rank, reqs, pending, what, calls)
             if self._error is not None:
                 raise self._error
             steps = [r.step for r in reqs if r.kind != "split"]
             if steps:
                 self._clock[rank] = max(self._clock[rank], *steps)
 
-    def _block(self, rank: int, reqs: list, pending: int, what: str) -> None:
+    def _block(self, rank: int, reqs: list, pending: int, what: str, calls: int) -> None:
         """Wait, the world's lock held, until ``reqs`` are matched; hand the turn on meanwhile."""
         w = self._waiter(rank)
         w.reqs, w.pending, w.turn = reqs, pending, False
@@ -364,6 +345,7 @@ class SimWorld:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             while True:
+                self._check_revoked(rank, reqs, what, calls)  # first: a revoked wait is no deadlock
                 if self._error is not None:
                     raise self._error
                 left = None if deadline is None else deadline - time.monotonic()
@@ -385,6 +367,19 @@ class SimWorld:
             w.turn = False
             self._count(rank, active=1, ready=-1 if w.pending == 0 else 0, leave=me)
             w.reqs = []
+
+    def _check_revoked(self, rank: int, reqs: list, what: str, calls: int) -> None:
+        """Raise :class:`PeerFailure` for a wait in a call a rank revoked (lock held)."""
+        found = self._revoked.get(reqs[0].comm) if self._revoked and reqs else None
+        if found is not None and calls > found[1]:
+            raise PeerFailure(f"rank {rank}: {what} cannot complete: {found[0]}")
+
+    def revoke(self, t: "SimTransport", reason: str) -> None:
+        """Revoke ``t``'s communicator from ``t``'s next call: its waits there and later raise."""
+        with self._lock:
+            self._revoked.setdefault(
+                t.comm, (f"rank {t.rank} revoked the communicator: {reason}", t._calls))
+            self._wake_all()
 
     def _request(self, kind, rank, peer, tag, comm, buf) -> Request:
         return Request(kind, rank, peer, tag, comm, buf, self._clock[rank])
@@ -453,14 +448,14 @@ class SimTransport(TransportBase):
         view = as_bytes(buf)
         req = self.world._request("send", self.world_rank, self._peer(dest),
                                   self._wire_tag(tag), self.comm, view)
-        self.world._complete(self.world_rank, [req], self._what())
+        self.world._complete(self.world_rank, [req], self._what(), self._calls)
         self.traffic.add(view.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
         view = as_bytes(buf)
         req = self.world._request("recv", self.world_rank, self._peer(source),
                                   self._wire_tag(tag), self.comm, view)
-        self.world._complete(self.world_rank, [req], self._what())
+        self.world._complete(self.world_rank, [req], self._what(), self._calls)
         self.traffic.add(-1, view.nbytes)
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
@@ -471,7 +466,7 @@ class SimTransport(TransportBase):
             w._request("send", self.world_rank, self._peer(dest), wire, self.comm, sending),
             w._request("recv", self.world_rank, self._peer(source), wire, self.comm, view),
         ]
-        w._complete(self.world_rank, reqs, self._what())
+        w._complete(self.world_rank, reqs, self._what(), self._calls)
         self.traffic.add(sending.nbytes, view.nbytes)
 
     def split(self, color: int, key: int) -> "SimTransport | None":
@@ -487,6 +482,10 @@ class SimTransport(TransportBase):
     def reduce_local(self, op, a, b, out) -> None:
         op.apply(a, b, out)
         self.world._record_reduction(self.world_rank, int(np.size(out)))
+
+    def revoke(self, reason: str) -> None:
+        """Revoke the communicator, as :meth:`refcoll.transport.mpi.MPITransport.revoke` does."""
+        self.world.revoke(self, reason)
 
     def activity(self, delta: int) -> None:
         self.world.activity(self.world_rank, delta)

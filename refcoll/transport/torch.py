@@ -50,9 +50,8 @@ import numpy as np
 
 from ..core.errors import PeerFailure, UsageError
 from ..core.xp import is_device_array
-from .base import TAGS_PER_CALL, TransportBase, default_timeout
+from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
 from .deadline import timed_out
-from .sim import as_bytes
 
 __all__ = ["TorchTransport", "torch_transport_for", "is_process_group", "TAG_ROOT",
            "CONTEXT_SPAN", "CONTEXTS"]

@@ -1,0 +1,264 @@
+"""Persistent collectives under real MPI (run by test_mpi.py and test_plans.py under mpiexec -n P).
+
+Every start of a plan gives the blocking call's bits and the simulator's for what ``x``
+holds then, in issue order with the non-blocking calls on both progress engines; a
+refused start is raised on every rank in that start (no timeout), or on the rank at
+fault alone without validation; freed plans leave no persistent MPI request behind.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import refcoll
+from refcoll.calls.progress import engine_for
+from refcoll.core.bits import same_bits
+from refcoll.core.errors import MismatchError, PeerFailure, UsageError
+
+pytestmark = pytest.mark.mpi
+
+ROOTED = ("broadcast", "reduce")
+#: Seconds a refusal test's own transport waits: a refusal the peers learnt by a timeout
+#: would end in CollectiveTimeout (not the UsageError asserted) instead of hanging the job.
+DEADLINE = 30.0
+
+# (collective, algorithm, keywords); root -1 is the last rank.
+CASES = [("allreduce", "ring", {"op": "sum"}), ("allreduce", "rabenseifner", {"op": "avg"}),
+         ("allreduce", "recursive_doubling", {"op": "max"}), ("allreduce", "tree", {"op": "prod"}),
+         ("allreduce", "dbtree", {"op": "sum"}), ("allreduce", "auto", {"op": "sum"}),
+         ("reduce_scatter", "ring", {"op": "sum"}), ("reduce_scatter", "bruck", {"op": "min"}),
+         ("allgather", "ring", {}), ("allgather", "rabenseifner", {}),
+         ("broadcast", "tree", {"root": -1}), ("broadcast", "naive", {"root": 0}),
+         ("reduce", "tree", {"op": "sum", "root": -1}), ("reduce", "naive", {"op": "avg", "root": 0})]
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _own_transport(kind=None, timeout=DEADLINE):
+    """Return a transport of its own over COMM_WORLD (freed by the caller), on engine ``kind``."""
+    from refcoll.transport.mpi import MPITransport
+
+    t = MPITransport(_world(), timeout=timeout)
+    if kind is not None:
+        engine_for(t, kind)
+    return t
+
+
+def _values(shape, dtype, rank: int, start: int) -> np.ndarray:
+    rng = np.random.default_rng([rank, start, 5])
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-9, 10, size=shape).astype(dtype)
+    return (rng.standard_normal(shape) * 4).astype(dtype)
+
+
+def _make(collective, x, comm, **kw):
+    fn = getattr(refcoll, f"{collective}_init")
+    return fn(x, kw.pop("root", 0), comm, **kw) if collective in ROOTED else fn(x, comm, **kw)
+
+
+def _blocking(collective, x, comm, **kw):
+    fn = getattr(refcoll, collective)
+    return fn(x, kw.pop("root", 0), comm, **kw) if collective in ROOTED else fn(x, comm, **kw)
+
+
+def _same(a, b) -> bool:
+    return a is None and b is None or (a is not None and b is not None and same_bits(a, b))
+
+
+def _outcome(fn):
+    """Return ``fn()``'s error, or None."""
+    try:
+        fn()
+    except (UsageError, MismatchError, PeerFailure, TypeError, ValueError) as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("shape", [(5, 41), (70_001,)], ids=["recorded", "large"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join([c[0], c[1], *map(str, c[2].values())]))
+def test_every_start_gives_the_blocking_calls_and_the_simulators_bits(case, shape):
+    comm = _world()
+    collective, algorithm, kw = case
+    kw = {k: v % comm.size if k == "root" else v for k, v in kw.items()}
+    x = np.zeros(shape, np.float32)
+    plan = _make(collective, x, comm, algorithm=algorithm, **kw)
+    for start in range(3):
+        x[...] = _values(shape, np.float32, comm.rank, start)  # new contents, same buffer
+        got = plan() if start != 1 else plan.start().wait()
+        got = None if got is None else got.copy()
+        want = _blocking(collective, x, comm, algorithm=algorithm, **kw)
+        oracle = refcoll.simulate(collective, comm.allgather(x), algorithm=plan.algorithm,
+                                  **kw).outputs[comm.rank]  # auto: as this job resolved it
+        assert _same(got, want), f"start {start}: not the blocking call's bits"
+        assert _same(got, oracle), f"start {start}: not the simulator's bits"
+    plan.free()
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner"])
+def test_every_op_and_dtype_gives_the_blocking_calls_bits(algorithm):
+    comm = _world()
+    for dtype in (np.float32, np.float64, np.int32, ml_dtypes.bfloat16):
+        for op in ("sum", "prod", "min", "max", "avg"):
+            x = _values(37, dtype, comm.rank, 0)
+            with refcoll.allreduce_init(x, comm, algorithm=algorithm, op=op) as plan:
+                for start in range(2):
+                    x[...] = _values(37, dtype, comm.rank, start)
+                    got = plan().copy()
+                    want = refcoll.allreduce(x, comm, algorithm=algorithm, op=op)
+                    assert same_bits(got, want), f"{np.dtype(dtype)} {op} start {start}"
+
+
+def test_no_comm_means_comm_world_and_auto_resolves_alike_on_every_rank():
+    comm = _world()
+    x = _values(100, np.float32, comm.rank, 0)
+    with refcoll.allreduce_init(x, algorithm="auto") as plan:
+        assert not refcoll.REGISTRY[plan.algorithm].chooses
+        assert len(set(comm.allgather(plan.algorithm))) == 1
+        assert same_bits(plan(), refcoll.allreduce(x, comm, algorithm=plan.algorithm))
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_start_runs_in_issue_order_among_nonblocking_and_blocking_calls(kind):
+    # Rank 0 issues everything at once; the others wait for each call before the next.
+    t = _own_transport(kind)
+    x = np.arange(1000, dtype=np.float64) * (t.rank + 1)
+    y = np.arange(3, dtype=np.float64) + 10 * t.rank
+    plan = refcoll.allreduce_init(x, t)
+    for _ in range(2):  # the second round of the schedule engine runs recorded schedules
+        if t.rank == 0:
+            first = refcoll.iallreduce(y, t, op="max")
+            plan.start()
+            between = refcoll.allreduce(y, t, op="min")
+            last = refcoll.iallgather(y, t)
+            results = [first.wait(), plan.wait().copy(), between, last.wait()]
+        else:
+            results = [refcoll.iallreduce(y, t, op="max").wait(), plan().copy(),
+                       refcoll.allreduce(y, t, op="min"), refcoll.iallgather(y, t).wait()]
+        assert all(same_bits(a, b) for a, b in zip(results, _world().bcast(results)))
+        assert results[1].tolist() == (np.arange(1000) * sum(range(1, t.size + 1))).tolist()
+    plan.free()
+    t.free()
+
+
+def test_a_started_plan_is_incomplete_until_its_peers_start_it():
+    comm = _world()
+    if comm.size == 1:
+        pytest.skip("one rank has no peer to wait for")
+    x = np.full(10, comm.rank + 1.0)
+    plan = refcoll.allreduce_init(x, comm)
+    if comm.rank == 0:
+        plan.start()
+        incomplete = not plan.test()  # the peers are in the barrier below: none has started
+        comm.Barrier()
+        result = plan.wait()
+        assert incomplete and plan.test()
+    else:
+        comm.Barrier()
+        result = plan()
+    assert result.tolist() == [comm.size * (comm.size + 1) / 2] * 10
+    plan.free()
+
+
+def test_different_counts_at_init_are_a_mismatch_on_every_rank():
+    comm = _world()
+    if comm.size == 1:
+        pytest.skip("one rank agrees with itself")
+    last = comm.size - 1
+    error = _outcome(lambda: refcoll.allreduce_init(np.ones(16 + (comm.rank == last)), comm))
+    assert isinstance(error, MismatchError)
+    assert f"count: rank 0 has 16, rank {last} has 17" in str(error)
+    assert refcoll.allreduce(np.ones(3), comm)[0] == comm.size  # the communicator still works
+
+
+def test_a_bad_out_at_init_on_one_rank_is_an_error_on_every_rank():
+    comm = _world()
+    last = comm.size - 1
+    out = np.empty(10, np.float32 if comm.rank == last else np.float64)
+    error = _outcome(lambda: refcoll.allreduce_init(np.ones(10), comm, out=out))
+    assert isinstance(error, TypeError if comm.rank == last else UsageError), error
+    assert f"rank {last}" in str(error)
+
+
+def _faulty(fault, plan, x):
+    if fault == "freed":
+        plan.free()
+        return plan()
+    if fault == "x reshaped in place":
+        x.shape = (2, x.size // 2)
+        try:
+            return plan()
+        finally:
+            x.shape = (x.size,)
+    return plan(x=x.copy())
+
+
+@pytest.mark.parametrize("fault", ["another x", "x reshaped in place", "freed"])
+def test_a_refused_start_on_the_last_rank_is_raised_on_every_rank_in_that_start(fault):
+    t = _own_transport()
+    if t.size == 1:
+        pytest.skip("one rank: the refusal is its own")
+    x = _values(64, np.float32, t.rank, 0)
+    plan = refcoll.allreduce_init(x, t)
+    plan()
+    last = t.size - 1
+    error = _outcome(lambda: _faulty(fault, plan, x) if t.rank == last else plan())
+    # The rank at fault is refused and revokes the transport: its peers, in the run, raise
+    # PeerFailure naming it in that run (a CollectiveTimeout would mean they waited it out).
+    assert isinstance(error, UsageError if t.rank == last else PeerFailure), error
+    assert f"rank {last}" in str(error)
+    if t.rank != last:
+        assert f"rank {last} revoked the communicator" in str(error), error
+    later = _outcome(lambda: refcoll.allreduce(np.ones(3), t))  # revoked: every call refused
+    assert isinstance(later, PeerFailure) and "revoked" in str(later) or t.rank == last, later
+    fresh = refcoll.as_transport(t.comm.Dup())  # a new communicator works
+    assert refcoll.allreduce(np.ones(3), fresh)[0] == t.size
+    fresh.free()
+    if not plan.freed:
+        plan.free()
+    t.free()
+
+
+def test_without_validation_only_the_rank_at_fault_raises():
+    t = _own_transport()
+    x = _values(64, np.float32, t.rank, 0)
+    plan = refcoll.allreduce_init(x, t, validate=False)
+    plan()
+    if t.rank == t.size - 1:  # its peers make no call: a refusal that waited would time out
+        with pytest.raises(UsageError):
+            plan(x=x.copy())
+    plan.free()
+    t.free()
+
+
+def test_starting_a_started_plan_is_refused_and_the_first_start_completes():
+    comm = _world()
+    x = _values(64, np.float32, comm.rank, 0)
+    with refcoll.allreduce_init(x, comm) as plan:
+        plan.start()
+        with pytest.raises(UsageError):
+            plan.start()
+        assert same_bits(plan.wait(), refcoll.allreduce(x, comm))
+
+
+def test_freed_plans_leave_no_persistent_request():
+    comm = _world()
+    t = refcoll.as_transport(comm)
+    x = np.arange(12, dtype=np.float32)
+    with refcoll.allreduce_init(x, comm) as warm:  # what the transport keeps for good is made here
+        warm()
+    before = len(t._persistent)
+    alive = []
+    for i in range(50):
+        for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
+            plan = _make(collective, x, comm)
+            plan()
+            alive.append(plan)
+    if t.size > 1:  # a live plan of a small all-reduce holds its recorded exchanges
+        assert len(t._persistent) > before
+    for plan in alive:
+        plan.free()
+    assert len(t._persistent) == before
