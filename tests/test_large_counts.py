@@ -208,7 +208,7 @@ def test_ledger_sums_messages_past_int32_exactly():
 
 def test_simulator_refuses_the_cheap_stand_ins():
     """A zero-stride view cannot stand in for a big buffer: transports need contiguous memory."""
-    from refcoll.transport.sim import as_bytes
+    from refcoll.transport.base import as_bytes
 
     fake = np.broadcast_to(np.zeros(1, np.uint8), (LARGE_N,))
     with pytest.raises(ValueError, match="C-contiguous"):

@@ -23,7 +23,8 @@ from refcoll.core.errors import DeadlockError, RefcollError, UsageError
 from refcoll.core.ops import get_dtype
 from refcoll.transport import SimWorld
 from refcoll.transport.ledger_only import LedgerWorld
-from refcoll.transport.sim import SimProgress, progress_note
+from refcoll.transport.scheduler import progress_note
+from refcoll.transport.sim import SimProgress
 from refcoll.verify.inputs import make_inputs
 
 FLOAT32 = get_dtype("float32")
