@@ -88,6 +88,9 @@ def as_transport(comm=None, collective: str | None = None):
     Raises:
         TypeError: ``comm`` is neither a Transport nor an mpi4py intracommunicator.
     """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and comm.__class__ is mpi.Intracomm:  # the usual case, first
+        return transport_for(comm, collective)
     if isinstance(comm, TransportBase) or (
             comm is not None and hasattr(comm, "sendrecv") and hasattr(comm, "reduce_local")):
         return comm
