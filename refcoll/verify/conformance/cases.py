@@ -54,6 +54,11 @@ class Case:
         return "-".join(parts)
 
     @property
+    def group(self) -> tuple:
+        """Return the case's group: ``(algorithm, collective, op, options)``, one summary row."""
+        return (self.algorithm, self.collective, self.op, self.options)
+
+    @property
     def kwargs(self) -> dict:
         """Return the case's algorithm options as keyword arguments."""
         return dict(self.options)

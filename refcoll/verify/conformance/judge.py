@@ -10,7 +10,7 @@ transport, the real nodes for an algorithm that takes the node shape).
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -21,7 +21,8 @@ from ...core import xp as xp_module
 from ...core.ops import DTYPES
 from .cases import Case, CaseResult, ordered
 
-__all__ = ["digest", "misplaced", "oracle_algorithm", "oracle_options", "judge", "group_rows"]
+__all__ = ["digest", "misplaced", "oracle_algorithm", "oracle_options", "predicted_digests",
+           "judge", "group_rows"]
 
 
 def digest(arr) -> bytes:
@@ -67,11 +68,26 @@ def oracle_options(t, name: str, options: dict) -> dict:
     return dict(options, **{option: sizes[0]}) if len(sizes) > 1 else options
 
 
-def judge(case: Case, inputs, reports: list[dict], algorithm: str, options: dict) -> list[str]:
-    """Return rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle.
+def predicted_digests(case: Case, inputs, algorithm: str, options: dict) -> list[str]:
+    """Return the digest of every data rank's output that the simulator predicts for ``case``.
 
     ``algorithm`` and ``options`` are those that ran (:func:`oracle_algorithm`,
-    :func:`oracle_options`).
+    :func:`oracle_options`). The simulator calls out of place: the prediction
+    is the same for the case in either mode.
+    """
+    predicted = simulate(case.collective, inputs, algorithm=algorithm, op=case.op,
+                         **({"root": case.root} if case.collective == "reduce" else {}),
+                         **options)
+    return [digest(want).hex() for want in predicted.outputs]
+
+
+def judge(case: Case, reports: list[dict], algorithm: str,
+          predicted: Callable[[], Sequence[str]]) -> list[str]:
+    """Return rank 0's verdict: every rank's problems, rank agreement, and the ordered oracle.
+
+    ``algorithm`` is the one that ran (:func:`oracle_algorithm`); ``predicted()``
+    returns the digests the simulator predicts for it (:func:`predicted_digests`),
+    asked for only when the result depends on the order and no rank reported a problem.
     """
     problems = [f"rank {r}: {msg}" for r, rep in enumerate(reports) for msg in rep["problems"]]
     digests = [rep["digest"] for rep in reports[: case.ranks]]
@@ -79,11 +95,8 @@ def judge(case: Case, inputs, reports: list[dict], algorithm: str, options: dict
         differing = [r for r, d in enumerate(digests) if d != digests[0]]
         problems.append(f"ranks {differing} hold different bits from rank 0")
     if ordered(case) and not problems:
-        predicted = simulate(case.collective, inputs, algorithm=algorithm, op=case.op,
-                             **({"root": case.root} if case.collective == "reduce" else {}),
-                             **options)
-        for r, (want, got) in enumerate(zip(predicted.outputs, digests)):
-            if digest(want).hex() != got:
+        for r, (want, got) in enumerate(zip(predicted(), digests)):
+            if want != got:
                 problems.append(f"rank {r}: differs from the simulator's bit-exact prediction "
                                 f"for {algorithm}")
     return problems

@@ -6,11 +6,24 @@ travel, over a separate control transport (:mod:`.control`). On GPUs (``xp``
 CuPy) each rank's input is copied to its GPU, the collective must return a
 device array, and the checks run on host copies of the results, against the
 same host references: a GPU run is held to the CPU's bits.
+
+The battery runs its cases a group at a time (:attr:`Case.group`, one row of
+the summary): the group's ranks run its cases one after another, each case
+ending in a barrier of those ranks alone, and keep their reports; then every
+rank sends rank 0 the whole group's reports at once, and rank 0 broadcasts
+the group's verdicts. The ranks a group leaves out (switch processes the
+group's algorithm does not use) run nothing and sleep until the verdicts come.
+What a case is judged on, and so its verdict, is the same as when each case
+exchanged its own. A case's expected results and the simulator's prediction
+depend neither on the mode nor on the rank: each is computed once, on the
+first of the case's two modes, and on rank 0 alone for the prediction.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import threading
 from typing import Callable, Sequence
 
@@ -27,8 +40,8 @@ from ...core.ops import DTYPES
 from ..inputs import make_inputs
 from ..oracle import error_bound, exact_reduce, fold, violations
 from .cases import Case, CaseResult, ordered
-from .control import bcast_report, gather_reports
-from .judge import digest, judge, misplaced, oracle_algorithm, oracle_options
+from .control import bcast_report_list, control_channel, gather_report_lists
+from .judge import digest, judge, misplaced, oracle_algorithm, oracle_options, predicted_digests
 
 __all__ = ["run_case", "run_battery", "inputs_lock"]
 
@@ -95,9 +108,24 @@ def _case_inputs(kind: str, dtype: str, count: int, size: int, op: str, seed: in
     return tuple(inputs)
 
 
-@functools.lru_cache(maxsize=4)
+def _both_modes(case: Case) -> Case:
+    """Return the case out of place: what its references and prediction are kept under.
+
+    The mode changes where the result lands, not the result: the expected
+    results and the simulator's prediction (which calls out of place) of a
+    case in place are those of the same case out of place.
+    """
+    return dataclasses.replace(case, inplace=False)
+
+
 def _reference(case: Case, seed: int) -> dict:
-    """The case's expected results over all ranks, computed once per process.
+    """The case's expected results over all ranks, computed once per process for both modes."""
+    return _mode_reference(_both_modes(case), seed)
+
+
+@functools.lru_cache(maxsize=4)
+def _mode_reference(case: Case, seed: int) -> dict:
+    """The expected results of ``case`` (out of place) over all ranks.
 
     ``full``: the naive fold (or the gathered / broadcast data); for cases whose
     result depends on the order, ``exact`` and ``bound`` too.
@@ -171,28 +199,44 @@ def _local_checks(t, case: Case, seed: int, x, before, output, target, error,
     return problems
 
 
-def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np, nonblocking: bool = True) -> CaseResult:
-    """Run one case on the case's ranks of ``t`` (``t`` is None on idle ranks).
+def _prediction(case: Case, seed: int, algorithm: str, options: dict) -> tuple[str, ...]:
+    """The simulator's predicted digests for ``case`` as it ran (``algorithm``, ``options``)."""
+    return _mode_prediction(_both_modes(case), seed, algorithm, tuple(sorted(options.items())))
 
-    ``ctl`` spans every rank of the battery and carries the verdicts. Ranks
-    ``case.ranks .. case.total-1`` hold no data (switches): they serve the call
-    with a template buffer and must get ``None`` back. ``xp`` is the array
-    module the inputs are made in (CuPy: on this rank's GPU). With
-    ``nonblocking``, the case's non-blocking twin (``iallreduce`` for
-    ``allreduce``...) is issued first, on a copy of the input, so the blocking
-    call queues behind it (MPI's order); its result must be the blocking call's,
-    bit for bit.
-    """
-    with inputs_lock:  # simulated ranks are threads: generate each case's inputs once
+
+@functools.lru_cache(maxsize=4)
+def _mode_prediction(case: Case, seed: int, algorithm: str, options: tuple) -> tuple[str, ...]:
+    """The predicted digests of ``case`` (out of place), kept for its other mode."""
+    with inputs_lock:
         inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks, case.op or "sum",
                               seed)
-    rank = ctl.rank
+    return tuple(predicted_digests(case, inputs, algorithm, dict(options)))
+
+
+#: What a rank outside a case's ranks reports: nothing wrong, no result.
+IDLE_REPORT = {"problems": [], "digest": digest(None).hex()}
+
+
+def _run_on_rank(t, case_ctl, case: Case, *, seed: int, xp,
+                 nonblocking: bool) -> tuple[dict, tuple | None]:
+    """Run one case on this rank of the case's ranks; return its report and, on rank 0, its oracle.
+
+    ``t`` and ``case_ctl`` span the case's ranks (``case.total``), ``case_ctl``
+    for the barrier that ends the case. Ranks ``case.ranks .. case.total-1`` hold
+    no data (switches): they serve the call with a template buffer and must get
+    ``None`` back. The oracle is ``(algorithm, options)`` as they ran
+    (:func:`oracle_algorithm`, :func:`oracle_options`), on rank 0 only (None elsewhere).
+    """
+    rank = case_ctl.rank
     problems: list[str] = []
     output = None
     # The transport the calls run on (device arrays: its wrapper, agreed on by every rank of
     # ``t`` here rather than inside a call that might fail first); auto resolves on it.
-    carrier = None if t is None else device_for(t, xp.zeros(0, np.uint8))
+    carrier = device_for(t, xp.zeros(0, np.uint8))
     if rank < case.ranks:
+        with inputs_lock:  # simulated ranks are threads: generate each case's inputs once
+            inputs = _case_inputs(case.kind, case.dtype, case.count, case.ranks,
+                                  case.op or "sum", seed)
         x = xp.array(inputs[rank])  # a writeable copy, on the device for a GPU run
         twin = (_run_collective(t, case, xp.array(inputs[rank]), xp, NONBLOCKING_FUNCTIONS)
                 if nonblocking else None)
@@ -205,11 +249,11 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np, nonblocking: bool = Tr
             error = exc
         if twin is not None:
             problems += _twin_problems(case, twin, output, xp) if error is None else []
-        barrier(ctl)  # every rank has finished the case: nothing may still be in flight
+        barrier(case_ctl)  # every rank has finished the case: nothing may still be in flight
         problems += [f"{m} left unreceived" for m in t.unreceived()]
         problems += _local_checks(t, case, seed, x, inputs[rank], output, target, error, xp)
-    elif rank < case.total:
-        template = xp.zeros(inputs[0].shape, inputs[0].dtype)
+    else:
+        template = xp.zeros(case.count, DTYPES[case.dtype])  # every input's shape and dtype
         try:
             twin = (_run_collective(t, case, template.copy(), xp, NONBLOCKING_FUNCTIONS)
                     if nonblocking else None)
@@ -221,19 +265,55 @@ def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np, nonblocking: bool = Tr
                                 "non-blocking twin")
         except Exception as exc:  # noqa: BLE001
             problems.append(f"raised {type(exc).__name__}: {exc}")
-        barrier(ctl)
+        barrier(case_ctl)
         problems += [f"{m} left unreceived" for m in t.unreceived()]
-    else:
-        barrier(ctl)
-    reports = gather_reports(ctl, {"problems": problems, "digest": digest(output).hex()})
-    verdict = None
-    if ctl.rank == 0:
+    oracle = None
+    if rank == 0:
         algorithm = oracle_algorithm(carrier, case.algorithm, case.collective, case.count,
                                      case.dtype)
-        verdict = judge(case, inputs, reports, algorithm,
-                        oracle_options(t, algorithm, case.kwargs))
-    verdict = bcast_report(ctl, verdict)
-    return CaseResult(case, not verdict, "; ".join(verdict))
+        oracle = (algorithm, oracle_options(t, algorithm, case.kwargs))
+    return {"problems": problems, "digest": digest(output).hex()}, oracle
+
+
+def _run_cases(t, case_ctl, ctl, cases: Sequence[Case], *, seed: int, xp,
+               nonblocking: bool) -> list[CaseResult]:
+    """Run cases of one size on the ranks of ``t``, then judge them all in one exchange.
+
+    Every case has the same ``total``. ``t`` and ``case_ctl`` span its ranks
+    (``None`` on the others), ``ctl`` every rank of the battery; it carries the
+    reports and verdicts, one message each way for all of ``cases``.
+    """
+    if case_ctl is not None:
+        mine = [_run_on_rank(t, case_ctl, case, seed=seed, xp=xp, nonblocking=nonblocking)
+                for case in cases]
+    else:
+        mine = [(IDLE_REPORT, None)] * len(cases)
+    reports = gather_report_lists(ctl, [report for report, _ in mine])
+    verdicts = None
+    if ctl.rank == 0:
+        verdicts = []
+        for case, case_reports, (_, (algorithm, options)) in zip(cases, reports, mine):
+            predicted = functools.partial(_prediction, case, seed, algorithm, options)
+            verdicts.append(judge(case, case_reports, algorithm, predicted))
+    verdicts = bcast_report_list(ctl, verdicts, len(cases))
+    return [CaseResult(case, not verdict, "; ".join(verdict))
+            for case, verdict in zip(cases, verdicts)]
+
+
+def run_case(t, ctl, case: Case, *, seed: int = 0, xp=np, nonblocking: bool = True) -> CaseResult:
+    """Run one case on the case's ranks of ``t`` (``t`` is None on idle ranks).
+
+    ``ctl`` spans every rank of the battery and carries the verdicts. Ranks
+    ``case.ranks .. case.total-1`` hold no data (switches): they serve the call
+    with a template buffer and must get ``None`` back. ``xp`` is the array
+    module the inputs are made in (CuPy: on this rank's GPU). With
+    ``nonblocking``, the case's non-blocking twin (``iallreduce`` for
+    ``allreduce``...) is issued first, on a copy of the input, so the blocking
+    call queues behind it (MPI's order); its result must be the blocking call's,
+    bit for bit.
+    """
+    case_ctl = control_channel(ctl, case.total)
+    return _run_cases(t, case_ctl, ctl, [case], seed=seed, xp=xp, nonblocking=nonblocking)[0]
 
 
 def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
@@ -241,17 +321,24 @@ def run_battery(t, cases: Sequence[Case], *, seed: int = 0,
                 xp=np, nonblocking: bool = True) -> list[CaseResult]:
     """Run ``cases`` on every rank of ``t`` (all ranks pass the same list), on arrays of ``xp``.
 
-    ``nonblocking``: also run each case's non-blocking twin (:func:`run_case`).
+    Consecutive cases of one group (:attr:`Case.group`) run together and are
+    judged in one exchange (the module's docstring); ``progress`` still hears of
+    every case, in order. ``nonblocking``: also run each case's non-blocking
+    twin (:func:`run_case`).
     """
-    ctl = t.split(0, t.rank)
-    by_size = {t.size: t}  # one communicator per rank count the cases need, split once
+    ctl = control_channel(t)
+    # One communicator per rank count the cases need, and the control channel of its ranks,
+    # split once.
+    by_size = {t.size: (t, ctl)}
     results = []
-    for i, case in enumerate(cases):
-        if case.total not in by_size:
-            by_size[case.total] = t.split(0 if t.rank < case.total else -1, t.rank)
-        result = run_case(by_size[case.total], ctl, case, seed=seed, xp=xp,
-                          nonblocking=nonblocking)
-        results.append(result)
-        if progress is not None:
-            progress(i, len(cases), result)
+    for (_, total), group in itertools.groupby(cases, key=lambda case: (case.group, case.total)):
+        if total not in by_size:
+            by_size[total] = (t.split(0 if t.rank < total else -1, t.rank),
+                              control_channel(ctl, total))
+        ranks, case_ctl = by_size[total]
+        for result in _run_cases(ranks, case_ctl, ctl, list(group), seed=seed, xp=xp,
+                                 nonblocking=nonblocking):
+            results.append(result)
+            if progress is not None:
+                progress(len(results) - 1, len(cases), result)
     return results
