@@ -217,6 +217,19 @@ def _mode_prediction(case: Case, seed: int, algorithm: str, options: tuple) -> t
 IDLE_REPORT = {"problems": [], "digest": digest(None).hex()}
 
 
+def _left_unreceived(t, case_ctl) -> list[str]:
+    """Return the messages to this rank the case left unreceived, looked for between barriers.
+
+    After the first barrier every rank has finished the case, so nothing of it
+    may still be in flight; the second keeps a rank that looked from starting the
+    next case (and sending its first message) before every rank has looked.
+    """
+    barrier(case_ctl)
+    left = [f"{m} left unreceived" for m in t.unreceived()]
+    barrier(case_ctl)
+    return left
+
+
 def _run_on_rank(t, case_ctl, case: Case, *, seed: int, xp,
                  nonblocking: bool) -> tuple[dict, tuple | None]:
     """Run one case on this rank of the case's ranks; return its report and, on rank 0, its oracle.
@@ -249,8 +262,7 @@ def _run_on_rank(t, case_ctl, case: Case, *, seed: int, xp,
             error = exc
         if twin is not None:
             problems += _twin_problems(case, twin, output, xp) if error is None else []
-        barrier(case_ctl)  # every rank has finished the case: nothing may still be in flight
-        problems += [f"{m} left unreceived" for m in t.unreceived()]
+        problems += _left_unreceived(t, case_ctl)
         problems += _local_checks(t, case, seed, x, inputs[rank], output, target, error, xp)
     else:
         template = xp.zeros(case.count, DTYPES[case.dtype])  # every input's shape and dtype
@@ -265,8 +277,7 @@ def _run_on_rank(t, case_ctl, case: Case, *, seed: int, xp,
                                 "non-blocking twin")
         except Exception as exc:  # noqa: BLE001
             problems.append(f"raised {type(exc).__name__}: {exc}")
-        barrier(case_ctl)
-        problems += [f"{m} left unreceived" for m in t.unreceived()]
+        problems += _left_unreceived(t, case_ctl)
     oracle = None
     if rank == 0:
         algorithm = oracle_algorithm(carrier, case.algorithm, case.collective, case.count,
