@@ -14,7 +14,7 @@ from .calls import (Handle, Plan, SimResult, allgather, allgather_init, allreduc
 from .algorithms import COLLECTIVES, REGISTRY
 from . import compressors  # also routes allreduce(compressor=...) to it
 from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,
-                          RefcollError, UsageError)
+                          RefcollError, UsageError, WrongResult)
 from .core.ops import DTYPES, OPS
 from .reducer import GradBucket, Reducer
 from .transport import SimTransport, SimWorld, Transport
@@ -58,4 +58,5 @@ __all__ = [
     "CollectiveTimeout",
     "DeadlockError",
     "PeerFailure",
+    "WrongResult",
 ]

@@ -23,8 +23,6 @@ import numpy as np
 
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype, get_op, is_integer
-from ..torch.launch import INSTALL_HINT, init_process_group, reduce_op, torch_installed
-from ..torch.tensors import cpu_tensor
 from ..transport.deadline import bounded_barrier
 
 __all__ = ["GLOO_CALLS", "GLOO_DTYPES", "require_torch", "torch_version", "gloo_unavailable",
@@ -51,6 +49,8 @@ def require_torch(what: str = "Gloo", *, load: bool = True):
     takes seconds), and return None: a launcher's check before it starts the
     processes that import it.
     """
+    from ..torch.launch import INSTALL_HINT, torch_installed  # imports torch: only when asked
+
     missing = UsageError(f"{what} needs PyTorch, which is not installed: {INSTALL_HINT}")
     if not load:
         if not torch_installed():
@@ -134,6 +134,8 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
     """
     from mpi4py import MPI
 
+    from ..torch.launch import init_process_group
+
     dist = require_torch("--against gloo")
     if comm.Get_size() != MPI.COMM_WORLD.Get_size():
         raise UsageError(f"rank {comm.Get_rank()}: the Gloo baseline runs over every process "
@@ -159,6 +161,8 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
 
 def _tensor(array):
     """Return a CPU tensor over ``array``'s memory, flat (bfloat16 through its bits, no copy)."""
+    from ..torch.tensors import cpu_tensor
+
     return cpu_tensor(array.reshape(-1))
 
 
@@ -196,6 +200,8 @@ def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray |
     if collective == "broadcast":
         out = _tensor(recvbuf)
         return (lambda: dist.broadcast(out, src=root, group=group)), None
+    from ..torch.launch import reduce_op
+
     red = reduce_op(op)
     if collective == "reduce_scatter":
         out = _tensor(recvbuf)

@@ -32,10 +32,12 @@ communicator queues behind them (:func:`busy_engine`), as MPI orders them.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import threading
 import time
+import weakref
 
 from ..core.errors import CollectiveTimeout, UsageError
 from ..transport.base import transport_cache
@@ -70,7 +72,7 @@ class Handle:
     """
 
     __slots__ = ("collective", "issued", "started", "finished", "cpu", "_engine", "_job",
-                 "_result", "_error", "_done")
+                 "_result", "_error", "_done", "_callbacks")
 
     def __init__(self, collective: str, job, engine):
         self.collective = collective
@@ -82,6 +84,7 @@ class Handle:
         self.issued = time.perf_counter()
         self.started = self.finished = None
         self.cpu = None  # CPU seconds the thread that ran the call spent in it
+        self._callbacks = None
 
     def __repr__(self) -> str:
         state = "done" if self._done.is_set() else "pending"
@@ -132,10 +135,22 @@ class Handle:
         self.cpu = time.thread_time() - cpu
         self._finish()
 
+    def add_done_callback(self, fn) -> None:
+        """Call ``fn(handle)`` when the call completes (now if it has), on the completing thread."""
+        with _busy_lock:
+            if not self._done.is_set():
+                self._callbacks = (self._callbacks or []) + [fn]
+                return
+        fn(self)
+
     def _finish(self) -> None:
         self.finished = time.perf_counter()
         self._job = None
-        self._done.set()
+        with _busy_lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            fn(self)
 
 
 def _not_done(handle: Handle, timeout: float) -> CollectiveTimeout:
@@ -162,7 +177,8 @@ class ThreadEngine:
         self._thread: threading.Thread | None = None
         self._running = False  # a call is running, on the thread or on a waiting caller
         self._runner = None  # the thread running it
-        self.outstanding = 0
+        self.outstanding, self._stopping = 0, False
+        _THREADED.add(self)
 
     def submit(self, handle: Handle) -> Handle:
         """Queue ``handle``'s call; start the thread if none is running."""
@@ -236,16 +252,36 @@ class ThreadEngine:
                 elif self._queue:
                     self._cv.notify()
 
+    def stop(self) -> None:
+        """Let the thread finish its queue and end; wait for it a few seconds at most (at exit)."""
+        with self._cv:
+            self._stopping, thread = True, self._thread
+            self._cv.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._queue or self._running:
-                    if not self._cv.wait(LINGER) and not self._queue:
+                    if (not self._cv.wait(LINGER) or self._stopping) and not self._queue:
                         self._thread = None  # a later submit starts a new thread
                         return
                 handle = self._queue.popleft()
                 self._running, self._runner = True, threading.get_ident()
             self._run_one(handle, patient=True)
+
+
+#: The thread engines of this process, stopped at exit (:func:`_stop_threads`).
+_THREADED: "weakref.WeakSet[ThreadEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_threads() -> None:
+    """End every progress thread before the interpreter's teardown, which a waiting daemon
+    thread can outlive the library objects of (a Gloo context then aborts the process)."""
+    for engine in list(_THREADED):
+        engine.stop()
 
 
 class ScheduleEngine:

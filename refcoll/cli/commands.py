@@ -13,7 +13,6 @@ import click
 from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS
-from ..torch import judge as torch_judge
 from ..transport.scheduler import progress_note
 from ..verify import session as verify_session
 from ..verify.simulation import MAX_SIMULATED_RANKS, run_simulation, simulation_case
@@ -83,6 +82,8 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
         check_output_paths(json=json_file)
     require_processes(nprocs)
     if backend == "torch":
+        from ..torch import judge as torch_judge  # imports torch: only for --backend torch
+
         filters = _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors,
                                  device)
         if not inside:  # an empty selection fails here, before mpiexec
@@ -126,6 +127,8 @@ def _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors
     if split_list(algorithm, algorithms.names(), "algorithm") is not None:
         raise UsageError("--backend torch judges torch's own collectives, which have no "
                          "algorithm to choose: drop --algorithm")
+    from ..torch import judge as torch_judge
+
     torch_judge.require_torch(device)
     return dict(collectives=split_list(collective, list(torch_judge.TORCH_CALLS), "collective"),
                 ops=split_list(op, list(OPS), "op"),
@@ -134,6 +137,8 @@ def _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors
 
 
 def _verify_torch_in_world(nprocs, filters, seed, json_file, device) -> None:
+    from ..torch import judge as torch_judge
+
     judge = torch_judge.TorchJudge(device)
     lead = judge.rank == 0
     problem = None

@@ -9,6 +9,7 @@ __all__ = [
     "CollectiveTimeout",
     "DeadlockError",
     "PeerFailure",
+    "WrongResult",
 ]
 
 
@@ -34,3 +35,7 @@ class DeadlockError(RefcollError):
 
 class PeerFailure(RefcollError):
     """Another rank failed, so this rank's collective cannot complete."""
+
+
+class WrongResult(RefcollError):
+    """A watched library's collective returned what no conforming implementation can give."""

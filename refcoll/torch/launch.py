@@ -80,8 +80,10 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
     """Start the default ``torch.distributed`` group, as the launcher asks; return it.
 
     Args:
-        backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors); ``None``:
-            NCCL where CUDA is available, else Gloo.
+        backend: ``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors) or
+            ``"refcoll"`` (refcoll's algorithms for every collective:
+            :mod:`refcoll.torch.backend`); ``None``: NCCL where CUDA is
+            available, else Gloo.
         timeout: seconds torch's own setup and collectives may wait
             (``REFCOLL_TIMEOUT`` or 300 by default); refcoll's waits keep their
             own deadline.
@@ -95,9 +97,9 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
         return dist.group.WORLD
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
+    if backend not in ("gloo", "nccl", "refcoll"):
         raise UsageError(f"backend {backend!r} is not one refcoll runs on: use 'gloo' "
-                         "(CPU tensors) or 'nccl' (CUDA tensors)")
+                         "(CPU tensors), 'nccl' (CUDA tensors) or 'refcoll'")
     seconds = timeout if timeout is not None else (default_timeout() or 86400.0)
     kind = launcher()
     if kind == "torchrun":

@@ -19,7 +19,12 @@ import numpy as np
 from ..core.errors import UsageError
 from ..core.ops import DTYPES
 
-__all__ = ["as_array", "as_tensor", "cpu_tensor", "check_same_device", "torch_dtype_name"]
+__all__ = ["as_array", "as_tensor", "cpu_tensor", "check_same_device", "torch_dtype_name",
+           "flat", "reduction"]
+
+#: torch's reduction types, as refcoll's ops (PREMUL_SUM: ``sum`` after the factor).
+_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg",
+        "PREMUL_SUM": "sum"}
 
 
 def _torch():
@@ -114,3 +119,28 @@ def cpu_tensor(array):
     torch = _torch()
     return as_tensor(array, torch.empty(0, dtype=getattr(torch, str(array.dtype))))
 
+
+
+def reduction(op) -> tuple[str, object]:
+    """Return refcoll's op and PREMUL_SUM's factor (``None`` for the others) for torch's op.
+
+    Raises:
+        ValueError: an op refcoll does not reduce (the bitwise ones).
+    """
+    torch = _torch()
+    kind = getattr(op, "op", op)
+    name = str(kind).rsplit(".", 1)[-1]
+    if name not in _OPS:
+        raise ValueError(f"reduce op {name} is not one refcoll reduces; refcoll reduces "
+                         f"{', '.join(sorted(_OPS))}")
+    factor = op.factor if name == "PREMUL_SUM" else None
+    if isinstance(factor, torch.Tensor):
+        factor = factor.item()
+    return _OPS[name], factor
+
+
+def flat(tensor):
+    """Return a contiguous tensor's elements as one dimension (a complex tensor as its reals)."""
+    if tensor.is_complex():
+        tensor = _torch().view_as_real(tensor)
+    return tensor.reshape(-1)

@@ -148,6 +148,31 @@ class TorchTransport(TransportBase):
         self.moves_device_arrays = self.nccl  # no staging: NCCL moves device memory itself
         # Gloo and NCCL accept calls from several threads, as MPI_THREAD_MULTIPLE does.
         self.thread_multiple = True
+        self._raw = None  # a library group torch did not register: see over_backend
+
+    @classmethod
+    def over_backend(cls, backend, rank: int, size: int, *, kind: str,
+                     timeout: float | None = None) -> "TorchTransport":
+        """Return a transport over a library group torch has not registered.
+
+        ``backend`` is a ``ProcessGroupGloo`` (``kind="gloo"``) or
+        ``ProcessGroupNCCL`` (``kind="nccl"``) made directly from a store, as the
+        ``"refcoll"`` backend makes its own (:mod:`refcoll.torch.backend`): its
+        ``send``/``recv`` name peers by the group's ranks, and no
+        ``torch.distributed`` call needs to know the group.
+        """
+        t = cls.__new__(cls)
+        TransportBase.__init__(t)
+        t.group, t._raw, t.backend = None, backend, kind
+        t.timeout = timeout if timeout is not None else default_timeout()
+        t._peers = list(range(size))
+        t.rank, t.size = rank, size
+        t._context, t._family = 0, {"next": 1}
+        t.nccl = kind == "nccl"
+        t.device = f"cuda:{_torch().cuda.current_device()}" if t.nccl else "cpu"
+        t.moves_device_arrays = t.nccl
+        t.thread_multiple = True
+        return t
 
     def __repr__(self) -> str:
         return f"TorchTransport(rank={self.rank}, size={self.size}, backend={self.backend!r})"
@@ -175,10 +200,14 @@ class TorchTransport(TransportBase):
     # ------------------------------------------------------- point to point
 
     def _isend(self, buf, dest: int, wire: int):
+        if self._raw is not None:
+            return self._raw.send([self.tensor(buf)], self._peers[dest], wire)
         return _dist().isend(self.tensor(buf), group=self.group, group_dst=self._peers[dest],
                              tag=wire)
 
     def _irecv(self, buf, source: int, wire: int):
+        if self._raw is not None:
+            return self._raw.recv([self.tensor(buf)], self._peers[source], wire)
         return _dist().irecv(self.tensor(buf), group=self.group, group_src=self._peers[source],
                              tag=wire)
 
@@ -194,7 +223,13 @@ class TorchTransport(TransportBase):
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
         wire = self._wire(tag)
-        if self.nccl:  # NCCL needs the pair in one group call, or the ranks deadlock
+        if self.nccl and self._raw is not None:  # one NCCL group call, on the group itself
+            self._raw._group_start()
+            try:
+                works = [self._irecv(recvbuf, source, wire), self._isend(sendbuf, dest, wire)]
+            finally:
+                self._raw._group_end()
+        elif self.nccl:  # NCCL needs the pair in one group call, or the ranks deadlock
             dist = _dist()
             works = dist.batch_isend_irecv([
                 dist.P2POp(dist.irecv, self.tensor(recvbuf), group=self.group,
@@ -263,6 +298,7 @@ class TorchTransport(TransportBase):
         child = TorchTransport.__new__(TorchTransport)
         TransportBase.__init__(child)
         child.group, child.backend, child.timeout = self.group, self.backend, self.timeout
+        child._raw = self._raw
         child.nccl, child.device, child.thread_multiple = self.nccl, self.device, True
         child.moves_device_arrays = self.moves_device_arrays
         child._peers = [self._peers[r] for _, r in members]

@@ -1,0 +1,461 @@
+"""The ``"refcoll"`` backend of ``torch.distributed``: an unmodified program's collectives on refcoll.
+
+::
+
+    import refcoll.torch                          # registers the backend "refcoll"
+    dist.init_process_group("refcoll")            # under torchrun (or mpiexec: see below)
+    model = DDP(model)                            # unchanged: every collective is refcoll's
+
+A program that cannot be edited runs the same way through ``-m refcoll.torch``,
+which registers the backend and then runs the script: ``torchrun
+--nproc-per-node 2 -m refcoll.torch train.py --backend refcoll``. Under
+``mpiexec``, :func:`refcoll.torch.init_process_group` starts the group
+(``init_process_group("refcoll")``) from MPI's ranks; ``dist.new_group(ranks,
+backend="refcoll")`` makes subgroups.
+
+**What a group is.** ``torch.distributed`` calls the backend's creator with a
+store, the rank and the size; the creator returns a :class:`RefcollGroup`, a
+``dist.ProcessGroup`` subclass written in Python. It makes a ``ProcessGroupGloo``
+of its own from the same store (and a ``ProcessGroupNCCL`` at the first CUDA
+tensor) and runs refcoll's algorithms over that library's point-to-point
+``send``/``recv`` (:class:`~refcoll.transport.torch.TorchTransport`): the
+library moves bytes, refcoll decides what moves where and reduces. Every call is
+a job on refcoll's progress engine, in issue order; the ``Work`` torch gets back
+is ``_create_work_from_future`` of a future that the job completes, so
+``async_op=True`` returns at once, and ``wait()``, ``is_completed()``,
+``get_future()`` and the exceptions behave as Gloo's do.
+
+**Environment**, read by each rank when a group is made:
+
+* ``REFCOLL_ALGO``: the algorithm, ``auto`` by default. One name (``ring``)
+  applies to every collective that has it, the others stay ``auto``;
+  ``allreduce=ring,allgather=bruck`` chooses per collective.
+* ``REFCOLL_WATCH=gloo|nccl|<a registered backend>``: watch mode
+  (:mod:`refcoll.torch.watch`): that backend does the collectives and refcoll
+  judges a sample of every result. ``REFCOLL_WATCH_SAMPLE`` (64) elements per
+  call; ``REFCOLL_WATCH_ACTION=raise|log``.
+* ``REFCOLL_TIMEOUT`` bounds every wait (else the group's own timeout, at most
+  refcoll's 300 s); ``REFCOLL_DEBUG=INFO`` writes a line per call.
+
+**What torch 2.13 forwards to Python.** A Python call (``dist.all_reduce``...)
+finds every method of the class. Calls made from C++ reach a Python group only
+through the methods its binding declares overridable: ``allreduce``,
+``allgather``, ``broadcast``, ``barrier``, ``send``, ``recv`` and the
+group-name methods among the ones used here. Where C++ code (the functional
+collectives of DTensor, a compiled graph) calls ``reduce``,
+``all_gather_single``, ``reduce_scatter_single``, ``gather``, ``scatter``,
+``alltoall`` or a coalesced call, torch 2.13 raises "No backend type associated
+with device type cpu" itself, before refcoll is asked: a clear error, never a
+wrong answer. ``dist.monitored_barrier`` refuses every backend but Gloo, and
+``dist._coalescing_manager`` needs ``_start_coalescing``, which a Python group
+cannot give; both fail in torch with their own message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from ..algorithms import registry
+from ..calls import collectives as calls
+from ..calls.args import shared_errors
+from ..calls.nonblocking import issue
+from ..core.errors import UsageError
+from ..transport.base import default_timeout
+from ..transport.torch import TorchTransport
+from . import exchange
+from .tensors import as_array, flat, reduction
+
+__all__ = ["NAME", "register", "RefcollGroup", "algorithms_from_env", "COLLECTIVES"]
+
+#: The backend's name: ``dist.init_process_group("refcoll")``.
+NAME = "refcoll"
+
+#: The collectives whose algorithm ``REFCOLL_ALGO`` chooses.
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+def register() -> None:
+    """Register ``"refcoll"`` with ``torch.distributed`` (once; ``import refcoll.torch`` does)."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
+
+
+def algorithms_from_env(value: str | None = None) -> dict:
+    """Return ``{collective: algorithm}`` from ``REFCOLL_ALGO`` (``value``); UsageError if unknown.
+
+    ``ring``: ring wherever a collective has it, ``auto`` elsewhere;
+    ``allreduce=ring,broadcast=tree``: per collective, ``auto`` for the rest.
+    """
+    text = (os.environ.get("REFCOLL_ALGO", "") if value is None else value).strip()
+    chosen = dict.fromkeys(COLLECTIVES, "auto")
+    if not text:
+        return chosen
+    if "=" not in text:
+        name = text.lower()
+        having = [c for c in COLLECTIVES if name in registry.names(c)]
+        if not having:
+            raise UsageError(f"REFCOLL_ALGO={text!r}: no collective has an algorithm of that "
+                             f"name; known: {', '.join(registry.names())}")
+        chosen.update(dict.fromkeys(having, name))
+        return chosen
+    for part in text.split(","):
+        collective, _, name = (s.strip().lower() for s in part.partition("="))
+        if collective not in COLLECTIVES:
+            raise UsageError(f"REFCOLL_ALGO: {collective!r} is not a collective whose algorithm "
+                             f"refcoll chooses; use {', '.join(COLLECTIVES)}")
+        if name not in registry.names(collective):
+            raise UsageError(f"REFCOLL_ALGO: {name!r} is not an algorithm of {collective}; use "
+                             f"{', '.join(registry.names(collective))}")
+        chosen[collective] = name
+    return chosen
+
+
+def _timeout(group_timeout: datetime.timedelta) -> float | None:
+    """refcoll's deadline for one wait: ``REFCOLL_TIMEOUT``, else the group's, at most 300 s."""
+    if "REFCOLL_TIMEOUT" in os.environ:
+        return default_timeout()
+    return min(group_timeout.total_seconds(), default_timeout() or float("inf"))
+
+
+def _create(store, rank: int, size: int, timeout: datetime.timedelta):
+    """The creator torch calls on every rank of a new group: a RefcollGroup."""
+    from .watch import watched_from_env
+
+    algorithms = algorithms_from_env()
+    watched = watched_from_env(store, rank, size, timeout)
+    return RefcollGroup(store, rank, size, timeout, algorithms=algorithms, watched=watched)
+
+
+class RefcollGroup(dist.ProcessGroup):
+    """A ``torch.distributed`` process group whose collectives are refcoll's.
+
+    Made by torch through the registered creator, on every rank of a group;
+    each method takes torch's arguments (tensor lists and an ``*Options``
+    object) and returns a ``Work``. ``algorithms`` maps each collective to the
+    algorithm it runs; ``watched`` is watch mode's :class:`~refcoll.torch.watch.Watch`.
+    """
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, *,
+                 algorithms: dict | None = None, watched=None):
+        super().__init__(rank, size)
+        self._store, self._group_timeout = store, timeout
+        self.algorithms = dict(algorithms or algorithms_from_env())
+        self.watched = watched
+        self.deadline = _timeout(timeout)
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("refcoll/gloo", store), rank, size, timeout)
+        self._gloo = gloo
+        self._cpu = TorchTransport.over_backend(gloo, rank, size, kind="gloo",
+                                                timeout=self.deadline)
+        self._cuda = None  # made at the first CUDA tensor
+        self._name = self._desc = ""
+
+    # ----------------------------------------------------------- identity
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's names
+        return NAME
+
+    def name(self) -> str:
+        return NAME
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    _set_group_name, _set_group_desc = setGroupName, setGroupDesc
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    def __repr__(self) -> str:
+        watch = f", watching {self.watched.backend}" if self.watched else ""
+        return f"RefcollGroup(rank={self.rank()}, size={self.size()}{watch})"
+
+    # -------------------------------------------------------------- running
+
+    def transport(self, tensors) -> TorchTransport:
+        """Return the transport that moves ``tensors``: Gloo's for CPU, NCCL's for CUDA."""
+        first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+        if first is None or not first.is_cuda:
+            return self._cpu
+        if self._cuda is None:
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("refcoll/nccl", self._store),
+                                         self.rank(), self.size(),
+                                         dist.ProcessGroupNCCL.Options())
+            self._cuda = TorchTransport.over_backend(nccl, self.rank(), self.size(),
+                                                     kind="nccl", timeout=self.deadline)
+        return self._cuda
+
+    def _submit(self, name: str, tensors: list, job, result=None):
+        """Run ``job(t)`` on the progress engine; return the Work whose future gives ``result``."""
+        t = self.transport(tensors)
+        future = torch.futures.Future()
+        value = tensors if result is None else result
+
+        def done(handle) -> None:
+            error = handle.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        issue(name, t, job).add_done_callback(done)
+        return _create_work_from_future(future)
+
+    def _arrays(self, t, name: str, tensors, what: str = "the input") -> list:
+        """Return each tensor as an array over its memory; a bad one is every rank's error."""
+        with shared_errors(t, True, name):
+            return [as_array(flat(x), t, what) for x in tensors]
+
+    def _watching(self, method: str, *args):
+        """In watch mode, the watched backend's Work for this call (judged); else ``None``."""
+        if self.watched is None:
+            return None
+        return self.watched.call(self, method, *args)
+
+    # --------------------------------------------------------- reductions
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        watched = self._watching("allreduce", tensors, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            with shared_errors(t, True, "allreduce"):
+                op, factor = reduction(opts.reduceOp)
+            for x in self._arrays(t, "allreduce", tensors):
+                if factor is not None:
+                    x *= x.dtype.type(factor)
+                calls.allreduce(x, t, op=op, algorithm=self.algorithms["allreduce"], out=x)
+        return self._submit("allreduce", tensors, job)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts if opts is not None else dist.AllreduceOptions())
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        watched = self._watching("reduce", tensors, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            with shared_errors(t, True, "reduce"):
+                op, factor = reduction(opts.reduceOp)
+            for x in self._arrays(t, "reduce", tensors):
+                if factor is not None:
+                    x *= x.dtype.type(factor)
+                out = x if t.rank == opts.rootRank else None
+                calls.reduce(x, opts.rootRank, t, op=op, algorithm=self.algorithms["reduce"],
+                             out=out)
+        return self._submit("reduce", tensors, job)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        watched = self._watching("reduce_scatter", outputs, input_lists, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            for out, pieces in zip(outputs, input_lists):
+                whole = torch.cat([flat(piece) for piece in pieces])
+                self._reduce_scatter(t, flat(out), whole, opts, copied=True)
+        return self._submit("reduce_scatter", outputs, job)
+
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's names
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        watched = self._watching("reduce_scatter_single", output, input, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            self._reduce_scatter(t, flat(output), flat(input), opts, copied=False)
+        return self._submit("reduce_scatter", [output], job, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def job(t):
+            for out, x in zip(outputs, inputs):
+                self._reduce_scatter(t, flat(out), flat(x), opts, copied=False)
+        return self._submit("reduce_scatter", outputs, job, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _reduce_scatter(self, t, out: torch.Tensor, whole: torch.Tensor, opts, *, copied: bool):
+        with shared_errors(t, True, "reduce_scatter"):
+            op, factor = reduction(opts.reduceOp)
+            if factor is not None:
+                whole = whole * factor if not copied else whole.mul_(factor)
+            x, o = (as_array(a, t, what) for a, what in ((whole, "the input"), (out, "out=")))
+        calls.reduce_scatter(x, t, op=op, algorithm=self.algorithms["reduce_scatter"], out=o)
+
+    # ------------------------------------------------------ data movement
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        watched = self._watching("broadcast", tensors, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            for x in self._arrays(t, "broadcast", tensors):
+                calls.broadcast(x, opts.rootRank, t, algorithm=self.algorithms["broadcast"],
+                                out=x)
+        return self._submit("broadcast", tensors, job)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        watched = self._watching("allgather", output_lists, inputs, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            for outs, x in zip(output_lists, inputs):
+                whole = torch.empty((self.size(), flat(x).numel()), dtype=flat(x).dtype,
+                                    device=x.device)
+                self._allgather(t, whole, x)
+                for r, out in enumerate(outs):
+                    flat(out).copy_(whole[r])
+        return self._submit("allgather", output_lists, job)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return self.allgather(output_lists, inputs, opts)
+
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        watched = self._watching("all_gather_single", output, input, opts)
+        if watched is not None:
+            return watched
+
+        def job(t):
+            self._allgather(t, flat(output), input)
+        return self._submit("allgather", [output], job, [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        def job(t):
+            for out, x in zip(outputs, inputs):
+                self._allgather(t, flat(out), x)
+        return self._submit("allgather", outputs, job, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _allgather(self, t, whole: torch.Tensor, x: torch.Tensor) -> None:
+        with shared_errors(t, True, "allgather"):
+            a, o = as_array(flat(x), t), as_array(flat(whole), t, "the output")
+            if o.size != a.size * t.size:
+                raise ValueError(f"rank {t.rank}: the allgather output has {o.size} elements; "
+                                 f"{t.size} ranks of {a.size} need {a.size * t.size}")
+        calls.allgather(a, t, algorithm=self.algorithms["allgather"],
+                        out=o.reshape(t.size, a.size))
+
+    def gather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+
+        def job(t):
+            root = opts.rootRank
+            (x,), error = _readable(t, inputs[:1])
+            outs = None
+            if t.rank == root and not error:
+                outs, error = _readable(t, output_lists[0] if output_lists else [], "an output")
+            exchange.gather(t, x, root, outs, error)
+        return self._submit("gather", inputs, job, output_lists)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+
+        def job(t):
+            root = opts.rootRank
+            (out,), error = _readable(t, outputs[:1], "the output")
+            ins = None
+            if t.rank == root and not error:
+                ins, error = _readable(t, input_lists[0] if input_lists else [])
+            exchange.scatter(t, ins, root, out, error)
+        return self._submit("scatter", outputs, job, outputs)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        def job(t):
+            ins, error = _readable(t, inputs)
+            outs, error = _readable(t, outputs, "an output", error)
+            exchange.alltoall(t, ins, outs, error)
+        return self._submit("alltoall", outputs, job, outputs)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                          opts=None):
+        def job(t):
+            try:
+                ins = _split(input, input_split_sizes, self.size())
+                outs, error = _split(output, output_split_sizes, self.size()), ""
+            except ValueError as exc:
+                ins, outs, error = [], [], f"rank {t.rank}: {exc}"
+            ins, error = _readable(t, ins, error=error)
+            outs, error = _readable(t, outs, "an output", error)
+            exchange.alltoall(t, ins, outs, error)
+        return self._submit("alltoall", [output], job, [output])
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return self._submit("barrier", [], exchange.barrier, [])
+
+    # --------------------------------------------------- point to point
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        """The user's own message: Gloo's (or NCCL's) send, beside refcoll's tags."""
+        return self._library(tensors).send(tensors, dst, tag)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self._library(tensors).recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        return self._library(tensors).recv_anysource(tensors, tag)
+
+    def _library(self, tensors):
+        return self.transport(tensors)._raw
+
+
+def _readable(t, tensors, what: str = "the input", error: str = "") -> tuple[list, str]:
+    """Return the tensors as arrays and ``""``, or ``[None]``s and why they cannot be read.
+
+    For the calls whose agreement carries a rank's objection to every rank
+    (:mod:`refcoll.torch.exchange`) instead of raising it here alone.
+    """
+    if error:
+        return [None] * max(len(tensors), 1), error
+    try:
+        return [as_array(flat(x), t, what) for x in tensors] or [None], ""
+    except (TypeError, ValueError) as exc:
+        return [None] * max(len(tensors), 1), str(exc)
+
+
+def _split(tensor: torch.Tensor, sizes, p: int) -> list:
+    """Cut ``tensor`` along dim 0 into ``sizes`` rows (``[]``: ``p`` equal parts)."""
+    if not sizes:
+        if tensor.shape[0] % p if tensor.dim() else True:
+            raise ValueError(f"all_to_all_single without split sizes needs dim 0 "
+                             f"({tuple(tensor.shape)}) divisible by {p} ranks")
+        sizes = [tensor.shape[0] // p] * p
+    if len(sizes) != p or sum(sizes) != tensor.shape[0]:
+        raise ValueError(f"all_to_all_single split sizes {list(sizes)} must be {p} sizes "
+                         f"summing to dim 0 ({tensor.shape[0]})")
+    return list(torch.split(tensor, list(sizes)))

@@ -1,0 +1,278 @@
+"""Watch mode: another backend does a program's collectives; refcoll judges a sample of each.
+
+::
+
+    REFCOLL_WATCH=gloo REFCOLL_WATCH_SAMPLE=64 torchrun --nproc-per-node 2 \\
+        -m refcoll.torch train.py --backend refcoll
+
+The ``"refcoll"`` group (:mod:`refcoll.torch.backend`) then makes a group of the
+watched backend (``gloo``, ``nccl`` or any backend registered with
+``torch.distributed.Backend.register_backend``) from the same store and hands it
+every collective, unchanged: the program's numbers are that library's. For
+every all-reduce, reduce-scatter, allgather, broadcast and reduce it also picks
+``k`` elements (``REFCOLL_WATCH_SAMPLE``, 64 by default; the same elements on
+every rank, drawn afresh for each call), keeps their inputs before the call and
+reads their outputs after it. The ranks then allgather those few values over
+refcoll's own Gloo group (not the watched one) and each judges them by the
+oracle's rules (:func:`refcoll.verify.oracle.check_outputs`):
+
+* **rank agreement**: all-reduce, allgather and broadcast outputs are the same
+  bits on every rank;
+* **bound**: a float sum, average or product lies within the rigorous error
+  bound of some summation order (min and max: one of the inputs, by IEEE's rules);
+* **bits where the inputs are exact**: integers, data movement, and float sums of
+  integer-valued inputs, whose every order gives the same bits;
+* **contribution**: for such exact inputs, which rank's value is missing or
+  counted twice.
+
+Every rank judges the same values, so a wrong result is a
+:class:`~refcoll.core.errors.WrongResult` on every rank
+(``REFCOLL_WATCH_ACTION=log``: one log line instead, and training goes on),
+naming the collective, op, dtype, element, ranks and the range a conforming
+library could have returned. The judging is a job on refcoll's progress
+engine, queued in issue order behind the watched call, so ``async_op=True``
+still overlaps; the Work the program waits on completes when the sample has
+been judged. Other calls (gather, scatter, all-to-all, barrier, point to point)
+are handed over unjudged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from ..calls import collectives as calls
+from ..calls.nonblocking import issue
+from ..core.errors import UsageError, WrongResult
+from ..core.ops import dtype_name
+from ..verify.oracle import check_outputs
+from .tensors import as_array, flat, reduction
+
+__all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
+
+#: Elements judged per call unless ``REFCOLL_WATCH_SAMPLE`` says otherwise.
+DEFAULT_SAMPLE = 64
+
+_log = logging.getLogger("refcoll.watch")
+
+
+def make_backend(name: str, store, rank: int, size: int, timeout):
+    """Return a group of backend ``name`` made from ``store``, as torch would make it."""
+    low = name.strip().lower()
+    prefix = dist.PrefixStore(f"refcoll/watched/{low}", store)
+    if low == "refcoll":
+        raise UsageError("REFCOLL_WATCH=refcoll: refcoll cannot watch itself; name the backend "
+                         "whose results it should judge (gloo, nccl, or a registered one)")
+    if low == "gloo":
+        return dist.ProcessGroupGloo(prefix, rank, size, timeout)
+    if low == "nccl":
+        if not dist.is_nccl_available():
+            raise UsageError("REFCOLL_WATCH=nccl: this torch has no NCCL (a CPU build?)")
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefix, rank, size, options)
+    plugin = dist.Backend._plugins.get(low.upper())
+    if plugin is None:
+        known = ["gloo", "nccl"] + sorted(k.lower() for k in dist.Backend._plugins
+                                          if k.lower() != "refcoll")
+        raise UsageError(f"REFCOLL_WATCH={name!r} is not a backend torch knows: use "
+                         f"{', '.join(known)} (a third-party backend must be registered with "
+                         "torch.distributed.Backend.register_backend before the group is made)")
+    if plugin.extended_api:
+        options = dist.distributed_c10d._DistributedBackendOptions()
+        options.store, options.group_rank, options.group_size = prefix, rank, size
+        options.timeout = timeout
+        options.group_id, options.global_ranks_in_group = f"refcoll-watched-{low}", []
+        return plugin.creator_fn(options, None)
+    return plugin.creator_fn(prefix, rank, size, timeout)
+
+
+def watched_from_env(store, rank: int, size: int, timeout):
+    """Return the :class:`Watch` that ``REFCOLL_WATCH`` asks for, or ``None``."""
+    name = os.environ.get("REFCOLL_WATCH", "").strip()
+    if not name:
+        return None
+    text = os.environ.get("REFCOLL_WATCH_SAMPLE", "").strip() or str(DEFAULT_SAMPLE)
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"REFCOLL_WATCH_SAMPLE={text!r}: give the elements to judge per call, "
+                         "a whole number of at least 1")
+    action = os.environ.get("REFCOLL_WATCH_ACTION", "raise").strip().lower() or "raise"
+    if action not in ("raise", "log"):
+        raise UsageError(f"REFCOLL_WATCH_ACTION={action!r}: use raise (a WrongResult on every "
+                         "rank) or log (a log line, and training goes on)")
+    return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text), action)
+
+
+def _values(tensor: torch.Tensor) -> np.ndarray:
+    """Return a (small) tensor's values as a NumPy array of refcoll's dtype, a copy on the host."""
+    return np.array(as_array(tensor.detach().cpu().contiguous(), _HOST), copy=True)
+
+
+class _Host:
+    """The transport stand-in :func:`as_array` needs for host copies: rank and backend only."""
+
+    rank, backend = -1, "gloo"
+
+
+_HOST = _Host()
+
+
+class _Sample:
+    """One call's sampled elements: where they are, and their values before and after."""
+
+    def __init__(self, collective: str, op: str, factor, root: int, idx: np.ndarray, m: int):
+        self.collective, self.op, self.factor, self.root = collective, op, factor, root
+        self.idx, self.m = idx, m
+        self.number = 0  # the call's number among the judged ones
+        self.before: np.ndarray | None = None
+        self.read_after = None  # () -> the outputs' values at the sample
+
+    def real_index(self, s: int, whole: bool) -> int:
+        """The element of the real output that element ``s`` of the sampled one stands for."""
+        k = self.idx.size
+        if self.collective == "allgather" or (whole and self.collective == "reduce_scatter"):
+            return (s // k) * self.m + int(self.idx[s % k])
+        return int(self.idx[s])
+
+
+class Watch:
+    """Watch mode of one ``"refcoll"`` group: the watched backend's group and the judging."""
+
+    def __init__(self, backend: str, group, sample: int, action: str):
+        self.backend, self.group, self.sample, self.action = backend, group, sample, action
+        self.calls = 0  # calls judged, the same count on every rank
+        self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
+
+    def call(self, refcoll_group, method: str, *args):
+        """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
+        try:
+            sample = self._sample(method, args)
+        except (TypeError, ValueError):
+            sample = None  # a dtype or op refcoll cannot judge: the call goes unjudged
+        work = getattr(self.group, method)(*args)
+        if sample is None:
+            return work
+        future = torch.futures.Future()
+        result = args[0]
+
+        def job(t):
+            work.wait()  # the watched library's own error, if it has one, is the call's
+            self._judge(t, sample)
+
+        def done(handle) -> None:
+            error = handle.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result if isinstance(result, list) else [result])
+
+        issue(f"watch:{sample.collective}", refcoll_group._cpu, job).add_done_callback(done)
+        return _create_work_from_future(future)
+
+    # ------------------------------------------------------------ sampling
+
+    def _indices(self, m: int) -> np.ndarray:
+        self.calls += 1
+        if m <= self.sample:
+            return np.arange(m)
+        rng = np.random.default_rng([0x5EED, self.calls])
+        return np.sort(rng.choice(m, size=self.sample, replace=False))
+
+    def _sample(self, method: str, args) -> _Sample | None:
+        """Keep the sampled inputs of a judged call now, before the call may overwrite them."""
+        if method in ("allreduce", "broadcast", "reduce"):
+            tensors, opts = args
+            if len(tensors) != 1:
+                return None
+            x = flat(tensors[0])
+            op, factor = reduction(opts.reduceOp) if method != "broadcast" else ("-", None)
+            root = getattr(opts, "rootRank", 0)
+            sample = _Sample(method, op, factor, root, self._indices(x.numel()), x.numel())
+            sample.number = self.calls
+            sample.before = _values(x[torch.from_numpy(sample.idx).to(x.device)])
+            sample.read_after = lambda: _values(x[torch.from_numpy(sample.idx).to(x.device)])
+            return sample
+        if method in ("allgather", "all_gather_single"):
+            out, x = args[0], args[1]
+            if method == "allgather":
+                if len(x) != 1 or len(out) != 1:
+                    return None
+                out, x = out[0], x[0]
+            x = flat(x)
+            sample = _Sample("allgather", "-", None, 0, self._indices(x.numel()), x.numel())
+            sample.number = self.calls
+            sel = torch.from_numpy(sample.idx).to(x.device)
+            sample.before = _values(x[sel])
+            pieces = out if isinstance(out, list) else list(flat(out).view(-1, x.numel()))
+            sample.read_after = lambda: np.concatenate([_values(flat(o)[sel]) for o in pieces])
+            return sample
+        if method in ("reduce_scatter", "reduce_scatter_single"):
+            out, x, opts = args
+            if method == "reduce_scatter":
+                if len(x) != 1 or len(out) != 1:
+                    return None
+                out, pieces = flat(out[0]), [flat(piece) for piece in x[0]]
+            else:
+                out = flat(out)
+                pieces = list(flat(x).view(-1, out.numel()))
+            op, factor = reduction(opts.reduceOp)
+            sample = _Sample("reduce_scatter", op, factor, 0, self._indices(out.numel()),
+                             out.numel())
+            sample.number = self.calls
+            sel = torch.from_numpy(sample.idx).to(out.device)
+            sample.before = np.concatenate([_values(piece[sel]) for piece in pieces])
+            sample.read_after = lambda: _values(out[sel])
+            return sample
+        return None
+
+    # ------------------------------------------------------------- judging
+
+    def _judge(self, t, sample: _Sample) -> None:
+        """Gather every rank's sample, judge it the same way on every rank, raise or log."""
+        before, after = sample.before, sample.read_after()
+        mine = np.concatenate([before, after])
+        table = calls.allgather(mine, t, algorithm="ring")
+        inputs = [row[:before.size] for row in table]
+        outputs = [row[before.size:] for row in table]
+        if sample.factor is not None:  # PREMUL_SUM: each rank's input times the factor, rounded
+            inputs = [x * x.dtype.type(sample.factor) for x in inputs]
+        if sample.collective == "reduce":
+            outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
+        op = sample.op if sample.op != "-" else "sum"
+        report = check_outputs(inputs, outputs, collective=sample.collective, op=op,
+                               root=sample.root)
+        if report.conforming:
+            return
+        message = self._message(sample, report, before.dtype, t.size)
+        if self.action == "log":
+            self.findings.append(message)
+            _log.error(message)
+            return
+        raise WrongResult(message)
+
+    def _message(self, sample: _Sample, report, dtype, p: int) -> str:
+        def real(match: re.Match) -> str:
+            whole = match.group(1) is not None
+            return f"{match.group(1) or ''}element {sample.real_index(int(match.group(2)), whole)}"
+
+        failed = [f for f in report.findings if not f.passed]
+        texts = []
+        for finding in failed:
+            text = re.sub(r"(global )?element (\d+)", real, finding.detail)
+            data = finding.data or {}
+            if "exact" in data and "bound" in data:
+                text += (f"; a conforming library returns a value in "
+                         f"[{data['exact'] - data['bound']!r}, {data['exact'] + data['bound']!r}]")
+            texts.append(f"{finding.check}: {text}")
+        op = "" if sample.op == "-" else f" {sample.op}"
+        if sample.factor is not None:
+            op = f" premul_sum (factor {sample.factor!r})"
+        return (f"watch: {self.backend}'s {sample.collective}{op} of {dtype_name(dtype)} over "
+                f"{p} ranks (call {sample.number}, {sample.idx.size} elements sampled of "
+                f"{sample.m}) returned a wrong result: " + "; ".join(texts))
