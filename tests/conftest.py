@@ -35,6 +35,9 @@ collect_ignore = [] if "--with-mpi" in sys.argv else ["mpi"]
 # tests/torch/ runs under torchrun and mpiexec (see test_torch.py), which set REFCOLL_TORCH_JOB.
 if not os.environ.get("REFCOLL_TORCH_JOB"):
     collect_ignore.append("torch")
+# tests/backend/ runs on the "refcoll" torch backend in a job (see test_torch_backend.py).
+if not os.environ.get("REFCOLL_BACKEND_JOB"):
+    collect_ignore.append("backend")
 
 
 def mpiexec_path() -> str | None:

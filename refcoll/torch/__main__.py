@@ -8,6 +8,7 @@ registering the backend. ``-m MODULE`` runs a module instead of a script.
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -26,6 +27,9 @@ def main(argv: list[str]) -> None:
         sys.argv = argv[1:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
+        if not os.path.isfile(argv[0]):
+            print(f"python -m refcoll.torch: no such script: {argv[0]}", file=sys.stderr)
+            sys.exit(2)
         sys.argv = argv
         runpy.run_path(argv[0], run_name="__main__")
 

@@ -21,7 +21,7 @@ tensor) and runs refcoll's algorithms over that library's point-to-point
 ``send``/``recv`` (:class:`~refcoll.transport.torch.TorchTransport`): the
 library moves bytes, refcoll decides what moves where and reduces. Every call is
 a job on refcoll's progress engine, in issue order; the ``Work`` torch gets back
-is ``_create_work_from_future`` of a future that the job completes, so
+(:class:`~refcoll.torch.work.RefcollWork`) completes with it, so
 ``async_op=True`` returns at once, and ``wait()``, ``is_completed()``,
 ``get_future()`` and the exceptions behave as Gloo's do.
 
@@ -54,21 +54,21 @@ cannot give; both fail in torch with their own message.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from ..algorithms import registry
 from ..calls import collectives as calls
 from ..calls.args import shared_errors
-from ..calls.nonblocking import issue
 from ..core.errors import UsageError
 from ..transport.base import default_timeout
 from ..transport.torch import TorchTransport
 from . import exchange
 from .tensors import as_array, flat, reduction
+from .work import submit
 
 __all__ = ["NAME", "register", "RefcollGroup", "algorithms_from_env", "COLLECTIVES"]
 
@@ -128,6 +128,18 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     algorithms = algorithms_from_env()
     watched = watched_from_env(store, rank, size, timeout)
     return RefcollGroup(store, rank, size, timeout, algorithms=algorithms, watched=watched)
+
+
+def _watchable(name: str):
+    """Hand the call to the watched backend in watch mode (:mod:`refcoll.torch.watch`)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            if self.watched is not None:
+                return self.watched.call(self, name, *args, **kwargs)
+            return method(self, *args, **kwargs)
+        return call
+    return wrap
 
 
 class RefcollGroup(dist.ProcessGroup):
@@ -203,39 +215,19 @@ class RefcollGroup(dist.ProcessGroup):
         return self._cuda
 
     def _submit(self, name: str, tensors: list, job, result=None):
-        """Run ``job(t)`` on the progress engine; return the Work whose future gives ``result``."""
-        t = self.transport(tensors)
-        future = torch.futures.Future()
-        value = tensors if result is None else result
-
-        def done(handle) -> None:
-            error = handle.exception()
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-        issue(name, t, job).add_done_callback(done)
-        return _create_work_from_future(future)
+        """Run ``job(t)`` on the progress engine; return the Work whose result is ``result``."""
+        return submit(name, self.transport(tensors), job, tensors if result is None else result)
 
     def _arrays(self, t, name: str, tensors, what: str = "the input") -> list:
         """Return each tensor as an array over its memory; a bad one is every rank's error."""
         with shared_errors(t, True, name):
             return [as_array(flat(x), t, what) for x in tensors]
 
-    def _watching(self, method: str, *args):
-        """In watch mode, the watched backend's Work for this call (judged); else ``None``."""
-        if self.watched is None:
-            return None
-        return self.watched.call(self, method, *args)
-
     # --------------------------------------------------------- reductions
 
+    @_watchable("allreduce")
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        watched = self._watching("allreduce", tensors, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             with shared_errors(t, True, "allreduce"):
@@ -246,14 +238,13 @@ class RefcollGroup(dist.ProcessGroup):
                 calls.allreduce(x, t, op=op, algorithm=self.algorithms["allreduce"], out=x)
         return self._submit("allreduce", tensors, job)
 
+    @_watchable("allreduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts if opts is not None else dist.AllreduceOptions())
 
+    @_watchable("reduce")
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
-        watched = self._watching("reduce", tensors, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             with shared_errors(t, True, "reduce"):
@@ -266,11 +257,9 @@ class RefcollGroup(dist.ProcessGroup):
                              out=out)
         return self._submit("reduce", tensors, job)
 
+    @_watchable("reduce_scatter")
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        watched = self._watching("reduce_scatter", outputs, input_lists, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             for out, pieces in zip(outputs, input_lists):
@@ -278,11 +267,9 @@ class RefcollGroup(dist.ProcessGroup):
                 self._reduce_scatter(t, flat(out), whole, opts, copied=True)
         return self._submit("reduce_scatter", outputs, job)
 
+    @_watchable("reduce_scatter_single")
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's names
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        watched = self._watching("reduce_scatter_single", output, input, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             self._reduce_scatter(t, flat(output), flat(input), opts, copied=False)
@@ -290,6 +277,7 @@ class RefcollGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_watchable("reduce_scatter_single_coalesced")
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
 
@@ -310,11 +298,9 @@ class RefcollGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------ data movement
 
+    @_watchable("broadcast")
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
-        watched = self._watching("broadcast", tensors, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             for x in self._arrays(t, "broadcast", tensors):
@@ -322,11 +308,9 @@ class RefcollGroup(dist.ProcessGroup):
                                 out=x)
         return self._submit("broadcast", tensors, job)
 
+    @_watchable("allgather")
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
-        watched = self._watching("allgather", output_lists, inputs, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             for outs, x in zip(output_lists, inputs):
@@ -337,14 +321,13 @@ class RefcollGroup(dist.ProcessGroup):
                     flat(out).copy_(whole[r])
         return self._submit("allgather", output_lists, job)
 
+    @_watchable("allgather_coalesced")
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         return self.allgather(output_lists, inputs, opts)
 
+    @_watchable("all_gather_single")
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
         opts = opts if opts is not None else dist.AllgatherOptions()
-        watched = self._watching("all_gather_single", output, input, opts)
-        if watched is not None:
-            return watched
 
         def job(t):
             self._allgather(t, flat(output), input)
@@ -352,6 +335,7 @@ class RefcollGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_watchable("all_gather_single_coalesced")
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         def job(t):
             for out, x in zip(outputs, inputs):
@@ -369,6 +353,7 @@ class RefcollGroup(dist.ProcessGroup):
         calls.allgather(a, t, algorithm=self.algorithms["allgather"],
                         out=o.reshape(t.size, a.size))
 
+    @_watchable("gather")
     def gather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
 
@@ -381,6 +366,7 @@ class RefcollGroup(dist.ProcessGroup):
             exchange.gather(t, x, root, outs, error)
         return self._submit("gather", inputs, job, output_lists)
 
+    @_watchable("scatter")
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
 
@@ -393,6 +379,7 @@ class RefcollGroup(dist.ProcessGroup):
             exchange.scatter(t, ins, root, out, error)
         return self._submit("scatter", outputs, job, outputs)
 
+    @_watchable("alltoall")
     def alltoall(self, outputs, inputs, opts=None):
         def job(t):
             ins, error = _readable(t, inputs)
@@ -400,6 +387,7 @@ class RefcollGroup(dist.ProcessGroup):
             exchange.alltoall(t, ins, outs, error)
         return self._submit("alltoall", outputs, job, outputs)
 
+    @_watchable("all_to_all_single")
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                           opts=None):
         def job(t):
@@ -415,18 +403,22 @@ class RefcollGroup(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    @_watchable("barrier")
     def barrier(self, opts=None):
         return self._submit("barrier", [], exchange.barrier, [])
 
     # --------------------------------------------------- point to point
 
+    @_watchable("send")
     def send(self, tensors, dst: int, tag: int = 0):
         """The user's own message: Gloo's (or NCCL's) send, beside refcoll's tags."""
         return self._library(tensors).send(tensors, dst, tag)
 
+    @_watchable("recv")
     def recv(self, tensors, src: int, tag: int = 0):
         return self._library(tensors).recv(tensors, src, tag)
 
+    @_watchable("recv_anysource")
     def recv_anysource(self, tensors, tag: int = 0):
         return self._library(tensors).recv_anysource(tensors, tag)
 

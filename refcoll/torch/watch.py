@@ -45,14 +45,13 @@ import re
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from ..calls import collectives as calls
-from ..calls.nonblocking import issue
 from ..core.errors import UsageError, WrongResult
 from ..core.ops import dtype_name
 from ..verify.oracle import check_outputs
 from .tensors import as_array, flat, reduction
+from .work import submit
 
 __all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
 
@@ -60,6 +59,13 @@ __all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
 DEFAULT_SAMPLE = 64
 
 _log = logging.getLogger("refcoll.watch")
+
+#: torch 2.13's names of calls that a library's group (a C++ Backend) may know by older ones.
+_OLDER = {"all_gather_single": ("_allgather_base",),
+          "reduce_scatter_single": ("_reduce_scatter_base",),
+          "all_to_all_single": ("alltoall_base",),
+          "all_gather_single_coalesced": ("allgather_into_tensor_coalesced",),
+          "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced",)}
 
 
 def make_backend(name: str, store, rank: int, size: int, timeout):
@@ -149,31 +155,31 @@ class Watch:
         self.calls = 0  # calls judged, the same count on every rank
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
 
-    def call(self, refcoll_group, method: str, *args):
+    def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
         try:
-            sample = self._sample(method, args)
+            sample = None if kwargs else self._sample(method, args)
         except (TypeError, ValueError):
             sample = None  # a dtype or op refcoll cannot judge: the call goes unjudged
-        work = getattr(self.group, method)(*args)
+        work = self._method(method)(*args, **kwargs)
         if sample is None:
             return work
-        future = torch.futures.Future()
-        result = args[0]
+        result = args[0] if isinstance(args[0], list) else [args[0]]
 
         def job(t):
             work.wait()  # the watched library's own error, if it has one, is the call's
             self._judge(t, sample)
 
-        def done(handle) -> None:
-            error = handle.exception()
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result if isinstance(result, list) else [result])
+        return submit(f"watch {sample.collective}", refcoll_group._cpu, job, result)
 
-        issue(f"watch:{sample.collective}", refcoll_group._cpu, job).add_done_callback(done)
-        return _create_work_from_future(future)
+    def _method(self, name: str):
+        """The watched group's method for torch 2.13's ``name``, or its older name."""
+        for candidate in (name, *_OLDER.get(name, ())):
+            found = getattr(self.group, candidate, None)
+            if found is not None:
+                return found
+        raise UsageError(f"the watched backend {self.backend} has no {name} (nor "
+                         f"{', '.join(_OLDER.get(name, ())) or 'an older name'}) to hand it to")
 
     # ------------------------------------------------------------ sampling
 

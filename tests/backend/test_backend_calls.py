@@ -1,0 +1,252 @@
+"""torch.distributed's own calls on the "refcoll" backend: results, Work, errors, subgroups, DDP.
+
+Runs in every process of a torchrun or mpiexec job (tests/test_torch_backend.py).
+Every expected value is refcoll's simulator run on every rank's inputs, which
+each rank builds from its rank number alone; the algorithm is fixed per group
+with ``REFCOLL_ALGO`` so that the simulator's prediction is one order.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import refcoll
+from refcoll.core.bits import same_bits
+from refcoll.core.errors import CollectiveTimeout, MismatchError, UsageError
+from refcoll.torch.backend import RefcollGroup
+from refcoll.torch.tensors import as_array
+from backend_job import environment, group_with, world  # noqa: F401 - the fixture
+
+HOST = SimpleNamespace(rank=0, backend="gloo")
+
+
+def bits(tensor) -> np.ndarray:
+    return as_array(tensor.detach().contiguous(), HOST)
+
+
+def inputs(p: int, n: int, dtype=torch.float32, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, generator=g) * 10 for _ in range(p)]
+    if not dtype.is_floating_point:
+        xs = [x.round() for x in xs]
+    return [x.to(dtype) for x in xs]
+
+
+@pytest.fixture(scope="module")
+def ring(world):
+    """A "refcoll" group of every rank that runs the ring wherever a collective has one."""
+    return group_with(REFCOLL_ALGO="ring")
+
+
+def test_the_default_group_is_refcolls(world):
+    assert isinstance(world, RefcollGroup)
+    assert dist.get_backend(world) == "refcoll" and world.algorithms["allreduce"] == "auto"
+    assert world.group_name  # functional collectives need the name torch gave it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "prod"])
+def test_all_reduce_is_the_simulators_ring(ring, dtype, op):
+    if op == "avg" and not dtype.is_floating_point:
+        pytest.skip("AVG of integers: torch refuses it before any backend is asked")
+    p, r = ring.size(), ring.rank()
+    xs = inputs(p, 3 * p + 2, dtype)
+    torch_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX,
+                "prod": dist.ReduceOp.PRODUCT}[op]
+    t = xs[r].clone()
+    dist.all_reduce(t, op=torch_op, group=ring)
+    want = refcoll.simulate("allreduce", [bits(x) for x in xs], algorithm="ring", op=op)
+    assert same_bits(bits(t), want.outputs[r])
+
+
+def test_premul_sum_multiplies_each_input_then_sums(ring):
+    p, r = ring.size(), ring.rank()
+    xs = inputs(p, 11)
+    factor = 1 / 3
+    t = xs[r].clone()
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor), group=ring)
+    scaled = [bits(x) * np.float32(factor) for x in xs]
+    want = refcoll.simulate("allreduce", scaled, algorithm="ring").outputs[r]
+    assert same_bits(bits(t), want)
+
+
+def test_reduce_scatter_and_all_gather_tensors_are_the_simulators(ring):
+    p, r = ring.size(), ring.rank()
+    xs = inputs(p, 4 * p)
+    out = torch.empty(4)
+    dist.reduce_scatter_single(out, xs[r], group=ring)
+    want = refcoll.simulate("reduce_scatter", [bits(x) for x in xs], algorithm="ring")
+    assert same_bits(bits(out), want.outputs[r])
+    whole = torch.empty(p * 5)
+    dist.all_gather_single(whole, xs[r][:5], group=ring)
+    assert torch.equal(whole.view(p, 5), torch.stack([x[:5] for x in xs]))
+
+
+def test_the_list_forms(ring):
+    p, r = ring.size(), ring.rank()
+    xs = inputs(p, 3 * p)
+    outs = [torch.empty(3) for _ in range(p)]
+    dist.all_gather(outs, xs[r][:3], group=ring)
+    assert all(torch.equal(outs[q], xs[q][:3]) for q in range(p))
+    mine = torch.empty(3)
+    dist.reduce_scatter(mine, list(xs[r].view(p, 3)), group=ring)
+    want = refcoll.simulate("reduce_scatter", [bits(x) for x in xs], algorithm="ring")
+    assert same_bits(bits(mine), want.outputs[r])
+
+
+@pytest.mark.parametrize("root", [0, -1])
+def test_broadcast_and_reduce(ring, root):
+    p, r = ring.size(), ring.rank()
+    root = root % p
+    xs = inputs(p, 9)
+    t = xs[r].clone()
+    dist.broadcast(t, src=root, group=ring)
+    assert torch.equal(t, xs[root])
+    t = xs[r].clone()
+    dist.reduce(t, dst=root, group=ring)
+    if r == root:  # broadcast and reduce have no ring: auto runs the tree
+        want = refcoll.simulate("reduce", [bits(x) for x in xs], algorithm="tree", root=root)
+        assert same_bits(bits(t), want.outputs[r])
+    else:
+        assert torch.equal(t, xs[r])  # a non-root's tensor is left as it was
+
+
+def test_gather_scatter_and_all_to_all(world):
+    p, r = world.size(), world.rank()
+    mine = torch.full((2,), float(r))
+    got = [torch.empty(2) for _ in range(p)] if r == 0 else None
+    dist.gather(mine, got, dst=0)
+    if r == 0:
+        assert [g.tolist() for g in got] == [[float(q)] * 2 for q in range(p)]
+    out = torch.empty(3)
+    dist.scatter(out, [torch.full((3,), 10.0 + q) for q in range(p)] if r == 0 else None, src=0)
+    assert out.tolist() == [10.0 + r] * 3
+    # uneven pieces: rank r sends q + 1 rows to rank q, each row holding 100·r + q
+    send = torch.cat([torch.full((q + 1,), 100.0 * r + q) for q in range(p)])
+    recv = torch.empty(p * (r + 1))
+    dist.all_to_all_single(recv, send, [r + 1] * p, [q + 1 for q in range(p)])
+    assert recv.tolist() == [100.0 * q + r for q in range(p) for _ in range(r + 1)]
+    outs = [torch.empty(1) for _ in range(p)]
+    dist.all_to_all(outs, [torch.tensor([10.0 * r + q]) for q in range(p)])
+    assert [o.item() for o in outs] == [10.0 * q + r for q in range(p)]
+    dist.barrier()
+
+
+def test_send_and_recv_are_the_users_own_messages(world):
+    p, r = world.size(), world.rank()
+    t = torch.full((4,), float(r))
+    if r == 0:
+        for q in range(1, p):
+            dist.send(t, q, tag=7)
+    else:
+        dist.recv(t, 0, tag=7)
+    assert t.tolist() == [0.0] * 4
+
+
+def test_async_op_returns_a_work_that_completes_on_the_engine(ring):
+    p, r = ring.size(), ring.rank()
+    xs = inputs(p, 1000)
+    t = xs[r].clone()
+    work = dist.all_reduce(t, group=ring, async_op=True)
+    assert isinstance(work.is_completed(), bool)
+    assert work.wait() is True and work.is_completed() and work.exception() is None
+    assert work.get_future().value()[0] is t
+    want = refcoll.simulate("allreduce", [bits(x) for x in xs], algorithm="ring")
+    assert same_bits(bits(t), want.outputs[r])
+    futures = [dist.all_reduce(torch.ones(3) * k, group=ring, async_op=True).get_future()
+               for k in range(4)]
+    torch.futures.wait_all(futures)
+    assert [f.value()[0].tolist() for f in futures] == [[float(k * p)] * 3 for k in range(4)]
+
+
+def test_mismatched_counts_are_a_mismatch_error_on_every_rank(world):
+    r = world.rank()
+    with pytest.raises(MismatchError, match="count: rank 0 has 4"):
+        dist.all_reduce(torch.ones(4 + (r == 1)))
+    with pytest.raises(MismatchError, match="dtype"):
+        dist.all_reduce(torch.ones(4, dtype=torch.float64 if r == 1 else torch.float32))
+    ok = torch.ones(4)
+    dist.all_reduce(ok)  # the group goes on
+    assert ok.tolist() == [float(world.size())] * 4
+
+
+def test_mismatched_all_to_all_splits_are_refused_on_every_rank(world):
+    p, r = world.size(), world.rank()
+    splits = [1] * p
+    if r == 1:
+        splits = [2] + [1] * (p - 2) + [0] if p > 1 else splits
+    with pytest.raises(MismatchError, match="do not pair up"):
+        dist.all_to_all_single(torch.empty(p), torch.zeros(p), None, splits)
+
+
+def test_what_refcoll_cannot_reduce_is_an_error_on_every_rank(world):
+    with pytest.raises(ValueError, match="BAND is not one refcoll reduces"):
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    with pytest.raises(UsageError, match="dtype bool"):
+        dist.all_reduce(torch.ones(3, dtype=torch.bool))
+
+
+def test_an_unknown_algorithm_is_refused_when_the_group_is_made(world):
+    with pytest.raises(UsageError, match="REFCOLL_ALGO='nosuch'"):
+        group_with(REFCOLL_ALGO="nosuch")
+    chosen = group_with(REFCOLL_ALGO="allreduce=tree,allgather=bruck")
+    assert chosen.algorithms["allreduce"] == "tree" and chosen.algorithms["allgather"] == "bruck"
+
+
+def test_a_rank_missing_from_a_collective_is_a_timeout_not_a_hang(world):
+    short = group_with(REFCOLL_TIMEOUT=2)
+    if world.rank() == 0:
+        with pytest.raises(CollectiveTimeout, match="timed out after 2 s"):
+            dist.all_reduce(torch.ones(3), group=short)
+    dist.barrier()  # the others were never in it; the world group goes on
+
+
+def test_subgroups(world):
+    p, r = world.size(), world.rank()
+    pair = group_with([0, 1] if p > 1 else [0])
+    if r < 2:
+        t = torch.full((3,), float(r + 1))
+        dist.all_reduce(t, group=pair)
+        assert t.tolist() == [3.0 if p > 1 else 1.0] * 3
+    else:
+        assert pair == dist.GroupMember.NON_GROUP_MEMBER
+
+
+def test_debug_traces_every_call(world, tmp_path_factory):
+    from refcoll.calls import debug
+
+    path = tmp_path_factory.mktemp("trace") / f"trace.{world.rank()}"
+    with environment(REFCOLL_DEBUG="INFO", REFCOLL_DEBUG_FILE=path):
+        debug.reset()
+        dist.all_reduce(torch.ones(5))
+        dist.broadcast(torch.ones(5), src=0)
+    debug.reset()
+    text = path.read_text()
+    assert "REFCOLL INFO AllReduce" in text and "count 5" in text and "Broadcast" in text
+
+
+def test_ddp_trains_on_the_refcoll_group(world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    p, r = world.size(), world.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    local = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    local.load_state_dict(model.state_dict())
+    ddp = DDP(model)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(r))
+    ddp(x).square().sum().backward()
+    local(x).square().sum().backward()
+    grads = [q.grad.detach().clone() for q in local.parameters()]
+    everyone = [[torch.empty_like(g) for _ in range(p)] for g in grads]
+    for g, gathered in zip(grads, everyone):
+        dist.all_gather(gathered, g)
+    for q, gathered in zip(model.parameters(), everyone):
+        stack = torch.stack(gathered).double()
+        exact, scale = stack.mean(0), stack.abs().sum(0) / p
+        u = 2.0 ** -24
+        bound = 2 * (p + 1) * u / (1 - (p + 1) * u) * scale  # the summation, DDP's 1/p
+        assert bool(((q.grad.double() - exact).abs() <= bound).all())

@@ -1,0 +1,173 @@
+"""Watch mode: another backend does the collectives, refcoll judges a sample of every result.
+
+The corrupting backend below is a third-party backend as torch sees one:
+registered by name with ``Backend.register_backend``, a Python ProcessGroup over
+Gloo that spoils one call's result as ``CORRUPT=collective:call:how`` says.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from refcoll.core.errors import UsageError, WrongResult
+from backend_job import group_with, world  # noqa: F401 - the fixture
+
+
+class Corrupting(dist.ProcessGroup):
+    """Gloo's results, except call ``n`` of ``collective``, spoiled ``how``:
+
+    * ``element``: rank 0's element 5 is one more;
+    * ``drop``: every rank gets the sum without rank 1's input;
+    * ``saturate``: an int32 sum clamped at int32's largest value instead of wrapping.
+    """
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        collective, n, self.how = os.environ["CORRUPT"].split(":")
+        self.target, self.n, self.calls = collective, int(n), {}
+
+    def _due(self, collective: str) -> bool:
+        self.calls[collective] = self.calls.get(collective, 0) + 1
+        return collective == self.target and self.calls[collective] == self.n
+
+    def allreduce(self, tensors, opts):
+        t = tensors[0]
+        original = t.clone()
+        self.gloo.allreduce(tensors, opts).wait()
+        if self._due("allreduce"):
+            if self.how == "element" and self.rank() == 0:
+                t.view(-1)[5] += 1
+            elif self.how == "drop":
+                mine = torch.zeros_like(original) if self.rank() == 1 else original
+                everyone = [torch.empty_like(original) for _ in range(self.size())]
+                self.gloo.allgather([everyone], [mine]).wait()
+                t.copy_(sum(everyone))
+            elif self.how == "saturate":
+                total = torch.zeros_like(original, dtype=torch.int64)
+                everyone = [torch.empty_like(original) for _ in range(self.size())]
+                self.gloo.allgather([everyone], [original]).wait()
+                for x in everyone:
+                    total += x.to(torch.int64)
+                t.copy_(total.clamp(max=2**31 - 1).to(t.dtype))
+        return _done(tensors)
+
+    def reduce_scatter_single(self, output, input, opts):  # noqa: A002
+        self.gloo._reduce_scatter_base(output, input, opts).wait()
+        if self._due("reduce_scatter") and self.rank() == self.size() - 1:
+            output.view(-1)[2] *= 2
+        return _done([output])
+
+    def all_gather_single(self, output, input, opts):  # noqa: A002
+        self.gloo._allgather_base(output, input, opts).wait()
+        if self._due("allgather") and self.rank() == 0:
+            output.view(-1)[-1] = -1
+        return _done([output])
+
+    def broadcast(self, tensors, opts):
+        return self.gloo.broadcast(tensors, opts)
+
+    def barrier(self, opts=None):
+        return self.gloo.barrier(opts) if opts is not None else self.gloo.barrier()
+
+
+def _done(value):
+    future = torch.futures.Future()
+    future.set_result(value)
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+if "CORRUPTING" not in dist.Backend._plugins:
+    dist.Backend.register_backend("corrupting", Corrupting, devices=["cpu"])
+
+
+def watching(backend, corrupt="none:0:none", **env):
+    os.environ["CORRUPT"] = corrupt
+    return group_with(REFCOLL_WATCH=backend, **env)
+
+
+def test_a_corrupted_element_is_caught_at_the_first_wrong_call_on_every_rank(world):
+    group = watching("corrupting", "allreduce:3:element")
+    p = world.size()
+    for call in (1, 2):
+        t = torch.arange(40, dtype=torch.float32) * (world.rank() + 1)
+        dist.all_reduce(t, group=group)
+        assert t[5].item() == 5 * p * (p + 1) / 2
+    t = torch.arange(40, dtype=torch.float32) * (world.rank() + 1)
+    with pytest.raises(WrongResult) as caught:
+        dist.all_reduce(t, group=group)
+    text = str(caught.value)
+    assert "watch: corrupting's allreduce sum of float32" in text and "call 3" in text
+    assert "element 5" in text and "identical on every rank" in text
+    assert "a conforming library returns a value in [" in text
+
+
+def test_a_missing_contribution_is_caught_in_a_large_call_by_its_sample(world):
+    group = watching("corrupting", "allreduce:1:drop", REFCOLL_WATCH_SAMPLE=16)
+    t = torch.ones(100_000) * (world.rank() + 1)
+    with pytest.raises(WrongResult, match="16 elements sampled of 100000") as caught:
+        work = dist.all_reduce(t, group=group, async_op=True)
+        work.wait()
+    assert "within the error bound" in str(caught.value)
+
+
+def test_a_saturating_integer_sum_is_caught(world):
+    group = watching("corrupting", "allreduce:1:saturate")
+    t = torch.full((8,), 2**30 + 7, dtype=torch.int32)
+    with pytest.raises(WrongResult, match="allreduce sum of int32"):
+        dist.all_reduce(t, group=group)
+
+
+def test_reduce_scatter_and_allgather_name_the_real_element(world):
+    p, r = world.size(), world.rank()
+    group = watching("corrupting", "reduce_scatter:1:x")
+    out = torch.empty(10)
+    with pytest.raises(WrongResult, match=rf"rank {p - 1}'s output element 2 \(global element "
+                                          rf"{10 * (p - 1) + 2}\)"):
+        dist.reduce_scatter_single(out, torch.arange(10.0 * p) + r, group=group)
+    group = watching("corrupting", "allgather:1:x")
+    whole = torch.empty(6 * p)
+    with pytest.raises(WrongResult, match=rf"element {6 * p - 1}\b"):
+        dist.all_gather_single(whole, torch.arange(6.0) + 10 * r, group=group)
+
+
+def test_log_instead_of_raise(world):
+    group = watching("corrupting", "allreduce:1:element", REFCOLL_WATCH_ACTION="log")
+    t = torch.arange(10, dtype=torch.float32)
+    dist.all_reduce(t, group=group)  # no exception: training goes on
+    assert len(group.watched.findings) == 1 and "element 5" in group.watched.findings[0]
+
+
+def test_no_false_alarm_over_many_calls_on_gloo(world):
+    p, r = world.size(), world.rank()
+    group = watching("gloo")
+    rng = np.random.default_rng([7, r])
+    for step in range(150):
+        kind = step % 5
+        dtype = [torch.float32, torch.bfloat16, torch.int32][step % 3]
+        n = int(np.random.default_rng(step).integers(1, 3000))
+        x = torch.from_numpy(rng.standard_normal(n * p).astype(np.float32) * 100).to(dtype)
+        if kind == 0:
+            op = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN][step % 3]
+            dist.all_reduce(x, op=op, group=group)
+        elif kind == 1:
+            dist.reduce_scatter_single(torch.empty(n, dtype=dtype), x, group=group)
+        elif kind == 2:
+            dist.all_gather_single(torch.empty(n * p * p, dtype=dtype), x, group=group)
+        elif kind == 3:
+            dist.broadcast(x, src=step % p, group=group)
+        else:
+            dist.reduce(x, dst=step % p, group=group)
+    assert group.watched.calls == 150 and not group.watched.findings
+
+
+def test_watch_settings_are_checked_when_the_group_is_made(world):
+    with pytest.raises(UsageError, match="not a backend torch knows"):
+        watching("nosuch")
+    with pytest.raises(UsageError, match="REFCOLL_WATCH_SAMPLE"):
+        watching("gloo", REFCOLL_WATCH_SAMPLE=0)
+    with pytest.raises(UsageError, match="cannot watch itself"):
+        watching("refcoll")

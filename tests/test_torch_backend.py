@@ -1,0 +1,71 @@
+"""Launch tests/backend/: torch.distributed's own calls on the "refcoll" backend, in a job.
+
+Two processes under torchrun and three under mpiexec by default (three: the
+orders of a sum of three differ, so the simulator's prediction is a real
+check); four under either with -m slow. The serial tests below need no job.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+torch = pytest.importorskip("torch", reason="the backend's tests need torch: pip install "
+                                           "torch==2.13.0 (README's test command does)")
+
+from test_torch import _run  # noqa: E402 - after the skip
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("launcher,p", [("torchrun", 2), ("mpiexec", 3),
+                                        pytest.param("torchrun", 4, marks=SLOW),
+                                        pytest.param("mpiexec", 4, marks=SLOW)])
+def test_backend_suite(launcher, p):
+    res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+               str(ROOT / "tests" / "backend"), REFCOLL_BACKEND_JOB="1")
+    assert res.returncode == 0, (f"{launcher} with {p} processes failed:\n{res.stdout[-6000:]}\n"
+                                 f"{res.stderr[-3000:]}")
+    assert " passed" in res.stdout and " failed" not in res.stdout
+
+
+# ------------------------------------------------------------- serial tests
+
+from refcoll.core.errors import UsageError  # noqa: E402
+from refcoll.torch.backend import COLLECTIVES, algorithms_from_env  # noqa: E402
+
+
+def test_import_refcoll_torch_registers_the_backend():
+    import torch.distributed as dist
+
+    import refcoll.torch  # noqa: F401
+
+    assert dist.Backend.REFCOLL == "refcoll" and "REFCOLL" in dist.Backend._plugins
+    assert dist.Backend._plugins["REFCOLL"].creator_fn is not None
+
+
+def test_refcoll_algo_one_name_or_one_per_collective():
+    assert algorithms_from_env("") == dict.fromkeys(COLLECTIVES, "auto")
+    ring = algorithms_from_env("ring")
+    assert ring["allreduce"] == ring["allgather"] == ring["reduce_scatter"] == "ring"
+    assert ring["broadcast"] == ring["reduce"] == "auto"  # no ring broadcast: auto
+    assert algorithms_from_env("allreduce=tree, broadcast=tree")["broadcast"] == "tree"
+    for bad, words in [("nosuch", "no collective has"), ("gather=ring", "not a collective"),
+                       ("broadcast=ring", "not an algorithm of broadcast")]:
+        with pytest.raises(UsageError, match=words):
+            algorithms_from_env(bad)
+
+
+def test_python_m_refcoll_torch_runs_a_script_with_the_backend_registered(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys, torch.distributed as dist\n"
+                      "print(dist.Backend.REFCOLL, sys.argv[1:])\n")
+    res = subprocess.run([sys.executable, "-m", "refcoll.torch", str(script), "--backend",
+                          "refcoll"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "refcoll ['--backend', 'refcoll']"
+    res = subprocess.run([sys.executable, "-m", "refcoll.torch", str(tmp_path / "absent.py")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2 and "no such script" in res.stderr
