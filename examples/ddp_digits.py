@@ -4,6 +4,7 @@ Run on four processes with either launcher (they start the same processes)::
 
     torchrun --nproc-per-node 4 examples/ddp_digits.py
     mpiexec -n 4 python examples/ddp_digits.py
+    mpiexec -n 3 python examples/ddp_digits.py --backend refcoll    # refcoll's backend
 
 Needs torch and scikit-learn (``pip install 'refcoll[torch,examples]'``).
 
@@ -50,8 +51,24 @@ What it reports, per hook:
   reduction of a bucket (``refcoll.torch.hooks.average``: the compressed
   all-reduce of the bucket, or of each parameter's view in its shape for
   PowerSGD) runs on a ``refcoll.SimWorld`` of ``p`` ranks, the world
-  ``refcoll.simulate`` runs on. DDP's default hook is Gloo's code, not
-  refcoll's: nothing to simulate (``refcoll verify --backend torch`` judges it).
+  ``refcoll.simulate`` runs on. On Gloo, DDP's default hook is Gloo's code,
+  not refcoll's: nothing to simulate (``refcoll verify --backend torch`` judges it).
+
+On refcoll's backend (``--backend refcoll``; the example sets
+``REFCOLL_ALGO=ring`` unless it is set) every collective of the job is
+refcoll's, DDP's own all-reduce in the ``default`` row included, unmodified:
+DDP's reducer copies each local gradient into its bucket times ``1/p``
+(``fl(g_r · fl(1/p))``) and all-reduces the bucket with ``SUM``. That row's
+check covers every step: rank 0 gathers every rank's losses and each step's
+buckets (``ddp.reducer._get_zeros_like_grad_buckets()`` after the forward
+pass, so after DDP's rebuild at step 2) and trains again on ``p`` simulated
+ranks (``digits_replay.replay``), each bucket ``refcoll.simulate("allreduce",
+[fl(g_r/p) concatenated], algorithm="ring", op="sum")``; every rank's every
+loss and the final parameters must match bit for bit. ``--against gloo`` (the
+default there) trains the ``default`` row again on a Gloo group of the same
+processes (``default@gloo``) and holds its step-1 gradients to the bound below:
+both are ``fl(Σ fl(g_r·fl(1/p)))`` in two orders, which differ by at most
+``2γ_{p-1}(1+γ_2)·Σ_r|g_r|/p``, less than it.
 
 Ring against default (with ``all``). The two runs start from the same
 parameters and batches, so at step 1 every rank's local gradients ``g_r`` are
@@ -73,15 +90,15 @@ printed beside the step-1 bound propagated through the updates as if the
 gradients did not depend on the parameters, ``lr/(1-μ) · Σ_s (γ_p + γ_{p+1}) Σ_r|g_{r,s}|/p``:
 a first-order estimate of the scale, reported, not a check.
 
-Exit status: 1 if a bit check, a replica check or the step-1 bound fails.
+Exit status: 1 if a bit check, a replica check or a step-1 bound fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import math
+import os
 import sys
 import time
 
@@ -91,24 +108,27 @@ import refcoll
 import refcoll.torch as rt
 from refcoll.train import load_digits_split
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from digits_replay import (abs_sums, all_true, batches, bits_equal, bound_check,  # noqa: E402
+                           ddp_reduce, digest, gamma, losses_verdict, make_model,
+                           replay, replicas_agree, split, step1_abs_sums, steps_per_epoch)
+
 #: ``--hook`` choices: ``None`` is DDP's default (no hook); otherwise (algorithm, compressor)
 #: for :func:`refcoll.torch.comm_hook`. Every refcoll hook reduces with the ring.
 HOOKS = {"default": None, "ring": ("ring", None),
          "ef(topk:ratio=0.01)": ("ring", "ef(topk:ratio=0.01)"),
          "powersgd:rank=2": ("ring", "powersgd:rank=2")}
 PLAIN = "ring"  # the uncompressed refcoll hook, compared with DDP's default
-U = 2.0 ** -24  # float32's unit roundoff
-
-
-def gamma(k: int) -> float:
-    """Return Higham's γ_k = k·u / (1 - k·u) for float32."""
-    return k * U / (1 - k * U)
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hook", default="all", choices=(*HOOKS, "all"),
                         help="the gradient all-reduce to train with (default: all, in turn)")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "refcoll"),
+                        help="the default group's backend (default: gloo)")
+    parser.add_argument("--against", choices=("none", "gloo"),
+                        help="with --backend refcoll, train the default hook again on a Gloo "
+                             "group and hold step 1 to the bound (default: gloo there)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32, help="rows per rank per step")
     parser.add_argument("--lr", type=float, default=0.1)
@@ -122,6 +142,10 @@ def parse_args(argv=None):
         parser.error("--epochs, --batch and --hidden must be at least 1")
     if not 0 <= args.momentum < 1 or not args.lr > 0:
         parser.error("--lr must be positive and --momentum in [0, 1)")
+    if args.against is None:
+        args.against = "gloo" if args.backend == "refcoll" else "none"
+    if args.against != "none" and args.backend == "gloo":
+        parser.error("--against gloo needs --backend refcoll")
     return args
 
 
@@ -161,46 +185,24 @@ class Recorder:
         return rt.refcoll_hook(state, bucket)
 
 
-def split(flat, params):
-    """Return ``flat`` cut into one view per parameter, shaped like it (the bucket's layout)."""
-    if flat.numel() != sum(p.numel() for p in params):
-        raise RuntimeError(f"a bucket of {flat.numel()} elements holds parameters of "
-                           f"{sum(p.numel() for p in params)}: not a plain concatenation")
-    out, at = [], 0
-    for p in params:
-        out.append(flat[at:at + p.numel()].view_as(p))
-        at += p.numel()
-    return out
+def train_one(name, args, initial, data, group=None, layouts=False):
+    """Train with hook ``name`` from ``initial`` over ``group``; return this rank's record.
 
-
-def bits_equal(a, b) -> bool:
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
-        a.view(np.uint8), b.view(np.uint8))
-
-
-def make_model(n_in: int, hidden: int):
-    import torch.nn as nn
-
-    return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-
-
-def train_one(name, args, initial, data):
-    """Train with hook ``name`` from ``initial``; return this rank's record of the run."""
+    ``layouts``: keep each step's buckets (parameter indices, as DDP's reducer
+    holds them once the forward pass has run: after its rebuild at step 2).
+    """
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    rank, p = dist.get_rank(), dist.get_world_size()
-    x_train, y_train, x_test, y_test = data
-    xs, ys = torch.from_numpy(x_train[rank::p]), torch.from_numpy(y_train[rank::p])
-    per_epoch = (len(x_train) // p) // args.batch  # the same on every rank
-    total = per_epoch * args.epochs
-    model = make_model(x_train.shape[1], args.hidden)
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    total = steps_per_epoch(data, p, args.batch) * args.epochs
+    model = make_model(data[0].shape[1], args.hidden)
     model.load_state_dict(initial)
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
-    recorder, state = Recorder(total), None
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb, process_group=group)
+    index = {id(q): i for i, q in enumerate(model.parameters())}
+    recorder, state, losses, steps = Recorder(total), None, [], []
     if HOOKS[name] is not None:
         algorithm, compressor = HOOKS[name]
         state, _ = rt.comm_hook(algorithm=algorithm, compressor=compressor, seed=args.seed,
@@ -208,28 +210,57 @@ def train_one(name, args, initial, data):
         ddp.register_comm_hook(state, recorder.hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     first_grads, grads_used = None, True
-    dist.barrier()  # time the steps alone, not DDP's set-up or a slower rank's start
+    dist.barrier(group)  # time the steps alone, not DDP's set-up or a slower rank's start
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        order = torch.from_numpy(np.random.default_rng([args.seed, epoch]).permutation(len(ys)))
-        for b in range(per_epoch):
-            recorder.step += 1
-            rows = order[b * args.batch:(b + 1) * args.batch]
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(ddp(xs[rows]), ys[rows]).backward()
-            if recorder.step == 1:
-                first_grads = [q.grad.clone() for q in model.parameters()]
-            if recorder.step == total and state is not None:  # DDP used the hook's output
-                for index, params in recorder.params.items():
-                    out = np.concatenate([q.grad.numpy().reshape(-1) for q in params])
-                    grads_used &= bits_equal(out, state.last[index][1])
-            opt.step()
+    for x, y in batches(data, rank, p, args):
+        recorder.step += 1
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(x), y)
+        if layouts:
+            buckets = ddp.reducer._get_zeros_like_grad_buckets()
+            steps.append([[index[id(q)] for q in b.parameters()] for b in buckets])
+            if any(b.buffer().numel() != sum(q.numel() for q in b.parameters())
+                   for b in buckets):
+                raise RuntimeError("a DDP bucket is not a plain concatenation of its parameters")
+        loss.backward()
+        losses.append(loss.detach().numpy().copy())
+        if recorder.step == 1:
+            first_grads = [q.grad.clone() for q in model.parameters()]
+        if recorder.step == total and state is not None:  # DDP used the hook's output
+            for i, params in recorder.params.items():
+                out = np.concatenate([q.grad.numpy().reshape(-1) for q in params])
+                grads_used &= bits_equal(out, state.last[i][1])
+        opt.step()
     seconds = time.perf_counter() - start
     with torch.no_grad():
-        accuracy = (model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean()
+        accuracy = (model(torch.from_numpy(data[2])).argmax(1).numpy() == data[3]).mean()
     return dict(name=name, state=state, recorder=recorder, model=model, steps=total,
                 accuracy=float(accuracy), first_grads=first_grads, grads_used=grads_used,
-                seconds=seconds)
+                seconds=seconds, losses=np.array(losses, dtype=np.float32), layouts=steps)
+
+
+def default_bit_check(run, args, initial, data, p: int, algorithm: str):
+    """DDP's own all-reduce on the refcoll backend: every step's losses against the replay."""
+    import torch.distributed as dist
+
+    gathered = [None] * p if dist.get_rank() == 0 else None
+    dist.gather_object((run["losses"], run["layouts"]), gathered, dst=0)
+    verdict = [None]
+    if dist.get_rank() == 0:
+        if any(g[1] != gathered[0][1] for g in gathered):
+            verdict[0] = ("FAIL: the ranks' buckets differ", False)
+        else:
+            predicted, model = replay(initial, data, args, p,
+                                      ddp_reduce(gathered[0][1], p, algorithm), sharded=False)
+            line, ok = losses_verdict([g[0] for g in gathered], predicted)
+            same = all(bits_equal(a.detach().numpy(), b.detach().numpy())
+                       for a, b in zip(run["model"].parameters(), model.parameters()))
+            buckets = "/".join(str(len(b)) for b in (gathered[0][1][0], gathered[0][1][-1]))
+            verdict[0] = (f"losses {line}; final parameters {'pass' if same else 'FAIL'} "
+                          f"(buckets first/last step: {buckets}; replay digest "
+                          f"{digest(predicted)})", ok and same)
+    dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]
 
 
 def bit_check(run, p: int):
@@ -273,18 +304,6 @@ def bit_check(run, p: int):
     return verdict[0]
 
 
-def replicas_agree(model) -> bool:
-    """Return whether every rank's parameters are bitwise the same (a digest compared)."""
-    import torch.distributed as dist
-
-    digest = hashlib.sha256()
-    for q in model.parameters():
-        digest.update(q.detach().numpy().tobytes())
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, digest.hexdigest())
-    return len(set(every)) == 1
-
-
 def bytes_per_step(run, n_params: int, p: int):
     """Return (bytes sent per rank per step, ``measured`` or ``modelled``).
 
@@ -304,18 +323,6 @@ def bytes_per_step(run, n_params: int, p: int):
 def dense_bytes(n_params: int, p: int) -> float:
     """Return the bytes a rank sends in a ring all-reduce of ``n_params`` float32 values."""
     return 2 * (p - 1) / p * 4 * n_params
-
-
-def abs_sums(params_and_grads):
-    """Return ``Σ_r |g_r|`` per parameter (float64, summed over the ranks), keyed by id."""
-    import torch.distributed as dist
-
-    out = {}
-    for q, g in params_and_grads:
-        total = g.double().abs()
-        dist.all_reduce(total)
-        out[id(q)] = total
-    return out
 
 
 def compare_ring_default(ring, default, args, p: int):
@@ -359,14 +366,17 @@ def compare_ring_default(ring, default, args, p: int):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.backend == "refcoll":
+        os.environ.setdefault("REFCOLL_ALGO", "ring")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # p processes share the cores; also keeps the local sums fixed
-    rt.init_process_group("gloo")
+    rt.init_process_group(args.backend)
     rank, p = dist.get_rank(), dist.get_world_size()
+    algorithm = getattr(dist.group.WORLD, "algorithms", {}).get("allreduce")
     data = load_digits_split()
-    if (len(data[0]) // p) // args.batch < 1:  # the same on every rank: all stop here
+    if steps_per_epoch(data, p, args.batch) < 1:  # the same on every rank: all stop here
         print(f"rank {rank}: --batch {args.batch} is more than a rank's "
               f"{len(data[0]) // p} training rows", file=sys.stderr)
         dist.destroy_process_group()
@@ -375,11 +385,18 @@ def main(argv=None) -> int:
     initial = copy.deepcopy(make_model(data[0].shape[1], args.hidden).state_dict())
     n_params = sum(v.numel() for v in initial.values())
     names = list(HOOKS) if args.hook == "all" else [args.hook]
+    if args.against == "gloo" and "default" in names:
+        names.insert(names.index("default") + 1, "default@gloo")
     rows, runs, ok, notes = [], {}, True, []
     for name in names:
-        run = train_one(name, args, initial, data)
+        own = args.backend == "refcoll" and name == "default" and algorithm not in (None, "auto")
+        group = dist.new_group(backend="gloo") if name == "default@gloo" else None
+        run = train_one(name.partition("@")[0], args, initial, data, group, layouts=own)
         same = replicas_agree(run["model"])
-        verdict, passed = bit_check(run, p)
+        if own:  # DDP's own all-reduce on the refcoll backend: every step replayed
+            verdict, passed = default_bit_check(run, args, initial, data, p, algorithm)
+        else:
+            verdict, passed = bit_check(run, p)
         sent, how = bytes_per_step(run, n_params, p)
         ok &= passed and same
         runs[name] = run
@@ -397,6 +414,22 @@ def main(argv=None) -> int:
         lines, holds = compare_ring_default(runs[PLAIN], runs["default"], args, p)
         notes = lines + notes
         ok &= holds
+    if "default@gloo" in runs:
+        sums = step1_abs_sums(initial, data, args, p)
+        diff, ratio, holds = bound_check(zip(runs["default"]["first_grads"],
+                                             runs["default@gloo"]["first_grads"]), sums, p)
+        holds = all_true(holds)
+        notes.insert(0, f"default ({args.backend}) vs default@gloo, step-1 averaged gradients: "
+                        f"max |difference| {diff:.3e}, {'within' if holds else 'OUTSIDE'} the "
+                        "bound (γ_p+γ_{p+1})·Σ_r|g_r|/p elementwise (worst element at "
+                        f"{ratio:.3f} of its bound)")
+        ok &= holds
+    digests = []
+    for name, run in runs.items():
+        every = [None] * p
+        dist.all_gather_object(every, run["losses"])
+        digests.append(f"{name} {digest(np.stack(every, axis=1))}")
+    notes.insert(0, "losses digest (every rank, every step): " + ", ".join(digests))
     if rank == 0:
         report(args, p, n_params, runs, rows, notes, ok)
     dist.destroy_process_group()
@@ -406,7 +439,9 @@ def main(argv=None) -> int:
 def report(args, p, n_params, runs, rows, notes, ok) -> None:
     """Print the run's settings, the notes and the table (rank 0)."""
     steps = next(iter(runs.values()))["steps"]
-    print(f"DDP on digits: {p} processes ({rt.launcher()}), Gloo, MLP 64-{args.hidden}-10 "
+    algo = f" (REFCOLL_ALGO {os.environ.get('REFCOLL_ALGO')})" if args.backend == "refcoll" else ""
+    print(f"DDP on digits: {p} processes ({rt.launcher()}), {args.backend}{algo}, "
+          f"MLP 64-{args.hidden}-10 "
           f"({n_params} parameters), {args.epochs} epochs = {steps} steps of {args.batch} rows "
           f"per rank, lr {args.lr}, momentum {args.momentum}, bucket_cap_mb {args.bucket_cap_mb}")
     print("bytes/rank/step: refcoll's hooks measured (HookState.sent, argument agreement "
