@@ -175,7 +175,7 @@ def no_gpu(monkeypatch):
     (["--algorithm", "rung"], "unknown algorithm 'rung'"),
     (["--algorithm", "tree", "--collective", "allgather"], "does not implement allgather"),
     (["--compressor", "topk", "--algorithm", "switch"], "switch"),
-    (["--against", "mpi,gluu"], "unknown baseline 'gluu': choose mpi, nccl, gloo or none"),
+    (["--against", "mpi,gluu"], "unknown baseline 'gluu': choose mpi, nccl, gloo, backend or none"),
     (["--against", "mpi,none"], "--against mpi,none: none means no library"),
     (["--against", "mpi,nccl"], "--against nccl needs --device gpu (NCCL runs on GPUs)"),
 ])

@@ -25,15 +25,18 @@ needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
 
 
 @pytest.mark.parametrize("against,chosen", [
-    ("mpi", ("mpi",)), ("mpi,gloo", ("mpi", "gloo")), (" gloo , mpi ", ("gloo", "mpi")),
-    ("none", ()), (["nccl", "gloo"], ("nccl", "gloo")),
+    ("mpi", ("mpi",)), ("mpi,gloo", ("mpi", "gloo", "backend")),
+    (" gloo , mpi ", ("gloo", "mpi", "backend")), ("none", ()),
+    (["nccl", "gloo"], ("nccl", "gloo", "backend")), ("backend", ("backend",)),
+    ("backend,gloo", ("backend", "gloo")),
 ])
 def test_against_takes_one_library_or_a_comma_list(against, chosen):
+    # gloo brings backend: torch's same calls on a backend="refcoll" group
     assert libraries(BenchConfig(against=against)) == chosen
 
 
 @pytest.mark.parametrize("against,message", [
-    ("gluu", "unknown baseline 'gluu': choose mpi, nccl, gloo or none"),
+    ("gluu", "unknown baseline 'gluu': choose mpi, nccl, gloo, backend or none"),
     ("mpi,,gloo", "unknown baseline ''"),
     ("mpi,none", "--against mpi,none: none means no library"),
     ("gloo,mpi,gloo", "--against gloo,mpi,gloo names a library twice"),
@@ -65,12 +68,12 @@ def test_what_gloo_lacks_is_a_note_and_no_column():
     config = BenchConfig(sizes=[1024], algorithms=["ring"], against="mpi,gloo", dtype="uint32")
     header = bench_header(MPI.COMM_SELF, config)
     assert [(b["against"], b["available"]) for b in header["baselines"]] == [
-        ("mpi", True), ("gloo", False)]
+        ("mpi", True), ("gloo", False), ("backend", True)]  # refcoll's backend carries uint32
     text = format_header(header)
     assert "# baseline: MPI_Allreduce on the same buffers, interleaved" in text
     assert "# baseline: none (Gloo has no uint32 type; torch's Gloo backend carries" in text
     titles = [line for line in text.splitlines() if "algorithm" in line][-1].split()
-    assert "Allreduce" in titles and "Gloo" not in titles  # one baseline: today's columns
+    assert "MPI" in titles and "backend" in titles and "Gloo" not in titles
 
 
 @pytest.fixture
@@ -117,10 +120,13 @@ def test_gloo_results_are_checked_and_a_wrong_one_is_counted(torch_dist, monkeyp
     config = BenchConfig(sizes=[64, 4096], algorithms=["ring"], against="mpi,gloo", warmup=1,
                          iters=2, dtype="bfloat16", op="avg")
     rows = run_bench(MPI.COMM_SELF, config)
-    for row in rows:  # MPI has no bfloat16: Gloo alone, and avg is checked (it sums, divides)
-        assert row["baseline"] is None and list(row["baselines"]) == ["gloo"]
+    for row in rows:  # MPI has no bfloat16: Gloo and the backend, avg checked (sums, divides)
+        assert row["baseline"] is None and list(row["baselines"]) == ["gloo", "backend"]
         entry = row["baselines"]["gloo"]
         assert entry["baseline"] == "Gloo all_reduce" and entry["time_us"] > 0
+        assert entry["wrong"] == 0 and entry["checked"] == 3 * row["count"]
+        entry = row["baselines"]["backend"]
+        assert entry["baseline"] == "all_reduce on backend=refcoll [ring]"
         assert entry["wrong"] == 0 and entry["checked"] == 3 * row["count"]
     real = dist.all_reduce
 
@@ -133,6 +139,8 @@ def test_gloo_results_are_checked_and_a_wrong_one_is_counted(torch_dist, monkeyp
                                                   against="mpi,gloo", warmup=0, iters=2))
     assert row["wrong"] == 0 and row["baselines"]["mpi"]["wrong"] == 0
     assert row["baselines"]["gloo"]["wrong"] == row["baselines"]["gloo"]["checked"] == 2 * 16
+    # the backend's calls are the same dist.all_reduce, on a "refcoll" group: counted too
+    assert row["baselines"]["backend"]["wrong"] == row["baselines"]["backend"]["checked"] == 32
     assert not dist.is_initialized()  # the group the bench started is gone again
 
 
@@ -148,24 +156,25 @@ def test_a_real_run_shows_mpi_gloo_and_refcoll_side_by_side(torch_dist, tmp_path
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     titles = next(line for line in lines if line.startswith("#") and "algorithm" in line).split()
-    # nccl-tests' thirteen, then the algorithm, MPI's two halves and Gloo's one.
-    assert titles[-9:] == ["algorithm", "MPI", "busbw", "in-place", "busbw", "time/MPI", "Gloo",
-                           "busbw", "time/Gloo"]
+    # nccl-tests' thirteen, then the algorithm, MPI's two halves, Gloo's one, the backend's one.
+    assert titles[-12:] == ["algorithm", "MPI", "busbw", "in-place", "busbw", "time/MPI", "Gloo",
+                            "busbw", "time/Gloo", "backend", "busbw", "time/backend"]
     body = [line.split() for line in lines if line and not line.startswith("#")]
     assert [int(cells[0]) for cells in body] == [1024, 8192]
     for cells in body:
         assert cells[8] == cells[12] == "0"  # refcoll's #wrong, out of place and in place
-        assert all(float(c) > 0 for c in (cells[14], cells[16], cells[19]))  # MPI's, Gloo's
+        assert all(float(c) > 0 for c in (cells[14], cells[16], cells[19], cells[22]))
     assert "# Gloo all_reduce #wrong: 0" in lines and "# MPI_Allreduce #wrong: 0" in lines
+    assert "# all_reduce on backend=refcoll [auto] #wrong: 0" in lines
+    summary = json.loads(out.read_text())["summary"]["baselines"]
     assert [line for line in lines if line.startswith("# Avg bus bandwidth (")] == [
-        f"# Avg bus bandwidth ({name}) : {data:g}" for name, data in (
-            ("MPI_Allreduce", json.loads(out.read_text())["summary"]["baselines"]["mpi"]
-             ["avg_busbw"]),
-            ("Gloo all_reduce", json.loads(out.read_text())["summary"]["baselines"]["gloo"]
-             ["avg_busbw"]))]
+        f"# Avg bus bandwidth ({name}) : {summary[key]['avg_busbw']:g}" for name, key in (
+            ("MPI_Allreduce", "mpi"), ("Gloo all_reduce", "gloo"),
+            ("all_reduce on backend=refcoll [auto]", "backend"))]
     data = json.loads(out.read_text())
     assert data["header"]["against"] == "mpi,gloo" and data["header"]["versions"]["torch"]
-    assert [b["name"] for b in data["header"]["baselines"]] == ["MPI_Allreduce", "Gloo all_reduce"]
+    assert [b["name"] for b in data["header"]["baselines"]] == [
+        "MPI_Allreduce", "Gloo all_reduce", "all_reduce on backend=refcoll [auto]"]
     for row in data["rows"]:
         assert row["algorithm"] == "auto" and row["wrong"] == 0
         assert row["baseline"] == "MPI_Allreduce" and row["base_wrong"] == 0
@@ -178,6 +187,7 @@ def test_a_real_run_shows_mpi_gloo_and_refcoll_side_by_side(torch_dist, tmp_path
     summary = data["summary"]["baselines"]
     assert summary["gloo"]["wrong"] == 0 and summary["gloo"]["avg_busbw"] > 0
     header_line = table.read_text().splitlines()[0].split(",")
-    assert header_line[-5:] == ["gloo_baseline", "gloo_time_us", "gloo_busbw", "gloo_wrong",
-                                "time_over_gloo"]
+    assert header_line[-10:] == ["gloo_baseline", "gloo_time_us", "gloo_busbw", "gloo_wrong",
+                                 "time_over_gloo", "backend_baseline", "backend_time_us",
+                                 "backend_busbw", "backend_wrong", "time_over_backend"]
     assert np.isfinite([float(v) for v in table.read_text().splitlines()[1].split(",")[-3:]]).all()

@@ -16,17 +16,19 @@ have no average there ("result type Float can't be cast").
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
 
 import numpy as np
 
+from ..algorithms import registry
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype, get_op, is_integer
 from ..transport.deadline import bounded_barrier
 
 __all__ = ["GLOO_CALLS", "GLOO_DTYPES", "require_torch", "torch_version", "gloo_unavailable",
-           "GlooGroup", "gloo_group", "gloo_call"]
+           "GlooGroup", "gloo_group", "gloo_call", "backend_group", "backend_unavailable"]
 
 #: The ``torch.distributed`` function that does each refcoll collective on a Gloo group.
 GLOO_CALLS = {
@@ -49,11 +51,10 @@ def require_torch(what: str = "Gloo", *, load: bool = True):
     takes seconds), and return None: a launcher's check before it starts the
     processes that import it.
     """
-    from ..torch.launch import INSTALL_HINT, torch_installed  # imports torch: only when asked
-
-    missing = UsageError(f"{what} needs PyTorch, which is not installed: {INSTALL_HINT}")
+    launch = _bridge().launch
+    missing = UsageError(f"{what} needs PyTorch, which is not installed: {launch.INSTALL_HINT}")
     if not load:
-        if not torch_installed():
+        if not launch.torch_installed():
             raise missing
         return None
     try:
@@ -64,6 +65,13 @@ def require_torch(what: str = "Gloo", *, load: bool = True):
         raise UsageError(f"{what}: this PyTorch build has no Gloo backend "
                          "(torch.distributed.is_gloo_available() is False)")
     return dist
+
+
+def _bridge():
+    """Return :mod:`refcoll.torch`, imported when a torch baseline is asked for (it imports torch)."""
+    import refcoll.torch as bridge
+
+    return bridge
 
 
 def torch_version() -> str | None:
@@ -134,15 +142,13 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
     """
     from mpi4py import MPI
 
-    from ..torch.launch import init_process_group
-
     dist = require_torch("--against gloo")
     if comm.Get_size() != MPI.COMM_WORLD.Get_size():
         raise UsageError(f"rank {comm.Get_rank()}: the Gloo baseline runs over every process "
                          f"of the MPI job ({MPI.COMM_WORLD.Get_size()}), not a communicator of "
                          f"{comm.Get_size()}")
     started = not dist.is_initialized()
-    init_process_group("gloo", timeout=timeout)
+    _bridge().init_process_group("gloo", timeout=timeout)
     same = dist.get_rank() == comm.Get_rank() and dist.get_world_size() == comm.Get_size()
     bounded_barrier(comm, "refcoll bench (checking the Gloo group's ranks)", timeout)
     if not comm.allreduce(same, op=MPI.LAND):
@@ -159,15 +165,49 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
     return GlooGroup(group, made, started)
 
 
+def backend_unavailable(algorithm: str, collective: str, device: str) -> str | None:
+    """Return why torch's calls on the ``"refcoll"`` backend cannot time ``algorithm`` (None: they can)."""
+    if device != "cpu":
+        return "the refcoll backend's baseline runs on host buffers (--device cpu)"
+    if algorithm not in registry.names(collective) or registry.get(algorithm).workers is not None:
+        return (f"{algorithm} is not an algorithm the refcoll backend runs for {collective} "
+                "(switch processes are ranks of their own)")
+    return None
+
+
+def backend_group(workers: int, algorithm: str, timeout: float | None = None):
+    """Return a ``backend="refcoll"`` group of the first ``workers`` ranks running ``algorithm``.
+
+    Collective over the default group, which :func:`gloo_group` started: every
+    process comes here. ``None`` on a process outside it.
+    """
+    import torch.distributed as dist
+
+    from ..torch import backend
+
+    backend.register()
+    saved = {k: os.environ.get(k) for k in ("REFCOLL_ALGO", "REFCOLL_WATCH")}
+    os.environ["REFCOLL_ALGO"] = ",".join(f"{c}={algorithm}" for c in backend.COLLECTIVES
+                                          if algorithm in registry.names(c))
+    os.environ.pop("REFCOLL_WATCH", None)
+    try:
+        group = dist.new_group(list(range(workers)), backend="refcoll")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return None if dist.get_rank() >= workers else group
+
+
 def _tensor(array):
     """Return a CPU tensor over ``array``'s memory, flat (bfloat16 through its bits, no copy)."""
-    from ..torch.tensors import cpu_tensor
-
-    return cpu_tensor(array.reshape(-1))
+    return _bridge().tensors.cpu_tensor(array.reshape(-1))
 
 
 def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray | None, *,
-              op: str = "sum", root: int = 0) -> tuple[Callable[[], None], Callable | None]:
+              op: str = "sum", root: int = 0, check: bool = True) -> tuple[Callable[[], None], Callable | None]:
     """Return ``(call, prepare)``: torch's Gloo ``collective`` on these NumPy buffers.
 
     The buffers follow refcoll's layout of the collective, as
@@ -181,6 +221,9 @@ def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray |
     A broadcast's root holds the source in ``recvbuf`` already; ``prepare`` is
     None where nothing needs copying.
 
+    ``check=False`` for a group that is not Gloo's (the refcoll backend's), which
+    carries dtypes and ops Gloo lacks.
+
     Raises:
         UsageError: an unknown collective, or a dtype or op Gloo lacks.
     """
@@ -188,7 +231,7 @@ def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray |
 
     if collective not in GLOO_CALLS:
         raise UsageError(f"Gloo has no {collective!r}: it runs {', '.join(GLOO_CALLS)}")
-    why = gloo_unavailable(collective, sendbuf.dtype, op)
+    why = gloo_unavailable(collective, sendbuf.dtype, op) if check else None
     if why is not None:
         raise UsageError(why)
     x = _tensor(sendbuf)
@@ -200,9 +243,7 @@ def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray |
     if collective == "broadcast":
         out = _tensor(recvbuf)
         return (lambda: dist.broadcast(out, src=root, group=group)), None
-    from ..torch.launch import reduce_op
-
-    red = reduce_op(op)
+    red = _bridge().launch.reduce_op(op)
     if collective == "reduce_scatter":
         out = _tensor(recvbuf)
         # torch 2.13 renamed it reduce_scatter_single (the old name warns); the same call.

@@ -176,8 +176,7 @@ class ThreadEngine:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False  # a call is running, on the thread or on a waiting caller
-        self._runner = None  # the thread running it
-        self.outstanding, self._stopping = 0, False
+        self._runner, self.outstanding, self._stopping = None, 0, False  # who runs the call
         _THREADED.add(self)
 
     def submit(self, handle: Handle) -> Handle:

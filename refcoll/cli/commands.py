@@ -82,8 +82,7 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
         check_output_paths(json=json_file)
     require_processes(nprocs)
     if backend == "torch":
-        from ..torch import judge as torch_judge  # imports torch: only for --backend torch
-
+        torch_judge = _torch_judge()
         filters = _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors,
                                  device)
         if not inside:  # an empty selection fails here, before mpiexec
@@ -127,8 +126,7 @@ def _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors
     if split_list(algorithm, algorithms.names(), "algorithm") is not None:
         raise UsageError("--backend torch judges torch's own collectives, which have no "
                          "algorithm to choose: drop --algorithm")
-    from ..torch import judge as torch_judge
-
+    torch_judge = _torch_judge()
     torch_judge.require_torch(device)
     return dict(collectives=split_list(collective, list(torch_judge.TORCH_CALLS), "collective"),
                 ops=split_list(op, list(OPS), "op"),
@@ -136,10 +134,15 @@ def _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors
                 inplace={"both": (False, True), "yes": (True,), "no": (False,)}[inplace])
 
 
-def _verify_torch_in_world(nprocs, filters, seed, json_file, device) -> None:
-    from ..torch import judge as torch_judge
+def _torch_judge():
+    """Return :mod:`refcoll.torch.judge`, imported when asked: it imports torch (a second)."""
+    from ..torch import judge
 
-    judge = torch_judge.TorchJudge(device)
+    return judge
+
+
+def _verify_torch_in_world(nprocs, filters, seed, json_file, device) -> None:
+    judge = _torch_judge().TorchJudge(device)
     lead = judge.rank == 0
     problem = None
     if lead:

@@ -29,7 +29,9 @@ from .hooks import HookState, comm_hook, refcoll_hook
 from .judge import TorchJudge, TorchReport, judge_collectives
 from .launch import init_process_group, launcher, torch_installed
 
-if torch_installed():  # import refcoll.torch; dist.init_process_group("refcoll")
+# import refcoll.torch; dist.init_process_group("refcoll"). This imports torch (a second):
+# the command line and the benchmark's baselines import this package only when they need it.
+if torch_installed():
     from .backend import register as _register
 
     _register()

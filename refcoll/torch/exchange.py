@@ -24,6 +24,7 @@ import json
 import numpy as np
 
 from ..calls.agree import agree, allgather_records, pack, unpack
+from ..calls.agree import barrier as dissemination
 from ..calls.args import check_root
 from ..core.errors import MismatchError, UsageError
 
@@ -132,8 +133,6 @@ def alltoall(t, ins: list, outs: list, error: str = "") -> None:
 
 def barrier(t) -> None:
     """Return once every rank of ``t`` has called (the dissemination barrier, agreed first)."""
-    from ..calls.agree import barrier as dissemination
-
     with t.call("barrier"):
         agree(t, collective="barrier")
         dissemination(t)

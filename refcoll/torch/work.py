@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..calls.nonblocking import issue
+
 __all__ = ["RefcollWork", "submit"]
 
 
@@ -64,6 +66,4 @@ class RefcollWork(dist.Work):
 
 def submit(name: str, t, job, value) -> RefcollWork:
     """Queue ``job(t)`` on ``t``'s progress engine, in issue order; the Work whose result is ``value``."""
-    from ..calls.nonblocking import issue
-
     return RefcollWork(issue(name, t, job), value)

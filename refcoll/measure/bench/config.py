@@ -66,9 +66,9 @@ NCCL_BASELINES = nccl.NCCL_CALLS
 #: torch.distributed's collective on a Gloo group, timed with ``--against gloo``.
 GLOO_BASELINES = gloo.GLOO_CALLS
 
-#: The libraries ``--against`` names, and what each one's column is called in a table
-#: with several of them.
-LIBRARIES = {"mpi": "MPI", "nccl": "NCCL", "gloo": "Gloo"}
+#: The libraries ``--against`` names, and each one's column. ``backend`` (which ``gloo`` adds):
+#: Gloo's torch.distributed calls on a ``backend="refcoll"`` group of the first algorithm.
+LIBRARIES = {"mpi": "MPI", "nccl": "NCCL", "gloo": "Gloo", "backend": "backend"}
 
 #: The fields of every row, in the order ``--csv`` writes them: the out-of-place half
 #: (``time_us``... ``wrong``), then the in-place half (``inplace_*``), as nccl-tests' row.
@@ -341,7 +341,7 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
     if "nccl" in chosen:
         nccl.require_nccl("--against nccl")
         nccl.nccl_types(dt, baseline_op(config))
-    if "gloo" in chosen:
+    if "gloo" in chosen or "backend" in chosen:
         gloo.require_torch("--against gloo", load=False)  # the ranks import it
         if config.device != "cpu":
             raise UsageError("--against gloo times torch's Gloo backend on host buffers: it "
@@ -378,8 +378,8 @@ def baseline_op(config: BenchConfig) -> str:
 def libraries(config: BenchConfig) -> tuple[str, ...]:
     """Return the libraries ``config.against`` names, in its order (``none``: no library).
 
-    ``against`` is one name of :data:`LIBRARIES`, a comma list of them
-    (``mpi,gloo``), or ``none``; a list may also be given as a sequence.
+    One name of :data:`LIBRARIES`, a comma list or sequence of them, or ``none``;
+    ``gloo`` brings ``backend`` with it.
 
     Raises:
         UsageError: an unknown name, a name twice, or ``none`` in a list.
@@ -398,6 +398,7 @@ def libraries(config: BenchConfig) -> tuple[str, ...]:
             raise UsageError(f"unknown baseline {name!r}: {choices}")
     if len(set(names)) != len(names):
         raise UsageError(f"--against {text} names a library twice")
+    names += ["backend"] if "gloo" in names and "backend" not in names else []
     return tuple(names)
 
 
@@ -412,6 +413,9 @@ def baseline_name(config: BenchConfig, library: str | None = None) -> str | None
         return NCCL_BASELINES[config.collective]
     if library == "gloo":
         return GLOO_BASELINES[config.collective]
+    if library == "backend":
+        call = GLOO_BASELINES[config.collective].removeprefix("Gloo ")
+        return f"{call} on backend=refcoll [{config.algorithms[0]}]"
     if library == "mpi":
         forced = mpi_algorithm(config)
         return BASELINES[config.collective] + (f"[{forced}]" if forced else "")
@@ -471,17 +475,15 @@ def baseline_checked(config: BenchConfig, library: str) -> bool:
     baseline sums) or NCCL (``ncclAvg`` may scale before summing, so its result
     need not be the oracle's); Gloo's average sums, then divides, as refcoll's does.
     """
-    return config.check and (get_op(config.op).name != "avg" or library == "gloo")
+    return config.check and (get_op(config.op).name != "avg" or library in ("gloo", "backend"))
 
 
 def baseline_unavailable(config: BenchConfig, library: str | None = None) -> str | None:
     """Return why a library's collective cannot run for ``config`` (None: it can).
 
-    ``library``: one of :func:`libraries`; None: the first. NCCL's availability
-    is :func:`check_config`'s to refuse; the MPI library's collective is
-    :func:`refcoll.baselines.mpi.mpi_unavailable`'s to judge (a type MPI lacks;
-    device buffers without a CUDA-aware MPI), Gloo's
-    :func:`refcoll.baselines.gloo.gloo_unavailable`'s (a type or an average Gloo lacks).
+    ``library``: one of :func:`libraries`; None: the first. NCCL's availability is
+    :func:`check_config`'s to refuse; the others' their module's to judge
+    (:func:`refcoll.baselines.mpi.mpi_unavailable`, :mod:`refcoll.baselines.gloo`).
     """
     chosen = libraries(config)
     library = library or (chosen[0] if chosen else None)
@@ -492,4 +494,6 @@ def baseline_unavailable(config: BenchConfig, library: str | None = None) -> str
     if library == "gloo":
         return gloo.gloo_unavailable(config.collective, config.dtype, baseline_op(config),
                                      config.device)
+    if library == "backend":
+        return gloo.backend_unavailable(config.algorithms[0], config.collective, config.device)
     return mpi_unavailable(config.collective, config.dtype, config.device)

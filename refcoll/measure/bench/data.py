@@ -166,7 +166,8 @@ def base_call(config: BenchConfig, library: str, groups, data: Data, root: int):
 
     NCCL's on the run's NCCL communicator (:func:`refcoll.baselines.nccl.nccl_call`);
     Gloo's on its Gloo group (:func:`refcoll.baselines.gloo.gloo_call`, which
-    needs ``prepare`` before each call); else the MPI library's on the data ranks
+    needs ``prepare`` before each call), and the same calls on the ``"refcoll"``
+    backend's group (``backend``); else the MPI library's on the data ranks
     (:func:`refcoll.baselines.mpi.mpi_call`; on device buffers, given to mpi4py
     as they are: a CUDA-aware MPI reads them; avg sums, and is not checked).
     """
@@ -174,6 +175,8 @@ def base_call(config: BenchConfig, library: str, groups, data: Data, root: int):
     kwargs = {"op": baseline_op(config), "root": root}
     if library == "gloo":
         return gloo.gloo_call(groups.gloo.group, *args, **kwargs)
+    if library == "backend":  # the same torch calls, on the "refcoll" group
+        return gloo.gloo_call(groups.backend, *args, check=False, **kwargs)
     if library == "nccl":
         return nccl.nccl_call(groups.nccl, *args, **kwargs), None
     return mpi_call(groups.comm(groups.workers), *args, **kwargs), None

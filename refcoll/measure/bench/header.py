@@ -93,6 +93,12 @@ def _notes(config, available: list[str], hosts: list[dict]) -> list[str]:
         notes.append("Gloo: torch.distributed's Gloo group of the same processes, on the same "
                      "buffers (torch.from_numpy, no copy); all_reduce and reduce work in place, "
                      "so the input is copied into the result buffer before each call, untimed")
+    if "backend" in available:
+        notes.append(f"backend: the same torch.distributed calls on a backend=\"refcoll\" group "
+                     f"(REFCOLL_ALGO={config.algorithms[0]}): refcoll's schedule over Gloo's "
+                     "TCP send/recv, so time/backend against refcoll's own rows (over MPI) "
+                     "includes the transport; benchmarks/backend_overhead.py compares it with "
+                     "refcoll's direct call over the same Gloo transport")
     if config.device == "gpu":
         notes.append("device time: every timed call ends when the current stream has drained")
     if any(algorithms.get(n).workers is not None for n in config.algorithms):

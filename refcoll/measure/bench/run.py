@@ -131,8 +131,12 @@ class _Groups:
         self.nccl = None  # NCCL's communicator of the data ranks, made once for the sweep
         self.nccl_log = None  # NCCL's TUNING lines, read after each size (rank 0)
         self.gloo = None  # the Gloo group of the data ranks, started once for the sweep
-        if "gloo" in libraries(config):  # collective over the whole world, as torch's groups are
-            self.gloo = gloo.gloo_group(world, self.workers, timeout)
+        self.backend = None  # a backend="refcoll" group of the data ranks (--against backend)
+        chosen = libraries(config)
+        if "gloo" in chosen or "backend" in chosen:  # collective over the whole world, as
+            self.gloo = gloo.gloo_group(world, self.workers, timeout)  # torch's groups are
+        if "backend" in chosen:
+            self.backend = gloo.backend_group(self.workers, config.algorithms[0], timeout)
         if "nccl" in libraries(config) and self._comms[self.workers] is not None:
             # NCCL's unique id goes out in a blocking MPI bcast: a bounded MPI_Ibarrier first.
             # Its debug settings first: NCCL reads them once, when it initialises.
