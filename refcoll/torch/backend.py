@@ -313,17 +313,26 @@ class RefcollGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllgatherOptions()
 
         def job(t):
-            for outs, x in zip(output_lists, inputs):
-                whole = torch.empty((self.size(), flat(x).numel()), dtype=flat(x).dtype,
-                                    device=x.device)
-                self._allgather(t, whole, x)
-                for r, out in enumerate(outs):
-                    flat(out).copy_(whole[r])
-        return self._submit("allgather", output_lists, job)
+            self._allgather_lists(t, output_lists, inputs)
+        return self._submit("allgather", inputs, job, output_lists)
 
     @_watchable("allgather_coalesced")
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self.allgather(output_lists, inputs, opts)
+        """``output_lists[r][j]``: rank ``r``'s ``inputs[j]`` (by rank first, as Gloo's is)."""
+        by_input = [[outs[j] for outs in output_lists] for j in range(len(inputs))]
+
+        def job(t):
+            self._allgather_lists(t, by_input, inputs)
+        return self._submit("allgather", inputs, job, output_lists)
+
+    def _allgather_lists(self, t, output_lists, inputs) -> None:
+        """``output_lists[j][r]``: rank ``r``'s ``inputs[j]``."""
+        for outs, x in zip(output_lists, inputs):
+            whole = torch.empty((self.size(), flat(x).numel()), dtype=flat(x).dtype,
+                                device=x.device)
+            self._allgather(t, whole, x)
+            for r, out in enumerate(outs):
+                flat(out).copy_(whole[r])
 
     @_watchable("all_gather_single")
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
