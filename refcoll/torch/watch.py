@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 from ..calls import collectives as calls
-from ..core.errors import UsageError, WrongResult
-from ..core.ops import dtype_name
+from ..core.errors import MismatchError, UsageError, WrongResult
+from ..core.ops import DTYPES, dtype_name, unit_roundoff
 from ..verify.oracle import check_outputs
 from .tensors import as_array, flat, reduction
 from .work import submit
@@ -115,6 +115,123 @@ def watched_from_env(store, rank: int, size: int, timeout):
     return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text), action)
 
 
+def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
+    """Gloo has no AVG and no PREMUL_SUM: give it SUM, the factor applied before, ``/p`` after.
+
+    As a program on Gloo does itself (FSDP2 divides before and after a SUM
+    there); on the ``"refcoll"`` backend it asks for AVG. Returns the arguments
+    to hand Gloo and what to run once its call is done (``None``: nothing changed).
+    """
+    opts = args[-1]
+    op = getattr(opts, "reduceOp", None)
+    kind = str(getattr(op, "op", op)).rsplit(".", 1)[-1]
+    if kind not in ("AVG", "PREMUL_SUM") or method not in _GLOO_SUMS:
+        return args, None
+    factor = reduction(op)[1]
+    summed = type(opts)()
+    for field in ("rootRank", "rootTensor", "timeout"):
+        if hasattr(opts, field):
+            setattr(summed, field, getattr(opts, field))
+    summed.reduceOp = dist.ReduceOp.SUM
+    if method in ("allreduce", "allreduce_coalesced", "reduce"):
+        tensors = args[0]
+        for tensor in tensors if factor is not None else ():
+            tensor.mul_(factor)
+        outs = tensors if method != "reduce" or rank == opts.rootRank else []
+        args = (tensors, summed)
+    elif method == "reduce_scatter_single":
+        outs, x = [args[0]], args[1]
+        args = (args[0], x if factor is None else x * factor, summed)
+    else:  # reduce_scatter: lists
+        outs, pieces = args[0], args[1]
+        if factor is not None:
+            pieces = [[piece * factor for piece in row] for row in pieces]
+        args = (outs, pieces, summed)
+
+    def finish() -> None:
+        if kind == "AVG":
+            for out in outs:
+                out.div_(p)
+    return args, finish
+
+
+#: The calls :func:`_as_gloo_sums` rewrites.
+_GLOO_SUMS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter",
+              "reduce_scatter_single")
+
+
+#: The collectives judged, by the code their samples carry.
+_JUDGED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+#: The header of a rank's sample record: what every rank must agree on.
+_HEADER = ("call", "collective", "dtype", "elements", "inputs sampled", "outputs sampled", "root")
+
+
+def _exchange(t, sample: "_Sample", before: np.ndarray, after: np.ndarray, k: int):
+    """Allgather every rank's sampled inputs and outputs; return them, per rank.
+
+    One exchange, of records of one size on every rank (a header, then the
+    values, zero-padded to ``(p + 1)·k`` eight-byte elements), so it needs no
+    agreement of its own: the header is compared instead, and ranks that
+    disagree on the call raise the same MismatchError.
+    """
+    dtype = before.dtype
+    header = np.array([sample.number, _JUDGED.index(sample.collective),
+                       list(DTYPES).index(dtype_name(dtype)), sample.m, before.size, after.size,
+                       sample.root, 0], np.int64)
+    record = np.zeros(header.nbytes + (t.size + 1) * k * 8, np.uint8)
+    values = np.concatenate([before, after]).view(np.uint8)
+    record[:header.nbytes] = header.view(np.uint8)
+    record[header.nbytes:header.nbytes + values.size] = values
+    table = calls.allgather(record, t, algorithm="rabenseifner", validate=False)
+    heads = table[:, :header.nbytes].copy().view(np.int64)
+    for field, column in zip(_HEADER, heads.T):
+        if (column != column[0]).any():
+            raise MismatchError(f"watch: the ranks judged different calls: {field}: " + ", ".join(
+                f"rank {r} has {v}" for r, v in enumerate(column.tolist())))
+    data = table[:, header.nbytes:header.nbytes + values.size].copy().view(dtype)
+    return [row[:before.size] for row in data], [row[before.size:] for row in data]
+
+
+def _plainly_right(sample: "_Sample", inputs, outputs) -> bool:
+    """Return whether the sample is right on its face (the oracle's full check then not needed).
+
+    Data movement: the bits land where they belong. A float sum or average: every rank
+    holds the same bits, each within the rigorous bound of the exact value, which a
+    float64 sum of ``p`` narrower values gives to far below it. Anything else, or any
+    doubt, goes to :func:`refcoll.verify.oracle.check_outputs`.
+    """
+    p, dtype = len(inputs), inputs[0].dtype
+    words = lambda a: a.view(f"u{a.dtype.itemsize}")  # noqa: E731 - bits, for equality
+    if sample.collective == "broadcast":
+        return all(np.array_equal(words(o), words(inputs[sample.root])) for o in outputs)
+    if sample.collective == "allgather":
+        whole = words(np.concatenate(inputs))
+        return all(np.array_equal(words(o), whole) for o in outputs)
+    if sample.op not in ("sum", "avg") or dtype.itemsize > 4 or dtype.kind != "f" \
+            or sample.collective == "reduce":
+        return False
+    if sample.collective == "allreduce":
+        if any(not np.array_equal(words(o), words(outputs[0])) for o in outputs):
+            return False
+        got, xs = outputs[0].astype(np.float64), [x.astype(np.float64) for x in inputs]
+    else:  # reduce_scatter: rank c holds chunk c of every rank's inputs
+        k = outputs[0].size
+        got = np.concatenate(outputs).astype(np.float64)
+        xs = [x.astype(np.float64) for x in inputs]
+        if any(x.size != p * k for x in xs):
+            return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact, scale = np.sum(xs, axis=0), np.sum(np.abs(xs), axis=0)
+        u = unit_roundoff(dtype)
+        if sample.op == "avg":
+            exact, scale, steps = exact / p, scale / p, p
+        else:
+            steps = p - 1
+        bound = steps * u / (1 - steps * u) * scale
+        return bool(np.all(np.isfinite(got)) and np.all(np.abs(got - exact) <= bound))
+
+
 def _values(tensor: torch.Tensor) -> np.ndarray:
     """Return a (small) tensor's values as a NumPy array of refcoll's dtype, a copy on the host."""
     return np.array(as_array(tensor.detach().cpu().contiguous(), _HOST), copy=True)
@@ -161,14 +278,20 @@ class Watch:
             sample = None if kwargs else self._sample(method, args)
         except (TypeError, ValueError):
             sample = None  # a dtype or op refcoll cannot judge: the call goes unjudged
+        result = args[0] if args and isinstance(args[0], list) else list(args[:1])
+        finish = None
+        if self.backend == "gloo" and not kwargs:
+            args, finish = _as_gloo_sums(method, args, refcoll_group.rank(), refcoll_group.size())
         work = self._method(method)(*args, **kwargs)
-        if sample is None:
+        if sample is None and finish is None:
             return work
-        result = args[0] if isinstance(args[0], list) else [args[0]]
 
         def job(t):
             work.wait()  # the watched library's own error, if it has one, is the call's
-            self._judge(t, sample)
+            if finish is not None:
+                finish()
+            if sample is not None:
+                self._judge(t, sample)
 
         return submit(f"watch {sample.collective}", refcoll_group._cpu, job, result)
 
@@ -242,14 +365,13 @@ class Watch:
     def _judge(self, t, sample: _Sample) -> None:
         """Gather every rank's sample, judge it the same way on every rank, raise or log."""
         before, after = sample.before, sample.read_after()
-        mine = np.concatenate([before, after])
-        table = calls.allgather(mine, t, algorithm="ring")
-        inputs = [row[:before.size] for row in table]
-        outputs = [row[before.size:] for row in table]
+        inputs, outputs = _exchange(t, sample, before, after, self.sample)
         if sample.factor is not None:  # PREMUL_SUM: each rank's input times the factor, rounded
             inputs = [x * x.dtype.type(sample.factor) for x in inputs]
         if sample.collective == "reduce":
             outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
+        if _plainly_right(sample, inputs, outputs):
+            return
         op = sample.op if sample.op != "-" else "sum"
         report = check_outputs(inputs, outputs, collective=sample.collective, op=op,
                                root=sample.root)

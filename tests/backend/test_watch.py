@@ -171,3 +171,17 @@ def test_watch_settings_are_checked_when_the_group_is_made(world):
         watching("gloo", REFCOLL_WATCH_SAMPLE=0)
     with pytest.raises(UsageError, match="cannot watch itself"):
         watching("refcoll")
+
+
+def test_avg_and_premul_sum_on_gloo_are_sums_with_the_factor_and_the_division(world):
+    # Gloo has neither; FSDP2 asks a "refcoll" group for AVG, so watch mode gives Gloo a SUM
+    p, r = world.size(), world.rank()
+    group = watching("gloo")
+    t = torch.arange(12, dtype=torch.float32) + r
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+    assert t.tolist() == [k + (p - 1) / 2 for k in range(12)]
+    out = torch.empty(4)
+    x = torch.ones(4 * p) * (r + 1)
+    dist.reduce_scatter_single(out, x, op=dist._make_nccl_premul_sum(0.5), group=group)
+    assert out.tolist() == [0.5 * p * (p + 1) / 2] * 4 and x.tolist() == [r + 1.0] * (4 * p)
+    assert not group.watched.findings
