@@ -68,6 +68,7 @@ from ..transport.base import default_timeout
 from ..transport.torch import TorchTransport
 from . import exchange
 from .tensors import as_array, flat, reduction
+from .watch import watched_from_env
 from .work import submit
 
 __all__ = ["NAME", "register", "RefcollGroup", "algorithms_from_env", "COLLECTIVES"]
@@ -123,8 +124,6 @@ def _timeout(group_timeout: datetime.timedelta) -> float | None:
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     """The creator torch calls on every rank of a new group: a RefcollGroup."""
-    from .watch import watched_from_env
-
     algorithms = algorithms_from_env()
     watched = watched_from_env(store, rank, size, timeout)
     return RefcollGroup(store, rank, size, timeout, algorithms=algorithms, watched=watched)

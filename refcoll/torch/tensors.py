@@ -1,7 +1,8 @@
 """Tensors in, tensors out: torch tensors as NumPy or CuPy arrays over the same memory.
 
-A CPU tensor becomes a NumPy array with ``Tensor.numpy()``, a CUDA tensor a CuPy
-array with DLPack: no copy either way, and results come back the same way
+A CPU tensor becomes a NumPy array, a CUDA tensor a CuPy array, both with DLPack
+(``Tensor.numpy()`` would mark the storage as never resizable, which FSDP's
+freed-and-regrown parameters cannot have): no copy either way, and results come back the same way
 (``torch.from_numpy``, ``torch.from_dlpack``). bfloat16 and float8 tensors, which
 NumPy and DLPack have no type for, travel as their bits (an integer view of the
 same width) and are read as ml_dtypes' types.
@@ -85,9 +86,11 @@ def as_array(tensor, t, what: str = "the input"):
         if bits is not None:
             return cupy.from_dlpack(tensor.view(bits[0])).view(bits[1])
         return cupy.from_dlpack(tensor)
+    # DLPack, not Tensor.numpy(): numpy() marks the storage as never resizable again, and
+    # FSDP frees and regrows its parameters' storage (resize_) around every all-gather.
     if bits is not None:
-        return tensor.view(bits[0]).numpy().view(bits[1])
-    return tensor.numpy()
+        return np.from_dlpack(tensor.view(bits[0])).view(bits[1])
+    return np.from_dlpack(tensor)
 
 
 def as_tensor(array, like):
@@ -140,7 +143,15 @@ def reduction(op) -> tuple[str, object]:
 
 
 def flat(tensor):
-    """Return a contiguous tensor's elements as one dimension (a complex tensor as its reals)."""
+    """Return a contiguous tensor's elements as one dimension (a complex tensor as its reals).
+
+    Raises:
+        ValueError: a sparse tensor (refcoll reduces dense ones).
+    """
+    if tensor.layout != _torch().strided:
+        raise ValueError(f"a {str(tensor.layout).removeprefix('torch.')} tensor: refcoll "
+                         "reduces dense tensors (tensor.to_dense(); Gloo's backend has a "
+                         "sparse all-reduce)")
     if tensor.is_complex():
         tensor = _torch().view_as_real(tensor)
     return tensor.reshape(-1)

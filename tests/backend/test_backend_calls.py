@@ -189,6 +189,20 @@ def test_what_refcoll_cannot_reduce_is_an_error_on_every_rank(world):
         dist.all_reduce(torch.ones(3, dtype=torch.bool))
 
 
+def test_a_sparse_tensor_is_refused_on_every_rank(world):
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    with pytest.raises(ValueError, match="sparse_coo tensor: refcoll reduces dense tensors"):
+        dist.all_reduce(sparse)
+
+
+def test_a_tensor_it_carried_can_still_be_freed_and_regrown(world):
+    # as FSDP does with its parameters' storage: Tensor.numpy() would forbid it
+    t = torch.ones(64)
+    dist.all_reduce(t)
+    t.untyped_storage().resize_(0)
+    t.untyped_storage().resize_(64 * 4)
+
+
 def test_an_unknown_algorithm_is_refused_when_the_group_is_made(world):
     with pytest.raises(UsageError, match="REFCOLL_ALGO='nosuch'"):
         group_with(REFCOLL_ALGO="nosuch")
