@@ -11,9 +11,10 @@ all-reduces a step) on two groups of the same processes, in alternating blocks
 of ``--block`` steps so that both see the same machine:
 
 * ``gloo``: DDP on a Gloo group, as a user runs it;
-* ``watch``: DDP on a ``"refcoll"`` group with ``REFCOLL_WATCH=gloo`` and
-  ``REFCOLL_WATCH_SAMPLE=k``: the same Gloo all-reduces, each judged on ``k``
-  elements (a small allgather of the samples over refcoll's own Gloo group).
+* ``watch``: DDP on a ``"refcoll"`` group with ``REFCOLL_WATCH=gloo``,
+  ``REFCOLL_WATCH_SAMPLE=k`` and ``REFCOLL_WATCH_BATCH=b``: the same Gloo
+  all-reduces, each judged on ``k`` elements (the samples of ``b`` calls in one
+  small allgather over refcoll's own Gloo group).
 
 Each group's step time is the median over its steps (forward, backward with
 DDP's all-reduces, optimizer step), per rank, the larger of the ranks. Then,
@@ -41,6 +42,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400, help="steps per group")
     parser.add_argument("--block", type=int, default=20, help="steps per alternating block")
     parser.add_argument("--sample", type=int, default=64, help="REFCOLL_WATCH_SAMPLE")
+    parser.add_argument("--batch", type=int, default=1, help="REFCOLL_WATCH_BATCH")
     parser.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
@@ -56,7 +58,8 @@ def main() -> int:
     torch.set_num_threads(1)
     rt.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
-    os.environ.update(REFCOLL_WATCH="gloo", REFCOLL_WATCH_SAMPLE=str(args.sample))
+    os.environ.update(REFCOLL_WATCH="gloo", REFCOLL_WATCH_SAMPLE=str(args.sample),
+                      REFCOLL_WATCH_BATCH=str(args.batch))
     watched = dist.new_group(backend="refcoll")
     del os.environ["REFCOLL_WATCH"]
     x_train, y_train = (torch.from_numpy(a) for a in load_digits_split()[:2])
@@ -98,7 +101,8 @@ def main() -> int:
         ratio = worst["watch"] / worst["gloo"]
         print(f"watch overhead: DDP on the digits (examples/ddp_digits.py's model and buckets), "
               f"{p} processes ({rt.launcher()}), {args.steps} steps per group in blocks of "
-              f"{args.block}, REFCOLL_WATCH_SAMPLE={args.sample}")
+              f"{args.block}, REFCOLL_WATCH_SAMPLE={args.sample}, "
+              f"REFCOLL_WATCH_BATCH={args.batch}")
         if p > (os.cpu_count() or 1):
             print(f"note: {p} processes on {os.cpu_count()} cores: oversubscribed, suspect")
         print(f"  step time, median (largest rank): Gloo {1e6 * worst['gloo']:.0f} us, watched "

@@ -68,7 +68,7 @@ def require_torch(what: str = "Gloo", *, load: bool = True):
 
 
 def _bridge():
-    """Return :mod:`refcoll.torch`, imported when a torch baseline is asked for (it imports torch)."""
+    """Return :mod:`refcoll.torch`, imported only when a torch baseline runs (it imports torch)."""
     import refcoll.torch as bridge
 
     return bridge
@@ -166,7 +166,7 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
 
 
 def backend_unavailable(algorithm: str, collective: str, device: str) -> str | None:
-    """Return why torch's calls on the ``"refcoll"`` backend cannot time ``algorithm`` (None: they can)."""
+    """Return why torch's calls on a ``"refcoll"`` group cannot time ``algorithm`` (None: they can)."""
     if device != "cpu":
         return "the refcoll backend's baseline runs on host buffers (--device cpu)"
     if algorithm not in registry.names(collective) or registry.get(algorithm).workers is not None:
@@ -207,7 +207,8 @@ def _tensor(array):
 
 
 def gloo_call(group, collective: str, sendbuf: np.ndarray, recvbuf: np.ndarray | None, *,
-              op: str = "sum", root: int = 0, check: bool = True) -> tuple[Callable[[], None], Callable | None]:
+              op: str = "sum", root: int = 0,
+              check: bool = True) -> tuple[Callable[[], None], Callable | None]:
     """Return ``(call, prepare)``: torch's Gloo ``collective`` on these NumPy buffers.
 
     The buffers follow refcoll's layout of the collective, as

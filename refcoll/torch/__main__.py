@@ -1,4 +1,4 @@
-"""``python -m refcoll.torch SCRIPT [ARGS...]``: run a torch program with the "refcoll" backend registered.
+"""``python -m refcoll.torch SCRIPT [ARGS...]``: a torch program, the "refcoll" backend registered.
 
 For a program that cannot be edited to ``import refcoll.torch``: ``torchrun
 --nproc-per-node 2 -m refcoll.torch train.py --backend refcoll`` runs

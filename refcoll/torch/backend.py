@@ -1,4 +1,4 @@
-"""The ``"refcoll"`` backend of ``torch.distributed``: an unmodified program's collectives on refcoll.
+"""The ``"refcoll"`` backend of ``torch.distributed``: a program's collectives on refcoll's.
 
 ::
 

@@ -10,11 +10,12 @@ watched backend (``gloo``, ``nccl`` or any backend registered with
 ``torch.distributed.Backend.register_backend``) from the same store and hands it
 every collective, unchanged: the program's numbers are that library's. For
 every all-reduce, reduce-scatter, allgather, broadcast and reduce it also picks
-``k`` elements (``REFCOLL_WATCH_SAMPLE``, 64 by default; the same elements on
-every rank, drawn afresh for each call), keeps their inputs before the call and
-reads their outputs after it. The ranks then allgather those few values over
-refcoll's own Gloo group (not the watched one) and each judges them by the
-oracle's rules (:func:`refcoll.verify.oracle.check_outputs`):
+``k`` elements (``REFCOLL_WATCH_SAMPLE``, 64 by default; the same on every
+rank, evenly spaced from an offset drawn afresh for each call), keeps their
+inputs before the call and reads their outputs after it. The ranks then
+allgather those few values over refcoll's own Gloo group (not the watched one),
+in one exchange of fixed-size records, and each judges them by the oracle's
+rules (:func:`refcoll.verify.oracle.check_outputs`):
 
 * **rank agreement**: all-reduce, allgather and broadcast outputs are the same
   bits on every rank;
@@ -32,8 +33,13 @@ naming the collective, op, dtype, element, ranks and the range a conforming
 library could have returned. The judging is a job on refcoll's progress
 engine, queued in issue order behind the watched call, so ``async_op=True``
 still overlaps; the Work the program waits on completes when the sample has
-been judged. Other calls (gather, scatter, all-to-all, barrier, point to point)
-are handed over unjudged.
+been judged, and a wrong result is raised from that call's ``wait()``.
+``REFCOLL_WATCH_BATCH=n`` sends the samples of ``n`` calls in one exchange,
+judged when the ``n``-th completes: a wrong call is then named as ever but
+raised from the wait of the call that closes its batch, for a fraction of the
+cost (the exchange is most of it: ``benchmarks/watch_overhead.py``). Other
+calls (gather, scatter, all-to-all, barrier, point to point) are handed over
+unjudged.
 """
 
 from __future__ import annotations
@@ -112,7 +118,12 @@ def watched_from_env(store, rank: int, size: int, timeout):
     if action not in ("raise", "log"):
         raise UsageError(f"REFCOLL_WATCH_ACTION={action!r}: use raise (a WrongResult on every "
                          "rank) or log (a log line, and training goes on)")
-    return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text), action)
+    batch = os.environ.get("REFCOLL_WATCH_BATCH", "").strip() or "1"
+    if not batch.isdigit() or int(batch) < 1:
+        raise UsageError(f"REFCOLL_WATCH_BATCH={batch!r}: give the calls whose samples travel "
+                         "together, a whole number of at least 1")
+    return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text), action,
+                 int(batch))
 
 
 def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
@@ -164,33 +175,43 @@ _GLOO_SUMS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter",
 _JUDGED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
 #: The header of a rank's sample record: what every rank must agree on.
-_HEADER = ("call", "collective", "dtype", "elements", "inputs sampled", "outputs sampled", "root")
+_HEADER = ("call", "collective", "dtype", "elements", "inputs sampled", "outputs sampled", "root",
+           "reserved")
 
 
-def _exchange(t, sample: "_Sample", before: np.ndarray, after: np.ndarray, k: int):
-    """Allgather every rank's sampled inputs and outputs; return them, per rank.
+def _exchange(t, samples: list, k: int) -> list:
+    """Allgather every rank's sampled inputs and outputs of ``samples``; return them per call.
 
-    One exchange, of records of one size on every rank (a header, then the
-    values, zero-padded to ``(p + 1)·k`` eight-byte elements), so it needs no
-    agreement of its own: the header is compared instead, and ranks that
-    disagree on the call raise the same MismatchError.
+    One exchange, of records of one size on every rank (per call a header, then
+    the values, zero-padded to ``(p + 1)·k`` eight-byte elements), so it needs no
+    agreement of its own: the headers are compared instead, and ranks that
+    disagree on a call raise the same MismatchError. Returns, per sample,
+    ``(inputs, outputs)``: one array per rank each.
     """
-    dtype = before.dtype
-    header = np.array([sample.number, _JUDGED.index(sample.collective),
-                       list(DTYPES).index(dtype_name(dtype)), sample.m, before.size, after.size,
-                       sample.root, 0], np.int64)
-    record = np.zeros(header.nbytes + (t.size + 1) * k * 8, np.uint8)
-    values = np.concatenate([before, after]).view(np.uint8)
-    record[:header.nbytes] = header.view(np.uint8)
-    record[header.nbytes:header.nbytes + values.size] = values
+    heads, span = 8 * len(_HEADER), 8 * len(_HEADER) + (t.size + 1) * k * 8
+    record = np.zeros(span * len(samples), np.uint8)
+    for i, sample in enumerate(samples):
+        before, after = sample.before, sample.after
+        header = np.array([sample.number, _JUDGED.index(sample.collective),
+                           list(DTYPES).index(dtype_name(before.dtype)), sample.m, before.size,
+                           after.size, sample.root, 0], np.int64)
+        values = np.concatenate([before, after]).view(np.uint8)
+        record[i * span:i * span + heads] = header.view(np.uint8)
+        record[i * span + heads:i * span + heads + values.size] = values
     table = calls.allgather(record, t, algorithm="rabenseifner", validate=False)
-    heads = table[:, :header.nbytes].copy().view(np.int64)
-    for field, column in zip(_HEADER, heads.T):
-        if (column != column[0]).any():
-            raise MismatchError(f"watch: the ranks judged different calls: {field}: " + ", ".join(
-                f"rank {r} has {v}" for r, v in enumerate(column.tolist())))
-    data = table[:, header.nbytes:header.nbytes + values.size].copy().view(dtype)
-    return [row[:before.size] for row in data], [row[before.size:] for row in data]
+    out = []
+    for i, sample in enumerate(samples):
+        rows = table[:, i * span:(i + 1) * span]
+        for field, column in zip(_HEADER, rows[:, :heads].copy().view(np.int64).T):
+            if (column != column[0]).any():
+                raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
+                                    ", ".join(f"rank {r} has {v}"
+                                              for r, v in enumerate(column.tolist())))
+        n = sample.before.size
+        data = rows[:, heads:heads + (n + sample.after.size) * sample.before.itemsize].copy()
+        data = data.view(sample.before.dtype)
+        out.append(([row[:n] for row in data], [row[n:] for row in data]))
+    return out
 
 
 def _plainly_right(sample: "_Sample", inputs, outputs) -> bool:
@@ -254,6 +275,7 @@ class _Sample:
         self.idx, self.m = idx, m
         self.number = 0  # the call's number among the judged ones
         self.before: np.ndarray | None = None
+        self.after: np.ndarray | None = None
         self.read_after = None  # () -> the outputs' values at the sample
 
     def real_index(self, s: int, whole: bool) -> int:
@@ -267,8 +289,10 @@ class _Sample:
 class Watch:
     """Watch mode of one ``"refcoll"`` group: the watched backend's group and the judging."""
 
-    def __init__(self, backend: str, group, sample: int, action: str):
+    def __init__(self, backend: str, group, sample: int, action: str, batch: int = 1):
         self.backend, self.group, self.sample, self.action = backend, group, sample, action
+        self.batch = batch  # calls whose samples travel in one exchange (REFCOLL_WATCH_BATCH)
+        self.pending: list[_Sample] = []  # sampled calls not yet judged, in issue order
         self.calls = 0  # calls judged, the same count on every rank
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
 
@@ -285,15 +309,27 @@ class Watch:
         work = self._method(method)(*args, **kwargs)
         if sample is None and finish is None:
             return work
+        batch = []
+        if sample is not None:
+            self.pending.append(sample)
+            if len(self.pending) >= self.batch:  # taken now: later calls' samples wait
+                batch, self.pending = self.pending, []
 
         def job(t):
-            work.wait()  # the watched library's own error, if it has one, is the call's
+            try:
+                work.wait()  # the watched library's own error, if it has one, is the call's
+            except BaseException:
+                batch.clear()  # nothing of this batch is judged (the ranks see the error)
+                raise
             if finish is not None:
                 finish()
             if sample is not None:
-                self._judge(t, sample)
+                sample.after = sample.read_after()
+            if batch:
+                self._judge(t, batch)
 
-        return submit(f"watch {sample.collective}", refcoll_group._cpu, job, result)
+        name = sample.collective if sample is not None else method
+        return submit(f"watch {name}", refcoll_group._cpu, job, result)
 
     def _method(self, name: str):
         """The watched group's method for torch 2.13's ``name``, or its older name."""
@@ -307,11 +343,18 @@ class Watch:
     # ------------------------------------------------------------ sampling
 
     def _indices(self, m: int) -> np.ndarray:
+        """The call's ``k`` elements of ``m``: every ``m/k``-th from an offset of its own.
+
+        The same on every rank (from the call's number alone), spread over the
+        whole tensor, and a different set for each call: cheaper than a random
+        draw (this runs in the caller's path), and no element is out of reach.
+        """
         self.calls += 1
         if m <= self.sample:
             return np.arange(m)
-        rng = np.random.default_rng([0x5EED, self.calls])
-        return np.sort(rng.choice(m, size=self.sample, replace=False))
+        stride = m // self.sample
+        offset = (self.calls * 2654435761) % m  # Knuth's multiplicative hash of the call
+        return np.sort((offset + stride * np.arange(self.sample)) % m)
 
     def _sample(self, method: str, args) -> _Sample | None:
         """Keep the sampled inputs of a judged call now, before the call may overwrite them."""
@@ -362,27 +405,28 @@ class Watch:
 
     # ------------------------------------------------------------- judging
 
-    def _judge(self, t, sample: _Sample) -> None:
-        """Gather every rank's sample, judge it the same way on every rank, raise or log."""
-        before, after = sample.before, sample.read_after()
-        inputs, outputs = _exchange(t, sample, before, after, self.sample)
-        if sample.factor is not None:  # PREMUL_SUM: each rank's input times the factor, rounded
-            inputs = [x * x.dtype.type(sample.factor) for x in inputs]
-        if sample.collective == "reduce":
-            outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
-        if _plainly_right(sample, inputs, outputs):
-            return
-        op = sample.op if sample.op != "-" else "sum"
-        report = check_outputs(inputs, outputs, collective=sample.collective, op=op,
-                               root=sample.root)
-        if report.conforming:
-            return
-        message = self._message(sample, report, before.dtype, t.size)
-        if self.action == "log":
-            self.findings.append(message)
-            _log.error(message)
-            return
-        raise WrongResult(message)
+    def _judge(self, t, samples: list) -> None:
+        """Gather every rank's samples, judge them the same way on every rank, raise or log."""
+        problems = []
+        for sample, (inputs, outputs) in zip(samples, _exchange(t, samples, self.sample)):
+            if sample.factor is not None:  # PREMUL_SUM: each input times the factor, rounded
+                inputs = [x * x.dtype.type(sample.factor) for x in inputs]
+            if sample.collective == "reduce":
+                outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
+            if _plainly_right(sample, inputs, outputs):
+                continue
+            op = sample.op if sample.op != "-" else "sum"
+            report = check_outputs(inputs, outputs, collective=sample.collective, op=op,
+                                   root=sample.root)
+            if not report.conforming:
+                problems.append(self._message(sample, report, sample.before.dtype, t.size))
+        if problems and self.action == "log":
+            self.findings += problems
+            for message in problems:
+                _log.error(message)
+        elif problems:
+            raise WrongResult(problems[0] + (f" (and {len(problems) - 1} more wrong calls in this "
+                                             "batch)" if len(problems) > 1 else ""))
 
     def _message(self, sample: _Sample, report, dtype, p: int) -> str:
         def real(match: re.Match) -> str:

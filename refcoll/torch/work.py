@@ -1,4 +1,4 @@
-"""The ``Work`` a ``"refcoll"`` group returns: a refcoll :class:`~refcoll.calls.progress.Handle` as torch sees it.
+"""The ``Work`` a ``"refcoll"`` group returns: a refcoll handle, as torch waits on one.
 
 ``torch.distributed`` waits on what a backend returns: ``wait()``,
 ``is_completed()``, ``get_future()``, ``exception()``. A Python subclass of
@@ -65,5 +65,5 @@ class RefcollWork(dist.Work):
 
 
 def submit(name: str, t, job, value) -> RefcollWork:
-    """Queue ``job(t)`` on ``t``'s progress engine, in issue order; the Work whose result is ``value``."""
+    """Queue ``job(t)`` on ``t``'s progress engine, in issue order; its Work (result ``value``)."""
     return RefcollWork(issue(name, t, job), value)

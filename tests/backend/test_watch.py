@@ -185,3 +185,15 @@ def test_avg_and_premul_sum_on_gloo_are_sums_with_the_factor_and_the_division(wo
     dist.reduce_scatter_single(out, x, op=dist._make_nccl_premul_sum(0.5), group=group)
     assert out.tolist() == [0.5 * p * (p + 1) / 2] * 4 and x.tolist() == [r + 1.0] * (4 * p)
     assert not group.watched.findings
+
+
+def test_samples_batched_are_judged_together_naming_the_wrong_call(world):
+    group = watching("corrupting", "allreduce:2:element", REFCOLL_WATCH_BATCH=3)
+    results = []
+    for _ in range(2):  # calls 1 and 2 complete: their samples wait for the third
+        t = torch.arange(10, dtype=torch.float32)
+        dist.all_reduce(t, group=group)
+        results.append(t)
+    with pytest.raises(WrongResult, match=r"call 2, 10 elements sampled .* element 5"):
+        dist.all_reduce(torch.arange(10, dtype=torch.float32), group=group)
+    assert group.watched.calls == 3 and not group.watched.pending
