@@ -166,7 +166,7 @@ def gloo_group(comm, workers: int, timeout: float | None = None) -> GlooGroup:
 
 
 def backend_unavailable(algorithm: str, collective: str, device: str) -> str | None:
-    """Return why torch's calls on a ``"refcoll"`` group cannot time ``algorithm`` (None: they can)."""
+    """Return why torch's calls on a ``"refcoll"`` group cannot time ``algorithm`` (None: can)."""
     if device != "cpu":
         return "the refcoll backend's baseline runs on host buffers (--device cpu)"
     if algorithm not in registry.names(collective) or registry.get(algorithm).workers is not None:
