@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "refcoll"
 LAYERS = {
     "core": 0,
     "transport": 1,
+    "cluster": 1,
     "algorithms": 2,
     "calls": 3,
     "compressors": 4,

@@ -1,0 +1,128 @@
+"""``refcoll cluster``: an emulated cluster on this machine (namespaces, veth links, ``tc``).
+
+::
+
+    refcoll cluster up --nodes 2 --ranks-per-node 2 --link 1gbit [--delay 50us]
+    refcoll cluster run -- refcoll bench -b 1M -e 64M -f 4 --against mpi
+    refcoll cluster check            # each link's rate and round trip, measured
+    refcoll cluster status
+    refcoll cluster down
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import click
+
+from ..cluster import emulate
+from ..cluster.check import format_links, measure_links
+from ..core.errors import UsageError
+from .common import main, reports_errors
+
+__all__ = ["cluster"]
+
+
+@main.group()
+def cluster():
+    """An emulated cluster: a network namespace per node, shaped links (needs root)."""
+
+
+def _node_links(values) -> dict:
+    out = {}
+    for value in values:
+        node, sep, rate = value.partition("=")
+        if not sep or not node.strip().isdigit():
+            raise UsageError(f"--node-link {value!r}: write NODE=RATE, e.g. 2=100mbit")
+        emulate.parse_rate(rate)
+        out[int(node)] = rate.strip()
+    return out
+
+
+@cluster.command()
+@click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--ranks-per-node", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--link", default="1gbit", show_default=True,
+              help="Every node's link rate, as tc writes it (1gbit, 100mbit) or 1Gbit/s.")
+@click.option("--node-link", "node_links", multiple=True, metavar="NODE=RATE",
+              help="One node's own link rate (a slower node), e.g. 2=100mbit.")
+@click.option("--delay", default=None, help="Added one-way delay per link (netem), e.g. 50us.")
+@click.option("--racks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes grouped in racks, whose bridges a core bridge joins.")
+@click.option("--oversubscription", type=float, default=1.0, show_default=True,
+              help="A rack uplink's rate is its nodes' links over this.")
+@reports_errors
+def up(nodes, ranks_per_node, link, node_links, delay, racks, oversubscription):
+    """Build the cluster (a second up replaces the first)."""
+    spec = emulate.ClusterSpec(nodes=nodes, ranks_per_node=ranks_per_node, link=link,
+                               node_links=_node_links(node_links), delay=delay, racks=racks,
+                               oversubscription=oversubscription)
+    made = emulate.up(spec)
+    click.echo(f"cluster {made.prefix}: {nodes} nodes x {ranks_per_node} ranks, links {link}"
+               + (f", delay {delay}" if delay else "") +
+               (f", {racks} racks, uplinks oversubscribed {oversubscription:g}x"
+                if racks > 1 else ""))
+    for node in made.describe()["nodes"]:
+        click.echo(f"  node {node['node']}: host {node['host']}, {node['address']}, rack "
+                   f"{node['rack']}, link {node['link']}")
+    click.echo(f"topology: {made.state_file}")
+
+
+@cluster.command()
+@reports_errors
+def down():
+    """Remove the cluster: its processes, namespaces and files."""
+    gone = emulate.down()
+    click.echo(f"removed {', '.join(gone)}" if gone else "no cluster was up")
+
+
+@cluster.command()
+@click.option("--json", "as_json", is_flag=True, help="The state as JSON.")
+@reports_errors
+def status(as_json):
+    """Show the cluster that is up."""
+    states = emulate.status()
+    if as_json:
+        click.echo(json.dumps(states, indent=1))
+        return
+    if not states:
+        click.echo("no cluster is up")
+    for state in states:
+        spec = state.get("spec", {})
+        whole = "complete" if state.get("complete") else "INCOMPLETE (refcoll cluster down)"
+        click.echo(f"cluster {state['prefix']}: {spec.get('nodes')} nodes x "
+                   f"{spec.get('ranks_per_node')} ranks, link {spec.get('link')}, {whole}")
+
+
+def _the_cluster() -> emulate.Cluster:
+    states = emulate.status()
+    if not states:
+        raise UsageError("no cluster is up: refcoll cluster up first")
+    return emulate.attach(states[0])
+
+
+@cluster.command(context_settings={"ignore_unknown_options": True})
+@click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None,
+              help="Processes (default: every rank of every node).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@reports_errors
+def run(nprocs, command):
+    """Run COMMAND on the ranks across the nodes (MPICH's mpiexec on node 1)."""
+    made = _the_cluster()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run's cleanup on a kill
+    code = made.run(list(command), nprocs).returncode
+    sent = sum(tx for tx, _ in made.last_traffic.values())
+    click.echo(f"# cluster {made.prefix}: bytes sent over the nodes' links: " + ", ".join(
+        f"node {i} {tx} B" for i, (tx, _) in sorted(made.last_traffic.items()))
+        + f" ({sent} B in all)", err=True)
+    sys.exit(code)
+
+
+@cluster.command()
+@reports_errors
+def check():
+    """Measure each link's rate and round trip (a TCP socket), beside what was asked."""
+    for line in format_links(measure_links(_the_cluster())):
+        click.echo(line)

@@ -1,0 +1,14 @@
+"""Emulated nodes on one machine: namespaces, links, racks, the launcher stand-in, the topology.
+
+:class:`~refcoll.cluster.emulate.Cluster` builds a cluster of network
+namespaces joined by shaped veth links (``refcoll cluster up``);
+:mod:`refcoll.cluster.standin` is the ``ssh`` that MPICH's ``mpiexec`` uses
+to start a node's processes inside its namespace. Nothing above the transport
+layer needs this package.
+"""
+
+from .emulate import (Cluster, ClusterError, ClusterSpec, attach, clusters, down,
+                      missing_capability, parse_rate, status, up)
+
+__all__ = ["Cluster", "ClusterError", "ClusterSpec", "attach", "clusters", "down",
+           "missing_capability", "parse_rate", "status", "up"]

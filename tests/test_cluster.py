@@ -1,0 +1,181 @@
+"""The emulated cluster: namespaces as nodes, shaped links, MPICH across them, and nothing left.
+
+These need CAP_NET_ADMIN (CI runs as root); elsewhere they skip, saying why.
+Every test ends with the cluster removed, and checks that the host's own
+namespace (its links, addresses, routes) is as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, mpiexec_path
+from refcoll.cluster import Cluster, ClusterError, emulate, missing_capability
+from refcoll.cluster.check import measure_link, measure_links
+
+WHY = missing_capability()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no namespaces here: {WHY}")
+
+
+def host_view() -> tuple:
+    """The host namespace as ip shows it: links, addresses, routes, and its namespaces."""
+    return tuple(subprocess.run(argv, capture_output=True, text=True).stdout for argv in (
+        ["ip", "-br", "link"], ["ip", "-br", "addr"], ["ip", "route"], ["ip", "-6", "route"]))
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Whatever of cluster ``prefix`` still exists: namespaces, /etc/netns files, its state."""
+    out = [ns for ns in emulate._namespaces() if ns.startswith(prefix)]
+    out += [str(p) for p in emulate.NETNS_ETC.glob(f"{prefix}*")]
+    out += [str(p) for p in emulate.STATE_DIR.glob(f"{prefix}*")]
+    return out
+
+
+@pytest.fixture
+def untouched_host():
+    before = host_view()
+    yield
+    assert host_view() == before, "the host's own namespace changed"
+
+
+def test_up_and_down_leave_nothing_and_touch_nothing_of_the_host(untouched_host):
+    with Cluster(nodes=3, ranks_per_node=1, link="100mbit", racks=1) as cluster:
+        prefix = cluster.prefix
+        assert set(cluster.made) == {f"{prefix}-hub", f"{prefix}-n1", f"{prefix}-n2",
+                                     f"{prefix}-n3"}
+        addr = subprocess.run(["ip", "-n", cluster.node_ns(2), "-br", "addr", "show", "eth0"],
+                              capture_output=True, text=True).stdout
+        assert f"{emulate.SUBNET}.0.2/16" in addr
+        state = json.loads(cluster.state_file.read_text())
+        assert [n["host"] for n in state["nodes"]] == [cluster.host(i) for i in (1, 2, 3)]
+        assert emulate.SUBNET not in "".join(host_view())  # its addresses: inside only
+    assert leftovers(prefix) == []
+
+
+def test_an_error_while_building_leaves_nothing(untouched_host, monkeypatch):
+    built = []
+    real = Cluster._shape
+
+    def fail_on_the_second_node(self, ns, dev, rate):
+        built.append(self.prefix)
+        if ns.endswith("-n2"):
+            raise ClusterError("stand-in for a qdisc the kernel lacks")
+        return real(self, ns, dev, rate)
+
+    monkeypatch.setattr(Cluster, "_shape", fail_on_the_second_node)
+    with pytest.raises(ClusterError, match="stand-in"):
+        Cluster(nodes=2, ranks_per_node=1).up()
+    assert built and leftovers(built[0]) == []
+
+
+def test_a_shaped_link_carries_no_more_than_its_rate(untouched_host):
+    with Cluster(nodes=2, ranks_per_node=1, link="1gbit", node_links={2: "100mbit"}) as cluster:
+        rows = {row["node"]: row for row in measure_links(cluster, nbytes=4 << 20)}
+    # a token bucket is an upper bound whatever the load; how close it comes is the machine's
+    assert rows[2]["bits_per_s"] <= 1.15 * 100e6
+    assert rows[2]["asked_bits_per_s"] == 100e6 and rows[1]["asked_bits_per_s"] == 1e9
+
+
+def test_racks_are_joined_by_an_oversubscribed_uplink(untouched_host):
+    # 2 racks of 2 nodes at 100 Mbit/s, uplinks 4x oversubscribed: 2 x 100 / 4 = 50 Mbit/s
+    with Cluster(nodes=4, ranks_per_node=1, link="100mbit", racks=2,
+                 oversubscription=4) as cluster:
+        assert [cluster.rack_of(i) for i in (1, 2, 3, 4)] == [1, 1, 2, 2]
+        across = measure_link(cluster, 1, 3, nbytes=2 << 20)
+        state = json.loads(cluster.state_file.read_text())
+    assert across["bits_per_s"] <= 1.15 * 50e6
+    assert state["racks"] == 2 and state["oversubscription"] == 4
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_mpich_runs_across_the_nodes_and_the_bytes_cross_the_links(untouched_host, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from mpi4py import MPI\nimport socket\nimport numpy as np\n"
+        "w = MPI.COMM_WORLD\nnode = w.Split_type(MPI.COMM_TYPE_SHARED)\n"
+        "x = np.ones(1 << 20, np.float32)\nw.Allreduce(MPI.IN_PLACE, x)\n"
+        f"open(r'{tmp_path}/rank%d' % w.Get_rank(), 'w').write("
+        "f'{w.Get_rank()} {socket.gethostname()} {node.Get_size()} {x[0]}')\n")
+    with Cluster(nodes=2, ranks_per_node=2, link="1gbit") as cluster:
+        res = cluster.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240)
+        traffic = cluster.last_traffic
+        hosts = [cluster.host(1)] * 2 + [cluster.host(2)] * 2
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [(tmp_path / f"rank{r}").read_text().split() for r in range(4)]
+    # MPICH's node split is the emulated one: two ranks on each host, by block
+    assert rows == [[str(r), hosts[r], "2", "4.0"] for r in range(4)]
+    # 4 MiB all-reduced across the two nodes: each node's link carries at least the half
+    # its peers need (a ring of two nodes sends n/2 each way at least)
+    assert all(tx >= 2 << 20 for tx, _ in traffic.values()), traffic
+
+
+def test_a_killed_command_leaves_no_process_on_any_node(untouched_host):
+    with Cluster(nodes=2, ranks_per_node=1) as cluster:
+        if mpiexec_path() is None:
+            pytest.skip("no mpiexec: pip install 'refcoll[mpi]'")
+        with pytest.raises(subprocess.TimeoutExpired):  # run kills mpiexec at its timeout
+            cluster.run(["sleep", "1000"], timeout=10)
+        left = [subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                               text=True).stdout.split() for ns in cluster.made]
+    assert left == [[], [], []]  # the ranks and proxies on both nodes are gone too
+
+
+def test_a_cluster_whose_owner_was_killed_is_removed_by_the_next(untouched_host):
+    owner = subprocess.run([sys.executable, "-c",
+                            "import os, signal\nfrom refcoll.cluster import Cluster\n"
+                            "c = Cluster(nodes=2, ranks_per_node=1).up()\n"
+                            "print(c.prefix, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert owner.returncode == -signal.SIGKILL
+    stale = owner.stdout.split()[0]
+    assert leftovers(stale)  # kill -9: nothing could clean up
+    with Cluster(nodes=1, ranks_per_node=1):
+        assert leftovers(stale) == []
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "refcoll", "cluster", *args],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def test_the_command_line(untouched_host, tmp_path):
+    env = {"REFCOLL_CLUSTER_DIR": str(tmp_path / "state")}  # not the user's own clusters
+    assert _cli("run", "--", "true", env=env).returncode == 2
+    first = _cli("up", "--nodes", "2", "--ranks-per-node", "1", env=env)
+    assert first.returncode == 0, first.stderr
+    prefix = first.stdout.split()[1].rstrip(":")
+    second = _cli("up", "--nodes", "2", "--ranks-per-node", "1", "--link", "100mbit", env=env)
+    assert second.returncode == 0 and leftovers(prefix) == []  # replaced
+    prefix = second.stdout.split()[1].rstrip(":")
+    status = _cli("status", env=env)
+    assert f"cluster {prefix}: 2 nodes x 1 ranks, link 100mbit, complete" in status.stdout
+    assert _cli("down", env=env).returncode == 0
+    assert not [ns for ns in emulate._namespaces() if ns.startswith(prefix)]
+    assert not list((tmp_path / "state").glob("*.json"))
+
+
+def test_what_is_missing_is_one_line_and_exit_2(untouched_host, tmp_path):
+    env = {"REFCOLL_CLUSTER_DIR": str(tmp_path / "state")}
+    before = emulate._namespaces()
+    delayed = _cli("up", "--nodes", "2", "--ranks-per-node", "1", "--delay", "50us", env=env)
+    if delayed.returncode == 0:  # this kernel has netem
+        assert _cli("down", env=env).returncode == 0
+    else:
+        assert delayed.returncode == 2
+        assert delayed.stderr.strip().count("\n") == 0 and "netem" in delayed.stderr
+    assert emulate._namespaces() == before  # nothing half-built is left
+    assert not list((tmp_path / "state").glob("*.json"))
+    plain = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "--inh-caps=-all", sys.executable, "-m", "refcoll", "cluster", "up"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env={**os.environ, **env, "HOME": str(tmp_path)})
+    assert plain.returncode == 2, plain.stderr
+    assert plain.stderr.strip().count("\n") == 0 and "CAP_NET_ADMIN" in plain.stderr
