@@ -20,7 +20,7 @@ from refcoll.cluster import Cluster, ClusterError, emulate, missing_capability
 from refcoll.cluster.check import measure_link, measure_links
 
 WHY = missing_capability()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no namespaces here: {WHY}")
+needs_root = pytest.mark.skipif(WHY is not None, reason=f"no namespaces here: {WHY}")
 
 
 def host_view() -> tuple:
@@ -44,6 +44,7 @@ def untouched_host():
     assert host_view() == before, "the host's own namespace changed"
 
 
+@needs_root
 def test_up_and_down_leave_nothing_and_touch_nothing_of_the_host(untouched_host):
     with Cluster(nodes=3, ranks_per_node=1, link="100mbit", racks=1) as cluster:
         prefix = cluster.prefix
@@ -58,6 +59,7 @@ def test_up_and_down_leave_nothing_and_touch_nothing_of_the_host(untouched_host)
     assert leftovers(prefix) == []
 
 
+@needs_root
 def test_an_error_while_building_leaves_nothing(untouched_host, monkeypatch):
     built = []
     real = Cluster._shape
@@ -74,6 +76,7 @@ def test_an_error_while_building_leaves_nothing(untouched_host, monkeypatch):
     assert built and leftovers(built[0]) == []
 
 
+@needs_root
 def test_a_shaped_link_carries_no_more_than_its_rate(untouched_host):
     with Cluster(nodes=2, ranks_per_node=1, link="1gbit", node_links={2: "100mbit"}) as cluster:
         rows = {row["node"]: row for row in measure_links(cluster, nbytes=4 << 20)}
@@ -82,6 +85,7 @@ def test_a_shaped_link_carries_no_more_than_its_rate(untouched_host):
     assert rows[2]["asked_bits_per_s"] == 100e6 and rows[1]["asked_bits_per_s"] == 1e9
 
 
+@needs_root
 def test_racks_are_joined_by_an_oversubscribed_uplink(untouched_host):
     # 2 racks of 2 nodes at 100 Mbit/s, uplinks 4x oversubscribed: 2 x 100 / 4 = 50 Mbit/s
     with Cluster(nodes=4, ranks_per_node=1, link="100mbit", racks=2,
@@ -93,6 +97,7 @@ def test_racks_are_joined_by_an_oversubscribed_uplink(untouched_host):
     assert state["racks"] == 2 and state["oversubscription"] == 4
 
 
+@needs_root
 @pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
 def test_mpich_runs_across_the_nodes_and_the_bytes_cross_the_links(untouched_host, tmp_path):
     script = tmp_path / "job.py"
@@ -116,6 +121,7 @@ def test_mpich_runs_across_the_nodes_and_the_bytes_cross_the_links(untouched_hos
     assert all(tx >= 2 << 20 for tx, _ in traffic.values()), traffic
 
 
+@needs_root
 def test_a_killed_command_leaves_no_process_on_any_node(untouched_host):
     with Cluster(nodes=2, ranks_per_node=1) as cluster:
         if mpiexec_path() is None:
@@ -127,6 +133,7 @@ def test_a_killed_command_leaves_no_process_on_any_node(untouched_host):
     assert left == [[], [], []]  # the ranks and proxies on both nodes are gone too
 
 
+@needs_root
 def test_a_cluster_whose_owner_was_killed_is_removed_by_the_next(untouched_host):
     owner = subprocess.run([sys.executable, "-c",
                             "import os, signal\nfrom refcoll.cluster import Cluster\n"
@@ -146,6 +153,7 @@ def _cli(*args, env=None):
                           env={**os.environ, **(env or {})})
 
 
+@needs_root
 def test_the_command_line(untouched_host, tmp_path):
     env = {"REFCOLL_CLUSTER_DIR": str(tmp_path / "state")}  # not the user's own clusters
     assert _cli("run", "--", "true", env=env).returncode == 2
@@ -162,6 +170,7 @@ def test_the_command_line(untouched_host, tmp_path):
     assert not list((tmp_path / "state").glob("*.json"))
 
 
+@needs_root
 def test_what_is_missing_is_one_line_and_exit_2(untouched_host, tmp_path):
     env = {"REFCOLL_CLUSTER_DIR": str(tmp_path / "state")}
     before = emulate._namespaces()
@@ -179,3 +188,33 @@ def test_what_is_missing_is_one_line_and_exit_2(untouched_host, tmp_path):
                            env={**os.environ, **env, "HOME": str(tmp_path)})
     assert plain.returncode == 2, plain.stderr
     assert plain.stderr.strip().count("\n") == 0 and "CAP_NET_ADMIN" in plain.stderr
+
+
+def test_the_nodes_of_an_emulated_cluster_are_one_machine(tmp_path, monkeypatch):
+    # four ranks on two "nodes" of a two-core machine: each node alone looks fine
+    from refcoll.measure.bench.header import oversubscription
+
+    state = tmp_path / "rcx.json"
+    state.write_text(json.dumps({"machine": "box", "nodes": [{"host": "rcx-n1"},
+                                                            {"host": "rcx-n2"}]}))
+    ranks = [{"host": f"rcx-n{1 + r // 2}", "cores": [0, 1]} for r in range(4)]
+    assert not any(h["oversubscribed"] for h in oversubscription(ranks))
+    monkeypatch.setenv("REFCOLL_CLUSTER", str(state))
+    assert emulate.machine_of("rcx-n2") == "box (emulating rcx-n1, rcx-n2)"
+    assert emulate.machine_of("elsewhere") == "elsewhere"
+    ranks = [dict(r, machine=emulate.machine_of(r["host"])) for r in ranks]
+    assert oversubscription(ranks) == [{"host": "box (emulating rcx-n1, rcx-n2)", "ranks": 4,
+                                        "cores": 2, "oversubscribed": True}]
+
+
+@needs_root
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_bench_on_the_cluster_knows_the_cores_are_shared(untouched_host):
+    with Cluster(nodes=2, ranks_per_node=2, link="1gbit") as cluster:
+        res = cluster.run([sys.executable, "-m", "refcoll", "bench", "-b", "64K", "-e", "64K",
+                           "--algorithm", "ring", "-w", "1", "-i", "2"],
+                          capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (f"OVERSUBSCRIBED: 4 ranks on {os.cpu_count()} cores of" in res.stdout) == (
+        os.cpu_count() < 4)
+    assert f"(emulating {cluster.host(1)}, {cluster.host(2)})" in res.stdout

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..algorithms.naive import naive_broadcast
+from ..cluster.emulate import machine_of
 from ..core.calibration import DEFAULT, Calibration
 from ..core.errors import UsageError
 from .agree import allgather_records, pack, unpack
@@ -244,15 +245,17 @@ def _key_of(t) -> CalibrationKey:
     mine = pack([[MPI.Get_processor_name(), os.cpu_count() or 1]], _HOST_RECORD)
     everyone = allgather_records(t, mine)
     hosts: dict[str, list[int]] = {}
+    machines: dict[str, list[int]] = {}  # an emulated cluster's nodes share one machine's cores
     for row in everyone:
         name, cores = unpack(row)
         hosts.setdefault(name, []).append(int(cores))
+        machines.setdefault(machine_of(name), []).append(int(cores))
     library = " ".join(MPI.Get_library_version().split("\n")[0].split())
     return CalibrationKey(
         host=unpack(everyone[0])[0] or platform.node(),
         library=library,
         ranks_per_node=max(len(v) for v in hosts.values()),
-        oversubscribed=any(len(v) > min(v) for v in hosts.values()),
+        oversubscribed=any(len(v) > min(v) for v in machines.values()),
     )
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -44,7 +45,8 @@ import re
 from ..core.units import parse_bandwidth
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters",
-           "attach", "missing_capability", "parse_rate", "remove_stale", "STATE_DIR", "SUBNET"]
+           "attach", "machine_of", "missing_capability", "parse_rate", "remove_stale",
+           "STATE_DIR", "SUBNET"]
 
 #: Where each cluster's state file lives (tmpfs: nothing survives a reboot).
 STATE_DIR = Path(os.environ.get("REFCOLL_CLUSTER_DIR", "/run/refcoll/clusters"))
@@ -251,6 +253,7 @@ class Cluster:
         """The cluster as written down: nodes, hosts, addresses, links, racks (the topology)."""
         spec = self.spec
         return {"prefix": self.prefix, "owner": os.getpid(), "namespaces": list(self.made),
+                "machine": platform.node(), "cores": os.cpu_count(),
                 "spec": asdict(spec),
                 "nodes": [{"node": i, "host": self.host(i), "namespace": self.node_ns(i),
                            "address": self.address(i), "rack": self.rack_of(i),
@@ -378,6 +381,27 @@ def _kill(names: list[str]) -> None:
         if not alive:
             break
         time.sleep(0.5)
+
+
+def machine_of(host: str) -> str:
+    """Return the machine that runs ``host``: itself, or the one emulating it.
+
+    Inside a run on an emulated cluster (``REFCOLL_CLUSTER`` names its state),
+    every node is a namespace of one machine and their ranks share its cores:
+    ``"vm (emulating rc…-n1, rc…-n2)"`` for each of them, so that a check of
+    ranks against cores counts the machine's, not one node's.
+    """
+    path = os.environ.get("REFCOLL_CLUSTER")
+    if not path:
+        return host
+    try:
+        state = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return host
+    names = [node["host"] for node in state.get("nodes", [])]
+    if host not in names:
+        return host
+    return f"{state.get('machine', 'this machine')} (emulating {', '.join(names)})"
 
 
 def clusters() -> list[dict]:

@@ -22,6 +22,7 @@ from ... import algorithms
 from ...baselines import gloo, nccl
 from ...calls import as_transport, device_for
 from ...calls.auto import calibration_for
+from ...cluster.emulate import machine_of
 from ...core.ops import dtype_name, get_dtype, get_op
 from ...transport import cuda_aware
 from ...transport.deadline import bounded_barrier
@@ -46,18 +47,20 @@ def rank_info(rank: int, device: int | None = None) -> dict:
     except (AttributeError, OSError):
         cores = list(range(os.cpu_count() or 1))
     return {"rank": rank, "pid": os.getpid(), "host": platform.node(), "device": device,
-            "cores": cores}
+            "cores": cores, "machine": machine_of(platform.node())}
 
 
 def oversubscription(ranks: Sequence[dict]) -> list[dict]:
     """Return per host ``{host, ranks, cores, oversubscribed}`` from every rank's :func:`rank_info`.
 
     A host's cores are the union of its ranks' allowed CPUs; it is oversubscribed
-    when it runs more ranks than that.
+    when it runs more ranks than that. The nodes of an emulated cluster are one
+    machine (:func:`refcoll.cluster.emulate.machine_of`): their ranks are counted
+    against its cores together, though each node alone looks fine.
     """
     hosts: dict[str, dict] = {}
     for info in ranks:
-        host = hosts.setdefault(info["host"], {"ranks": 0, "cores": set()})
+        host = hosts.setdefault(info.get("machine", info["host"]), {"ranks": 0, "cores": set()})
         host["ranks"] += 1
         host["cores"].update(info["cores"])
     return [{"host": name, "ranks": h["ranks"], "cores": len(h["cores"]),
