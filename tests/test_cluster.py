@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT, mpiexec_path
 from refcoll.cluster import Cluster, ClusterError, emulate, missing_capability
 from refcoll.cluster.check import measure_link, measure_links
+from refcoll.core.errors import UsageError
 
 WHY = missing_capability()
 needs_root = pytest.mark.skipif(WHY is not None, reason=f"no namespaces here: {WHY}")
@@ -218,3 +219,12 @@ def test_bench_on_the_cluster_knows_the_cores_are_shared(untouched_host):
     assert (f"OVERSUBSCRIBED: 4 ranks on {os.cpu_count()} cores of" in res.stdout) == (
         os.cpu_count() < 4)
     assert f"(emulating {cluster.host(1)}, {cluster.host(2)})" in res.stdout
+
+
+def test_uneven_nodes_have_a_hostfile_of_their_counts(tmp_path):
+    cluster = Cluster(nodes=2, ranks_per_node=2, node_ranks={1: 3})
+    cluster.prefix = "rcx"
+    assert cluster.hostfile(tmp_path / "hosts").read_text() == "rcx-n1:3\nrcx-n2:2\n"
+    assert cluster.spec.total_ranks == 5
+    with pytest.raises(UsageError, match="--node-ranks names node 3"):
+        Cluster(nodes=2, node_ranks={3: 1})

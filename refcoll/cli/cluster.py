@@ -30,14 +30,13 @@ def cluster():
     """An emulated cluster: a network namespace per node, shaped links (needs root)."""
 
 
-def _node_links(values) -> dict:
+def _per_node(values, option: str, example: str) -> dict:
     out = {}
     for value in values:
-        node, sep, rate = value.partition("=")
-        if not sep or not node.strip().isdigit():
-            raise UsageError(f"--node-link {value!r}: write NODE=RATE, e.g. 2=100mbit")
-        emulate.parse_rate(rate)
-        out[int(node)] = rate.strip()
+        node, sep, what = value.partition("=")
+        if not sep or not node.strip().isdigit() or not what.strip():
+            raise UsageError(f"{option} {value!r}: write NODE=VALUE, e.g. {example}")
+        out[int(node)] = what.strip()
     return out
 
 
@@ -48,17 +47,26 @@ def _node_links(values) -> dict:
               help="Every node's link rate, as tc writes it (1gbit, 100mbit) or 1Gbit/s.")
 @click.option("--node-link", "node_links", multiple=True, metavar="NODE=RATE",
               help="One node's own link rate (a slower node), e.g. 2=100mbit.")
+@click.option("--node-ranks", "node_ranks", multiple=True, metavar="NODE=RANKS",
+              help="One node's own rank count (uneven nodes), e.g. 1=3.")
 @click.option("--delay", default=None, help="Added one-way delay per link (netem), e.g. 50us.")
 @click.option("--racks", type=click.IntRange(min=1), default=1, show_default=True,
               help="Nodes grouped in racks, whose bridges a core bridge joins.")
 @click.option("--oversubscription", type=float, default=1.0, show_default=True,
               help="A rack uplink's rate is its nodes' links over this.")
 @reports_errors
-def up(nodes, ranks_per_node, link, node_links, delay, racks, oversubscription):
+def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversubscription):
     """Build the cluster (a second up replaces the first)."""
+    ranks = _per_node(node_ranks, "--node-ranks", "1=3")
+    for node, count in ranks.items():
+        if not count.isdigit():
+            raise UsageError(f"--node-ranks {node}={count}: a whole number of ranks")
     spec = emulate.ClusterSpec(nodes=nodes, ranks_per_node=ranks_per_node, link=link,
-                               node_links=_node_links(node_links), delay=delay, racks=racks,
-                               oversubscription=oversubscription)
+                               node_links=_per_node(node_links, "--node-link", "2=100mbit"),
+                               node_ranks={n: int(c) for n, c in ranks.items()}, delay=delay,
+                               racks=racks, oversubscription=oversubscription)
+    for rate in spec.node_links.values():
+        emulate.parse_rate(rate)
     made = emulate.up(spec)
     click.echo(f"cluster {made.prefix}: {nodes} nodes x {ranks_per_node} ranks, links {link}"
                + (f", delay {delay}" if delay else "") +
@@ -66,7 +74,7 @@ def up(nodes, ranks_per_node, link, node_links, delay, racks, oversubscription):
                 if racks > 1 else ""))
     for node in made.describe()["nodes"]:
         click.echo(f"  node {node['node']}: host {node['host']}, {node['address']}, rack "
-                   f"{node['rack']}, link {node['link']}")
+                   f"{node['rack']}, link {node['link']}, {node['ranks']} ranks")
     click.echo(f"topology: {made.state_file}")
 
 

@@ -70,6 +70,7 @@ class ClusterSpec:
     ranks_per_node: int = 2
     link: str = "1gbit"
     node_links: dict = field(default_factory=dict)  # node number -> rate, a slower node
+    node_ranks: dict = field(default_factory=dict)  # node number -> ranks, uneven nodes
     delay: str | None = None
     racks: int = 1
     oversubscription: float = 1.0
@@ -83,9 +84,20 @@ class ClusterSpec:
             raise UsageError("--oversubscription is at least 1 (an uplink as fast as its nodes)")
         for rate in [self.link, *self.node_links.values()]:
             parse_rate(rate)
-        for node in self.node_links:
-            if not 1 <= int(node) <= self.nodes:
-                raise UsageError(f"--node-link names node {node}; nodes are 1..{self.nodes}")
+        for option, given in (("--node-link", self.node_links), ("--node-ranks", self.node_ranks)):
+            for node in given:
+                if not 1 <= int(node) <= self.nodes:
+                    raise UsageError(f"{option} names node {node}; nodes are 1..{self.nodes}")
+        if any(int(n) < 1 for n in self.node_ranks.values()):
+            raise UsageError("--node-ranks: a node runs at least one rank")
+
+    def ranks(self, i: int) -> int:
+        """The ranks node ``i`` runs."""
+        return int(self.node_ranks.get(i, self.node_ranks.get(str(i), self.ranks_per_node)))
+
+    @property
+    def total_ranks(self) -> int:
+        return sum(self.ranks(i) for i in range(1, self.nodes + 1))
 
 
 def parse_rate(text) -> float:
@@ -257,7 +269,7 @@ class Cluster:
                 "spec": asdict(spec),
                 "nodes": [{"node": i, "host": self.host(i), "namespace": self.node_ns(i),
                            "address": self.address(i), "rack": self.rack_of(i),
-                           "link": self.rate(i), "ranks": spec.ranks_per_node}
+                           "link": self.rate(i), "ranks": spec.ranks(i)}
                           for i in range(1, spec.nodes + 1)],
                 "racks": spec.racks, "oversubscription": spec.oversubscription}
 
@@ -267,7 +279,7 @@ class Cluster:
 
     def hostfile(self, path: Path) -> Path:
         """Write MPICH's hostfile (``host:ranks`` per node) to ``path``."""
-        path.write_text("".join(f"{self.host(i)}:{self.spec.ranks_per_node}\n"
+        path.write_text("".join(f"{self.host(i)}:{self.spec.ranks(i)}\n"
                                 for i in range(1, self.spec.nodes + 1)))
         return path
 
@@ -299,7 +311,7 @@ class Cluster:
         mpiexec = mpiexec or str(Path(sys.executable).parent / "mpiexec")
         if not Path(mpiexec).exists():
             mpiexec = shutil.which("mpiexec") or "mpiexec"
-        n = nprocs or self.spec.nodes * self.spec.ranks_per_node
+        n = nprocs or self.spec.total_ranks
         env = [a for k, v in self.environment().items() for a in ("-genv", k, v)]
         return [mpiexec, "-f", str(hostfile), "-launcher", "ssh", "-launcher-exec", str(standin),
                 *env, "-n", str(n), *command]
