@@ -228,3 +228,24 @@ def test_uneven_nodes_have_a_hostfile_of_their_counts(tmp_path):
     assert cluster.spec.total_ranks == 5
     with pytest.raises(UsageError, match="--node-ranks names node 3"):
         Cluster(nodes=2, node_ranks={3: 1})
+
+
+@needs_root
+def test_torchrun_with_an_agent_per_node_and_the_refcoll_backend(untouched_host, tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import socket, torch, torch.distributed as dist\nimport refcoll.torch\n"
+        "dist.init_process_group('refcoll')\nr = dist.get_rank()\n"
+        "t = torch.ones(1 << 18) * (r + 1)\ndist.all_reduce(t)\n"
+        f"open(r'{tmp_path}/rank%d' % r, 'w').write(f'{{socket.gethostname()}} {{t[0].item()}}')\n"
+        "dist.destroy_process_group()\n")
+    with Cluster(nodes=2, ranks_per_node=2) as cluster:
+        res = cluster.run([sys.executable, str(script)], launcher="torchrun",
+                          capture_output=True, text=True, timeout=300)
+        traffic = cluster.last_traffic
+        hosts = [cluster.host(1)] * 2 + [cluster.host(2)] * 2
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [(tmp_path / f"rank{r}").read_text().split() for r in range(4)] == [
+        [hosts[r], "10.0"] for r in range(4)]
+    assert all(tx >= 1 << 20 for tx, _ in traffic.values()), traffic  # 1 MiB across the link

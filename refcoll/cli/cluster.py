@@ -114,13 +114,16 @@ def _the_cluster() -> emulate.Cluster:
 @cluster.command(context_settings={"ignore_unknown_options": True})
 @click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None,
               help="Processes (default: every rank of every node).")
+@click.option("--launcher", type=click.Choice(["mpich", "torchrun"]), default="mpich",
+              show_default=True,
+              help="MPICH's mpiexec on node 1, or a torchrun agent per node.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
-def run(nprocs, command):
-    """Run COMMAND on the ranks across the nodes (MPICH's mpiexec on node 1)."""
+def run(nprocs, launcher, command):
+    """Run COMMAND on the ranks across the nodes."""
     made = _the_cluster()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run's cleanup on a kill
-    code = made.run(list(command), nprocs).returncode
+    code = made.run(list(command), nprocs, launcher=launcher).returncode
     sent = sum(tx for tx, _ in made.last_traffic.values())
     click.echo(f"# cluster {made.prefix}: bytes sent over the nodes' links: " + ", ".join(
         f"node {i} {tx} B" for i, (tx, _) in sorted(made.last_traffic.items()))

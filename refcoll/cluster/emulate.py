@@ -33,8 +33,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from ..core.errors import UsageError
 import re
 
 from ..core.units import parse_bandwidth
+from . import launch
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters",
            "attach", "machine_of", "missing_capability", "parse_rate", "remove_stale",
@@ -285,59 +284,24 @@ class Cluster:
 
     # -------------------------------------------------------------- run
 
-    def environment(self) -> dict:
-        """What every process of a run gets: the network forced onto the links, the cluster named.
-
-        MPICH's UCX would otherwise carry bytes between "nodes" of one machine
-        through shared memory; ``UCX_TLS=tcp,self`` on ``eth0`` makes every
-        byte between nodes cross its emulated link (MPICH's own shared memory
-        still serves the ranks of one node). ``REFCOLL_CLUSTER`` is the state
-        file: refcoll reads the topology and the true core count from it.
-        """
-        return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp",
-                "REFCOLL_CLUSTER": str(self.state_file)}
-
-    def mpiexec_command(self, command: list[str], folder: Path, nprocs: int | None = None,
-                        mpiexec: str | None = None) -> list[str]:
-        """MPICH's ``mpiexec`` across the nodes, with the stand-in as its ssh.
-
-        ``folder`` (the run's own, removed after it) gets the hostfile and the
-        stand-in's executable: ``-launcher-exec`` takes one path.
-        """
-        hostfile = self.hostfile(folder / "hosts")
-        standin = folder / "ssh"
-        standin.write_text(f"#!/bin/sh\nexec {sys.executable} -m refcoll.cluster.standin \"$@\"\n")
-        standin.chmod(0o755)
-        mpiexec = mpiexec or str(Path(sys.executable).parent / "mpiexec")
-        if not Path(mpiexec).exists():
-            mpiexec = shutil.which("mpiexec") or "mpiexec"
-        n = nprocs or self.spec.total_ranks
-        env = [a for k, v in self.environment().items() for a in ("-genv", k, v)]
-        return [mpiexec, "-f", str(hostfile), "-launcher", "ssh", "-launcher-exec", str(standin),
-                *env, "-n", str(n), *command]
-
-    def run(self, command: list[str], nprocs: int | None = None,
+    def run(self, command: list[str], nprocs: int | None = None, *, launcher: str = "mpich",
             **popen) -> subprocess.CompletedProcess:
-        """Run ``command`` on every rank across the nodes (``mpiexec`` on node 1).
+        """Run ``command`` across the nodes: every rank under MPICH's ``mpiexec`` (started on
+        node 1), or one ``torchrun`` agent per node (``launcher="torchrun"``).
 
         ``popen``: :func:`subprocess.run`'s keywords (``capture_output``, ``timeout``).
-        ``last_traffic`` then holds the bytes each node's link carried.
-
-        Whatever it leaves running in the namespaces when it ends (a rank stuck
-        in ``MPI_Finalize``, an orphaned proxy) is killed before this returns.
+        ``last_traffic`` then holds the bytes each node's link carried. Whatever the
+        command leaves running in the namespaces when it ends (a rank stuck in
+        ``MPI_Finalize``, an orphaned proxy) is killed before this returns.
         """
-        with tempfile.TemporaryDirectory(prefix="refcoll-cluster-") as tmp:
-            argv = ["ip", "netns", "exec", self.node_ns(1), "unshare", "--uts", "sh", "-c",
-                    'hostname "$0" && shift && exec "$@"', self.host(1), "_",
-                    *self.mpiexec_command(command, Path(tmp), nprocs)]
-            before = self.link_bytes()
-            try:
-                return subprocess.run(argv, **popen)
-            finally:
-                self.kill_processes()
-                after = self.link_bytes()
-                self.last_traffic = {i: (after[i][0] - before[i][0], after[i][1] - before[i][1])
-                                     for i in after}
+        before = self.link_bytes()
+        try:
+            return launch.run(self, command, nprocs, launcher, **popen)
+        finally:
+            self.kill_processes()
+            after = self.link_bytes()
+            self.last_traffic = {i: (after[i][0] - before[i][0], after[i][1] - before[i][1])
+                                 for i in after}
 
     def link_bytes(self) -> dict:
         """Return ``{node: (bytes sent, bytes received)}`` on each node's ``eth0``, so far."""
