@@ -249,3 +249,47 @@ def test_torchrun_with_an_agent_per_node_and_the_refcoll_backend(untouched_host,
     assert [(tmp_path / f"rank{r}").read_text().split() for r in range(4)] == [
         [hosts[r], "10.0"] for r in range(4)]
     assert all(tx >= 1 << 20 for tx, _ in traffic.values()), traffic  # 1 MiB across the link
+
+
+@needs_root
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_a_cut_link_is_an_error_on_every_rank_and_the_job_ends_on_both_sides(untouched_host,
+                                                                           tmp_path):
+    import threading
+
+    from refcoll.cluster import launch
+    from refcoll.transport.deadline import ABORT_WAIT
+
+    started = tmp_path / "started"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import socket, sys\nimport numpy as np\nfrom mpi4py import MPI\nimport refcoll\n"
+        "w = MPI.COMM_WORLD\nx = np.ones(1 << 16, np.float32)\n"
+        "try:\n    for k in range(10 ** 9):\n        refcoll.allreduce(x, w)\n"
+        f"        if k == 20 and w.Get_rank() == 0:\n            open(r'{started}', 'w').close()\n"
+        "except Exception as e:\n"
+        f"    open(r'{tmp_path}/rank%d' % w.Get_rank(), 'w').write(type(e).__name__)\n"
+        "    raise\n")
+    with Cluster(nodes=2, ranks_per_node=2) as cluster:
+        def cut():
+            while not started.exists():
+                threading.Event().wait(0.1)
+            subprocess.run(["ip", "-n", cluster.hub, "link", "set", "v2", "down"], check=True)
+        threading.Thread(target=cut, daemon=True).start()
+        res = launch.run(cluster, [sys.executable, str(script)], None, "mpich",
+                         env={"REFCOLL_TIMEOUT": "5", "REFCOLL_ABORT_ON_TIMEOUT": "1"},
+                         capture_output=True, text=True, timeout=240)  # a guard against a hang
+        left = []
+        # what mpiexec left on the far side: its ranks end when their MPI_Abort, which cannot
+        # reach the launcher, has waited ABORT_WAIT; their proxy then. (A bound against a hang.)
+        for _ in range(10 * (ABORT_WAIT + 30)):
+            left = [pid for ns in cluster.made for pid in subprocess.run(
+                ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+            if not left:
+                break
+            threading.Event().wait(0.1)
+    assert started.exists() and res.returncode != 0
+    assert left == [], "ranks or proxies outlived the job"
+    raised = {p.read_text() for p in tmp_path.glob("rank*")}
+    assert raised and raised <= {"CollectiveTimeout", "PeerFailure"}, res.stderr[-3000:]
+    assert "timed out after 5 s" in res.stderr or "PeerFailure" in res.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import time
 
@@ -67,6 +68,9 @@ def timed_out(message: str):
 #: to abort: without the pause the reason can be lost with the job.
 ABORT_GRACE = 1.0
 
+#: Seconds a rank waits in MPI_Abort before the kernel ends it (a launcher it cannot reach).
+ABORT_WAIT = 5
+
 
 def abort_job(code: int) -> None:
     """End every process of the MPI job with ``code`` (nothing when there is no job)."""
@@ -76,6 +80,12 @@ def abort_job(code: int) -> None:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
             and mpi.COMM_WORLD.Get_size() > 1:
         time.sleep(ABORT_GRACE)
+        # MPI_Abort asks the launcher to end the job; a rank cut off from it (a failed link,
+        # its node's proxy unreachable) would wait in MPI_Abort for ever. The kernel ends it
+        # instead, ABORT_WAIT seconds on, whatever holds the interpreter (SIGALRM's default).
+        if hasattr(signal, "alarm"):
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(ABORT_WAIT)
         mpi.COMM_WORLD.Abort(code)
 
 
