@@ -106,12 +106,11 @@ import numpy as np
 
 import refcoll
 import refcoll.torch as rt
-from refcoll.train import load_digits_split
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from digits_replay import (abs_sums, all_true, batches, bits_equal, bound_check,  # noqa: E402
-                           ddp_reduce, digest, gamma, losses_verdict, make_model,
-                           replay, replicas_agree, split, step1_abs_sums, steps_per_epoch)
+                           ddp_reduce, digest, gamma, losses_verdict, make_model, replay,
+                           replicas_agree, split, start, step1_abs_sums, steps_per_epoch)
 
 #: ``--hook`` choices: ``None`` is DDP's default (no hook); otherwise (algorithm, compressor)
 #: for :func:`refcoll.torch.comm_hook`. Every refcoll hook reduces with the ring.
@@ -368,21 +367,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.backend == "refcoll":
         os.environ.setdefault("REFCOLL_ALGO", "ring")
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)  # p processes share the cores; also keeps the local sums fixed
-    rt.init_process_group(args.backend)
-    rank, p = dist.get_rank(), dist.get_world_size()
-    algorithm = getattr(dist.group.WORLD, "algorithms", {}).get("allreduce")
-    data = load_digits_split()
-    if steps_per_epoch(data, p, args.batch) < 1:  # the same on every rank: all stop here
-        print(f"rank {rank}: --batch {args.batch} is more than a rank's "
-              f"{len(data[0]) // p} training rows", file=sys.stderr)
-        dist.destroy_process_group()
+    started = start(args, args.hidden)
+    if started is None:
         return 2
-    torch.manual_seed(args.seed)
-    initial = copy.deepcopy(make_model(data[0].shape[1], args.hidden).state_dict())
+    rank, p, data, initial = started
+    algorithm = getattr(dist.group.WORLD, "algorithms", {}).get("allreduce")
     n_params = sum(v.numel() for v in initial.values())
     names = list(HOOKS) if args.hook == "all" else [args.hook]
     if args.against == "gloo" and "default" in names:
@@ -439,7 +430,8 @@ def main(argv=None) -> int:
 def report(args, p, n_params, runs, rows, notes, ok) -> None:
     """Print the run's settings, the notes and the table (rank 0)."""
     steps = next(iter(runs.values()))["steps"]
-    algo = f" (REFCOLL_ALGO {os.environ.get('REFCOLL_ALGO')})" if args.backend == "refcoll" else ""
+    algo = (f" (REFCOLL_ALGO {os.environ.get('REFCOLL_ALGO')})" if args.backend == "refcoll"
+            else "")
     print(f"DDP on digits: {p} processes ({rt.launcher()}), {args.backend}{algo}, "
           f"MLP 64-{args.hidden}-10 "
           f"({n_params} parameters), {args.epochs} epochs = {steps} steps of {args.batch} rows "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import math
 
+import sys
+
 import numpy as np
 
 import refcoll
@@ -247,3 +249,30 @@ def abs_sums(params_and_grads):
         dist.all_reduce(total)
         out[id(q)] = total
     return out
+
+
+def start(args, model_hidden: int):
+    """Start the group (``args.backend``) and the data; return ``(rank, p, data, initial)``.
+
+    ``None`` (after a message, on every rank alike) when ``--batch`` is more than a
+    rank's rows. ``initial`` is the model's state, the same seed on every rank.
+    """
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    import refcoll.torch as rt
+    from refcoll.train import load_digits_split
+
+    torch.set_num_threads(1)  # p processes share the cores; also keeps the local sums fixed
+    rt.init_process_group(args.backend)
+    rank, p = dist.get_rank(), dist.get_world_size()
+    data = load_digits_split()
+    if steps_per_epoch(data, p, args.batch) < 1:  # the same on every rank: all stop here
+        print(f"rank {rank}: --batch {args.batch} is more than a rank's "
+              f"{len(data[0]) // p} training rows", file=sys.stderr)
+        dist.destroy_process_group()
+        return None
+    torch.manual_seed(args.seed)
+    return rank, p, data, copy.deepcopy(make_model(data[0].shape[1], model_hidden).state_dict())

@@ -57,7 +57,6 @@ Exit status: 1 if a bit check or the step-1 bound fails.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import time
@@ -66,12 +65,11 @@ import numpy as np
 
 import refcoll
 import refcoll.torch as rt
-from refcoll.train import load_digits_split
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from digits_replay import (all_true, batches, bits_equal, bound_check, digest,  # noqa: E402
-                           losses_verdict, make_model, replay, shard_rows, step1_abs_sums,
-                           steps_per_epoch)
+                           losses_verdict, make_model, replay, shard_rows, start,
+                           step1_abs_sums)
 
 
 def parse_args(argv=None):
@@ -233,20 +231,12 @@ def against(main_run, other_run, args, initial, data, p: int):
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("REFCOLL_ALGO", "ring")
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)  # p processes share the cores; also keeps the local sums fixed
-    rt.init_process_group(args.backend)
-    rank, p = dist.get_rank(), dist.get_world_size()
-    data = load_digits_split()
-    if steps_per_epoch(data, p, args.batch) < 1:  # the same on every rank: all stop here
-        print(f"rank {rank}: --batch {args.batch} is more than a rank's "
-              f"{len(data[0]) // p} training rows", file=sys.stderr)
-        dist.destroy_process_group()
+    started = start(args, args.hidden)
+    if started is None:
         return 2
-    torch.manual_seed(args.seed)
-    initial = copy.deepcopy(make_model(data[0].shape[1], args.hidden).state_dict())
+    rank, p, data, initial = started
     n_params = sum(v.numel() for v in initial.values())
     world = dist.group.WORLD
     algorithm = getattr(world, "algorithms", {}).get("reduce_scatter")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
+from unittest import mock
 
 import numpy as np
 
@@ -186,18 +187,11 @@ def backend_group(workers: int, algorithm: str, timeout: float | None = None):
     from ..torch import backend
 
     backend.register()
-    saved = {k: os.environ.get(k) for k in ("REFCOLL_ALGO", "REFCOLL_WATCH")}
-    os.environ["REFCOLL_ALGO"] = ",".join(f"{c}={algorithm}" for c in backend.COLLECTIVES
-                                          if algorithm in registry.names(c))
-    os.environ.pop("REFCOLL_WATCH", None)
-    try:
+    chosen = ",".join(f"{c}={algorithm}" for c in backend.COLLECTIVES
+                      if algorithm in registry.names(c))
+    with mock.patch.dict(os.environ, {"REFCOLL_ALGO": chosen}):  # restored after, as it was
+        os.environ.pop("REFCOLL_WATCH", None)  # the group runs refcoll's algorithms, unwatched
         group = dist.new_group(list(range(workers)), backend="refcoll")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return None if dist.get_rank() >= workers else group
 
 

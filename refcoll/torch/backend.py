@@ -227,15 +227,8 @@ class RefcollGroup(dist.ProcessGroup):
     @_watchable("allreduce")
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-
-        def job(t):
-            with shared_errors(t, True, "allreduce"):
-                op, factor = reduction(opts.reduceOp)
-            for x in self._arrays(t, "allreduce", tensors):
-                if factor is not None:
-                    x *= x.dtype.type(factor)
-                calls.allreduce(x, t, op=op, algorithm=self.algorithms["allreduce"], out=x)
-        return self._submit("allreduce", tensors, job)
+        return self._reducing("allreduce", tensors, opts, lambda x, t, **kw: calls.allreduce(
+            x, t, out=x, **kw))
 
     @_watchable("allreduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None):
@@ -244,17 +237,21 @@ class RefcollGroup(dist.ProcessGroup):
     @_watchable("reduce")
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
+        root = opts.rootRank
+        return self._reducing("reduce", tensors, opts, lambda x, t, **kw: calls.reduce(
+            x, root, t, out=x if t.rank == root else None, **kw))
 
+    def _reducing(self, name: str, tensors, opts, call):
+        """Each tensor reduced in place by ``call(x, t, op=, algorithm=)``, PREMUL_SUM's factor
+        applied first: the Work of the all-reduce or the reduce."""
         def job(t):
-            with shared_errors(t, True, "reduce"):
+            with shared_errors(t, True, name):
                 op, factor = reduction(opts.reduceOp)
-            for x in self._arrays(t, "reduce", tensors):
+            for x in self._arrays(t, name, tensors):
                 if factor is not None:
                     x *= x.dtype.type(factor)
-                out = x if t.rank == opts.rootRank else None
-                calls.reduce(x, opts.rootRank, t, op=op, algorithm=self.algorithms["reduce"],
-                             out=out)
-        return self._submit("reduce", tensors, job)
+                call(x, t, op=op, algorithm=self.algorithms[name])
+        return self._submit(name, tensors, job)
 
     @_watchable("reduce_scatter")
     def reduce_scatter(self, outputs, input_lists, opts=None):

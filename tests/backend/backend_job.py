@@ -8,6 +8,7 @@ The default group is the ``"refcoll"`` backend, started as the launcher asks
 
 import contextlib
 import os
+from unittest import mock
 
 import pytest
 
@@ -26,21 +27,11 @@ def world():
 
 @contextlib.contextmanager
 def environment(**values):
-    """Set environment variables (``None``: unset) for the block, then restore them."""
-    old = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = str(v)
+    """Set environment variables (``None``: unset) for the block; restore them all after."""
+    with mock.patch.dict(os.environ, {k: str(v) for k, v in values.items() if v is not None}):
+        for k in [k for k, v in values.items() if v is None]:
+            os.environ.pop(k, None)
         yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def group_with(ranks=None, **env):
