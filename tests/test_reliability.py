@@ -2,6 +2,7 @@
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -170,8 +171,8 @@ def test_a_dead_or_stalled_peer_ends_the_job_within_the_timeout(tmp_path, how):
         # deadline passes first ends the job: it names the peer it waits on, not
         # necessarily rank 2.
         assert re.search(r"rank \d: allreduce timed out after 5 s at its exchange \d+ of this "
-                         r"call, still waiting to (receive|send) \d+ B (from|to) rank \d",
-                         res.stderr), res.stderr
+                         r"call, still waiting to (receive|send) \d+ B (from|to) rank \d \(host "
+                         + re.escape(socket.gethostname()) + r"\)", res.stderr), res.stderr
     for _ in range(300):  # mpiexec has returned; its processes may take a moment to go
         if not leftovers(path):
             break

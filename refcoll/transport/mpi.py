@@ -27,7 +27,8 @@ import numpy as np
 
 from ..core.errors import PeerFailure, RefcollError
 from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
-from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
+from .deadline import (POLLS_BEFORE_YIELD, _not_arrived, bounded_barrier, duplicate, mpi,
+                       timed_out, wait_by_deadline)
 
 __all__ = ["MPITransport", "PersistentExchange", "transport_for"]
 
@@ -49,6 +50,9 @@ PERSISTENT_EPOCHS = 16
 
 #: Bytes of a revocation notice (:meth:`MPITransport.revoke`): UTF-8 text, zero-padded.
 NOTICE_BYTES = 512
+
+#: Bytes of one rank's host name in the exchange that names every rank's host.
+HOST_BYTES = 64
 
 #: Polls of a wait between two looks for a revocation notice (an MPI_Iprobe: made at
 #: every poll, it slowed the battery by a third with more ranks than cores).
@@ -84,6 +88,10 @@ class MPITransport(TransportBase):
         self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        #: Every rank's host (``MPI_Get_processor_name``), so that a wait that times out
+        #: names the machine it waited for; a split's transport inherits its parent's.
+        self.hosts: list[str] = (_exchange_hosts(self.comm, self.timeout, collective)
+                                 if dup else [])
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         # Ordinary calls cycle through the tag slots but the last few, which
@@ -112,17 +120,23 @@ class MPITransport(TransportBase):
     def __repr__(self) -> str:
         return f"MPITransport(rank={self.rank}, size={self.size})"
 
+    def peer(self, rank: int) -> str:
+        """Return ``rank`` as a message names it: ``rank 2 (host node2)``."""
+        host = self.hosts[rank] if 0 <= rank < len(self.hosts) else ""
+        return f"rank {rank} (host {host})" if host else f"rank {rank}"
+
     # Every blocking call is a nonblocking one completed by _finish, which waits
     # with a deadline: a dead or disagreeing peer ends in CollectiveTimeout, not a hang.
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
         req = self.comm.Isend(_message(buf), dest, self._wire_tag(tag))
-        self._finish([req], lambda: f"to send {buf.nbytes} B to rank {dest} (tag {tag})")
+        self._finish([req], lambda: f"to send {buf.nbytes} B to {self.peer(dest)} (tag {tag})")
         self.traffic.add(buf.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
         req = self.comm.Irecv(_message(buf), source, self._wire_tag(tag))
-        self._finish([req], lambda: f"to receive {buf.nbytes} B from rank {source} (tag {tag})")
+        self._finish([req], lambda: f"to receive {buf.nbytes} B from {self.peer(source)} "
+                                   f"(tag {tag})")
         self._check_count(buf.nbytes, source)
         self.traffic.add(-1, buf.nbytes)
 
@@ -130,8 +144,8 @@ class MPITransport(TransportBase):
         wire = self._wire_tag(tag)
         reqs = [self.comm.Irecv(_message(recvbuf), source, wire),
                 self.comm.Isend(_message(sendbuf), dest, wire)]
-        self._finish(reqs, lambda: f"to receive {recvbuf.nbytes} B from rank {source} and send "
-                                   f"{sendbuf.nbytes} B to rank {dest} (tag {tag})")
+        self._finish(reqs, lambda: f"to receive {recvbuf.nbytes} B from {self.peer(source)} and "
+                                   f"send {sendbuf.nbytes} B to {self.peer(dest)} (tag {tag})")
         self._check_count(recvbuf.nbytes, source)
         self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
 
@@ -311,6 +325,9 @@ class MPITransport(TransportBase):
         """Wrap a communicator split from this one: freed here, counted in this traffic."""
         t = MPITransport(sub, dup=False, timeout=self.timeout)
         t._owned = True  # created here, so freed here
+        mine = list(range(t.size))
+        theirs = _mpi().Group.Translate_ranks(sub.Get_group(), mine, self.comm.Get_group())
+        t.hosts = [self.hosts[r] if 0 <= r < len(self.hosts) else "" for r in theirs]
         t.traffic = self.traffic
         return t
 
@@ -380,8 +397,8 @@ class PersistentExchange:
         self._received = recvs[0][0].nbytes if recvs else -1
         self._source = recvs[0][1] if recvs else None
         self._sent = sends[0][0].nbytes if sends else -1
-        waits = ([f"to receive {buf.nbytes} B from rank {peer}" for buf, peer, _ in recvs]
-                 + [f"to send {buf.nbytes} B to rank {peer}" for buf, peer, _ in sends])
+        waits = ([f"to receive {buf.nbytes} B from {t.peer(peer)}" for buf, peer, _ in recvs]
+                 + [f"to send {buf.nbytes} B to {t.peer(peer)}" for buf, peer, _ in sends])
         self._waiting_for = " and ".join(waits) + f" ({what})"
         _UNFREED.add(self)
 
@@ -477,6 +494,25 @@ def _free_persistent() -> None:
 
 
 _KEYVAL = None
+
+
+def _exchange_hosts(comm, timeout: float | None, collective: str | None) -> list[str]:
+    """Return every rank's host name (an ``MPI_Iallgather`` of fixed records, by the deadline).
+
+    Paid once per communicator refcoll wraps, beside its ``MPI_Comm_idup``; a
+    rank that never comes is the same :class:`CollectiveTimeout` as there.
+    """
+    MPI = _mpi()
+    name = MPI.Get_processor_name().encode()[:HOST_BYTES]
+    if comm.Get_size() == 1:
+        return [name.decode(errors="replace")]
+    mine = np.zeros(HOST_BYTES, np.uint8)
+    mine[:len(name)] = np.frombuffer(name, np.uint8)
+    everyone = np.zeros((comm.Get_size(), HOST_BYTES), np.uint8)
+    request = comm.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
+    wait_by_deadline(request, timeout, lambda: _not_arrived(
+        comm, collective, "MPI_Iallgather of the host names", timeout))
+    return [row.tobytes().rstrip(bytes(1)).decode(errors="replace") for row in everyone]
 
 
 def transport_for(comm=None, collective: str | None = None) -> MPITransport:
