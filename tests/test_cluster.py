@@ -13,9 +13,13 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+import refcoll
 from conftest import ROOT, mpiexec_path
+from refcoll.calls.auto import DEFAULT
+from refcoll.core.calibration import Calibration
 from refcoll.cluster import Cluster, ClusterError, emulate, missing_capability
 from refcoll.cluster.check import measure_link, measure_links
 from refcoll.core.errors import UsageError
@@ -293,3 +297,51 @@ def test_a_cut_link_is_an_error_on_every_rank_and_the_job_ends_on_both_sides(unt
     raised = {p.read_text() for p in tmp_path.glob("rank*")}
     assert raised and raised <= {"CollectiveTimeout", "PeerFailure"}, res.stderr[-3000:]
     assert "timed out after 5 s" in res.stderr or "PeerFailure" in res.stderr
+
+
+@needs_root
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_auto_and_hierarchical_read_the_nodes_and_the_topology_across_them(untouched_host,
+                                                                           tmp_path):
+    """On 2 x 2 nodes at 1 Gbit/s, with the deterministic calibration (no timing), auto prices
+    the second level from the topology file the cluster wrote and runs hierarchical, whose
+    node split is MPI's (the emulated hosts); its bits are the simulator's for that choice."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import json, os\nimport numpy as np\nfrom mpi4py import MPI\nimport refcoll\n"
+        "from refcoll.calls.auto import calibration_for, resolve_with_options\n"
+        "from refcoll.algorithms._nodes import node_layout\n"
+        "from refcoll.transport.mpi import transport_for\n"
+        "w = MPI.COMM_WORLD\nr = w.Get_rank()\nt = transport_for(w)\n"
+        "x = (np.arange(1 << 18, dtype=np.float32) * 0.37 + r).astype(np.float32)\n"
+        "y = refcoll.allreduce(x, w, algorithm='auto')\n"
+        "cal = calibration_for(t)\n"
+        "out = {'hosts': t.hosts, 'sizes': node_layout(t).sizes,\n"
+        "       'two_level': cal.two_level, 'inter_beta': cal.inter_beta,\n"
+        "       'choices': {n: resolve_with_options(t, 'allreduce', n, 4)\n"
+        "                   for n in (1 << 10, 1 << 18, 1 << 24)},\n"
+        "       'topo': os.environ.get('REFCOLL_TOPO_FILE')}\n"
+        f"np.save(r'{tmp_path}/y%d.npy' % r, y)\n"
+        f"open(r'{tmp_path}/rank%d.json' % r, 'w').write(json.dumps(out))\n")
+    with Cluster(nodes=2, ranks_per_node=2, link="1gbit") as cluster:
+        res = cluster.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, env={"REFCOLL_CALIBRATION": "default"})
+        hosts = [cluster.host(1)] * 2 + [cluster.host(2)] * 2
+        topo = str(cluster.topology_file)
+    assert res.returncode == 0, res.stdout + res.stderr
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for out in outs:
+        assert out["hosts"] == hosts and out["sizes"] == [2, 2] and out["topo"] == topo
+        assert out["two_level"] and out["inter_beta"] == pytest.approx(8 / 1e9)
+        assert {n: c[0] for n, c in out["choices"].items()} == {
+            str(1 << 10): "hierarchical", str(1 << 18): "hierarchical",
+            str(1 << 24): "hierarchical"}
+    assert outs[0]["choices"][str(1 << 24)][1] == {"inter": "ring"}
+    inputs = [(np.arange(1 << 18, dtype=np.float32) * 0.37 + r).astype(np.float32)
+              for r in range(4)]
+    cal = Calibration(DEFAULT.alpha, DEFAULT.beta, DEFAULT.gamma, inter_alpha=50e-6,
+                      inter_beta=8 / 1e9, nodes=2, per_node=2)
+    want = refcoll.simulate("allreduce", inputs, algorithm="auto", node_size=2,
+                            calibration=cal).outputs
+    for r in range(4):
+        assert np.load(tmp_path / f"y{r}.npy").tobytes() == want[r].tobytes()

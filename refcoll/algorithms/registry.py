@@ -44,11 +44,16 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"
 
 @dataclass(frozen=True)
 class NodeShape:
-    """The shape the cluster model prices on: ``nodes`` nodes of ``per_node`` ranks each."""
+    """The shape the cluster model prices on: ``nodes`` nodes of ``per_node`` ranks each.
+
+    ``equal=False`` marks nodes of different sizes, ``per_node`` their largest
+    (``auto``'s shape of a real job); ``ranks`` then counts every node as full.
+    """
 
     nodes: int
     per_node: int
     in_network: bool = False
+    equal: bool = True  # every node holds per_node ranks (False: per_node is the most on one)
 
     @property
     def ranks(self) -> int:

@@ -20,6 +20,16 @@ one rank's typo is an error on all of them.
   simulator always works so.
 * ``measure``: measure now, ignoring the cache (and save, as ``cache`` does).
 
+Across nodes (the ranks' hosts differ) the calibration is two-level: α and β
+inside a node and across nodes, measured by :func:`~refcoll.calls.calibration.measure`,
+or, for a calibration of one level (``default`` included), across nodes from
+the links of the topology file ``REFCOLL_TOPO_FILE`` names
+(:mod:`refcoll.cluster.topology`, as ``NCCL_TOPO_FILE``). Each all-reduce is
+then priced phase by phase on the level each phase uses (its record's
+``price``), and the node-aware algorithms join the candidates:
+``hierarchical``, with the algorithm between the nodes chosen per shape
+(:func:`two_level_choice`).
+
 ``REFCOLL_ALGO`` restricts the algorithms auto may pick, as ``NCCL_ALGO`` does
 (see :class:`AlgoFilter`): ``ring``, ``ring,tree``, ``^recursive_doubling``,
 ``allreduce:ring;reduce_scatter:rabenseifner``. It applies to ``auto`` calls
@@ -30,9 +40,12 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import algorithms
+from ..algorithms.registry import NodeShape
+from ..cluster.topology import TOPO_ENV, inter_levels
+from ..cluster.topology import from_env as topology_from_env
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from ..transport.mpi import MPITransport
@@ -42,6 +55,8 @@ from .calibration import (DEFAULT, LOAD_LIMIT, Calibration, CalibrationKey, cach
                           measure, ping_pong, runnable_tasks)
 
 __all__ = ["AlgoFilter", "calibration_for", "choose", "candidates", "resolve", "auto_algorithm",
+           "resolve_with_options", "two_level_choice", "node_aware", "across_options",
+           "node_shape",
            "choice_table", "algo_filter", "modelled_time", "prediction", "choice_changes",
            "auto_table", "TABLE_PS", "TABLE_LARGEST",
            # the calibration it prices with (refcoll.calls.calibration), for one import:
@@ -143,13 +158,18 @@ def algo_filter() -> AlgoFilter:
 
 
 def choose(collective: str, p: int, count: int, itemsize: int,
-           calibration: Calibration = DEFAULT, allowed: list[str] | None = None) -> str:
+           calibration: Calibration = DEFAULT, allowed: list[str] | None = None,
+           shape: NodeShape | None = None) -> str:
     """Return the algorithm with the least modelled time (ties: registry order).
 
     ``allowed`` (default: :func:`candidates`) limits the choice, as
     ``REFCOLL_ALGO`` does; one allowed algorithm without a cost model is
-    returned as it is.
+    returned as it is. With a two-level ``calibration`` and the ranks' node
+    ``shape`` an all-reduce is priced level by level (:func:`two_level_choice`),
+    the node-aware algorithms among the candidates.
     """
+    if _two_level(collective, calibration, shape):
+        return two_level_choice(count, itemsize, calibration, shape, allowed)[0]
     pool = candidates(collective) if allowed is None else allowed
     if len(pool) == 1:
         return pool[0]
@@ -163,14 +183,99 @@ def choose(collective: str, p: int, count: int, itemsize: int,
     return best if best is not None else pool[0]
 
 
+def _two_level(collective: str, calibration: Calibration, shape) -> bool:
+    return (collective == "allreduce" and shape is not None and shape.nodes > 1
+            and calibration.two_level)
+
+
+def node_aware() -> list[str]:
+    """Return the all-reduces auto adds across nodes: those that take the node shape and are
+    priced on a cluster (their record's ``node_option`` and ``price``), in registry order."""
+    return [a.name for a in algorithms.REGISTRY.values()
+            if a.node_option and a.price is not None and not a.needs_in_network
+            and "allreduce" in a.implementations]
+
+
+def across_options(name: str) -> list[dict]:
+    """Return the option sets auto tries for ``name`` across nodes: each algorithm it may run
+    between the nodes (``inter``), or ``[{}]`` for an algorithm without that choice."""
+    if "inter" not in algorithms.options(name, "allreduce"):
+        return [{}]
+    return [{"inter": a.name} for a in algorithms.REGISTRY.values()
+            if a.across_nodes and not a.needs_in_network and a.price is not None]
+
+
+@functools.lru_cache(maxsize=4096)
+def _two_level_choice(count: int, itemsize: int, calibration: Calibration, shape: NodeShape,
+                      allowed: tuple | None) -> tuple[str, tuple, float]:
+    pool = list(candidates("allreduce") if allowed is None else allowed)
+    if allowed is None:
+        pool += [n for n in node_aware() if n not in pool]
+    best = None
+    for name in pool:
+        algo = algorithms.get(name)
+        if algo.price is None or (algo.node_option and not shape.equal):
+            continue  # unpriced, or node-aware on unequal nodes, which its price cannot shape
+        for options in across_options(name) if algo.node_option else [{}]:
+            seconds = calibration.price(algo.price(shape, count, itemsize, **options),
+                                        shape.per_node, itemsize)
+            if best is None or seconds < best[2]:
+                best = (name, tuple(sorted(options.items())), seconds)
+    return best or (pool[0], (), float("nan"))
+
+
+def two_level_choice(count: int, itemsize: int, calibration: Calibration, shape: NodeShape,
+                     allowed: list[str] | None = None) -> tuple[str, dict, float]:
+    """Return the all-reduce auto runs across nodes, its options and its modelled seconds.
+
+    Every allowed candidate, and (unless ``REFCOLL_ALGO`` names the pool) every
+    :func:`node_aware` algorithm with each algorithm it may run between the nodes
+    (:func:`across_options`), is priced by its record's ``price`` on ``shape``:
+    each phase at the α and β of its link, inside the nodes or across them
+    (:meth:`~refcoll.core.calibration.Calibration.link`). The cheapest wins
+    (ties: registry order, then the ``inter`` options' order).
+    """
+    name, options, seconds = _two_level_choice(count, itemsize, calibration, shape,
+                                               None if allowed is None else tuple(allowed))
+    return name, dict(options), seconds
+
+
 @dataclass
 class _AutoSettings:
-    """What auto resolves with on one transport: the calibration and ``REFCOLL_ALGO``."""
+    """What auto resolves with on one transport: the calibration, ``REFCOLL_ALGO``, the nodes."""
 
     calibration: Calibration
     allowed: AlgoFilter = field(default_factory=AlgoFilter)
-    choices: dict = field(default_factory=dict)
+    shape: NodeShape | None = None  # the ranks' nodes, where they span more than one
+    choices: dict = field(default_factory=dict)  # (name, options) by key
     predictions: dict = field(default_factory=dict)  # (name, modelled s) by key, for tracing
+
+
+def node_shape(hosts) -> NodeShape | None:
+    """Return the nodes of ranks on ``hosts`` (one host name a rank), or None on one node.
+
+    ``NodeShape(nodes, most ranks on one node)``, with ``equal`` False where the
+    nodes hold different numbers of ranks.
+    """
+    counts: dict[str, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    if len(counts) < 2:
+        return None
+    return NodeShape(len(counts), max(counts.values()), equal=len(set(counts.values())) == 1)
+
+
+def _shape_of(t) -> NodeShape | None:
+    """Return ``t``'s node shape: its hosts under MPI, its world's nodes in the simulator."""
+    hosts = getattr(t, "hosts", None)
+    if hosts:
+        return node_shape(hosts)
+    world = getattr(t, "world", None)
+    k = getattr(world, "ranks_per_node", None)
+    if world is None or not k or k >= t.size:
+        return None
+    sizes = [min(k, t.size - start) for start in range(0, t.size, k)]
+    return NodeShape(len(sizes), k, equal=len(set(sizes)) == 1)
 
 
 def _settings(t) -> _AutoSettings:
@@ -191,23 +296,24 @@ def _settings(t) -> _AutoSettings:
 def _agreed_settings(t) -> _AutoSettings:
     if not isinstance(t, MPITransport):  # the simulator: one process, one environment
         preset = getattr(getattr(t, "world", None), "calibration", None)
-        return _AutoSettings(preset or DEFAULT, algo_filter())
-    error, mode, allowed = None, "cache", AlgoFilter()
+        return _AutoSettings(preset or DEFAULT, algo_filter(), _shape_of(t))
+    error, mode, allowed, topology = None, "cache", AlgoFilter(), None
     try:
-        mode, allowed = calibration_mode(), algo_filter()
+        mode, allowed, topology = calibration_mode(), algo_filter(), topology_from_env()
     except UsageError as exc:
         error = str(exc)
     with t.call("auto"):
         # Every rank's environment must say the same: one rank's typo is everyone's error.
         agree(t, collective="auto", error=error or "",
-              options=[("REFCOLL_CALIBRATION", os.environ.get("REFCOLL_CALIBRATION", "")),
-                       ("REFCOLL_ALGO", os.environ.get("REFCOLL_ALGO", ""))])
+              options=[(name, os.environ.get(name, "")) for name in
+                       ("REFCOLL_CALIBRATION", "REFCOLL_ALGO", TOPO_ENV)])
         if error:
             raise UsageError(f"rank {t.rank}: {error}")
-        if mode == "default":
-            return _AutoSettings(DEFAULT, allowed)
-        calibration, _ = calibrate(t, force=mode == "measure")
-    return _AutoSettings(calibration, allowed)
+        calibration = (DEFAULT if mode == "default"
+                       else calibrate(t, force=mode == "measure")[0])
+    if not calibration.two_level:  # one level measured: the topology's links price the other
+        calibration = replace(calibration, **inter_levels(topology, t.hosts))
+    return _AutoSettings(calibration, allowed, _shape_of(t))
 
 
 def calibration_for(t) -> Calibration:
@@ -232,16 +338,29 @@ def resolve(t, collective: str, count: int, itemsize: int) -> str:
     Evaluating every candidate's cost takes tens of microseconds, as long as a
     small all-reduce itself, so each choice is kept on the transport.
     """
+    return resolve_with_options(t, collective, count, itemsize)[0]
+
+
+def resolve_with_options(t, collective: str, count: int, itemsize: int) -> tuple[str, dict]:
+    """Return the algorithm auto runs for this call on ``t`` and the options it runs it with
+    (across nodes, hierarchical's ``inter``; else none)."""
     settings = _settings(t)
     choices = settings.choices
     key = (collective, count, itemsize)
-    name = choices.get(key)
-    if name is None:
+    found = choices.get(key)
+    if found is None:
         if len(choices) >= _CHOICES_KEPT:
             choices.clear()
-        name = choices[key] = choose(collective, t.size, count, itemsize, settings.calibration,
-                                     settings.allowed.allowed(collective))
-    return name
+        pool = settings.allowed.allowed(collective)
+        if _two_level(collective, settings.calibration, settings.shape):
+            explicit = settings.allowed._rule(collective) is not None
+            name, options, _ = two_level_choice(count, itemsize, settings.calibration,
+                                                settings.shape, pool if explicit else None)
+            found = (name, options)
+        else:
+            found = (choose(collective, t.size, count, itemsize, settings.calibration, pool), {})
+        choices[key] = found
+    return found
 
 
 def modelled_time(name: str, collective: str, p: int, count: int, itemsize: int,
@@ -283,11 +402,18 @@ def prediction(t, collective: str, count: int, itemsize: int) -> tuple[str, floa
     key = (collective, count, itemsize)
     found = settings.predictions.get(key)
     if found is None:
-        name = resolve(t, collective, count, itemsize)
+        name, options = resolve_with_options(t, collective, count, itemsize)
         if len(settings.predictions) >= _CHOICES_KEPT:
             settings.predictions.clear()
-        found = settings.predictions[key] = (
-            name, modelled_time(name, collective, t.size, count, itemsize, settings.calibration))
+        if _two_level(collective, settings.calibration, settings.shape):
+            seconds = settings.calibration.price(
+                algorithms.get(name).price(settings.shape, count, itemsize, **options),
+                settings.shape.per_node, itemsize)
+            name = name + "".join(f" {k}={v}" for k, v in options.items())
+        else:
+            seconds = modelled_time(name, collective, t.size, count, itemsize,
+                                    settings.calibration)
+        found = settings.predictions[key] = (name, seconds)
     return found
 
 
@@ -299,8 +425,8 @@ def _dispatch(collective: str):
                              f"(got {', '.join(sorted(extra))}); name the algorithm instead")
         buf = args[0]
         count = buf.size // t.size if collective == "allgather" else buf.size
-        name = resolve(t, collective, count, buf.itemsize)
-        return algorithms.implementation(name, collective)(t, *args, **options)
+        name, chosen = resolve_with_options(t, collective, count, buf.itemsize)
+        return algorithms.implementation(name, collective)(t, *args, **options, **chosen)
 
     run.__name__ = f"auto_{collective}"
     run.__doc__ = f"Run the {collective} algorithm the cost model picks for this size and p."

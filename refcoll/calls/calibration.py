@@ -32,7 +32,7 @@ from .agree import allgather_records, pack, unpack
 
 __all__ = ["Calibration", "CalibrationKey", "DEFAULT", "LOAD_LIMIT", "measure", "cache_path",
            "current_calibration", "cached_calibrations", "calibrate", "calibration_mode",
-           "ping_pong", "runnable_tasks"]
+           "ping_pong", "runnable_tasks", "node_peers", "INTER_SIZES"]
 
 #: A measurement taken while more tasks were runnable than there are cores
 #: (runnable tasks per core above this) is too noisy to keep: another job was
@@ -71,11 +71,13 @@ class CalibrationKey:
     library: str
     ranks_per_node: int
     oversubscribed: bool
+    nodes: int = 1
 
     def text(self) -> str:
-        """Return the key as the cache file writes it."""
+        """Return the key as the cache file writes it (``|nodes=N`` across several nodes)."""
         return (f"{self.host}|{self.library}|ranks_per_node={self.ranks_per_node}|"
-                f"oversubscribed={'yes' if self.oversubscribed else 'no'}")
+                f"oversubscribed={'yes' if self.oversubscribed else 'no'}"
+                + (f"|nodes={self.nodes}" if self.nodes > 1 else ""))
 
 
 def cache_path() -> Path:
@@ -97,11 +99,16 @@ def _from_record(key: str, record: dict) -> Calibration | None:
         fields = {k: record[k] for k in ("alpha", "beta", "gamma")}
         cal = Calibration(**{k: float(v) for k, v in fields.items()},
                           measured_at=record.get("measured_at"), load=record.get("load"),
-                          source=f"cached in {cache_path()}", key=key)
+                          source=f"cached in {cache_path()}", key=key,
+                          **_levels([record.get(k, 0) for k in _LEVEL_FIELDS]))
     except (KeyError, TypeError, ValueError):
         return None
     finite = all(np.isfinite(v) and v >= 0 for v in (cal.alpha, cal.beta, cal.gamma))
     return cal if finite else None
+
+
+#: The two-level fields a cache record may hold.
+_LEVEL_FIELDS = ("inter_alpha", "inter_beta", "nodes", "per_node")
 
 
 def _load(key: str) -> Calibration | None:
@@ -116,7 +123,8 @@ def _save(key: str, calibration: Calibration) -> None:
         data = _read_cache()
         data[key] = {"alpha": calibration.alpha, "beta": calibration.beta,
                      "gamma": calibration.gamma, "measured_at": calibration.measured_at,
-                     "load": calibration.load}
+                     "load": calibration.load,
+                     **{k: getattr(calibration, k) for k in _LEVEL_FIELDS}}
         path.write_text(json.dumps(data, indent=2))
     except OSError as exc:  # a read-only home only costs a re-measurement next time
         print(f"refcoll: note: could not save the calibration in {path}: {exc}",
@@ -172,43 +180,89 @@ def runnable_tasks() -> int | None:
         return None
 
 
-def measure(t, *, repeats: int = 30) -> Calibration:
-    """Measure α, β and γ on ranks 0 and 1 of ``t`` (every rank must call; collective).
+def node_peers(hosts: list[str]) -> tuple[int | None, int | None, int, int]:
+    """Return ``(intra peer, inter peer, nodes, ranks per node)`` of rank 0, from every rank's host.
 
-    α: half the round trip of an 8-byte ping-pong; β: from a 4 MiB ping-pong, less
-    α; γ: a NumPy float32 addition of 1 Mi elements with ``out=``. Medians of
-    ``repeats``. ``load``: rank 0 counts the runnable tasks of its machine
-    (:func:`runnable_tasks`) three times in each ping-pong and keeps the fewest,
-    per core: a task that runs for an instant (a kernel thread) is missed, a job
-    that runs all along is in every count. The ranks of this job poll while they
-    wait, so on a machine of its own a job that fills the cores reads 1.0;
-    another job running makes it more. Rank 0's result is broadcast so every
-    rank returns the same.
+    The intra peer is the first other rank on rank 0's host, the inter peer the
+    first rank on another host (None where there is none); the ranks per node
+    are the most on one host.
     """
-    values = np.zeros(6, dtype=np.float64)  # α, β, γ, load (-1: unknown), when, unused
+    counts: dict[str, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    intra = next((r for r in range(1, len(hosts)) if hosts[r] == hosts[0]), None)
+    inter = next((r for r in range(1, len(hosts)) if hosts[r] != hosts[0]), None)
+    return intra, inter, len(counts), max(counts.values(), default=1)
+
+
+def _round_trips(t, buf, peer: int, repeats: int, samples: list | None) -> float:
+    """Return half the median round trip of ``buf`` between rank 0 and ``peer`` (those two call).
+
+    A first exchange sets up the connection and is not timed. Rank 0 counts the
+    runnable tasks a few times between round trips into ``samples`` (never timed).
+    """
+    ping_pong(t, buf, buf, peer)
+    every = max(1, repeats // 3)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        ping_pong(t, buf, buf, peer)
+        times.append(time.perf_counter() - start)
+        if samples is not None and t.rank == 0 and i % every == every - 1:
+            count = runnable_tasks()
+            if count is not None:
+                samples.append(count)
+    return float(np.median(times)) / 2
+
+
+#: Messages of the ping-pongs across nodes: β is the slope between the two large ones,
+#: so a shaped link's token bucket (a burst at the line rate) and α cancel out.
+INTER_SIZES = (1 << 20, 1 << 22)
+
+#: Round trips of each large message across nodes (a 100 Mbit/s link takes 0.3 s each way).
+INTER_REPEATS = 5
+
+
+def measure(t, *, repeats: int = 30) -> Calibration:
+    """Measure α, β and γ, and across nodes α and β again (every rank must call; collective).
+
+    α: half the round trip of an 8-byte ping-pong between rank 0 and a rank of
+    its node; β: from a 4 MiB ping-pong, less α; γ: a NumPy float32 addition
+    of 1 Mi elements with ``out=``. Medians of ``repeats``. When the ranks
+    span nodes (their hosts, ``t.hosts``, differ), rank 0 measures the link to
+    a rank of another node too: ``inter_alpha`` from 8 bytes, ``inter_beta``
+    the slope between :data:`INTER_SIZES` (a two-level calibration,
+    :meth:`~refcoll.core.calibration.Calibration.link`). ``load``: rank 0
+    counts the runnable tasks of its machine (:func:`runnable_tasks`) three
+    times in each ping-pong and keeps the fewest, per core: a task that runs
+    for an instant (a kernel thread) is missed, a job that runs all along is
+    in every count. The ranks of this job poll while they wait, so on a
+    machine of its own a job that fills the cores reads 1.0; another job
+    running makes it more. Rank 0's result is broadcast so every rank returns
+    the same.
+    """
+    # α, β, γ, load (-1: unknown), when, inter α, inter β, nodes, ranks per node
+    values = np.zeros(9, dtype=np.float64)
     values[3] = -1.0
     samples: list[int] = []
-    if t.rank in (0, 1) and t.size > 1:
-        peer = 1 - t.rank
-        small, large = np.zeros(1, np.float64), np.zeros(1 << 20, np.float32)
-        every = max(1, repeats // 3)
-
-        def round_trip(buf) -> float:
-            ping_pong(t, buf, buf, peer)  # a first exchange sets up the connection: not timed
-            times = []
-            for i in range(repeats):
-                start = time.perf_counter()
-                ping_pong(t, buf, buf, peer)
-                times.append(time.perf_counter() - start)
-                if t.rank == 0 and i % every == every - 1:
-                    count = runnable_tasks()  # between round trips: never timed
-                    if count is not None:
-                        samples.append(count)
-            return float(np.median(times)) / 2
-
-        alpha = round_trip(small)
-        beta = max(round_trip(large) - alpha, 0.0) / large.nbytes
+    hosts = list(getattr(t, "hosts", None) or [""] * t.size)
+    intra, inter, nodes, per_node = node_peers(hosts)
+    values[7:9] = nodes, per_node
+    small, large = np.zeros(1, np.float64), np.zeros(1 << 20, np.float32)
+    values[:2] = DEFAULT.alpha, DEFAULT.beta
+    if intra is not None and t.rank in (0, intra):
+        alpha = _round_trips(t, small, intra if t.rank == 0 else 0, repeats, samples)
+        beta = max(_round_trips(t, large, intra if t.rank == 0 else 0, repeats, samples)
+                   - alpha, 0.0) / large.nbytes
         values[:2] = alpha, beta
+    if inter is not None and t.rank in (0, inter):
+        peer = inter if t.rank == 0 else 0
+        values[5] = _round_trips(t, small, peer, repeats, samples)
+        times = [_round_trips(t, np.zeros(n, np.uint8), peer, INTER_REPEATS, None)
+                 for n in INTER_SIZES]
+        values[6] = max((times[1] - times[0]) / (INTER_SIZES[1] - INTER_SIZES[0]), 1e-15)
+        if intra is None:  # one rank a node: the flat link is the only one
+            values[:2] = values[5], values[6]
     if t.rank == 0:
         a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
         times = []
@@ -220,11 +274,19 @@ def measure(t, *, repeats: int = 30) -> Calibration:
         if samples:
             values[3] = min(samples) / (os.cpu_count() or 1)
         values[4] = time.time()
-        if t.size == 1:
-            values[0], values[1] = DEFAULT.alpha, DEFAULT.beta
     naive_broadcast(t, values, root=0)
     return Calibration(*map(float, values[:3]), source="measured", measured_at=float(values[4]),
-                       load=float(values[3]) if values[3] >= 0 else None)
+                       load=float(values[3]) if values[3] >= 0 else None,
+                       **_levels(values[5:9]))
+
+
+def _levels(values) -> dict:
+    """Return the two-level fields of a calibration from ``(inter α, inter β, nodes, per node)``."""
+    inter_alpha, inter_beta, nodes, per_node = map(float, values)
+    if nodes <= 1:
+        return {}
+    return {"inter_alpha": inter_alpha, "inter_beta": inter_beta, "nodes": int(nodes),
+            "per_node": int(per_node)}
 
 
 #: Bytes of one rank's record in the exchange that finds the key: host name and cores.
@@ -256,6 +318,7 @@ def _key_of(t) -> CalibrationKey:
         library=library,
         ranks_per_node=max(len(v) for v in hosts.values()),
         oversubscribed=any(len(v) > min(v) for v in machines.values()),
+        nodes=len(hosts),
     )
 
 
@@ -287,17 +350,19 @@ def calibrate(t, *, force: bool = False, save: bool = True,
         found, kind = _load(key.text()), 1.0
         if found is None:
             found, kind = _THIS_JOB.get(key.text()), 2.0
-    record = np.zeros(6)  # kind (0: measure, 1: cached in the file, 2: this job's), α, β, γ...
+    record = np.zeros(10)  # kind (0: measure, 1: cached in the file, 2: this job's), α, β, γ...
     if found is not None:
-        record[:] = kind, found.alpha, found.beta, found.gamma, found.measured_at or 0, \
-            -1.0 if found.load is None else found.load
+        record[:] = (kind, found.alpha, found.beta, found.gamma, found.measured_at or 0,
+                     -1.0 if found.load is None else found.load,
+                     *(getattr(found, k) for k in _LEVEL_FIELDS))
     naive_broadcast(t, record, root=0)
     if record[0]:
         source = (f"cached in {cache_path()}" if record[0] == 1 else
                   "measured earlier in this job, not saved")
         return Calibration(*map(float, record[1:4]), source=source,
                            key=key.text(), measured_at=float(record[4]) or None,
-                           load=float(record[5]) if record[5] >= 0 else None), None
+                           load=float(record[5]) if record[5] >= 0 else None,
+                           **_levels(record[6:10])), None
     calibration = replace(measure(t), key=key.text())
     why = _why_not_saved(key, calibration)
     if why is None and save:

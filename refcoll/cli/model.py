@@ -9,6 +9,8 @@ import sys
 import click
 from click.core import ParameterSource
 
+from ..cluster.topology import model_options
+from ..cluster.topology import read as read_topology
 from ..core.errors import UsageError
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
@@ -101,6 +103,14 @@ __all__ = ["model"]
               help="Option values to start from; options given win. seed: 8 nodes × 8 GPUs, "
                    "NVLink 300GB/s and a 25GB/s NIC per GPU (per direction), 7e9 fp32 "
                    "parameters, forward 2s, backward 4s.")
+@click.option("--topology", "topology_file", type=click.Path(dir_okay=False), default=None,
+              help="Take the nodes, ranks per node and links from a topology file (what "
+                   "refcoll cluster writes, REFCOLL_TOPO_FILE); options given win.")
+@click.option("--from-calibration", "calibration_file", type=click.Path(dir_okay=False),
+              default=None,
+              help="Take the cluster from a two-level calibration: the JSON of refcoll model "
+                   "--calibrate --json run across nodes (α and β inside and across nodes, γ); "
+                   "options given win.")
 @click.option("--calibrate", is_flag=True,
               help="Measure α, β, γ on this machine under mpiexec and compare predicted "
                    "all-reduce times with measured ones.")
@@ -115,8 +125,8 @@ __all__ = ["model"]
 def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rail, spine_bw,
           gpu_arch, bidirectional, intra_quoted, inter_quoted, intra_latency, inter_latency,
           in_network, reduce_bw, params, layers_file, bytes_per_element, forward, backward,
-          algorithm, inter, compressor, pattern, buckets, bucket_size, search, preset, calibrate,
-          nprocs, sizes, json_file):
+          algorithm, inter, compressor, pattern, buckets, bucket_size, search, preset,
+          topology_file, calibration_file, calibrate, nprocs, sizes, json_file):
     """Model all-reduce and step time on a described cluster, or calibrate against this one.
 
     Prints each algorithm's all-reduce time with its phases (refcoll's own
@@ -147,12 +157,18 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
         bytes_per_element=bytes_per_element, forward=forward, backward=backward,
         algorithm=algorithm, inter=inter, compressor=compressor, pattern=pattern,
         buckets=buckets, bucket_size=bucket_size)
+    described = {}  # what the files describe; the preset's below, options given above both
+    if calibration_file is not None:
+        described.update(m.calibration_options(calibration_file))
+    if topology_file is not None:
+        described.update(model_options(read_topology(topology_file)))
     if preset is not None:
-        ctx = click.get_current_context()
-        for name, value in m.preset_values(preset).items():
-            if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) and not (
-                    name == "params" and layers_text is not None):
-                given[name] = value
+        described = {**m.preset_values(preset), **described}
+    ctx = click.get_current_context()
+    for name, value in described.items():
+        if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) and not (
+                name == "params" and layers_text is not None):
+            given[name] = value
     result = m.plan_from_text(layers_text=layers_text, search=search, **given)
     write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here

@@ -42,9 +42,10 @@ import re
 
 from ..core.units import parse_bandwidth
 from . import launch
+from .topology import NodeLink, Topology
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters",
-           "attach", "machine_of", "missing_capability", "parse_rate", "remove_stale",
+           "attach", "machine_of", "missing_capability", "parse_rate", "remove_stale", "topology_path",
            "STATE_DIR", "SUBNET"]
 
 #: Where each cluster's state file lives (tmpfs: nothing survives a reboot).
@@ -177,6 +178,24 @@ class Cluster:
     def state_file(self) -> Path:
         return STATE_DIR / f"{self.prefix}.json"
 
+    @property
+    def topology_file(self) -> Path:
+        """The topology it writes (:mod:`refcoll.cluster.topology`), named by ``REFCOLL_TOPO_FILE``."""
+        return topology_path(self.prefix)
+
+    def topology(self) -> Topology:
+        """Return the cluster's topology: its nodes' hosts, racks, ranks and link rates."""
+        spec = self.spec
+        uplinks = {}
+        if spec.racks > 1:
+            per_rack = spec.nodes // spec.racks
+            rate = parse_rate(spec.link) * per_rack / spec.oversubscription
+            uplinks = {r: rate for r in range(1, spec.racks + 1)}
+        return Topology(tuple(NodeLink(self.host(i), self.rack_of(i), spec.ranks(i),
+                                       parse_rate(self.rate(i)))
+                              for i in range(1, spec.nodes + 1)),
+                        uplinks, source=f"refcoll cluster {self.prefix}")
+
     # ------------------------------------------------------------- build
 
     def up(self) -> "Cluster":
@@ -237,6 +256,7 @@ class Cluster:
             folder = NETNS_ETC / self.node_ns(i)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "hosts").write_text("\n".join(hosts) + "\n")
+        self.topology().write(self.topology_file)
         self._write_state()
 
     def _shape(self, ns: str, dev: str, rate: str) -> None:
@@ -341,6 +361,12 @@ def _remove(prefix: str, made: list[str]) -> None:
         _run("ip", "netns", "del", ns, check=False)
         shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
     (STATE_DIR / f"{prefix}.json").unlink(missing_ok=True)
+    topology_path(prefix).unlink(missing_ok=True)
+
+
+def topology_path(prefix: str) -> Path:
+    """Return where cluster ``prefix`` writes its topology."""
+    return STATE_DIR / f"{prefix}.topo.json"
 
 
 def _kill(names: list[str]) -> None:
@@ -384,6 +410,8 @@ def clusters() -> list[dict]:
     """Return the state of every cluster whose state file exists."""
     out = []
     for path in sorted(STATE_DIR.glob("rc*.json")) if STATE_DIR.is_dir() else []:
+        if path.name.endswith(".topo.json"):
+            continue  # a cluster's topology, beside its state
         try:
             out.append(json.loads(path.read_text()))
         except (OSError, ValueError):

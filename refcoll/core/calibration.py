@@ -82,8 +82,17 @@ class Calibration:
             reductions left out (chunk arithmetic, views, its loop). Empty in
             an older record.
 
+        inter_alpha: seconds per message between two nodes (0: one level, the
+            ranks measured all on one node).
+        inter_beta: seconds per byte between two nodes, one flow on the link
+            (0: one level).
+        nodes: nodes the measurement's ranks were on (0 or 1: one level).
+        per_node: ranks per node then (the most on one node).
+
     ``auto``'s calibrations leave the tables empty; the cluster model's
-    (:func:`refcoll.measure.model.calibrate`) fill them.
+    (:func:`refcoll.measure.model.calibrate`) fill them. A calibration measured
+    across nodes is *two-level*: ``alpha`` and ``beta`` inside a node,
+    ``inter_alpha`` and ``inter_beta`` across (:meth:`link`).
     """
 
     alpha: float
@@ -103,6 +112,49 @@ class Calibration:
     planned_call: float = 0.0
     planned_steps: tuple[tuple[int, int, float, float, float, float], ...] = ()
     own: tuple[tuple[str, int, float], ...] = ()
+    inter_alpha: float = 0.0
+    inter_beta: float = 0.0
+    nodes: int = 0
+    per_node: int = 0
+
+    @property
+    def two_level(self) -> bool:
+        """Return whether α and β were measured across nodes as well as inside one."""
+        return self.nodes > 1 and self.inter_beta > 0
+
+    def link(self, kind: str, per_node: int) -> tuple[float, float]:
+        """Return ``(α, β)`` of one phase's link, with ``per_node`` ranks on each node.
+
+        ``intra``: inside a node. ``inter``: across nodes with every rank of a
+        node crossing at once, so each flow has ``1/per_node`` of the node's link
+        (one NIC a node, as measured). ``flat``: a flat ring's step, in which one
+        rank of each node crosses. ``slowest``: a step that uses both kinds and
+        waits for the slower, every rank crossing. ``local``: no message.
+        One-level calibrations give ``(alpha, beta)`` for every kind but ``local``.
+        """
+        if kind == "local":
+            return 0.0, 0.0
+        if not self.two_level or kind == "intra":
+            return self.alpha, self.beta
+        flows = 1 if kind == "flat" else max(per_node, 1)
+        inter = (self.inter_alpha, self.inter_beta * flows)
+        if kind == "inter":
+            return inter
+        return max(self.alpha, inter[0]), max(self.beta, inter[1])
+
+    def price(self, parts, per_node: int, itemsize: int) -> float:
+        """Return the α-β-γ seconds of ``parts`` (:class:`~refcoll.algorithms.registry.LinkCost`).
+
+        Each phase's counts at its link's α and β (:meth:`link`), and γ per
+        element combined scaled to ``itemsize``.
+        """
+        gamma = self.gamma_per_byte * itemsize
+        total = 0.0
+        for part in parts:
+            alpha, beta = self.link(part.link, per_node)
+            total += part.cost.rounds * alpha + part.cost.critical_bytes * beta \
+                + part.cost.reduced * gamma
+        return total
 
     @property
     def gamma_per_byte(self) -> float:
@@ -135,7 +187,9 @@ class Calibration:
                 "planned_steps": [{"buffer": n, "message": b, "first": f, "later": e,
                                    "reduction_first": rf, "reduction_later": rl}
                                   for n, b, f, e, rf, rl in self.planned_steps],
-                "own": [{"algorithm": a, "buffer": n, "seconds": s} for a, n, s in self.own]}
+                "own": [{"algorithm": a, "buffer": n, "seconds": s} for a, n, s in self.own],
+                "inter_alpha": self.inter_alpha, "inter_beta": self.inter_beta,
+                "nodes": self.nodes, "per_node": self.per_node}
 
 
 #: Shared-memory MPI on a current CPU: ~3 µs latency, ~4 GB/s, ~1 G additions/s.

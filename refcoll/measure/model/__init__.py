@@ -56,7 +56,7 @@ from .overlap import StepTime, overlap
 from .pricing import (Estimate, Phase, allreduce_estimate, estimate_name, local_phase,
                       price_phase, steps_phase)
 from .nccl import NCCL_VERSION, PROTOCOLS, NcclTime, nccl_choice, nccl_times
-from .request import (PRESETS, QUOTED, calibration_request, plan_from_text, preset_values,
+from .request import (PRESETS, QUOTED, calibration_options, calibration_request, plan_from_text, preset_values,
                       quoted_links)
 from .search import bucket_ladder, plan_and_search, search_stacks, stack_verdict, verdict
 from .stack import Plan, baseline_algorithm, plan, step_time
@@ -126,6 +126,7 @@ __all__ = [
     "plan_from_text",
     "quoted_links",
     "calibration_request",
+    "calibration_options",
     "calibration_choices",
     "human_time",
     "human_bytes",

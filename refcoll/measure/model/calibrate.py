@@ -30,8 +30,9 @@ import numpy as np
 
 from ... import algorithms as registry
 from ...calls.agree import barrier
-from ...calls.auto import resolve
-from ...calls.calibration import ping_pong, runnable_tasks
+from ...algorithms.registry import NodeShape
+from ...calls.auto import resolve_with_options
+from ...calls.calibration import INTER_SIZES, node_peers, ping_pong, runnable_tasks
 from ...calls.collectives import allreduce
 from ...core.calibration import GAMMA_ITEMSIZE, Calibration
 from ...core.errors import UsageError
@@ -172,14 +173,15 @@ def _buffers(t, nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kept[0][:count], kept[1][:count], kept[2][:count]
 
 
-def _pingpong(t, sizes: list[int]) -> list[tuple[int, float]]:
+def _pingpong(t, sizes: list[int], partner: int = 1) -> list[tuple[int, float]]:
+    """Return ``(bytes, one-way seconds)`` of ping-pongs between rank 0 and ``partner``."""
     pool, back, _ = (buf.view(np.uint8) for buf in _buffers(t, sizes[-1]))
     points = []
     for b in sizes:
         send, recv = pool[:b], back[:b]
         times: list[float] = []
-        if t.rank in (0, 1):
-            peer = 1 - t.rank
+        if t.rank in (0, partner):
+            peer = partner if t.rank == 0 else 0
 
             def round_trip(_: int) -> None:
                 ping_pong(t, send, recv, peer)
@@ -297,13 +299,33 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
             t, _timed(t, lambda _: t.reduce_local(add, a, c, out), _repeats(b), sync=False))))
     alpha, beta = _fit_line(pingpong)
     _, gamma = _fit_line(reduction)
+    levels = _inter_link(t, pingpong)
     # The fit's γ is per byte of one float32 operand; the record's is per element.
     return Calibration(alpha=alpha, beta=beta, gamma=gamma * GAMMA_ITEMSIZE, source="measured",
                        ranks=t.size, call=call, planned_call=planned_call,
                        planned_steps=tuple(planned), own=tuple(own), pingpong=tuple(pingpong),
                        reduction=tuple(reduction), steps=tuple(steps), waits=tuple(waits),
                        stretch=tuple(stretches),
-                       load=None if runnable is None else runnable / (os.cpu_count() or 1))
+                       load=None if runnable is None else runnable / (os.cpu_count() or 1),
+                       **levels)
+
+
+def _inter_link(t, pingpong) -> dict:
+    """Return the two-level fields: α and β between rank 0 and a rank of another node.
+
+    Nothing when every rank is on one node. α is half the round trip of 8 B, β
+    the slope between :data:`~refcoll.calls.calibration.INTER_SIZES` (a shaped
+    link's token bucket lets a burst through at the line rate, and the slope
+    cancels it with α). When rank 0 shares its node with no other rank, the
+    ping-pong above was already across nodes.
+    """
+    _, inter, nodes, per_node = node_peers(list(getattr(t, "hosts", None) or [""] * t.size))
+    if inter is None:
+        return {}
+    points = dict(pingpong if inter == 1 else _pingpong(t, [8, *INTER_SIZES], inter))
+    small, large = INTER_SIZES
+    beta = max((points[large] - points[small]) / (large - small), 1e-15)
+    return {"inter_alpha": points[8], "inter_beta": beta, "nodes": nodes, "per_node": per_node}
 
 
 def _interpolate(table: Sequence[tuple[float, float]], x: float) -> float:
@@ -321,9 +343,27 @@ def _interpolate(table: Sequence[tuple[float, float]], x: float) -> float:
     return float(math.exp(ys[i] + slope * (at - xs[i])))
 
 
+def _across_nodes(calibration: Calibration, algorithm: str, nbytes: int, itemsize: int,
+                  options: dict) -> float:
+    """Return a two-level calibration's prediction: the call, and each phase of the algorithm's
+    ``price`` on the measured nodes at its link's α and β (inside a node or across).
+
+    The algorithm's own work (``own``) is left out: measured across nodes it
+    holds the waits for the links, which the phases price already.
+    """
+    shape = NodeShape(calibration.nodes, calibration.per_node)
+    parts = registry.get(algorithm).price(shape, nbytes // itemsize, itemsize, **options)
+    return calibration.call + calibration.price(parts, shape.per_node, itemsize)
+
+
 def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, itemsize: int = 4,
-            *, fit: bool = False, waits: bool = True) -> float:
-    """Return the predicted time of a single-machine all-reduce of ``nbytes``.
+            *, fit: bool = False, waits: bool = True, options: dict | None = None) -> float:
+    """Return the predicted time of an all-reduce of ``nbytes``.
+
+    Across nodes (a two-level calibration): the call, and the algorithm's
+    phases (its record's ``price``, with ``options`` such as hierarchical's
+    ``inter``) each at the α, β and γ of its link (:func:`_across_nodes`).
+    On one machine, as follows.
 
     With ``fit`` (or for a size the calibration has no steps for): the textbook
     ``rounds·α + critical_bytes·β + reduced·s·γ`` of :mod:`refcoll.core.cost` at the
@@ -344,6 +384,8 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     (``planned_call``, ``planned_steps``); otherwise the ordinary call, whose
     ``call`` adds the algorithm's own work (``own``).
     """
+    if calibration.two_level:
+        return _across_nodes(calibration, algorithm, nbytes, itemsize, options or {})
     c = registry.get(algorithm).costs["allreduce"](p, nbytes // itemsize, itemsize)
     steps = [row[1:] for row in calibration.steps if row[0] == nbytes]
     if fit or not steps:
@@ -453,8 +495,8 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
         for i in range(len(algorithms)):
             algorithm = algorithms[(start + i) % len(algorithms)]
             chooses = registry.get(algorithm).chooses  # auto: what it resolves to here
-            ran[algorithm, nbytes] = (resolve(t, "allreduce", nbytes // 4, 4) if chooses
-                                      else algorithm)
+            ran[algorithm, nbytes] = (resolve_with_options(t, "allreduce", nbytes // 4, 4)
+                                      if chooses else (algorithm, {}))
             times.setdefault((algorithm, nbytes), []).extend(
                 _allreduce_times(t, algorithm, nbytes, repeats, warmups))
 
@@ -469,14 +511,17 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
     rows = []
     for algorithm in algorithms:
         for nbytes in sizes:
-            name, seconds = ran[algorithm, nbytes], _largest_median(t, times[algorithm, nbytes])
-            predicted = predict(calibration, name, t.size, nbytes)
-            rows.append({"algorithm": algorithm if name == algorithm else f"{algorithm} ({name})",
+            (name, chosen), seconds = ran[algorithm, nbytes], _largest_median(
+                t, times[algorithm, nbytes])
+            predicted = predict(calibration, name, t.size, nbytes, options=chosen)
+            shown = name + "".join(f" {k}={v}" for k, v in chosen.items())
+            rows.append({"algorithm": algorithm if shown == algorithm else f"{algorithm} ({shown})",
                          "bytes": nbytes, "predicted": predicted,
                          "wait": scheduling_wait(calibration, name, t.size, nbytes),
                          "predicted_without_wait": predict(calibration, name, t.size, nbytes,
-                                                           waits=False),
-                         "predicted_fit": predict(calibration, name, t.size, nbytes, fit=True),
+                                                           waits=False, options=chosen),
+                         "predicted_fit": predict(calibration, name, t.size, nbytes, fit=True,
+                                                  options=chosen),
                          "measured": seconds,
                          "ratio": predicted / seconds if seconds else math.inf})
     return Comparison(calibration, rows, others, os.cpu_count() or 0)

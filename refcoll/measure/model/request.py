@@ -9,6 +9,8 @@ same for ``--calibrate``, before any process starts.
 
 from __future__ import annotations
 
+import json
+
 from ...core.errors import UsageError
 from ...core.units import parse_bandwidth, parse_count, parse_duration, parse_size, parse_sizes
 from .calibrate import CALIBRATE_LIMIT
@@ -153,6 +155,43 @@ def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=No
                                 else tuple(compressor or ())))  # each spec once, in order
     options = Options(algorithms, specs[0] if specs else None, pattern, count, inter, specs[1:])
     return (plan_and_search if search else plan)(cluster, workload, options)
+
+
+def calibration_options(path) -> dict:
+    """Return ``refcoll model``'s option values for the cluster a two-level calibration measured.
+
+    ``path`` is the JSON ``refcoll model --calibrate --json`` wrote across nodes
+    (or a calibration record alone): nodes and ranks per node as measured, one
+    NIC a node at the β measured across nodes, the intra-node link at the β
+    measured inside one, both quoted one way, their α as latencies, and γ as
+    the reduction rate.
+
+    Raises:
+        UsageError: the file is unreadable, or holds a one-level calibration.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        record = data.get("calibration", data)
+        fields = {k: float(record[k]) for k in ("alpha", "beta", "gamma_per_byte", "inter_alpha",
+                                                 "inter_beta", "nodes", "per_node")}
+    except OSError as exc:
+        raise UsageError(f"cannot read the calibration {path} (--from-calibration): "
+                         f"{exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{path} (--from-calibration) is not the JSON of refcoll model "
+                         f"--calibrate --json: {type(exc).__name__}: {exc}") from None
+    if fields["nodes"] < 2 or fields["inter_beta"] <= 0:
+        raise UsageError(f"{path} (--from-calibration) was measured on one node: run refcoll "
+                         "model --calibrate across the nodes (refcoll cluster run -- refcoll "
+                         "model --calibrate --json FILE)")
+    per_byte = {"intra_bw": fields["beta"], "inter_bw": fields["inter_beta"],
+                "reduce_bw": fields["gamma_per_byte"]}
+    return {"nodes": str(int(fields["nodes"])), "gpus_per_node": str(int(fields["per_node"])),
+            **{k: f"{1 / v!r}B/s" if v > 0 else "0" for k, v in per_byte.items()},
+            "intra_latency": f"{fields['alpha']!r}s", "inter_latency": f"{fields['inter_alpha']!r}s",
+            "nics_per_node": "1", "intra_quoted": "unidirectional",
+            "inter_quoted": "unidirectional"}
 
 
 def calibration_request(nprocs, sizes) -> tuple[int, list[int]]:
