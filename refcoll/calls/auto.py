@@ -44,6 +44,8 @@ from dataclasses import dataclass, field, replace
 
 from .. import algorithms
 from ..algorithms.registry import NodeShape
+from .auto_nodes import (_two_level, across_options, candidates, node_aware, node_shape,
+                         shape_of, two_level_choice)
 from ..cluster.topology import TOPO_ENV, inter_levels
 from ..cluster.topology import from_env as topology_from_env
 from ..core.errors import UsageError
@@ -64,13 +66,6 @@ __all__ = ["AlgoFilter", "calibration_for", "choose", "candidates", "resolve", "
            "current_calibration", "cached_calibrations", "calibrate", "calibration_mode",
            "ping_pong", "runnable_tasks"]
 
-
-
-def candidates(collective: str) -> list[str]:
-    """Return the algorithms auto chooses among for ``collective``."""
-    names = [n for n in algorithms.names(collective) if algorithms.get(n).auto
-             and collective in algorithms.get(n).costs]
-    return names or ["naive"]
 
 
 # -------------------------------------------------------------- REFCOLL_ALGO
@@ -183,63 +178,6 @@ def choose(collective: str, p: int, count: int, itemsize: int,
     return best if best is not None else pool[0]
 
 
-def _two_level(collective: str, calibration: Calibration, shape) -> bool:
-    return (collective == "allreduce" and shape is not None and shape.nodes > 1
-            and calibration.two_level)
-
-
-def node_aware() -> list[str]:
-    """Return the all-reduces auto adds across nodes: those that take the node shape and are
-    priced on a cluster (their record's ``node_option`` and ``price``), in registry order."""
-    return [a.name for a in algorithms.REGISTRY.values()
-            if a.node_option and a.price is not None and not a.needs_in_network
-            and "allreduce" in a.implementations]
-
-
-def across_options(name: str) -> list[dict]:
-    """Return the option sets auto tries for ``name`` across nodes: each algorithm it may run
-    between the nodes (``inter``), or ``[{}]`` for an algorithm without that choice."""
-    if "inter" not in algorithms.options(name, "allreduce"):
-        return [{}]
-    return [{"inter": a.name} for a in algorithms.REGISTRY.values()
-            if a.across_nodes and not a.needs_in_network and a.price is not None]
-
-
-@functools.lru_cache(maxsize=4096)
-def _two_level_choice(count: int, itemsize: int, calibration: Calibration, shape: NodeShape,
-                      allowed: tuple | None) -> tuple[str, tuple, float]:
-    pool = list(candidates("allreduce") if allowed is None else allowed)
-    if allowed is None:
-        pool += [n for n in node_aware() if n not in pool]
-    best = None
-    for name in pool:
-        algo = algorithms.get(name)
-        if algo.price is None or (algo.node_option and not shape.equal):
-            continue  # unpriced, or node-aware on unequal nodes, which its price cannot shape
-        for options in across_options(name) if algo.node_option else [{}]:
-            seconds = calibration.price(algo.price(shape, count, itemsize, **options),
-                                        shape.per_node, itemsize)
-            if best is None or seconds < best[2]:
-                best = (name, tuple(sorted(options.items())), seconds)
-    return best or (pool[0], (), float("nan"))
-
-
-def two_level_choice(count: int, itemsize: int, calibration: Calibration, shape: NodeShape,
-                     allowed: list[str] | None = None) -> tuple[str, dict, float]:
-    """Return the all-reduce auto runs across nodes, its options and its modelled seconds.
-
-    Every allowed candidate, and (unless ``REFCOLL_ALGO`` names the pool) every
-    :func:`node_aware` algorithm with each algorithm it may run between the nodes
-    (:func:`across_options`), is priced by its record's ``price`` on ``shape``:
-    each phase at the α and β of its link, inside the nodes or across them
-    (:meth:`~refcoll.core.calibration.Calibration.link`). The cheapest wins
-    (ties: registry order, then the ``inter`` options' order).
-    """
-    name, options, seconds = _two_level_choice(count, itemsize, calibration, shape,
-                                               None if allowed is None else tuple(allowed))
-    return name, dict(options), seconds
-
-
 @dataclass
 class _AutoSettings:
     """What auto resolves with on one transport: the calibration, ``REFCOLL_ALGO``, the nodes."""
@@ -249,33 +187,6 @@ class _AutoSettings:
     shape: NodeShape | None = None  # the ranks' nodes, where they span more than one
     choices: dict = field(default_factory=dict)  # (name, options) by key
     predictions: dict = field(default_factory=dict)  # (name, modelled s) by key, for tracing
-
-
-def node_shape(hosts) -> NodeShape | None:
-    """Return the nodes of ranks on ``hosts`` (one host name a rank), or None on one node.
-
-    ``NodeShape(nodes, most ranks on one node)``, with ``equal`` False where the
-    nodes hold different numbers of ranks.
-    """
-    counts: dict[str, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
-    if len(counts) < 2:
-        return None
-    return NodeShape(len(counts), max(counts.values()), equal=len(set(counts.values())) == 1)
-
-
-def _shape_of(t) -> NodeShape | None:
-    """Return ``t``'s node shape: its hosts under MPI, its world's nodes in the simulator."""
-    hosts = getattr(t, "hosts", None)
-    if hosts:
-        return node_shape(hosts)
-    world = getattr(t, "world", None)
-    k = getattr(world, "ranks_per_node", None)
-    if world is None or not k or k >= t.size:
-        return None
-    sizes = [min(k, t.size - start) for start in range(0, t.size, k)]
-    return NodeShape(len(sizes), k, equal=len(set(sizes)) == 1)
 
 
 def _settings(t) -> _AutoSettings:
@@ -296,7 +207,7 @@ def _settings(t) -> _AutoSettings:
 def _agreed_settings(t) -> _AutoSettings:
     if not isinstance(t, MPITransport):  # the simulator: one process, one environment
         preset = getattr(getattr(t, "world", None), "calibration", None)
-        return _AutoSettings(preset or DEFAULT, algo_filter(), _shape_of(t))
+        return _AutoSettings(preset or DEFAULT, algo_filter(), shape_of(t))
     error, mode, allowed, topology = None, "cache", AlgoFilter(), None
     try:
         mode, allowed, topology = calibration_mode(), algo_filter(), topology_from_env()
@@ -313,7 +224,7 @@ def _agreed_settings(t) -> _AutoSettings:
                        else calibrate(t, force=mode == "measure")[0])
     if not calibration.two_level:  # one level measured: the topology's links price the other
         calibration = replace(calibration, **inter_levels(topology, t.hosts))
-    return _AutoSettings(calibration, allowed, _shape_of(t))
+    return _AutoSettings(calibration, allowed, shape_of(t))
 
 
 def calibration_for(t) -> Calibration:

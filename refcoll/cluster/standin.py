@@ -1,7 +1,9 @@
 """The ``ssh`` of an emulated cluster: start a command on a node, inside that node's namespaces.
 
 MPICH's ``mpiexec -launcher ssh -launcher-exec "python -m refcoll.cluster.standin"``
-calls it as it would call ssh: ``standin [ssh options] HOST COMMAND``. It finds
+calls it as it would call ssh: ``standin [ssh options] HOST COMMAND``; so does Open
+MPI's ``mpirun --mca plm_rsh_agent`` (``standin -x HOST PRTE_PREFIX=...;prted ...``,
+the daemon's command in several words, joined here as ssh joins them). It finds
 HOST among the clusters' state files, then runs COMMAND (one string, for a
 shell, as ssh gives it to the remote shell) inside HOST's network namespace and
 in a UTS namespace of its own whose host name is HOST, so that MPI's node

@@ -5,10 +5,8 @@ Bytes travel as ``MPI.BYTE``: no pickling on the data path, and every NumPy dtyp
 to MPI-4's large-count calls by itself, so messages over 2**31 bytes need nothing
 special here.
 
-An exchange that repeats with the same buffers can be made persistent
-(:meth:`MPITransport.persistent`, MPI's ``MPI_Send_init``/``MPI_Recv_init``): the
-requests are built once and each run is one ``MPI_Startall`` and the wait. The
-plans of :mod:`refcoll.calls.plans` (persistent collectives) run on them.
+A repeated exchange can be made persistent (:meth:`MPITransport.persistent`,
+``MPI_Send_init``/``MPI_Recv_init``): the plans of :mod:`refcoll.calls.plans` run on them.
 
 A rank that cannot go on with a communicator's calls (a plan misused on it
 alone) revokes the transport (:meth:`MPITransport.revoke`, as ULFM's
@@ -27,8 +25,8 @@ import numpy as np
 
 from ..core.errors import PeerFailure, RefcollError
 from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
-from .deadline import (POLLS_BEFORE_YIELD, _not_arrived, bounded_barrier, duplicate, mpi,
-                       timed_out, wait_by_deadline)
+from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
+from .hosts import exchange_hosts, hosts_of_split, peer_name
 
 __all__ = ["MPITransport", "PersistentExchange", "transport_for"]
 
@@ -36,11 +34,9 @@ __all__ = ["MPITransport", "PersistentExchange", "transport_for"]
 _mpi = mpi
 
 #: A progress thread (:mod:`refcoll.calls.progress`) waits patiently: past this many
-#: polls of one wait it sleeps :data:`PATIENT_SLEEP` seconds between polls, which
-#: hands the core (and the GIL) to the computation it runs beside. A message that
-#: comes within the first polls is taken at once; a long one costs at most a sleep
-#: more. 0 makes the progress thread spin like the caller (benchmarks/nonblocking.py
-#: measures both).
+#: polls of one wait it sleeps :data:`PATIENT_SLEEP` seconds between polls, handing the
+#: core (and the GIL) to the computation beside it; 0 makes it spin like the caller
+#: (benchmarks/nonblocking.py measures both).
 PATIENT_POLLS = 200
 PATIENT_SLEEP = 50e-6
 
@@ -50,9 +46,6 @@ PERSISTENT_EPOCHS = 16
 
 #: Bytes of a revocation notice (:meth:`MPITransport.revoke`): UTF-8 text, zero-padded.
 NOTICE_BYTES = 512
-
-#: Bytes of one rank's host name in the exchange that names every rank's host.
-HOST_BYTES = 64
 
 #: Polls of a wait between two looks for a revocation notice (an MPI_Iprobe: made at
 #: every poll, it slowed the battery by a third with more ranks than cores).
@@ -88,10 +81,8 @@ class MPITransport(TransportBase):
         self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        #: Every rank's host (``MPI_Get_processor_name``), so that a wait that times out
-        #: names the machine it waited for; a split's transport inherits its parent's.
-        self.hosts: list[str] = (_exchange_hosts(self.comm, self.timeout, collective)
-                                 if dup else [])
+        # Every rank's host, named by a wait that times out (a split's: its parent's).
+        self.hosts = exchange_hosts(self.comm, self.timeout, collective) if dup else []
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         # Ordinary calls cycle through the tag slots but the last few, which
@@ -104,8 +95,7 @@ class MPITransport(TransportBase):
         self._notice_tag = (self._tag_slots + self._epochs) * TAGS_PER_CALL
         self.revoked: str | None = None  # why, once this rank or a peer revoked the transport
         self._revoked_at = 0  # the call revoked: calls before it still complete
-        self._notice = np.zeros(NOTICE_BYTES, np.uint8)
-        self._notice_status = MPI.Status()
+        self._notice, self._notice_status = np.zeros(NOTICE_BYTES, np.uint8), MPI.Status()
         self._notices_sent: list = []
         self._epoch = 0
         self._persistent_tags = self._tag_slots * TAGS_PER_CALL
@@ -120,13 +110,10 @@ class MPITransport(TransportBase):
     def __repr__(self) -> str:
         return f"MPITransport(rank={self.rank}, size={self.size})"
 
-    def peer(self, rank: int) -> str:
-        """Return ``rank`` as a message names it: ``rank 2 (host node2)``."""
-        host = self.hosts[rank] if 0 <= rank < len(self.hosts) else ""
-        return f"rank {rank} (host {host})" if host else f"rank {rank}"
+    def peer(self, rank: int) -> str:  # a wait's message: "rank 2 (host node2)"
+        return peer_name(self.hosts, rank)
 
-    # Every blocking call is a nonblocking one completed by _finish, which waits
-    # with a deadline: a dead or disagreeing peer ends in CollectiveTimeout, not a hang.
+    # Every blocking call is a nonblocking one waited by the deadline (_finish): no hang.
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
         req = self.comm.Isend(_message(buf), dest, self._wire_tag(tag))
@@ -278,7 +265,7 @@ class MPITransport(TransportBase):
         """Release the revocation notices sent (an active send completes on its own)."""
         for sent in self._notices_sent:
             if hasattr(sent, "Free"):
-                sent.Free()  # an active send completes on its own
+                sent.Free()
         self._notices_sent = []
 
     @staticmethod
@@ -304,9 +291,8 @@ class MPITransport(TransportBase):
     def split(self, color: int, key: int) -> "MPITransport | None":
         """Return the transport of the ranks that passed ``color`` (``MPI_Comm_split``).
 
-        MPI has no nonblocking split, so a deadline-bounded ``MPI_Ibarrier``
-        runs first: a rank that never comes is a :class:`CollectiveTimeout`
-        here, not a hang inside ``MPI_Comm_split``.
+        MPI has no nonblocking split, so a deadline-bounded ``MPI_Ibarrier`` runs first:
+        a rank that never comes is a :class:`CollectiveTimeout`, not a hang in the split.
         """
         MPI = _mpi()
         self._setup_barrier("MPI_Comm_split")
@@ -325,9 +311,7 @@ class MPITransport(TransportBase):
         """Wrap a communicator split from this one: freed here, counted in this traffic."""
         t = MPITransport(sub, dup=False, timeout=self.timeout)
         t._owned = True  # created here, so freed here
-        mine = list(range(t.size))
-        theirs = _mpi().Group.Translate_ranks(sub.Get_group(), mine, self.comm.Get_group())
-        t.hosts = [self.hosts[r] if 0 <= r < len(self.hosts) else "" for r in theirs]
+        t.hosts = hosts_of_split(self.hosts, self.comm, sub)
         t.traffic = self.traffic
         return t
 
@@ -349,10 +333,9 @@ class MPITransport(TransportBase):
     def free(self) -> None:
         """Free the persistent exchanges, then the duplicated communicator.
 
-        A revoked transport's communicators, or one's whose calls failed an
-        agreement, are left unfreed: messages of abandoned calls may be on their
-        way, and MPI gives a freed communicator's context to the next one made
-        (a small, bounded leak, against a silently wrong result there).
+        A revoked transport's communicators, or one's whose calls failed an agreement,
+        are left unfreed: messages of abandoned calls may be on their way, and MPI gives
+        a freed communicator's context to the next one made (a small, bounded leak).
         """
         for exchange in list(self._persistent):
             exchange.free()
@@ -494,25 +477,6 @@ def _free_persistent() -> None:
 
 
 _KEYVAL = None
-
-
-def _exchange_hosts(comm, timeout: float | None, collective: str | None) -> list[str]:
-    """Return every rank's host name (an ``MPI_Iallgather`` of fixed records, by the deadline).
-
-    Paid once per communicator refcoll wraps, beside its ``MPI_Comm_idup``; a
-    rank that never comes is the same :class:`CollectiveTimeout` as there.
-    """
-    MPI = _mpi()
-    name = MPI.Get_processor_name().encode()[:HOST_BYTES]
-    if comm.Get_size() == 1:
-        return [name.decode(errors="replace")]
-    mine = np.zeros(HOST_BYTES, np.uint8)
-    mine[:len(name)] = np.frombuffer(name, np.uint8)
-    everyone = np.zeros((comm.Get_size(), HOST_BYTES), np.uint8)
-    request = comm.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
-    wait_by_deadline(request, timeout, lambda: _not_arrived(
-        comm, collective, "MPI_Iallgather of the host names", timeout))
-    return [row.tobytes().rstrip(bytes(1)).decode(errors="replace") for row in everyone]
 
 
 def transport_for(comm=None, collective: str | None = None) -> MPITransport:

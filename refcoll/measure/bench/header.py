@@ -22,6 +22,7 @@ from ... import algorithms
 from ...baselines import gloo, nccl
 from ...calls import as_transport, device_for
 from ...calls.auto import calibration_for
+from ...cluster import topology
 from ...cluster.emulate import machine_of
 from ...core.ops import dtype_name, get_dtype, get_op
 from ...transport import cuda_aware
@@ -72,6 +73,15 @@ def _package(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def _topology() -> dict | None:
+    """Return the nodes and links of ``REFCOLL_TOPO_FILE`` for the header (None: unset)."""
+    path = os.environ.get(topology.TOPO_ENV, "").strip()
+    if not path:
+        return None
+    found = topology.read(path)
+    return {"file": path, **found.to_json()}
 
 
 def _notes(config, available: list[str], hosts: list[dict]) -> list[str]:
@@ -186,6 +196,7 @@ def bench_header(comm, config) -> dict:
         "nccl": nccl_settings(config) if "nccl" in chosen else None,
         "notes": _notes(config, available, hosts),
         "calibration": None,
+        "topology": _topology(),
     }
     if "gloo" in chosen:
         header["versions"]["torch"] = gloo.torch_version()
@@ -203,7 +214,9 @@ def bench_header(comm, config) -> dict:
             template = array_module(config.device).zeros(1, np.uint8)
             cal = calibration_for(device_for(as_transport(sub), template))
             header["calibration"] = {"alpha": cal.alpha, "beta": cal.beta, "gamma": cal.gamma,
-                                     "source": cal.source}
+                                     "source": cal.source, "inter_alpha": cal.inter_alpha,
+                                     "inter_beta": cal.inter_beta, "nodes": cal.nodes,
+                                     "per_node": cal.per_node}
             sub.Free()
         # A bounded MPI_Ibarrier (the spare ranks wait here through the calibration),
         # then the blocking (pickled) bcast.

@@ -216,10 +216,18 @@ def _comments(header: dict) -> list[str]:
                         f"transfers: {g['path']} ({g['why']})")
     if header["compressor"]:
         lines.append(f"# compressor: {header['compressor']} (algbw and busbw of the dense size)")
+    if header.get("topology"):
+        lines.append("# nodes: " + "; ".join(
+            f"{n['host']} (rack {n['rack']}, {n['ranks']} ranks, link "
+            f"{n['link_bits_per_s'] / 1e6:.0f} Mbit/s)" for n in header["topology"]["nodes"])
+            + f" ({header['topology']['file']})")
     if header["calibration"]:
         c = header["calibration"]
+        across = (f"; across {c['nodes']} nodes of {c['per_node']} ranks: "
+                  f"alpha={c['inter_alpha']:.3g} s, beta={c['inter_beta']:.3g} s/B "
+                  f"({8 / c['inter_beta'] / 1e6:.0f} Mbit/s)" if c.get("nodes", 0) > 1 and c.get("inter_beta") else "")
         lines.append(f"# auto: alpha={c['alpha']:.3g} s, beta={c['beta']:.3g} s/B, "
-                     f"gamma={c['gamma']:.3g} s/element ({c['source']})")
+                     f"gamma={c['gamma']:.3g} s/element{across} ({c['source']})")
     return lines + [f"# note: {note}" for note in header["notes"]]
 
 

@@ -30,15 +30,15 @@ import numpy as np
 
 from ... import algorithms as registry
 from ...calls.agree import barrier
-from ...algorithms.registry import NodeShape
 from ...calls.auto import resolve_with_options
-from ...calls.calibration import INTER_SIZES, node_peers, ping_pong, runnable_tasks
+from ...calls.calibration import ping_pong, runnable_tasks
 from ...calls.collectives import allreduce
 from ...core.calibration import GAMMA_ITEMSIZE, Calibration
 from ...core.errors import UsageError
 from ...core.ops import get_op
 from ...transport.base import transport_cache
 from .calibrate_compare import Comparison
+from .calibrate_nodes import across_nodes, inter_link
 from .calibrate_sched import stretch, wait_median, wait_summary, waits_at
 from .calibrate_steps import InCall, call_overheads, own_work, planned_path, step_samples
 
@@ -299,7 +299,7 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
             t, _timed(t, lambda _: t.reduce_local(add, a, c, out), _repeats(b), sync=False))))
     alpha, beta = _fit_line(pingpong)
     _, gamma = _fit_line(reduction)
-    levels = _inter_link(t, pingpong)
+    levels = inter_link(t, pingpong, _pingpong)
     # The fit's γ is per byte of one float32 operand; the record's is per element.
     return Calibration(alpha=alpha, beta=beta, gamma=gamma * GAMMA_ITEMSIZE, source="measured",
                        ranks=t.size, call=call, planned_call=planned_call,
@@ -308,24 +308,6 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
                        stretch=tuple(stretches),
                        load=None if runnable is None else runnable / (os.cpu_count() or 1),
                        **levels)
-
-
-def _inter_link(t, pingpong) -> dict:
-    """Return the two-level fields: α and β between rank 0 and a rank of another node.
-
-    Nothing when every rank is on one node. α is half the round trip of 8 B, β
-    the slope between :data:`~refcoll.calls.calibration.INTER_SIZES` (a shaped
-    link's token bucket lets a burst through at the line rate, and the slope
-    cancels it with α). When rank 0 shares its node with no other rank, the
-    ping-pong above was already across nodes.
-    """
-    _, inter, nodes, per_node = node_peers(list(getattr(t, "hosts", None) or [""] * t.size))
-    if inter is None:
-        return {}
-    points = dict(pingpong if inter == 1 else _pingpong(t, [8, *INTER_SIZES], inter))
-    small, large = INTER_SIZES
-    beta = max((points[large] - points[small]) / (large - small), 1e-15)
-    return {"inter_alpha": points[8], "inter_beta": beta, "nodes": nodes, "per_node": per_node}
 
 
 def _interpolate(table: Sequence[tuple[float, float]], x: float) -> float:
@@ -343,26 +325,13 @@ def _interpolate(table: Sequence[tuple[float, float]], x: float) -> float:
     return float(math.exp(ys[i] + slope * (at - xs[i])))
 
 
-def _across_nodes(calibration: Calibration, algorithm: str, nbytes: int, itemsize: int,
-                  options: dict) -> float:
-    """Return a two-level calibration's prediction: the call, and each phase of the algorithm's
-    ``price`` on the measured nodes at its link's α and β (inside a node or across).
-
-    The algorithm's own work (``own``) is left out: measured across nodes it
-    holds the waits for the links, which the phases price already.
-    """
-    shape = NodeShape(calibration.nodes, calibration.per_node)
-    parts = registry.get(algorithm).price(shape, nbytes // itemsize, itemsize, **options)
-    return calibration.call + calibration.price(parts, shape.per_node, itemsize)
-
-
 def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, itemsize: int = 4,
             *, fit: bool = False, waits: bool = True, options: dict | None = None) -> float:
     """Return the predicted time of an all-reduce of ``nbytes``.
 
     Across nodes (a two-level calibration): the call, and the algorithm's
     phases (its record's ``price``, with ``options`` such as hierarchical's
-    ``inter``) each at the α, β and γ of its link (:func:`_across_nodes`).
+    ``inter``) each at the α, β and γ of its link (:func:`~.calibrate_nodes.across_nodes`).
     On one machine, as follows.
 
     With ``fit`` (or for a size the calibration has no steps for): the textbook
@@ -385,7 +354,7 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     ``call`` adds the algorithm's own work (``own``).
     """
     if calibration.two_level:
-        return _across_nodes(calibration, algorithm, nbytes, itemsize, options or {})
+        return across_nodes(calibration, algorithm, nbytes, itemsize, options or {})
     c = registry.get(algorithm).costs["allreduce"](p, nbytes // itemsize, itemsize)
     steps = [row[1:] for row in calibration.steps if row[0] == nbytes]
     if fit or not steps:

@@ -1,0 +1,163 @@
+"""Every topology claim across a real (emulated) network: refcoll's all-reduces and MPI's.
+
+For each cluster shape it builds an emulated cluster (``refcoll.cluster.Cluster``:
+a network namespace per node, ``tc``-shaped links; needs root), runs ``refcoll
+bench`` across the nodes with ring, hierarchical, Rabenseifner, auto and
+MPI_Allreduce timed side by side (bench interleaves them per size), and prints,
+per size, each one's bus bandwidth (out of place), what auto chose, auto over
+the best refcoll algorithm and over MPI, the best over the link bound, and
+the bytes each node's link carried in the run. With ``--calibrate`` it also
+runs ``refcoll model --calibrate`` across the 2 x 2 cluster and prints the
+two-level model's predictions beside the measured times.
+
+The link bound: an all-reduce of n bytes over g nodes must move at least
+2(g-1)/g·n through each node's link each way, so with p ranks
+busbw <= link · 2(p-1)/p · g / (2(g-1)): 1.5 x link at 2 x 2.
+
+    python benchmarks/nodes.py                      # the shapes and rates of the README
+    python benchmarks/nodes.py --shape 2x2 --link 1gbit --calibrate --json nodes.json
+
+Every shape runs more ranks than this machine's cores when it has 2: the
+figures share the cores (bench's header says so) and are suspect as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from refcoll.cluster import Cluster, missing_capability, parse_rate
+
+ALGORITHMS = ("ring", "hierarchical", "rabenseifner", "auto")
+
+#: (shape, link, largest size): the README's table. 100 Mbit/s stops at 16 MiB, whose calls
+#: take seconds each already.
+DEFAULT_RUNS = (("2x2", "1gbit", "64M"), ("2x2", "100mbit", "16M"), ("2x3", "1gbit", "64M"),
+                ("3x2", "1gbit", "64M"))
+
+
+def link_bound(nodes: int, per_node: int, link_bits: float) -> float:
+    """Return the busbw bound, GB/s, of an all-reduce whose node links carry ``link_bits``/s."""
+    p = nodes * per_node
+    if nodes < 2:
+        return math.inf
+    return link_bits / 8 / 1e9 * 2 * (p - 1) / p * nodes / (2 * (nodes - 1))
+
+
+def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, iters: int,
+              folder: Path) -> dict:
+    """Run refcoll bench across an emulated cluster; return its JSON and the bytes per link."""
+    out = folder / f"bench-{nodes}x{per_node}-{link}.json"
+    with Cluster(nodes=nodes, ranks_per_node=per_node, link=link) as cluster:
+        start = time.perf_counter()
+        res = cluster.run(["refcoll", "bench", "-b", "64K", "-e", largest, "-f", "4",
+                           "--algorithm", ",".join(ALGORITHMS), "--against", "mpi",
+                           "-w", str(warmup), "-i", str(iters), "--json", str(out)],
+                          capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - start
+        traffic = cluster.last_traffic
+    if res.returncode != 0:
+        sys.exit(f"bench failed on {nodes}x{per_node} {link}:\n{res.stdout[-3000:]}"
+                 f"\n{res.stderr[-3000:]}")
+    data = json.loads(out.read_text())
+    return {"nodes": nodes, "per_node": per_node, "link": link, "wall_s": wall,
+            "traffic": {str(k): v for k, v in traffic.items()}, "bench": data,
+            "header": [line for line in res.stdout.splitlines() if line.startswith("# ")][:12]}
+
+
+def table(run: dict) -> list[str]:
+    """Return the run's table as Markdown rows."""
+    nodes, per_node = run["nodes"], run["per_node"]
+    bound = link_bound(nodes, per_node, parse_rate(run["link"]))
+    rows: dict[int, dict] = {}
+    for row in run["bench"]["rows"]:
+        entry = rows.setdefault(row["size"], {})
+        entry[row["algorithm"]] = row["busbw"]
+        if row["algorithm"] == "auto":
+            entry["chose"] = row.get("resolved") or "?"
+        entry["mpi"] = max(entry.get("mpi", 0.0), row.get("base_busbw") or 0.0)
+    lines = [f"{nodes} nodes x {per_node} ranks, {run['link']} links: link bound busbw "
+             f"{bound:.4f} GB/s; bytes sent per node link: " + ", ".join(
+                 f"node {k} {tx / 1e9:.2f} GB" for k, (tx, _) in run["traffic"].items()),
+             "", "| size | ring | hierarchical | rabenseifner | auto (chose) | MPI_Allreduce "
+             "| auto/best | auto/MPI | best/bound |", "|---|---|---|---|---|---|---|---|---|"]
+    for size in sorted(rows):
+        e = rows[size]
+        best = max(e.get(a, 0.0) for a in ALGORITHMS if a != "auto")
+        lines.append(
+            f"| {size >> 10} KiB | {e.get('ring', 0):.4f} | {e.get('hierarchical', 0):.4f} | "
+            f"{e.get('rabenseifner', 0):.4f} | {e.get('auto', 0):.4f} ({e.get('chose')}) | "
+            f"{e['mpi']:.4f} | {e.get('auto', 0) / best:.2f} | {e.get('auto', 0) / e['mpi']:.2f} "
+            f"| {best / bound:.2f} |")
+    return lines
+
+
+def calibrate(folder: Path, largest: str) -> dict:
+    """Run refcoll model --calibrate across 2 x 2 nodes at 1 Gbit/s; return its JSON."""
+    out = folder / "calibrate.json"
+    with Cluster(nodes=2, ranks_per_node=2, link="1gbit") as cluster:
+        res = cluster.run(["refcoll", "model", "--calibrate", "--sizes", f"64K..{largest}",
+                           "--algorithm", "ring,hierarchical,rabenseifner", "--json", str(out)],
+                          capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        sys.exit(f"model --calibrate failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    print(res.stdout)
+    data = json.loads(out.read_text())
+    speedups = {}
+    rows = {(r["algorithm"], r["bytes"]): r for r in data["rows"]}
+    for (name, nbytes), r in rows.items():
+        if name == "hierarchical" and ("ring", nbytes) in rows:
+            ring = rows["ring", nbytes]
+            measured = ring["measured"] / r["measured"]
+            predicted = ring["predicted"] / r["predicted"]
+            speedups[nbytes] = (measured, predicted, predicted / measured)
+    print("hierarchical over ring, measured vs predicted speed-up:")
+    for nbytes, (meas, pred, ratio) in sorted(speedups.items()):
+        print(f"  {nbytes >> 10:>7} KiB  measured {meas:.2f}x  predicted {pred:.2f}x  "
+              f"(pred/meas {ratio:.2f})")
+    data["speedups"] = speedups
+    return data
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", help="NODESxRANKS (default: the README's runs)")
+    ap.add_argument("--link", default="1gbit")
+    ap.add_argument("--largest", default="64M")
+    ap.add_argument("-w", "--warmup", type=int, default=1)
+    ap.add_argument("-i", "--iters", type=int, default=5)
+    ap.add_argument("--calibrate", action="store_true", help="also model --calibrate on 2 x 2")
+    ap.add_argument("--no-bench", action="store_true", help="only the calibration")
+    ap.add_argument("--json", help="write every run's figures here")
+    args = ap.parse_args()
+    why = missing_capability()
+    if why:
+        print(f"benchmarks/nodes.py: {why}", file=sys.stderr)
+        return 2
+    runs = DEFAULT_RUNS if args.shape is None else ((args.shape, args.link, args.largest),)
+    results = []
+    print(f"# {os.cpu_count()} cores on this machine; every shape below runs more ranks "
+          "than that when it has 2: the figures share the cores")
+    with tempfile.TemporaryDirectory(prefix="refcoll-nodes-") as tmp:
+        folder = Path(tmp)
+        for shape, link, largest in ([] if args.no_bench else runs):
+            nodes, per_node = map(int, shape.split("x"))
+            run = run_bench(nodes, per_node, link, largest, args.warmup, args.iters, folder)
+            results.append(run)
+            print("\n".join(run["header"]))
+            print("\n".join(table(run)), f"\n(wall {run['wall_s']:.0f} s)\n", flush=True)
+        cal = calibrate(folder, "16M") if args.calibrate else None
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": results, "calibrate": cal}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""``auto`` across nodes: the ranks' node shape, and each all-reduce priced level by level.
+
+With a two-level calibration (:meth:`~refcoll.core.calibration.Calibration.link`)
+and ranks on more than one node, :func:`two_level_choice` prices every candidate
+through its registry record's ``price`` (its phases, each on the link it uses)
+and adds the node-aware all-reduces (``hierarchical``), trying each algorithm
+they may run between the nodes (:func:`across_options`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .. import algorithms
+from ..algorithms.registry import NodeShape
+from ..core.calibration import Calibration
+
+__all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of"]
+
+
+def candidates(collective: str) -> list[str]:
+    """Return the algorithms auto chooses among for ``collective``."""
+    names = [n for n in algorithms.names(collective) if algorithms.get(n).auto
+             and collective in algorithms.get(n).costs]
+    return names or ["naive"]
+
+
+def _two_level(collective: str, calibration: Calibration, shape) -> bool:
+    return (collective == "allreduce" and shape is not None and shape.nodes > 1
+            and calibration.two_level)
+
+
+def node_aware() -> list[str]:
+    """Return the all-reduces auto adds across nodes: those that take the node shape and are
+    priced on a cluster (their record's ``node_option`` and ``price``), in registry order."""
+    return [a.name for a in algorithms.REGISTRY.values()
+            if a.node_option and a.price is not None and not a.needs_in_network
+            and "allreduce" in a.implementations]
+
+
+def across_options(name: str) -> list[dict]:
+    """Return the option sets auto tries for ``name`` across nodes: each algorithm it may run
+    between the nodes (``inter``), or ``[{}]`` for an algorithm without that choice."""
+    if "inter" not in algorithms.options(name, "allreduce"):
+        return [{}]
+    return [{"inter": a.name} for a in algorithms.REGISTRY.values()
+            if a.across_nodes and not a.needs_in_network and a.price is not None]
+
+
+@functools.lru_cache(maxsize=4096)
+def _two_level_choice(count: int, itemsize: int, calibration: Calibration, shape: NodeShape,
+                      allowed: tuple | None) -> tuple[str, tuple, float]:
+    pool = list(candidates("allreduce") if allowed is None else allowed)
+    if allowed is None:
+        pool += [n for n in node_aware() if n not in pool]
+    best = None
+    for name in pool:
+        algo = algorithms.get(name)
+        if algo.price is None or (algo.node_option and not shape.equal):
+            continue  # unpriced, or node-aware on unequal nodes, which its price cannot shape
+        for options in across_options(name) if algo.node_option else [{}]:
+            seconds = calibration.price(algo.price(shape, count, itemsize, **options),
+                                        shape.per_node, itemsize)
+            if best is None or seconds < best[2]:
+                best = (name, tuple(sorted(options.items())), seconds)
+    return best or (pool[0], (), float("nan"))
+
+
+def two_level_choice(count: int, itemsize: int, calibration: Calibration, shape: NodeShape,
+                     allowed: list[str] | None = None) -> tuple[str, dict, float]:
+    """Return the all-reduce auto runs across nodes, its options and its modelled seconds.
+
+    Every allowed candidate, and (unless ``REFCOLL_ALGO`` names the pool) every
+    :func:`node_aware` algorithm with each algorithm it may run between the nodes
+    (:func:`across_options`), is priced by its record's ``price`` on ``shape``:
+    each phase at the α and β of its link, inside the nodes or across them
+    (:meth:`~refcoll.core.calibration.Calibration.link`). The cheapest wins
+    (ties: registry order, then the ``inter`` options' order).
+    """
+    name, options, seconds = _two_level_choice(count, itemsize, calibration, shape,
+                                               None if allowed is None else tuple(allowed))
+    return name, dict(options), seconds
+
+
+
+def node_shape(hosts) -> NodeShape | None:
+    """Return the nodes of ranks on ``hosts`` (one host name a rank), or None on one node.
+
+    ``NodeShape(nodes, most ranks on one node)``, with ``equal`` False where the
+    nodes hold different numbers of ranks.
+    """
+    counts: dict[str, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    if len(counts) < 2:
+        return None
+    return NodeShape(len(counts), max(counts.values()), equal=len(set(counts.values())) == 1)
+
+
+def shape_of(t) -> NodeShape | None:
+    """Return ``t``'s node shape: its hosts under MPI, its world's nodes in the simulator."""
+    hosts = getattr(t, "hosts", None)
+    if hosts:
+        return node_shape(hosts)
+    world = getattr(t, "world", None)
+    k = getattr(world, "ranks_per_node", None)
+    if world is None or not k or k >= t.size:
+        return None
+    sizes = [min(k, t.size - start) for start in range(0, t.size, k)]
+    return NodeShape(len(sizes), k, equal=len(set(sizes)) == 1)
