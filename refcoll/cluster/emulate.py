@@ -54,6 +54,9 @@ STATE_DIR = Path(os.environ.get("REFCOLL_CLUSTER_DIR", "/run/refcoll/clusters"))
 #: The nodes' addresses: ``10.203.R.N`` for node N of rack R (inside the namespaces only).
 SUBNET = "10.203"
 
+#: How long a packet may wait in a shaped link's queue (tbf's ``latency``).
+QUEUE = "50ms"
+
 #: Where ``ip netns exec`` finds a namespace's own ``/etc`` files (``hosts``).
 NETNS_ETC = Path("/etc/netns")
 
@@ -273,7 +276,7 @@ class Cluster:
                                    f"({said})")
             parent = ["parent", "1:"]
         res = _run(*tc, *parent, "handle", "2:", "tbf", "rate", f"{int(bits)}bit", "burst",
-                   _burst(bits), "latency", "50ms", check=False)
+                   _burst(bits), "latency", QUEUE, check=False)
         if res.returncode != 0:
             raise ClusterError(f"shaping a link needs tc's tbf qdisc, which failed here "
                                f"({res.stderr.strip() or 'tc failed'})")

@@ -54,11 +54,16 @@ def environment(cluster) -> dict:
     MPICH's UCX would otherwise carry bytes between "nodes" of one machine
     through shared memory; ``UCX_TLS=tcp,self`` on ``eth0`` makes every byte
     between nodes cross its emulated link (MPICH's own shared memory still
-    serves the ranks of one node). ``REFCOLL_CLUSTER`` is the state file:
+    serves the ranks of one node). ``UCX_RNDV_SCHEME=get_zcopy``: with UCX's
+    default rendezvous over TCP, two ranks exchanging 64 MiB each way at once
+    moved at 48-58% of the link, as if one direction waited for the other;
+    with ``get_zcopy`` at 94-95%, what a plain TCP socket pair reaches both
+    ways (``benchmarks/nodes.py``'s README figures). ``REFCOLL_CLUSTER`` is the state file:
     refcoll reads the machine's true core count from it. ``REFCOLL_TOPO_FILE`` is
     the topology it wrote (:mod:`refcoll.cluster.topology`).
     """
-    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp",
+    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "UCX_RNDV_SCHEME": "get_zcopy",
+            "FI_PROVIDER": "tcp",
             "GLOO_SOCKET_IFNAME": "eth0", "REFCOLL_CLUSTER": str(cluster.state_file),
             "REFCOLL_TOPO_FILE": str(cluster.topology_file)}
 
