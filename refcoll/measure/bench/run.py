@@ -11,6 +11,7 @@ algorithm (:mod:`.rows`). ``-d all -o all`` runs the sweep once per type and op.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,7 +27,7 @@ from ...core import xp as xp_module
 from ...core.bits import count_wrong
 from ...core.errors import UsageError
 from ...core.ops import get_op
-from ...transport.deadline import bounded_barrier
+from ...transport.deadline import bounded_barrier, watchdog
 from ...transport.base import default_timeout
 from ...transport.recorder import Schedule
 from ...verify.conformance import case_ranks
@@ -86,10 +87,18 @@ class _Item:
         # collective and the bound's replay, which have no deadline of their own. refcoll's
         # calls wait by the transport's deadline anyway.
         bounded_barrier(self.comm, self.what, self.timeout)
-        start = time.perf_counter()
-        self.call()
-        xp_module.synchronize(xp)
-        elapsed = time.perf_counter() - start
+        # A peer lost during such a call (its link cut) would still hold it for ever, and
+        # nothing interrupts a blocking call: past the deadline the watchdog ends the job.
+        # Armed and disarmed outside the clock.
+        watched = contextlib.nullcontext()
+        if self.kind != "ours" and self.kind != "ours_ip":
+            half = {"base_ip": ", in place", "bound": "'s bound"}.get(self.kind, "")
+            watched = watchdog(f"refcoll bench ({self.name}{half})", self.timeout)
+        with watched:
+            start = time.perf_counter()
+            self.call()
+            xp_module.synchronize(xp)
+            elapsed = time.perf_counter() - start
         if timed:
             self.times.append(elapsed)
         if checking:
