@@ -210,7 +210,7 @@ def test_the_bar_stays_on_stderr_unless_stdout_is_that_terminal():
 def test_rank_0_draws_where_the_launcher_saw_the_terminal(monkeypatch, capsys, setting, where):
     from refcoll.cli.bench import _writer
 
-    monkeypatch.setenv("REFCOLL_PROGRESS", setting)
+    monkeypatch.setenv("REFCOLL_BENCH_BAR", setting)
     writer = _writer()
     writer.progress(1, 2, 8)
     writer.line("row")

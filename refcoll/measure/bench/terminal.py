@@ -16,7 +16,7 @@ __all__ = ["PROGRESS_VARIABLE", "bar_target", "progress_setting", "rank_writer",
 
 #: Set by the launching process when its stderr is a terminal (mpiexec's ranks see pipes):
 #: ``stdout:COLUMNS`` (stdout is that terminal too: draw the bar there) or ``stderr:COLUMNS``.
-PROGRESS_VARIABLE = "REFCOLL_PROGRESS"
+PROGRESS_VARIABLE = "REFCOLL_BENCH_BAR"
 
 
 def bar_target(out_fd: int = 1, err_fd: int = 2) -> tuple[str, int] | None:
