@@ -314,6 +314,8 @@ def test_every_figure_is_drawn_by_the_command_above_it_on_the_measurements_page(
                 f"measurements.md:{n}: the command above {target} does not draw {name}"
             shown[(MEASUREMENTS.parent / target).resolve()] = n
     for png in DOCS.rglob("*.png"):
+        if png.parent == DOCS / "screenshots":  # the browser test's record of one run, off the site
+            continue
         assert png.resolve() in shown, \
             f"{png.relative_to(ROOT)} is not on the measurements page under its command"
         png_size(png)
