@@ -320,7 +320,8 @@ def prediction(t, collective: str, count: int, itemsize: int) -> tuple[str, floa
             seconds = settings.calibration.price(
                 algorithms.get(name).price(settings.shape, count, itemsize, **options),
                 settings.shape.per_node, itemsize)
-            name = name + "".join(f" {k}={v}" for k, v in options.items())
+            if options:  # one word, as the model names it: hierarchical(inter=ring)
+                name += "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")"
         else:
             seconds = modelled_time(name, collective, t.size, count, itemsize,
                                     settings.calibration)

@@ -483,7 +483,8 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
             (name, chosen), seconds = ran[algorithm, nbytes], _largest_median(
                 t, times[algorithm, nbytes])
             predicted = predict(calibration, name, t.size, nbytes, options=chosen)
-            shown = name + "".join(f" {k}={v}" for k, v in chosen.items())
+            shown = name + ("(" + ",".join(f"{k}={v}" for k, v in chosen.items()) + ")"
+                            if chosen else "")
             rows.append({"algorithm": algorithm if shown == algorithm else f"{algorithm} ({shown})",
                          "bytes": nbytes, "predicted": predicted,
                          "wait": scheduling_wait(calibration, name, t.size, nbytes),
