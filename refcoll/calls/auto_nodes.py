@@ -14,6 +14,7 @@ import functools
 from .. import algorithms
 from ..algorithms.registry import NodeShape
 from ..core.calibration import Calibration
+from .calibration import host_counts
 
 __all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of"]
 
@@ -89,9 +90,7 @@ def node_shape(hosts) -> NodeShape | None:
     ``NodeShape(nodes, most ranks on one node)``, with ``equal`` False where the
     nodes hold different numbers of ranks.
     """
-    counts: dict[str, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
+    counts = host_counts(hosts)
     if len(counts) < 2:
         return None
     return NodeShape(len(counts), max(counts.values()), equal=len(set(counts.values())) == 1)

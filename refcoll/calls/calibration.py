@@ -14,6 +14,7 @@ from; :mod:`refcoll.calls.auto` describes the modes.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
@@ -32,7 +33,7 @@ from .agree import allgather_records, pack, unpack
 
 __all__ = ["Calibration", "CalibrationKey", "DEFAULT", "LOAD_LIMIT", "measure", "cache_path",
            "current_calibration", "cached_calibrations", "calibrate", "calibration_mode",
-           "ping_pong", "runnable_tasks", "node_peers", "INTER_SIZES"]
+           "ping_pong", "runnable_tasks", "node_peers", "host_counts", "INTER_SIZES"]
 
 #: A measurement taken while more tasks were runnable than there are cores
 #: (runnable tasks per core above this) is too noisy to keep: another job was
@@ -180,6 +181,11 @@ def runnable_tasks() -> int | None:
         return None
 
 
+def host_counts(hosts) -> dict[str, int]:
+    """Return how many ranks each host holds, hosts in the order their first rank comes."""
+    return dict(collections.Counter(hosts))
+
+
 def node_peers(hosts: list[str]) -> tuple[int | None, int | None, int, int]:
     """Return ``(intra peer, inter peer, nodes, ranks per node)`` of rank 0, from every rank's host.
 
@@ -187,9 +193,7 @@ def node_peers(hosts: list[str]) -> tuple[int | None, int | None, int, int]:
     first rank on another host (None where there is none); the ranks per node
     are the most on one host.
     """
-    counts: dict[str, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
+    counts = host_counts(hosts)
     intra = next((r for r in range(1, len(hosts)) if hosts[r] == hosts[0]), None)
     inter = next((r for r in range(1, len(hosts)) if hosts[r] != hosts[0]), None)
     return intra, inter, len(counts), max(counts.values(), default=1)

@@ -23,6 +23,7 @@ when its calibration measured one level only (:func:`inter_levels`), and
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,9 +139,7 @@ def inter_levels(topology: Topology | None, hosts) -> dict:
     rate = topology.slowest_link(hosts)
     if rate <= 0 or len(topology.of_hosts(hosts)) < len(set(hosts)):
         return {}
-    counts: dict[str, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
+    counts = Counter(hosts)
     return {"inter_alpha": topology.link_latency_s or DEFAULT_LATENCY,
             "inter_beta": 8.0 / rate, "nodes": len(counts), "per_node": max(counts.values())}
 
