@@ -41,6 +41,7 @@ from ..core.chunking import chunk_bounds, chunk_sizes, max_chunk
 from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
 from ._nodes import NodeLayout, node_layout, node_sizes, node_traffic
+from ._pipeline import run_pipelined
 from ._util import copy_into, view, workspace
 from .naive import naive_broadcast, naive_broadcast_cost, naive_reduce, naive_reduce_cost
 from .registry import Algorithm, LinkCost, REGISTRY, get, implementation, register
@@ -77,18 +78,24 @@ def _check_ranks_per_node(t, ranks_per_node) -> None:
             raise UsageError(f"rank {t.rank}: {type(t).__name__} cannot find nodes "
                              "(no split_node): pass ranks_per_node=k")
         return
-    if (isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, (int, np.integer))
-            or ranks_per_node < 1):
+    if not _positive(ranks_per_node):
         raise UsageError(f"rank {t.rank}: ranks_per_node must be a positive integer, "
                          f"got {ranks_per_node!r}")
 
 
+def _positive(value) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, np.integer))
+            and value >= 1)
+
+
 def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
-                           ranks_per_node: int | None = None, inter: str = "ring") -> None:
+                           ranks_per_node: int | None = None, inter: str = "ring",
+                           pipeline: int = 1) -> None:
     """Two-level all-reduce: ring reduce-scatter in each node, all-reduce across, ring allgather.
 
-    Schedule (nodes of ``k`` ranks, ``g`` nodes, rank = (node i, local j),
-    shards = ``chunk_bounds(n, k)``):
+    Schedule (nodes of ``k`` ranks, ``g`` nodes, rank = (node i, local j)), for
+    each segment ``chunk_bounds(n, pipeline)[s]`` of the buffer, its elements
+    cut into shards ``chunk_bounds(len(segment), k)``:
       equal nodes:
         1. ring reduce-scatter over node i: local j ends with shard j reduced
            over its node, straight into ``out``;
@@ -96,73 +103,110 @@ def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
            (cross rank i = node i), in place in ``out``;
         3. ring allgather over node i: every shard to every local rank.
       unequal nodes (leader-based fallback, as MPICH's SMP-aware all-reduce):
-        1. naive reduce of the whole buffer to local rank 0 (the leader);
-        2. ``inter`` all-reduce of the whole buffer among the g leaders;
+        1. naive reduce of the segment to local rank 0 (the leader);
+        2. ``inter`` all-reduce of the segment among the g leaders;
         3. naive broadcast from the leader inside node i.
-    Reduction order (``P`` the partial of node i, combined in the ``inter``
-      algorithm's order with node i as its rank i; for ``inter="ring"``, element
-      e in chunk c of ``chunk_bounds(len, g)`` is ``((P(c+1) op P(c+2)) ...) op P(c)``):
+      With ``pipeline=S > 1`` and a library that runs two threads at once
+      (``MPI_THREAD_MULTIPLE``), phase 2 of segment s runs on a second thread
+      while phase 1 of later segments and phase 3 of earlier ones run on the
+      caller's (:func:`~refcoll.algorithms._pipeline.run_pipelined`).
+    Reduction order, per segment (``P`` the partial of node i, combined in the
+      ``inter`` algorithm's order with node i as its rank i; for ``inter="ring"``,
+      element e in chunk c of ``chunk_bounds(len, g)`` is
+      ``((P(c+1) op P(c+2)) ...) op P(c)``):
       equal:   P = shard j's ring order in node i: ``((x(j+1) op x(j+2)) ...) op x(j)``
                over local ranks; ``len`` is the shard's length.
       unequal: P = ``((x(0) op x(1)) ...) op x(k_i-1)`` over local ranks;
-               ``len`` is n.
-    Cost (equal, ring inter): 2(k-1)·α + 2((k-1)/k)·n·β_intra + ((k-1)/k)·n·γ
-      + 2(g-1)·α + 2((g-1)/g)·(n/k)·β_inter + ((g-1)/g)·(n/k)·γ;
+               ``len`` is the segment's length.
+    Cost (equal, ring inter, one segment): 2(k-1)·α + 2((k-1)/k)·n·β_intra
+      + ((k-1)/k)·n·γ + 2(g-1)·α + 2((g-1)/g)·(n/k)·β_inter + ((g-1)/g)·(n/k)·γ;
       unequal: 2(k-1)·α + 2(k-1)·n·β_intra + (k-1)·n·γ + the inter all-reduce of n
-      over g. Exact counts: :func:`hierarchical_allreduce_cost`.
+      over g. S segments: S times the α terms; overlapped, the time tends to
+      the slowest phase's. Exact counts: :func:`hierarchical_allreduce_cost`.
     Restrictions: none on p or n (any node shape; n < k gives empty shards, sent
       as empty messages); p == 1 copies; one node is the ring all-reduce; one
       rank a node is the ``inter`` all-reduce over all ranks. The nodes come from
       ``ranks_per_node`` or, when it is None, from ``t.split_node()`` (the first
       call then also agrees on the node sizes over ``t``; see
       :func:`node_layout`). ``inter`` may be any registered all-reduce but
-      ``"hierarchical"`` and those with extra (switch) ranks.
+      ``"hierarchical"`` and those with extra (switch) ranks. ``pipeline`` is a
+      positive integer (segments beyond n are empty).
     Spec: spec/hierarchical.md
     """
     _check_ranks_per_node(t, ranks_per_node)
+    if not _positive(pipeline):
+        raise UsageError(f"rank {t.rank}: pipeline must be a positive integer (segments), "
+                         f"got {pipeline!r}")
     inter_allreduce = _inter_implementation(inter)
     if t.size == 1:
         copy_into(out, x)
         return
     layout = node_layout(t, ranks_per_node)
-    if layout.equal:
-        _sharded_allreduce(layout, x, out, op=op, inter_allreduce=inter_allreduce)
-    else:
-        _leader_allreduce(layout, x, out, op=op, inter_allreduce=inter_allreduce)
+    segments = chunk_bounds(x.size, pipeline)
+    phases = _sharded_phases if layout.equal else _leader_phases
+    first, middle, last = phases(layout, x, out, segments, op=op,
+                                 inter_allreduce=inter_allreduce)
+    run_pipelined(t, len(segments), first, middle, last)
 
 
-def _sharded_allreduce(layout: NodeLayout, x, out, *, op, inter_allreduce) -> None:
+def _sharded_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce):
     """Equal nodes: ring reduce-scatter, ``inter`` all-reduce of one shard, ring allgather."""
     intra, cross = layout.intra, layout.cross
-    bounds = chunk_bounds(x.size, intra.size)
+    longest = max(stop - start for start, stop in segments)
+    scratch = workspace(intra, max_chunk(longest, intra.size), x.dtype) if intra.size > 1 else None
     shard = intra.rank
-    reduced = x  # a one-rank node has nothing to reduce: the inter phase reads x itself
-    if intra.size > 1:
-        scratch = workspace(intra, max_chunk(x.size, intra.size), x.dtype)
+
+    def first(s: int) -> None:
+        xs, outs, bounds = _segment(x, out, segments[s], intra.size)
+        if intra.size > 1:
+            with intra.call("hierarchical"):
+                ring_reduce_scatter_steps(intra, xs, bounds, op=op, scratch=scratch,
+                                          target=lambda idx: view(outs, bounds, idx))
+
+    def middle(s: int) -> None:
+        xs, outs, bounds = _segment(x, out, segments[s], intra.size)
+        # a one-rank node has nothing to reduce: the inter phase reads x itself
+        reduced = outs if intra.size > 1 else xs
+        with cross.call("allreduce"):  # shard j of node i <-> shard j of every other node
+            inter_allreduce(cross, view(reduced, bounds, shard), view(outs, bounds, shard),
+                            op=op)
+
+    def last(s: int) -> None:
+        _, outs, bounds = _segment(x, out, segments[s], intra.size)
         with intra.call("hierarchical"):
-            ring_reduce_scatter_steps(intra, x, bounds, op=op, scratch=scratch,
-                                      target=lambda idx: view(out, bounds, idx))
-        reduced = out
-    with cross.call("allreduce"):
-        inter_allreduce(cross, view(reduced, bounds, shard), view(out, bounds, shard),
-                        op=op)  # shard j of node i <-> shard j of every other node
-    with intra.call("hierarchical"):
-        ring_allgather_steps(intra, out, bounds)
+            ring_allgather_steps(intra, outs, bounds)
+
+    return first, middle, last
 
 
-def _leader_allreduce(layout: NodeLayout, x, out, *, op, inter_allreduce) -> None:
+def _leader_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce):
     """Unequal nodes: naive reduce to the leader, ``inter`` all-reduce of leaders, naive broadcast."""
     intra, cross = layout.intra, layout.cross
-    reduced = x
-    if intra.size > 1:
+
+    def first(s: int) -> None:
+        if intra.size > 1:
+            xs, outs, _ = _segment(x, out, segments[s], 1)
+            with intra.call("hierarchical"):
+                naive_reduce(intra, xs, outs, op=op, root=0)  # the segment -> the leader
+
+    def middle(s: int) -> None:
+        if cross is not None:  # leaders only
+            xs, outs, _ = _segment(x, out, segments[s], 1)
+            with cross.call("allreduce"):  # node partials <-> the other leaders
+                inter_allreduce(cross, outs if intra.size > 1 else xs, outs, op=op)
+
+    def last(s: int) -> None:
+        _, outs, _ = _segment(x, out, segments[s], 1)
         with intra.call("hierarchical"):
-            naive_reduce(intra, x, out, op=op, root=0)  # whole buffer -> the leader
-        reduced = out
-    if cross is not None:  # leaders only
-        with cross.call("allreduce"):
-            inter_allreduce(cross, reduced, out, op=op)  # node partials <-> the other leaders
-    with intra.call("hierarchical"):
-        naive_broadcast(intra, out, root=0)  # the result -> every rank of the node
+            naive_broadcast(intra, outs, root=0)  # the result -> every rank of the node
+
+    return first, middle, last
+
+
+def _segment(x, out, bounds, shards: int):
+    """Return segment ``bounds`` of ``x`` and ``out`` and the segment's shard bounds."""
+    start, stop = bounds
+    return x[start:stop], out[start:stop], chunk_bounds(stop - start, shards)
 
 
 # ------------------------------------------------------------------ cost
@@ -189,7 +233,7 @@ def _hierarchical_parts(p: int, n: int, itemsize: int, ranks_per_node, inter: st
 
 
 def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node: int | None = None,
-                           inter: str = "ring") -> Cost:
+                           inter: str = "ring", pipeline: int = 1) -> Cost:
     """Two-level all-reduce: ``g`` nodes of ``k`` ranks (``None``: one node of ``p``).
 
     Equal nodes: a ring all-reduce's two halves inside each node around an
@@ -197,6 +241,9 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
     over ``g`` ranks, the ``k`` shards' all-reduces running side by side.
     Unequal nodes (the last one smaller): a naive reduce to each leader, an
     ``inter`` all-reduce of ``n`` among the ``g`` leaders, a naive broadcast.
+    ``pipeline=S``: the same for each of the ``S`` segments ``chunk_sizes(n, S)``,
+    one after another (the counts do not depend on whether a second thread
+    overlaps them).
 
     Rank (node i, local j) sends ``2n - n_j - n_(j+1)`` elements and reduces
     ``n - n_(j-1)`` inside an equal node (the ring's counts), a leader ``k-1``
@@ -214,6 +261,27 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
     """
     if p == 1:
         return ZERO
+    parts = [_segment_cost(p, m, itemsize, ranks_per_node, inter)
+             for m in chunk_sizes(n, pipeline)]
+    costs = [cost for cost, _, _ in parts]
+    k = len(parts[0][1])
+    return Cost(
+        sum(c.rounds for c in costs), sum(c.messages for c in costs),
+        sum(c.bytes for c in costs), sum(c.max_rank_messages for c in costs),
+        max(sum(sent[j] for _, sent, _ in parts) for j in range(k)),
+        sum(c.critical_bytes for c in costs),
+        max(sum(reduced[j] for _, _, reduced in parts) for j in range(k)),
+        costs[0].formula + (f"; {pipeline} segments of n/{pipeline}, each all of it"
+                            if pipeline > 1 else ""),
+    )
+
+
+def _segment_cost(p: int, n: int, itemsize: int, ranks_per_node, inter: str):
+    """Return one segment's ``(Cost, bytes each local rank sends, elements it reduces)``.
+
+    The per-rank lists let :func:`hierarchical_allreduce_cost` find the busiest
+    rank over every segment (which shard is largest changes from one to the next).
+    """
     sizes, intra, across, inter_formula = _hierarchical_parts(p, n, itemsize, ranks_per_node,
                                                               inter)
     k, g = sizes[0], len(sizes)
@@ -221,20 +289,21 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
         shards = chunk_sizes(n, k)
         # Rank j sends every shard but j (reduce-scatter) and but j+1 (allgather) inside its
         # node and reduces every shard but j-1; the shards' all-reduces run side by side.
+        sent = [(2 * n - shards[j] - shards[(j + 1) % k]) * itemsize + across[j].max_rank_bytes
+                for j in range(k)]
+        reduced = [n - shards[j - 1] + across[j].reduced for j in range(k)]
         return Cost(
             intra[0].rounds + max(c.rounds for c in across),
             sum(c.messages for c in intra) + sum(c.messages for c in across),
             sum(c.bytes for c in intra) + sum(c.bytes for c in across),
             intra[0].max_rank_messages + max(c.max_rank_messages for c in across),
-            max((2 * n - shards[j] - shards[(j + 1) % k]) * itemsize + across[j].max_rank_bytes
-                for j in range(k)),
-            intra[0].critical_bytes + max(c.critical_bytes for c in across),
-            max(n - shards[j - 1] + across[j].reduced for j in range(k)),
+            max(sent), intra[0].critical_bytes + max(c.critical_bytes for c in across),
+            max(reduced),
             f"k={k} ranks per node, g={g} nodes: 2(k-1)·α + 2((k-1)/k)·n·β + ((k-1)/k)·n·γ "
             f"inside the nodes + {inter} all-reduce of n/k over g [{inter_formula}, p=g, n=n/k]",
-        )
+        ), sent, reduced
     reduce_k, bcast_k = intra[0], intra[g]  # the first node is a full one: the slowest
-    return Cost(
+    cost = Cost(
         reduce_k.rounds + across[0].rounds + bcast_k.rounds,
         sum(c.messages for c in intra) + across[0].messages,
         sum(c.bytes for c in intra) + across[0].bytes,
@@ -246,43 +315,54 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
         f"2(k-1)·α + 2(k-1)·n·β + (k-1)·n·γ inside the nodes + {inter} all-reduce of n over "
         f"the g leaders [{inter_formula}, p=g]",
     )
+    return cost, [cost.max_rank_bytes], [cost.reduced]  # the leader is the busiest rank
 
 
 def hierarchical_traffic(p: int, n: int, itemsize: int, *, ranks_per_node: int | None = None,
-                         inter: str = "ring") -> tuple[int, int]:
+                         inter: str = "ring", pipeline: int = 1) -> tuple[int, int]:
     """Return the hierarchical all-reduce's ``(intra-node bytes, inter-node bytes)``.
 
     Every byte of the inter phase crosses nodes and no other byte does, so with
     ``g`` nodes of ``k`` ranks and ``inter="ring"`` the inter-node total is
     ``2(g-1)·n`` bytes·itemsize (each rank sends ``2((g-1)/g)·(n/k)``), and the
-    intra-node total ``2g(k-1)·n``. :func:`node_traffic`
-    measures the same split on a ledger.
+    intra-node total ``2g(k-1)·n``, summed over the segments of a pipeline.
+    :func:`node_traffic` measures the same split on a ledger.
     """
     if p == 1:
         return 0, 0
-    _, intra, across, _ = _hierarchical_parts(p, n, itemsize, ranks_per_node, inter)
-    return sum(c.bytes for c in intra), sum(c.bytes for c in across)
+    intra_bytes = inter_bytes = 0
+    for m in chunk_sizes(n, pipeline):
+        _, intra, across, _ = _hierarchical_parts(p, m, itemsize, ranks_per_node, inter)
+        intra_bytes += sum(c.bytes for c in intra)
+        inter_bytes += sum(c.bytes for c in across)
+    return intra_bytes, inter_bytes
 
 
 # ------------------------------------------------------------ cluster pricing
 
-def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
+def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
+                       pipeline: int = 1) -> list[LinkCost]:
     """Price the two levels on a cluster: ring halves inside the nodes, ``inter`` across them.
 
     With ``g`` ranks a node and ``m`` nodes each rank sends ``(g-1)/g·n`` in each
     ring half and its shard's ``inter`` all-reduce across nodes (``2(m-1)/m·n/g``
-    for a ring).
+    for a ring). ``pipeline=S``: the phases of one segment of ``n/S``, marked as
+    overlapping over ``S`` segments.
     """
     g, m = shape.per_node, shape.nodes
-    shard = max_chunk(count, g)
+    segment = max_chunk(count, pipeline)
+    shard = max_chunk(segment, g)
     across_algo = get(inter)
     if across_algo.needs_in_network and not shape.in_network:
         usable = [a.name for a in REGISTRY.values() if a.across_nodes and not a.needs_in_network]
         raise UsageError(f"inter-node algorithm {inter!r} (--inter) needs in-network "
                          f"reduction: add --in-network, or choose one of {', '.join(usable)}")
-    return [LinkCost("intra reduce-scatter", "intra", ring_reduce_scatter_cost(g, count, itemsize)),
-            LinkCost(f"inter {inter} all-reduce", "inter", across_algo.flat_cost(m, shard, itemsize)),
-            LinkCost("intra allgather", "intra", ring_allgather_cost(g, shard, itemsize))]
+    return [LinkCost("intra reduce-scatter", "intra",
+                     ring_reduce_scatter_cost(g, segment, itemsize), pipeline),
+            LinkCost(f"inter {inter} all-reduce", "inter",
+                     across_algo.flat_cost(m, shard, itemsize), pipeline),
+            LinkCost("intra allgather", "intra", ring_allgather_cost(g, shard, itemsize),
+                     pipeline)]
 
 
 def hierarchical_orders(collective: str, p: int) -> list[dict]:
@@ -303,7 +383,8 @@ register(Algorithm(
     {"allreduce": hierarchical_allreduce_cost},
     "spec/hierarchical.md",
     order=20,
-    battery_options=({"ranks_per_node": 2}, {"ranks_per_node": 3}, {}),
+    battery_options=({"ranks_per_node": 2}, {"ranks_per_node": 3}, {},
+                     {"ranks_per_node": 2, "pipeline": 3}),
     vector_variants=({"ranks_per_node": 2}, {"ranks_per_node": 3}),
     node_option="ranks_per_node",
     node_traffic=hierarchical_traffic,

@@ -100,11 +100,14 @@ class LinkCost(NamedTuple):
 
     ``link`` is ``intra``, ``inter`` or ``slowest`` (the slower of the two: a
     round that uses both waits for it), or ``local`` for work without messages.
+    ``segments``: the phase is one segment's of a pipeline of that many, whose
+    phases overlap (:meth:`~refcoll.core.calibration.Calibration.price`).
     """
 
     name: str
     link: str
     cost: Cost
+    segments: int = 1
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import algorithms
 from ..algorithms.registry import NodeShape
+from ..algorithms.spelling import spell
 from .auto_nodes import (_two_level, across_options, candidates, node_aware, node_shape,
                          shape_of, two_level_choice)
 from ..cluster.topology import TOPO_ENV, inter_levels
@@ -320,8 +321,7 @@ def prediction(t, collective: str, count: int, itemsize: int) -> tuple[str, floa
             seconds = settings.calibration.price(
                 algorithms.get(name).price(settings.shape, count, itemsize, **options),
                 settings.shape.per_node, itemsize)
-            if options:  # one word, as the model names it: hierarchical(inter=ring)
-                name += "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")"
+            name = spell(name, options)  # one word, as the model names it
         else:
             seconds = modelled_time(name, collective, t.size, count, itemsize,
                                     settings.calibration)

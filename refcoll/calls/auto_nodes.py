@@ -16,7 +16,8 @@ from ..algorithms.registry import NodeShape
 from ..core.calibration import Calibration
 from .calibration import host_counts
 
-__all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of"]
+__all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of",
+           "PIPELINES"]
 
 
 def candidates(collective: str) -> list[str]:
@@ -39,13 +40,21 @@ def node_aware() -> list[str]:
             and "allreduce" in a.implementations]
 
 
+#: The segment counts auto tries for an all-reduce that pipelines its levels (``pipeline``).
+PIPELINES = (1, 2, 4, 8)
+
+
 def across_options(name: str) -> list[dict]:
     """Return the option sets auto tries for ``name`` across nodes: each algorithm it may run
-    between the nodes (``inter``), or ``[{}]`` for an algorithm without that choice."""
-    if "inter" not in algorithms.options(name, "allreduce"):
-        return [{}]
-    return [{"inter": a.name} for a in algorithms.REGISTRY.values()
-            if a.across_nodes and not a.needs_in_network and a.price is not None]
+    between the nodes (``inter``) with each segment count of :data:`PIPELINES` where it
+    pipelines, or ``[{}]`` for an algorithm without those choices."""
+    known = algorithms.options(name, "allreduce")
+    inters = [{"inter": a.name} for a in algorithms.REGISTRY.values()
+              if a.across_nodes and not a.needs_in_network and a.price is not None] \
+        if "inter" in known else [{}]
+    if "pipeline" not in known:
+        return inters
+    return [{**inter, **({"pipeline": s} if s > 1 else {})} for inter in inters for s in PIPELINES]
 
 
 @functools.lru_cache(maxsize=4096)

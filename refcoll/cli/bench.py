@@ -18,6 +18,7 @@ from ..core.units import parse_count
 from ..measure.bench import (FORMATS, SIZE_RULE, BenchConfig, bar_target, check_config,
                              extra_ranks, forced_mpi_env, parse_size, rank_writer, run_report,
                              save_report, size_sweep)
+from ..measure.bench.options import parse_algorithms
 from ..measure.bench.terminal import PROGRESS_VARIABLE, progress_setting
 from . import launch
 from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
@@ -37,7 +38,8 @@ __all__ = ["bench", "decimal_size_note"]
               help="Multiply the size by this from one row to the next.")
 @click.option("--algorithm", default="auto", show_default=True,
               help="Algorithms, comma-separated, or all (those with the collective); the first "
-                   "is the algorithm under test, whose average ends '# Avg bus bandwidth'.")
+                   "is the algorithm under test, whose average ends '# Avg bus bandwidth'. "
+                   "Options in parentheses: 'hierarchical(inter=ring,pipeline=8)'.")
 @click.option("--collective", default="allreduce", show_default=True,
               metavar="[" + "|".join(algorithms.COLLECTIVES) + "]")
 @click.option("-o", "--op", default="sum", show_default=True,
@@ -116,7 +118,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
         # only it checks (_bench_in_world): another node may lack the folder.
         check_output_paths(json=json_file, csv=csv_file, plot=plot_file)
-    names = split_list(algorithm, algorithms.names(), "algorithm")
+    names = parse_algorithms(algorithm)
     low = parse_size(minbytes, name="-b/--minbytes")
     high = parse_size(maxbytes, name="-e/--maxbytes")
     config = BenchConfig(

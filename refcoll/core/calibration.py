@@ -146,15 +146,19 @@ class Calibration:
         """Return the α-β-γ seconds of ``parts`` (:class:`~refcoll.algorithms.registry.LinkCost`).
 
         Each phase's counts at its link's α and β (:meth:`link`), and γ per
-        element combined scaled to ``itemsize``.
+        element combined scaled to ``itemsize``. Phases that are one segment's
+        of a pipeline of ``S`` (their ``segments``) overlap: the first segment
+        runs through every phase, the other ``S-1`` follow at the pace of the
+        slowest phase.
         """
         gamma = self.gamma_per_byte * itemsize
-        total = 0.0
+        seconds = []
         for part in parts:
             alpha, beta = self.link(part.link, per_node)
-            total += part.cost.rounds * alpha + part.cost.critical_bytes * beta \
-                + part.cost.reduced * gamma
-        return total
+            seconds.append(part.cost.rounds * alpha + part.cost.critical_bytes * beta
+                           + part.cost.reduced * gamma)
+        segments = max((part.segments for part in parts), default=1)
+        return sum(seconds) + (segments - 1) * max(seconds, default=0.0)
 
     @property
     def gamma_per_byte(self) -> float:

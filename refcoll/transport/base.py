@@ -10,6 +10,7 @@ ledger of every message).
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -86,22 +87,25 @@ class Traffic:
 
     A transport and every transport split from it share one ``Traffic``, so a
     composite algorithm's sub-communicator messages count too. Take the
-    difference of two :meth:`snapshot` values to measure one call.
+    difference of two :meth:`snapshot` values to measure one call. Two threads
+    may count at once (a pipelined all-reduce's two levels), so counting holds a lock.
     """
 
     sent: int = 0
     received: int = 0
     messages_sent: int = 0
     messages_received: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, sent: int, received: int) -> None:
         """Count one exchange: ``sent`` bytes out (if any) and ``received`` bytes in (if any)."""
-        if sent >= 0:
-            self.sent += sent
-            self.messages_sent += 1
-        if received >= 0:
-            self.received += received
-            self.messages_received += 1
+        with self._lock:
+            if sent >= 0:
+                self.sent += sent
+                self.messages_sent += 1
+            if received >= 0:
+                self.received += received
+                self.messages_received += 1
 
     def snapshot(self) -> tuple[int, int]:
         """Return ``(sent, received)`` bytes so far."""
@@ -161,6 +165,10 @@ class TransportBase:
     #: Whether two threads may communicate over this transport's library at once
     #: (MPI's ``MPI_THREAD_MULTIPLE``): a progress thread needs it.
     thread_multiple: bool = True
+    #: Whether an algorithm may run phases on two of this transport's sub-transports
+    #: from two threads at once (:mod:`refcoll.algorithms._pipeline`): a real library
+    #: with ``MPI_THREAD_MULTIPLE``; not the simulator, whose rank threads take turns.
+    concurrent_phases: bool = False
     #: Set while a progress thread runs a call over this transport: its waits may
     #: sleep between polls rather than spin (see :data:`refcoll.transport.mpi.PATIENT_POLLS`).
     patient: bool = False

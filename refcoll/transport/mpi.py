@@ -83,7 +83,7 @@ class MPITransport(TransportBase):
         self.size = self.comm.Get_size()
         # Every rank's host, named by a wait that times out (a split's: its parent's).
         self.hosts = exchange_hosts(self.comm, self.timeout, collective) if dup else []
-        self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self.thread_multiple = self.concurrent_phases = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         # Ordinary calls cycle through the tag slots but the last few, which
         # persistent exchanges keep for themselves, one epoch at a time

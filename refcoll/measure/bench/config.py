@@ -26,7 +26,8 @@ from ...core.errors import UsageError
 from ...core.ops import check_supported, get_dtype, get_op, is_float
 from ...transport import device as devices
 from ...transport.deadline import bounded_barrier
-from .options import parse_against, parse_dtypes, parse_ops, variant_pairs
+from .options import (check_algorithm, parse_against, parse_dtypes, parse_ops, registry_name,
+                      variant_pairs)
 
 __all__ = [
     "BenchConfig",
@@ -313,7 +314,7 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         raise UsageError(f"no algorithm selected; algorithms with {config.collective}: "
                          f"{', '.join(algorithms.names(config.collective))}")
     for name in config.algorithms:
-        algorithms.implementation(name, config.collective)
+        check_algorithm(name, config.collective)
     dt = get_dtype(config.dtype)
     check_supported(get_op(config.op), dt)
     if config.warmup < 0 or config.iters < 1:
@@ -351,7 +352,7 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         if config.collective != "allreduce" or config.op not in ("sum", "avg") or not is_float(dt):
             raise UsageError("--compressor runs a compressed all-reduce: it needs --collective "
                              "allreduce, --op sum or avg and a floating dtype")
-        switches = [n for n in config.algorithms if algorithms.get(n).workers is not None]
+        switches = [n for n in config.algorithms if algorithms.get(registry_name(n)).workers]
         if switches:
             raise UsageError(f"--compressor cannot run with {', '.join(switches)}: switch "
                              "processes cannot combine compressed payloads")
@@ -359,8 +360,8 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
 
 def extra_ranks(names: Sequence[str], workers: int) -> int:
     """Return the ranks beyond ``workers`` the algorithms ``names`` need (switch processes)."""
-    return max((algorithms.get(n).extra_ranks(workers) for n in names
-                if algorithms.get(n).extra_ranks is not None), default=0)
+    records = [algorithms.get(registry_name(n)) for n in names]
+    return max((a.extra_ranks(workers) for a in records if a.extra_ranks is not None), default=0)
 
 
 def op_label(config: BenchConfig) -> str:

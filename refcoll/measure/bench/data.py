@@ -31,6 +31,7 @@ from ...core.ops import get_dtype, get_op
 from ...verify.inputs import make_input, make_inputs
 from ...verify.oracle import fold
 from .config import BenchConfig, array_module, baseline_op, element_count, reduces
+from .options import algorithm_options, registry_name
 
 __all__ = ["Data", "InPlace", "make_data", "our_call", "our_in_place", "base_call",
            "base_in_place", "mpi_in_place_call"]
@@ -146,7 +147,8 @@ def our_in_place(config: BenchConfig, t, data: Data, algorithm: str, root: int):
 
 def _call(config: BenchConfig, t, x, out, algorithm: str, root: int, state=None):
     coll, op = config.collective, get_op(config.op).name
-    common = {"algorithm": algorithm, "validate": False}
+    common = {"algorithm": registry_name(algorithm), "validate": False,
+              **algorithm_options(algorithm)}
     if coll == "allreduce":
         if config.compressor is not None:
             return lambda: api.allreduce(x, t, op=op, compressor=state.compressor,

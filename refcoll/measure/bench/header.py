@@ -30,7 +30,7 @@ from ...transport.deadline import bounded_barrier
 from ...transport.base import default_timeout
 from .config import (array_module, baseline_name, baseline_unavailable, check_forced_mpi,
                      libraries, mpi_algorithm, op_label, rooted, use_device, variants)
-from .options import AVERAGE
+from .options import AVERAGE, registry_name
 from .tuning import nccl_settings
 
 __all__ = ["bench_header", "rank_info", "oversubscription"]
@@ -114,7 +114,7 @@ def _notes(config, available: list[str], hosts: list[dict]) -> list[str]:
                      "refcoll's direct call over the same Gloo transport")
     if config.device == "gpu":
         notes.append("device time: every timed call ends when the current stream has drained")
-    if any(algorithms.get(n).workers is not None for n in config.algorithms):
+    if any(algorithms.get(registry_name(n)).workers is not None for n in config.algorithms):
         notes.append("switch: busbw factor (n-1)/(n+1) of in-network reduction, n the workers")
     for host in hosts:
         if host["oversubscribed"]:
@@ -204,7 +204,7 @@ def bench_header(comm, config) -> dict:
         cupy = array_module("gpu")
         header["versions"]["cupy"] = getattr(cupy, "__version__", None)
         header["versions"]["nccl"] = nccl.nccl_version()
-    if any(algorithms.get(n).chooses for n in config.algorithms):
+    if any(algorithms.get(registry_name(n)).chooses for n in config.algorithms):
         # MPI has no nonblocking split: a bounded MPI_Ibarrier first.
         bounded_barrier(comm, "refcoll bench (MPI_Comm_split for auto's calibration)", timeout)
         sub = comm.Split(0 if comm.rank < workers else MPI.UNDEFINED, comm.rank)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from ... import algorithms
+from ...algorithms.spelling import split_spelled, unspell
 from ...core.errors import UsageError
 from ...core.ops import DTYPES, OPS, dtype_name, get_dtype, get_op, supports
 
@@ -27,6 +29,10 @@ __all__ = [
     "over_ranks",
     "parse_against",
     "program_name",
+    "parse_algorithms",
+    "registry_name",
+    "algorithm_options",
+    "check_algorithm",
 ]
 
 #: nccl-tests' type names (and the spellings ``fp8_e4m3``, ``fp8_e5m2``), by refcoll's dtype.
@@ -165,3 +171,41 @@ def parse_against(text) -> list[tuple[str, str | None]]:
 def program_name(collective: str) -> str:
     """Return nccl-tests' program for ``collective`` (``all_reduce_perf``...)."""
     return _PROGRAMS.get(collective, f"{collective}_perf")
+
+
+def parse_algorithms(text) -> list[str] | None:
+    """Return the algorithms of ``--algorithm``: a comma list, each perhaps with its options
+    (``hierarchical(inter=ring,pipeline=8)``), or None for ``all``.
+
+    Raises:
+        UsageError: a word that does not read, or an unknown algorithm name.
+    """
+    if text is None or text.strip().lower() == "all":
+        return None
+    words = split_spelled(text)
+    unknown = [word for word in words if unspell(word)[0] not in algorithms.REGISTRY]
+    if unknown:
+        raise UsageError(f"unknown algorithm {', '.join(map(repr, unknown))}: choose from "
+                         f"{', '.join(algorithms.names())} or all")
+    return list(dict.fromkeys(words))
+
+
+def registry_name(spelled: str) -> str:
+    """Return the registry name of a ``--algorithm`` word: ``hierarchical`` of ``hierarchical(...)``."""
+    return unspell(spelled)[0]
+
+
+def algorithm_options(spelled: str) -> dict:
+    """Return the options of a ``--algorithm`` word (``{}`` for a bare name)."""
+    return unspell(spelled)[1]
+
+
+def check_algorithm(spelled: str, collective: str) -> None:
+    """Refuse a ``--algorithm`` word whose algorithm lacks ``collective`` or its options.
+
+    Raises:
+        UsageError: naming what the algorithm takes.
+    """
+    name, options = unspell(spelled)
+    algorithms.implementation(name, collective)
+    algorithms.check_options(name, collective, options)

@@ -22,7 +22,7 @@ from ...core.ops import dtype_name, get_dtype
 from ...transport.deadline import wait_by_deadline
 from .config import (ROW_FIELDS, BenchConfig, baseline_checked, baseline_name, bus_factor,
                      element_count, libraries, op_label, rooted)
-from .options import over_ranks
+from .options import over_ranks, registry_name
 
 __all__ = ["Reduced", "reduce_items", "iallreduce", "wire_bytes", "make_row"]
 
@@ -134,7 +134,7 @@ def make_row(config: BenchConfig, groups, nbytes: int, name: str, resolved: str 
     p = groups.layout[name][0]
     count = element_count(config.collective, nbytes, dt.itemsize, p)
     size = count * dt.itemsize
-    in_network = algorithms.get(name).workers is not None
+    in_network = algorithms.get(registry_name(name)).workers is not None
     factor = bus_factor(config.collective, p, in_network=in_network)
     judged = config.check and config.compressor is None
     ours = _half(by_key[("ours", name)], size, factor, judged)

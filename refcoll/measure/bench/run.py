@@ -35,6 +35,7 @@ from .config import (BenchConfig, array_module, baseline_checked, baseline_name,
                      baseline_unavailable, check_config, check_forced_mpi, libraries, root_runs,
                      use_device, variants)
 from .data import Data, base_call, base_in_place, make_data, our_call, our_in_place
+from .options import algorithm_options, registry_name
 from .replay import Replay, node_options, schedule
 from .rows import make_row, reduce_items, wire_bytes
 from .tuning import NcclLog
@@ -126,7 +127,7 @@ class _Groups:
         self.workers = config.workers or world.size
         if not 1 <= self.workers <= world.size:
             raise UsageError(f"{self.workers} data ranks do not fit a world of {world.size}")
-        self.layout = {name: case_ranks(name, self.workers, world.size, {})
+        self.layout = {name: case_ranks(registry_name(name), self.workers, world.size, {})
                        for name in config.algorithms}
         self._comms: dict[int, Any] = {}
         for total in sorted({self.workers} | {total for _, total in self.layout.values()}):
@@ -145,7 +146,8 @@ class _Groups:
         if "gloo" in chosen or "backend" in chosen:  # collective over the whole world, as
             self.gloo = gloo.gloo_group(world, self.workers, timeout)  # torch's groups are
         if "backend" in chosen:
-            self.backend = gloo.backend_group(self.workers, config.algorithms[0], timeout)
+            self.backend = gloo.backend_group(self.workers, registry_name(config.algorithms[0]),
+                                              timeout)
         if "nccl" in libraries(config) and self._comms[self.workers] is not None:
             # NCCL's unique id goes out in a blocking MPI bcast: a bounded MPI_Ibarrier first.
             # Its debug settings first: NCCL reads them once, when it initialises.
@@ -304,7 +306,7 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
             continue
         t = as_transport(sub)
         data = data_for(p)
-        if algorithms.get(name).chooses:
+        if algorithms.get(registry_name(name)).chooses:
             in_count = data.count // p if config.collective == "allgather" else data.count
             # Resolved where the call resolves it: on the transport that carries the buffers.
             resolved[name] = resolve(device_for(t, data.x), config.collective,
@@ -336,11 +338,12 @@ def _bound_item(config: BenchConfig, sub, t, name: str, algorithm: str, p: int, 
     """Return the timed replay of ``algorithm``'s schedule (rank 0 simulates it, once)."""
     key = (algorithm, p, total, count, config.dtype, config.op, config.root)
     if key not in schedules:
-        node = node_options(t, algorithm)  # collective: every rank splits the nodes
+        node = node_options(t, registry_name(algorithm))  # collective: every rank splits the nodes
         plans = None
         if sub.rank == 0:
-            plans = schedule(config.collective, algorithm, p, count, config.dtype,
-                             op=get_op(config.op).name, root=config.root, **node)
+            plans = schedule(config.collective, registry_name(algorithm), p, count, config.dtype,
+                             op=get_op(config.op).name, root=config.root,
+                             **{**node, **algorithm_options(algorithm)})
         # After rank 0's simulation: a bounded MPI_Ibarrier, then the blocking scatter.
         bounded_barrier(sub, f"refcoll bench (sending {name}'s schedule at {nbytes} B)",
                         timeout)

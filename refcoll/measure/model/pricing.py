@@ -15,6 +15,7 @@ import functools
 import inspect
 
 from ... import algorithms
+from ...algorithms.spelling import spell
 from ...core.errors import UsageError
 from .channels import CHANNELLED, channelled_phases
 from .cluster import MODELLED, Cluster
@@ -37,7 +38,7 @@ def estimate_name(algorithm: str, inter: str) -> str:
     if algorithm in CHANNELLED:
         return algorithm
     default = _default_inter(algorithm)
-    return algorithm if default is None or inter == default else f"{algorithm}(inter={inter})"
+    return algorithm if default is None or inter == default else spell(algorithm, {"inter": inter})
 
 
 @functools.lru_cache(maxsize=4096)
