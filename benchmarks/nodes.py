@@ -2,8 +2,8 @@
 
 For each cluster shape it builds an emulated cluster (``refcoll.cluster.Cluster``:
 a network namespace per node, ``tc``-shaped links; needs root), runs ``refcoll
-bench`` across the nodes with ring, hierarchical, Rabenseifner, auto and
-MPI_Allreduce timed side by side (bench interleaves them per size), and prints,
+bench`` across the nodes with ring, hierarchical (plain and pipelined in 8
+segments), Rabenseifner, auto and MPI_Allreduce timed side by side (bench interleaves them per size), and prints,
 per size, each one's bus bandwidth (out of place), what auto chose, auto over
 the best refcoll algorithm and over MPI, the best over the link bound, and
 the bytes each node's link carried in the run. With ``--calibrate`` it also
@@ -35,7 +35,10 @@ from pathlib import Path
 
 from refcoll.cluster import Cluster, missing_capability, parse_rate
 
-ALGORITHMS = ("ring", "hierarchical", "rabenseifner", "auto")
+ALGORITHMS = ("ring", "hierarchical", "hierarchical(pipeline=8)", "rabenseifner", "auto")
+
+#: Each algorithm's column heading.
+HEADINGS = {"hierarchical(pipeline=8)": "hier. 8 segments"}
 
 #: (shape, link, largest size): the README's table. 100 Mbit/s stops at 16 MiB, whose calls
 #: take seconds each already.
@@ -83,19 +86,21 @@ def table(run: dict) -> list[str]:
         if row["algorithm"] == "auto":
             entry["chose"] = row.get("resolved") or "?"
         entry["mpi"] = max(entry.get("mpi", 0.0), row.get("base_busbw") or 0.0)
+    columns = [a for a in ALGORITHMS if a != "auto"]
     lines = [f"{nodes} nodes x {per_node} ranks, {run['link']} links: link bound busbw "
              f"{bound:.4f} GB/s; bytes sent per node link: " + ", ".join(
                  f"node {k} {tx / 1e9:.2f} GB" for k, (tx, _) in run["traffic"].items()),
-             "", "| size | ring | hierarchical | rabenseifner | auto (chose) | MPI_Allreduce "
-             "| auto/best | auto/MPI | best/bound |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| size | " + " | ".join(HEADINGS.get(a, a) for a in columns)
+             + " | auto (chose) | MPI_Allreduce | auto/best | auto/MPI | best/bound |",
+             "|---" * (len(columns) + 6) + "|"]
     for size in sorted(rows):
         e = rows[size]
-        best = max(e.get(a, 0.0) for a in ALGORITHMS if a != "auto")
+        best = max(e.get(a, 0.0) for a in columns)
+        auto = e.get("auto", 0.0)
         lines.append(
-            f"| {size >> 10} KiB | {e.get('ring', 0):.4f} | {e.get('hierarchical', 0):.4f} | "
-            f"{e.get('rabenseifner', 0):.4f} | {e.get('auto', 0):.4f} ({e.get('chose')}) | "
-            f"{e['mpi']:.4f} | {e.get('auto', 0) / best:.2f} | {e.get('auto', 0) / e['mpi']:.2f} "
-            f"| {best / bound:.2f} |")
+            f"| {size >> 10} KiB | " + " | ".join(f"{e.get(a, 0):.4f}" for a in columns)
+            + f" | {auto:.4f} ({e.get('chose')}) | {e['mpi']:.4f} | {auto / best:.2f} | "
+            f"{auto / e['mpi']:.2f} | {best / bound:.2f} |")
     return lines
 
 
@@ -153,7 +158,7 @@ def main() -> int:
             results.append(run)
             print("\n".join(run["header"]))
             print("\n".join(table(run)), f"\n(wall {run['wall_s']:.0f} s)\n", flush=True)
-        cal = calibrate(folder, "16M") if args.calibrate else None
+        cal = calibrate(folder, args.largest) if args.calibrate else None
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": results, "calibrate": cal}, indent=1))
     return 0

@@ -336,7 +336,9 @@ def test_auto_and_hierarchical_read_the_nodes_and_the_topology_across_them(untou
         assert {n: c[0] for n, c in out["choices"].items()} == {
             str(1 << 10): "hierarchical", str(1 << 18): "hierarchical",
             str(1 << 24): "hierarchical"}
-    assert outs[0]["choices"][str(1 << 24)][1] == {"inter": "ring"}
+    # 64 MiB: the ring between the nodes, in segments whose network phase overlaps the node's
+    assert outs[0]["choices"][str(1 << 24)][1]["inter"] == "ring"
+    assert outs[0]["choices"][str(1 << 24)][1].get("pipeline", 1) > 1
     inputs = [(np.arange(1 << 18, dtype=np.float32) * 0.37 + r).astype(np.float32)
               for r in range(4)]
     cal = Calibration(DEFAULT.alpha, DEFAULT.beta, DEFAULT.gamma, inter_alpha=50e-6,

@@ -131,11 +131,11 @@ from __future__ import annotations
 from ...core.bits import count_wrong
 from .config import (BASELINES, GLOO_BASELINES, LIBRARIES, NCCL_BASELINES, ROW_FIELDS, SIZE_RULE,
                      BenchConfig, array_module, baseline_checked, baseline_name,
-                     baseline_unavailable, bus_factor, check_config, element_count, extra_ranks,
+                     baseline_unavailable, bus_factor, check_config, element_count,
                      forced_mpi_env, libraries, mpi_algorithm, parse_size, size_sweep,
                      use_device, variants)
 from .header import bench_header, oversubscription, rank_info
-from .options import AVERAGE, NCCL_TESTS_TYPES, over_ranks, parse_dtypes, parse_ops
+from .options import AVERAGE, NCCL_TESTS_TYPES, extra_ranks, over_ranks, parse_dtypes, parse_ops
 from .replay import Replay, schedule
 from .report import (FORMATS, format_footer, format_header, format_row, format_table, plot,
                      run_report, save_report, summarize, write_csv)

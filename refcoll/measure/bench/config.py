@@ -48,7 +48,6 @@ __all__ = [
     "baseline_name",
     "baseline_unavailable",
     "baseline_checked",
-    "extra_ranks",
     "op_label",
     "baseline_op",
     "reduces",
@@ -356,12 +355,6 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         if switches:
             raise UsageError(f"--compressor cannot run with {', '.join(switches)}: switch "
                              "processes cannot combine compressed payloads")
-
-
-def extra_ranks(names: Sequence[str], workers: int) -> int:
-    """Return the ranks beyond ``workers`` the algorithms ``names`` need (switch processes)."""
-    records = [algorithms.get(registry_name(n)) for n in names]
-    return max((a.extra_ranks(workers) for a in records if a.extra_ranks is not None), default=0)
 
 
 def op_label(config: BenchConfig) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "registry_name",
     "algorithm_options",
     "check_algorithm",
+    "extra_ranks",
 ]
 
 #: nccl-tests' type names (and the spellings ``fp8_e4m3``, ``fp8_e5m2``), by refcoll's dtype.
@@ -209,3 +210,9 @@ def check_algorithm(spelled: str, collective: str) -> None:
     name, options = unspell(spelled)
     algorithms.implementation(name, collective)
     algorithms.check_options(name, collective, options)
+
+
+def extra_ranks(names: Sequence[str], workers: int) -> int:
+    """Return the ranks beyond ``workers`` the algorithms ``names`` need (switch processes)."""
+    records = [algorithms.get(registry_name(n)) for n in names]
+    return max((a.extra_ranks(workers) for a in records if a.extra_ranks is not None), default=0)

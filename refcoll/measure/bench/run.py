@@ -21,7 +21,8 @@ import numpy as np
 from ... import algorithms
 from ...baselines import gloo, nccl
 from ...calls import as_transport, device_for
-from ...calls.auto import resolve
+from ...algorithms.spelling import spell
+from ...calls.auto import resolve_with_options
 from ...compressors import parse as parse_compressor
 from ...core import xp as xp_module
 from ...core.bits import count_wrong
@@ -308,9 +309,11 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
         data = data_for(p)
         if algorithms.get(registry_name(name)).chooses:
             in_count = data.count // p if config.collective == "allgather" else data.count
-            # Resolved where the call resolves it: on the transport that carries the buffers.
-            resolved[name] = resolve(device_for(t, data.x), config.collective,
-                                     in_count, data.x.itemsize)
+            # Resolved where the call resolves it: on the transport that carries the buffers;
+            # named with its options, as hierarchical(inter=ring,pipeline=8).
+            resolved[name] = spell(*resolve_with_options(device_for(t, data.x),
+                                                         config.collective, in_count,
+                                                         data.x.itemsize))
         state = None
         if config.compressor is not None:
             comp = parse_compressor(config.compressor)
