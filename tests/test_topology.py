@@ -230,3 +230,18 @@ def test_a_one_level_calibration_file_is_refused_with_the_fix(tmp_path):
                           str(path), "--params", "1e6"], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 2 and "measured on one node" in res.stderr, res.stderr
+
+
+def test_auto_runs_the_options_it_chose_not_the_algorithms_defaults():
+    # 4 nodes of 2: auto's choice across nodes carries options (the algorithm between the
+    # nodes, the segments); the call must run them, and the simulator predicts that run.
+    xs = [np.random.default_rng(r).standard_normal(1 << 16).astype(np.float32) for r in range(8)]
+    name, options, _ = auto.two_level_choice(1 << 16, 4, TWO_LEVEL, NodeShape(4, 2))
+    assert name == "hierarchical" and options not in ({}, {"inter": "ring"}), options
+    ran = refcoll.simulate("allreduce", xs, algorithm="auto", node_size=2,
+                           calibration=TWO_LEVEL).outputs[0]
+    chosen = refcoll.simulate("allreduce", xs, algorithm="hierarchical", ranks_per_node=2,
+                              **options).outputs[0]
+    plain = refcoll.simulate("allreduce", xs, algorithm="hierarchical", ranks_per_node=2).outputs[0]
+    assert ran.tobytes() == chosen.tobytes()
+    assert ran.tobytes() != plain.tobytes()

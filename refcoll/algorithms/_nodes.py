@@ -9,7 +9,7 @@ run's bytes into those inside and those between nodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,6 +70,11 @@ def node_layout(t, ranks_per_node: int | None = None) -> NodeLayout:
     ``t`` must make the same calls in the same order (they do: the key is the same
     option on every rank).
     """
+    real = getattr(t, "records", None)
+    if real is not None:  # a plan's recorder: the real split, each part recorded alike
+        layout = node_layout(real, ranks_per_node)
+        return replace(layout, intra=t.sub(layout.intra),
+                       cross=None if layout.cross is None else t.sub(layout.cross))
     cache = transport_cache(t, "node_layouts")
     if ranks_per_node not in cache:
         cache[ranks_per_node] = _split_nodes(t, ranks_per_node)

@@ -74,7 +74,7 @@ def _inter_implementation(inter: str):
 
 def _check_ranks_per_node(t, ranks_per_node) -> None:
     if ranks_per_node is None:
-        if not hasattr(t, "split_node"):
+        if not hasattr(getattr(t, "records", t), "split_node"):  # a plan's recorder: its transport
             raise UsageError(f"rank {t.rank}: {type(t).__name__} cannot find nodes "
                              "(no split_node): pass ranks_per_node=k")
         return
@@ -365,6 +365,24 @@ def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
                      pipeline)]
 
 
+def hierarchical_replayable(t, *, ranks_per_node: int | None = None, inter: str = "ring",
+                            pipeline: int = 1) -> bool:
+    """Return whether a plan may record this all-reduce on ``t`` and replay it.
+
+    On equal nodes the ring halves and a replayable ``inter`` algorithm touch
+    the data only through the transports (the phases' sub-transports recorded
+    into one schedule); the leader-based schedule of unequal nodes copies
+    locally, so it runs again at every call. Asked after the call has split
+    ``t`` (or, for a plan made before any call, splitting it: every rank makes
+    the plan).
+    """
+    if inter == "hierarchical" or get(inter).replayable is not True:
+        return False
+    if ranks_per_node is None and not hasattr(t, "split_node"):
+        return False
+    return node_layout(t, ranks_per_node).equal
+
+
 def hierarchical_orders(collective: str, p: int) -> list[dict]:
     """Return the node shapes and across-node algorithms that order ``p`` ranks distinctly.
 
@@ -390,4 +408,5 @@ register(Algorithm(
     node_traffic=hierarchical_traffic,
     price=hierarchical_price,
     orders=hierarchical_orders,
+    replayable=hierarchical_replayable,
 ))

@@ -131,8 +131,10 @@ class Algorithm:
         workers: the inverse, ``workers(total_ranks, **options)``; required with
             ``extra_ranks``.
         replayable: its all-reduce, on two or more ranks, touches data only
-            through the transport (no local copies, no ``split``), so a recorded
-            schedule replays it exactly (:mod:`refcoll.transport.recorder`).
+            through the transport (no local copies), so a recorded schedule
+            replays it exactly (:mod:`refcoll.transport.recorder`). A function
+            ``replayable(t, **options) -> bool`` where that depends on the
+            transport or the options (the hierarchical all-reduce's node shape).
         auto: ``algorithm="auto"`` considers it (it needs ``costs``).
         pinnable: ``REFCOLL_ALGO`` may name it.
         node_option: the option through which it takes the node shape
@@ -166,7 +168,7 @@ class Algorithm:
     vector_variants: tuple = ({},)
     extra_ranks: Callable | None = None
     workers: Callable | None = None
-    replayable: bool = False
+    replayable: bool | Callable = False
     auto: bool = False
     pinnable: bool = True
     node_option: str | None = None

@@ -46,6 +46,7 @@ trip of its own, and no data reduced before every rank's signature matched.
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 
@@ -57,7 +58,7 @@ from . import debug
 from ..core.xp import array_namespace
 from .agree import agree, disagreement, record_of, signature_of, signatures
 from .args import PLAN_BYTES, Call
-from .auto import resolve
+from .auto import resolve_with_options
 from .progress import Handle, Steps, any_busy, busy_engine, engine_for
 
 __all__ = ["Plan", "run", "kept", "reusable", "live_plans", "PLAN_BYTES", "PLANS_KEPT"]
@@ -92,11 +93,8 @@ class Plan:
         t = self.t = call.t
         self.comm, self.collective, self.validate = call.comm, call.collective, call.validate
         self.reduction, self.root, self.options = call.reduction, call.root, call.options
-        name = call.algorithm
-        if algorithms.get(name).chooses:
-            name = resolve(t, call.collective, call.flat.size, call.flat.itemsize)
+        name, self.fn, options = chosen(call)
         self.algorithm = name
-        self.fn = algorithms.implementation(name, call.collective)
         self.fields = call.fields()
         if own_buffers:  # a kept plan: the caller's arrays are copied in and out
             result = None if call.result is None else array_namespace(call.flat).empty_like(
@@ -115,7 +113,7 @@ class Plan:
             # A kept plan's signature says so: a rank that replays it meets only ranks that do.
             self._signature = signature_of(record_of(dict(self.fields, compressor="(kept plan)")))
         self.recorded = (call.collective == "allreduce" and t.size > 1 and call.result is not None
-                         and hasattr(t, "persistent") and algorithms.get(name).replayable)
+                         and hasattr(t, "persistent") and replayable(t, name, options))
         if self.recorded:
             self._record()
         live_plans(t)[id(self)] = self
@@ -429,6 +427,30 @@ def reusable(t, x, op, algorithm, out) -> Plan | None:
     return plan
 
 
+def chosen(call: Call) -> tuple:
+    """Return the algorithm ``call`` runs, its implementation and its options, ``auto`` resolved.
+
+    ``auto`` runs what it chose with the options it chose (across nodes,
+    hierarchical's ``inter`` and ``pipeline``).
+    """
+    name, options = call.algorithm, dict(call.options or {})
+    fn = algorithms.implementation(name, call.collective)
+    if algorithms.get(name).chooses:
+        name, options = resolve_with_options(call.t, call.collective, call.flat.size,
+                                             call.flat.itemsize)
+        fn = algorithms.implementation(name, call.collective)
+        if options:
+            fn = functools.partial(fn, **options)
+    return name, fn, options
+
+
+def replayable(t, name: str, options) -> bool:
+    """Return whether ``name``'s all-reduce with ``options`` on ``t`` replays from a recording
+    (its record's ``replayable``: a flag, or a function of the transport and options)."""
+    flag = algorithms.get(name).replayable
+    return flag(t, **(options or {})) if callable(flag) else bool(flag)
+
+
 def _keep(t, key, call: Call) -> None:
     """Keep a plan of ``call`` on buffers of its own, for the next calls of the same fields."""
     cache = transport_cache(t, "plans")
@@ -458,14 +480,11 @@ def run(call: Call, implementation=None):
     with t.call(call.collective):
         if call.validate:
             agree(t, **call.fields())
-        name = call.algorithm
-        if algorithms.get(name).chooses:
-            name = resolve(t, call.collective, call.flat.size, call.flat.itemsize)
-        fn = implementation or algorithms.implementation(name, call.collective)
+        name, fn, options = chosen(call)
         call.prologue()
-        fn(t, *call.arguments(), **call.keywords())
+        (implementation or fn)(t, *call.arguments(), **call.keywords())
     call.finish()
-    if key is not None and implementation is None and algorithms.get(name).replayable:
+    if key is not None and implementation is None and replayable(t, name, options):
         seen = transport_cache(t, "plans").setdefault("seen", set())
         if key in seen:
             seen.discard(key)

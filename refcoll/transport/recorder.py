@@ -22,6 +22,7 @@ the algorithm itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable, Sequence
 
@@ -43,10 +44,22 @@ class Recorder:
     (``t.persistent``); each local reduction, ``t``'s own ``reduce_local``, bound.
     """
 
-    def __init__(self, t):
+    def __init__(self, t, steps: list | None = None):
         self.rank, self.size = t.rank, t.size
-        self.steps: list[Callable[[], None]] = []
+        self.steps: list[Callable[[], None]] = [] if steps is None else steps
         self._t = t
+        #: The transport this one records for: an algorithm that splits it (the
+        #: hierarchical all-reduce, :func:`refcoll.algorithms.node_layout`) takes the
+        #: real transport's parts, each recorded by :meth:`sub` into the same steps.
+        self.records = t
+
+    def sub(self, t) -> "Recorder":
+        """Return a recorder of ``t`` (a transport split from this one's) into these steps."""
+        return Recorder(t, self.steps)
+
+    def call(self, name: str):
+        """A collective's scope: nothing to record (the plan's run has its own)."""
+        return contextlib.nullcontext()
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
         self.steps.append(self._t.persistent([(buf, dest, tag)], []))

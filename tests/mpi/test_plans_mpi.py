@@ -26,6 +26,7 @@ DEADLINE = 30.0
 CASES = [("allreduce", "ring", {"op": "sum"}), ("allreduce", "rabenseifner", {"op": "avg"}),
          ("allreduce", "recursive_doubling", {"op": "max"}), ("allreduce", "tree", {"op": "prod"}),
          ("allreduce", "dbtree", {"op": "sum"}), ("allreduce", "auto", {"op": "sum"}),
+         ("allreduce", "hierarchical", {"op": "sum", "ranks_per_node": 2}),
          ("reduce_scatter", "ring", {"op": "sum"}), ("reduce_scatter", "bruck", {"op": "min"}),
          ("allgather", "ring", {}), ("allgather", "rabenseifner", {}),
          ("broadcast", "tree", {"root": -1}), ("broadcast", "naive", {"root": 0}),
@@ -96,6 +97,23 @@ def test_every_start_gives_the_blocking_calls_and_the_simulators_bits(case, shap
         assert _same(got, want), f"start {start}: not the blocking call's bits"
         assert _same(got, oracle), f"start {start}: not the simulator's bits"
     plan.free()
+
+
+def test_hierarchical_is_recorded_on_equal_nodes_and_runs_again_on_unequal_ones():
+    # Equal nodes: its phases on the node's and the cross-node communicators become one
+    # recorded schedule; unequal ones take the leader-based schedule, which copies locally.
+    comm = _world()
+    x = np.zeros(1000, np.float32)
+    for k, inter in ((2, "ring"), (2, "recursive_doubling"), (1, "ring"), (2, "naive")):
+        with refcoll.allreduce_init(x, comm, algorithm="hierarchical", ranks_per_node=k,
+                                    inter=inter) as plan:
+            equal = comm.size % k == 0
+            assert plan.recorded == (equal and inter != "naive" and comm.size > 1), (k, inter)
+            for start in range(2):
+                x[...] = _values(1000, np.float32, comm.rank, start)
+                want = refcoll.simulate("allreduce", comm.allgather(x), algorithm="hierarchical",
+                                        ranks_per_node=k, inter=inter).outputs[comm.rank]
+                assert same_bits(plan(), want), (k, inter, start)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner"])

@@ -361,7 +361,7 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
         return c.time(calibration.alpha, calibration.beta, calibration.gamma_per_byte * itemsize)
     call = calibration.call
     replayed = [row[1:] for row in calibration.planned_steps if row[0] == nbytes]
-    if replayed and registry.get(algorithm).replayable:  # it runs from its plan
+    if replayed and registry.get(algorithm).replayable is True:  # it runs from its plan
         steps, call = replayed, calibration.planned_call
     else:  # the ordinary way: the algorithm's own Python runs too
         call += sum(s for name, n, s in calibration.own if name == algorithm and n == nbytes)
