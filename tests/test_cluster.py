@@ -152,6 +152,21 @@ def test_a_cluster_whose_owner_was_killed_is_removed_by_the_next(untouched_host)
         assert leftovers(stale) == []
 
 
+@needs_root
+def test_a_program_killed_while_it_holds_a_cluster_leaves_nothing(untouched_host):
+    # SIGTERM (kill, a batch system's timeout) unwinds the with-block, as Ctrl-C does.
+    owner = subprocess.Popen([sys.executable, "-c",
+                              "import time\nfrom refcoll.cluster import Cluster\n"
+                              "with Cluster(nodes=2, ranks_per_node=1) as c:\n"
+                              "    print(c.prefix, flush=True)\n    time.sleep(600)\n"],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    prefix = owner.stdout.readline().split()[0]
+    assert leftovers(prefix)
+    owner.terminate()
+    assert owner.wait(timeout=120) == 143
+    assert leftovers(prefix) == []
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "refcoll", "cluster", *args],
                           capture_output=True, text=True, timeout=240, cwd=ROOT,

@@ -69,7 +69,7 @@ def test_across_nodes_auto_picks_the_cheapest_of_every_algorithm_and_inter(nodes
     priced = {}
     for candidate in auto.candidates("allreduce") + auto.node_aware():
         algo = algorithms.get(candidate)
-        for opts in auto.across_options(candidate) if algo.node_option else [{}]:
+        for opts in auto.across_options(candidate, nbytes) if algo.node_option else [{}]:
             priced[candidate, tuple(opts.items())] = TWO_LEVEL.price(
                 algo.price(shape, nbytes // 4, 4, **opts), per_node, 4)
     assert seconds == pytest.approx(min(priced.values()))
@@ -245,3 +245,14 @@ def test_auto_runs_the_options_it_chose_not_the_algorithms_defaults():
     plain = refcoll.simulate("allreduce", xs, algorithm="hierarchical", ranks_per_node=2).outputs[0]
     assert ran.tobytes() == chosen.tobytes()
     assert ran.tobytes() != plain.tobytes()
+
+
+def test_auto_pipelines_only_segments_of_the_smallest_size_or_more():
+    every = auto.across_options("hierarchical")
+    assert {o.get("pipeline", 1) for o in every} == set(auto.PIPELINES)
+    for nbytes in (64 << 10, auto.PIPELINE_SEGMENT, 1 << 20, 64 << 20):
+        counts = {o.get("pipeline", 1) for o in auto.across_options("hierarchical", nbytes)}
+        assert counts == {s for s in auto.PIPELINES if s == 1 or nbytes // s >= auto.PIPELINE_SEGMENT}
+        name, options, _ = auto.two_level_choice(nbytes // 4, 4, TWO_LEVEL, NodeShape(2, 2))
+        assert nbytes // options.get("pipeline", 1) >= min(nbytes, auto.PIPELINE_SEGMENT)
+    assert auto.across_options("ring", 1 << 20) == [{}]

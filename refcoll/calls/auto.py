@@ -45,8 +45,8 @@ from dataclasses import dataclass, field, replace
 from .. import algorithms
 from ..algorithms.registry import NodeShape
 from ..algorithms.spelling import spell
-from .auto_nodes import (_two_level, across_options, candidates, node_aware, node_shape,
-                         shape_of, two_level_choice)
+from .auto_nodes import (PIPELINE_SEGMENT, PIPELINES, _two_level, across_options, candidates,
+                         node_aware, node_shape, shape_of, two_level_choice)
 from ..cluster.topology import TOPO_ENV, inter_levels
 from ..cluster.topology import from_env as topology_from_env
 from ..core.errors import UsageError
@@ -59,7 +59,7 @@ from .calibration import (DEFAULT, LOAD_LIMIT, Calibration, CalibrationKey, cach
 
 __all__ = ["AlgoFilter", "calibration_for", "choose", "candidates", "resolve", "auto_algorithm",
            "resolve_with_options", "two_level_choice", "node_aware", "across_options",
-           "node_shape",
+           "node_shape", "PIPELINES", "PIPELINE_SEGMENT",
            "choice_table", "algo_filter", "modelled_time", "prediction", "choice_changes",
            "auto_table", "TABLE_PS", "TABLE_LARGEST",
            # the calibration it prices with (refcoll.calls.calibration), for one import:

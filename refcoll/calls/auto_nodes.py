@@ -17,7 +17,7 @@ from ..core.calibration import Calibration
 from .calibration import host_counts
 
 __all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of",
-           "PIPELINES"]
+           "PIPELINES", "PIPELINE_SEGMENT"]
 
 
 def candidates(collective: str) -> list[str]:
@@ -43,18 +43,26 @@ def node_aware() -> list[str]:
 #: The segment counts auto tries for an all-reduce that pipelines its levels (``pipeline``).
 PIPELINES = (1, 2, 4, 8)
 
+#: The smallest segment auto pipelines, bytes. Each segment pays its phases' calls again
+#: and hands its network phase to the other thread: on 2 emulated nodes x 2 ranks at
+#: 1 Gbit/s, 8 segments of 32 KiB took 3.4 times as long as one of 256 KiB, while 8 of
+#: 128 KiB beat one of 1 MiB (benchmarks/nodes.py). The α-β price sees neither cost.
+PIPELINE_SEGMENT = 256 << 10
 
-def across_options(name: str) -> list[dict]:
+
+def across_options(name: str, nbytes: int | None = None) -> list[dict]:
     """Return the option sets auto tries for ``name`` across nodes: each algorithm it may run
-    between the nodes (``inter``) with each segment count of :data:`PIPELINES` where it
-    pipelines, or ``[{}]`` for an algorithm without those choices."""
+    between the nodes (``inter``) with each segment count of :data:`PIPELINES` that leaves
+    segments of :data:`PIPELINE_SEGMENT` or more of ``nbytes`` (all of them when None), or
+    ``[{}]`` for an algorithm without those choices."""
     known = algorithms.options(name, "allreduce")
     inters = [{"inter": a.name} for a in algorithms.REGISTRY.values()
               if a.across_nodes and not a.needs_in_network and a.price is not None] \
         if "inter" in known else [{}]
     if "pipeline" not in known:
         return inters
-    return [{**inter, **({"pipeline": s} if s > 1 else {})} for inter in inters for s in PIPELINES]
+    counts = [s for s in PIPELINES if s == 1 or nbytes is None or nbytes // s >= PIPELINE_SEGMENT]
+    return [{**inter, **({"pipeline": s} if s > 1 else {})} for inter in inters for s in counts]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -68,7 +76,7 @@ def _two_level_choice(count: int, itemsize: int, calibration: Calibration, shape
         algo = algorithms.get(name)
         if algo.price is None or (algo.node_option and not shape.equal):
             continue  # unpriced, or node-aware on unequal nodes, which its price cannot shape
-        for options in across_options(name) if algo.node_option else [{}]:
+        for options in across_options(name, count * itemsize) if algo.node_option else [{}]:
             seconds = calibration.price(algo.price(shape, count, itemsize, **options),
                                         shape.per_node, itemsize)
             if best is None or seconds < best[2]:

@@ -33,6 +33,8 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -348,10 +350,28 @@ class Cluster:
         self.made = []
 
     def __enter__(self) -> "Cluster":
-        return self.up()
+        # A kill (SIGTERM) of the program that holds the cluster unwinds to __exit__, as
+        # Ctrl-C does, where no one else has claimed the signal.
+        self._sigterm = None
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            return self.up()
+        except BaseException:
+            self._restore_sigterm()
+            raise
+
+    def _restore_sigterm(self) -> None:
+        if getattr(self, "_sigterm", None) is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
     def __exit__(self, *exc) -> bool:
-        self.down()
+        try:
+            self.down()
+        finally:
+            self._restore_sigterm()
         return False
 
 
