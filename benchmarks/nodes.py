@@ -16,6 +16,7 @@ busbw <= link · 2(p-1)/p · g / (2(g-1)): 1.5 x link at 2 x 2.
 
     python benchmarks/nodes.py                      # the shapes and rates of the README
     python benchmarks/nodes.py --shape 2x2 --link 1gbit --calibrate --json nodes.json
+    python benchmarks/nodes.py --shape 4x1 --racks 2 --oversubscription 2   # 2 racks
 
 Every shape runs more ranks than this machine's cores when it has 2: the
 figures share the cores (bench's header says so) and are suspect as such.
@@ -34,11 +35,18 @@ import time
 from pathlib import Path
 
 from refcoll.cluster import Cluster, missing_capability, parse_rate
+from refcoll.core.units import parse_size
 
 ALGORITHMS = ("ring", "hierarchical", "hierarchical(pipeline=8)", "rabenseifner", "auto")
 
+#: Across racks: the two levels as nodes, or as racks (``level=rack``, the topology's).
+RACK_ALGORITHMS = ("ring", "hierarchical", "hierarchical(level=rack)",
+                   "hierarchical(level=rack,pipeline=8)", "auto")
+
 #: Each algorithm's column heading.
-HEADINGS = {"hierarchical(pipeline=8)": "hier. 8 segments"}
+HEADINGS = {"hierarchical(pipeline=8)": "hier. 8 segments",
+            "hierarchical(level=rack)": "hier. racks",
+            "hierarchical(level=rack,pipeline=8)": "hier. racks 8 segments"}
 
 #: (shape, link, largest size): the README's table. 100 Mbit/s stops at 16 MiB, whose calls
 #: take seconds each already.
@@ -55,24 +63,43 @@ def link_bound(nodes: int, per_node: int, link_bits: float) -> float:
 
 
 def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, iters: int,
-              folder: Path) -> dict:
-    """Run refcoll bench across an emulated cluster; return its JSON and the bytes per link."""
-    out = folder / f"bench-{nodes}x{per_node}-{link}.json"
-    with Cluster(nodes=nodes, ranks_per_node=per_node, link=link) as cluster:
-        start = time.perf_counter()
-        res = cluster.run(["refcoll", "bench", "-b", "64K", "-e", largest, "-f", "4",
-                           "--algorithm", ",".join(ALGORITHMS), "--against", "mpi",
-                           "-w", str(warmup), "-i", str(iters), "--json", str(out)],
-                          capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - start
-        traffic = cluster.last_traffic
-    if res.returncode != 0:
-        sys.exit(f"bench failed on {nodes}x{per_node} {link}:\n{res.stdout[-3000:]}"
-                 f"\n{res.stderr[-3000:]}")
-    data = json.loads(out.read_text())
-    return {"nodes": nodes, "per_node": per_node, "link": link, "wall_s": wall,
-            "traffic": {str(k): v for k, v in traffic.items()}, "bench": data,
-            "header": [line for line in res.stdout.splitlines() if line.startswith("# ")][:12]}
+              folder: Path, small_iters: int = 40, racks: int = 1,
+              oversubscription: float = 1.0) -> dict:
+    """Run refcoll bench across an emulated cluster; return its JSON and the bytes per link.
+
+    Two sweeps on the same cluster: 64 KiB to 1 MiB with ``small_iters`` timed calls
+    (a call there takes about a millisecond, and its time depends on how full the
+    link's token bucket was left by the call before it), then 4 MiB up with ``iters``.
+    """
+    data, traffic = None, {}
+    start = time.perf_counter()
+    names = ALGORITHMS if racks == 1 else RACK_ALGORITHMS
+    with Cluster(nodes=nodes, ranks_per_node=per_node, link=link, racks=racks,
+                 oversubscription=oversubscription) as cluster:
+        for low, high, w, i in (("64K", "1M", 5, small_iters), ("4M", largest, warmup, iters)):
+            if parse_size(high) < parse_size(low):
+                continue
+            out = folder / f"bench-{nodes}x{per_node}-{link}-{low}.json"
+            res = cluster.run(["refcoll", "bench", "-b", low, "-e", high, "-f", "4",
+                               "--algorithm", ",".join(names), "--against", "mpi",
+                               "-w", str(w), "-i", str(i), "--json", str(out)],
+                              capture_output=True, text=True, timeout=3600)
+            if res.returncode != 0:
+                sys.exit(f"bench failed on {nodes}x{per_node} {link}:\n{res.stdout[-3000:]}"
+                         f"\n{res.stderr[-3000:]}")
+            for node, (tx, rx) in cluster.last_traffic.items():
+                sent, got = traffic.get(str(node), (0, 0))
+                traffic[str(node)] = (sent + tx, got + rx)
+            swept = json.loads(out.read_text())
+            if data is None:
+                data, header = swept, [line for line in res.stdout.splitlines()
+                                       if line.startswith("# ")][:12]
+            else:
+                data["rows"] += swept["rows"]
+    return {"nodes": nodes, "per_node": per_node, "link": link, "racks": racks,
+            "oversubscription": oversubscription, "algorithms": names,
+            "wall_s": time.perf_counter() - start, "traffic": traffic, "bench": data,
+            "header": header}
 
 
 def table(run: dict) -> list[str]:
@@ -86,8 +113,10 @@ def table(run: dict) -> list[str]:
         if row["algorithm"] == "auto":
             entry["chose"] = row.get("resolved") or "?"
         entry["mpi"] = max(entry.get("mpi", 0.0), row.get("base_busbw") or 0.0)
-    columns = [a for a in ALGORITHMS if a != "auto"]
-    lines = [f"{nodes} nodes x {per_node} ranks, {run['link']} links: link bound busbw "
+    columns = [a for a in run.get("algorithms", ALGORITHMS) if a != "auto"]
+    racks = (f", {run['racks']} racks, uplinks oversubscribed {run['oversubscription']:g}x "
+             "(bound: the node links')" if run.get("racks", 1) > 1 else "")
+    lines = [f"{nodes} nodes x {per_node} ranks, {run['link']} links{racks}: link bound busbw "
              f"{bound:.4f} GB/s; bytes sent per node link: " + ", ".join(
                  f"node {k} {tx / 1e9:.2f} GB" for k, (tx, _) in run["traffic"].items()),
              "", "| size | " + " | ".join(HEADINGS.get(a, a) for a in columns)
@@ -134,10 +163,14 @@ def calibrate(folder: Path, largest: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", help="NODESxRANKS (default: the README's runs)")
+    ap.add_argument("--racks", type=int, default=1, help="racks of --shape's nodes")
+    ap.add_argument("--oversubscription", type=float, default=2.0,
+                    help="of each rack's uplink, with --racks")
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--largest", default="64M")
     ap.add_argument("-w", "--warmup", type=int, default=1)
-    ap.add_argument("-i", "--iters", type=int, default=5)
+    ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls from 4 MiB up")
+    ap.add_argument("--small-iters", type=int, default=40, help="timed calls up to 1 MiB")
     ap.add_argument("--calibrate", action="store_true", help="also model --calibrate on 2 x 2")
     ap.add_argument("--no-bench", action="store_true", help="only the calibration")
     ap.add_argument("--json", help="write every run's figures here")
@@ -154,7 +187,9 @@ def main() -> int:
         folder = Path(tmp)
         for shape, link, largest in ([] if args.no_bench else runs):
             nodes, per_node = map(int, shape.split("x"))
-            run = run_bench(nodes, per_node, link, largest, args.warmup, args.iters, folder)
+            run = run_bench(nodes, per_node, link, largest, args.warmup, args.iters, folder,
+                            args.small_iters, args.racks,
+                            args.oversubscription if args.racks > 1 else 1.0)
             results.append(run)
             print("\n".join(run["header"]))
             print("\n".join(table(run)), f"\n(wall {run['wall_s']:.0f} s)\n", flush=True)

@@ -233,7 +233,8 @@ def test_the_options_of_each_algorithm_come_from_its_signature():
                                                        "shape")
     assert algorithms.options("tree", "reduce") == ("segment", "radix", "subtrees", "first",
                                                     "shape")  # root is the call's own
-    assert algorithms.options("hierarchical", "allreduce") == ("ranks_per_node", "inter", "pipeline")
+    assert algorithms.options("hierarchical", "allreduce") == ("ranks_per_node", "inter",
+                                                                   "pipeline", "level")
     assert algorithms.options("switch", "allreduce") == ("radix", "packet", "slots", "mode")
     assert algorithms.options("auto", "allreduce") == ()
 
@@ -258,7 +259,7 @@ def test_check_options_lists_what_the_algorithm_takes():
                                "allreduce: its allreduce takes segment, radix, subtrees, first, "
                                "shape; drop it")
     with pytest.raises(UsageError, match="the options a, b for allreduce: its allreduce takes "
-                                         "ranks_per_node, inter, pipeline; drop them$"):
+                                         "ranks_per_node, inter, pipeline, level; drop them$"):
         algorithms.check_options("hierarchical", "allreduce", {"b": 1, "a": 2, "inter": "ring"})
     with pytest.raises(UsageError, match="'auto' takes no algorithm options for broadcast "
                                          r"\(got segment\); name an algorithm that takes it "

@@ -18,7 +18,7 @@ from ..transport.base import transport_cache
 from .naive import naive_broadcast
 from .ring import ring_allgather
 
-__all__ = ["NodeLayout", "node_sizes", "node_layout", "node_traffic", "NOT_A_MEMBER"]
+__all__ = ["NodeLayout", "node_sizes", "node_layout", "node_traffic", "NOT_A_MEMBER", "LEVELS"]
 
 
 #: The color that leaves a rank out of a ``split`` (``MPI_UNDEFINED``).
@@ -58,7 +58,12 @@ def node_sizes(p: int, ranks_per_node: int) -> tuple:
     return tuple(min(ranks_per_node, p - start) for start in range(0, p, ranks_per_node))
 
 
-def node_layout(t, ranks_per_node: int | None = None) -> NodeLayout:
+#: The groups :func:`node_layout` may split a transport into: its nodes (machines), or its
+#: racks (the nodes behind one switch, from the topology file ``REFCOLL_TOPO_FILE`` names).
+LEVELS = ("node", "rack")
+
+
+def node_layout(t, ranks_per_node: int | None = None, level: str = "node") -> NodeLayout:
     """Return ``t``'s :class:`NodeLayout`, splitting ``t`` on the first call only.
 
     ``ranks_per_node=k`` puts consecutive ranks ``r // k`` on one node (nodes
@@ -72,13 +77,14 @@ def node_layout(t, ranks_per_node: int | None = None) -> NodeLayout:
     """
     real = getattr(t, "records", None)
     if real is not None:  # a plan's recorder: the real split, each part recorded alike
-        layout = node_layout(real, ranks_per_node)
+        layout = node_layout(real, ranks_per_node, level)
         return replace(layout, intra=t.sub(layout.intra),
                        cross=None if layout.cross is None else t.sub(layout.cross))
     cache = transport_cache(t, "node_layouts")
-    if ranks_per_node not in cache:
-        cache[ranks_per_node] = _split_nodes(t, ranks_per_node)
-    return cache[ranks_per_node]
+    key = ranks_per_node if level == "node" else (level,)
+    if key not in cache:
+        cache[key] = _split_nodes(t, ranks_per_node) if level == "node" else _split_racks(t)
+    return cache[key]
 
 
 def _split_nodes(t, ranks_per_node: int | None) -> NodeLayout:
@@ -90,11 +96,64 @@ def _split_nodes(t, ranks_per_node: int | None) -> NodeLayout:
         sizes = node_sizes(t.size, ranks_per_node)
         node = t.rank // ranks_per_node
         intra = t.split(node, t.rank)
+    return _with_cross(t, sizes, node, intra)
+
+
+def _with_cross(t, sizes: tuple, node: int, intra) -> NodeLayout:
+    """Return the layout of this rank in group ``node`` (transport ``intra``), with the
+    cross-group transport of the phase in between split from ``t``."""
     if len(set(sizes)) == 1:
         cross = t.split(intra.rank, node)  # same local index, one rank per node, in node order
     else:
         cross = t.split(0 if intra.rank == 0 else NOT_A_MEMBER, node)  # the node leaders
     return NodeLayout(sizes, node, intra, cross)
+
+
+def _split_racks(t) -> NodeLayout:
+    """Split ``t`` into its racks: the topology file's rack of each rank's host.
+
+    Every rank looks its host up (``t.hosts``, the names the ranks exchanged when
+    the transport was made) in the topology ``REFCOLL_TOPO_FILE`` names, then a
+    ring allgather tells every rank every rank's rack, so a rank that finds none
+    (no file, its host not in it, a file it cannot read) makes every rank raise
+    the same :class:`UsageError` rather than leave the others in the split.
+    Racks are numbered as the file numbers them; a rack's ranks need not be
+    consecutive.
+    """
+    from ..cluster.topology import from_env  # the file's reader (refcoll.cluster)
+
+    hosts = list(getattr(t, "hosts", None) or [])
+    reason = ""
+    racks = np.full(t.size, _NO_FILE, dtype=np.int64)
+    try:
+        topology = from_env() if hosts else None
+        rack = {node.host: node.rack for node in topology.nodes} if topology else {}
+        racks[t.rank] = rack.get(hosts[t.rank], _NOT_LISTED) if topology else _NO_FILE
+    except UsageError as exc:
+        racks[t.rank], reason = _UNREADABLE, f" ({exc})"
+    if t.size > 1:
+        ring_allgather(t, racks)
+    missing = {int(r): int(code) for r, code in enumerate(racks) if code < 0}
+    if missing:
+        what = {_NO_FILE: "no topology file (REFCOLL_TOPO_FILE) or no host names",
+                _NOT_LISTED: "a host the topology file does not list",
+                _UNREADABLE: "a topology file it cannot read"}
+        if len(missing) == t.size and len(set(missing.values())) == 1:
+            said = f"every rank has {what[racks[0]]}"
+        else:
+            said = "; ".join(f"rank {r}{f' ({hosts[r]})' if r < len(hosts) else ''} has "
+                             f"{what[c]}" for r, c in list(missing.items())[:4])
+        raise UsageError(f"rank {t.rank}: level='rack' groups the ranks by the racks of the "
+                         f"topology file, and not every rank has one: {said}{reason}; write "
+                         "the file (refcoll/cluster/topology.py; the simulator has no hosts: "
+                         "give it ranks_per_node) or use level='node'")
+    order, counts = np.unique(racks, return_counts=True)
+    node = int(np.searchsorted(order, racks[t.rank]))
+    return _with_cross(t, tuple(int(c) for c in counts), node, t.split(node, t.rank))
+
+
+#: What a rank without a rack sends in :func:`_split_racks`' allgather.
+_NO_FILE, _NOT_LISTED, _UNREADABLE = -1, -2, -3
 
 
 def _agree_on_nodes(t, intra) -> tuple[tuple, int]:

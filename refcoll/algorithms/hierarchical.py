@@ -40,7 +40,7 @@ import numpy as np
 from ..core.chunking import chunk_bounds, chunk_sizes, max_chunk
 from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
-from ._nodes import NodeLayout, node_layout, node_sizes, node_traffic
+from ._nodes import LEVELS, NodeLayout, node_layout, node_sizes, node_traffic
 from ._pipeline import run_pipelined
 from ._util import copy_into, view, workspace
 from .naive import naive_broadcast, naive_broadcast_cost, naive_reduce, naive_reduce_cost
@@ -72,7 +72,16 @@ def _inter_implementation(inter: str):
     return found
 
 
-def _check_ranks_per_node(t, ranks_per_node) -> None:
+def _check_ranks_per_node(t, ranks_per_node, level: str = "node") -> None:
+    if level not in LEVELS:
+        raise UsageError(f"rank {t.rank}: level must be one of {', '.join(LEVELS)} (the "
+                         f"groups of the two levels), got {level!r}")
+    if level != "node":
+        if ranks_per_node is not None:
+            raise UsageError(f"rank {t.rank}: level={level!r} groups the ranks by the "
+                             "topology file's racks; ranks_per_node groups consecutive ranks "
+                             "as nodes: give one of them")
+        return
     if ranks_per_node is None:
         if not hasattr(getattr(t, "records", t), "split_node"):  # a plan's recorder: its transport
             raise UsageError(f"rank {t.rank}: {type(t).__name__} cannot find nodes "
@@ -90,7 +99,7 @@ def _positive(value) -> bool:
 
 def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
                            ranks_per_node: int | None = None, inter: str = "ring",
-                           pipeline: int = 1) -> None:
+                           pipeline: int = 1, level: str = "node") -> None:
     """Two-level all-reduce: ring reduce-scatter in each node, all-reduce across, ring allgather.
 
     Schedule (nodes of ``k`` ranks, ``g`` nodes, rank = (node i, local j)), for
@@ -128,12 +137,16 @@ def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
       rank a node is the ``inter`` all-reduce over all ranks. The nodes come from
       ``ranks_per_node`` or, when it is None, from ``t.split_node()`` (the first
       call then also agrees on the node sizes over ``t``; see
-      :func:`node_layout`). ``inter`` may be any registered all-reduce but
+      :func:`node_layout`). ``level="rack"`` groups the ranks by the racks of
+      the topology file ``REFCOLL_TOPO_FILE`` names instead (a rack's nodes in
+      place of a node's ranks: the phase between the groups crosses the
+      uplinks); it needs the ranks' host names (MPI) and takes no
+      ``ranks_per_node``. ``inter`` may be any registered all-reduce but
       ``"hierarchical"`` and those with extra (switch) ranks. ``pipeline`` is a
       positive integer (segments beyond n are empty).
     Spec: spec/hierarchical.md
     """
-    _check_ranks_per_node(t, ranks_per_node)
+    _check_ranks_per_node(t, ranks_per_node, level)
     if not _positive(pipeline):
         raise UsageError(f"rank {t.rank}: pipeline must be a positive integer (segments), "
                          f"got {pipeline!r}")
@@ -141,7 +154,7 @@ def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
     if t.size == 1:
         copy_into(out, x)
         return
-    layout = node_layout(t, ranks_per_node)
+    layout = node_layout(t, ranks_per_node, level)
     segments = chunk_bounds(x.size, pipeline)
     phases = _sharded_phases if layout.equal else _leader_phases
     first, middle, last = phases(layout, x, out, segments, op=op,
@@ -233,7 +246,7 @@ def _hierarchical_parts(p: int, n: int, itemsize: int, ranks_per_node, inter: st
 
 
 def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node: int | None = None,
-                           inter: str = "ring", pipeline: int = 1) -> Cost:
+                           inter: str = "ring", pipeline: int = 1, level: str = "node") -> Cost:
     """Two-level all-reduce: ``g`` nodes of ``k`` ranks (``None``: one node of ``p``).
 
     Equal nodes: a ring all-reduce's two halves inside each node around an
@@ -243,7 +256,8 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
     ``inter`` all-reduce of ``n`` among the ``g`` leaders, a naive broadcast.
     ``pipeline=S``: the same for each of the ``S`` segments ``chunk_sizes(n, S)``,
     one after another (the counts do not depend on whether a second thread
-    overlaps them).
+    overlaps them). ``level`` says where a transport's groups come from; here a
+    group is ``ranks_per_node`` ranks whatever it names (a rack's ranks for ``"rack"``).
 
     Rank (node i, local j) sends ``2n - n_j - n_(j+1)`` elements and reduces
     ``n - n_(j-1)`` inside an equal node (the ring's counts), a leader ``k-1``
@@ -319,7 +333,8 @@ def _segment_cost(p: int, n: int, itemsize: int, ranks_per_node, inter: str):
 
 
 def hierarchical_traffic(p: int, n: int, itemsize: int, *, ranks_per_node: int | None = None,
-                         inter: str = "ring", pipeline: int = 1) -> tuple[int, int]:
+                         inter: str = "ring", pipeline: int = 1,
+                         level: str = "node") -> tuple[int, int]:
     """Return the hierarchical all-reduce's ``(intra-node bytes, inter-node bytes)``.
 
     Every byte of the inter phase crosses nodes and no other byte does, so with
@@ -341,7 +356,7 @@ def hierarchical_traffic(p: int, n: int, itemsize: int, *, ranks_per_node: int |
 # ------------------------------------------------------------ cluster pricing
 
 def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
-                       pipeline: int = 1) -> list[LinkCost]:
+                       pipeline: int = 1, level: str = "node") -> list[LinkCost]:
     """Price the two levels on a cluster: ring halves inside the nodes, ``inter`` across them.
 
     With ``g`` ranks a node and ``m`` nodes each rank sends ``(g-1)/g·n`` in each
@@ -366,7 +381,7 @@ def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
 
 
 def hierarchical_replayable(t, *, ranks_per_node: int | None = None, inter: str = "ring",
-                            pipeline: int = 1) -> bool:
+                            pipeline: int = 1, level: str = "node") -> bool:
     """Return whether a plan may record this all-reduce on ``t`` and replay it.
 
     On equal nodes the ring halves and a replayable ``inter`` algorithm touch
@@ -378,9 +393,9 @@ def hierarchical_replayable(t, *, ranks_per_node: int | None = None, inter: str 
     """
     if inter == "hierarchical" or get(inter).replayable is not True:
         return False
-    if ranks_per_node is None and not hasattr(t, "split_node"):
+    if level == "node" and ranks_per_node is None and not hasattr(t, "split_node"):
         return False
-    return node_layout(t, ranks_per_node).equal
+    return node_layout(t, ranks_per_node, level).equal
 
 
 def hierarchical_orders(collective: str, p: int) -> list[dict]:
