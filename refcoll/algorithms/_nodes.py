@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..cluster.topology import from_env as topology_from_env
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from .naive import naive_broadcast
@@ -120,13 +121,11 @@ def _split_racks(t) -> NodeLayout:
     Racks are numbered as the file numbers them; a rack's ranks need not be
     consecutive.
     """
-    from ..cluster.topology import from_env  # the file's reader (refcoll.cluster)
-
     hosts = list(getattr(t, "hosts", None) or [])
     reason = ""
     racks = np.full(t.size, _NO_FILE, dtype=np.int64)
     try:
-        topology = from_env() if hosts else None
+        topology = topology_from_env() if hosts else None
         rack = {node.host: node.rack for node in topology.nodes} if topology else {}
         racks[t.rank] = rack.get(hosts[t.rank], _NOT_LISTED) if topology else _NO_FILE
     except UsageError as exc:

@@ -18,7 +18,7 @@ Safety: every ``ip`` and ``tc`` command runs inside a namespace made here
 interfaces, routes, addresses, firewall) is ever touched. Names carry a prefix
 of this cluster's own (``rc`` and six random hex digits), checked against the
 namespaces that exist. What a cluster made is written to a state file; ``down``
-(and the context's exit, on an error or Ctrl-C too) kills every process in its
+(and the context's exit, on an error, Ctrl-C or a kill too) kills every process in its
 namespaces, deletes them, and removes the state file and ``/etc/netns/`` files.
 A cluster whose owner died (``kill -9``) is found by the next :func:`up`, which
 removes it first.
@@ -350,28 +350,23 @@ class Cluster:
         self.made = []
 
     def __enter__(self) -> "Cluster":
-        # A kill (SIGTERM) of the program that holds the cluster unwinds to __exit__, as
-        # Ctrl-C does, where no one else has claimed the signal.
-        self._sigterm = None
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-            self._sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        # A kill (SIGTERM) unwinds to __exit__ as Ctrl-C does, unless another handler has it.
+        self._sigterm = (signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+                         if threading.current_thread() is threading.main_thread()
+                         and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else None)
         try:
             return self.up()
         except BaseException:
-            self._restore_sigterm()
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
             raise
-
-    def _restore_sigterm(self) -> None:
-        if getattr(self, "_sigterm", None) is not None:
-            signal.signal(signal.SIGTERM, self._sigterm)
-            self._sigterm = None
 
     def __exit__(self, *exc) -> bool:
         try:
             self.down()
         finally:
-            self._restore_sigterm()
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
         return False
 
 

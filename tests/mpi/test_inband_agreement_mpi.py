@@ -60,7 +60,7 @@ def _key(algorithm, count, dtype=np.float32, op="sum"):
 def _replays(t, algorithm, count, itemsize=4) -> bool:
     """Return whether a small all-reduce of these arguments is kept and replayed on ``t``."""
     name = resolve(t, "allreduce", count, itemsize) if algorithm == "auto" else algorithm
-    return t.size > 1 and refcoll.REGISTRY[name].replayable
+    return t.size > 1 and plans.replayable(t, name, {})
 
 
 def _sum_of(t, value):
