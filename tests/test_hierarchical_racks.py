@@ -70,10 +70,20 @@ def test_racks_from_the_topology_file_give_the_simulators_bits(tmp_path):
     # 2 racks of 2 nodes of 1 rank: level="rack" makes groups of the 2 ranks of a rack.
     script = tmp_path / "job.py"
     script.write_text(JOB)
+    bench = tmp_path / "bench.json"
     with Cluster(nodes=4, ranks_per_node=1, link="1gbit", racks=2, oversubscription=2) as c:
         res = c.run([sys.executable, str(script), str(tmp_path / "rank%d.json")],
                     capture_output=True, text=True, timeout=300)
+        # bench names it with its options; its bound replays the schedule of racks of 2
+        timed = c.run([sys.executable, "-m", "refcoll", "bench", "-b", "64K", "-e", "64K",
+                       "-w", "1", "-i", "2", "--bound", "--against", "none", "--algorithm",
+                       "hierarchical(level=rack,pipeline=2)", "--json", str(bench)],
+                      capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
+    (row,) = json.loads(bench.read_text())["rows"]
+    assert row["algorithm"] == "hierarchical(level=rack,pipeline=2)"
+    assert row["wrong"] == 0 and row["checked"] > 0 and row["bound_us"] > 0
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     for n in (7, 1 << 16):
         xs = [(np.arange(n, dtype=np.float32) * 0.37 + r * 1.3).astype(np.float32)

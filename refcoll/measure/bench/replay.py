@@ -52,17 +52,21 @@ def schedule(collective: str, algorithm: str, p: int, count: int, dtype, *, op: 
     return [[(step, *plan[step]) for step in sorted(plan)] for plan in plans]
 
 
-def node_options(t, algorithm: str) -> dict:
-    """Return the option giving ``algorithm`` the node shape of ``t``, for its prediction.
+def node_options(t, algorithm: str, options: dict | None = None) -> dict:
+    """Return ``options`` with the node shape of ``t`` that ``algorithm``'s prediction needs.
 
     An algorithm whose record names a ``node_option`` is predicted with the size
-    of ``t``'s first node under that option (collective over ``t``: the first call
-    splits it into its nodes); the others need no node shape (``{}``).
+    of ``t``'s first group under that option (collective over ``t``: the first
+    call splits it). The groups are the nodes, or those its ``level`` option
+    names (the racks): the simulator has no hosts, so the prediction takes the
+    group size in their place, as consecutive ranks. The others keep ``options``.
     """
+    options = dict(options or {})
     option = algorithms.get(algorithm).node_option
-    if option is None:
-        return {}
-    return {option: algorithms.node_layout(t).sizes[0]}
+    if option is None or option in options:
+        return options
+    level = options.pop("level", "node")
+    return {**options, option: algorithms.node_layout(t, None, level).sizes[0]}
 
 
 #: One rank's schedule replayed on bare MPI, the transport bound of an algorithm:

@@ -341,12 +341,12 @@ def _bound_item(config: BenchConfig, sub, t, name: str, algorithm: str, p: int, 
     """Return the timed replay of ``algorithm``'s schedule (rank 0 simulates it, once)."""
     key = (algorithm, p, total, count, config.dtype, config.op, config.root)
     if key not in schedules:
-        node = node_options(t, registry_name(algorithm))  # collective: every rank splits the nodes
+        # collective: every rank splits the nodes (or the racks its level names)
+        options = node_options(t, registry_name(algorithm), algorithm_options(algorithm))
         plans = None
         if sub.rank == 0:
             plans = schedule(config.collective, registry_name(algorithm), p, count, config.dtype,
-                             op=get_op(config.op).name, root=config.root,
-                             **{**node, **algorithm_options(algorithm)})
+                             op=get_op(config.op).name, root=config.root, **options)
         # After rank 0's simulation: a bounded MPI_Ibarrier, then the blocking scatter.
         bounded_barrier(sub, f"refcoll bench (sending {name}'s schedule at {nbytes} B)",
                         timeout)
