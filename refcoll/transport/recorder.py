@@ -47,7 +47,6 @@ class Recorder:
     def __init__(self, t, steps: list | None = None):
         self.rank, self.size = t.rank, t.size
         self.steps: list[Callable[[], None]] = [] if steps is None else steps
-        self._t = t
         #: The transport this one records for: an algorithm that splits it (the
         #: hierarchical all-reduce, :func:`refcoll.algorithms.node_layout`) takes the
         #: real transport's parts, each recorded by :meth:`sub` into the same steps.
@@ -62,16 +61,16 @@ class Recorder:
         return contextlib.nullcontext()
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
-        self.steps.append(self._t.persistent([(buf, dest, tag)], []))
+        self.steps.append(self.records.persistent([(buf, dest, tag)], []))
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
-        self.steps.append(self._t.persistent([], [(buf, source, tag)]))
+        self.steps.append(self.records.persistent([], [(buf, source, tag)]))
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
-        self.steps.append(self._t.persistent([(sendbuf, dest, tag)], [(recvbuf, source, tag)]))
+        self.steps.append(self.records.persistent([(sendbuf, dest, tag)], [(recvbuf, source, tag)]))
 
     def reduce_local(self, op, a, b, out) -> None:
-        self.steps.append(functools.partial(self._t.reduce_local, op, a, b, out))
+        self.steps.append(functools.partial(self.records.reduce_local, op, a, b, out))
 
 
 class Schedule:
