@@ -168,16 +168,17 @@ def _sharded_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce
     longest = max(stop - start for start, stop in segments)
     scratch = workspace(intra, max_chunk(longest, intra.size), x.dtype) if intra.size > 1 else None
     shard = intra.rank
+    parts = [_segment(x, out, bounds, intra.size) for bounds in segments]
 
     def first(s: int) -> None:
-        xs, outs, bounds = _segment(x, out, segments[s], intra.size)
+        xs, outs, bounds = parts[s]
         if intra.size > 1:
             with intra.call("hierarchical"):
                 ring_reduce_scatter_steps(intra, xs, bounds, op=op, scratch=scratch,
                                           target=lambda idx: view(outs, bounds, idx))
 
     def middle(s: int) -> None:
-        xs, outs, bounds = _segment(x, out, segments[s], intra.size)
+        xs, outs, bounds = parts[s]
         # a one-rank node has nothing to reduce: the inter phase reads x itself
         reduced = outs if intra.size > 1 else xs
         with cross.call("allreduce"):  # shard j of node i <-> shard j of every other node
@@ -185,7 +186,7 @@ def _sharded_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce
                             op=op)
 
     def last(s: int) -> None:
-        _, outs, bounds = _segment(x, out, segments[s], intra.size)
+        _, outs, bounds = parts[s]
         with intra.call("hierarchical"):
             ring_allgather_steps(intra, outs, bounds)
 
@@ -195,21 +196,22 @@ def _sharded_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce
 def _leader_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce):
     """Unequal nodes: naive reduce to the leader, ``inter`` all-reduce of leaders, naive broadcast."""
     intra, cross = layout.intra, layout.cross
+    parts = [_segment(x, out, bounds, 1) for bounds in segments]
 
     def first(s: int) -> None:
         if intra.size > 1:
-            xs, outs, _ = _segment(x, out, segments[s], 1)
+            xs, outs, _ = parts[s]
             with intra.call("hierarchical"):
                 naive_reduce(intra, xs, outs, op=op, root=0)  # the segment -> the leader
 
     def middle(s: int) -> None:
         if cross is not None:  # leaders only
-            xs, outs, _ = _segment(x, out, segments[s], 1)
+            xs, outs, _ = parts[s]
             with cross.call("allreduce"):  # node partials <-> the other leaders
                 inter_allreduce(cross, outs if intra.size > 1 else xs, outs, op=op)
 
     def last(s: int) -> None:
-        _, outs, _ = _segment(x, out, segments[s], 1)
+        _, outs, _ = parts[s]
         with intra.call("hierarchical"):
             naive_broadcast(intra, outs, root=0)  # the result -> every rank of the node
 
@@ -362,7 +364,8 @@ def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
     With ``g`` ranks a node and ``m`` nodes each rank sends ``(g-1)/g·n`` in each
     ring half and its shard's ``inter`` all-reduce across nodes (``2(m-1)/m·n/g``
     for a ring). ``pipeline=S``: the phases of one segment of ``n/S``, marked as
-    overlapping over ``S`` segments.
+    overlapping over ``S`` segments. ``level`` is taken as the call takes it:
+    ``shape`` says what the groups are.
     """
     g, m = shape.per_node, shape.nodes
     segment = max_chunk(count, pipeline)
