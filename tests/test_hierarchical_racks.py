@@ -14,6 +14,7 @@ import pytest
 import refcoll
 from conftest import mpiexec_path
 from refcoll.cluster import Cluster, missing_capability
+from refcoll.core.calibration import Calibration
 from refcoll.core.errors import UsageError
 
 WHY = missing_capability()
@@ -56,6 +57,13 @@ for n in (7, 1 << 16):
               refcoll.allreduce(x, w, algorithm="hierarchical").tolist()]
 out["racks"] = node_layout(t, None, "rack").sizes
 out["nodes"] = node_layout(t).sizes
+# auto with the fixed calibration: the topology's links and uplinks price it
+os.environ["REFCOLL_CALIBRATION"] = "default"
+from refcoll.calls import auto
+x = (np.arange(1 << 20, dtype=np.float32) * 0.37 + r * 1.3).astype(np.float32)
+out["auto"] = refcoll.allreduce(x, w, algorithm="auto").tolist()
+out["choice"] = auto.resolve_with_options(t, "allreduce", x.size, 4)
+out["calibration"] = auto.calibration_for(t).to_json()
 os.environ.pop("REFCOLL_TOPO_FILE")
 try:  # a fresh communicator, so nothing is cached: without the file, every rank refuses
     refcoll.allreduce(np.ones(4, np.float32), w.Dup(), algorithm="hierarchical", level="rack")
@@ -71,7 +79,7 @@ def test_racks_from_the_topology_file_give_the_simulators_bits(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     bench = tmp_path / "bench.json"
-    with Cluster(nodes=4, ranks_per_node=1, link="1gbit", racks=2, oversubscription=2) as c:
+    with Cluster(nodes=4, ranks_per_node=1, link="1gbit", racks=2, oversubscription=4) as c:
         res = c.run([sys.executable, str(script), str(tmp_path / "rank%d.json")],
                     capture_output=True, text=True, timeout=300)
         # bench names it with its options; its bound replays the schedule of racks of 2
@@ -97,3 +105,18 @@ def test_racks_from_the_topology_file_give_the_simulators_bits(tmp_path):
     for out in outs:
         assert out["racks"] == [2, 2] and out["nodes"] == [1, 1, 1, 1]
         assert "every rank has no topology file" in out["error"]
+    # auto read the uplinks (a quarter of the rack's node links) and grouped by racks; the
+    # simulator, given the calibration the job agreed on, runs the same choice
+    record = outs[0]["calibration"]
+    assert record["rack_nodes"] == 2 and record["rack_beta"] == pytest.approx(8 / 0.5e9)
+    name, options = outs[0]["choice"]
+    assert name == "hierarchical" and options["ranks_per_node"] == 2, outs[0]["choice"]
+    fields = {k: record[k] for k in ("alpha", "beta", "gamma", "inter_alpha", "inter_beta",
+                                     "nodes", "per_node", "rack_beta", "rack_nodes")}
+    xs = [(np.arange(1 << 20, dtype=np.float32) * 0.37 + r * 1.3).astype(np.float32)
+          for r in range(4)]
+    predicted = refcoll.simulate("allreduce", xs, algorithm="auto", node_size=1,
+                                 calibration=Calibration(**fields)).outputs
+    for r, out in enumerate(outs):
+        assert out["choice"] == outs[0]["choice"]
+        assert np.array(out["auto"], np.float32).tobytes() == predicted[r].tobytes(), r

@@ -45,6 +45,7 @@ __all__ = [
     "dbtree_allreduce_cost",
     "dbtree_model_cost",
     "dbtree_price",
+    "rack_crossings",
 ]
 
 #: Elements per pipeline segment of the double binary tree when the caller gives
@@ -290,9 +291,27 @@ def _dbtree_formula() -> str:
 
 def dbtree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
     """Price it on a cluster: tree edges join ranks at every distance, so like a ring step
-    a round waits for the slowest link unless the cluster has only one kind."""
+    a round waits for the slowest link unless the cluster has only one kind. On racks,
+    each tree edge that leaves a rack is a flow on its uplink while the trees pipeline
+    (:func:`rack_crossings`)."""
+    uplink = rack_crossings(shape.ranks, shape.per_node * shape.per_rack) if shape.racks > 1 else 0
     return [LinkCost("two pipelined trees (reduce + broadcast)", shape.ring_link(),
-                     dbtree_model_cost(shape.ranks, count, itemsize))]
+                     dbtree_model_cost(shape.ranks, count, itemsize), uplink=uplink)]
+
+
+@functools.lru_cache(maxsize=256)
+def rack_crossings(p: int, per_rack: int) -> int:
+    """Return the most edges of the two trees on ``p`` ranks that leave one rack of
+    ``per_rack`` consecutive ranks: the flows on its uplink, each way, once the
+    reduction and the broadcast pipeline."""
+    crossing = [0] * -(-p // per_rack)
+    for tree in (0, 1):
+        for rank in range(p):
+            parent = dbtree_links(rank, p, tree)[0]
+            if parent is not None and rank // per_rack != parent // per_rack:
+                crossing[rank // per_rack] += 1
+                crossing[parent // per_rack] += 1
+    return max(crossing)
 
 
 register(Algorithm(

@@ -44,7 +44,7 @@ from ._nodes import LEVELS, NodeLayout, node_layout, node_sizes, node_traffic
 from ._pipeline import run_pipelined
 from ._util import copy_into, view, workspace
 from .naive import naive_broadcast, naive_broadcast_cost, naive_reduce, naive_reduce_cost
-from .registry import Algorithm, LinkCost, REGISTRY, get, implementation, register
+from .registry import Algorithm, LinkCost, REGISTRY, get, implementation, over_racks, register
 from .ring import (ring_allgather_cost, ring_allgather_steps, ring_allreduce_cost,
                    ring_reduce_scatter_cost, ring_reduce_scatter_steps)
 
@@ -358,29 +358,68 @@ def hierarchical_traffic(p: int, n: int, itemsize: int, *, ranks_per_node: int |
 # ------------------------------------------------------------ cluster pricing
 
 def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
-                       pipeline: int = 1, level: str = "node") -> list[LinkCost]:
+                       pipeline: int = 1, level: str = "node",
+                       ranks_per_node: int | None = None) -> list[LinkCost]:
     """Price the two levels on a cluster: ring halves inside the nodes, ``inter`` across them.
 
     With ``g`` ranks a node and ``m`` nodes each rank sends ``(g-1)/g·n`` in each
     ring half and its shard's ``inter`` all-reduce across nodes (``2(m-1)/m·n/g``
     for a ring). ``pipeline=S``: the phases of one segment of ``n/S``, marked as
-    overlapping over ``S`` segments. ``level`` is taken as the call takes it:
-    ``shape`` says what the groups are.
+    overlapping over ``S`` segments: the phases inside the groups run on the
+    caller's thread, one stage, and the phase across on the other.
+
+    Without racks, ``level`` and ``ranks_per_node`` are taken as the call takes
+    them: ``shape`` says what the groups are. On a shape with racks, groups of
+    a rack's ranks (``level="rack"``, or ``ranks_per_node`` = the ranks of a
+    rack) ring inside each rack over the nodes' links and run ``inter`` across
+    the racks, every rank of a rack at once on its uplink (:func:`_rack_groups`);
+    groups of a node run ``inter`` among the nodes, crossing the racks as that
+    algorithm does (:func:`~refcoll.algorithms.registry.over_racks`).
     """
     g, m = shape.per_node, shape.nodes
+    if shape.racks > 1 and (level == "rack" or ranks_per_node == g * shape.per_rack):
+        return _rack_groups(shape, count, itemsize, inter, pipeline)
     segment = max_chunk(count, pipeline)
     shard = max_chunk(segment, g)
+    across_algo = _across(shape, inter)
+    if shape.racks > 1 and across_algo.price is not None:
+        across = over_racks(across_algo.price(shape.among_nodes(), shard, itemsize), shape,
+                            parallel=g, segments=pipeline)
+    else:
+        across = [LinkCost(f"inter {inter} all-reduce", "inter",
+                           across_algo.flat_cost(m, shard, itemsize), pipeline, stage="across")]
+    return [LinkCost("intra reduce-scatter", "intra",
+                     ring_reduce_scatter_cost(g, segment, itemsize), pipeline, stage="inside"),
+            *across,
+            LinkCost("intra allgather", "intra", ring_allgather_cost(g, shard, itemsize),
+                     pipeline, stage="inside")]
+
+
+def _across(shape, inter: str):
+    """Return the record of the algorithm across the groups, refused where it cannot run."""
     across_algo = get(inter)
     if across_algo.needs_in_network and not shape.in_network:
         usable = [a.name for a in REGISTRY.values() if a.across_nodes and not a.needs_in_network]
         raise UsageError(f"inter-node algorithm {inter!r} (--inter) needs in-network "
                          f"reduction: add --in-network, or choose one of {', '.join(usable)}")
-    return [LinkCost("intra reduce-scatter", "intra",
-                     ring_reduce_scatter_cost(g, segment, itemsize), pipeline),
-            LinkCost(f"inter {inter} all-reduce", "inter",
-                     across_algo.flat_cost(m, shard, itemsize), pipeline),
-            LinkCost("intra allgather", "intra", ring_allgather_cost(g, shard, itemsize),
-                     pipeline)]
+    return across_algo
+
+
+def _rack_groups(shape, count: int, itemsize: int, inter: str, pipeline: int) -> list[LinkCost]:
+    """Price groups of a rack's ranks: the ring halves cross the nodes' links inside the
+    rack (one flow a link, as a flat ring), and each rank's shard crosses the racks in
+    ``inter``, all ``G`` ranks of a rack at once: ``G`` flows on its uplink."""
+    group, racks = shape.per_node * shape.per_rack, shape.racks
+    segment = max_chunk(count, pipeline)
+    shard = max_chunk(segment, group)
+    inside = "flat" if shape.per_rack > 1 else "intra"
+    return [LinkCost("rack reduce-scatter", inside,
+                     ring_reduce_scatter_cost(group, segment, itemsize), pipeline, stage="inside"),
+            LinkCost(f"inter-rack {inter} all-reduce", "inter",
+                     _across(shape, inter).flat_cost(racks, shard, itemsize), pipeline,
+                     uplink=group, stage="across"),
+            LinkCost("rack allgather", inside, ring_allgather_cost(group, shard, itemsize),
+                     pipeline, stage="inside")]
 
 
 def hierarchical_replayable(t, *, ranks_per_node: int | None = None, inter: str = "ring",

@@ -41,7 +41,7 @@ from .recursive import (ABSORBS, PAIRINGS, SENDS, STAYS, check_pairing, doubling
                         halving_rounds, halving_windows, largest_receive, new_rank, own_blocks,
                         pof2_below, pof2_fold, real_rank, sum_of_largest, survivor_ranges,
                         survivor_sizes)
-from .registry import Algorithm, LinkCost, register
+from .registry import Algorithm, LinkCost, over_racks, register
 
 __all__ = ["rabenseifner_allreduce", "rabenseifner_reduce_scatter", "rabenseifner_allgather",
            "rabenseifner_allreduce_cost", "rabenseifner_reduce_scatter_cost",
@@ -340,18 +340,26 @@ def rabenseifner_price(shape, count: int, itemsize: int, *, inter: str = "ring")
     halving and doubling work on the node's part, then the inter-node doubling.
     """
     g, m, levels = shape.per_node, shape.nodes, shape.levels()
+    if shape.racks > 1 and g == 1:  # one rank a node: the racks are the only split
+        return over_racks(rabenseifner_price(shape.among_nodes(), count, itemsize), shape)
     if levels != "split":
         p = shape.ranks
+        uplink = g * shape.per_rack if shape.racks > 1 else 0
         return [LinkCost("halving reduce-scatter", levels,
-                         rabenseifner_reduce_scatter_cost(p, count, itemsize)),
+                         rabenseifner_reduce_scatter_cost(p, count, itemsize), uplink=uplink),
                 LinkCost("doubling allgather", levels,
-                         rabenseifner_allgather_cost(p, max_chunk(count, p), itemsize))]
+                         rabenseifner_allgather_cost(p, max_chunk(count, p), itemsize),
+                         uplink=uplink)]
     node_part = max_chunk(count, m)
+    intra = [LinkCost("intra halving", "intra",
+                      rabenseifner_reduce_scatter_cost(g, node_part, itemsize)),
+             LinkCost("intra doubling", "intra",
+                      rabenseifner_allgather_cost(g, max_chunk(node_part, g), itemsize))]
+    if shape.racks > 1:  # the halving and doubling among the nodes, split again at the racks
+        return intra + over_racks(rabenseifner_price(shape.among_nodes(), count, itemsize),
+                                  shape, parallel=g)
     return [LinkCost("inter halving", "inter", rabenseifner_reduce_scatter_cost(m, count, itemsize)),
-            LinkCost("intra halving", "intra",
-                     rabenseifner_reduce_scatter_cost(g, node_part, itemsize)),
-            LinkCost("intra doubling", "intra",
-                     rabenseifner_allgather_cost(g, max_chunk(node_part, g), itemsize)),
+            *intra,
             LinkCost("inter doubling", "inter", rabenseifner_allgather_cost(m, node_part, itemsize))]
 
 

@@ -36,7 +36,7 @@ from ._util import copy_into, receive_into, workspace
 from .knomial import replay_cost
 from .recursive import (reduce_in_rank_order, doubling_partner, fold_in, fold_out, new_rank,
                         pof2_below, pof2_fold, real_rank)
-from .registry import Algorithm, LinkCost, register
+from .registry import Algorithm, LinkCost, over_racks, register
 
 __all__ = ["recursive_doubling_allreduce", "recursive_doubling_allreduce_cost",
            "recursive_doubling_price", "recursive_doubling_orders", "FOLDS", "power_below",
@@ -251,11 +251,18 @@ def recursive_doubling_price(shape, count: int, itemsize: int, *, inter: str = "
     waits for the link the levels give.
     """
     g, m, levels = shape.per_node, shape.nodes, shape.levels()
+    if shape.racks > 1 and g == 1:  # one rank a node: the racks are the only split
+        return over_racks(recursive_doubling_price(shape.among_nodes(), count, itemsize), shape)
     if levels != "split":
         return [LinkCost("exchanges", levels,
-                         recursive_doubling_allreduce_cost(shape.ranks, count, itemsize))]
+                         recursive_doubling_allreduce_cost(shape.ranks, count, itemsize),
+                         uplink=g * shape.per_rack if shape.racks > 1 else 0)]
+    across = (over_racks(recursive_doubling_price(shape.among_nodes(), count, itemsize), shape,
+                         parallel=g) if shape.racks > 1 else
+              [LinkCost("inter exchanges", "inter",
+                        recursive_doubling_allreduce_cost(m, count, itemsize))])
     return [LinkCost("intra exchanges", "intra", recursive_doubling_allreduce_cost(g, count, itemsize)),
-            LinkCost("inter exchanges", "inter", recursive_doubling_allreduce_cost(m, count, itemsize))]
+            *across]
 
 
 def _order_text(p: int, radix: int, fold: str) -> str:

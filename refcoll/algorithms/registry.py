@@ -36,7 +36,7 @@ from ..core.cost import Cost
 from ..core.errors import UsageError
 
 __all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "register", "get", "implementation", "names",
-           "options", "check_options", "NodeShape", "LinkCost"]
+           "options", "check_options", "NodeShape", "LinkCost", "over_racks"]
 
 #: The collectives, in the order the CLI lists them.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
@@ -48,17 +48,34 @@ class NodeShape:
 
     ``equal=False`` marks nodes of different sizes, ``per_node`` their largest
     (``auto``'s shape of a real job); ``ranks`` then counts every node as full.
+    ``racks > 1``: the nodes sit in that many racks of :attr:`per_rack`
+    consecutive nodes each, joined by uplinks (a fat tree's aggregation layer);
+    a phase that crosses them says how many flows share each uplink
+    (:attr:`LinkCost.uplink`).
     """
 
     nodes: int
     per_node: int
     in_network: bool = False
     equal: bool = True  # every node holds per_node ranks (False: per_node is the most on one)
+    racks: int = 1
 
     @property
     def ranks(self) -> int:
         """Return every rank of the cluster."""
         return self.nodes * self.per_node
+
+    @property
+    def per_rack(self) -> int:
+        """Return the nodes of one rack (all of them on one rack)."""
+        return self.nodes // max(self.racks, 1)
+
+    def among_nodes(self) -> "NodeShape":
+        """Return the shape of an algorithm run among the nodes, one member a node:
+        one rank a node, or, with racks, the racks as its nodes (:func:`over_racks`)."""
+        if self.racks > 1:
+            return NodeShape(self.racks, self.per_rack)
+        return NodeShape(self.nodes, 1)
 
     def levels(self) -> str:
         """Return how an algorithm over all ranks meets the links.
@@ -102,12 +119,44 @@ class LinkCost(NamedTuple):
     round that uses both waits for it), or ``local`` for work without messages.
     ``segments``: the phase is one segment's of a pipeline of that many, whose
     phases overlap (:meth:`~refcoll.core.calibration.Calibration.price`).
+    ``uplink``: the flows that share each rack's uplink at once during the
+    phase, on a shape with racks (0: the phase stays inside the racks).
+    ``stage``: in a pipeline, the phases of one stage run one after another
+    (one thread runs them) while different stages overlap; empty: a stage of
+    its own.
     """
 
     name: str
     link: str
     cost: Cost
     segments: int = 1
+    uplink: int = 0
+    stage: str = ""
+
+
+def over_racks(parts, shape: NodeShape, *, parallel: int = 1, segments: int = 1
+               ) -> list[LinkCost]:
+    """Return the phases of an algorithm run among ``shape``'s nodes, crossing its racks.
+
+    ``parts`` is the algorithm's price on :meth:`NodeShape.among_nodes`, whose
+    nodes are the racks: its ``intra`` phases stay inside a rack (on the
+    nodes' links), its ``flat`` ones send one flow across each rack's uplink,
+    and its ``inter`` and ``slowest`` ones send every node of the rack across.
+    ``parallel`` instances run at once (one per rank of a node, each among the
+    nodes), so every crossing is that many flows, on the node links
+    (``inter``) and on the uplinks. Without racks every part is ``inter`` with
+    no uplink. ``segments``: the pipeline the phases are one segment's of, in
+    one stage (``across``).
+    """
+    out = []
+    for part in parts:
+        if part.link == "local":
+            out.append(part._replace(segments=segments, stage="across"))
+            continue
+        crossing = 0 if shape.racks < 2 else {"intra": 0, "flat": 1}.get(part.link, shape.per_rack)
+        out.append(part._replace(link="inter", segments=segments, uplink=crossing * parallel,
+                                 stage="across"))
+    return out
 
 
 @dataclass(frozen=True)

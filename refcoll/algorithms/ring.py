@@ -333,10 +333,16 @@ def ring_allreduce_cost(p: int, n: int, itemsize: int, *, direction: str = "forw
 
 
 def ring_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
-    """Price the flat ring on a cluster: each step waits for the slowest link it uses."""
+    """Price the flat ring on a cluster: each step waits for the slowest link it uses.
+
+    On racks of consecutive nodes each step sends one flow out of every rack.
+    """
     p, link = shape.ranks, shape.flat_ring_link()
-    return [LinkCost("reduce-scatter", link, ring_reduce_scatter_cost(p, count, itemsize)),
-            LinkCost("allgather", link, ring_allgather_cost(p, max_chunk(count, p), itemsize))]
+    uplink = 1 if shape.racks > 1 else 0
+    return [LinkCost("reduce-scatter", link, ring_reduce_scatter_cost(p, count, itemsize),
+                     uplink=uplink),
+            LinkCost("allgather", link, ring_allgather_cost(p, max_chunk(count, p), itemsize),
+                     uplink=uplink)]
 
 
 register(Algorithm(

@@ -56,7 +56,7 @@ from ..core.cost import ZERO, Cost
 from ._util import copy_into, workspace
 from .knomial import (FIRSTS, SHAPES, SUBTREES, check_tree_options, distinct_orders,
                       largest_first, node_children, node_parent, replay_cost)
-from .registry import Algorithm, LinkCost, register
+from .registry import Algorithm, LinkCost, over_racks, register
 
 __all__ = [
     "segment_bounds",
@@ -421,15 +421,27 @@ def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = 
 
 
 def tree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:
-    """Price it on a cluster: when the levels split, inside the nodes, then across, then back."""
+    """Price it on a cluster: when the levels split, inside the nodes, then across, then back.
+
+    On racks the part across nodes is the same tree among the nodes, priced with
+    the racks as its nodes (:func:`~refcoll.algorithms.registry.over_racks`).
+    """
     g, m, levels = shape.per_node, shape.nodes, shape.levels()
+    if shape.racks > 1 and g == 1:  # one rank a node: the racks are the only split
+        return over_racks(tree_price(shape.among_nodes(), count, itemsize), shape)
     p = shape.ranks
     if levels != "split":
-        return [LinkCost("binomial reduce", levels, tree_reduce_cost(p, count, itemsize)),
-                LinkCost("binomial broadcast", levels, tree_broadcast_cost(p, count, itemsize))]
-    return [LinkCost("intra reduce", "intra", tree_reduce_cost(g, count, itemsize)),
-            LinkCost("inter reduce", "inter", tree_reduce_cost(m, count, itemsize)),
-            LinkCost("inter broadcast", "inter", tree_broadcast_cost(m, count, itemsize)),
+        uplink = g * shape.per_rack if shape.racks > 1 else 0
+        return [LinkCost("binomial reduce", levels, tree_reduce_cost(p, count, itemsize),
+                         uplink=uplink),
+                LinkCost("binomial broadcast", levels, tree_broadcast_cost(p, count, itemsize),
+                         uplink=uplink)]
+    if shape.racks > 1:
+        across = over_racks(tree_price(shape.among_nodes(), count, itemsize), shape)
+    else:
+        across = [LinkCost("inter reduce", "inter", tree_reduce_cost(m, count, itemsize)),
+                  LinkCost("inter broadcast", "inter", tree_broadcast_cost(m, count, itemsize))]
+    return [LinkCost("intra reduce", "intra", tree_reduce_cost(g, count, itemsize)), *across,
             LinkCost("intra broadcast", "intra", tree_broadcast_cost(g, count, itemsize))]
 
 

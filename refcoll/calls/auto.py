@@ -46,8 +46,8 @@ from .. import algorithms
 from ..algorithms.registry import NodeShape
 from ..algorithms.spelling import spell
 from .auto_nodes import (PIPELINE_SEGMENT, PIPELINES, _two_level, across_options, candidates,
-                         node_aware, node_shape, shape_of, two_level_choice)
-from ..cluster.topology import TOPO_ENV, inter_levels
+                         node_aware, node_shape, priced_shape, shape_of, two_level_choice)
+from ..cluster.topology import TOPO_ENV, inter_levels, rack_levels
 from ..cluster.topology import from_env as topology_from_env
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
@@ -59,7 +59,7 @@ from .calibration import (DEFAULT, LOAD_LIMIT, Calibration, CalibrationKey, cach
 
 __all__ = ["AlgoFilter", "calibration_for", "choose", "candidates", "resolve", "auto_algorithm",
            "resolve_with_options", "two_level_choice", "node_aware", "across_options",
-           "node_shape", "PIPELINES", "PIPELINE_SEGMENT",
+           "node_shape", "priced_shape", "PIPELINES", "PIPELINE_SEGMENT",
            "choice_table", "algo_filter", "modelled_time", "prediction", "choice_changes",
            "auto_table", "TABLE_PS", "TABLE_LARGEST",
            # the calibration it prices with (refcoll.calls.calibration), for one import:
@@ -225,6 +225,7 @@ def _agreed_settings(t) -> _AutoSettings:
                        else calibrate(t, force=mode == "measure")[0])
     if not calibration.two_level:  # one level measured: the topology's links price the other
         calibration = replace(calibration, **inter_levels(topology, t.hosts))
+    calibration = replace(calibration, **rack_levels(topology, t.hosts))  # the racks' uplinks
     return _AutoSettings(calibration, allowed, shape_of(t))
 
 
@@ -318,9 +319,10 @@ def prediction(t, collective: str, count: int, itemsize: int) -> tuple[str, floa
         if len(settings.predictions) >= _CHOICES_KEPT:
             settings.predictions.clear()
         if _two_level(collective, settings.calibration, settings.shape):
+            shape = priced_shape(settings.calibration, settings.shape)
             seconds = settings.calibration.price(
-                algorithms.get(name).price(settings.shape, count, itemsize, **options),
-                settings.shape.per_node, itemsize)
+                algorithms.get(name).price(shape, count, itemsize, **options),
+                shape.per_node, itemsize)
             name = spell(name, options)  # one word, as the model names it
         else:
             seconds = modelled_time(name, collective, t.size, count, itemsize,

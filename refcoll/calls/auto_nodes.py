@@ -10,6 +10,7 @@ they may run between the nodes (:func:`across_options`).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from .. import algorithms
 from ..algorithms.registry import NodeShape
@@ -17,7 +18,7 @@ from ..core.calibration import Calibration
 from .calibration import host_counts
 
 __all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of",
-           "PIPELINES", "PIPELINE_SEGMENT"]
+           "priced_shape", "PIPELINES", "PIPELINE_SEGMENT"]
 
 
 def candidates(collective: str) -> list[str]:
@@ -50,19 +51,39 @@ PIPELINES = (1, 2, 4, 8)
 PIPELINE_SEGMENT = 256 << 10
 
 
-def across_options(name: str, nbytes: int | None = None) -> list[dict]:
+def across_options(name: str, nbytes: int | None = None, shape: NodeShape | None = None
+                   ) -> list[dict]:
     """Return the option sets auto tries for ``name`` across nodes: each algorithm it may run
     between the nodes (``inter``) with each segment count of :data:`PIPELINES` that leaves
     segments of :data:`PIPELINE_SEGMENT` or more of ``nbytes`` (all of them when None), or
-    ``[{}]`` for an algorithm without those choices."""
+    ``[{}]`` for an algorithm without those choices.
+
+    On a ``shape`` with racks, an algorithm that can group by racks (its ``level``
+    option) is tried with groups of a node and with groups of a rack. The rack's
+    groups are named by the record's node option (``ranks_per_node`` = the ranks
+    of a rack), consecutive ranks as the racks are where auto prices them, so
+    the simulator, which has no racks, runs the same choice."""
     known = algorithms.options(name, "allreduce")
     inters = [{"inter": a.name} for a in algorithms.REGISTRY.values()
               if a.across_nodes and not a.needs_in_network and a.price is not None] \
         if "inter" in known else [{}]
+    if shape is not None and shape.racks > 1 and "level" in known:
+        rack = {algorithms.get(name).node_option: shape.per_node * shape.per_rack}
+        inters = [{**group, **inter} for group in ({}, rack) for inter in inters]
     if "pipeline" not in known:
         return inters
     counts = [s for s in PIPELINES if s == 1 or nbytes is None or nbytes // s >= PIPELINE_SEGMENT]
     return [{**inter, **({"pipeline": s} if s > 1 else {})} for inter in inters for s in counts]
+
+
+def priced_shape(calibration: Calibration, shape: NodeShape) -> NodeShape:
+    """Return ``shape`` with the racks of ``calibration`` (its ``rack_nodes``), where they
+    divide its equal nodes into two or more racks; else ``shape`` as it is."""
+    per_rack = calibration.rack_nodes
+    if (not per_rack or not calibration.rack_beta or not shape.equal
+            or shape.nodes % per_rack or shape.nodes // per_rack < 2):
+        return shape
+    return replace(shape, racks=shape.nodes // per_rack)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -71,12 +92,14 @@ def _two_level_choice(count: int, itemsize: int, calibration: Calibration, shape
     pool = list(candidates("allreduce") if allowed is None else allowed)
     if allowed is None:
         pool += [n for n in node_aware() if n not in pool]
+    shape = priced_shape(calibration, shape)
     best = None
     for name in pool:
         algo = algorithms.get(name)
         if algo.price is None or (algo.node_option and not shape.equal):
             continue  # unpriced, or node-aware on unequal nodes, which its price cannot shape
-        for options in across_options(name, count * itemsize) if algo.node_option else [{}]:
+        for options in (across_options(name, count * itemsize, shape) if algo.node_option
+                        else [{}]):
             seconds = calibration.price(algo.price(shape, count, itemsize, **options),
                                         shape.per_node, itemsize)
             if best is None or seconds < best[2]:
@@ -90,9 +113,11 @@ def two_level_choice(count: int, itemsize: int, calibration: Calibration, shape:
 
     Every allowed candidate, and (unless ``REFCOLL_ALGO`` names the pool) every
     :func:`node_aware` algorithm with each algorithm it may run between the nodes
-    (:func:`across_options`), is priced by its record's ``price`` on ``shape``:
-    each phase at the α and β of its link, inside the nodes or across them
-    (:meth:`~refcoll.core.calibration.Calibration.link`). The cheapest wins
+    (:func:`across_options`), is priced by its record's ``price`` on ``shape``
+    (with the calibration's racks, :func:`priced_shape`): each phase at the α
+    and β of its link, inside the nodes or across them
+    (:meth:`~refcoll.core.calibration.Calibration.link`), and across the racks'
+    uplinks where it crosses them. The cheapest wins
     (ties: registry order, then the ``inter`` options' order).
     """
     name, options, seconds = _two_level_choice(count, itemsize, calibration, shape,

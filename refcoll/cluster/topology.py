@@ -16,6 +16,7 @@ measured; absent: unknown).
 
 Who reads it: ``auto`` prices its choice across nodes with the links it gives
 when its calibration measured one level only (:func:`inter_levels`), and
+with the racks' uplinks always (:func:`rack_levels`); and
 ``refcoll model --topology FILE`` builds its cluster from it
 (:func:`model_options`).
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 
-__all__ = ["Topology", "NodeLink", "TOPO_ENV", "read", "from_env", "inter_levels",
+__all__ = ["Topology", "NodeLink", "TOPO_ENV", "read", "from_env", "inter_levels", "rack_levels",
            "model_options", "DEFAULT_LATENCY"]
 
 #: The environment variable that names the topology file, as ``NCCL_TOPO_FILE`` does.
@@ -130,18 +131,50 @@ def inter_levels(topology: Topology | None, hosts) -> dict:
 
     ``{}`` when there is no topology, the ranks are on one node, or the file
     knows none of their hosts' links. Otherwise β across nodes is one byte at
-    the slowest link rate among them (:meth:`Topology.slowest_link`) and α the
-    file's latency (else :data:`DEFAULT_LATENCY`).
+    the slowest link rate among them and α the file's latency (else
+    :data:`DEFAULT_LATENCY`). The slowest link counts the racks' uplinks
+    (:meth:`Topology.slowest_link`) unless :func:`rack_levels` prices them
+    apart; then it is the nodes' own.
     """
     hosts = list(hosts)
     if topology is None or len(set(hosts)) < 2:
         return {}
-    rate = topology.slowest_link(hosts)
+    if rack_levels(topology, hosts):
+        rates = [n.link_bits_per_s for n in topology.of_hosts(hosts) if n.link_bits_per_s > 0]
+        rate = min(rates, default=0.0)
+    else:
+        rate = topology.slowest_link(hosts)
     if rate <= 0 or len(topology.of_hosts(hosts)) < len(set(hosts)):
         return {}
     counts = Counter(hosts)
     return {"inter_alpha": topology.link_latency_s or DEFAULT_LATENCY,
             "inter_beta": 8.0 / rate, "nodes": len(counts), "per_node": max(counts.values())}
+
+
+def rack_levels(topology: Topology | None, hosts) -> dict:
+    """Return the rack fields of a calibration (``rack_beta``, ``rack_nodes``) for ``hosts``.
+
+    ``{}`` unless the ranks' hosts (one a rank, in rank order) lie in two or
+    more racks of the file, every rack holding the same number of the nodes,
+    each rack's ranks consecutive, and every rack with an uplink rate: the
+    layout ``auto`` prices a rack level on (a rank's rack given by its host).
+    ``rack_beta`` is one byte through the slowest uplink among them.
+    """
+    hosts = list(hosts)
+    if topology is None or len(set(hosts)) < 2:
+        return {}
+    rack_of = {node.host: node.rack for node in topology.nodes}
+    if any(h not in rack_of for h in hosts):
+        return {}
+    order = [rack_of[h] for h in hosts]
+    runs = [r for i, r in enumerate(order) if i == 0 or order[i - 1] != r]
+    if len(runs) < 2 or len(runs) != len(set(runs)):
+        return {}  # one rack, or a rack whose ranks are not consecutive
+    nodes = {r: len({h for h in hosts if rack_of[h] == r}) for r in runs}
+    uplinks = [topology.uplinks.get(r, 0.0) for r in runs]
+    if len(set(nodes.values())) != 1 or min(uplinks) <= 0:
+        return {}
+    return {"rack_beta": 8.0 / min(uplinks), "rack_nodes": nodes[runs[0]]}
 
 
 def model_options(topology: Topology) -> dict:

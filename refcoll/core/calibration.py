@@ -88,6 +88,11 @@ class Calibration:
             (0: one level).
         nodes: nodes the measurement's ranks were on (0 or 1: one level).
         per_node: ranks per node then (the most on one node).
+        rack_beta: seconds per byte through one rack's uplink, all of it (0: no
+            racks); from the topology file, never measured.
+        rack_nodes: nodes in each rack (0: no racks). The ranks' racks must be
+            equal and consecutive in rank order for both to be set
+            (:func:`refcoll.cluster.topology.rack_levels`).
 
     ``auto``'s calibrations leave the tables empty; the cluster model's
     (:func:`refcoll.measure.model.calibrate`) fill them. A calibration measured
@@ -116,6 +121,8 @@ class Calibration:
     inter_beta: float = 0.0
     nodes: int = 0
     per_node: int = 0
+    rack_beta: float = 0.0
+    rack_nodes: int = 0
 
     @property
     def two_level(self) -> bool:
@@ -146,19 +153,36 @@ class Calibration:
         """Return the α-β-γ seconds of ``parts`` (:class:`~refcoll.algorithms.registry.LinkCost`).
 
         Each phase's counts at its link's α and β (:meth:`link`), and γ per
-        element combined scaled to ``itemsize``. Phases that are one segment's
-        of a pipeline of ``S`` (their ``segments``) overlap: the first segment
-        runs through every phase, the other ``S-1`` follow at the pace of the
-        slowest phase.
+        element combined scaled to ``itemsize``. A phase whose flows cross the
+        racks' uplinks (its ``uplink``) waits for the slower of its link and
+        its share of the uplink, ``rack_beta × uplink`` a byte.
+
+        Phases that are one segment's of a pipeline of ``S`` (their
+        ``segments``) overlap: the first segment runs through every phase, the
+        other ``S-1`` follow at the pace of the busiest resource. The phases of
+        one ``stage`` run one after another (one thread runs them; a phase
+        without a stage is one of its own), and every phase that crosses
+        nodes shares the nodes' links, and the uplinks, with the others: a
+        stage inside a rack and one across racks still take turns on the
+        node links.
         """
         gamma = self.gamma_per_byte * itemsize
-        seconds = []
+        seconds, stages, links, uplinks = [], {}, 0.0, 0.0
         for part in parts:
             alpha, beta = self.link(part.link, per_node)
-            seconds.append(part.cost.rounds * alpha + part.cost.critical_bytes * beta
-                           + part.cost.reduced * gamma)
+            shared = self.rack_beta * part.uplink if part.uplink and self.rack_beta else 0.0
+            if shared:
+                alpha = max(alpha, self.inter_alpha)
+            nbytes = part.cost.critical_bytes
+            t = part.cost.rounds * alpha + nbytes * max(beta, shared) + part.cost.reduced * gamma
+            seconds.append(t)
+            stages[part.stage or part.name] = stages.get(part.stage or part.name, 0.0) + t
+            if self.two_level and part.link not in ("intra", "local"):
+                links += nbytes * beta
+            uplinks += nbytes * shared
         segments = max((part.segments for part in parts), default=1)
-        return sum(seconds) + (segments - 1) * max(seconds, default=0.0)
+        pace = max(max(stages.values(), default=0.0), links, uplinks)
+        return sum(seconds) + (segments - 1) * pace
 
     @property
     def gamma_per_byte(self) -> float:
@@ -193,7 +217,8 @@ class Calibration:
                                   for n, b, f, e, rf, rl in self.planned_steps],
                 "own": [{"algorithm": a, "buffer": n, "seconds": s} for a, n, s in self.own],
                 "inter_alpha": self.inter_alpha, "inter_beta": self.inter_beta,
-                "nodes": self.nodes, "per_node": self.per_node}
+                "nodes": self.nodes, "per_node": self.per_node,
+                "rack_beta": self.rack_beta, "rack_nodes": self.rack_nodes}
 
 
 #: Shared-memory MPI on a current CPU: ~3 µs latency, ~4 GB/s, ~1 G additions/s.
