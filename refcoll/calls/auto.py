@@ -28,7 +28,10 @@ the links of the topology file ``REFCOLL_TOPO_FILE`` names
 then priced phase by phase on the level each phase uses (its record's
 ``price``), and the node-aware algorithms join the candidates:
 ``hierarchical``, with the algorithm between the nodes chosen per shape
-(:func:`two_level_choice`).
+(:func:`two_level_choice`). Where the topology file puts the nodes in equal
+racks of consecutive ranks with uplink rates, a third level prices the
+uplinks (:func:`~refcoll.cluster.topology.rack_levels`, :func:`priced_shape`)
+and ``hierarchical`` is tried with groups of a rack as well.
 
 ``REFCOLL_ALGO`` restricts the algorithms auto may pick, as ``NCCL_ALGO`` does
 (see :class:`AlgoFilter`): ``ring``, ``ring,tree``, ``^recursive_doubling``,
