@@ -64,42 +64,66 @@ def link_bound(nodes: int, per_node: int, link_bits: float) -> float:
 
 def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, iters: int,
               folder: Path, small_iters: int = 40, racks: int = 1,
-              oversubscription: float = 1.0) -> dict:
+              oversubscription: float = 1.0, tuned: bool = False) -> dict:
     """Run refcoll bench across an emulated cluster; return its JSON and the bytes per link.
 
     Two sweeps on the same cluster: 64 KiB to 1 MiB with ``small_iters`` timed calls
     (a call there takes about a millisecond, and its time depends on how full the
     link's token bucket was left by the call before it), then 4 MiB up with ``iters``.
+    ``tuned``: then ``refcoll tune`` makes a tuning file of those sweeps, and both
+    sweeps run again with ``REFCOLL_TUNING_FILE`` set (``run["tuned"]``), auto beside
+    the algorithms it was tuned from.
     """
-    data, traffic = None, {}
-    start = time.perf_counter()
     names = ALGORITHMS if racks == 1 else RACK_ALGORITHMS
     with Cluster(nodes=nodes, ranks_per_node=per_node, link=link, racks=racks,
                  oversubscription=oversubscription) as cluster:
-        for low, high, w, i in (("64K", "1M", 5, small_iters), ("4M", largest, warmup, iters)):
-            if parse_size(high) < parse_size(low):
-                continue
-            out = folder / f"bench-{nodes}x{per_node}-{link}-{low}.json"
-            res = cluster.run(["refcoll", "bench", "-b", low, "-e", high, "-f", "4",
-                               "--algorithm", ",".join(names), "--against", "mpi",
-                               "-w", str(w), "-i", str(i), "--json", str(out)],
-                              capture_output=True, text=True, timeout=3600)
-            if res.returncode != 0:
-                sys.exit(f"bench failed on {nodes}x{per_node} {link}:\n{res.stdout[-3000:]}"
-                         f"\n{res.stderr[-3000:]}")
-            for node, (tx, rx) in cluster.last_traffic.items():
-                sent, got = traffic.get(str(node), (0, 0))
-                traffic[str(node)] = (sent + tx, got + rx)
-            swept = json.loads(out.read_text())
-            if data is None:
-                data, header = swept, [line for line in res.stdout.splitlines()
-                                       if line.startswith("# ")][:12]
-            else:
-                data["rows"] += swept["rows"]
+        run = _sweeps(cluster, names, largest, warmup, iters, small_iters, folder, "")
+        if tuned:
+            tuning = folder / f"tuning-{nodes}x{per_node}-{link}.json"
+            made = subprocess.run(["refcoll", "tune", *run.pop("files"), "-o", str(tuning)],
+                                  capture_output=True, text=True)
+            if made.returncode != 0:
+                sys.exit(f"refcoll tune failed:\n{made.stdout}{made.stderr}")
+            os.environ["REFCOLL_TUNING_FILE"] = str(tuning)
+            try:
+                run["tuned"] = _sweeps(cluster, names, largest, warmup, iters, small_iters,
+                                       folder, "tuned-")
+            finally:
+                del os.environ["REFCOLL_TUNING_FILE"]
+            run["tuning"] = json.loads(tuning.read_text())
     return {"nodes": nodes, "per_node": per_node, "link": link, "racks": racks,
-            "oversubscription": oversubscription, "algorithms": names,
-            "wall_s": time.perf_counter() - start, "traffic": traffic, "bench": data,
-            "header": header}
+            "oversubscription": oversubscription, "algorithms": names, **run}
+
+
+def _sweeps(cluster, names, largest: str, warmup: int, iters: int, small_iters: int,
+            folder: Path, tag: str) -> dict:
+    """Run bench's two sweeps on ``cluster``; return the merged report, traffic and files."""
+    data, traffic, files = None, {}, []
+    nodes, per_node, link = cluster.spec.nodes, cluster.spec.ranks_per_node, cluster.spec.link
+    start = time.perf_counter()
+    for low, high, w, i in (("64K", "1M", 5, small_iters), ("4M", largest, warmup, iters)):
+        if parse_size(high) < parse_size(low):
+            continue
+        out = folder / f"{tag}bench-{nodes}x{per_node}-{link}-{low}.json"
+        files.append(str(out))
+        res = cluster.run(["refcoll", "bench", "-b", low, "-e", high, "-f", "4",
+                           "--algorithm", ",".join(names), "--against", "mpi",
+                           "-w", str(w), "-i", str(i), "--json", str(out)],
+                          capture_output=True, text=True, timeout=3600)
+        if res.returncode != 0:
+            sys.exit(f"bench failed on {nodes}x{per_node} {link}:\n{res.stdout[-3000:]}"
+                     f"\n{res.stderr[-3000:]}")
+        for node, (tx, rx) in cluster.last_traffic.items():
+            sent, got = traffic.get(str(node), (0, 0))
+            traffic[str(node)] = (sent + tx, got + rx)
+        swept = json.loads(out.read_text())
+        if data is None:
+            data, header = swept, [line for line in res.stdout.splitlines()
+                                   if line.startswith("# ")][:12]
+        else:
+            data["rows"] += swept["rows"]
+    return {"wall_s": time.perf_counter() - start, "traffic": traffic, "bench": data,
+            "header": header, "files": files}
 
 
 def table(run: dict) -> list[str]:
@@ -173,6 +197,8 @@ def main() -> int:
     ap.add_argument("--small-iters", type=int, default=40, help="timed calls up to 1 MiB")
     ap.add_argument("--calibrate", action="store_true", help="also model --calibrate on 2 x 2")
     ap.add_argument("--no-bench", action="store_true", help="only the calibration")
+    ap.add_argument("--tuned", action="store_true",
+                    help="then tune auto from the run (refcoll tune) and run again with it")
     ap.add_argument("--json", help="write every run's figures here")
     args = ap.parse_args()
     why = missing_capability()
@@ -189,10 +215,14 @@ def main() -> int:
             nodes, per_node = map(int, shape.split("x"))
             run = run_bench(nodes, per_node, link, largest, args.warmup, args.iters, folder,
                             args.small_iters, args.racks,
-                            args.oversubscription if args.racks > 1 else 1.0)
+                            args.oversubscription if args.racks > 1 else 1.0, args.tuned)
             results.append(run)
             print("\n".join(run["header"]))
             print("\n".join(table(run)), f"\n(wall {run['wall_s']:.0f} s)\n", flush=True)
+            if "tuned" in run:
+                print("With REFCOLL_TUNING_FILE (refcoll tune of the run above):\n")
+                print("\n".join(table({**run, **run["tuned"]})),
+                      f"\n(wall {run['tuned']['wall_s']:.0f} s)\n", flush=True)
         cal = calibrate(folder, args.largest) if args.calibrate else None
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": results, "calibrate": cal}, indent=1))

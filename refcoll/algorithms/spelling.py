@@ -3,7 +3,8 @@
 The form ``auto`` names its choice in (``REFCOLL_DEBUG``'s lines, ``refcoll model``'s
 rows) and ``refcoll bench --algorithm`` reads: the registry name, then the options
 as ``key=value`` pairs in parentheses. :func:`spell` writes it, :func:`unspell`
-reads it back, and :func:`split_spelled` cuts a comma list of them.
+reads it back, :func:`check_spelled` refuses one its algorithm cannot run, and
+:func:`split_spelled` cuts a comma list of them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import re
 
 from ..core.errors import UsageError
+from .registry import check_options, implementation
 
-__all__ = ["spell", "unspell", "split_spelled"]
+__all__ = ["spell", "unspell", "split_spelled", "check_spelled"]
 
 _WORD = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:\((.*)\))?\s*$")
 _INT = re.compile(r"^[+-]?\d+$")
@@ -58,3 +60,12 @@ def split_spelled(text: str) -> list[str]:
             start = i + 1
     words.append(text[start:])
     return [word.strip() for word in words if word.strip()]
+
+
+def check_spelled(text: str, collective: str) -> tuple[str, dict]:
+    """Return the ``(name, options)`` of ``text``, refused unless its algorithm runs
+    ``collective`` with those options (:class:`UsageError` naming what it takes)."""
+    name, options = unspell(text)
+    implementation(name, collective)
+    check_options(name, collective, options)
+    return name, options

@@ -56,6 +56,8 @@ from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from ..transport.mpi import MPITransport
 from .agree import agree
+from .tuned import TUNING_ENV, Tuning, agreed_tuning, tuning_path
+from .tuned import read as read_tuning
 from .calibration import (DEFAULT, LOAD_LIMIT, Calibration, CalibrationKey, cache_path,
                           cached_calibrations, calibrate, calibration_mode, current_calibration,
                           measure, ping_pong, runnable_tasks)
@@ -189,6 +191,8 @@ class _AutoSettings:
     calibration: Calibration
     allowed: AlgoFilter = field(default_factory=AlgoFilter)
     shape: NodeShape | None = None  # the ranks' nodes, where they span more than one
+    tuning: Tuning | None = None  # REFCOLL_TUNING_FILE's measured choices
+    tuned: set = field(default_factory=set)  # the keys whose choice the tuning made
     choices: dict = field(default_factory=dict)  # (name, options) by key
     predictions: dict = field(default_factory=dict)  # (name, modelled s) by key, for tracing
 
@@ -211,7 +215,8 @@ def _settings(t) -> _AutoSettings:
 def _agreed_settings(t) -> _AutoSettings:
     if not isinstance(t, MPITransport):  # the simulator: one process, one environment
         preset = getattr(getattr(t, "world", None), "calibration", None)
-        return _AutoSettings(preset or DEFAULT, algo_filter(), shape_of(t))
+        return _AutoSettings(preset or DEFAULT, algo_filter(), shape_of(t),
+                             read_tuning(tuning_path()) if tuning_path() else None)
     error, mode, allowed, topology = None, "cache", AlgoFilter(), None
     try:
         mode, allowed, topology = calibration_mode(), algo_filter(), topology_from_env()
@@ -221,15 +226,16 @@ def _agreed_settings(t) -> _AutoSettings:
         # Every rank's environment must say the same: one rank's typo is everyone's error.
         agree(t, collective="auto", error=error or "",
               options=[(name, os.environ.get(name, "")) for name in
-                       ("REFCOLL_CALIBRATION", "REFCOLL_ALGO", TOPO_ENV)])
+                       ("REFCOLL_CALIBRATION", "REFCOLL_ALGO", TOPO_ENV, TUNING_ENV)])
         if error:
             raise UsageError(f"rank {t.rank}: {error}")
+        tuning = agreed_tuning(t, tuning_path())
         calibration = (DEFAULT if mode == "default"
                        else calibrate(t, force=mode == "measure")[0])
     if not calibration.two_level:  # one level measured: the topology's links price the other
         calibration = replace(calibration, **inter_levels(topology, t.hosts))
     calibration = replace(calibration, **rack_levels(topology, t.hosts))  # the racks' uplinks
-    return _AutoSettings(calibration, allowed, shape_of(t))
+    return _AutoSettings(calibration, allowed, shape_of(t), tuning)
 
 
 def calibration_for(t) -> Calibration:
@@ -258,8 +264,9 @@ def resolve(t, collective: str, count: int, itemsize: int) -> str:
 
 
 def resolve_with_options(t, collective: str, count: int, itemsize: int) -> tuple[str, dict]:
-    """Return the algorithm auto runs for this call on ``t`` and the options it runs it with
-    (across nodes, hierarchical's ``inter``; else none)."""
+    """Return the algorithm auto runs for this call on ``t`` and the options it runs it with:
+    the tuning file's rule where one applies (:mod:`refcoll.calls.tuned`), else the cost
+    model's choice (across nodes with hierarchical's options; else none)."""
     settings = _settings(t)
     choices = settings.choices
     key = (collective, count, itemsize)
@@ -267,9 +274,15 @@ def resolve_with_options(t, collective: str, count: int, itemsize: int) -> tuple
     if found is None:
         if len(choices) >= _CHOICES_KEPT:
             choices.clear()
+            settings.tuned.clear()
         pool = settings.allowed.allowed(collective)
-        if _two_level(collective, settings.calibration, settings.shape):
-            explicit = settings.allowed._rule(collective) is not None
+        explicit = settings.allowed._rule(collective) is not None
+        whole = count * itemsize * (t.size if collective == "allgather" else 1)  # bench's size
+        found = settings.tuning and settings.tuning.choice(collective, t.size, settings.shape,
+                                                           whole, pool if explicit else None)
+        if found:
+            settings.tuned.add(key)
+        elif _two_level(collective, settings.calibration, settings.shape):
             name, options, _ = two_level_choice(count, itemsize, settings.calibration,
                                                 settings.shape, pool if explicit else None)
             found = (name, options)
@@ -321,15 +334,17 @@ def prediction(t, collective: str, count: int, itemsize: int) -> tuple[str, floa
         name, options = resolve_with_options(t, collective, count, itemsize)
         if len(settings.predictions) >= _CHOICES_KEPT:
             settings.predictions.clear()
-        if _two_level(collective, settings.calibration, settings.shape):
+        if key in settings.tuned:
+            seconds = None  # measured, not modelled
+        elif _two_level(collective, settings.calibration, settings.shape):
             shape = priced_shape(settings.calibration, settings.shape)
             seconds = settings.calibration.price(
                 algorithms.get(name).price(shape, count, itemsize, **options),
                 shape.per_node, itemsize)
-            name = spell(name, options)  # one word, as the model names it
         else:
             seconds = modelled_time(name, collective, t.size, count, itemsize,
                                     settings.calibration)
+        name = spell(name, options)  # one word, as the model names it
         found = settings.predictions[key] = (name, seconds)
     return found
 

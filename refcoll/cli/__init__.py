@@ -19,7 +19,7 @@ from .common import (BROKEN_PIPE, check_output_paths, check_output_paths_on_lead
                      reports_errors, split_list, write_json)
 from .launch import check_environment, relaunch
 from . import check, commands, calibrate, spec, train  # noqa: F401  (each registers on main)
-from . import bench, cluster, listing, model  # noqa: F401
+from . import bench, cluster, listing, model, tune  # noqa: F401
 
 __all__ = ["main", "reports_errors", "check_output_paths", "check_output_paths_on_lead",
            "write_json", "split_list", "relaunch", "check_environment", "BROKEN_PIPE"]

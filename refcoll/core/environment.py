@@ -61,6 +61,14 @@ VARIABLES: tuple[Variable, ...] = (
         "(`allreduce=ring,allgather=bruck`). The ranks agree on it at their first `auto` call.",
         ("refcoll.calls.auto", "refcoll.torch.backend")),
     Variable(
+        "REFCOLL_TUNING_FILE", "unset (auto prices with the cost model)",
+        "A tuning file written by `refcoll tune` from `refcoll bench --json` runs: for a call "
+        "whose collective, ranks and nodes match one of its tables, and whose size lies within "
+        "a factor of 2 of those measured, `auto` runs the algorithm measured fastest at the "
+        "nearest size (as MPICH's JSON tuning file). Rank 0 reads it and sends it to the "
+        "others; the ranks agree on the name at their first `auto` call.",
+        ("refcoll.calls.tuned", "refcoll.calls.auto")),
+    Variable(
         "REFCOLL_CALIBRATION", "`cache` (the cached calibration, measured once if none)",
         "Where auto's α, β and γ come from: `cache`; `default` (or `fixed`): fixed values and "
         "never a timing, so auto's choice and every float result's bits depend only on the "
@@ -138,7 +146,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "REFCOLL_TOPO_FILE", "unset (no topology: one level, or the hosts alone)",
         "A topology file (nodes, racks, link rates; `refcoll.cluster.topology`), as "
-        "`NCCL_TOPO_FILE`: auto prices the level across nodes from its slowest link, `bench` "
+        "`NCCL_TOPO_FILE`: auto prices the level across nodes from its slowest link and the "
+        "racks' uplinks as a third level, `bench` "
         "names the nodes and links in its header, `model --topology` reads the same form.",
         ("refcoll.cluster.topology",),
         set_by="`refcoll cluster run` for the emulated cluster; by hand for a real one"),

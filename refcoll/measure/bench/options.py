@@ -15,7 +15,7 @@ import math
 from typing import Sequence
 
 from ... import algorithms
-from ...algorithms.spelling import split_spelled, unspell
+from ...algorithms.spelling import check_spelled, split_spelled, unspell
 from ...core.errors import UsageError
 from ...core.ops import DTYPES, OPS, dtype_name, get_dtype, get_op, supports
 
@@ -207,9 +207,7 @@ def check_algorithm(spelled: str, collective: str) -> None:
     Raises:
         UsageError: naming what the algorithm takes.
     """
-    name, options = unspell(spelled)
-    algorithms.implementation(name, collective)
-    algorithms.check_options(name, collective, options)
+    check_spelled(spelled, collective)
 
 
 def extra_ranks(names: Sequence[str], workers: int) -> int:

@@ -1,0 +1,53 @@
+"""``refcoll tune``: the algorithm bench measured fastest at each size, as a file auto reads."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..calls.tuned import TUNING_ENV, from_bench, parse
+from ..core.errors import UsageError
+from .common import check_output_paths, main, reports_errors
+
+__all__ = ["tune"]
+
+
+@main.command()
+@click.argument("reports", nargs=-1, required=True, metavar="BENCH_JSON...")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The tuning file to write.")
+@reports_errors
+def tune(reports, output):
+    """Write a tuning file from refcoll bench --json runs: at each size, the fastest algorithm.
+
+    Bench the algorithms auto should choose among, by name, on the job's ranks
+    and nodes (refcoll bench --algorithm ring,hierarchical,'hierarchical(pipeline=8)'
+    --json bench.json); then refcoll tune bench.json -o tuning.json, and run
+    with REFCOLL_TUNING_FILE=tuning.json: auto runs each size's fastest, where
+    the job's collective, ranks and nodes match a table and the size lies within
+    a factor of 2 of those measured; elsewhere it prices as before. Several
+    reports give several tables (collectives, layouts). Exit 2 on a file that
+    cannot be read or is not a bench report.
+    """
+    check_output_paths(output=output)
+    loaded = []
+    for path in reports:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                loaded.append((path, json.load(handle)))
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise UsageError(f"{path} is not JSON: {exc}") from None
+    document = from_bench(loaded)
+    text = json.dumps(document, indent=1) + "\n"
+    parse(text, output)  # what auto will read back: every rule runs its collective
+    with open(output, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    for table in document["tables"]:
+        click.echo(f"{table['collective']} on {table['ranks']} ranks ({table['nodes']} nodes x "
+                   f"{table['per_node']}), from {table['from']}:")
+        for rule in table["rules"]:
+            click.echo(f"  {rule['bytes']:>12} B  {rule['algorithm']}  ({rule['time_us']:.1f} us)")
+    click.echo(f"wrote {output}: run with {TUNING_ENV}={output}")

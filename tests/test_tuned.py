@@ -1,0 +1,196 @@
+"""REFCOLL_TUNING_FILE: auto runs the algorithm a benchmark measured fastest at each size.
+
+``refcoll tune`` writes the file from ``refcoll bench --json`` reports; auto reads it
+(rank 0 under MPI, sending it to the others; the simulator from its environment).
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refcoll
+from conftest import mpiexec_path
+from refcoll.algorithms import NodeShape
+from refcoll.calls import tuned
+from refcoll.calls.auto import resolve_with_options
+from refcoll.core.errors import UsageError
+
+needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
+                               reason="no mpiexec: pip install 'refcoll[mpi]'")
+
+
+def table(rules, collective="allreduce", ranks=4, nodes=1, per_node=None):
+    return {"collective": collective, "ranks": ranks, "nodes": nodes,
+            "per_node": per_node or ranks // nodes,
+            "rules": [{"bytes": b, "algorithm": a, "time_us": 1.0} for b, a in rules]}
+
+
+def document(*tables):
+    return json.dumps({"version": 1, "tables": list(tables)})
+
+
+RULES = [(1024, "recursive_doubling"), (65536, "tree(segment=1024)"), (1 << 20, "ring")]
+
+
+def test_a_call_takes_the_rule_of_the_nearest_size_within_a_factor_of_two():
+    tuning = tuned.parse(document(table(RULES)))
+    pick = lambda n, **kw: tuning.choice("allreduce", 4, None, n, **kw)  # noqa: E731
+    assert pick(1024) == ("recursive_doubling", {})
+    assert pick(512) == ("recursive_doubling", {})  # half the smallest: still in reach
+    assert pick(511) is None  # beyond: the cost model chooses
+    assert pick(8192) == ("recursive_doubling", {})  # 8 KiB: 3 octaves from 1 KiB, 3 from 64
+    assert pick(8193) == ("tree", {"segment": 1024})
+    assert pick(2 << 20) == ("ring", {}) and pick((2 << 20) + 1) is None
+    # another collective, rank count or layout: no table applies
+    assert tuning.choice("reduce_scatter", 4, None, 1024) is None
+    assert tuning.choice("allreduce", 8, None, 1024) is None
+    assert tuning.choice("allreduce", 4, NodeShape(2, 2), 1024) is None
+    # REFCOLL_ALGO naming others leaves the rule untaken
+    assert pick(1 << 20, allowed=["ring", "tree"]) == ("ring", {})
+    assert pick(1024, allowed=["ring", "tree"]) is None
+
+
+def test_a_table_is_for_its_nodes():
+    tuning = tuned.parse(document(table(RULES, nodes=2), table([(1024, "naive")])))
+    assert tuning.choice("allreduce", 4, NodeShape(2, 2), 1024) == ("recursive_doubling", {})
+    assert tuning.choice("allreduce", 4, None, 1024) == ("naive", {})
+    assert tuning.choice("allreduce", 4, NodeShape(4, 1), 1024) is None
+
+
+@pytest.mark.parametrize("text,said", [
+    ("{", "is not a refcoll tuning file"),
+    (json.dumps({"tables": [{"collective": "allreduce"}]}), "is not a refcoll tuning file"),
+    (document(table([])), "has no rule"),
+    (document(table([(1024, "rings")])), "the rule at 1024 B"),
+    (document(table([(1024, "bruck")])), "the rule at 1024 B"),  # no all-reduce
+    (document(table([(1024, "ring(segment=4)")])), "the rule at 1024 B"),  # not its option
+    (document(table([(1024, "auto")])), "auto cannot run"),
+    (document(table([(1024, "switch")])), "auto cannot run"),
+])
+def test_a_file_auto_cannot_follow_is_a_usage_error_naming_it(text, said):
+    with pytest.raises(UsageError, match=said) as info:
+        tuned.parse(text, "t.json")
+    assert "t.json" in str(info.value)
+
+
+def test_an_unreadable_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="cannot read the tuning file"):
+        tuned.read(str(tmp_path / "absent.json"))
+
+
+def report(rows, hosts=("a", "a", "b", "b"), collective="allreduce"):
+    return {"header": {"collective": collective, "workers": len(hosts), "dtype": "float32",
+                       "ranks": [{"rank": r, "host": h} for r, h in enumerate(hosts)]},
+            "rows": [{"size": s, "algorithm": a, "time_us": t, "wrong": w} for s, a, t, w in rows]}
+
+
+def test_tune_keeps_each_sizes_fastest_algorithm_that_auto_may_run():
+    rows = [(1024, "ring", 30.0, 0), (1024, "hierarchical(pipeline=2)", 20.0, 0),
+            (1024, "auto", 5.0, 0),  # auto itself is not a rule
+            (4096, "ring", 50.0, 0), (4096, "naive", 10.0, 3),  # a wrong answer is not a rule
+            (4096, "switch", 1.0, 0)]  # nor an algorithm that needs switch processes
+    doc = tuned.from_bench([("runs/b.json", report(rows))])
+    (only,) = doc["tables"]
+    assert (only["ranks"], only["nodes"], only["per_node"], only["from"]) == (4, 2, 2, "b.json")
+    assert [(r["bytes"], r["algorithm"]) for r in only["rules"]] == \
+        [(1024, "hierarchical(pipeline=2)"), (4096, "ring")]
+    tuning = tuned.parse(json.dumps(doc))
+    assert tuning.choice("allreduce", 4, NodeShape(2, 2), 1024) == ("hierarchical", {"pipeline": 2})
+    with pytest.raises(UsageError, match="no timed algorithm"):
+        tuned.from_bench([("b.json", report([(1024, "auto", 5.0, 0)]))])
+
+
+def test_sweeps_of_one_layout_make_one_table_and_a_later_size_stands():
+    small = report([(1024, "ring", 30.0, 0), (1024, "naive", 20.0, 0)])
+    large = report([(1 << 20, "ring", 300.0, 0), (1024, "ring", 10.0, 0)])
+    one_node = report([(1024, "naive", 1.0, 0)], hosts=("a",) * 4)
+    doc = tuned.from_bench([("small.json", small), ("large.json", large), ("one.json", one_node)])
+    two, one = doc["tables"]
+    assert two["from"] == "small.json, large.json" and one["from"] == "one.json"
+    assert [(r["bytes"], r["algorithm"]) for r in two["rules"]] == [(1024, "ring"), (1 << 20, "ring")]
+    assert (one["nodes"], one["per_node"]) == (1, 4)
+
+
+def test_the_simulator_runs_what_the_file_names(tmp_path, monkeypatch):
+    # the file says tree with segments at 64 KiB: auto runs it, bit for bit, and the
+    # cost model's choice where the file does not reach
+    path = tmp_path / "t.json"
+    path.write_text(document(table([(1 << 16, "tree(segment=1024)")])))
+    xs = [np.random.default_rng(r).standard_normal(1 << 14).astype(np.float32) for r in range(4)]
+    small = [x[:64] for x in xs]
+    model = refcoll.simulate("allreduce", small, algorithm="auto").outputs
+    monkeypatch.setenv(tuned.TUNING_ENV, str(path))
+    ran = refcoll.simulate("allreduce", xs, algorithm="auto").outputs
+    named = refcoll.simulate("allreduce", xs, algorithm="tree", segment=1024).outputs
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(ran, named))
+    assert all(a.tobytes() == b.tobytes() for a, b in
+               zip(refcoll.simulate("allreduce", small, algorithm="auto").outputs, model))
+
+
+def test_the_simulator_refuses_a_file_it_cannot_read(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuned.TUNING_ENV, str(tmp_path / "absent.json"))
+    with pytest.raises(UsageError, match="cannot read the tuning file"):
+        refcoll.simulate("allreduce", [np.ones(4, np.float32)] * 2, algorithm="auto")
+
+
+def cli(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "refcoll", *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=cwd)
+
+
+@needs_mpi
+def test_bench_tune_and_auto_under_mpi(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
+    first = cli("bench", "-n", "2", "-b", "1K", "-e", "64K", "-f", "8", "--algorithm",
+                "ring,naive,tree(segment=64)", "--against", "none", "-w", "1", "-i", "3",
+                "--json", str(tmp_path / "b.json"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    made = cli("tune", str(tmp_path / "b.json"), "-o", str(tmp_path / "t.json"))
+    assert made.returncode == 0, made.stdout + made.stderr
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    fastest = {}
+    for row in rows:
+        if row["size"] not in fastest or row["time_us"] < fastest[row["size"]][0]:
+            fastest[row["size"]] = (row["time_us"], row["algorithm"])
+    (written,) = json.loads((tmp_path / "t.json").read_text())["tables"]
+    assert {r["bytes"]: r["algorithm"] for r in written["rules"]} == \
+        {size: algo for size, (_, algo) in fastest.items()}
+    # auto, given the file, runs each size's rule: bench names what auto resolved to
+    monkeypatch.setenv(tuned.TUNING_ENV, str(tmp_path / "t.json"))
+    again = cli("bench", "-n", "2", "-b", "1K", "-e", "64K", "-f", "8", "--algorithm", "auto",
+                "--against", "none", "-w", "1", "-i", "2", "--json", str(tmp_path / "a.json"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    resolved = {r["size"]: r["resolved"] for r in json.loads((tmp_path / "a.json").read_text())["rows"]}
+    assert resolved == {size: algo for size, (_, algo) in fastest.items()}
+    # a file rank 0 cannot read stops every rank with exit 2 and one reason
+    monkeypatch.setenv(tuned.TUNING_ENV, str(tmp_path / "absent.json"))
+    bad = cli("bench", "-n", "2", "-b", "1K", "-e", "1K", "--algorithm", "auto", "--against",
+              "none", "-w", "1", "-i", "1")
+    assert bad.returncode == 2 and "cannot read the tuning file" in bad.stdout + bad.stderr
+
+
+def test_tune_refuses_what_it_cannot_read(tmp_path):
+    res = cli("tune", str(tmp_path / "absent.json"), "-o", str(tmp_path / "t.json"))
+    assert res.returncode == 2 and "cannot read" in res.stderr
+    (tmp_path / "x.json").write_text("[1, 2")
+    res = cli("tune", str(tmp_path / "x.json"), "-o", str(tmp_path / "t.json"))
+    assert res.returncode == 2 and "is not JSON" in res.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_resolve_names_the_tuned_choice_on_a_transport(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(document(table([(256, "naive")], ranks=2)))
+    monkeypatch.setenv(tuned.TUNING_ENV, str(path))
+    seen = []
+
+    def job(t, x):
+        seen.append(resolve_with_options(t, "allreduce", x.size, x.itemsize))
+        return x
+
+    from refcoll.transport import SimWorld
+    SimWorld(2).run(job, [(np.ones(64, np.float32),)] * 2)
+    assert seen == [("naive", {})] * 2
