@@ -16,8 +16,8 @@ makes ``auto`` read it::
 A table applies to a call of its collective on its number of ranks, spread over its
 nodes (``nodes`` × ``per_node``; 1 × ranks on one machine), any dtype: the rule of
 the measured size (bench's: the whole array, as nccl-tests counts it) nearest the
-call's on a log scale, where the call's bytes lie
-within a factor of 2 of the sizes measured (:data:`REACH`). Elsewhere, or where
+call's on a log scale, where the call's bytes lie within a factor of 2 of the sizes
+measured (:data:`REACH`). Elsewhere, or where
 ``REFCOLL_ALGO`` excludes the rule's algorithm, the cost model chooses as without a
 file. Under MPI rank 0 reads the file and sends what it read to the others, so the
 ranks of different hosts choose alike; a file that cannot be read or names an
@@ -51,7 +51,7 @@ REACH = 2.0
 
 @dataclass(frozen=True)
 class Rule:
-    """One measured size: its bytes (each rank's input), the fastest algorithm, its time."""
+    """One measured size (bench's: the whole array), the fastest algorithm there, its time."""
 
     nbytes: int
     algorithm: str  # spelled: hierarchical(inter=ring,pipeline=8)
