@@ -17,6 +17,7 @@ busbw <= link · 2(p-1)/p · g / (2(g-1)): 1.5 x link at 2 x 2.
     python benchmarks/nodes.py                      # the shapes and rates of the README
     python benchmarks/nodes.py --shape 2x2 --link 1gbit --calibrate --json nodes.json
     python benchmarks/nodes.py --shape 4x1 --racks 2 --oversubscription 2   # 2 racks
+    python benchmarks/nodes.py --shape 2x2 --tuned   # then auto tuned from it (refcoll tune)
 
 Every shape runs more ranks than this machine's cores when it has 2: the
 figures share the cores (bench's header says so) and are suspect as such.
