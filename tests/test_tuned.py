@@ -144,8 +144,8 @@ def cli(*args, env=None, cwd=None):
 @needs_mpi
 def test_bench_tune_and_auto_under_mpi(tmp_path, monkeypatch):
     monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
-    first = cli("bench", "-n", "2", "-b", "1K", "-e", "64K", "-f", "8", "--algorithm",
-                "ring,naive,tree(segment=64)", "--against", "none", "-w", "1", "-i", "3",
+    first = cli("bench", "-n", "2", "-b", "1K", "-e", "8K", "-f", "8", "--algorithm",
+                "ring,naive,tree(segment=64)", "--against", "none", "-w", "1", "-i", "2",
                 "--json", str(tmp_path / "b.json"))
     assert first.returncode == 0, first.stdout + first.stderr
     made = cli("tune", str(tmp_path / "b.json"), "-o", str(tmp_path / "t.json"))
@@ -160,8 +160,8 @@ def test_bench_tune_and_auto_under_mpi(tmp_path, monkeypatch):
         {size: algo for size, (_, algo) in fastest.items()}
     # auto, given the file, runs each size's rule: bench names what auto resolved to
     monkeypatch.setenv(tuned.TUNING_ENV, str(tmp_path / "t.json"))
-    again = cli("bench", "-n", "2", "-b", "1K", "-e", "64K", "-f", "8", "--algorithm", "auto",
-                "--against", "none", "-w", "1", "-i", "2", "--json", str(tmp_path / "a.json"))
+    again = cli("bench", "-n", "2", "-b", "1K", "-e", "8K", "-f", "8", "--algorithm", "auto",
+                "--against", "none", "-w", "1", "-i", "1", "--json", str(tmp_path / "a.json"))
     assert again.returncode == 0, again.stdout + again.stderr
     resolved = {r["size"]: r["resolved"] for r in json.loads((tmp_path / "a.json").read_text())["rows"]}
     assert resolved == {size: algo for size, (_, algo) in fastest.items()}
