@@ -294,7 +294,7 @@ def dbtree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> li
     a round waits for the slowest link unless the cluster has only one kind. On racks,
     each tree edge that leaves a rack is a flow on its uplink while the trees pipeline
     (:func:`rack_crossings`)."""
-    uplink = rack_crossings(shape.ranks, shape.per_node * shape.per_rack) if shape.racks > 1 else 0
+    uplink = rack_crossings(shape.ranks, shape.rack_ranks) if shape.racks > 1 else 0
     return [LinkCost("two pipelined trees (reduce + broadcast)", shape.ring_link(),
                      dbtree_model_cost(shape.ranks, count, itemsize), uplink=uplink)]
 

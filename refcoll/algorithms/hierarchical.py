@@ -377,7 +377,7 @@ def hierarchical_price(shape, count: int, itemsize: int, *, inter: str = "ring",
     algorithm does (:func:`~refcoll.algorithms.registry.over_racks`).
     """
     g, m = shape.per_node, shape.nodes
-    if shape.racks > 1 and (level == "rack" or ranks_per_node == g * shape.per_rack):
+    if shape.racks > 1 and (level == "rack" or ranks_per_node == shape.rack_ranks):
         return _rack_groups(shape, count, itemsize, inter, pipeline)
     segment = max_chunk(count, pipeline)
     shard = max_chunk(segment, g)
@@ -409,7 +409,7 @@ def _rack_groups(shape, count: int, itemsize: int, inter: str, pipeline: int) ->
     """Price groups of a rack's ranks: the ring halves cross the nodes' links inside the
     rack (one flow a link, as a flat ring), and each rank's shard crosses the racks in
     ``inter``, all ``G`` ranks of a rack at once: ``G`` flows on its uplink."""
-    group, racks = shape.per_node * shape.per_rack, shape.racks
+    group, racks = shape.rack_ranks, shape.racks
     segment = max_chunk(count, pipeline)
     shard = max_chunk(segment, group)
     inside = "flat" if shape.per_rack > 1 else "intra"

@@ -338,13 +338,16 @@ def rabenseifner_price(shape, count: int, itemsize: int, *, inter: str = "ring")
 
     The inter-node halving moves ``(m-1)/m`` of the buffer, then the intra-node
     halving and doubling work on the node's part, then the inter-node doubling.
+    On racks the halving and doubling among the nodes split again at the racks:
+    the exchanges at the largest distances send every rank of a rack across its
+    uplink (:func:`~refcoll.algorithms.registry.over_racks`).
     """
     g, m, levels = shape.per_node, shape.nodes, shape.levels()
     if shape.racks > 1 and g == 1:  # one rank a node: the racks are the only split
         return over_racks(rabenseifner_price(shape.among_nodes(), count, itemsize), shape)
     if levels != "split":
         p = shape.ranks
-        uplink = g * shape.per_rack if shape.racks > 1 else 0
+        uplink = shape.all_cross
         return [LinkCost("halving reduce-scatter", levels,
                          rabenseifner_reduce_scatter_cost(p, count, itemsize), uplink=uplink),
                 LinkCost("doubling allgather", levels,

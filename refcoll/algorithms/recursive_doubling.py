@@ -248,7 +248,9 @@ def recursive_doubling_price(shape, count: int, itemsize: int, *, inter: str = "
 
     When nodes and ranks per node are powers of two the first ``lg per_node``
     exchanges are intra-node and the rest inter-node; otherwise every exchange
-    waits for the link the levels give.
+    waits for the link the levels give. On racks the exchanges among the nodes
+    split again: those between racks send every rank of a rack across its uplink
+    (:func:`~refcoll.algorithms.registry.over_racks`).
     """
     g, m, levels = shape.per_node, shape.nodes, shape.levels()
     if shape.racks > 1 and g == 1:  # one rank a node: the racks are the only split
@@ -256,7 +258,7 @@ def recursive_doubling_price(shape, count: int, itemsize: int, *, inter: str = "
     if levels != "split":
         return [LinkCost("exchanges", levels,
                          recursive_doubling_allreduce_cost(shape.ranks, count, itemsize),
-                         uplink=g * shape.per_rack if shape.racks > 1 else 0)]
+                         uplink=shape.all_cross)]
     across = (over_racks(recursive_doubling_price(shape.among_nodes(), count, itemsize), shape,
                          parallel=g) if shape.racks > 1 else
               [LinkCost("inter exchanges", "inter",

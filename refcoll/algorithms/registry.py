@@ -70,6 +70,17 @@ class NodeShape:
         """Return the nodes of one rack (all of them on one rack)."""
         return self.nodes // max(self.racks, 1)
 
+    @property
+    def rack_ranks(self) -> int:
+        """Return the ranks of one rack."""
+        return self.per_node * self.per_rack
+
+    @property
+    def all_cross(self) -> int:
+        """Return the flows on each uplink when every rank of a rack crosses at once (0
+        without racks): the ``uplink`` of an exchange whose partners are in other racks."""
+        return self.rack_ranks if self.racks > 1 else 0
+
     def among_nodes(self) -> "NodeShape":
         """Return the shape of an algorithm run among the nodes, one member a node:
         one rank a node, or, with racks, the racks as its nodes (:func:`over_racks`)."""

@@ -431,7 +431,7 @@ def tree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list
         return over_racks(tree_price(shape.among_nodes(), count, itemsize), shape)
     p = shape.ranks
     if levels != "split":
-        uplink = g * shape.per_rack if shape.racks > 1 else 0
+        uplink = shape.all_cross
         return [LinkCost("binomial reduce", levels, tree_reduce_cost(p, count, itemsize),
                          uplink=uplink),
                 LinkCost("binomial broadcast", levels, tree_broadcast_cost(p, count, itemsize),

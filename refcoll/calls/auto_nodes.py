@@ -68,7 +68,7 @@ def across_options(name: str, nbytes: int | None = None, shape: NodeShape | None
               if a.across_nodes and not a.needs_in_network and a.price is not None] \
         if "inter" in known else [{}]
     if shape is not None and shape.racks > 1 and "level" in known:
-        rack = {algorithms.get(name).node_option: shape.per_node * shape.per_rack}
+        rack = {algorithms.get(name).node_option: shape.rack_ranks}
         inters = [{**group, **inter} for group in ({}, rack) for inter in inters]
     if "pipeline" not in known:
         return inters
