@@ -3,7 +3,10 @@
 For each cluster shape it builds an emulated cluster (``refcoll.cluster.Cluster``:
 a network namespace per node, ``tc``-shaped links; needs root), runs ``refcoll
 bench`` across the nodes with ring, hierarchical (plain and pipelined in 8
-segments), Rabenseifner, auto and MPI_Allreduce timed side by side (bench interleaves them per size), and prints,
+segments), Rabenseifner, auto and MPI_Allreduce timed side by side (bench interleaves
+them per size; each timed iteration runs an algorithm's calls back to back, ``-m``, so
+that a call meets the link as the calls before it left it, not a token bucket that
+filled while the link idled), and prints,
 per size, each one's bus bandwidth (out of place), what auto chose, auto over
 the best refcoll algorithm and over MPI, the best over the link bound, and
 the bytes each node's link carried in the run. With ``--calibrate`` it also
@@ -35,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from refcoll.cluster import Cluster, missing_capability, parse_rate
+from refcoll.cluster import Cluster, bucket_bytes, missing_capability, parse_rate
 from refcoll.core.units import parse_size
 
 ALGORITHMS = ("ring", "hierarchical", "hierarchical(pipeline=8)", "rabenseifner", "auto")
@@ -48,6 +51,14 @@ RACK_ALGORITHMS = ("ring", "hierarchical", "hierarchical(level=rack)",
 HEADINGS = {"hierarchical(pipeline=8)": "hier. 8 segments",
             "hierarchical(level=rack)": "hier. racks",
             "hierarchical(level=rack,pipeline=8)": "hier. racks 8 segments"}
+
+#: The sizes, each run by a bench of its own up to the run's largest.
+SIZES = ("64K", "256K", "1M", "4M", "16M", "64M")
+
+#: A timed iteration runs each algorithm's call back to back (bench's -m) until the calls
+#: have carried this many of the link's token buckets: a call then meets the link as the
+#: call before it left it, and few of the calls ride a bucket that filled while it idled.
+BUCKETS = 8
 
 #: (shape, link, largest size): the README's table. 100 Mbit/s stops at 16 MiB, whose calls
 #: take seconds each already.
@@ -64,15 +75,15 @@ def link_bound(nodes: int, per_node: int, link_bits: float) -> float:
 
 
 def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, iters: int,
-              folder: Path, small_iters: int = 40, racks: int = 1,
+              folder: Path, small_iters: int = 8, racks: int = 1,
               oversubscription: float = 1.0, tuned: bool = False) -> dict:
     """Run refcoll bench across an emulated cluster; return its JSON and the bytes per link.
 
-    Two sweeps on the same cluster: 64 KiB to 1 MiB with ``small_iters`` timed calls
-    (a call there takes about a millisecond, and its time depends on how full the
-    link's token bucket was left by the call before it), then 4 MiB up with ``iters``.
-    ``tuned``: then ``refcoll tune`` makes a tuning file of those sweeps, and both
-    sweeps run again with ``REFCOLL_TUNING_FILE`` set (``run["tuned"]``), auto beside
+    One bench per size on the same cluster (:func:`_sweeps`), each algorithm's calls
+    back to back in each timed iteration: ``small_iters`` iterations up to 1 MiB,
+    ``iters`` from 4 MiB up.
+    ``tuned``: then ``refcoll tune`` makes a tuning file of those benches, and they
+    run again with ``REFCOLL_TUNING_FILE`` set (``run["tuned"]``), auto beside
     the algorithms it was tuned from.
     """
     names = ALGORITHMS if racks == 1 else RACK_ALGORITHMS
@@ -96,20 +107,32 @@ def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, i
             "oversubscription": oversubscription, "algorithms": names, **run}
 
 
+def calls_back_to_back(nbytes: int, link_bits: float) -> int:
+    """Return bench's ``-m`` at ``nbytes``: calls enough to carry ``BUCKETS`` buckets, and 3."""
+    return max(3, math.ceil(BUCKETS * bucket_bytes(link_bits) / nbytes))
+
+
 def _sweeps(cluster, names, largest: str, warmup: int, iters: int, small_iters: int,
             folder: Path, tag: str) -> dict:
-    """Run bench's two sweeps on ``cluster``; return the merged report, traffic and files."""
+    """Run bench on ``cluster`` size by size; return the merged report, traffic and files.
+
+    Each size is one ``refcoll bench`` with its own ``-m`` (:func:`calls_back_to_back`):
+    ``small_iters`` timed iterations up to 1 MiB, ``iters`` from 4 MiB up.
+    """
     data, traffic, files = None, {}, []
     nodes, per_node, link = cluster.spec.nodes, cluster.spec.ranks_per_node, cluster.spec.link
     start = time.perf_counter()
-    for low, high, w, i in (("64K", "1M", 5, small_iters), ("4M", largest, warmup, iters)):
-        if parse_size(high) < parse_size(low):
-            continue
-        out = folder / f"{tag}bench-{nodes}x{per_node}-{link}-{low}.json"
+    sizes = [s for s in SIZES if parse_size(s) <= parse_size(largest)]
+    for size in sizes:
+        small = parse_size(size) <= parse_size("1M")
+        agg = calls_back_to_back(parse_size(size), parse_rate(link))
+        out = folder / f"{tag}bench-{nodes}x{per_node}-{link}-{size}.json"
         files.append(str(out))
-        res = cluster.run(["refcoll", "bench", "-b", low, "-e", high, "-f", "4",
+        res = cluster.run(["refcoll", "bench", "-b", size, "-e", size,
                            "--algorithm", ",".join(names), "--against", "mpi",
-                           "-w", str(w), "-i", str(i), "--json", str(out)],
+                           "-w", str(5 if small else warmup),
+                           "-i", str(small_iters if small else iters), "-m", str(agg),
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=3600)
         if res.returncode != 0:
             sys.exit(f"bench failed on {nodes}x{per_node} {link}:\n{res.stdout[-3000:]}"
@@ -118,6 +141,8 @@ def _sweeps(cluster, names, largest: str, warmup: int, iters: int, small_iters: 
             sent, got = traffic.get(str(node), (0, 0))
             traffic[str(node)] = (sent + tx, got + rx)
         swept = json.loads(out.read_text())
+        for row in swept["rows"]:
+            row["agg"] = agg
         if data is None:
             data, header = swept, [line for line in res.stdout.splitlines()
                                    if line.startswith("# ")][:12]
@@ -194,8 +219,10 @@ def main() -> int:
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--largest", default="64M")
     ap.add_argument("-w", "--warmup", type=int, default=1)
-    ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls from 4 MiB up")
-    ap.add_argument("--small-iters", type=int, default=40, help="timed calls up to 1 MiB")
+    ap.add_argument("-i", "--iters", type=int, default=5,
+                    help="timed iterations from 4 MiB up (each of -m calls)")
+    ap.add_argument("--small-iters", type=int, default=8,
+                    help="timed iterations up to 1 MiB (each of -m calls)")
     ap.add_argument("--calibrate", action="store_true", help="also model --calibrate on 2 x 2")
     ap.add_argument("--no-bench", action="store_true", help="only the calibration")
     ap.add_argument("--tuned", action="store_true",

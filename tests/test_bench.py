@@ -240,6 +240,29 @@ def test_a_real_sweep_reports_every_size_and_algorithm(tmp_path, monkeypatch):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@needs_mpi
+def test_aggregated_iterations_run_and_check_each_call_back_to_back(tmp_path, monkeypatch):
+    """-m 3: every timed iteration makes each call 3 times, each one checked on its own."""
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
+    out = tmp_path / "bench.json"
+    base = [sys.executable, "-m", "refcoll", "bench", "-n", "2", "-b", "1K", "-e", "1K",
+            "--algorithm", "ring", "-w", "1", "-i", "2"]
+    res = subprocess.run(base + ["-m", "3", "--json", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert data["header"]["agg"] == 3
+    (row,) = data["rows"]
+    runs = 1 + 2 * 3  # one warm-up call, then 2 timed iterations of 3 calls
+    assert row["wrong"] == 0 and row["checked"] == runs * row["count"] * 2  # 2 ranks
+    assert row["inplace_checked"] == row["checked"] and row["base_wrong"] == 0
+    assert "2 timed per size, 3 calls back to back in each" in res.stdout
+    assert "median over the timed calls (3 in each iteration)" in res.stdout
+    nccl = subprocess.run(base + ["-m", "3", "--format", "nccl-tests"], capture_output=True,
+                          text=True, timeout=120)
+    assert nccl.returncode == 0 and " agg iters: 3 " in nccl.stdout, nccl.stdout + nccl.stderr
+
+
 # ----------------------------------------------- nccl-tests' sizes, roots and refusals
 
 @pytest.mark.parametrize("collective,nbytes,itemsize,n,count", [
@@ -279,6 +302,8 @@ def test_root_minus_one_runs_every_root_and_below_it_is_refused():
     (["-d", "float,all"], "unknown dtype 'all'"),
     (["-o", "sum,mulsum"], "unknown op 'mulsum'"),
     (["-a", "7"], "-a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max)"),
+    (["-m", "0"], "aggregated calls >= 1, got -w 5 -i 20 -m 0"),
+    (["--agg-iters", "two"], "-m/--agg-iters 'two': not a number"),
     (["-a", "mean"], "-a/--average 'mean': not a number"),
     (["-c", "-1"], "-c/--check -1: must be at least 0"),
     (["-r", "one"], "-r/--root 'one': not a number"),

@@ -70,6 +70,11 @@ __all__ = ["bench", "decimal_size_note"]
               show_default=True, help="Untimed iterations per size.")
 @click.option("-i", "--iters", default="20", metavar="INTEGER", show_default=True,
               help="Timed iterations per size (nccl-tests' -n; -n here is the processes).")
+@click.option("-m", "--agg-iters", "--agg_iters", "agg", default="1", metavar="INTEGER",
+              show_default=True,
+              help="Calls of each algorithm back to back in a timed iteration, no barrier "
+                   "between them (nccl-tests' -m): each call meets the link as the one "
+                   "before it left it. Each is timed and checked on its own.")
 @click.option("-c", "--check", default="1", show_default=True, metavar="INTEGER",
               help="1 (or any count, as nccl-tests' -c N takes one): compare every "
                    "iteration's result with the expected one, bit for bit; 0: #wrong shows N/A.")
@@ -87,7 +92,7 @@ __all__ = ["bench", "decimal_size_note"]
               help="Draw busbw against size to this PNG (needs matplotlib).")
 @reports_errors
 def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dtype, root, average,
-          against, nccl_algo, nccl_proto, device, warmup, iters, check, fmt, bound, compressor,
+          against, nccl_algo, nccl_proto, device, warmup, iters, agg, check, fmt, bound, compressor,
           json_file, csv_file, plot_file):
     """Time collectives over a size sweep, as nccl-tests does, beside the MPI library's own.
 
@@ -113,6 +118,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
     average = _whole(average, "-a/--average", "1")  # its range: check_config's, in words
     warmup = _whole(warmup, "-w/--warmup", "5")
     iters = _whole(iters, "-i/--iters", "20")
+    agg = _whole(agg, "-m/--agg-iters", "4")
     check = _whole(check, "-c/--check", "1", minimum=0)  # nccl-tests' -c N checks N calls
     if not launch.in_mpi_job():
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
@@ -125,7 +131,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         sizes=size_sweep(low, high, stepfactor), sweep=(low, high, stepfactor),
         algorithms=names if names is not None else algorithms.names(collective),
         collective=collective, op=op, dtype=dtype, against=against, device=device,
-        warmup=warmup, iters=iters, check=bool(check), bound=bound, compressor=compressor,
+        warmup=warmup, iters=iters, agg=agg, check=bool(check), bound=bound, compressor=compressor,
         root=root, average=average, nccl_algo=nccl_algo, nccl_proto=nccl_proto)
     check_config(config, None if launch.in_mpi_job() else nprocs)
     if not launch.in_mpi_job():  # the launcher speaks once, not every rank

@@ -7,8 +7,8 @@ to start a node's processes inside its namespace. Nothing above the transport
 layer needs this package.
 """
 
-from .emulate import (Cluster, ClusterError, ClusterSpec, attach, clusters, down,
-                      missing_capability, parse_rate, status, up)
+from .emulate import (Cluster, ClusterError, ClusterSpec, attach, bucket_bytes, clusters,
+                      down, missing_capability, parse_rate, status, up)
 
-__all__ = ["Cluster", "ClusterError", "ClusterSpec", "attach", "clusters", "down",
+__all__ = ["Cluster", "ClusterError", "ClusterSpec", "attach", "bucket_bytes", "clusters", "down",
            "missing_capability", "parse_rate", "status", "up"]

@@ -47,7 +47,7 @@ from . import launch
 from .topology import NodeLink, Topology
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters",
-           "attach", "machine_of", "missing_capability", "parse_rate", "remove_stale", "topology_path",
+           "attach", "bucket_bytes", "machine_of", "missing_capability", "parse_rate", "remove_stale", "topology_path",
            "STATE_DIR", "SUBNET"]
 
 #: Where each cluster's state file lives (tmpfs: nothing survives a reboot).
@@ -142,9 +142,13 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def _burst(bits_per_s: float) -> str:
-    """tbf's bucket: at least 1/250 s of the rate, and 32 KiB (a few full-size frames)."""
-    return f"{max(int(bits_per_s / 8 / 250), 32 * 1024)}b"
+def bucket_bytes(bits_per_s: float) -> int:
+    """Return a shaped link's token bucket: 1/250 s of the rate, and at least 32 KiB.
+
+    tbf needs a bucket of at least rate/HZ; a call whose bytes fit in a full one
+    passes at memory speed (``refcoll bench -m`` drains it with calls back to back).
+    """
+    return max(int(bits_per_s / 8 / 250), 32 * 1024)
 
 
 class Cluster:
@@ -278,7 +282,7 @@ class Cluster:
                                    f"({said})")
             parent = ["parent", "1:"]
         res = _run(*tc, *parent, "handle", "2:", "tbf", "rate", f"{int(bits)}bit", "burst",
-                   _burst(bits), "latency", QUEUE, check=False)
+                   f"{bucket_bytes(bits)}b", "latency", QUEUE, check=False)
         if res.returncode != 0:
             raise ClusterError(f"shaping a link needs tc's tbf qdisc, which failed here "
                                f"({res.stderr.strip() or 'tc failed'})")

@@ -20,7 +20,10 @@ times on preallocated buffers, out of place and in place, interleaved with the
 MPI library's own collective on the same inputs (out of place and with
 ``MPI_IN_PLACE``): each iteration visits every timed item in an order rotated by
 one per iteration, each after a barrier of its participants, so all of them see
-the same machine noise.
+the same machine noise. With ``-m M`` (nccl-tests' aggregated iterations) a timed
+iteration makes each item's call M times back to back, after one barrier: a call
+then meets the network as the call before it left it, as in a training loop's
+stream of all-reduces, and each of the M calls is one timed sample.
 
 What is reported, per size and algorithm (nccl-tests' ``doc/PERFORMANCE.md``), for
 each half, as nccl-tests' row ``size count type redop root | time algbw busbw

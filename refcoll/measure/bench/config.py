@@ -211,6 +211,8 @@ class BenchConfig:
             comma list of them (``mpi,gloo``: each one, interleaved) or ``none``.
         device: ``cpu`` or ``gpu``.
         warmup, iters: untimed and timed iterations per size.
+        agg: calls of each item back to back in a timed iteration, no barrier between
+            them (nccl-tests' ``-m``); each is timed and checked on its own.
         check: compare every iteration's result with the expected one.
         bound: also time each algorithm's transport bound.
         compressor: a compressor spec (all-reduce only), or None.
@@ -240,6 +242,7 @@ class BenchConfig:
     device: str = "cpu"
     warmup: int = 5
     iters: int = 20
+    agg: int = 1
     check: bool = True
     bound: bool = False
     compressor: str | None = None
@@ -316,9 +319,9 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         check_algorithm(name, config.collective)
     dt = get_dtype(config.dtype)
     check_supported(get_op(config.op), dt)
-    if config.warmup < 0 or config.iters < 1:
-        raise UsageError(f"need warm-up >= 0 and iterations >= 1, got -w {config.warmup} "
-                         f"-i {config.iters}")
+    if config.warmup < 0 or config.iters < 1 or config.agg < 1:
+        raise UsageError(f"need warm-up >= 0, iterations >= 1 and aggregated calls >= 1, "
+                         f"got -w {config.warmup} -i {config.iters} -m {config.agg}")
     if config.root < -1:
         raise UsageError(f"the root must be a rank (>= 0), or -1 for every root in turn as "
                          f"nccl-tests takes it; got -r {config.root}")

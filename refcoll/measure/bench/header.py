@@ -87,8 +87,9 @@ def _topology() -> dict | None:
 def _notes(config, available: list[str], hosts: list[dict]) -> list[str]:
     notes = [
         "timed calls pass validate=False: the argument agreement round trip is not timed",
-        f"time: each rank's median over the timed iterations, then {AVERAGE[config.average]} "
-        f"(-a {config.average})",
+        f"time: each rank's median over the timed "
+        + ("iterations" if config.agg == 1 else f"calls ({config.agg} in each iteration)")
+        + f", then {AVERAGE[config.average]} (-a {config.average})",
         f"busbw = algbw x nccl-tests' factor for {config.collective}",
     ]
     if config.in_place and config.compressor is None:
@@ -189,6 +190,7 @@ def bench_header(comm, config) -> dict:
         "against": config.against,
         "warmup": config.warmup,
         "iters": config.iters,
+        "agg": config.agg,
         "check": config.check,
         "bound": config.bound and config.compressor is None,
         "compressor": config.compressor,

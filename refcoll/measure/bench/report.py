@@ -190,8 +190,9 @@ def _comments(header: dict) -> list[str]:
         f"{header['machine']['cpus']} CPUs), {header['machine']['system']}",
         f"# MPI: {header['mpi']['library']} (MPI {header['mpi']['standard']}); "
         + ", ".join(f"{k} {v}" for k, v in header["versions"].items() if v),
-        f"# iterations: {header['warmup']} warm-up + {header['iters']} timed per size; check: "
-        + _check_label(header),
+        f"# iterations: {header['warmup']} warm-up + {header['iters']} timed per size"
+        + (f", {header['agg']} calls back to back in each" if header.get("agg", 1) > 1 else "")
+        + "; check: " + _check_label(header),
     ]
     for host in header.get("hosts") or []:
         lines.append(f"# {'OVERSUBSCRIBED' if host['oversubscribed'] else 'cores'}: "

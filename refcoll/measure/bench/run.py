@@ -68,30 +68,44 @@ class _Item:
     timeout: float | None = None    # the barrier's deadline (None: REFCOLL_TIMEOUT's)
     prepare: Callable[[], Any] | None = None  # untimed, before the call: an in-place input
 
-    def run(self, timed: bool, check: bool) -> None:
-        """Run once after a barrier of the participants; time it and check it.
+    def run(self, timed: bool, check: bool, calls: int = 1) -> None:
+        """Run ``calls`` times back to back after one barrier of the participants.
 
-        On a device the clock stops once the current stream has drained, and
-        the poisoning copy has finished before the barrier. ``prepare`` runs
-        after the poisoning, outside the clock: a collective that works in place
-        (Gloo's all_reduce) gets its input copied into the result buffer there.
+        Each call is timed and checked on its own; between two calls of the run
+        there is no barrier, only the untimed poisoning and ``prepare`` (so a call
+        meets the network as the call before it left it: nccl-tests' aggregated
+        iterations, ``-m``). On a device the clock stops once the current stream
+        has drained, and the poisoning copy has finished before the barrier.
+        ``prepare`` runs after the poisoning, outside the clock: a collective that
+        works in place (Gloo's all_reduce) gets its input copied into the result
+        buffer there.
         """
         checking = check and self.result is not None and self.data.expected is not None
         xp = self.xp
-        if checking:
-            xp.copyto(self.result.reshape(-1), self.data.poison)
-        if self.prepare is not None:
-            self.prepare()
-        xp_module.synchronize(xp)
-        # MPI_Ibarrier waited by the deadline, before the clock starts (not timed). Once it
-        # completes every participant is at this call, so the call itself cannot wait for
-        # a rank that never comes: this bounds the MPI library's (or NCCL's) own blocking
-        # collective and the bound's replay, which have no deadline of their own. refcoll's
-        # calls wait by the transport's deadline anyway.
-        bounded_barrier(self.comm, self.what, self.timeout)
-        # A peer lost during such a call (its link cut) would still hold it for ever, and
-        # nothing interrupts a blocking call: past the deadline the watchdog ends the job.
-        # Armed and disarmed outside the clock.
+        for k in range(calls):
+            if checking:
+                xp.copyto(self.result.reshape(-1), self.data.poison)
+            if self.prepare is not None:
+                self.prepare()
+            xp_module.synchronize(xp)
+            if k == 0:
+                # MPI_Ibarrier waited by the deadline, before the clock starts (not timed).
+                # Once it completes every participant is at this call, so the call itself
+                # cannot wait for a rank that never comes: this bounds the MPI library's
+                # (or NCCL's) own blocking collective and the bound's replay, which have
+                # no deadline of their own. refcoll's calls wait by the transport's
+                # deadline anyway.
+                bounded_barrier(self.comm, self.what, self.timeout)
+            self._timed(timed)
+            if checking:
+                self.wrong += count_wrong(xp_module.to_host(self.result), self.data.expected)
+                self.checked += self.data.expected.size
+
+    def _timed(self, timed: bool) -> None:
+        """Make the call once on the clock (kept when ``timed``)."""
+        # A peer lost during a library's call (its link cut) would still hold it for
+        # ever, and nothing interrupts a blocking call: past the deadline the watchdog
+        # ends the job. Armed and disarmed outside the clock.
         watched = contextlib.nullcontext()
         if self.kind != "ours" and self.kind != "ours_ip":
             half = {"base_ip": ", in place", "bound": "'s bound"}.get(self.kind, "")
@@ -99,13 +113,10 @@ class _Item:
         with watched:
             start = time.perf_counter()
             self.call()
-            xp_module.synchronize(xp)
+            xp_module.synchronize(self.xp)
             elapsed = time.perf_counter() - start
         if timed:
             self.times.append(elapsed)
-        if checking:
-            self.wrong += count_wrong(xp_module.to_host(self.result), self.data.expected)
-            self.checked += self.data.expected.size
 
 
 @dataclass
@@ -232,9 +243,10 @@ def _run_size(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict
     try:
         for it in range(config.warmup + config.iters):
             k = it % len(items)
+            timed = it >= config.warmup
             for item in items[k:] + items[:k]:  # a rotated order: no item always goes first
                 if item.comm is not None:
-                    item.run(it >= config.warmup, config.check)
+                    item.run(timed, config.check, config.agg if timed else 1)
             if step is not None:
                 step(it + 1)
     finally:
