@@ -46,9 +46,9 @@ from ..core.units import parse_bandwidth
 from . import launch
 from .topology import NodeLink, Topology
 
-__all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters",
-           "attach", "bucket_bytes", "machine_of", "missing_capability", "parse_rate", "remove_stale", "topology_path",
-           "STATE_DIR", "SUBNET"]
+__all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters", "attach",
+           "bucket_bytes", "machine_of", "missing_capability", "parse_rate", "remove_stale",
+           "topology_path", "STATE_DIR", "SUBNET"]
 
 #: Where each cluster's state file lives (tmpfs: nothing survives a reboot).
 STATE_DIR = Path(os.environ.get("REFCOLL_CLUSTER_DIR", "/run/refcoll/clusters"))
@@ -143,11 +143,7 @@ def _namespaces() -> set[str]:
 
 
 def bucket_bytes(bits_per_s: float) -> int:
-    """Return a shaped link's token bucket: 1/250 s of the rate, and at least 32 KiB.
-
-    tbf needs a bucket of at least rate/HZ; a call whose bytes fit in a full one
-    passes at memory speed (``refcoll bench -m`` drains it with calls back to back).
-    """
+    """Return a shaped link's token bucket (tbf's rate/HZ): 1/250 s of the rate, >= 32 KiB."""
     return max(int(bits_per_s / 8 / 250), 32 * 1024)
 
 
