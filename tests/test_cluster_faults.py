@@ -364,7 +364,9 @@ def test_a_killed_node_ends_the_job_with_a_message(untouched_host, tmp_path, nod
     # (the bound is a guard, far above the 10 s asked for, against a loaded machine).
     assert max(run.ended.values()) < 60, run
     if node == 2:  # mpiexec survives to say so (on node 1 it was killed itself: -9)
-        assert run.stderr.strip(), run
+        # Which it sees first is a race: the lost proxy (its error, on stderr), or a rank of
+        # node 1 that died of the lost peer (Hydra's BAD TERMINATION banner, on stdout).
+        assert run.stderr.strip() or "BAD TERMINATION" in run.stdout, run
         assert run.returncode != 0
 
 
