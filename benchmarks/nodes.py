@@ -140,9 +140,7 @@ def _sweeps(cluster, names, largest: str, warmup: int, iters: int, small_iters: 
         for node, (tx, rx) in cluster.last_traffic.items():
             sent, got = traffic.get(str(node), (0, 0))
             traffic[str(node)] = (sent + tx, got + rx)
-        swept = json.loads(out.read_text())
-        for row in swept["rows"]:
-            row["agg"] = agg
+        swept = json.loads(out.read_text())  # its header says the -m it ran with
         if data is None:
             data, header = swept, [line for line in res.stdout.splitlines()
                                    if line.startswith("# ")][:12]
