@@ -9,7 +9,10 @@ that a call meets the link as the calls before it left it, not a token bucket th
 filled while the link idled), and prints,
 per size, each one's bus bandwidth (out of place), what auto chose, auto over
 the best refcoll algorithm and over MPI, the best over the link bound, and
-the bytes each node's link carried in the run. With ``--calibrate`` it also
+the bytes each node's link carried in the run. Before the benches it measures
+each link as ``refcoll cluster check`` does, and prints how much of the link a
+TCP socket reached both ways at once: an all-reduce sends and receives at once,
+so that, not the line rate, is the most it can reach. With ``--calibrate`` it also
 runs ``refcoll model --calibrate`` across the 2 x 2 cluster and prints the
 two-level model's predictions beside the measured times.
 
@@ -32,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +43,7 @@ import time
 from pathlib import Path
 
 from refcoll.cluster import Cluster, bucket_bytes, missing_capability, parse_rate
+from refcoll.cluster.check import measure_links
 from refcoll.core.units import parse_size
 
 ALGORITHMS = ("ring", "hierarchical", "hierarchical(pipeline=8)", "rabenseifner", "auto")
@@ -89,6 +94,7 @@ def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, i
     names = ALGORITHMS if racks == 1 else RACK_ALGORITHMS
     with Cluster(nodes=nodes, ranks_per_node=per_node, link=link, racks=racks,
                  oversubscription=oversubscription) as cluster:
+        links = measure_links(cluster)  # what TCP reaches on each link, both ways at once
         run = _sweeps(cluster, names, largest, warmup, iters, small_iters, folder, "")
         if tuned:
             tuning = folder / f"tuning-{nodes}x{per_node}-{link}.json"
@@ -104,7 +110,7 @@ def run_bench(nodes: int, per_node: int, link: str, largest: str, warmup: int, i
                 del os.environ["REFCOLL_TUNING_FILE"]
             run["tuning"] = json.loads(tuning.read_text())
     return {"nodes": nodes, "per_node": per_node, "link": link, "racks": racks,
-            "oversubscription": oversubscription, "algorithms": names, **run}
+            "oversubscription": oversubscription, "algorithms": names, "links": links, **run}
 
 
 def calls_back_to_back(nbytes: int, link_bits: float) -> int:
@@ -164,9 +170,12 @@ def table(run: dict) -> list[str]:
     columns = [a for a in run.get("algorithms", ALGORITHMS) if a != "auto"]
     racks = (f", {run['racks']} racks, uplinks oversubscribed {run['oversubscription']:g}x "
              "(bound: the node links')" if run.get("racks", 1) > 1 else "")
+    both = both_ways(run.get("links", []))
     lines = [f"{nodes} nodes x {per_node} ranks, {run['link']} links{racks}: link bound busbw "
              f"{bound:.4f} GB/s; bytes sent per node link: " + ", ".join(
-                 f"node {k} {tx / 1e9:.2f} GB" for k, (tx, _) in run["traffic"].items()),
+                 f"node {k} {tx / 1e9:.2f} GB" for k, (tx, _) in run["traffic"].items())
+             + (f"; a TCP socket both ways at once: {both:.0%} of the link (the slowest "
+                "node's median)" if both else ""),
              "", "| size | " + " | ".join(HEADINGS.get(a, a) for a in columns)
              + " | auto (chose) | MPI_Allreduce | auto/best | auto/MPI | best/bound |",
              "|---" * (len(columns) + 6) + "|"]
@@ -179,6 +188,14 @@ def table(run: dict) -> list[str]:
             + f" | {auto:.4f} ({e.get('chose')}) | {e['mpi']:.4f} | {auto / best:.2f} | "
             f"{auto / e['mpi']:.2f} | {best / bound:.2f} |")
     return lines
+
+
+def both_ways(links: list[dict]) -> float | None:
+    """Return the fraction of its asked rate that the slowest link reached both ways at once
+    (``refcoll cluster check``'s streams, the median of each link's), or None unmeasured."""
+    fractions = [statistics.median(row["both_ways_bits_per_s"]) / row["asked_bits_per_s"]
+                 for row in links if row.get("both_ways_bits_per_s")]
+    return min(fractions, default=None)
 
 
 def calibrate(folder: Path, largest: str) -> dict:

@@ -21,7 +21,7 @@ from conftest import ROOT, mpiexec_path
 from refcoll.calls.auto import DEFAULT
 from refcoll.core.calibration import Calibration
 from refcoll.cluster import Cluster, ClusterError, emulate, missing_capability
-from refcoll.cluster.check import measure_link, measure_links
+from refcoll.cluster.check import BOTH_WAYS, format_links, measure_link, measure_links
 from refcoll.core.errors import UsageError
 
 WHY = missing_capability()
@@ -88,6 +88,19 @@ def test_a_shaped_link_carries_no_more_than_its_rate(untouched_host):
     # a token bucket is an upper bound whatever the load; how close it comes is the machine's
     assert rows[2]["bits_per_s"] <= 1.15 * 100e6
     assert rows[2]["asked_bits_per_s"] == 100e6 and rows[1]["asked_bits_per_s"] == 1e9
+    # both ways at once, each way is held to the rate as well: node 2's link shapes both
+    assert len(rows[2]["both_ways_bits_per_s"]) == BOTH_WAYS
+    assert all(0 < rate <= 1.15 * 100e6 for rate in rows[2]["both_ways_bits_per_s"])
+
+
+def test_a_link_line_shows_both_ways_as_median_and_range():
+    row = {"node": 2, "peer": 1, "asked_bits_per_s": 100e6, "delay": None, "rtt_s": 50e-6,
+           "bits_per_s": 96e6, "both_ways_bits_per_s": [94e6, 85e6, 90e6]}
+    (line,) = format_links([row])
+    assert line == ("node 2 (to node 1): asked 100 Mbit/s; measured 96 Mbit/s (96%), both ways "
+                    "at once 90 Mbit/s each (90%; 85-94 over 3), round trip 50 us")
+    (line,) = format_links([{**row, "both_ways_bits_per_s": []}])
+    assert "both ways" not in line and line.endswith("(96%), round trip 50 us")
 
 
 @needs_root

@@ -135,6 +135,7 @@ def run(nprocs, launcher, command):
 @cluster.command()
 @reports_errors
 def check():
-    """Measure each link's rate and round trip (a TCP socket), beside what was asked."""
+    """Measure each link's rate, one way and both ways at once, and its round trip (a TCP
+    socket), beside what was asked."""
     for line in format_links(measure_links(_the_cluster())):
         click.echo(line)
