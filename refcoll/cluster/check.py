@@ -30,7 +30,10 @@ _COMMON = r"""
 import socket, sys, threading
 def drain(c, n):
     while n > 0:
-        n -= len(c.recv(min(n, 1 << 20)))
+        got = len(c.recv(min(n, 1 << 20)))
+        if not got:
+            sys.exit("the peer closed the connection")
+        n -= got
 def stream(c, n):
     block = b"x" * (1 << 20)
     while n > 0:
