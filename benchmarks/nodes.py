@@ -13,8 +13,9 @@ the bytes each node's link carried in the run. Before the benches it measures
 each link as ``refcoll cluster check`` does, and prints how much of the link a
 TCP socket reached both ways at once: an all-reduce sends and receives at once,
 so that, not the line rate, is the most it can reach. With ``--calibrate`` it also
-runs ``refcoll model --calibrate`` across the 2 x 2 cluster and prints the
-two-level model's predictions beside the measured times.
+runs ``refcoll model --calibrate --back-to-back`` across the 2 x 2 cluster and
+prints the two-level model's predictions beside the measured times (calls back
+to back, as the benches time them).
 
 The link bound: an all-reduce of n bytes over g nodes must move at least
 2(g-1)/g·n through each node's link each way, so with p ranks
@@ -203,7 +204,8 @@ def calibrate(folder: Path, largest: str) -> dict:
     out = folder / "calibrate.json"
     with Cluster(nodes=2, ranks_per_node=2, link="1gbit") as cluster:
         res = cluster.run(["refcoll", "model", "--calibrate", "--sizes", f"64K..{largest}",
-                           "--algorithm", "ring,hierarchical,rabenseifner", "--json", str(out)],
+                           "--algorithm", "ring,hierarchical,rabenseifner", "--back-to-back",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
         sys.exit(f"model --calibrate failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")

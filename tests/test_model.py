@@ -337,3 +337,26 @@ def test_calibrate_predicts_and_measures(tmp_path):
     cal = data["calibration"]
     assert cal["alpha"] >= 0 and cal["beta"] > 0 and cal["gamma"] > 0
     assert "predictions within 30%" in res.stdout
+
+
+@pytest.mark.parametrize("nodes", [0, 2])
+def test_a_two_level_calibration_prints_the_level_across_nodes(nodes, capsys):
+    from refcoll.cli.model import _print_calibration
+    from refcoll.core.calibration import Calibration
+    from refcoll.measure.model import Comparison
+    inter_beta = 8.369e-9
+    cal = Calibration(alpha=4.2e-5, beta=1e-10, gamma=1.8e-10, ranks=4, inter_alpha=1.3e-5,
+                      inter_beta=inter_beta if nodes else 0.0, nodes=nodes, per_node=2)
+    row = {"algorithm": "ring", "bytes": 1 << 16, "predicted": 1.1e-3, "wait": 0.0,
+           "predicted_without_wait": 1.1e-3, "predicted_fit": 1.1e-3, "measured": 8.3e-4,
+           "ratio": 1.1e-3 / 8.3e-4}
+    _print_calibration(Comparison(cal, [row], None, 2), "MPICH")
+    out = capsys.readouterr().out
+    across = [line for line in out.splitlines() if line.startswith("across ")]
+    if nodes:
+        assert across == [f"across 2 nodes of 2 ranks: α = 13 µs, β = 8.369 ns/B "
+                          f"({8 / inter_beta / 1e6:.0f} Mbit/s); the predictions price each "
+                          f"phase at its level's α and β"]
+        assert "(between ranks 0 and 1)" in out
+    else:
+        assert across == [] and "between ranks" not in out

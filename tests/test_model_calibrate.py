@@ -302,6 +302,26 @@ def test_without_descheduled_peers_the_probe_measures_no_wait(monkeypatch):
     assert all(r[2] == pytest.approx(1.1e-5) for r in rows)
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_back_to_back_all_reduces_wait_for_one_barrier_not_one_each(monkeypatch, sync):
+    barriers = []
+    real = calibrate_module.barrier
+
+    def counted(t):
+        barriers.append(t.rank)
+        real(t)
+
+    monkeypatch.setattr(calibrate_module, "barrier", counted)
+    times = SimWorld(2).run(lambda t: calibrate_module._allreduce_times(
+        t, "ring", 1024, 5, warmups=2, sync=sync))
+    assert [len(each) for each in times] == [5, 5]
+    calls = 2 + 5  # warm-ups and timed calls
+    assert barriers.count(0) == barriers.count(1) == (calls if sync else 1)
+    assert len(barriers) == 2 * (calls if sync else 1)
+    assert Comparison(_calibration(0.25), [], None, 2, not sync).to_json()[
+        "back_to_back"] is (not sync)
+
+
 # ------------------------------------------------------------------------- the report
 
 def _row(algorithm, predicted, measured, wait=0.0):

@@ -285,3 +285,7 @@ def test_head_takes_the_first_line_and_nothing_is_said(tmp_path):
     assert err == "", err
     assert res.stdout.startswith("cluster: 2 nodes") and res.stdout.count("\n") == 1
     assert res.returncode in (0, 141)
+
+
+def test_back_to_back_without_calibrate_is_refused():
+    refused(with_option("--nodes", "2") + ["--back-to-back"], "--back-to-back", "--calibrate")

@@ -119,6 +119,10 @@ __all__ = ["model"]
 @click.option("--sizes", default="64K..64M", show_default=True,
               help=f"With --calibrate: buffer sizes, a doubling range A..B or a list, each at "
                    f"most {CALIBRATE_LIMIT >> 30}G.")
+@click.option("--back-to-back", is_flag=True,
+              help="With --calibrate: time each all-reduce right after the one before it, as a "
+                   "training loop runs them (bench -m), not after a barrier of its own: across "
+                   "a shaped link, a call after a barrier finds the token bucket refilled.")
 @click.option("--json", "json_file", type=click.Path(),
               help="Write the report as JSON (its folder must exist).")
 @reports_errors
@@ -126,7 +130,7 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
           gpu_arch, bidirectional, intra_quoted, inter_quoted, intra_latency, inter_latency,
           in_network, reduce_bw, params, layers_file, bytes_per_element, forward, backward,
           algorithm, inter, compressor, pattern, buckets, bucket_size, search, preset,
-          topology_file, calibration_file, calibrate, nprocs, sizes, json_file):
+          topology_file, calibration_file, calibrate, nprocs, sizes, back_to_back, json_file):
     """Model all-reduce and step time on a described cluster, or calibrate against this one.
 
     Prints each algorithm's all-reduce time with its phases (refcoll's own
@@ -140,9 +144,11 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
     25MB. Every number must be finite and not negative; counts and bandwidths
     positive. The GPUs in all and the buckets are bounded: see --nodes and --buckets.
     """
+    if back_to_back and not calibrate:
+        raise UsageError("--back-to-back times the all-reduces of --calibrate: give both")
     check_output_paths(json=json_file)
     if calibrate:
-        _calibrate(nprocs, algorithm, sizes, json_file)
+        _calibrate(nprocs, algorithm, sizes, back_to_back, json_file)
         return
     layers_text = None
     if layers_file is not None:
@@ -174,7 +180,7 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 
 
-def _calibrate(nprocs, algorithm, sizes, json_file) -> None:
+def _calibrate(nprocs, algorithm, sizes, back_to_back, json_file) -> None:
     nprocs, byte_sizes = m.calibration_request(nprocs, sizes)
     names = (split_list(algorithm, m.calibration_choices(), "algorithm")
              or list(m.CALIBRATE_DEFAULT))
@@ -186,7 +192,7 @@ def _calibrate(nprocs, algorithm, sizes, json_file) -> None:
     launch.data_ranks(t, nprocs)  # says so when the job's size overrules -n
     if t.size < 2:
         raise UsageError("--calibrate needs at least 2 processes to measure messages")
-    result = m.compare_with_measurement(t, names, byte_sizes)
+    result = m.compare_with_measurement(t, names, byte_sizes, back_to_back=back_to_back)
     if t.rank == 0:
         library = MPI.Get_library_version().splitlines()[0].strip()
         write_json(json_file, {"ranks": t.size, "cores": os.cpu_count(), "library": library,
@@ -333,7 +339,15 @@ def _print_calibration(result, library: str) -> None:
                f"{library}")
     click.echo(f"ping-pong fit: α = {_time(cal.alpha)}, β = {cal.beta * 1e9:.4g} ns/B "
                f"({_bytes(1 / cal.beta) if cal.beta > 0 else 'inf'}/s); γ = "
-               f"{cal.gamma_per_byte * 1e9:.4g} ns/B; call {_time(cal.call)}")
+               f"{cal.gamma_per_byte * 1e9:.4g} ns/B; call {_time(cal.call)}"
+               + (" (between ranks 0 and 1)" if cal.nodes > 1 else ""))
+    if cal.nodes > 1 and cal.inter_beta:
+        click.echo(f"across {cal.nodes} nodes of {cal.per_node} ranks: α = "
+                   f"{_time(cal.inter_alpha)}, β = {cal.inter_beta * 1e9:.4g} ns/B "
+                   f"({8 / cal.inter_beta / 1e6:.0f} Mbit/s); the predictions price each "
+                   f"phase at its level's α and β")
+    click.echo("measured: each all-reduce " + ("right after the one before it (--back-to-back)"
+                                               if result.back_to_back else "after a barrier"))
     click.echo(f"  {'algorithm':<26} {'size':>8} {'predicted':>10} {'of it wait':>10} "
                f"{'α-β-γ fit':>10} {'measured':>10} {'pred/meas':>9}")
     for r in rows:

@@ -37,7 +37,7 @@ from ...core.calibration import GAMMA_ITEMSIZE, Calibration
 from ...core.errors import UsageError
 from ...core.ops import get_op
 from ...transport.base import transport_cache
-from .calibrate_compare import Comparison
+from .calibrate_compare import Comparison, machine_busy
 from .calibrate_nodes import across_nodes, inter_link
 from .calibrate_sched import stretch, wait_median, wait_summary, waits_at
 from .calibrate_steps import InCall, call_overheads, own_work, planned_path, step_samples
@@ -413,11 +413,16 @@ def scheduling_wait(calibration: Calibration, algorithm: str, p: int, nbytes: in
 
 
 def _allreduce_times(t, algorithm: str, nbytes: int, repeats: int,
-                     warmups: int | None = None) -> list[float]:
-    """Return this rank's times of ``repeats`` all-reduces of float32 ``nbytes``, seconds."""
+                     warmups: int | None = None, sync: bool = True) -> list[float]:
+    """Return this rank's times of ``repeats`` all-reduces of float32 ``nbytes``, seconds.
+
+    ``sync``: a barrier before each call; without it, one before the first.
+    """
     x, out, _ = _buffers(t, nbytes)
+    if not sync:
+        barrier(t)
     return _timed(t, lambda _: allreduce(x, t, algorithm=algorithm, validate=False, out=out),
-                  repeats, warmups=warmups)
+                  repeats, warmups=warmups, sync=sync)
 
 
 def measure_allreduce(t, algorithm: str, nbytes: int, *, repeats: int | None = None) -> float:
@@ -429,29 +434,18 @@ def measure_allreduce(t, algorithm: str, nbytes: int, *, repeats: int | None = N
     return _largest_median(t, _allreduce_times(t, algorithm, nbytes, repeats or _repeats(nbytes)))
 
 
-def _machine_busy() -> float | None:
-    """Return the CPU seconds every process on this machine has used so far (None: unknown).
-
-    From ``/proc/stat`` (Linux): user, nice, system, irq, softirq and steal time,
-    in clock ticks.
-    """
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            fields = fh.readline().split()
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / ticks
-
-
-def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int]) -> Comparison:
+def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int], *,
+                             back_to_back: bool = False) -> Comparison:
     """Calibrate, measure each algorithm at each size on ``t``, and predict (collective).
 
     Each size's all-reduces are measured in :data:`PASSES` passes interleaved
     with its step tables (see :func:`calibrate`), the algorithms in a rotated
     order each pass, and reported by the largest over ranks of each rank's
-    median over every pass; the predictions use the calibration alone. The CPU
+    median over every pass; the predictions use the calibration alone. Each call
+    is timed after a barrier, or with ``back_to_back`` after the one before it, as
+    a training loop runs them (``refcoll bench -m``): across a shaped link, a call
+    after a barrier finds the token bucket refilled and passes a burst at memory
+    speed, which a cross-node β, taken from a slope, leaves out. The CPU
     time the machine spent beyond this job's own ranks is reported with them.
     """
     times: dict[tuple[str, int], list[float]] = {}
@@ -467,16 +461,16 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
             ran[algorithm, nbytes] = (resolve_with_options(t, "allreduce", nbytes // 4, 4)
                                       if chooses else (algorithm, {}))
             times.setdefault((algorithm, nbytes), []).extend(
-                _allreduce_times(t, algorithm, nbytes, repeats, warmups))
+                _allreduce_times(t, algorithm, nbytes, repeats, warmups, not back_to_back))
 
-    busy, own, wall = _machine_busy(), time.process_time(), time.perf_counter()
+    busy, own, wall = machine_busy(), time.process_time(), time.perf_counter()
     calibration = calibrate(t, sizes, after_size=measure_pass)
     own = allreduce(np.array([time.process_time() - own]), t, algorithm="recursive_doubling",
                     validate=False)[0]
     others = None
     if busy is not None:
         wall = time.perf_counter() - wall
-        others = max(_machine_busy() - busy - own, 0.0) / (wall * (os.cpu_count() or 1))
+        others = max(machine_busy() - busy - own, 0.0) / (wall * (os.cpu_count() or 1))
     rows = []
     for algorithm in algorithms:
         for nbytes in sizes:
@@ -494,4 +488,4 @@ def compare_with_measurement(t, algorithms: Sequence[str], sizes: Sequence[int])
                                                   options=chosen),
                          "measured": seconds,
                          "ratio": predicted / seconds if seconds else math.inf})
-    return Comparison(calibration, rows, others, os.cpu_count() or 0)
+    return Comparison(calibration, rows, others, os.cpu_count() or 0, back_to_back)

@@ -11,12 +11,29 @@ and without its scheduling term and for the textbook α-β-γ fit.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from ...core.calibration import Calibration
 from .calibrate_sched import expected_share
 
-__all__ = ["Comparison"]
+__all__ = ["Comparison", "machine_busy"]
+
+
+def machine_busy() -> float | None:
+    """Return the CPU seconds every process on this machine has used so far (None: unknown).
+
+    From ``/proc/stat`` (Linux): user, nice, system, irq, softirq and steal time,
+    in clock ticks.
+    """
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = fh.readline().split()
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / ticks
 
 
 def _log_error(predicted: float, measured: float) -> float | None:
@@ -43,12 +60,15 @@ class Comparison:
             while this ran (None where unknown): above a few percent, the
             measurements shared the cores with someone else's work.
         cores: the machine's cores (0: unknown).
+        back_to_back: each measured call followed the one before it; otherwise
+            a barrier (:func:`~refcoll.measure.model.calibrate.compare_with_measurement`).
     """
 
     calibration: Calibration
     rows: list[dict]
     others: float | None
     cores: int = 0
+    back_to_back: bool = False
 
     def within(self, tolerance: float = 0.3, *, fit: bool = False,
                key: str | None = None) -> int:
@@ -116,4 +136,4 @@ class Comparison:
                 "geomean_error": self.geomean_error(),
                 "geomean_error_without_wait": self.geomean_error("predicted_without_wait"),
                 "geomean_error_fit": self.geomean_error("predicted_fit"),
-                "scheduling": self.scheduling()}
+                "scheduling": self.scheduling(), "back_to_back": self.back_to_back}
