@@ -7,6 +7,7 @@ namespace (its links, addresses, routes) is as it was.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -101,6 +102,55 @@ def test_a_link_line_shows_both_ways_as_median_and_range():
                     "at once 90 Mbit/s each (90%; 85-94 over 3), round trip 50 us")
     (line,) = format_links([{**row, "both_ways_bits_per_s": []}])
     assert "both ways" not in line and line.endswith("(96%), round trip 50 us")
+
+
+class _Links:
+    """The parts of a cluster that measure_link reads: 1 Mbit/s and 100 Mbit/s links."""
+
+    def node_ns(self, i):
+        return f"ns{i}"
+
+    def address(self, i):
+        return f"10.0.0.{i}"
+
+    def rate(self, i):
+        return "1mbit" if i == 2 else "100mbit"
+
+
+class _Server:
+    """A stand-in for the server's process: ready at once."""
+
+    def __init__(self, *args, **kwargs):
+        self.stdout = io.StringIO("ready\n")
+
+    def kill(self):
+        pass
+
+    def wait(self):
+        return 0
+
+
+@pytest.mark.parametrize("outcome", ["timeout", "no output"])
+def test_a_link_measurement_that_fails_is_one_error_not_a_traceback(monkeypatch, outcome):
+    from refcoll.cluster import check
+    allowed = []
+
+    def client(argv, **kwargs):
+        allowed.append(kwargs["timeout"])
+        if outcome == "timeout":
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        return subprocess.CompletedProcess(argv, 1, "", "Traceback ...\nConnectionRefusedError\n")
+
+    monkeypatch.setattr(check.subprocess, "Popen", _Server)
+    monkeypatch.setattr(check.subprocess, "run", client)
+    with pytest.raises(refcoll.RefcollError) as err:
+        measure_link(_Links(), 1, 2, nbytes=1 << 20, both_ways=3)
+    # the slower link (1 Mbit/s) sets the time allowed: 4 x the 4 streams' bits at its rate
+    assert allowed == [pytest.approx(60 + 4 * (1 << 20) * 8 * 4 / 1e6)]
+    message = str(err.value)
+    assert message.startswith("cluster check: the streams between node 1 and node 2")
+    assert (f"took over {allowed[0]:.0f} s" in message if outcome == "timeout"
+            else message.endswith("failed (exit 1): ConnectionRefusedError"))
 
 
 @needs_root

@@ -350,13 +350,16 @@ def test_a_two_level_calibration_prints_the_level_across_nodes(nodes, capsys):
     row = {"algorithm": "ring", "bytes": 1 << 16, "predicted": 1.1e-3, "wait": 0.0,
            "predicted_without_wait": 1.1e-3, "predicted_fit": 1.1e-3, "measured": 8.3e-4,
            "ratio": 1.1e-3 / 8.3e-4}
-    _print_calibration(Comparison(cal, [row], None, 2), "MPICH")
+    _print_calibration(Comparison(cal, [row], None, 2, back_to_back=bool(nodes)), "MPICH")
     out = capsys.readouterr().out
     across = [line for line in out.splitlines() if line.startswith("across ")]
     if nodes:
         assert across == [f"across 2 nodes of 2 ranks: α = 13 µs, β = 8.369 ns/B "
                           f"({8 / inter_beta / 1e6:.0f} Mbit/s); the predictions price each "
                           f"phase at its level's α and β"]
-        assert "(between ranks 0 and 1)" in out
+        assert "ping-pong fit (between ranks 0 and 1): α = 42 µs" in out
+        assert ("measured: each all-reduce right after the one before it (--back-to-back)"
+                in out.splitlines())
     else:
         assert across == [] and "between ranks" not in out
+        assert "measured: each all-reduce after a barrier" in out.splitlines()

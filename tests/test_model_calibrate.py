@@ -318,8 +318,24 @@ def test_back_to_back_all_reduces_wait_for_one_barrier_not_one_each(monkeypatch,
     calls = 2 + 5  # warm-ups and timed calls
     assert barriers.count(0) == barriers.count(1) == (calls if sync else 1)
     assert len(barriers) == 2 * (calls if sync else 1)
-    assert Comparison(_calibration(0.25), [], None, 2, not sync).to_json()[
-        "back_to_back"] is (not sync)
+
+
+@pytest.mark.parametrize("back_to_back", [True, False])
+def test_compare_with_measurement_times_calls_as_asked(monkeypatch, back_to_back):
+    asked = []
+
+    def times(t, algorithm, nbytes, repeats, warmups=None, sync=True):
+        asked.append(sync)
+        return [1e-3] * repeats
+
+    monkeypatch.setattr(calibrate_module, "_allreduce_times", times)
+    monkeypatch.setattr(calibrate_module, "calibrate",
+                        lambda t, sizes, after_size: [after_size(n) for n in sizes] and
+                        _calibration(0.25))
+    first, _ = SimWorld(2).run(lambda t: calibrate_module.compare_with_measurement(
+        t, ["ring"], [4096], back_to_back=back_to_back))
+    assert asked and set(asked) == {not back_to_back}
+    assert first.to_json()["back_to_back"] is back_to_back
 
 
 # ------------------------------------------------------------------------- the report

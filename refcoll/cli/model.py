@@ -337,11 +337,11 @@ def _print_calibration(result, library: str) -> None:
     cal, rows = result.calibration, result.rows
     click.echo(f"refcoll model --calibrate: {cal.ranks} ranks on {os.cpu_count()} cores, "
                f"{library}")
-    click.echo(f"ping-pong fit: α = {_time(cal.alpha)}, β = {cal.beta * 1e9:.4g} ns/B "
+    where = " (between ranks 0 and 1)" if cal.two_level else ""
+    click.echo(f"ping-pong fit{where}: α = {_time(cal.alpha)}, β = {cal.beta * 1e9:.4g} ns/B "
                f"({_bytes(1 / cal.beta) if cal.beta > 0 else 'inf'}/s); γ = "
-               f"{cal.gamma_per_byte * 1e9:.4g} ns/B; call {_time(cal.call)}"
-               + (" (between ranks 0 and 1)" if cal.nodes > 1 else ""))
-    if cal.nodes > 1 and cal.inter_beta:
+               f"{cal.gamma_per_byte * 1e9:.4g} ns/B; call {_time(cal.call)}")
+    if cal.two_level:
         click.echo(f"across {cal.nodes} nodes of {cal.per_node} ranks: α = "
                    f"{_time(cal.inter_alpha)}, β = {cal.inter_beta * 1e9:.4g} ns/B "
                    f"({8 / cal.inter_beta / 1e6:.0f} Mbit/s); the predictions price each "

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 
+from ..core.errors import RefcollError
 from .emulate import Cluster, parse_rate
 
 __all__ = ["measure_link", "measure_links", "format_links", "BOTH_WAYS"]
@@ -77,17 +78,31 @@ print(json.dumps({"rtt_s": statistics.median(rtts), "bits_per_s": one_way,
 def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int = 16 << 20,
                  port: int = 47123, both_ways: int = BOTH_WAYS) -> dict:
     """Return node ``i``'s round trip to ``peer``, the rate of a stream from ``i`` to it, and
-    the rate each way of ``both_ways`` pairs of streams between them at once (a list)."""
+    the rate each way of ``both_ways`` pairs of streams between them at once (a list).
+
+    Raises :class:`~refcoll.core.errors.RefcollError` with the client's last words where
+    the measurement fails or outlasts 4 times what the slower link asked for allows.
+    """
+    slower = min(parse_rate(cluster.rate(i)), parse_rate(cluster.rate(peer)))
+    allowed = 60 + 4 * nbytes * 8 * (1 + both_ways) / slower
+    what = f"cluster check: the streams between node {i} and node {peer}"
     server = subprocess.Popen(["ip", "netns", "exec", cluster.node_ns(peer), sys.executable,
                                "-c", _SERVER, str(port), str(nbytes), str(both_ways)],
                               stdout=subprocess.PIPE, text=True)
     try:
         server.stdout.readline()  # "ready"
-        res = subprocess.run(["ip", "netns", "exec", cluster.node_ns(i), sys.executable, "-c",
-                              _CLIENT, cluster.address(peer), str(port), str(nbytes),
-                              str(both_ways)],
-                             capture_output=True, text=True, timeout=300)
-        return json.loads(res.stdout)
+        try:
+            res = subprocess.run(["ip", "netns", "exec", cluster.node_ns(i), sys.executable,
+                                  "-c", _CLIENT, cluster.address(peer), str(port), str(nbytes),
+                                  str(both_ways)],
+                                 capture_output=True, text=True, timeout=allowed)
+        except subprocess.TimeoutExpired:
+            raise RefcollError(f"{what} took over {allowed:.0f} s") from None
+        try:
+            return json.loads(res.stdout)
+        except ValueError:
+            last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RefcollError(f"{what} failed (exit {res.returncode}): {last}") from None
     finally:
         server.kill()
         server.wait()
