@@ -118,13 +118,16 @@ class _Links:
 
 
 class _Server:
-    """A stand-in for the server's process: ready at once."""
+    """A stand-in for the server's process: ready at once; every one started is kept."""
+
+    started: list[_Server] = []
 
     def __init__(self, *args, **kwargs):
-        self.stdout = io.StringIO("ready\n")
+        self.stdout, self.killed = io.StringIO("ready\n"), False
+        _Server.started.append(self)
 
     def kill(self):
-        pass
+        self.killed = True
 
     def wait(self):
         return 0
@@ -141,6 +144,7 @@ def test_a_link_measurement_that_fails_is_one_error_not_a_traceback(monkeypatch,
             raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
         return subprocess.CompletedProcess(argv, 1, "", "Traceback ...\nConnectionRefusedError\n")
 
+    monkeypatch.setattr(_Server, "started", [])
     monkeypatch.setattr(check.subprocess, "Popen", _Server)
     monkeypatch.setattr(check.subprocess, "run", client)
     with pytest.raises(refcoll.RefcollError) as err:
@@ -151,6 +155,7 @@ def test_a_link_measurement_that_fails_is_one_error_not_a_traceback(monkeypatch,
     assert message.startswith("cluster check: the streams between node 1 and node 2")
     assert (f"took over {allowed[0]:.0f} s" in message if outcome == "timeout"
             else message.endswith("failed (exit 1): ConnectionRefusedError"))
+    assert [server.killed for server in _Server.started] == [True]  # none left behind
 
 
 @needs_root
