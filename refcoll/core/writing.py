@@ -1,0 +1,147 @@
+"""Writing a file: the one way refcoll puts bytes on disk, never through a link.
+
+Every file refcoll writes (rank files, ``meta.json``, ``--json`` and ``--csv`` reports,
+plots, golden vectors, tuning files, the calibration cache, cluster state) is written
+to a fresh temporary name in its own folder and renamed over the target. So:
+
+* a symbolic link at the target is replaced, never written through: as root, a planted
+  ``rank0.npy -> /etc/passwd`` costs the link, not ``/etc/passwd``;
+* a reader sees the old file or the new one, never half of one, and two writers at once
+  leave one whole file;
+* a failed write leaves the old file and no temporary behind.
+
+:func:`same_place` tells whether two paths are one folder by what they resolve to, and
+:func:`remove_file` removes a file or a link (never what a link points to). Where two
+jobs may update one file (the calibration cache), :func:`locked` serialises them.
+
+Example:
+    >>> from refcoll.core.writing import write_json
+    >>> write_json("report.json", {"rows": []})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from .errors import UsageError
+
+__all__ = ["write_file", "write_bytes", "write_text", "write_json", "save_npy", "remove_file",
+           "same_place", "locked", "private_folder"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def write_file(path, *, mode: int = 0o666):
+    """Yield a binary file object whose contents replace ``path`` when the block ends.
+
+    The file is a temporary in ``path``'s folder, renamed over ``path`` after the block
+    (atomically, replacing a link there rather than following it); on an exception it
+    is removed and ``path`` is left as it was.
+
+    Args:
+        path: the file to write.
+        mode: its permission bits before the umask (0o666, as ``open`` gives; 0o600
+            for a private file).
+
+    Raises:
+        UsageError: ``path`` is a folder, or its folder is missing or not writable.
+    """
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir() and not target.is_symlink():
+        raise UsageError(f"{path}: is a folder; give a file name")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: folder {folder} does not exist; create it first") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be written in {folder} ({exc.strerror})") from None
+    try:
+        os.fchmod(fd, mode & ~_umask())
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path, data: bytes, *, mode: int = 0o666) -> None:
+    """Replace ``path`` with ``data`` (a temporary renamed over it, no link followed)."""
+    with write_file(path, mode=mode) as fh:
+        fh.write(data)
+
+
+def write_text(path, text: str, *, mode: int = 0o666) -> None:
+    """Replace ``path`` with UTF-8 ``text`` (a temporary renamed over it, no link followed)."""
+    write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def write_json(path, value, *, indent: int | None = 2, mode: int = 0o666, **dumps) -> None:
+    """Replace ``path`` with ``value`` as JSON and a final newline (no link followed)."""
+    write_text(path, json.dumps(value, indent=indent, **dumps) + "\n", mode=mode)
+
+
+def save_npy(path, array) -> None:
+    """Replace ``path`` with ``array`` in NumPy's ``.npy`` format (no link followed)."""
+    import numpy as np  # core's other modules do not need NumPy to write text
+
+    with write_file(path) as fh:
+        np.save(fh, array, allow_pickle=False)
+
+
+def remove_file(path) -> None:
+    """Remove a file or a symbolic link (the link itself); a folder is refused.
+
+    Raises:
+        UsageError: ``path`` is a folder.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{path}: is a folder; refcoll removes only the files it wrote")
+    os.unlink(path)
+
+
+def same_place(a, b) -> bool:
+    """Return whether paths ``a`` and ``b`` are one file or folder, by what they resolve to."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold an exclusive lock for updating ``path`` (on ``path.lock``, beside it).
+
+    Two jobs that read, change and rewrite one file (the calibration cache) take it in
+    turn, so neither loses the other's entry.
+    """
+    lock = f"{path}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def private_folder(prefix: str = "refcoll-") -> str:
+    """Make a folder only this user can enter (mode 0700, an unpredictable name); return it."""
+    return tempfile.mkdtemp(prefix=prefix)
