@@ -15,11 +15,12 @@ import click
 from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
+from ..core.writing import same_place
 from ..verify.inputs import make_inputs
 from ..verify.identify import identify as identify_order
 from ..verify.oracle import check_outputs, expected_outputs
-from ..verify.rankfiles import load_case, write_world
-from ..verify.simulation import simulation_bytes
+from ..verify.rankfiles import load_case, rank_file_bytes, write_world
+from ..verify.simulation import MAX_SIMULATED_RANKS, simulation_bytes
 from .common import (check_output_directory, check_output_paths, main, out_of_memory_is_usage,
                      reports_errors, require_memory, write_json)
 
@@ -33,7 +34,7 @@ _KINDS = ["exact", "random", "adversarial"]
 
 @main.command("gen-inputs")
 @click.option("-p", "--procs", "p", type=click.IntRange(min=1), required=True,
-              help="Number of ranks.")
+              help=f"Number of ranks, 1 to {MAX_SIMULATED_RANKS}.")
 @click.option("--count", type=click.IntRange(min=0), required=True, help="Elements per rank.")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--kind", type=click.Choice(_KINDS), default="random", show_default=True)
@@ -47,8 +48,13 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
 
     exact: float results exact in any order (nccl-tests' verifiable inputs);
     random: normal values; adversarial: cancelling large values that expose the
-    reduction order. bfloat16 and float8 are stored as their integer bits.
+    reduction order. bfloat16 and float8 are stored as their integer bits. -p is at
+    most 4096, as for `refcoll simulate`: the oracle runs every rank as a thread.
     """
+    if p > MAX_SIMULATED_RANKS:
+        raise UsageError(f"-p {p}: refcoll's oracle runs every rank as a thread of one "
+                         f"process, so a world has at most {MAX_SIMULATED_RANKS} ranks; give "
+                         f"-p {MAX_SIMULATED_RANKS} or fewer")
     check_output_directory("DIRECTORY", directory)
     dt = get_dtype(dtype)
     reduction = get_op(op)
@@ -79,11 +85,19 @@ def _collective_options(f):
 @click.argument("out_dir", type=click.Path())
 @reports_errors
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
-    """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit."""
+    """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
+
+    IN_DIR has at most 4096 ranks. OUT_DIR must not be IN_DIR (compared by what they
+    resolve to, links followed); each file is written to a temporary name and renamed
+    into place, so a link in OUT_DIR is replaced, never written through.
+    """
     check_output_directory("OUT_DIR", out_dir)
-    if os.path.abspath(in_dir) == os.path.abspath(out_dir):
-        raise UsageError(f"OUT_DIR {out_dir} is IN_DIR: the outputs would overwrite the inputs")
+    if same_place(in_dir, out_dir):
+        raise UsageError(f"OUT_DIR {out_dir} is IN_DIR {in_dir} (the same folder, links "
+                         "followed): the outputs would overwrite the inputs")
     algorithms.implementation(algorithm, collective)
+    require_memory(rank_file_bytes(in_dir), f"reading the rank files of {in_dir}",
+                   "predict fewer or smaller inputs")
     inputs, _, _ = load_case(in_dir, collective=collective, root=root)
     what = f"predicting {algorithm} {collective} for {len(inputs)} ranks"
     advice = "predict fewer or smaller inputs"
@@ -123,11 +137,14 @@ def check(algorithm, any_order, identify, op, collective, root, json_file, in_di
     refcoll.verify.rankfiles).
     """
     check_output_paths(json=json_file)
+    _refuse_report_over_case(json_file, in_dir, out_dir)
     if algorithm and any_order:
         raise UsageError("give --algorithm A or --any, not both")
     if algorithm:
         algorithms.implementation(algorithm, collective)
     op = get_op(op).name
+    require_memory(rank_file_bytes(in_dir, out_dir), f"reading the rank files of {in_dir} and "
+                   f"{out_dir}", "judge fewer or smaller files")
     inputs, outputs, _ = load_case(in_dir, out_dir, collective=collective, root=root, op=op)
     with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs",
                                 "judge fewer or smaller outputs"):
@@ -139,6 +156,20 @@ def check(algorithm, any_order, identify, op, collective, root, json_file, in_di
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})
     sys.exit(0 if report.conforming else 1)
+
+
+def _refuse_report_over_case(json_file: str | None, *folders: str) -> None:
+    """Refuse a --json path that is (or links to) a file of the case being judged."""
+    if not json_file:
+        return
+    target = os.path.realpath(json_file)
+    name = os.path.basename(target)
+    if name != "meta.json" and not name.endswith(".npy"):
+        return
+    for folder in folders:
+        if same_place(os.path.dirname(target), folder):
+            raise UsageError(f"--json {json_file}: is {os.path.join(folder, name)}, a file "
+                             "being judged; write the report elsewhere")
 
 
 def _print_report(report, collective: str, algorithm: str | None, found=None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -45,16 +46,22 @@ def spec(write, check, paths):
 @main.command()
 @click.option("--verify", "check", is_flag=True,
               help="Re-simulate every vector and check every sha256 instead of writing them.")
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=click.Path())
 @reports_errors
 def vectors(check, directory):
-    """Write refcoll's golden test vectors into DIRECTORY, or check them (e.g. spec/vectors)."""
+    """Write refcoll's golden test vectors into DIRECTORY, or check them (e.g. spec/vectors).
+
+    DIRECTORY must be new, empty, or one this command wrote (it holds refcoll's
+    manifest.json): only the vectors that manifest named are ever replaced or removed.
+    """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"{directory}: is not a folder; give the vectors' folder")
     if check:
+        manifest = golden.read_manifest(directory)
         problems = golden.verify(directory)
         for line in problems:
             click.echo(line)
-        click.echo(f"{golden.read_manifest(directory)['count']} vectors, "
-                   f"{len(problems)} mismatches")
+        click.echo(f"{len(manifest['vectors'])} vectors, {len(problems)} mismatches")
         sys.exit(1 if problems else 0)
     manifest = golden.generate(directory)
     click.echo(f"wrote {manifest['count']} vectors and manifest.json to {directory}")

@@ -26,7 +26,7 @@ matches and the identification says the inputs cannot tell orders apart.
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from .. import algorithms
 from ..core.bits import differing
 from ..core.errors import UsageError
 from ..core.ops import is_float
+from ..core.reading import number, read_json
 from .oracle import expected_outputs
 
 __all__ = ["Candidate", "Identification", "identify", "order_label", "candidate_orders",
@@ -184,16 +185,60 @@ class Identification:
                                 "ulps": c.ulps, "digest": c.digest} for c in self.candidates]}
 
 
+#: The largest library-orders file refcoll reads (the packaged one is about 30 KiB).
+MAX_KNOWN_ORDERS_BYTES = 4 << 20
+
+#: A known order's text fields, and whether each must be present.
+_KNOWN_TEXT = {"collective": True, "op": False, "dtype": False, "library": False,
+               "variant": False, "description": False}
+
+
+def _text(value, where: str) -> str:
+    """Return ``value`` if it is one printable line of at most 200 characters."""
+    if not (isinstance(value, str) and value.isprintable() and 0 < len(value) <= 200):
+        shown = repr(value)
+        raise UsageError(f"{where}: must be a line of text (at most 200 characters), not "
+                         f"{shown if len(shown) <= 60 else shown[:57] + '...'}")
+    return value
+
+
+def _known_entry(entry, where: str) -> dict:
+    """Check one recorded library order, field by field."""
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: must be a JSON object, not a {type(entry).__name__}")
+    for key, required in _KNOWN_TEXT.items():
+        if key in entry or required:
+            if key not in entry:
+                raise UsageError(f"{where}: has no {key}")
+            _text(entry[key], f"{where}: {key}")
+    if "p" not in entry:
+        raise UsageError(f"{where}: has no p")
+    number(entry["p"], where=f"{where}: p", least=1, integer=True)
+    matches = entry.get("matches", [])
+    if not isinstance(matches, list):
+        raise UsageError(f"{where}: matches must be a list of orders' names")
+    for i, label in enumerate(matches):
+        _text(label, f"{where}: matches[{i}]")
+    return entry
+
+
 def known_orders(path: Path | None = None) -> list[dict]:
-    """Return the recorded library orders (``known_orders.json``); ``[]`` when absent."""
+    """Return the recorded library orders (``known_orders.json``); ``[]`` when absent.
+
+    Read through :func:`refcoll.core.reading.read_json` (a regular file of at most
+    :data:`MAX_KNOWN_ORDERS_BYTES`, bounded JSON) and checked field by field.
+
+    Raises:
+        UsageError: one line naming the file (and the entry) and what is wrong.
+    """
     f = Path(path) if path is not None else _KNOWN
-    try:
-        data = json.loads(f.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(f):
         return []
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{f}: not readable as the library orders' JSON ({exc})") from None
-    return data if isinstance(data, list) else []
+    data = read_json(f, what="library orders' JSON", max_bytes=MAX_KNOWN_ORDERS_BYTES)
+    if not isinstance(data, list):
+        raise UsageError(f"{f}: must hold a JSON list of library orders, not a "
+                         f"{type(data).__name__}")
+    return [_known_entry(entry, f"{f}: entry {i}") for i, entry in enumerate(data)]
 
 
 def _libraries(collective: str, op: str, p: int, labels: list[str], known: list[dict]) -> dict:

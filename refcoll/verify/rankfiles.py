@@ -17,35 +17,62 @@ fields refcoll reads are
 Without ``meta.json`` the files define the world: ``p`` is the highest rank plus one,
 every rank below it must have its file, and every file must hold the first one's dtype.
 
+A world has at most :data:`MAX_SIMULATED_RANKS` ranks (the simulator's bound: the oracle runs
+every rank as a thread of one process), and every file is read within bounds, through
+:mod:`refcoll.core.reading`: each is a regular file (a FIFO or a device is refused
+before it is read), ``meta.json`` holds at most :data:`MAX_META_BYTES` of bounded JSON,
+and a ``.npy`` file's header (format 1.0, 2.0 or 3.0) must promise exactly the bytes the
+file holds, its size computed in Python's integers, before anything is allocated.
+
 A file that cannot be read, or that does not fit the world, is a
 :class:`~refcoll.core.errors.UsageError` naming the file and the reason, so the command
 line exits 2 ("cannot be judged") and never 1 ("not conforming") for a bad file.
 :func:`load_case` is the one entry of ``refcoll check`` and ``refcoll oracle``: it
 applies every rule to a folder of inputs and, for ``check``, a folder of outputs.
+
+Rank files and ``meta.json`` are written through :mod:`refcoll.core.writing`: each to a
+temporary name in its folder and renamed over the old one, never through a link.
 """
 
 from __future__ import annotations
 
-import json
+import ast
+import math
 import os
 import re
+import stat
+import struct
 from pathlib import Path
 
 import numpy as np
 
+from ..core import reading, writing
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype
+from ..transport.sim import MAX_SIMULATED_RANKS
 
-__all__ = ["read_meta", "read_rank_files", "write_rank_files", "write_world", "load_case",
+__all__ = ["MAX_META_BYTES", "MAX_NPY_HEADER", "read_meta", "read_npy",
+           "rank_file_bytes", "read_rank_files", "write_rank_files", "write_world", "load_case",
            "stored_dtype"]
 
 _RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.npy")
+
+#: The largest ``meta.json`` refcoll reads (refcoll's own are about 200 bytes).
+MAX_META_BYTES = 1 << 20
+
+#: The longest ``.npy`` header refcoll reads (NumPy writes a few hundred bytes, and its
+#: own reader stops at this length too).
+MAX_NPY_HEADER = 10_000
+
+#: A name in ``meta.json`` (a dtype, op or collective): short, one line, no escapes.
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 #: The collectives whose result depends on ``root``, and those that reduce (take ``op``).
 _ROOTED = ("broadcast", "reduce")
 _REDUCING = ("allreduce", "reduce_scatter", "reduce")
 
 _BITS_RULE = "only bfloat16 and float8 types are stored as their unsigned bits"
+_RANKS_WHY = "the oracle runs every rank as a thread of this one process"
 
 
 def stored_dtype(dtype) -> np.dtype:
@@ -56,7 +83,41 @@ def stored_dtype(dtype) -> np.dtype:
     return dtype
 
 
+def _shown(value, limit: int = 60) -> str:
+    """Return ``value``'s repr, cut to ``limit`` characters (a message stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def _reason(exc: BaseException) -> str:
+    """Return an exception's message on one line, cut short."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
 # ------------------------------------------------------------------------- writing
+
+def _make_folder(path: Path) -> None:
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{path}: is a symbolic link to {_shown(os.readlink(path))}, which does "
+                         "not exist; create that folder or give another")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{path}: the folder cannot be created ({exc.strerror or exc})") from None
+
+
+def _refuse_folders(paths) -> None:
+    """Refuse, before anything is written, a folder where a file is to be written or removed."""
+    for f in paths:
+        try:
+            folder = stat.S_ISDIR(os.lstat(f).st_mode)
+        except OSError:
+            continue
+        if folder:
+            raise UsageError(f"{f}: is a folder where refcoll writes a file; move it away "
+                             "(nothing was changed)")
+
 
 def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     """Write ``rank<r>.npy`` for each array (None: no file) and ``meta.json``.
@@ -65,18 +126,23 @@ def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     cannot name ml_dtypes' types); ``meta.json`` records the real dtype and how it is
     stored, so any language can read the bits back. Other files in the folder are
     left alone, so each rank of a job may write its own file (``[None] * r + [x]``).
+    Each file is written to a temporary name and renamed over the old one, so a link
+    in its place is replaced, never written through.
     """
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    _make_folder(path)
     first = next((a for a in arrays if a is not None), None)
     info = dict(meta or {})
     if first is not None:
         info.setdefault("dtype", dtype_name(first.dtype))
         info["stored_as"] = str(stored_dtype(first.dtype))
+    _refuse_folders([path / f"rank{r}.npy" for r, a in enumerate(arrays) if a is not None]
+                    + [path / "meta.json"])
     for r, arr in enumerate(arrays):
         if arr is not None:
-            np.save(path / f"rank{r}.npy", np.ascontiguousarray(arr).view(stored_dtype(arr.dtype)))
-    (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
+            writing.save_npy(path / f"rank{r}.npy",
+                             np.ascontiguousarray(arr).view(stored_dtype(arr.dtype)))
+    writing.write_json(path / "meta.json", info, indent=2)
 
 
 def write_world(directory, arrays, *, meta: dict | None = None) -> None:
@@ -85,13 +151,24 @@ def write_world(directory, arrays, *, meta: dict | None = None) -> None:
     :func:`write_rank_files` with ``p = len(arrays)`` in ``meta.json``, after removing
     the rank files already in the folder that this world has no array for (a larger
     world's, or a non-root rank of an earlier all-reduce where a reduce is written):
-    the folder then holds exactly this world, and its ``p`` stays true.
+    the folder then holds exactly this world, and its ``p`` stays true. A stale file
+    that is a link is removed itself, never what it points to.
+
+    Raises:
+        UsageError: more than :data:`MAX_SIMULATED_RANKS` arrays, a folder where a file goes,
+            or a folder that cannot be created; nothing is changed then.
     """
+    most = MAX_SIMULATED_RANKS
+    if len(arrays) > most:
+        raise UsageError(f"{directory}: a world of {len(arrays)} ranks is more than refcoll "
+                         f"writes (at most {most}: {_RANKS_WHY})")
     path = Path(directory)
-    if path.is_dir():
-        for r, f in _rank_files(path).items():
-            if r >= len(arrays) or arrays[r] is None:
-                f.unlink()
+    _make_folder(path)
+    stale = [f for r, f in _rank_files(path).items() if r >= len(arrays) or arrays[r] is None]
+    _refuse_folders(stale + [path / f"rank{r}.npy" for r, a in enumerate(arrays)
+                             if a is not None] + [path / "meta.json"])
+    for f in stale:
+        writing.remove_file(f)
     write_rank_files(path, arrays, meta={**(meta or {}), "p": len(arrays)})
 
 
@@ -100,135 +177,264 @@ def write_world(directory, arrays, *, meta: dict | None = None) -> None:
 def _folder(directory, role: str) -> Path:
     """Return ``directory`` as a Path, refusing one that is missing or not a folder."""
     path = Path(directory)
-    if not path.exists():
-        raise UsageError(f"{directory}: the {role} folder does not exist")
-    if not path.is_dir():
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{directory}: the {role} folder does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"{directory}: the {role} folder cannot be read "
+                         f"({exc.strerror or exc})") from None
+    if stat.S_ISREG(mode):
         raise UsageError(f"{directory}: is a file, not a folder of rank<r>.npy files")
+    if not stat.S_ISDIR(mode):
+        raise UsageError(f"{directory}: is a special file (a FIFO, device or socket), not a "
+                         "folder of rank<r>.npy files")
     return path
 
 
 def _rank_files(path: Path) -> dict[int, Path]:
-    """Return ``{rank: file}`` for the ``rank<r>.npy`` files in ``path``."""
-    try:
-        names = os.listdir(path)
-    except OSError as exc:
-        raise UsageError(f"{path}: the folder cannot be read ({exc.strerror})") from None
+    """Return ``{rank: file}`` for the ``rank<r>.npy`` files in ``path``, by rank.
+
+    Raises:
+        UsageError: the folder cannot be read, or it holds more rank files than a
+            world may have (found while listing, so a huge folder costs no memory).
+    """
+    most = MAX_SIMULATED_RANKS
     found = {}
-    for name in names:
-        match = _RANK_FILE.fullmatch(name)
-        if match:
-            found[int(match[1])] = path / name
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                match = _RANK_FILE.fullmatch(entry.name)
+                if not match:
+                    continue
+                if len(found) == most:
+                    raise UsageError(f"{path}: holds more than {most} rank<r>.npy files, more "
+                                     f"ranks than refcoll reads or writes ({_RANKS_WHY})")
+                found[int(match[1])] = path / entry.name
+    except OSError as exc:
+        raise UsageError(f"{path}: the folder cannot be read ({exc.strerror or exc})") from None
     return dict(sorted(found.items()))
+
+
+def rank_file_bytes(*folders) -> int:
+    """Return the bytes the rank files in ``folders`` hold in all, from their sizes alone.
+
+    Nothing is opened: what a command will read can be held against the memory it may
+    use before the first file is read (a sparse file may claim far more than its disk).
+
+    A folder that is missing or not a folder counts 0 bytes (the reader says why).
+
+    Raises:
+        UsageError: a folder holds more rank files than a world may have.
+    """
+    total = 0
+    for directory in folders:
+        if not os.path.isdir(directory):
+            continue
+        for f in _rank_files(Path(directory)).values():
+            try:
+                info = os.stat(f)
+            except OSError:
+                continue  # the reader says why
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total
+
+
+def _beyond_most(f: Path, r: int) -> UsageError:
+    most = MAX_SIMULATED_RANKS
+    return UsageError(f"{f}: rank {r} is beyond the {most} ranks refcoll reads (rank0.npy .. "
+                      f"rank{most - 1}.npy: {_RANKS_WHY})")
+
+
+def _first_gap(ranks) -> int:
+    """Return the lowest rank without a file, given the sorted ranks that have one."""
+    return next((i for i, r in enumerate(ranks) if r != i), len(ranks))
 
 
 def _count_field(meta: dict, key: str, f: Path, least: int, what: str) -> None:
     value = meta.get(key)
     if key in meta and (type(value) is not int or value < least):
-        raise UsageError(f"{f}: {key} must be {what}, not {value!r}")
+        raise UsageError(f"{f}: {key} must be {what}, not {_shown(value)}")
+
+
+def _name_field(meta: dict, key: str, f: Path, what: str) -> None:
+    value = meta.get(key)
+    if key in meta and not (isinstance(value, str) and _NAME.fullmatch(value)):
+        raise UsageError(f"{f}: {key} must be {what}, not {_shown(value)}")
 
 
 def read_meta(directory) -> dict:
     """Return ``directory``'s ``meta.json`` as a dict ({} when there is none), checked.
 
+    Read through :mod:`refcoll.core.reading`: a regular file of at most
+    :data:`MAX_META_BYTES`, bounded JSON (depth, integers' digits, finite numbers).
+
     Raises:
-        UsageError: the file cannot be read, is empty, is not JSON, is not a JSON
-            object, or a field refcoll reads has a value no world can have.
+        UsageError: the file is not a regular file, cannot be read, is empty, is not
+            JSON within those bounds, is not a JSON object, or a field refcoll reads has
+            a value no world can have (``p`` above :data:`MAX_SIMULATED_RANKS` included).
     """
     f = Path(directory) / "meta.json"
-    if not f.exists():
+    if not os.path.lexists(f):
         return {}
-    try:
-        raw = f.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{f}: cannot be read ({exc.strerror})") from None
+    if not f.exists():
+        raise UsageError(f"{f}: is a symbolic link to {_shown(os.readlink(f))}, which does not "
+                         "exist; correct the link or remove it")
+    raw = reading.read_bytes(f, max_bytes=MAX_META_BYTES, what="meta.json")
     if not raw.strip():
         raise UsageError(f'{f}: is empty; it must hold a JSON object such as {{"dtype": '
                          f'"float32", "p": 4}}, or be removed')
     try:
-        meta = json.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{f}: not valid JSON ({exc})") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{f}: not valid JSON (not UTF-8 text: byte {exc.start} is "
+                         f"{raw[exc.start]:#04x})") from None
+    meta = reading.loads_json(text, source=str(f))
     if not isinstance(meta, dict):
         kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
             type(meta), "number")
         raise UsageError(f"{f}: holds a JSON {kind}, not a JSON object of fields "
                          '(such as {"dtype": "float32", "p": 4})')
+    _name_field(meta, "dtype", f, "a dtype's name")
     if "dtype" in meta:
-        if not isinstance(meta["dtype"], str):
-            raise UsageError(f"{f}: dtype must be a dtype's name, not {meta['dtype']!r}")
         try:
             dt = get_dtype(meta["dtype"])
         except UsageError as exc:
             raise UsageError(f"{f}: {exc}") from None
         stored = meta.get("stored_as", str(stored_dtype(dt)))
         if stored != str(stored_dtype(dt)):
-            raise UsageError(f"{f}: stored_as {stored!r} does not fit dtype {meta['dtype']}, "
-                             f"which is stored as {stored_dtype(dt)} ({_BITS_RULE})")
+            raise UsageError(f"{f}: stored_as {_shown(stored)} does not fit dtype "
+                             f"{meta['dtype']}, which is stored as {stored_dtype(dt)} "
+                             f"({_BITS_RULE})")
     _count_field(meta, "p", f, 1, "a whole number of ranks, 1 or more")
+    if "p" in meta and meta["p"] > MAX_SIMULATED_RANKS:
+        raise UsageError(f"{f}: p = {meta['p']} is more ranks than refcoll reads (at most "
+                         f"{MAX_SIMULATED_RANKS}: {_RANKS_WHY})")
     _count_field(meta, "count", f, 0, "a whole number of elements, 0 or more")
     _count_field(meta, "root", f, 0, "a rank, 0 or more")
     for key in ("collective", "op"):
-        if key in meta and not isinstance(meta[key], str):
-            raise UsageError(f"{f}: {key} must be a name, not {meta[key]!r}")
+        _name_field(meta, key, f, "a name")
     return meta
 
 
-def _header(fh, f: Path):
-    """Return the ``.npy`` header's ``(shape, dtype)`` (None where its version is unknown)."""
+def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
+    """Parse a ``.npy`` header of any version; return ``(shape, fortran, dtype, its bytes)``."""
+    start = fh.read(10)
+    if not start:
+        raise UsageError(f"{f}: is empty (0 bytes), not a .npy file")
+    if start.startswith(b"PK"):
+        raise UsageError(f"{f}: is an .npz archive, not a .npy file; save each rank's "
+                         "array alone with numpy.save")
+    if not start.startswith(b"\x93NUMPY"):
+        raise UsageError(f"{f}: not a .npy file (it does not start with NumPy's "
+                         "\\x93NUMPY header); save each rank's array with numpy.save")
+    if len(start) < 10:
+        raise UsageError(f"{f}: truncated in its .npy header ({len(start)} bytes)")
+    version = (start[6], start[7])
+    if version == (1, 0):
+        length, used = struct.unpack("<H", start[8:10])[0], 10
+    elif version in ((2, 0), (3, 0)):
+        more = fh.read(2)
+        if len(more) < 2:
+            raise UsageError(f"{f}: truncated in its .npy header ({10 + len(more)} bytes)")
+        length, used = struct.unpack("<I", start[8:10] + more)[0], 12
+    else:
+        raise UsageError(f"{f}: its .npy format version {version[0]}.{version[1]} is not one "
+                         "refcoll reads (1.0, 2.0 or 3.0)")
+    if length > MAX_NPY_HEADER:
+        raise UsageError(f"{f}: its .npy header claims {length} bytes, more than the "
+                         f"{MAX_NPY_HEADER} refcoll reads (NumPy writes a few hundred)")
+    raw = fh.read(length)
+    if len(raw) < length:
+        raise UsageError(f"{f}: truncated in its .npy header ({len(raw)} of the {length} bytes "
+                         "it claims)")
+    if re.search(rb"[0-9]{40}", raw):  # Python would parse it, slowly, beyond any array
+        raise UsageError(f"{f}: its .npy header cannot be read (it holds a number of 40 digits "
+                         "or more)")
     try:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, _, dt = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, _, dt = np.lib.format.read_array_header_2_0(fh)
-        else:
-            return None
-    except (ValueError, SyntaxError, EOFError) as exc:
-        raise UsageError(f"{f}: its .npy header cannot be read ({exc})") from None
-    return shape, dt
+        header = ast.literal_eval(raw.decode("utf-8" if version == (3, 0) else "latin1"))
+    except (UnicodeDecodeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise UsageError(f"{f}: its .npy header cannot be read ({_reason(exc)})") from None
+    except (ValueError, TypeError):  # a name, a call, an integer of thousands of digits
+        raise UsageError(f"{f}: its .npy header cannot be read (it is not a dict of plain "
+                         "values: a name, a call or an overlong number)") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise UsageError(f"{f}: its .npy header cannot be read (it must be a dict of descr, "
+                         f"fortran_order and shape, not {_shown(header)})")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if type(shape) is not tuple or any(type(d) is not int or d < 0 for d in shape):
+        raise UsageError(f"{f}: its .npy header cannot be read (shape {_shown(shape)} is not "
+                         "a tuple of whole numbers, 0 or more)")
+    if type(fortran) is not bool:
+        raise UsageError(f"{f}: its .npy header cannot be read (fortran_order "
+                         f"{_shown(fortran)} is not True or False)")
+    try:
+        dt = np.lib.format.descr_to_dtype(header["descr"])
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError, MemoryError,
+            RecursionError) as exc:
+        raise UsageError(f"{f}: its .npy header cannot be read (descr "
+                         f"{_shown(header['descr'])}: {_reason(exc)})") from None
+    return shape, fortran, dt, used + length
 
 
-def _load(f: Path) -> np.ndarray:
-    """Read one ``.npy`` file, refusing what is not one plain array with a reason."""
+def read_npy(fh, f, *, size: int) -> np.ndarray:
+    """Read one ``.npy`` array from ``fh`` (at its start), refusing what is not one plain array.
+
+    The header may be of format 1.0, 2.0 or 3.0; the array's size is the product of its
+    dimensions in Python's integers (no overflow) times the item size, and it must be
+    exactly the ``size - header`` bytes the file holds, checked before any allocation,
+    so memory never exceeds the file's own size. Objects, structured and subarray
+    dtypes are refused; another byte order is converted to this machine's.
+
+    Args:
+        fh: a binary file object (a regular file, or a member of an archive).
+        f: the file's name, for messages.
+        size: the bytes ``fh`` holds from its start.
+
+    Raises:
+        UsageError: one line naming ``f`` and the reason.
+    """
+    shape, fortran, dt, used = _npy_header(fh, f)
+    if dt.hasobject:
+        raise UsageError(f"{f}: holds Python objects (a pickled object array), "
+                         "not numbers; save a numeric array")
+    if dt.names is not None or dt.subdtype is not None:
+        raise UsageError(f"{f}: holds a structured dtype {_shown(dt.descr)}, not one type of "
+                         "number")
+    if dt.itemsize == 0:
+        raise UsageError(f"{f}: holds elements of 0 bytes ({dt}), not numbers")
+    count = math.prod(shape)
+    need, held = count * dt.itemsize, size - used
+    if held < need:
+        raise UsageError(f"{f}: truncated: its header promises {need} bytes "
+                         f"({dt}{list(shape)}), the file holds {held}")
+    if held > need:
+        raise UsageError(f"{f}: holds {held - need} bytes after its array "
+                         "(more than one array written into one file?)")
     try:
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            start = fh.read(6)
-            if not start:
-                raise UsageError(f"{f}: is empty (0 bytes), not a .npy file")
-            if start.startswith(b"PK"):
-                raise UsageError(f"{f}: is an .npz archive, not a .npy file; save each rank's "
-                                 "array alone with numpy.save")
-            if start != b"\x93NUMPY":
-                raise UsageError(f"{f}: not a .npy file (it does not start with NumPy's "
-                                 "\\x93NUMPY header); save each rank's array with numpy.save")
-            fh.seek(0)
-            header = _header(fh, f)
-            if header is not None:
-                shape, dt = header
-                if dt.hasobject:
-                    raise UsageError(f"{f}: holds Python objects (a pickled object array), "
-                                     "not numbers; save a numeric array")
-                need = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                held = size - fh.tell()
-                if held < need:
-                    raise UsageError(f"{f}: truncated: its header promises {need} bytes "
-                                     f"({dt}{list(shape)}), the file holds {held}")
-                if held > need:
-                    raise UsageError(f"{f}: holds {held - need} bytes after its array "
-                                     "(more than one array written into one file?)")
-        arr = np.load(f, allow_pickle=False)
-    except UsageError:
-        raise
-    except OSError as exc:
-        raise UsageError(f"{f}: cannot be read ({exc.strerror or exc})") from None
-    except (ValueError, EOFError) as exc:
-        raise UsageError(f"{f}: not a readable .npy file ({exc})") from None
-    if arr.dtype.names is not None:
-        raise UsageError(f"{f}: holds a structured dtype {arr.dtype}, not one type of number")
+        arr = np.empty(count, dtype=dt)
+        view, got = arr.view(np.uint8), 0
+        while got < need:
+            n = fh.readinto(view[got:])
+            if not n:
+                raise UsageError(f"{f}: truncated while it was read ({got} of {need} bytes)")
+            got += n
+        arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
+    except (ValueError, MemoryError) as exc:
+        raise UsageError(f"{f}: not a readable .npy file ({_reason(exc)})") from None
     if arr.dtype.byteorder not in ("=", "|"):
         arr = arr.astype(arr.dtype.newbyteorder("="))  # same values, this machine's order
     return arr
+
+
+def _load(f: Path) -> np.ndarray:
+    """Read one ``.npy`` file: a regular file (no FIFO, no device), one plain array."""
+    with reading.open_regular(f, what="rank file") as fh:
+        try:
+            return read_npy(fh, f, size=os.fstat(fh.fileno()).st_size)
+        except OSError as exc:
+            raise UsageError(f"{f}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _as(arr: np.ndarray, f: Path, want: np.dtype, why: str) -> np.ndarray:
@@ -254,21 +460,30 @@ def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
     world's rules (no gaps, ``meta.json``'s ``p``) are :func:`load_case`'s.
 
     Raises:
-        UsageError: the folder, ``meta.json`` or a file cannot be read, or a file
-            holds another dtype (naming both).
+        UsageError: the folder, ``meta.json`` or a file cannot be read, a file holds
+            another dtype (naming both), or the world would have more than
+            :data:`MAX_SIMULATED_RANKS` ranks.
     """
     path = _folder(directory, "rank files'")
     meta = read_meta(path)
     files = _rank_files(path)
     if not files and size is None:
         raise UsageError(f"{directory}: no rank<r>.npy files")
+    if size is None:
+        last = next(reversed(files))
+        if last >= MAX_SIMULATED_RANKS:
+            raise _beyond_most(files[last], last)
+        size = last + 1
+    elif size > MAX_SIMULATED_RANKS:
+        raise UsageError(f"{directory}: {size} ranks is more than refcoll reads (at most "
+                         f"{MAX_SIMULATED_RANKS}: {_RANKS_WHY})")
     want, why = None, ""
     if dtype is not None:
         want, why = get_dtype(dtype), "the dtype asked for"
     elif "dtype" in meta:
         want, why = get_dtype(meta["dtype"]), f"as {path / 'meta.json'} says"
     arrays = []
-    for r in range(size if size is not None else max(files) + 1):
+    for r in range(size):
         if r not in files:
             arrays.append(None)
             continue
@@ -282,26 +497,33 @@ def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
 # -------------------------------------------------------------------------- a case
 
 def _world_size(path: Path, meta: dict, files: dict) -> int:
-    """Return the inputs' ``p``: meta.json's when given, else the files', with no gap."""
+    """Return the inputs' ``p``: meta.json's when given, else the files', with no gap.
+
+    The first gap is found from the files that exist (sorted ranks: the first ``r``
+    whose file is not the ``r``-th), never by a walk over ``range(p)``.
+    """
     meta_file = path / "meta.json"
+    last = next(reversed(files), None)
     if "p" in meta:
         p = meta["p"]
-        beyond = [r for r in files if r >= p]
-        if beyond:
-            raise UsageError(f"{files[beyond[0]]}: beyond the world: {meta_file} says p = {p} "
+        if last is not None and last >= p:
+            beyond = next(r for r in files if r >= p)
+            raise UsageError(f"{files[beyond]}: beyond the world: {meta_file} says p = {p} "
                              f"(rank0.npy .. rank{p - 1}.npy); remove the file or correct p")
         rule = f"{meta_file} says p = {p}, so rank0.npy .. rank{p - 1}.npy must all exist"
     else:
-        if not files:
+        if last is None:
             raise UsageError(f"{path}: no rank<r>.npy files (one per rank: rank0.npy, "
                              "rank1.npy, ...)")
-        p = max(files) + 1
+        if last >= MAX_SIMULATED_RANKS:
+            raise _beyond_most(files[last], last)
+        p = last + 1
         rule = (f"the files go up to rank{p - 1}.npy, so every rank below needs one "
                 "(or write meta.json with p)")
-    missing = [r for r in range(p) if r not in files]
-    if missing:
-        more = f"; {len(missing)} files are missing" if len(missing) > 1 else ""
-        raise UsageError(f"{path / f'rank{missing[0]}.npy'}: missing; {rule}{more}")
+    if len(files) < p:  # every file is below p, so some rank below p has none
+        missing = p - len(files)
+        more = f"; {missing} files are missing" if missing > 1 else ""
+        raise UsageError(f"{path / f'rank{_first_gap(files)}.npy'}: missing; {rule}{more}")
     return p
 
 
@@ -357,17 +579,19 @@ def _load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str 
     files = _rank_files(path)
     p, dtype = len(inputs), inputs[0].dtype
     _check_output_meta(path, meta, p=p, dtype=dtype, collective=collective, root=root, op=op)
-    beyond = [r for r in files if r >= p]
-    if beyond:
-        raise UsageError(f"{files[beyond[0]]}: beyond the inputs' {p} ranks (rank0.npy .. "
+    if files and next(reversed(files)) >= p:
+        beyond = next(r for r in files if r >= p)
+        raise UsageError(f"{files[beyond]}: beyond the inputs' {p} ranks (rank0.npy .. "
                          f"rank{p - 1}.npy)")
-    needed = [root] if collective == "reduce" else range(p)
-    missing = [r for r in needed if r not in files]
+    if collective == "reduce":
+        gap, missing = (None, 0) if root in files else (root, 1)
+        whose = f"reduce's root {root} must have an output"
+    else:  # every file is below p: the first gap is the first missing rank
+        gap, missing = _first_gap(files), p - len(files)
+        whose = f"{collective} gives each of the {p} ranks an output"
     if missing:
-        whose = (f"reduce's root {root} must have an output" if collective == "reduce" else
-                 f"{collective} gives each of the {p} ranks an output")
-        more = f"; {len(missing)} files are missing" if len(missing) > 1 else ""
-        raise UsageError(f"{path / f'rank{missing[0]}.npy'}: missing; {whose}{more}")
+        more = f"; {missing} files are missing" if missing > 1 else ""
+        raise UsageError(f"{path / f'rank{gap}.npy'}: missing; {whose}{more}")
     return [_as(_load(files[r]), files[r], dtype, "the inputs' dtype") if r in files else None
             for r in range(p)]
 
@@ -376,14 +600,16 @@ def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int 
               op: str | None = None) -> tuple[list, list | None, dict]:
     """Read one case for ``refcoll oracle`` (inputs) or ``refcoll check`` (and outputs).
 
-    Inputs: ``meta.json``'s ``p`` when present, else the files' (no gap); one dtype
-    and one shape on every rank, agreeing with ``meta.json``'s ``dtype`` and
-    ``count``. Outputs (when ``out_dir`` is given): no file beyond the inputs' ranks,
-    one for every rank that the collective gives a result (reduce: only ``root``),
-    each of the inputs' dtype (or its unsigned bits for bfloat16 and float8), and a
-    ``meta.json``, if any, that names the same ``p``, dtype, collective, root and ``op``
-    (compared when given). Shapes and values of the outputs are the judge's
-    (:func:`refcoll.verify.oracle.check_outputs`), not a reading error.
+    Inputs: ``meta.json``'s ``p`` when present, else the files' (no gap), at most
+    :data:`MAX_SIMULATED_RANKS`; one dtype and one shape on every rank, agreeing with
+    ``meta.json``'s ``dtype`` and ``count``. Outputs (when ``out_dir`` is given): no
+    file beyond the inputs' ranks, one for every rank that the collective gives a
+    result (reduce: only ``root``), each of the inputs' dtype (or its unsigned bits for
+    bfloat16 and float8), and a ``meta.json``, if any, that names the same ``p``,
+    dtype, collective, root and ``op`` (compared when given). Shapes and values of the
+    outputs are the judge's (:func:`refcoll.verify.oracle.check_outputs`), not a
+    reading error. A world's rules are checked from its folder's listing and
+    ``meta.json`` before any of its rank files is read.
 
     Returns:
         ``(inputs, outputs, meta)``: the input arrays by rank, the outputs by rank

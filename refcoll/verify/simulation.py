@@ -22,6 +22,7 @@ from ..core.cost import Cost
 from ..core.errors import UsageError
 from ..core.ops import check_supported, get_dtype, get_op
 from ..transport.base import Ledger
+from ..transport.sim import MAX_SIMULATED_RANKS
 from .conformance.cases import ROOTED
 from .inputs import make_inputs
 
@@ -29,12 +30,6 @@ __all__ = ["MAX_SIMULATED_RANKS", "COMPARED", "SimulationCase", "NodeTraffic",
            "RankTraffic", "SimulationReport", "simulation_bytes", "simulation_case",
            "run_simulation"]
 
-#: The most ranks a simulation runs. Simulated ranks are threads of one process
-#: that take turns (refcoll.transport.scheduler): on two shared cores a tree or
-#: Rabenseifner all-reduce of one element takes seconds at 1,024 ranks and under
-#: a minute at 4,096; a ring's 2p(p-1) messages take about 20 s at 256 ranks and
-#: grow as p² (``--ledger-only`` replays them without data, about 3x cheaper).
-MAX_SIMULATED_RANKS = 4096
 
 #: The counts compared, as :meth:`Cost.counts` and :meth:`Ledger.counts` name
 #: them, with the label ``refcoll simulate`` prints for each.

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.errors import UsageError
+from ..core.reading import MAX_JSON_BYTES, read_text
+from ..core.writing import write_text
 from .trace import REDUCING, Row, Trace, reduction_trees, trace
 
 __all__ = ["KINDS", "BLOCK", "render_markdown", "render_block", "block_arguments", "blocks",
@@ -217,12 +219,12 @@ def stale_pages(paths, *, write: bool = False) -> list[Path]:
     """
     stale = []
     for page in pages(paths):
-        text = page.read_text(encoding="utf-8")
+        text = read_text(page, max_bytes=MAX_JSON_BYTES, what="spec page")
         fresh = regenerate(text)
         if fresh != text:
             stale.append(page)
             if write:
-                page.write_text(fresh, encoding="utf-8")
+                write_text(page, fresh)
     return stale
 
 

@@ -36,6 +36,15 @@ both the digests and, by simulating again, every output.
 
 Run ``refcoll vectors spec/vectors`` to regenerate and
 ``refcoll vectors --verify spec/vectors`` to check.
+
+Files: the writer writes each file to a temporary name and renames it into place
+(:mod:`refcoll.core.writing`), so a link in the folder is replaced, never written
+through. It writes only into an empty or new folder, or one that holds a manifest
+of refcoll's (:func:`read_manifest`), and removes only the files that manifest
+named and the new plan does not. Manifests and vectors are read through
+:mod:`refcoll.core.reading`: regular files within :data:`MAX_MANIFEST_BYTES` and
+:data:`MAX_VECTOR_BYTES`, the manifest checked field by field (every ``file`` a bare
+``.npz`` name in the folder) before any vector is opened.
 """
 
 from __future__ import annotations
@@ -43,7 +52,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
+import stat
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -52,13 +65,16 @@ import numpy as np
 
 from .. import algorithms
 from ..calls.collectives import simulate
+from ..core import reading, writing
 from ..core.bits import first_bit_difference, same_bits
+from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype
 from .inputs import make_inputs
-from .rankfiles import stored_dtype
+from ..transport.sim import MAX_SIMULATED_RANKS
+from .rankfiles import read_npy, stored_dtype
 
-__all__ = ["FORMAT", "SEED", "PROCESS_COUNTS", "GENERATOR", "Vector", "plan", "generate",
-           "verify", "load", "read_manifest"]
+__all__ = ["FORMAT", "SEED", "PROCESS_COUNTS", "GENERATOR", "MAX_MANIFEST_BYTES",
+           "MAX_VECTOR_BYTES", "Vector", "plan", "generate", "verify", "load", "read_manifest"]
 
 #: Version of the manifest's layout.
 FORMAT = 1
@@ -74,6 +90,18 @@ GENERATOR = "python -m refcoll.vectors spec/vectors"
 _REDUCING = ("allreduce", "reduce_scatter", "reduce")
 _ROOTED = ("broadcast", "reduce")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can hold: no clock in the bytes
+
+#: The largest manifest refcoll reads (the committed one is under 200 KiB).
+MAX_MANIFEST_BYTES = 4 << 20
+#: The largest vector file, and the largest array in one, refcoll reads (the committed
+#: ones are under 16 KiB).
+MAX_VECTOR_BYTES = 4 << 20
+
+#: A vector's file: a bare name in the folder (no folder part, no ``..``), ending .npz.
+_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+\-]{0,250}\.npz")
+#: A name in an entry (algorithm, collective, op, dtype, kind, an option's name or value).
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -170,9 +198,10 @@ def _stored(arr: np.ndarray) -> np.ndarray:
                                                     copy=False)
 
 
-def _write_npz(path: Path, arrays: dict) -> None:
-    """Write an ``.npz`` whose bytes depend only on ``arrays`` (no dates, no compression)."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+def _npz_bytes(arrays: dict) -> bytes:
+    """Return an ``.npz`` whose bytes depend only on ``arrays`` (no dates, no compression)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
         for key in sorted(arrays):
             member = io.BytesIO()
             np.lib.format.write_array(member, _stored(arrays[key]), version=(1, 0),
@@ -181,10 +210,19 @@ def _write_npz(path: Path, arrays: dict) -> None:
             info.create_system = 3  # the same bytes on every platform
             info.external_attr = 0o644 << 16
             archive.writestr(info, member.getvalue())
+    return buffer.getvalue()
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """Return a vector file's sha256, read in pieces from a regular file of bounded size."""
+    digest = hashlib.sha256()
+    with reading.open_regular(path, max_bytes=MAX_VECTOR_BYTES, what="vector file") as fh:
+        try:
+            for block in iter(lambda: fh.read(1 << 16), b""):
+                digest.update(block)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return digest.hexdigest()
 
 
 def _entry(v: Vector, outputs: list, digest: str) -> dict:
@@ -214,26 +252,71 @@ def _entry(v: Vector, outputs: list, digest: str) -> dict:
     }
 
 
+def _previous(path: Path) -> set[str]:
+    """Return the files the folder's previous manifest names; refuse a folder not refcoll's.
+
+    A missing or empty folder has none. A folder that holds anything but no
+    ``manifest.json`` is refused: its files are someone else's.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return set()
+    except OSError as exc:
+        raise UsageError(f"{path}: the folder cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(mode):
+        raise UsageError(f"{path}: is not a folder; give a folder for the vectors")
+    if os.path.lexists(path / "manifest.json"):
+        return {e["file"] for e in read_manifest(path)["vectors"]}
+    try:
+        with os.scandir(path) as entries:
+            held = next(entries, None)
+    except OSError as exc:
+        raise UsageError(f"{path}: the folder cannot be read ({exc.strerror or exc})") from None
+    if held is not None:
+        raise UsageError(f"{path}: holds files ({_shown(held.name)}...) but no manifest.json of "
+                         "refcoll's vectors; give an empty or new folder, or one `refcoll "
+                         "vectors` wrote (nothing was changed)")
+    return set()
+
+
 def generate(directory) -> dict:
     """Write every vector of :func:`plan` and ``manifest.json`` into ``directory``.
 
-    ``.npz`` files there that are not in the plan are removed; other files (the
-    README) are left alone. Returns the manifest.
+    ``directory`` must be new, empty, or hold a manifest of refcoll's; the files that
+    manifest named and the plan no longer makes are removed, and nothing else (other
+    ``.npz`` files, the README) is touched. Each file is written to a temporary name
+    and renamed into place, never through a link. Returns the manifest.
+
+    Raises:
+        UsageError: a folder that is not refcoll's, a manifest that is not refcoll's
+            (checked field by field), or a folder where a file goes; nothing is
+            changed then.
     """
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    previous = _previous(path)
+    vectors = plan()
+    wanted = {v.filename for v in vectors}
+    stale = sorted(previous - wanted)
+    for name in [*wanted, *stale, "manifest.json"]:
+        if (path / name).is_dir() and not (path / name).is_symlink():
+            raise UsageError(f"{path / name}: is a folder where refcoll writes or removes a "
+                             "file; move it away (nothing was changed)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{path}: the folder cannot be created ({exc.strerror or exc})") from None
     entries = []
-    for v in plan():
+    for v in vectors:
         inputs = v.inputs()
         outputs = v.run(inputs)
         arrays = {f"input_{r}": x for r, x in enumerate(inputs)}
         arrays.update({f"output_{r}": y for r, y in enumerate(outputs) if y is not None})
-        _write_npz(path / v.filename, arrays)
-        entries.append(_entry(v, outputs, _sha256(path / v.filename)))
-    wanted = {e["file"] for e in entries}
-    for stale in path.glob("*.npz"):
-        if stale.name not in wanted:
-            stale.unlink()
+        data = _npz_bytes(arrays)
+        writing.write_bytes(path / v.filename, data)
+        entries.append(_entry(v, outputs, hashlib.sha256(data).hexdigest()))
+    for name in stale:
+        writing.remove_file(path / name)
     header = {
         "format": FORMAT,
         "generator": GENERATOR,
@@ -242,7 +325,7 @@ def generate(directory) -> dict:
                   ".npy format 1.0 little-endian; sha256 is of the whole file"),
         "count": len(entries),
     }
-    (path / "manifest.json").write_text(_manifest_text(header, entries))
+    writing.write_text(path / "manifest.json", _manifest_text(header, entries))
     return dict(header, vectors=entries)
 
 
@@ -253,25 +336,164 @@ def _manifest_text(header: dict, entries: list) -> str:
     return f'{head},\n "vectors": [\n  {body}\n ]\n}}\n'
 
 
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _name(entry: dict, key: str, where: str, *, optional: bool = False) -> None:
+    value = entry.get(key)
+    if key not in entry and not optional:
+        raise UsageError(f"{where}: has no {key}")
+    if value is None and optional:
+        return
+    if not (isinstance(value, str) and _NAME.fullmatch(value)):
+        raise UsageError(f"{where}: {key} must be a name, not {_shown(value)}")
+
+
+def _whole(entry: dict, key: str, where: str, *, least: int = 0, most=None,
+           optional: bool = False) -> None:
+    if key not in entry:
+        if optional:
+            return
+        raise UsageError(f"{where}: has no {key}")
+    if entry[key] is None and optional:
+        return
+    reading.number(entry[key], where=f"{where}: {key}", least=least, most=most, integer=True)
+
+
+def _shape_list(value, where: str) -> None:
+    if not isinstance(value, list) or len(value) > 64:
+        raise UsageError(f"{where}: must be a list of whole numbers, not {_shown(value)}")
+    for i, d in enumerate(value):
+        reading.number(d, where=f"{where}[{i}]", least=0, integer=True)
+
+
+def _checked_entry(entry, where: str) -> dict:
+    """Check one manifest entry field by field: types, names, bounded finite numbers."""
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: must be a JSON object, not {_shown(entry)}")
+    name = entry.get("file")
+    if not (isinstance(name, str) and _FILE.fullmatch(name)):
+        raise UsageError(f"{where}: file must be a bare .npz name in the vectors' folder (no "
+                         f"folder part, no ..), not {_shown(name)}")
+    where = f"{where} ({name})"
+    for key in ("algorithm", "collective", "dtype", "kind"):
+        _name(entry, key, where)
+    _name(entry, "op", where, optional=True)
+    _name(entry, "stored_as", where, optional=True)
+    _whole(entry, "p", where, least=1, most=MAX_SIMULATED_RANKS)
+    _whole(entry, "n", where)
+    _whole(entry, "seed", where, optional=True)
+    _whole(entry, "extra_ranks", where, optional=True)
+    _whole(entry, "root", where, most=entry["p"] - 1, optional=True)
+    options = entry.get("options")
+    if not isinstance(options, dict):
+        raise UsageError(f"{where}: options must be a JSON object, not {_shown(options)}")
+    for key, value in options.items():
+        if not _NAME.fullmatch(key):
+            raise UsageError(f"{where}: options: {_shown(key)} is not an option's name")
+        if isinstance(value, str):
+            if not _NAME.fullmatch(value):
+                raise UsageError(f"{where}: options: {key} must be a name or a number, not "
+                                 f"{_shown(value)}")
+        else:
+            reading.number(value, where=f"{where}: options: {key}")
+    digest = entry.get("sha256")
+    if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        raise UsageError(f"{where}: sha256 must be 64 lower-case hex digits, not "
+                         f"{_shown(digest)}")
+    if "input_shape" in entry:
+        _shape_list(entry["input_shape"], f"{where}: input_shape")
+    if "output_ranks" in entry:
+        _shape_list(entry["output_ranks"], f"{where}: output_ranks")
+        for i, r in enumerate(entry["output_ranks"]):
+            reading.number(r, where=f"{where}: output_ranks[{i}]", most=entry["p"] - 1)
+    if "output_shapes" in entry:
+        shapes = entry["output_shapes"]
+        if not isinstance(shapes, list) or len(shapes) > entry["p"]:
+            raise UsageError(f"{where}: output_shapes must be a list of shapes, one per output")
+        for i, shape in enumerate(shapes):
+            _shape_list(shape, f"{where}: output_shapes[{i}]")
+    return entry
+
+
 def read_manifest(directory) -> dict:
-    """Return ``directory``'s ``manifest.json``."""
-    return json.loads((Path(directory) / "manifest.json").read_text())
+    """Return ``directory``'s ``manifest.json``, checked field by field.
+
+    Read through :func:`refcoll.core.reading.read_json` (a regular file of at most
+    :data:`MAX_MANIFEST_BYTES`, bounded JSON). Every entry's ``file`` must be a bare
+    ``.npz`` name in the folder, so nothing outside it is ever opened or removed.
+
+    Raises:
+        UsageError: one line naming the manifest (and the entry) and what is wrong.
+    """
+    f = Path(directory) / "manifest.json"
+    data = reading.read_json(f, what="vectors' manifest", max_bytes=MAX_MANIFEST_BYTES)
+    if not isinstance(data, dict):
+        raise UsageError(f"{f}: must hold a JSON object (refcoll's vectors' manifest), not "
+                         f"{_shown(data)}")
+    if data.get("format") != FORMAT or isinstance(data.get("format"), bool):
+        raise UsageError(f"{f}: format must be {FORMAT} (refcoll's vectors' manifest), not "
+                         f"{_shown(data.get('format'))}")
+    vectors = data.get("vectors")
+    if not isinstance(vectors, list):
+        raise UsageError(f"{f}: vectors must be a list of entries, not {_shown(vectors)}")
+    for i, entry in enumerate(vectors):
+        _checked_entry(entry, f"{f}: vectors[{i}]")
+    if "count" in data and (type(data["count"]) is not int or data["count"] != len(vectors)):
+        raise UsageError(f"{f}: count is {_shown(data['count'])}, but it lists {len(vectors)} "
+                         "vectors")
+    return data
+
+
+#: What a broken archive can raise while it is opened or read (beside UsageError).
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+               zlib.error, EOFError, OSError, ValueError, KeyError, IndexError)
 
 
 def load(directory, entry: dict) -> tuple[list, list]:
     """Return a vector's ``(inputs, outputs)`` by rank, in their real dtype.
 
-    ``outputs[r]`` is ``None`` for a rank without an output (off a reduce's root).
-    """
-    dt = get_dtype(entry["dtype"])
-    with np.load(Path(directory) / entry["file"], allow_pickle=False) as data:
-        def read(key):
-            stored = data[key]
-            return stored.astype(stored.dtype.newbyteorder("="), copy=False).view(dt)
+    ``outputs[r]`` is ``None`` for a rank without an output (off a reduce's root). The
+    file is read as a regular file of at most :data:`MAX_VECTOR_BYTES`, and each array
+    through :func:`refcoll.verify.rankfiles.read_npy` (its size checked before it is
+    allocated).
 
-        inputs = [read(f"input_{r}") for r in range(entry["p"])]
-        outputs = [read(f"output_{r}") if f"output_{r}" in data.files else None
-                   for r in range(entry["p"])]
+    Raises:
+        UsageError: the file is not such an archive, lacks an input, or holds an array
+            that is not the entry's dtype as stored.
+    """
+    f = Path(directory) / entry["file"]
+    dt = get_dtype(entry["dtype"])
+    store = stored_dtype(dt)
+    with reading.open_regular(f, max_bytes=MAX_VECTOR_BYTES, what="vector file") as fh:
+        try:
+            with zipfile.ZipFile(fh) as archive:
+                members = {info.filename: info for info in archive.infolist()}
+
+                def read(key):
+                    info = members.get(f"{key}.npy")
+                    if info is None:
+                        raise UsageError(f"{f}: holds no {key}.npy")
+                    if info.file_size > MAX_VECTOR_BYTES:
+                        raise UsageError(f"{f}: its {key}.npy holds {info.file_size} bytes, "
+                                         f"more than the {MAX_VECTOR_BYTES} refcoll reads")
+                    with archive.open(info) as member:
+                        stored = read_npy(member, f"{f}:{key}.npy", size=info.file_size)
+                    if stored.dtype != store:
+                        raise UsageError(f"{f}: its {key}.npy holds {stored.dtype}, but "
+                                         f"{entry['dtype']} is stored as {store}")
+                    return stored.view(dt)
+
+                inputs = [read(f"input_{r}") for r in range(entry["p"])]
+                outputs = [read(f"output_{r}") if f"output_{r}.npy" in members else None
+                           for r in range(entry["p"])]
+        except UsageError:
+            raise
+        except _ZIP_ERRORS as exc:
+            detail = " ".join(str(exc).split())[:120] or type(exc).__name__
+            raise UsageError(f"{f}: not a readable .npz archive ({detail})") from None
     return inputs, outputs
 
 
@@ -280,20 +502,27 @@ def verify(directory) -> list[str]:
 
     Checks each file's sha256 against the manifest and every rank's stored output
     against :func:`refcoll.simulate`'s, bit for bit.
+
+    Raises:
+        UsageError: the manifest is not refcoll's (:func:`read_manifest`), or a vector
+            cannot be read (not a regular file, too large, not an archive of arrays).
     """
     path = Path(directory)
     problems = []
-    for entry in read_manifest(path)["vectors"]:
+    for entry in read_manifest(path)["vectors"]:  # every entry checked before a file is opened
         name = entry["file"]
-        if not (path / name).is_file():
+        if not (path / name).exists():
             problems.append(f"{name}: missing")
             continue
         if _sha256(path / name) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from the manifest's")
-        v = Vector(entry["algorithm"], entry["collective"], entry["op"], entry["dtype"],
+        v = Vector(entry["algorithm"], entry["collective"], entry.get("op"), entry["dtype"],
                    entry["p"], entry["n"], entry["kind"], tuple(sorted(entry["options"].items())))
         inputs, outputs = load(path, entry)
-        predicted = v.run(inputs)
+        try:
+            predicted = v.run(inputs)
+        except UsageError as exc:  # the entry names a call the simulator refuses
+            raise UsageError(f"{path / name}: {exc}") from None
         for r, (have, want) in enumerate(zip(outputs, predicted)):
             if have is None and want is None:
                 continue
