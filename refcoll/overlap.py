@@ -55,7 +55,7 @@ from .calls.agree import barrier
 from .calls.collectives import allreduce, as_transport
 from .calls.nonblocking import iallreduce
 from .core.errors import UsageError
-from .core.plot import figure
+from .core.plot import figure, save
 from .measure.model import ALGORITHMS, plan_from_text
 from .measure.model.overlap import fit_link, predict_step
 from .reducer import Reducer
@@ -479,4 +479,4 @@ def plot_timeline(result: OverlapResult, path: str) -> None:
                            "last first (blue); all-reduce per bucket (orange)")
     fig.suptitle(f"{result.world_size} ranks, layers {result.config.widths}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)

@@ -46,7 +46,7 @@ from .calls.auto import resolve
 from .calls.collectives import allreduce, as_transport
 from .compressors import parse
 from .core.errors import RefcollError, UsageError
-from .core.plot import figure
+from .core.plot import figure, save
 
 __all__ = [
     "TrainConfig",
@@ -396,4 +396,4 @@ def plot_histories(histories: list[History], path: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)

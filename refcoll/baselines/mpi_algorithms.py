@@ -39,6 +39,7 @@ import subprocess
 import sys
 
 from ..core.errors import UsageError
+from ..core.processes import python
 
 __all__ = ["LIBRARIES", "library_of", "installed_version", "installed_library", "algorithm_names",
            "forced_env", "missing_env", "COUNTERPARTS", "counterpart", "counterparts_of",
@@ -185,7 +186,7 @@ def installed_version() -> str:
     if mpi is not None:
         return mpi.Get_library_version()
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+        done = subprocess.run(python("-c", _PROBE), capture_output=True, text=True,
                               timeout=60, env=os.environ.copy(), check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""

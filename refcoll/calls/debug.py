@@ -49,6 +49,7 @@ import inspect
 import json
 import os
 import platform
+import stat
 import sys
 import threading
 import time
@@ -330,7 +331,7 @@ def _write(text: str, rank) -> None:
         fh = _files.get(path)
         if fh is None:
             try:
-                fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - kept open, closed by reset
+                fh = _open_trace(path)
             except OSError as exc:
                 print(f"refcoll: note: {_FILE_ENV}={template!r}: cannot open {path} ({exc}); "
                       "writing the debug lines to stderr", file=sys.stderr, flush=True)
@@ -338,6 +339,24 @@ def _write(text: str, rank) -> None:
             _files[path] = fh
         fh.write(text + "\n")
         fh.flush()
+
+
+def _open_trace(path: str):
+    """Open a trace file for writing, never through a link and never a FIFO or device.
+
+    The file is written line by line as the job runs, so it cannot be renamed into
+    place; instead the last component may not be a link (``O_NOFOLLOW``) and what was
+    opened must be a regular file, so a planted ``trace.log -> /etc/shadow`` fails to
+    open (and the lines go to stderr) rather than overwriting its target.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import sys
 import threading
@@ -22,6 +21,7 @@ import threading
 import click
 
 from ..core.errors import CollectiveTimeout, RefcollError, UsageError
+from ..core import writing
 from ..core.units import human_bytes
 from ..transport.deadline import abort_job, bounded_barrier
 from . import launch
@@ -162,11 +162,13 @@ def check_output_directory(flag: str, path: str) -> None:
 
 
 def write_json(path: str | None, payload: dict) -> None:
-    """Write ``payload`` to ``path`` as indented JSON (nothing when path is None)."""
+    """Write ``payload`` to ``path`` as indented JSON (nothing when path is None).
+
+    The file is replaced whole (:func:`refcoll.core.writing.write_json`): a link at
+    ``path`` is replaced, never written through.
+    """
     if path:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2, default=str)
-            fh.write("\n")
+        writing.write_json(path, payload, default=str)
 
 
 # ----------------------------------------------------------------------------- parsing

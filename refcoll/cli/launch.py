@@ -21,6 +21,7 @@ import click
 from ..calls.auto import algo_filter, calibration_mode
 from ..calls.debug import enabled as debug_enabled
 from ..core.errors import UsageError
+from ..core.processes import python
 from ..transport.base import default_timeout
 
 __all__ = ["in_mpi_job", "in_torchrun", "find_mpiexec", "mpiexec_command", "INSTALL_HINT",
@@ -88,13 +89,15 @@ def mpiexec_command(n: int, args: list[str], *, mpiexec: str | None = None) -> l
     """Return the command that runs ``python -m refcoll ARGS`` on ``n`` processes.
 
     Oversubscription is allowed (Open MPI needs ``--oversubscribe``; MPICH's
-    hydra allows it by default), so ``-n 8`` works on a 2-core laptop.
+    hydra allows it by default), so ``-n 8`` works on a 2-core laptop. Python starts
+    without the working folder on its import path (:func:`~refcoll.core.processes.python`),
+    so a ``./refcoll/`` where the command runs is never imported in place of the package.
     """
     if n < 1:
         raise UsageError(f"-n must be at least 1, got {n}")
     launcher = mpiexec or find_mpiexec()
     extra = ["--oversubscribe"] if _is_open_mpi(launcher) else []
-    return [launcher, *extra, "-n", str(n), sys.executable, "-m", "refcoll", *args]
+    return [launcher, *extra, "-n", str(n), *python("-m", "refcoll", *args)]
 
 
 # ------------------------------------------------------------------------- re-running

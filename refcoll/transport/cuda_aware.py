@@ -14,10 +14,10 @@ import functools
 import os
 import signal
 import subprocess
-import sys
 from typing import Sequence
 
 from ..core.errors import UsageError
+from ..core.processes import python
 from ..core.xp import cupy_or_none, gpu_unavailable_reason
 
 __all__ = ["CUDA_AWARE_ENV", "cuda_aware", "mpi_library_paths", "query_cuda_support",
@@ -151,7 +151,7 @@ def probe_cuda_aware(command: Sequence[str] | None = None, *,
         reason = gpu_unavailable_reason()
         if reason is not None:
             return False, f"probe skipped: {reason}"
-        command = [sys.executable, "-c", _PROBE_CODE]
+        command = python("-c", _PROBE_CODE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     try:
         child = subprocess.run(list(command), env=env, capture_output=True, text=True,

@@ -14,11 +14,13 @@ is printed, with its progress bar, is :mod:`.terminal`'s.
 from __future__ import annotations
 
 import csv
+import io
 from collections import defaultdict
 from typing import Callable, Sequence
 
 from ...core.errors import UsageError
-from ...core.plot import figure
+from ...core import writing
+from ...core.plot import figure, save
 from . import nccl_tests
 from .config import LIBRARIES, ROW_FIELDS, BenchConfig, check_config
 from .header import bench_header
@@ -325,14 +327,15 @@ def write_csv(rows: Sequence[dict], path: str) -> None:
                 further.append(library)
     extra = {column.format(library): (library, key) for library in further
              for column, key in _CSV_BASELINE}
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[*ROW_FIELDS, *extra])
-        writer.writeheader()
-        for row in rows:
-            values = {k: row.get(k) for k in ROW_FIELDS}
-            values.update({column: _base(row, library, key)
-                           for column, (library, key) in extra.items()})
-            writer.writerow({k: "" if v is None else v for k, v in values.items()})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=[*ROW_FIELDS, *extra])
+    writer.writeheader()
+    for row in rows:
+        values = {k: row.get(k) for k in ROW_FIELDS}
+        values.update({column: _base(row, library, key)
+                       for column, (library, key) in extra.items()})
+        writer.writerow({k: "" if v is None else v for k, v in values.items()})
+    writing.write_text(path, text.getvalue())
 
 
 def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
@@ -364,7 +367,7 @@ def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
     ax.grid(True, which="both", alpha=0.3)
     if any(ax.get_lines()):
         ax.legend()
-    fig.savefig(path, format="png", dpi=100)
+    save(fig, path, dpi=100)
 
 
 # --------------------------------------------------------------- a whole report
