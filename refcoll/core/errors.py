@@ -10,6 +10,8 @@ __all__ = [
     "DeadlockError",
     "PeerFailure",
     "WrongResult",
+    "shown",
+    "reason",
 ]
 
 
@@ -39,3 +41,15 @@ class PeerFailure(RefcollError):
 
 class WrongResult(RefcollError):
     """A watched library's collective returned what no conforming implementation can give."""
+
+
+def shown(value, limit: int = 60) -> str:
+    """Return ``value``'s repr cut to ``limit`` characters, so a message stays one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def reason(exc: BaseException) -> str:
+    """Return an exception's message on one line, cut short (for "cannot be read (...)")."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else f"{text[:117]}..."

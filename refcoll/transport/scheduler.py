@@ -32,8 +32,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["WorldLock", "Waiter", "RunQueue", "Watchdog", "SimProgress", "small_stacks",
-           "PATIENCE", "RUNNING", "RUNNING_LOCK", "progress_note"]
+
+__all__ = ["MAX_SIMULATED_RANKS", "WorldLock", "Waiter", "RunQueue", "Watchdog", "SimProgress",
+           "small_stacks", "PATIENCE", "RUNNING", "RUNNING_LOCK", "progress_note"]
+
+#: The most ranks a simulation runs. Simulated ranks are threads of one process that
+#: take turns (this module): on two shared cores a tree or Rabenseifner all-reduce of
+#: one element takes seconds at 1,024 ranks and under a minute at 4,096; a ring's
+#: 2p(p-1) messages take about 20 s at 256 ranks and grow as p² (``--ledger-only``
+#: replays them without data, about 3x cheaper).
+MAX_SIMULATED_RANKS = 4096
 
 #: The simulated worlds running in this process (each ``SimWorld.run`` adds its world),
 #: for :func:`progress_note`, and the lock that guards the set.

@@ -28,13 +28,7 @@ from ..core.errors import CollectiveTimeout, DeadlockError, PeerFailure, Refcoll
 from .base import Ledger, Message, Reduction, TransportBase, as_bytes, default_timeout
 from .requests import Request, SplitRequest, collector_paused, find_cycle, split_groups
 
-#: The most ranks a simulation runs. Simulated ranks are threads of one process
-#: that take turns (:mod:`refcoll.transport.scheduler`): on two shared cores a tree or
-#: Rabenseifner all-reduce of one element takes seconds at 1,024 ranks and under
-#: a minute at 4,096; a ring's 2p(p-1) messages take about 20 s at 256 ranks and
-#: grow as p² (``--ledger-only`` replays them without data, about 3x cheaper).
-MAX_SIMULATED_RANKS = 4096
-from .scheduler import (RUNNING, RUNNING_LOCK, RunQueue, SimProgress, Waiter, Watchdog,
+from .scheduler import (MAX_SIMULATED_RANKS, RUNNING, RUNNING_LOCK, RunQueue, SimProgress, Waiter, Watchdog,
                         WorldLock, small_stacks)
 
 __all__ = ["MAX_SIMULATED_RANKS", "SimWorld", "SimTransport", "SimProgress"]

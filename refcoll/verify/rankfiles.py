@@ -36,33 +36,26 @@ temporary name in its folder and renamed over the old one, never through a link.
 
 from __future__ import annotations
 
-import ast
-import math
 import os
 import re
 import stat
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from ..core import reading, writing
-from ..core.errors import UsageError
+from ..core.errors import UsageError, shown
 from ..core.ops import dtype_name, get_dtype
 from ..transport.sim import MAX_SIMULATED_RANKS
+from .npy import read_npy, stored_dtype
 
-__all__ = ["MAX_META_BYTES", "MAX_NPY_HEADER", "read_meta", "read_npy",
-           "rank_file_bytes", "read_rank_files", "write_rank_files", "write_world", "load_case",
-           "stored_dtype"]
+__all__ = ["MAX_META_BYTES", "read_meta", "rank_file_bytes", "read_rank_files",
+           "write_rank_files", "write_world", "load_case"]
 
 _RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.npy")
 
 #: The largest ``meta.json`` refcoll reads (refcoll's own are about 200 bytes).
 MAX_META_BYTES = 1 << 20
-
-#: The longest ``.npy`` header refcoll reads (NumPy writes a few hundred bytes, and its
-#: own reader stops at this length too).
-MAX_NPY_HEADER = 10_000
 
 #: A name in ``meta.json`` (a dtype, op or collective): short, one line, no escapes.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -75,31 +68,11 @@ _BITS_RULE = "only bfloat16 and float8 types are stored as their unsigned bits"
 _RANKS_WHY = "the oracle runs every rank as a thread of this one process"
 
 
-def stored_dtype(dtype) -> np.dtype:
-    """Return how ``dtype`` is stored in ``.npy``: ml_dtypes' types as unsigned bits."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "V" or dtype.name.startswith(("bfloat16", "float8")):
-        return np.dtype(f"uint{8 * dtype.itemsize}")
-    return dtype
-
-
-def _shown(value, limit: int = 60) -> str:
-    """Return ``value``'s repr, cut to ``limit`` characters (a message stays one short line)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
-
-
-def _reason(exc: BaseException) -> str:
-    """Return an exception's message on one line, cut short."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 120 else f"{text[:117]}..."
-
-
 # ------------------------------------------------------------------------- writing
 
 def _make_folder(path: Path) -> None:
     if path.is_symlink() and not path.exists():
-        raise UsageError(f"{path}: is a symbolic link to {_shown(os.readlink(path))}, which does "
+        raise UsageError(f"{path}: is a symbolic link to {shown(os.readlink(path))}, which does "
                          "not exist; create that folder or give another")
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -255,13 +228,13 @@ def _first_gap(ranks) -> int:
 def _count_field(meta: dict, key: str, f: Path, least: int, what: str) -> None:
     value = meta.get(key)
     if key in meta and (type(value) is not int or value < least):
-        raise UsageError(f"{f}: {key} must be {what}, not {_shown(value)}")
+        raise UsageError(f"{f}: {key} must be {what}, not {shown(value)}")
 
 
 def _name_field(meta: dict, key: str, f: Path, what: str) -> None:
     value = meta.get(key)
     if key in meta and not (isinstance(value, str) and _NAME.fullmatch(value)):
-        raise UsageError(f"{f}: {key} must be {what}, not {_shown(value)}")
+        raise UsageError(f"{f}: {key} must be {what}, not {shown(value)}")
 
 
 def read_meta(directory) -> dict:
@@ -279,7 +252,7 @@ def read_meta(directory) -> dict:
     if not os.path.lexists(f):
         return {}
     if not f.exists():
-        raise UsageError(f"{f}: is a symbolic link to {_shown(os.readlink(f))}, which does not "
+        raise UsageError(f"{f}: is a symbolic link to {shown(os.readlink(f))}, which does not "
                          "exist; correct the link or remove it")
     raw = reading.read_bytes(f, max_bytes=MAX_META_BYTES, what="meta.json")
     if not raw.strip():
@@ -304,7 +277,7 @@ def read_meta(directory) -> dict:
             raise UsageError(f"{f}: {exc}") from None
         stored = meta.get("stored_as", str(stored_dtype(dt)))
         if stored != str(stored_dtype(dt)):
-            raise UsageError(f"{f}: stored_as {_shown(stored)} does not fit dtype "
+            raise UsageError(f"{f}: stored_as {shown(stored)} does not fit dtype "
                              f"{meta['dtype']}, which is stored as {stored_dtype(dt)} "
                              f"({_BITS_RULE})")
     _count_field(meta, "p", f, 1, "a whole number of ranks, 1 or more")
@@ -316,116 +289,6 @@ def read_meta(directory) -> dict:
     for key in ("collective", "op"):
         _name_field(meta, key, f, "a name")
     return meta
-
-
-def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
-    """Parse a ``.npy`` header of any version; return ``(shape, fortran, dtype, its bytes)``."""
-    start = fh.read(10)
-    if not start:
-        raise UsageError(f"{f}: is empty (0 bytes), not a .npy file")
-    if start.startswith(b"PK"):
-        raise UsageError(f"{f}: is an .npz archive, not a .npy file; save each rank's "
-                         "array alone with numpy.save")
-    if not start.startswith(b"\x93NUMPY"):
-        raise UsageError(f"{f}: not a .npy file (it does not start with NumPy's "
-                         "\\x93NUMPY header); save each rank's array with numpy.save")
-    if len(start) < 10:
-        raise UsageError(f"{f}: truncated in its .npy header ({len(start)} bytes)")
-    version = (start[6], start[7])
-    if version == (1, 0):
-        length, used = struct.unpack("<H", start[8:10])[0], 10
-    elif version in ((2, 0), (3, 0)):
-        more = fh.read(2)
-        if len(more) < 2:
-            raise UsageError(f"{f}: truncated in its .npy header ({10 + len(more)} bytes)")
-        length, used = struct.unpack("<I", start[8:10] + more)[0], 12
-    else:
-        raise UsageError(f"{f}: its .npy format version {version[0]}.{version[1]} is not one "
-                         "refcoll reads (1.0, 2.0 or 3.0)")
-    if length > MAX_NPY_HEADER:
-        raise UsageError(f"{f}: its .npy header claims {length} bytes, more than the "
-                         f"{MAX_NPY_HEADER} refcoll reads (NumPy writes a few hundred)")
-    raw = fh.read(length)
-    if len(raw) < length:
-        raise UsageError(f"{f}: truncated in its .npy header ({len(raw)} of the {length} bytes "
-                         "it claims)")
-    if re.search(rb"[0-9]{40}", raw):  # Python would parse it, slowly, beyond any array
-        raise UsageError(f"{f}: its .npy header cannot be read (it holds a number of 40 digits "
-                         "or more)")
-    try:
-        header = ast.literal_eval(raw.decode("utf-8" if version == (3, 0) else "latin1"))
-    except (UnicodeDecodeError, SyntaxError, MemoryError, RecursionError) as exc:
-        raise UsageError(f"{f}: its .npy header cannot be read ({_reason(exc)})") from None
-    except (ValueError, TypeError):  # a name, a call, an integer of thousands of digits
-        raise UsageError(f"{f}: its .npy header cannot be read (it is not a dict of plain "
-                         "values: a name, a call or an overlong number)") from None
-    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
-        raise UsageError(f"{f}: its .npy header cannot be read (it must be a dict of descr, "
-                         f"fortran_order and shape, not {_shown(header)})")
-    shape, fortran = header["shape"], header["fortran_order"]
-    if type(shape) is not tuple or any(type(d) is not int or d < 0 for d in shape):
-        raise UsageError(f"{f}: its .npy header cannot be read (shape {_shown(shape)} is not "
-                         "a tuple of whole numbers, 0 or more)")
-    if type(fortran) is not bool:
-        raise UsageError(f"{f}: its .npy header cannot be read (fortran_order "
-                         f"{_shown(fortran)} is not True or False)")
-    try:
-        dt = np.lib.format.descr_to_dtype(header["descr"])
-    except (TypeError, ValueError, KeyError, IndexError, OverflowError, MemoryError,
-            RecursionError) as exc:
-        raise UsageError(f"{f}: its .npy header cannot be read (descr "
-                         f"{_shown(header['descr'])}: {_reason(exc)})") from None
-    return shape, fortran, dt, used + length
-
-
-def read_npy(fh, f, *, size: int) -> np.ndarray:
-    """Read one ``.npy`` array from ``fh`` (at its start), refusing what is not one plain array.
-
-    The header may be of format 1.0, 2.0 or 3.0; the array's size is the product of its
-    dimensions in Python's integers (no overflow) times the item size, and it must be
-    exactly the ``size - header`` bytes the file holds, checked before any allocation,
-    so memory never exceeds the file's own size. Objects, structured and subarray
-    dtypes are refused; another byte order is converted to this machine's.
-
-    Args:
-        fh: a binary file object (a regular file, or a member of an archive).
-        f: the file's name, for messages.
-        size: the bytes ``fh`` holds from its start.
-
-    Raises:
-        UsageError: one line naming ``f`` and the reason.
-    """
-    shape, fortran, dt, used = _npy_header(fh, f)
-    if dt.hasobject:
-        raise UsageError(f"{f}: holds Python objects (a pickled object array), "
-                         "not numbers; save a numeric array")
-    if dt.names is not None or dt.subdtype is not None:
-        raise UsageError(f"{f}: holds a structured dtype {_shown(dt.descr)}, not one type of "
-                         "number")
-    if dt.itemsize == 0:
-        raise UsageError(f"{f}: holds elements of 0 bytes ({dt}), not numbers")
-    count = math.prod(shape)
-    need, held = count * dt.itemsize, size - used
-    if held < need:
-        raise UsageError(f"{f}: truncated: its header promises {need} bytes "
-                         f"({dt}{list(shape)}), the file holds {held}")
-    if held > need:
-        raise UsageError(f"{f}: holds {held - need} bytes after its array "
-                         "(more than one array written into one file?)")
-    try:
-        arr = np.empty(count, dtype=dt)
-        view, got = arr.view(np.uint8), 0
-        while got < need:
-            n = fh.readinto(view[got:])
-            if not n:
-                raise UsageError(f"{f}: truncated while it was read ({got} of {need} bytes)")
-            got += n
-        arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
-    except (ValueError, MemoryError) as exc:
-        raise UsageError(f"{f}: not a readable .npy file ({_reason(exc)})") from None
-    if arr.dtype.byteorder not in ("=", "|"):
-        arr = arr.astype(arr.dtype.newbyteorder("="))  # same values, this machine's order
-    return arr
 
 
 def _load(f: Path) -> np.ndarray:
