@@ -6,12 +6,13 @@
     refcoll cluster run -- refcoll bench -b 1M -e 64M -f 4 --against mpi
     refcoll cluster check            # each link's rate and round trip, measured
     refcoll cluster status
-    refcoll cluster down
+    refcoll cluster down             # --force: a cluster a running job holds too
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 
@@ -34,40 +35,57 @@ def _per_node(values, option: str, example: str) -> dict:
     out = {}
     for value in values:
         node, sep, what = value.partition("=")
-        if not sep or not node.strip().isdigit() or not what.strip():
+        if not sep or not re.fullmatch(r"[0-9]{1,9}", node.strip()) or not what.strip():
             raise UsageError(f"{option} {value!r}: write NODE=VALUE, e.g. {example}")
         out[int(node)] = what.strip()
     return out
 
 
+def _left(force: bool) -> None:
+    """Say, one line each, which clusters a running job holds and were left."""
+    if force:
+        return
+    for state in emulate.live_clusters():
+        click.echo(f"refcoll: left cluster {state['prefix']}: process {state['owner']} holds it "
+                   "and runs (refcoll cluster down --force removes it)", err=True)
+
+
+# the bounds are ClusterSpec.check's, so that a number out of them is one line
 @cluster.command()
-@click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--ranks-per-node", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--nodes", type=int, default=2, show_default=True,
+              help=f"Nodes, 1 to {emulate.MAX_NODES}.")
+@click.option("--ranks-per-node", type=int, default=2, show_default=True,
+              help=f"Ranks on each node, 1 to {emulate.MAX_RANKS_PER_NODE}.")
 @click.option("--link", default="1gbit", show_default=True,
               help="Every node's link rate, as tc writes it (1gbit, 100mbit) or 1Gbit/s.")
 @click.option("--node-link", "node_links", multiple=True, metavar="NODE=RATE",
               help="One node's own link rate (a slower node), e.g. 2=100mbit.")
 @click.option("--node-ranks", "node_ranks", multiple=True, metavar="NODE=RANKS",
               help="One node's own rank count (uneven nodes), e.g. 1=3.")
-@click.option("--delay", default=None, help="Added one-way delay per link (netem), e.g. 50us.")
-@click.option("--racks", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--delay", default=None,
+              help=f"Added one-way delay per link (netem), e.g. 50us; at most "
+                   f"{emulate.MAX_DELAY_S:g}s.")
+@click.option("--racks", type=int, default=1, show_default=True,
               help="Nodes grouped in racks, whose bridges a core bridge joins.")
 @click.option("--oversubscription", type=float, default=1.0, show_default=True,
-              help="A rack uplink's rate is its nodes' links over this.")
+              help="A rack uplink's rate is its nodes' links over this (1 to "
+                   f"{emulate.MAX_OVERSUBSCRIPTION}).")
+@click.option("--force", is_flag=True,
+              help="Remove a cluster a running job holds (with Cluster(...)) too.")
 @reports_errors
-def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversubscription):
-    """Build the cluster (a second up replaces the first)."""
+def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversubscription,
+       force):
+    """Build the cluster (a second up replaces the first; a running job's is left)."""
     ranks = _per_node(node_ranks, "--node-ranks", "1=3")
     for node, count in ranks.items():
-        if not count.isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", count):
             raise UsageError(f"--node-ranks {node}={count}: a whole number of ranks")
     spec = emulate.ClusterSpec(nodes=nodes, ranks_per_node=ranks_per_node, link=link,
                                node_links=_per_node(node_links, "--node-link", "2=100mbit"),
                                node_ranks={n: int(c) for n, c in ranks.items()}, delay=delay,
                                racks=racks, oversubscription=oversubscription)
-    for rate in spec.node_links.values():
-        emulate.parse_rate(rate)
-    made = emulate.up(spec)
+    made = emulate.up(spec, force=force)
+    _left(force)
     click.echo(f"cluster {made.prefix}: {nodes} nodes x {ranks_per_node} ranks, links {link}"
                + (f", delay {delay}" if delay else "") +
                (f", {racks} racks, uplinks oversubscribed {oversubscription:g}x"
@@ -79,36 +97,52 @@ def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversu
 
 
 @cluster.command()
+@click.option("--force", is_flag=True,
+              help="Remove a cluster a running job holds (with Cluster(...)) too.")
 @reports_errors
-def down():
-    """Remove the cluster: its processes, namespaces and files."""
-    gone = emulate.down()
+def down(force):
+    """Remove the cluster: its processes, namespaces and files (a running job's is left)."""
+    gone = emulate.down(force=force)
     click.echo(f"removed {', '.join(gone)}" if gone else "no cluster was up")
+    _left(force)
 
 
 @cluster.command()
 @click.option("--json", "as_json", is_flag=True, help="The state as JSON.")
 @reports_errors
 def status(as_json):
-    """Show the cluster that is up."""
+    """Show the cluster that is up; a state file refcoll cannot trust is an error (exit 2)."""
     states = emulate.status()
+    problems = [state["problem"] for state in states if "problem" in state]
     if as_json:
         click.echo(json.dumps(states, indent=1))
-        return
-    if not states:
+    elif not states:
         click.echo("no cluster is up")
-    for state in states:
+    for state in [] if as_json else states:
+        if "problem" in state:
+            continue
         spec = state.get("spec", {})
-        whole = "complete" if state.get("complete") else "INCOMPLETE (refcoll cluster down)"
-        click.echo(f"cluster {state['prefix']}: {spec.get('nodes')} nodes x "
-                   f"{spec.get('ranks_per_node')} ranks, link {spec.get('link')}, {whole}")
+        whole = "complete" if state["complete"] else "INCOMPLETE (refcoll cluster down)"
+        held = f", held by process {state['owner']}" if state["live"] else ""
+        click.echo(f"cluster {state['prefix']}: {spec.get('nodes', '?')} nodes x "
+                   f"{spec.get('ranks_per_node', '?')} ranks, link {spec.get('link', '?')}, "
+                   f"{whole}{held}")
+    for problem in problems:  # after what could be read: one line each, then exit 2
+        click.echo(f"refcoll: error: {problem}", err=True)
+    if problems:
+        sys.exit(2)
 
 
 def _the_cluster() -> emulate.Cluster:
-    states = emulate.status()
+    """The cluster ``up`` made (else the first there is), from a state file refcoll trusts."""
+    states = emulate.clusters()
     if not states:
         raise UsageError("no cluster is up: refcoll cluster up first")
-    return emulate.attach(states[0])
+    states = [state for state in states if "spec" in state]  # the others: only removable
+    detached = [state for state in states if state.get("detached")]
+    if not states:
+        raise UsageError("no cluster is up that refcoll can run on: refcoll cluster up first")
+    return emulate.attach((detached or states)[0])
 
 
 @cluster.command(context_settings={"ignore_unknown_options": True})

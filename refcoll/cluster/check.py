@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import sys
 
 from ..core.errors import RefcollError
+from ..core.processes import python
 from .emulate import Cluster, parse_rate
 
 __all__ = ["measure_link", "measure_links", "format_links", "BOTH_WAYS"]
@@ -86,15 +86,15 @@ def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int = 16 << 20,
     slower = min(parse_rate(cluster.rate(i)), parse_rate(cluster.rate(peer)))
     allowed = 60 + 4 * nbytes * 8 * (1 + both_ways) / slower
     what = f"cluster check: the streams between node {i} and node {peer}"
-    server = subprocess.Popen(["ip", "netns", "exec", cluster.node_ns(peer), sys.executable,
-                               "-c", _SERVER, str(port), str(nbytes), str(both_ways)],
+    server = subprocess.Popen(["ip", "netns", "exec", cluster.node_ns(peer),
+                               *python("-c", _SERVER, str(port), str(nbytes), str(both_ways))],
                               stdout=subprocess.PIPE, text=True)
     try:
         server.stdout.readline()  # "ready"
         try:
-            res = subprocess.run(["ip", "netns", "exec", cluster.node_ns(i), sys.executable,
-                                  "-c", _CLIENT, cluster.address(peer), str(port), str(nbytes),
-                                  str(both_ways)],
+            res = subprocess.run(["ip", "netns", "exec", cluster.node_ns(i),
+                                  *python("-c", _CLIENT, cluster.address(peer), str(port),
+                                          str(nbytes), str(both_ways))],
                                  capture_output=True, text=True, timeout=allowed)
         except subprocess.TimeoutExpired:
             raise RefcollError(f"{what} took over {allowed:.0f} s") from None

@@ -22,33 +22,42 @@ namespaces that exist. What a cluster made is written to a state file; ``down``
 namespaces, deletes them, and removes the state file and ``/etc/netns/`` files.
 A cluster whose owner died (``kill -9``) is found by the next :func:`up`, which
 removes it first.
+
+It removes only by a state file it can trust and only names of its own pattern
+(:mod:`refcoll.cluster.state`); a state file it cannot trust is one line, exit 2, and
+``up`` and ``down`` change nothing. They remove a cluster only if it is detached (made
+by ``refcoll cluster up``) or its owner is gone; ``--force``, a running job's too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from ..core.errors import UsageError
-import re
-
-from ..core.units import parse_bandwidth
+from ..core.reading import loads_json
+from ..core.writing import remove_file, write_json, write_text
 from . import launch
+from .spec import (MAX_DELAY_S, MAX_NODES, MAX_OVERSUBSCRIPTION, MAX_RANKS_PER_NODE, MAX_RATE,
+                   MIN_RATE, ClusterSpec, parse_rate)
+from .state import (NETNS_ETC, PREFIX, check_folder, etc_folder, machine_of, ours, owned,
+                    remove_etc, scan, start_time)
 from .topology import NodeLink, Topology
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters", "attach",
-           "bucket_bytes", "machine_of", "missing_capability", "parse_rate", "remove_stale",
-           "topology_path", "STATE_DIR", "SUBNET"]
+           "bucket_bytes", "live_clusters", "machine_of", "missing_capability", "parse_rate",
+           "remove_stale", "topology_path", "STATE_DIR", "SUBNET", "NETNS_ETC", "MAX_NODES",
+           "MAX_RANKS_PER_NODE", "MIN_RATE", "MAX_RATE", "MAX_OVERSUBSCRIPTION", "MAX_DELAY_S"]
 
 #: Where each cluster's state file lives (tmpfs: nothing survives a reboot).
 STATE_DIR = Path(os.environ.get("REFCOLL_CLUSTER_DIR", "/run/refcoll/clusters"))
@@ -59,58 +68,9 @@ SUBNET = "10.203"
 #: How long a packet may wait in a shaped link's queue (tbf's ``latency``).
 QUEUE = "50ms"
 
-#: Where ``ip netns exec`` finds a namespace's own ``/etc`` files (``hosts``).
-NETNS_ETC = Path("/etc/netns")
-
 
 class ClusterError(UsageError):
     """The cluster cannot be made here (a capability or a qdisc missing): exit 2."""
-
-
-@dataclass
-class ClusterSpec:
-    """What to build: nodes, ranks per node, links, racks."""
-
-    nodes: int = 2
-    ranks_per_node: int = 2
-    link: str = "1gbit"
-    node_links: dict = field(default_factory=dict)  # node number -> rate, a slower node
-    node_ranks: dict = field(default_factory=dict)  # node number -> ranks, uneven nodes
-    delay: str | None = None
-    racks: int = 1
-    oversubscription: float = 1.0
-
-    def check(self) -> None:
-        if self.nodes < 1 or self.ranks_per_node < 1:
-            raise UsageError("a cluster needs at least one node of at least one rank")
-        if self.racks < 1 or self.nodes % self.racks:
-            raise UsageError(f"{self.nodes} nodes do not divide into {self.racks} racks")
-        if self.oversubscription < 1:
-            raise UsageError("--oversubscription is at least 1 (an uplink as fast as its nodes)")
-        for rate in [self.link, *self.node_links.values()]:
-            parse_rate(rate)
-        for option, given in (("--node-link", self.node_links), ("--node-ranks", self.node_ranks)):
-            for node in given:
-                if not 1 <= int(node) <= self.nodes:
-                    raise UsageError(f"{option} names node {node}; nodes are 1..{self.nodes}")
-        if any(int(n) < 1 for n in self.node_ranks.values()):
-            raise UsageError("--node-ranks: a node runs at least one rank")
-
-    def ranks(self, i: int) -> int:
-        """The ranks node ``i`` runs."""
-        return int(self.node_ranks.get(i, self.node_ranks.get(str(i), self.ranks_per_node)))
-
-    @property
-    def total_ranks(self) -> int:
-        return sum(self.ranks(i) for i in range(1, self.nodes + 1))
-
-
-def parse_rate(text) -> float:
-    """Return bits per second from ``tc``'s ``1gbit``, ``100mbit``, ``500kbit``, or ``1Gbit/s``."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kmgt]?)bit\s*", str(text).lower())
-    if m:
-        text = f"{m.group(1)}{m.group(2).upper().replace('K', 'k')}bit/s"
-    return 8 * parse_bandwidth(text, name="link rate")
 
 
 def missing_capability() -> str | None:
@@ -130,10 +90,21 @@ def missing_capability() -> str | None:
     return None
 
 
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run(list(argv), capture_output=True, text=True)
+    """Run ``ip`` or ``tc``; a failure (``check``) is a ClusterError naming the command."""
+    try:
+        res = subprocess.run(list(argv), capture_output=True, text=True)
+    except OSError as exc:
+        raise ClusterError(f"{argv[0]}: cannot be run ({exc.strerror or exc}); refcoll cluster "
+                           "needs iproute2's ip and tc") from None
     if check and res.returncode != 0:
-        raise subprocess.CalledProcessError(res.returncode, argv, res.stdout, res.stderr)
+        said = _last_line(res.stderr) or f"exit status {res.returncode}"
+        raise ClusterError(f"{shlex.join(argv)} failed: {said}")
     return res
 
 
@@ -209,7 +180,7 @@ class Cluster:
         if why:
             raise ClusterError(why)
         remove_stale()
-        taken = _namespaces()
+        taken = _namespaces()  # a prefix no namespace has yet: every name made is new
         while not self.prefix or any(ns.startswith(self.prefix) for ns in taken):
             self.prefix = f"rc{secrets.token_hex(3)}"
         try:
@@ -258,9 +229,8 @@ class Cluster:
                 for end in (f"u{r}", f"c{r}"):
                     self._shape(self.hub, end, f"{int(uplink)}bit")
         for i in range(1, spec.nodes + 1):
-            folder = NETNS_ETC / self.node_ns(i)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "hosts").write_text("\n".join(hosts) + "\n")
+            write_text(etc_folder(self.node_ns(i)) / "hosts", "\n".join(hosts) + "\n",
+                       mode=0o644)
         self.topology().write(self.topology_file)
         self._write_state()
 
@@ -269,43 +239,50 @@ class Cluster:
         bits = parse_rate(rate)
         tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
         parent = ["root"]
-        if self.spec.delay:
-            res = _run(*tc, "root", "handle", "1:", "netem", "delay", self.spec.delay,
-                       check=False)
+        if self.spec.delay is not None:
+            delay = f"{self.spec.delay_s() * 1e6:.6g}us"  # as read and bounded, not as typed
+            netem = [*tc, "root", "handle", "1:", "netem", "delay", delay]
+            res = _run(*netem, check=False)
             if res.returncode != 0:
-                said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tc failed"
+                said = _last_line(res.stderr) or f"exit status {res.returncode}"
                 raise ClusterError(f"--delay needs tc's netem qdisc, which this kernel lacks "
-                                   f"({said})")
+                                   f"({shlex.join(netem)} failed: {said})")
             parent = ["parent", "1:"]
-        res = _run(*tc, *parent, "handle", "2:", "tbf", "rate", f"{int(bits)}bit", "burst",
-                   f"{bucket_bytes(bits)}b", "latency", QUEUE, check=False)
+        tbf = [*tc, *parent, "handle", "2:", "tbf", "rate", f"{int(bits)}bit", "burst",
+               f"{bucket_bytes(bits)}b", "latency", QUEUE]
+        res = _run(*tbf, check=False)
         if res.returncode != 0:
+            said = _last_line(res.stderr) or f"exit status {res.returncode}"
             raise ClusterError(f"shaping a link needs tc's tbf qdisc, which failed here "
-                               f"({res.stderr.strip() or 'tc failed'})")
+                               f"({shlex.join(tbf)} failed: {said})")
 
     # ------------------------------------------------------------ state
 
     def describe(self) -> dict:
         """The cluster as written down: nodes, hosts, addresses, links, racks (the topology)."""
         spec = self.spec
-        return {"prefix": self.prefix, "owner": os.getpid(), "namespaces": list(self.made),
+        return {"prefix": self.prefix, "owner": os.getpid(),
+                "owner_start": start_time(os.getpid()), "namespaces": list(self.made),
                 "machine": platform.node(), "cores": os.cpu_count(),
-                "spec": asdict(spec),
-                "nodes": [{"node": i, "host": self.host(i), "namespace": self.node_ns(i),
-                           "address": self.address(i), "rack": self.rack_of(i),
-                           "link": self.rate(i), "ranks": spec.ranks(i)}
-                          for i in range(1, spec.nodes + 1)],
+                "spec": asdict(spec), "nodes": self._nodes(),
                 "racks": spec.racks, "oversubscription": spec.oversubscription}
 
-    def _write_state(self) -> None:
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps(self.describe(), indent=1))
+    def _nodes(self) -> list[dict]:
+        spec = self.spec
+        return [{"node": i, "host": self.host(i), "namespace": self.node_ns(i),
+                 "address": self.address(i), "rack": self.rack_of(i),
+                 "link": self.rate(i), "ranks": spec.ranks(i)}
+                for i in range(1, spec.nodes + 1)]
+
+    def _write_state(self, **extra) -> None:
+        check_folder(STATE_DIR, create=True)
+        write_json(self.state_file, {**self.describe(), **extra}, indent=1, mode=0o644)
 
     def hostfile(self, path: Path) -> Path:
-        """Write MPICH's hostfile (``host:ranks`` per node) to ``path``."""
-        path.write_text("".join(f"{self.host(i)}:{self.spec.ranks(i)}\n"
-                                for i in range(1, self.spec.nodes + 1)))
-        return path
+        """Write MPICH's hostfile (``host:ranks`` per node) to ``path`` (no link followed)."""
+        write_text(path, "".join(f"{self.host(i)}:{self.spec.ranks(i)}\n"
+                                 for i in range(1, self.spec.nodes + 1)))
+        return Path(path)
 
     # -------------------------------------------------------------- run
 
@@ -334,7 +311,7 @@ class Cluster:
         out = {}
         for i in range(1, self.spec.nodes + 1):
             res = _run("ip", "-n", self.node_ns(i), "-s", "-j", "link", "show", "eth0")
-            stats = json.loads(res.stdout)[0]["stats64"]
+            stats = loads_json(res.stdout, source="ip -s -j link show")[0]["stats64"]
             out[i] = (int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"]))
         return out
 
@@ -370,17 +347,26 @@ class Cluster:
         return False
 
 
+# ------------------------------------------------------------- removing
+
 def _remove(prefix: str, made: list[str]) -> None:
+    """Kill the processes of cluster ``prefix``'s namespaces, delete them, remove its files.
+
+    Only names of the cluster's own pattern (:func:`~refcoll.cluster.state.ours`) are
+    touched, whatever ``made`` lists.
+    """
     if not prefix:
         return
-    names = [ns for ns in _namespaces() if ns.startswith(prefix + "-")] + list(made)
+    if not PREFIX.fullmatch(prefix):
+        raise UsageError(f"{prefix!r:.40} is not a cluster refcoll made (rc and 6 hex digits)")
+    names = [ns for ns in [*sorted(_namespaces()), *made] if ours(prefix, ns)]
     names = list(dict.fromkeys(names))
     _kill(names)
     for ns in names:
         _run("ip", "netns", "del", ns, check=False)
-        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
-    (STATE_DIR / f"{prefix}.json").unlink(missing_ok=True)
-    topology_path(prefix).unlink(missing_ok=True)
+        remove_etc(ns)
+    remove_file(STATE_DIR / f"{prefix}.json")
+    remove_file(topology_path(prefix))
 
 
 def topology_path(prefix: str) -> Path:
@@ -404,91 +390,103 @@ def _kill(names: list[str]) -> None:
         time.sleep(0.5)
 
 
-def machine_of(host: str) -> str:
-    """Return the machine that runs ``host``: itself, or the one emulating it.
+# ------------------------------------------------------------- state files
 
-    Inside a run on an emulated cluster (``REFCOLL_CLUSTER`` names its state),
-    every node is a namespace of one machine and their ranks share its cores:
-    ``"vm (emulating rc…-n1, rc…-n2)"`` for each of them, so that a check of
-    ranks against cores counts the machine's, not one node's.
-    """
-    path = os.environ.get("REFCOLL_CLUSTER")
-    if not path:
-        return host
+def _check_spec(state: dict, where: str) -> None:
+    """Refuse a state whose spec is not one :class:`ClusterSpec` takes, or whose nodes are not
+    those its spec makes (what :mod:`refcoll.cluster.standin` starts processes by)."""
+    names = {f.name for f in fields(ClusterSpec)}
+    if not isinstance(state["spec"], dict) or set(state["spec"]) - names:
+        raise UsageError(f"{where}: spec must be an object of {', '.join(sorted(names))}")
     try:
-        state = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return host
-    names = [node["host"] for node in state.get("nodes", [])]
-    if host not in names:
-        return host
-    return f"{state.get('machine', 'this machine')} (emulating {', '.join(names)})"
+        cluster = attach(state)  # checks the spec
+    except UsageError as exc:
+        raise UsageError(f"{where}: spec: {exc}") from None
+    if state.get("nodes") != cluster._nodes():
+        raise UsageError(f"{where}: its nodes are not those its spec makes")
+
+
+def _scan() -> tuple[list[dict], list[str]]:
+    """Return the trusted clusters' states and, for each other state file, why not."""
+    return scan(STATE_DIR, _check_spec)
 
 
 def clusters() -> list[dict]:
-    """Return the state of every cluster whose state file exists."""
-    out = []
-    for path in sorted(STATE_DIR.glob("rc*.json")) if STATE_DIR.is_dir() else []:
-        if path.name.endswith(".topo.json"):
-            continue  # a cluster's topology, beside its state
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            out.append({"prefix": path.stem, "owner": None, "namespaces": []})
-    return out
-
-
-def _alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Return the state of every cluster whose state file refcoll can trust."""
+    return _scan()[0]
 
 
 def remove_stale() -> list[str]:
-    """Remove the clusters whose owner is gone; return their prefixes."""
+    """Remove the clusters whose owner is gone; return their prefixes.
+
+    Only trusted state files are acted on; any other is left as it is.
+    """
     gone = []
     for state in clusters():
-        if state.get("detached") or _alive(state.get("owner")):
+        if state.get("detached") or owned(state):
             continue
-        _remove(state["prefix"], state.get("namespaces", []))
+        _remove(state["prefix"], state["namespaces"])
         gone.append(state["prefix"])
     return gone
 
 
-def up(spec: ClusterSpec) -> Cluster:
-    """Build a cluster that outlives this process (``refcoll cluster up``); one at a time."""
+def _removable(force: bool) -> list[dict]:
+    """The clusters ``up`` and ``down`` remove: detached or ownerless (all with ``force``).
+
+    Raises:
+        UsageError: a state file refcoll cannot trust is there; nothing is removed.
+    """
+    good, bad = _scan()
+    if bad:
+        raise UsageError(f"{bad[0]}; refcoll removes no cluster while it is there (look at it, "
+                         "and remove it by hand)")
+    return [state for state in good if force or not owned(state)]
+
+
+def live_clusters() -> list[dict]:
+    """Return the clusters another process holds (``with Cluster``) while it runs.
+
+    ``up`` and ``down`` leave them, unless forced.
+    """
+    return [state for state in clusters() if owned(state)]
+
+
+def up(spec: ClusterSpec, *, force: bool = False) -> Cluster:
+    """Build a cluster that outlives this process (``refcoll cluster up``); one at a time.
+
+    A detached cluster already up, or one whose owner is gone, is removed first (a
+    second up replaces the first); a cluster a running process holds is left, unless
+    ``force``.
+    """
+    spec.check()
     why = missing_capability()
     if why:
         raise ClusterError(why)
-    for state in clusters():
-        _remove(state["prefix"], state.get("namespaces", []))  # a second up replaces the first
+    for state in _removable(force):
+        _remove(state["prefix"], state["namespaces"])
     cluster = Cluster(spec).up()
-    state = cluster.describe()
-    state["detached"] = True
-    cluster.state_file.write_text(json.dumps(state, indent=1))
+    cluster._write_state(detached=True)
     return cluster
 
 
-def down() -> list[str]:
-    """Remove every cluster (``refcoll cluster down``); return their prefixes."""
+def down(*, force: bool = False) -> list[str]:
+    """Remove the detached clusters and those whose owner is gone (``refcoll cluster down``);
+    with ``force``, those a running process holds too. Return their prefixes."""
     prefixes = []
-    for state in clusters():
-        _remove(state["prefix"], state.get("namespaces", []))
+    for state in _removable(force):
+        _remove(state["prefix"], state["namespaces"])
         prefixes.append(state["prefix"])
     return prefixes
 
 
 def status() -> list[dict]:
-    """Return each cluster's state, with whether its namespaces all exist."""
-    have = _namespaces()
-    return [dict(state, complete=all(ns in have for ns in state.get("namespaces", [])))
-            for state in clusters()]
+    """Return each trusted cluster's state, with whether its namespaces all exist, and
+    ``{"problem": ...}`` for each state file refcoll cannot trust."""
+    good, bad = _scan()
+    have = _namespaces() if good else set()
+    return ([dict(state, complete=all(ns in have for ns in state["namespaces"]),
+                  live=owned(state)) for state in good]
+            + [{"problem": why} for why in bad])
 
 
 def attach(state: dict) -> Cluster:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.processes import python
+from ..core.writing import write_text
 
 __all__ = ["LAUNCHERS", "environment", "mpiexec_argv", "mpirun_argv", "find_mpirun",
            "openmpi_hostfile", "openmpi_version", "torchrun_argvs", "run", "RENDEZVOUS_PORT",
@@ -76,10 +79,16 @@ def _on_node(cluster, i: int) -> list[str]:
 
 def _standin(folder: Path) -> Path:
     """Write the launchers' ``ssh`` (:mod:`refcoll.cluster.standin`) to ``folder``: one path,
-    as ``-launcher-exec`` and ``plm_rsh_agent`` take it."""
+    as ``-launcher-exec`` and ``plm_rsh_agent`` take it.
+
+    ``folder`` is the run's private one (:func:`tempfile.mkdtemp`, mode 0700); the script
+    is written without following a link, every word of its command quoted for the shell,
+    and Python is started without the working folder on its import path
+    (:func:`~refcoll.core.processes.python`).
+    """
     standin = folder / "ssh"
-    standin.write_text(f"#!/bin/sh\nexec {sys.executable} -m refcoll.cluster.standin \"$@\"\n")
-    standin.chmod(0o755)
+    command = shlex.join(python("-m", "refcoll.cluster.standin"))
+    write_text(standin, f'#!/bin/sh\nexec {command} "$@"\n', mode=0o755)
     return standin
 
 
@@ -97,10 +106,10 @@ def mpiexec_argv(cluster, command: list[str], folder: Path, nprocs: int | None =
 
 
 def openmpi_hostfile(cluster, path: Path) -> Path:
-    """Write Open MPI's hostfile (``host slots=ranks`` per node) to ``path``."""
-    path.write_text("".join(f"{cluster.host(i)} slots={cluster.spec.ranks(i)}\n"
-                            for i in range(1, cluster.spec.nodes + 1)))
-    return path
+    """Write Open MPI's hostfile (``host slots=ranks`` per node) to ``path`` (no link followed)."""
+    write_text(path, "".join(f"{cluster.host(i)} slots={cluster.spec.ranks(i)}\n"
+                             for i in range(1, cluster.spec.nodes + 1)))
+    return Path(path)
 
 
 def openmpi_version(mpirun) -> tuple | None:
@@ -170,11 +179,12 @@ def torchrun_argvs(cluster, command: list[str]) -> list[list[str]]:
     nodes = cluster.spec.nodes
     out = []
     for i in range(1, nodes + 1):
-        out.append([*_on_node(cluster, i), sys.executable, "-m", "torch.distributed.run",
-                    f"--nnodes={nodes}", f"--node-rank={i - 1}",
-                    f"--nproc-per-node={cluster.spec.ranks(i)}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={cluster.address(1)}:{RENDEZVOUS_PORT}",
-                    f"--local-addr={cluster.address(i)}", "--no-python", *command])
+        out.append([*_on_node(cluster, i),
+                    *python("-m", "torch.distributed.run", f"--nnodes={nodes}",
+                            f"--node-rank={i - 1}", f"--nproc-per-node={cluster.spec.ranks(i)}",
+                            "--rdzv-backend=c10d",
+                            f"--rdzv-endpoint={cluster.address(1)}:{RENDEZVOUS_PORT}",
+                            f"--local-addr={cluster.address(i)}", "--no-python", *command)])
     return out
 
 
@@ -186,7 +196,7 @@ def run(cluster, command: list[str], nprocs: int | None, launcher: str,
     given = popen.pop("env", {})
     env = {**os.environ, **environment(cluster), **given}
     if launcher == "mpich":
-        with tempfile.TemporaryDirectory(prefix="refcoll-cluster-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="refcoll-cluster-") as tmp:  # mode 0700
             return subprocess.run(mpiexec_argv(cluster, command, Path(tmp), nprocs), env=env,
                                   **popen)
     if launcher == "openmpi":

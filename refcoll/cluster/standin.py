@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..core.errors import UsageError
 from .emulate import clusters
 
 __all__ = ["main", "namespace_of"]
@@ -43,7 +44,11 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     host, command = args[0], " ".join(args[1:])
-    ns = namespace_of(host)
+    try:
+        ns = namespace_of(host)
+    except UsageError as exc:  # the cluster folder is not one refcoll trusts
+        print(f"refcoll.cluster.standin: {exc}", file=sys.stderr)
+        return 255
     if ns is None:
         print(f"refcoll.cluster.standin: {host!r} is no node of an emulated cluster "
               "(refcoll cluster status lists them)", file=sys.stderr)

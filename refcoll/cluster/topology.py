@@ -23,22 +23,38 @@ with the racks' uplinks always (:func:`rack_levels`); and
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.reading import number, read_json
+from ..core.writing import write_json
 
 __all__ = ["Topology", "NodeLink", "TOPO_ENV", "read", "from_env", "inter_levels", "rack_levels",
-           "model_options", "DEFAULT_LATENCY"]
+           "model_options", "DEFAULT_LATENCY", "MIN_BITS_PER_S", "MAX_BITS_PER_S", "MAX_LATENCY_S",
+           "MAX_NODES", "MAX_RANKS"]
 
 #: The environment variable that names the topology file, as ``NCCL_TOPO_FILE`` does.
 TOPO_ENV = "REFCOLL_TOPO_FILE"
 
 #: Latency across nodes assumed when the file gives none: a TCP message between two hosts.
 DEFAULT_LATENCY = 50e-6
+
+#: The slowest link rate a file may give, bits per second: 1 kbit/s (slower, one 64 KiB
+#: message takes ten minutes; what is below is a typo or a unit mistaken, such as 1e-300).
+MIN_BITS_PER_S = 1e3
+
+#: The fastest: 1 Pbit/s, beyond any rack's uplink built (a node's NIC is at most 800 Gbit/s).
+MAX_BITS_PER_S = 1e15
+
+#: The longest latency across nodes a file may give: 10 s (a message that slow is no link).
+MAX_LATENCY_S = 10.0
+
+#: The most nodes (and rack numbers) a file may list, and ranks one node may run.
+MAX_NODES = 1 << 16
+MAX_RANKS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,7 @@ class Topology:
     def write(self, path) -> Path:
         """Write the topology to ``path`` as JSON; return the path."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        write_json(path, self.to_json(), indent=1, mode=0o644)
         return path
 
     def to_json(self) -> dict:
@@ -97,27 +113,102 @@ class Topology:
 
 
 def read(path) -> Topology:
-    """Read a topology file; a missing, unreadable or malformed one is a :class:`UsageError`."""
-    try:
-        data = json.loads(Path(path).read_text())
-        nodes = tuple(NodeLink(str(n["host"]), int(n.get("rack", 1)), int(n.get("ranks", 1)),
-                               float(n.get("link_bits_per_s", 0))) for n in data["nodes"])
-        uplinks = {int(r["rack"]): float(r["uplink_bits_per_s"])
-                   for r in data.get("racks", []) if r.get("uplink_bits_per_s")}
-        latency = data.get("link_latency_s")
-        topology = Topology(nodes, uplinks, None if latency is None else float(latency),
-                            str(data.get("source", "")))
-    except OSError as exc:
-        raise UsageError(f"cannot read the topology file {path} ({TOPO_ENV}): "
-                         f"{exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"the topology file {path} ({TOPO_ENV}) is not a refcoll topology: "
-                         f"{type(exc).__name__}: {exc}; see refcoll/cluster/topology.py for "
-                         "its form") from None
-    if not nodes or any(n.ranks < 1 or n.link_bits_per_s < 0 for n in nodes):
-        raise UsageError(f"the topology file {path} ({TOPO_ENV}) lists no node, or a node "
-                         "with no rank or a negative link rate")
-    return topology
+    """Read a topology file; a missing, unreadable or malformed one is a :class:`UsageError`.
+
+    The file is read by :mod:`refcoll.core.reading` (a regular file, bounded, finite
+    numbers), then every field is checked before anything is built from it: each node
+    a host (named once), a rack, ranks and a link rate; each uplink a rack that holds
+    a node; every rate 0 (unknown) or between :data:`MIN_BITS_PER_S` and
+    :data:`MAX_BITS_PER_S`; the latency between 0 and :data:`MAX_LATENCY_S`; no field
+    but those the module's docstring shows. Each refusal is one line naming the field.
+    """
+    data = read_json(path, what=f"topology file ({TOPO_ENV})")
+    where = str(path)
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise UsageError(f"{where}: is not a refcoll topology (no \"nodes\" list); see "
+                         "refcoll/cluster/topology.py for its form")
+    _known(data, _FIELDS, where)
+    if not data["nodes"]:
+        raise UsageError(f"{where}: lists no node; a topology lists at least one")
+    if len(data["nodes"]) > MAX_NODES:
+        raise UsageError(f"{where}: lists {len(data['nodes'])} nodes, more than the {MAX_NODES} "
+                         "refcoll reads")
+    nodes = tuple(_node(n, f"{where}: nodes[{k}]") for k, n in enumerate(data["nodes"]))
+    hosts = Counter(n.host for n in nodes)
+    twice = [h for h, count in hosts.items() if count > 1]
+    if twice:
+        raise UsageError(f"{where}: host {twice[0]!r} is listed {hosts[twice[0]]} times; "
+                         "list each node once")
+    racks = data.get("racks", [])
+    if not isinstance(racks, list):
+        raise UsageError(f"{where}: racks: must be a list of {{\"rack\", \"uplink_bits_per_s\"}}")
+    uplinks, seen = {}, set()
+    for k, entry in enumerate(racks):
+        here = f"{where}: racks[{k}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{here}: must be an object {{\"rack\", \"uplink_bits_per_s\"}}")
+        _known(entry, _RACK_FIELDS, here)
+        rack = number(entry.get("rack"), where=f"{here}.rack", integer=True, least=1,
+                      most=MAX_NODES)
+        if rack in seen:
+            raise UsageError(f"{here}: rack {rack} is listed twice")
+        seen.add(rack)
+        if not any(n.rack == rack for n in nodes):
+            raise UsageError(f"{here}: rack {rack} holds no node of the file; an uplink joins "
+                             "a rack of the nodes listed")
+        rate = entry.get("uplink_bits_per_s")
+        if rate is not None:  # absent or 0: the rack has no uplink of its own
+            rate = _rate(rate, f"{here}.uplink_bits_per_s", unknown=True)
+        if rate:
+            uplinks[rack] = float(rate)
+    latency = data.get("link_latency_s")
+    if latency is not None:
+        latency = float(number(latency, where=f"{where}: link_latency_s", least=0,
+                               most=MAX_LATENCY_S))
+    source = data.get("source", "")
+    if not isinstance(source, str):
+        raise UsageError(f"{where}: source: must be a string, not {type(source).__name__}")
+    return Topology(nodes, uplinks, latency, source)
+
+
+#: The fields of the file, of a node and of a rack: any other is refused, so that a
+#: misspelt one (``"link"`` for ``"link_bits_per_s"``) is not read as absent.
+_FIELDS = ("version", "source", "nodes", "racks", "link_latency_s")
+_NODE_FIELDS = ("host", "rack", "ranks", "link_bits_per_s")
+_RACK_FIELDS = ("rack", "uplink_bits_per_s")
+
+
+def _known(entry: dict, names: tuple, where: str) -> None:
+    """Refuse a field refcoll does not read, naming it and the fields there are."""
+    unknown = [key for key in entry if key not in names]
+    if unknown:
+        raise UsageError(f"{where}: has a field refcoll does not read, {unknown[0][:40]!r} "
+                         f"(the fields: {', '.join(names)})")
+
+
+def _rate(value, where: str, *, unknown: bool) -> float:
+    """Return a link rate in bits per second, bounded (0, ``unknown``, where it may be)."""
+    if unknown and value == 0 and not isinstance(value, bool):
+        return 0.0
+    return number(value, where=where, least=MIN_BITS_PER_S, most=MAX_BITS_PER_S)
+
+
+def _node(entry, where: str) -> NodeLink:
+    """Return one node of a topology file, each field checked."""
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: must be an object {{\"host\", \"rack\", \"ranks\", "
+                         "\"link_bits_per_s\"}")
+    _known(entry, _NODE_FIELDS, where)
+    host = entry.get("host")
+    if not isinstance(host, str) or not host.strip() or len(host) > 255:
+        raise UsageError(f"{where}.host: must be a host name (a string of 1 to 255 "
+                         f"characters), not {host!r:.60}")
+    rack = number(entry.get("rack", 1), where=f"{where}.rack", integer=True, least=1,
+                  most=MAX_NODES)
+    ranks = number(entry.get("ranks", 1), where=f"{where}.ranks", integer=True, least=1,
+                   most=MAX_RANKS)
+    rate = _rate(entry.get("link_bits_per_s", 0), f"{where}.link_bits_per_s", unknown=True)
+    return NodeLink(host, rack, ranks, float(rate))
 
 
 def from_env() -> Topology | None:
