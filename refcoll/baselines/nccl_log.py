@@ -41,6 +41,7 @@ import re
 from typing import Iterable, NamedTuple
 
 from ..core.errors import UsageError
+from ..core.reading import MAX_TEXT_BYTES, read_bytes
 
 __all__ = ["NCCL_ALGOS", "NCCL_PROTOS", "NCCL_FUNCS", "Tuning", "nccl_env", "debug_env",
            "parse_tuning", "read_tuning", "tuning_files", "choice_for", "COLLECTIVE_OF"]
@@ -259,11 +260,19 @@ def tuning_files(path_pattern: str) -> list[str]:
 
 
 def read_tuning(path_pattern: str) -> list[Tuning]:
-    """Return :func:`parse_tuning` of every file NCCL wrote for ``path_pattern``."""
+    """Return :func:`parse_tuning` of every file NCCL wrote for ``path_pattern``.
+
+    Each file is read through :mod:`refcoll.core.reading`: a regular file (a FIFO
+    or a device is refused, one line) of at most
+    :data:`~refcoll.core.reading.MAX_TEXT_BYTES`; bytes that are not UTF-8 are
+    replaced, as NCCL's log is text. ``path_pattern`` should name a folder of this
+    user's own (:func:`refcoll.core.writing.private_folder`), where no one else can
+    plant a file the pattern matches.
+    """
     found = []
     for path in tuning_files(path_pattern):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            found.extend(parse_tuning(f))
+        data = read_bytes(path, max_bytes=MAX_TEXT_BYTES, what="NCCL debug log")
+        found.extend(parse_tuning(data.decode("utf-8", errors="replace").splitlines()))
     return found
 
 

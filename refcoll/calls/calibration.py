@@ -10,12 +10,21 @@ too noisy to trust, is used by the job that took it and never saved
 (:data:`LOAD_LIMIT`). ``refcoll calibrate`` measures and saves on purpose.
 ``REFCOLL_CALIBRATION`` (:func:`calibration_mode`) says where the numbers come
 from; :mod:`refcoll.calls.auto` describes the modes.
+
+The cache is refcoll's own file, but anyone may have left anything there: it is
+read through :mod:`refcoll.core.reading` (a regular file of bounded, finite JSON)
+and each entry's numbers checked (:func:`_from_record`). A cache that cannot be
+read, or an entry that is out of range, is said once on stderr and ignored: auto
+then measures, or uses its defaults, as with no cache. Saving takes a lock beside
+the file (:func:`refcoll.core.writing.locked`) around reading, adding the entry and
+replacing the file (:func:`refcoll.core.writing.write_json`, a temporary renamed
+over it), so two jobs saving at once keep both entries; a cache that cannot be read
+is left as it is, not overwritten.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import os
 import platform
 import sys
@@ -29,6 +38,8 @@ from ..algorithms.naive import naive_broadcast
 from ..cluster.emulate import machine_of
 from ..core.calibration import DEFAULT, Calibration
 from ..core.errors import UsageError
+from ..core.reading import number, read_json
+from ..core.writing import locked, write_json
 from .agree import allgather_records, pack, unpack
 
 __all__ = ["Calibration", "CalibrationKey", "DEFAULT", "LOAD_LIMIT", "measure", "cache_path",
@@ -87,47 +98,104 @@ def cache_path() -> Path:
     return Path(base) / "calibration.json"
 
 
-def _read_cache() -> dict:
-    try:
-        data = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
+#: What refcoll said about the cache already: each warning once in a process.
+_WARNED: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(f"refcoll: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _read_cache() -> dict | None:
+    """Return the cache's entries by key: ``{}`` when there is no cache, None when it is corrupt.
+
+    A cache that is not a regular file of bounded JSON holding an object (a FIFO, a
+    folder, ``NaN``, truncated text) is said once on stderr and treated as absent by
+    the readers; :func:`_save` leaves it as it is.
+    """
+    path = cache_path()
+    if not os.path.lexists(path):
         return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _from_record(key: str, record: dict) -> Calibration | None:
     try:
-        fields = {k: record[k] for k in ("alpha", "beta", "gamma")}
-        cal = Calibration(**{k: float(v) for k, v in fields.items()},
-                          measured_at=record.get("measured_at"), load=record.get("load"),
-                          source=f"cached in {cache_path()}", key=key,
-                          **_levels([record.get(k, 0) for k in _LEVEL_FIELDS]))
-    except (KeyError, TypeError, ValueError):
+        data = read_json(path, what="calibration cache")
+    except UsageError as exc:
+        _warn_once(f"{exc}; the cache is ignored (remove it to keep calibrations again)")
         return None
-    finite = all(np.isfinite(v) and v >= 0 for v in (cal.alpha, cal.beta, cal.gamma))
-    return cal if finite else None
+    if not isinstance(data, dict):
+        _warn_once(f"{path}: the calibration cache must hold an object of calibrations by key, "
+                   f"not a {type(data).__name__}; the cache is ignored (remove it to keep "
+                   "calibrations again)")
+        return None
+    return data
 
 
 #: The two-level fields a cache record may hold.
 _LEVEL_FIELDS = ("inter_alpha", "inter_beta", "nodes", "per_node")
 
+#: Each number of a cache record: ``(field, whole number, least, most)``. Seconds a message
+#: at most an hour, a byte or an element at most a second; ranks and nodes whole numbers.
+_RECORD_FIELDS = (("alpha", False, 0.0, 3600.0), ("beta", False, 0.0, 1.0),
+                  ("gamma", False, 0.0, 1.0), ("inter_alpha", False, 0.0, 3600.0),
+                  ("inter_beta", False, 0.0, 1.0), ("nodes", True, 0, 1 << 24),
+                  ("per_node", True, 0, 1 << 24))
+
+
+def _from_record(key: str, record) -> Calibration | None:
+    """Return the calibration of one cache entry, or None (said once) where it is not one.
+
+    α, β and γ must be there; every number must be finite and in range
+    (:data:`_RECORD_FIELDS`; ``measured_at`` and ``load`` not negative, or null).
+    """
+    where = f"{cache_path()}: the entry {key!r}"
+    try:
+        if not isinstance(record, dict):
+            raise UsageError(f"{where}: must be an object, not a {type(record).__name__}")
+        missing = [k for k in ("alpha", "beta", "gamma") if k not in record]
+        if missing:
+            raise UsageError(f"{where}: lacks {', '.join(missing)}")
+        values = {name: number(record.get(name, 0), where=f"{where}: {name}", integer=whole,
+                               least=least, most=most)
+                  for name, whole, least, most in _RECORD_FIELDS}
+        extra = {name: (None if record.get(name) is None else
+                        float(number(record[name], where=f"{where}: {name}", least=0)))
+                 for name in ("measured_at", "load")}
+    except UsageError as exc:
+        _warn_once(f"{exc}; the entry is ignored")
+        return None
+    return Calibration(float(values["alpha"]), float(values["beta"]), float(values["gamma"]),
+                       source=f"cached in {cache_path()}", key=key, **extra,
+                       **_levels([values[k] for k in _LEVEL_FIELDS]))
+
 
 def _load(key: str) -> Calibration | None:
-    record = _read_cache().get(key)
-    return _from_record(key, record) if isinstance(record, dict) else None
+    record = (_read_cache() or {}).get(key)
+    return None if record is None else _from_record(key, record)
 
 
 def _save(key: str, calibration: Calibration) -> None:
+    """Add ``calibration`` to the cache under ``key``, keeping every other job's entries.
+
+    Under the cache's lock: read it, add the entry, replace the file (a temporary
+    renamed over it). A cache that cannot be read is not overwritten; a cache that
+    cannot be written only costs a measurement next time; both are said on stderr.
+    """
     path = cache_path()
+    entry = {"alpha": calibration.alpha, "beta": calibration.beta, "gamma": calibration.gamma,
+             "measured_at": calibration.measured_at, "load": calibration.load,
+             **{k: getattr(calibration, k) for k in _LEVEL_FIELDS}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read_cache()
-        data[key] = {"alpha": calibration.alpha, "beta": calibration.beta,
-                     "gamma": calibration.gamma, "measured_at": calibration.measured_at,
-                     "load": calibration.load,
-                     **{k: getattr(calibration, k) for k in _LEVEL_FIELDS}}
-        path.write_text(json.dumps(data, indent=2))
-    except OSError as exc:  # a read-only home only costs a re-measurement next time
+        with locked(path):
+            data = _read_cache()
+            if data is None:
+                print(f"refcoll: note: the calibration was not saved: the cache {path} cannot "
+                      "be read (said above) and is left as it is", file=sys.stderr)
+                return
+            data[key] = entry
+            write_json(path, data, allow_nan=False)
+    except (OSError, UsageError, ValueError) as exc:  # a read-only home; a number not finite
         print(f"refcoll: note: could not save the calibration in {path}: {exc}",
               file=sys.stderr)
 
@@ -135,8 +203,8 @@ def _save(key: str, calibration: Calibration) -> None:
 def cached_calibrations(host: str | None = None) -> list[Calibration]:
     """Return every cached calibration of ``host`` (default: this one), newest first."""
     host = platform.node() if host is None else host
-    found = [_from_record(k, v) for k, v in _read_cache().items()
-             if k.startswith(host + "|") and isinstance(v, dict)]
+    found = [_from_record(k, v) for k, v in (_read_cache() or {}).items()
+             if k.startswith(host + "|")]
     return sorted((c for c in found if c is not None),
                   key=lambda c: -(c.measured_at or 0.0))
 

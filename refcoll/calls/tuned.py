@@ -23,6 +23,13 @@ file. Under MPI rank 0 reads the file and sends what it read to the others, so t
 ranks of different hosts choose alike; a file that cannot be read or names an
 algorithm that cannot run the collective is the same :class:`UsageError` on every
 rank. The simulator reads it from the environment, so it predicts the tuned bits.
+
+Both files are read through :mod:`refcoll.core.reading`: a tuning file or a bench
+report must be a regular file of at most :data:`~refcoll.core.reading.MAX_JSON_BYTES`
+(``/dev/zero`` or a FIFO is refused at once), its JSON finite and shallow, and every
+field of the kind and within the range it is documented to have (:data:`MOST_BYTES`,
+:data:`MOST_RANKS`); anything else is one :class:`UsageError` naming the file and the
+field.
 """
 
 from __future__ import annotations
@@ -38,15 +45,22 @@ from .. import algorithms
 from ..algorithms.naive import naive_broadcast
 from ..algorithms.spelling import check_spelled, spell
 from ..core.errors import UsageError
+from ..core.reading import MAX_JSON_BYTES, loads_json, number, read_bytes, read_text
 
-__all__ = ["TUNING_ENV", "REACH", "Rule", "Table", "Tuning", "read", "parse", "from_bench",
-           "agreed_tuning", "tuning_path"]
+__all__ = ["TUNING_ENV", "REACH", "MOST_BYTES", "MOST_RANKS", "Rule", "Table", "Tuning", "read",
+           "parse", "from_bench", "read_report", "agreed_tuning", "tuning_path"]
 
 #: The environment variable that names the tuning file.
 TUNING_ENV = "REFCOLL_TUNING_FILE"
 
 #: How far beyond the sizes it measured a table reaches: a factor of 2 each way.
 REACH = 2.0
+
+#: The largest size a rule or a bench row may name, in bytes (4 EiB: no machine has more).
+MOST_BYTES = 1 << 62
+
+#: The most ranks (and nodes, and ranks per node) a table or a bench report may name.
+MOST_RANKS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -108,27 +122,76 @@ class Tuning:
         return None
 
 
+def _fields(where: str, entry, kind: str) -> dict:
+    """Return ``entry`` if it is a JSON object, else raise one line saying what it is instead."""
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: {kind} must be an object, not {type(entry).__name__} "
+                         f"{json.dumps(entry)[:40]}")
+    return entry
+
+
+def _list(where: str, value, kind: str) -> list:
+    """Return ``value`` if it is a JSON array, else raise one line naming ``kind``."""
+    if not isinstance(value, list):
+        raise UsageError(f"{where}: must be a list of {kind}, not {type(value).__name__}")
+    return value
+
+
+def _string(where: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"{where}: must be a name (a string), not {value!r}"[:200])
+    return value
+
+
+def _table(where: str, entry) -> Table:
+    """Return one table of a tuning file, every field checked (one line names the first bad)."""
+    entry = _fields(where, entry, "a table")
+    if "collective" not in entry or "ranks" not in entry or "rules" not in entry:
+        missing = [k for k in ("collective", "ranks", "rules") if k not in entry]
+        raise UsageError(f"{where}: a table lacks {', '.join(missing)}")
+    collective = _string(f"{where}.collective", entry["collective"])
+    ranks = number(entry["ranks"], where=f"{where}.ranks", integer=True, least=1,
+                   most=MOST_RANKS)
+    nodes = number(entry.get("nodes", 1), where=f"{where}.nodes", integer=True, least=1,
+                   most=ranks)
+    per_node = number(entry.get("per_node", ranks), where=f"{where}.per_node", integer=True,
+                      least=1, most=ranks)
+    rules = []
+    for i, rule in enumerate(_list(f"{where}.rules", entry["rules"], "rules")):
+        at = f"{where}.rules[{i}]"
+        rule = _fields(at, rule, "a rule")
+        if "bytes" not in rule or "algorithm" not in rule:
+            raise UsageError(f"{at}: a rule needs bytes and algorithm")
+        rules.append(Rule(number(rule["bytes"], where=f"{at}.bytes", integer=True, least=1,
+                                 most=MOST_BYTES),
+                          _string(f"{at}.algorithm", rule["algorithm"]),
+                          float(number(rule.get("time_us") or 0.0, where=f"{at}.time_us",
+                                       least=0))))
+    dtype, origin = entry.get("dtype", ""), entry.get("from", "")
+    return Table(collective, ranks, nodes, per_node,
+                 tuple(sorted(rules, key=lambda r: r.nbytes)),
+                 dtype if isinstance(dtype, str) else "", origin if isinstance(origin, str) else "")
+
+
 def parse(text: str, path: str = "") -> Tuning:
-    """Return the tuning a file's text holds; :class:`UsageError` names what is wrong in it."""
+    """Return the tuning a file's text holds; :class:`UsageError` names what is wrong in it.
+
+    The JSON is parsed within :func:`refcoll.core.reading.loads_json`'s bounds and
+    every field checked: sizes whole numbers of 1 to :data:`MOST_BYTES` bytes, ranks,
+    nodes and ranks per node whole numbers of 1 to :data:`MOST_RANKS`, times finite
+    and not negative, every algorithm one ``auto`` can run for the collective.
+    """
     where = f"the tuning file {path} ({TUNING_ENV})"
-    try:
-        data = json.loads(text)
-        tables = []
-        for entry in data["tables"]:
-            rules = tuple(sorted((Rule(int(r["bytes"]), str(r["algorithm"]),
-                                       float(r.get("time_us") or 0.0)) for r in entry["rules"]),
-                                 key=lambda r: r.nbytes))
-            tables.append(Table(str(entry["collective"]), int(entry["ranks"]),
-                                int(entry.get("nodes", 1)),
-                                int(entry.get("per_node", entry["ranks"])), rules,
-                                str(entry.get("dtype", "")), str(entry.get("from", ""))))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{where} is not a refcoll tuning file: {type(exc).__name__}: {exc}; "
-                         "write it with refcoll tune") from None
+    data = loads_json(text, source=where)
+    if not isinstance(data, dict) or "tables" not in data:
+        raise UsageError(f"{where} is not a refcoll tuning file: it must be an object with "
+                         "tables; write it with refcoll tune")
+    tables = [_table(f"{where}: tables[{i}]", entry)
+              for i, entry in enumerate(_list(f"{where}: tables", data["tables"], "tables"))]
     for table in tables:
-        if not table.rules or any(r.nbytes < 1 for r in table.rules):
+        if not table.rules:
             raise UsageError(f"{where}: a table of {table.collective} on {table.ranks} ranks "
-                             "has no rule, or a rule of no bytes")
+                             "has no rule")
         for rule in table.rules:
             try:
                 name, _ = check_spelled(rule.algorithm, table.collective)
@@ -147,13 +210,12 @@ def tuning_path() -> str:
 
 
 def _text(path: str) -> str:
-    """Return a tuning file's text; one that cannot be read is a :class:`UsageError`."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read the tuning file {path} ({TUNING_ENV}): "
-                         f"{exc.strerror or exc}") from None
+    """Return a tuning file's text: a regular file of at most :data:`MAX_JSON_BYTES`, UTF-8.
+
+    Anything else (missing, a folder, a FIFO, ``/dev/zero``, too large) is a
+    :class:`UsageError` of one line naming the file.
+    """
+    return read_text(path, max_bytes=MAX_JSON_BYTES, what=f"tuning file ({TUNING_ENV})")
 
 
 def read(path: str) -> Tuning:
@@ -189,6 +251,58 @@ def agreed_tuning(t, path: str) -> Tuning | None:
     return parse(sent["text"], path)
 
 
+def read_report(path: str) -> dict:
+    """Read a ``refcoll bench --json`` report for :func:`from_bench` (a regular JSON file).
+
+    Raises:
+        UsageError: the file is not a regular file of at most :data:`MAX_JSON_BYTES`,
+            or not JSON within :func:`refcoll.core.reading.loads_json`'s bounds.
+    """
+    data = read_bytes(path, max_bytes=MAX_JSON_BYTES, what="bench report")
+    return loads_json(data, source=f"{path} (a refcoll bench --json report)")
+
+
+def _report(name: str, report) -> tuple[str, list[str], list[dict]]:
+    """Return a bench report's ``(collective, hosts of the data ranks, rows)``, every field checked.
+
+    A row is kept for :func:`from_bench` only as what it claims to be: an object with an
+    algorithm (a string), a size (a whole number of 1 to :data:`MOST_BYTES` bytes) and,
+    where it was timed, a finite time not below 0; else one line names the row.
+    """
+    where = f"{name} (a refcoll bench --json report)"
+    report = _fields(where, report, "the report")
+    missing = [key for key in ("header", "rows") if key not in report]
+    if missing:
+        raise UsageError(f"{where}: it lacks {' and '.join(missing)}")
+    header = _fields(f"{where}: header", report["header"], "the header")
+    for key in ("collective", "ranks", "workers"):
+        if key not in header:
+            raise UsageError(f"{where}: the header lacks {key}")
+    collective = _string(f"{where}: header.collective", header["collective"])
+    ranks = _list(f"{where}: header.ranks", header["ranks"], "ranks")
+    if not ranks:
+        raise UsageError(f"{where}: header.ranks is empty; a report names every rank")
+    workers = number(header["workers"], where=f"{where}: header.workers", integer=True,
+                     least=1, most=min(len(ranks), MOST_RANKS))
+    hosts = []
+    for i, rank in enumerate(ranks[:workers]):
+        rank = _fields(f"{where}: header.ranks[{i}]", rank, "a rank")
+        hosts.append(_string(f"{where}: header.ranks[{i}].host", rank.get("host")))
+    rows = []
+    for i, row in enumerate(_list(f"{where}: rows", report["rows"], "rows")):
+        at = f"{where}: rows[{i}]"
+        row = _fields(at, row, "a row")
+        for key in ("algorithm", "size"):
+            if key not in row:
+                raise UsageError(f"{at}: the row lacks {key}")
+        _string(f"{at}.algorithm", row["algorithm"])
+        number(row["size"], where=f"{at}.size", integer=True, least=1, most=MOST_BYTES)
+        if row.get("time_us") is not None:
+            number(row["time_us"], where=f"{at}.time_us", least=0)
+        rows.append(row)
+    return collective, hosts, rows
+
+
 def from_bench(reports: list[tuple[str, dict]]) -> dict:
     """Return a tuning file's document from ``refcoll bench --json`` reports ``(name, report)``.
 
@@ -196,16 +310,13 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
     among those it ran that ``auto`` may run (not ``auto`` itself, none that needs
     processes beyond the data ranks), every check passed. Reports of the same
     collective and layout make one table (two sweeps of sizes); where both
-    measured a size, the later report's rule stands.
+    measured a size, the later report's rule stands. A report whose fields are not
+    what bench writes (:func:`_report`) is a :class:`UsageError` naming the first.
     """
     tables: dict = {}
     for name, report in reports:
-        try:
-            header, rows = report["header"], report["rows"]
-            hosts = [rank["host"] for rank in header["ranks"]][:header["workers"]]
-            collective = header["collective"]
-        except (KeyError, TypeError) as exc:
-            raise UsageError(f"{name} is not a refcoll bench --json report: {exc}") from None
+        collective, hosts, rows = _report(name, report)
+        header = report["header"]
         counts = {h: hosts.count(h) for h in hosts}
         best: dict[int, tuple[float, str]] = {}
         for row in rows:
@@ -224,10 +335,11 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
             raise UsageError(f"{name} holds no timed algorithm that auto may run (bench one or "
                              "more by name, not only auto)")
         key = (collective, len(hosts), len(counts), max(counts.values()))
+        dtype = header.get("dtype", "")
         entry = tables.setdefault(key, {"collective": collective, "ranks": len(hosts),
                                         "nodes": len(counts), "per_node": max(counts.values()),
-                                        "dtype": header.get("dtype", ""), "from": [],
-                                        "rules": {}})
+                                        "dtype": dtype if isinstance(dtype, str) else "",
+                                        "from": [], "rules": {}})
         entry["from"].append(os.path.basename(name))
         entry["rules"].update({size: {"bytes": size, "algorithm": algo, "time_us": round(t, 3)}
                                for size, (t, algo) in best.items()})

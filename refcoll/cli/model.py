@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from ..cluster.topology import model_options
 from ..cluster.topology import read as read_topology
 from ..core.errors import UsageError
+from ..core.reading import MAX_JSON_BYTES, read_text
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
 from ..measure import model as m
@@ -68,7 +69,7 @@ __all__ = ["model"]
                    "its unit (0: free).")
 @click.option("--params", metavar="N",
               help="Parameter count, a whole number >= 1, e.g. 1.3e9 (one flat gradient).")
-@click.option("--layers", "layers_file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--layers", "layers_file", type=click.Path(dir_okay=False),
               help="JSON list of parameter shapes, or object name -> shape, in forward order.")
 @click.option("--bytes-per-element", default="4", show_default=True, metavar="2|4|8",
               help="Gradient element size: 2 (float16), 4 (float32) or 8 (float64).")
@@ -151,9 +152,9 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
         _calibrate(nprocs, algorithm, sizes, back_to_back, json_file)
         return
     layers_text = None
-    if layers_file is not None:
-        with open(layers_file, encoding="utf-8") as fh:
-            layers_text = fh.read()
+    if layers_file is not None:  # a regular file of UTF-8 JSON, bounded: else exit 2, one line
+        layers_text = read_text(layers_file, max_bytes=MAX_JSON_BYTES,
+                                what="layers file (--layers)")
     given = dict(
         nodes=nodes, gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
         nics_per_node=nics_per_node, channels=channels, rail=rail, spine_bw=spine_bw,
@@ -175,7 +176,8 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
         if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) and not (
                 name == "params" and layers_text is not None):
             given[name] = value
-    result = m.plan_from_text(layers_text=layers_text, search=search, **given)
+    result = m.plan_from_text(layers_text=layers_text, search=search, **given,
+                              layers_name=f"{layers_file} (--layers)")
     write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 

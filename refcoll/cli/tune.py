@@ -6,8 +6,8 @@ import json
 
 import click
 
-from ..calls.tuned import TUNING_ENV, from_bench, parse
-from ..core.errors import UsageError
+from ..calls.tuned import TUNING_ENV, from_bench, parse, read_report
+from ..core.writing import write_text
 from .common import check_output_paths, main, reports_errors
 
 __all__ = ["tune"]
@@ -27,24 +27,15 @@ def tune(reports, output):
     with REFCOLL_TUNING_FILE=tuning.json: auto runs each size's fastest, where
     the job's collective, ranks and nodes match a table and the size lies within
     a factor of 2 of those measured; elsewhere it prices as before. Several
-    reports give several tables (collectives, layouts). Exit 2 on a file that
-    cannot be read or is not a bench report.
+    reports give several tables (collectives, layouts). Exit 2, writing nothing, on a
+    file that is not a regular file of JSON or not a bench report (a row that is not
+    an object, lacks its algorithm or size, or holds a number out of range).
     """
     check_output_paths(output=output)
-    loaded = []
-    for path in reports:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                loaded.append((path, json.load(handle)))
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise UsageError(f"{path} is not JSON: {exc}") from None
-    document = from_bench(loaded)
+    document = from_bench([(path, read_report(path)) for path in reports])
     text = json.dumps(document, indent=1) + "\n"
     parse(text, output)  # what auto will read back: every rule runs its collective
-    with open(output, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    write_text(output, text)  # a temporary renamed over it: a link there is replaced
     for table in document["tables"]:
         click.echo(f"{table['collective']} on {table['ranks']} ranks ({table['nodes']} nodes x "
                    f"{table['per_node']}), from {table['from']}:")

@@ -43,8 +43,10 @@ VARIABLES: tuple[Variable, ...] = (
         "REFCOLL_TIMEOUT", "300 (seconds)",
         "The deadline of every blocking wait, in seconds: past it the rank raises "
         "`CollectiveTimeout` naming the call, the exchange, the peer and the bytes it waited "
-        "for. `0`, `none` or `inf` wait forever; anything but a positive number is a "
-        "`UsageError`. Under `backend=\"refcoll\"` it replaces the group's own timeout.",
+        "for. `0`, `none` or `inf` wait forever, and so does a number of seconds too large "
+        "for the platform's waits (at or beyond `threading.TIMEOUT_MAX`, about 292 years: "
+        "`1e10`, `1e400`); anything else that is not a positive number is a `UsageError`. "
+        "Under `backend=\"refcoll\"` it replaces the group's own timeout.",
         ("refcoll.transport.base", "refcoll.transport.sim", "refcoll.torch.backend")),
     Variable(
         "REFCOLL_ABORT_ON_TIMEOUT", "unset (a timeout raises in that rank only)",
@@ -159,7 +161,11 @@ VARIABLES: tuple[Variable, ...] = (
         set_by="`refcoll cluster run`"),
     Variable(
         "REFCOLL_CLUSTER_DIR", "`/run/refcoll/clusters`",
-        "Where `refcoll cluster` keeps the state of the emulated clusters it made.",
+        "Where `refcoll cluster` keeps the state of the emulated clusters it made. refcoll "
+        "acts only on a real folder (not a link) that no one but root, or the user running "
+        "refcoll, can write, and only on state files there of that owner, mode without "
+        "group or other write, that name its own pattern of namespaces "
+        "([Files from others](../guides/files.md)).",
         ("refcoll.cluster.emulate",)),
 )
 

@@ -10,7 +10,10 @@ A program that cannot be edited runs the same way through ``-m refcoll.torch``,
 which registers the backend and then runs the script: ``torchrun
 --nproc-per-node 2 -m refcoll.torch train.py --backend refcoll``. Under
 ``mpiexec``, :func:`refcoll.torch.init_process_group` starts the group
-(``init_process_group("refcoll")``) from MPI's ranks; ``dist.new_group(ranks,
+(``init_process_group("refcoll")``) from MPI's ranks, over a ``TCPStore`` that rank
+0 starts on a port the kernel gives it and MPI broadcasts; like ``torchrun``'s, that
+store listens unauthenticated on every interface, so a job belongs on a trusted
+network (:mod:`refcoll.torch.launch`). ``dist.new_group(ranks,
 backend="refcoll")`` makes subgroups.
 
 **What a group is.** ``torch.distributed`` calls the backend's creator with a

@@ -3,9 +3,19 @@
 Under ``torchrun`` the environment has ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT``: the group starts from it (``env://``), with no MPI at all. Under
 ``mpiexec`` the launcher gives each process its rank (``PMI_RANK``,
-``OMPI_COMM_WORLD_RANK`` or ``PMIX_RANK``) and rank 0 picks a free TCP port on its
-host, which MPI broadcasts: the same processes, the same group. One process alone
-(plain ``python``) gets a group of one.
+``OMPI_COMM_WORLD_RANK`` or ``PMIX_RANK``); rank 0 starts the group's key-value
+store, a ``torch.distributed.TCPStore``, on port 0 (``MASTER_PORT`` where it is set),
+so the kernel gives it a free port as it binds, and MPI broadcasts the port it got
+(the store's ``port``) to the others, which connect to it: the same processes, the
+same group, and no port chosen, closed and bound again, which another process could
+take in between. One process alone (plain ``python``) gets a group of one over an
+in-process ``HashStore``: no port at all.
+
+**Trusted network only.** The store, like ``torchrun``'s, listens on every interface
+of rank 0's host and authenticates no one: whoever reaches the port while the job
+runs can read and write the group's keys (and so disturb or stop the job). Run
+jobs on a trusted network, or one a firewall closes to others; ``MASTER_ADDR``
+names the address the other ranks connect to, not the one the store listens on.
 """
 
 from __future__ import annotations
@@ -56,24 +66,54 @@ def reduce_op(op):
             "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}[get_op(op).name]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def _master_port() -> int:
+    """Return ``MASTER_PORT`` as a port number for the store (0, the default: any free port).
+
+    Raises:
+        UsageError: the value is not a whole number from 0 to 65535.
+    """
+    text = os.environ.get("MASTER_PORT", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) > 65535:
+        raise UsageError(f"MASTER_PORT={text[:40]!r} is not a TCP port: give a number from 1 "
+                         "to 65535, or leave it unset for any free port")
+    return int(text)
 
 
-def _from_mpi() -> tuple[str, int, int]:
-    """Return ``(init_method, rank, size)`` for the processes of an MPI job."""
+def _from_mpi(seconds: float):
+    """Return ``(store, rank, size)`` for the processes of an MPI job (collective on its world).
+
+    Rank 0 starts the ``TCPStore`` (its server, which binds port 0 or ``MASTER_PORT``
+    itself) and broadcasts where it listens, or why it could not start it, so every
+    rank gets the store or the same :class:`UsageError`. The store listens
+    unauthenticated on every interface: a trusted network only (see the module).
+    """
+    import torch.distributed as dist
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    timeout = datetime.timedelta(seconds=seconds)
     bounded_barrier(comm, "refcoll.torch.init_process_group")  # every rank is here
-    address = None
-    if comm.Get_rank() == 0:
-        address = (os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname()),
-                   int(os.environ.get("MASTER_PORT") or _free_port()))
-    host, port = comm.bcast(address, root=0)
-    return f"tcp://{host}:{port}", comm.Get_rank(), comm.Get_size()
+    store, sent = None, None
+    if rank == 0:
+        try:
+            host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+            store = dist.TCPStore(host, _master_port(), size, is_master=True, timeout=timeout,
+                                  wait_for_workers=False)
+            sent = {"host": host, "port": store.port}
+        except UsageError as exc:
+            sent = {"error": str(exc)}
+        except (OSError, RuntimeError) as exc:  # the port is taken; no address for the host
+            sent = {"error": f"the torch.distributed store could not start on rank 0: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"}
+    sent = comm.bcast(sent, root=0)
+    if "error" in sent:
+        raise UsageError(f"rank {rank}: {sent['error']}")
+    if store is None:
+        store = dist.TCPStore(sent["host"], sent["port"], size, is_master=False, timeout=timeout)
+    return store, rank, size
 
 
 def init_process_group(backend: str | None = None, *, timeout: float | None = None):
@@ -102,15 +142,17 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
                          "(CPU tensors), 'nccl' (CUDA tensors) or 'refcoll'")
     seconds = timeout if timeout is not None else (default_timeout() or 86400.0)
     kind = launcher()
+    start: dict = {}
     if kind == "torchrun":
-        init, rank, size = "env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        start["init_method"] = "env://"
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     elif kind == "mpiexec":
-        init, rank, size = _from_mpi()
-    else:
-        init, rank, size = f"tcp://127.0.0.1:{_free_port()}", 0, 1
+        start["store"], rank, size = _from_mpi(seconds)
+    else:  # one process: a store in this process, no port for anyone to reach
+        start["store"], rank, size = dist.HashStore(), 0, 1
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
         torch.cuda.set_device(local)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=seconds))
+    dist.init_process_group(backend, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=seconds), **start)
     return dist.group.WORLD

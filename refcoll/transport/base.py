@@ -38,6 +38,11 @@ _FOREVER = ("0", "none", "inf", "infinity")
 def default_timeout() -> float | None:
     """Return ``REFCOLL_TIMEOUT`` in seconds (``0``, ``none`` or ``inf``: wait forever), else 300.
 
+    A number of seconds at or beyond ``threading.TIMEOUT_MAX`` (about 292 years on
+    64-bit Linux; ``1e10``, ``1e400``) is more than any wait of the platform can
+    hold (a lock's ``acquire`` raises ``OverflowError`` for it): it means what it
+    says, wait forever, as ``0`` does.
+
     Raises:
         UsageError: the value is not a positive number of seconds, so that a
             typo neither crashes every rank with a traceback nor (``-1``)
@@ -52,9 +57,11 @@ def default_timeout() -> float | None:
         seconds = float(value)
     except ValueError:
         seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
+    if not seconds > 0:  # NaN, 0 written otherwise (0.0, -0), a negative number
         raise UsageError(f"REFCOLL_TIMEOUT={value!r} is not a number of seconds: give a positive "
                          "number (for example 300), or 0 to wait forever")
+    if seconds >= threading.TIMEOUT_MAX:  # beyond what a wait can hold: for ever
+        return None
     return seconds
 
 

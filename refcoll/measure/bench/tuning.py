@@ -9,15 +9,25 @@ process's own; after each size :meth:`NcclLog.choice` reads the lines written
 since and returns NCCL's last choice at that size
 (:func:`refcoll.baselines.nccl_log.choice_for`). The parsing itself is
 :mod:`refcoll.baselines.nccl_log`'s.
+
+The file lies in a folder of this process's own, made for it
+(:func:`refcoll.core.writing.private_folder`: mode 0700, a name no one can guess)
+and removed by :meth:`NcclLog.close`, never in the shared ``/tmp`` under a name
+another user could predict and fill with lines of their own. It is read back
+through :mod:`refcoll.core.reading` (a regular file; at most
+:data:`~refcoll.core.reading.MAX_TEXT_BYTES` a read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
 from typing import Mapping, MutableMapping
 
 from ...baselines import nccl_log
+from ...core.errors import UsageError
+from ...core.reading import MAX_TEXT_BYTES, open_regular
+from ...core.writing import private_folder, remove_file
 from .config import BenchConfig
 
 __all__ = ["NcclLog", "nccl_settings"]
@@ -41,14 +51,17 @@ class NcclLog:
 
     Args:
         pattern: ``NCCL_DEBUG_FILE``'s value (NCCL expands ``%h`` and ``%p``).
+        folder: the private folder :meth:`start` made for it, which :meth:`close`
+            removes (None: the caller's folder, left in place).
     """
 
     def __init__(self, pattern: str, environ: MutableMapping[str, str] | None = None,
-                 saved: dict | None = None) -> None:
+                 saved: dict | None = None, folder: str | None = None) -> None:
         self.pattern = pattern
         self._offsets: dict[str, int] = {}
         self._environ = environ
         self._saved = saved or {}  # what start() replaced, put back by close()
+        self._folder = folder  # made by start(), removed by close()
 
     @classmethod
     def start(cls, config: BenchConfig, environ: MutableMapping[str, str] = os.environ,
@@ -56,26 +69,29 @@ class NcclLog:
         """Set NCCL's debug and tuning variables in ``environ``; return the log to read.
 
         Call it before NCCL initialises in this process (it reads them once). The
-        file is named after this process (its pid), so no rank reads another's.
-        :meth:`close` puts the variables back as they were.
+        file is named after this process (its pid), so no rank reads another's, in
+        ``folder`` or, by default, a private folder made for it (mode 0700, an
+        unpredictable name) that :meth:`close` removes. :meth:`close` puts the
+        variables back as they were.
         """
         settings = nccl_settings(config, environ)
-        pattern = os.path.join(folder or tempfile.gettempdir(),
-                               f"refcoll-nccl-{os.getpid()}.%h.%p")
         env = nccl_log.nccl_env(settings["algo"], settings["proto"])
+        made = private_folder("refcoll-nccl-") if folder is None else None
+        pattern = os.path.join(folder or made, f"refcoll-nccl-{os.getpid()}.%h.%p")
         env.update(nccl_log.debug_env(pattern, environ))
         saved = {name: environ.get(name) for name in env}
         environ.update(env)
-        return cls(pattern, environ, saved)
+        return cls(pattern, environ, saved, made)
 
     def new_lines(self) -> list[str]:
         """Return the lines NCCL appended since the last call."""
         lines: list[str] = []
         for path in nccl_log.tuning_files(self.pattern):
-            with open(path, encoding="utf-8", errors="replace") as fh:
+            with open_regular(path, what="NCCL debug log") as fh:  # a regular file, no FIFO
                 fh.seek(self._offsets.get(path, 0))
-                lines += fh.readlines()
+                data = fh.read(MAX_TEXT_BYTES)  # bounded: the rest waits for the next call
                 self._offsets[path] = fh.tell()
+            lines += data.decode("utf-8", errors="replace").splitlines(keepends=True)
         return lines
 
     def choice(self, collective: str, nbytes: int):
@@ -91,12 +107,15 @@ class NcclLog:
         return found if found is not None else (tunings[-1] if tunings else None)
 
     def close(self) -> None:
-        """Remove this process's log files; put NCCL's variables back as they were."""
+        """Remove this process's log files (and the folder :meth:`start` made); put NCCL's
+        variables back as they were."""
         for path in nccl_log.tuning_files(self.pattern):
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError, UsageError):
+                remove_file(path)  # a link is removed, never what it names
+        if self._folder is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._folder)
+            self._folder = None
         for name, value in self._saved.items():
             if value is None:
                 self._environ.pop(name, None)

@@ -42,6 +42,7 @@ from ... import algorithms
 from ...algorithms.registry import NodeShape
 from ...compressors.patterns import PATTERNS as _PATTERN_FUNCTIONS
 from ...core.errors import UsageError
+from ...core.reading import loads_json
 from .buckets import MAX_BUCKETS, bucket_limit, buckets_for_size, buckets_of, check_buckets
 from .channels import CHANNELLED
 
@@ -325,28 +326,35 @@ class Workload:
         return self.elements * self.bytes_per_element
 
 
-def load_layers(text: str) -> tuple[tuple[int, ...], ...]:
+#: The most tensors a layers file may list: a 70B-parameter transformer has about 700,
+#: the largest mixtures of experts tens of thousands; pricing each costs a few µs.
+MAX_LAYERS = 100_000
+
+
+def load_layers(text: str, source: str = "the layers file") -> tuple[tuple[int, ...], ...]:
     """Return parameter shapes from JSON: a list of shapes, or an object name -> shape.
 
     ``[[1024, 4096], [4096], ...]`` or ``{"fc1.weight": [1024, 4096], ...}`` (what
     ``{n: list(p.shape) for n, p in model.named_parameters()}`` gives), in
-    forward order.
+    forward order. The JSON is read within :func:`refcoll.core.reading.loads_json`'s
+    bounds (finite numbers, integers of fewer than 20 digits, shallow nesting) and
+    at most :data:`MAX_LAYERS` tensors; ``source`` names the file in each refusal.
     """
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"the layers file is not JSON: {exc}") from None
+    data = loads_json(text, source=source)
     shapes = list(data.values()) if isinstance(data, dict) else data
     if not isinstance(shapes, list) or not shapes:
-        raise UsageError("the layers file must hold a non-empty list of shapes or an object "
+        raise UsageError(f"{source}: must hold a non-empty list of shapes or an object "
                          "of name: shape")
+    if len(shapes) > MAX_LAYERS:
+        raise UsageError(f"{source}: lists {len(shapes)} tensors, more than the {MAX_LAYERS} "
+                         "refcoll prices (a model's parameters, not its activations)")
     out = []
     for shape in shapes:
-        shape = [shape] if isinstance(shape, int) else shape
+        shape = [shape] if isinstance(shape, int) and not isinstance(shape, bool) else shape
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
                                                   and d >= 0 for d in shape):
-            raise UsageError(f"bad shape {shape!r} in the layers file: a shape is a list of "
-                             "non-negative integers")
+            raise UsageError(f"bad shape {json.dumps(shape)[:60]} in {source}: a shape is a "
+                             "list of non-negative integers")
         out.append(tuple(shape))
     return tuple(out)
 

@@ -9,13 +9,12 @@ same for ``--calibrate``, before any process starts.
 
 from __future__ import annotations
 
-import json
-
 from ...core.errors import UsageError
+from ...core.reading import MAX_JSON_BYTES, loads_json, number, read_bytes
 from ...core.units import parse_bandwidth, parse_count, parse_duration, parse_size, parse_sizes
 from .calibrate import CALIBRATE_LIMIT
-from .cluster import (Cluster, Options, Workload, buckets_for_size, check_buckets, load_layers,
-                      select_algorithms)
+from .cluster import (MAX_GPUS, Cluster, Options, Workload, buckets_for_size, check_buckets,
+                      load_layers, select_algorithms)
 from .search import plan_and_search
 from .stack import Plan, plan
 
@@ -101,13 +100,14 @@ def _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quot
                    gpu_arch=gpu_arch)
 
 
-def _workload(params, layers_text, bytes_per_element, forward, backward) -> Workload:
+def _workload(params, layers_text, bytes_per_element, forward, backward,
+              layers_name: str = "the layers file") -> Workload:
     compute = dict(bytes_per_element=parse_count(bytes_per_element, name="--bytes-per-element",
                                                  example="4"),
                    forward=parse_duration(forward, name="--forward"),
                    backward=parse_duration(backward, name="--backward"))
     if layers_text is not None:
-        return Workload(load_layers(layers_text), **compute)
+        return Workload(load_layers(layers_text, layers_name), **compute)
     return Workload.from_params(parse_count(params, name="--params", example="1.3e9"),
                                 **compute)
 
@@ -132,11 +132,13 @@ def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=No
                    backward="0", algorithm: str | None = "all", inter: str = "ring",
                    compressor=None, pattern: str | None = None, buckets=None,
                    bucket_size=None, nics_per_node=None, channels=None, rail: bool = True,
-                   spine_bw=None, gpu_arch: str = "hopper", search: bool = False) -> Plan:
+                   spine_bw=None, gpu_arch: str = "hopper", search: bool = False,
+                   layers_name: str = "the layers file") -> Plan:
     """Return the plan of ``refcoll model``'s options, given as text (its defaults, too).
 
     Every argument is the option of the same name (``layers_text`` the contents
-    of ``--layers FILE``); numbers with units are read by :mod:`refcoll.core.units`.
+    of ``--layers FILE``, ``layers_name`` what a refusal of it calls it);
+    numbers with units are read by :mod:`refcoll.core.units`.
     ``compressor`` is one spec or a sequence of them (``--compressor`` repeated);
     ``search`` runs the automatic search for the best stack as well.
 
@@ -148,13 +150,27 @@ def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=No
                        inter_quoted, intra_latency, inter_latency, in_network, reduce_bw,
                        params=params, layers_text=layers_text, nics_per_node=nics_per_node,
                        channels=channels, rail=rail, spine_bw=spine_bw, gpu_arch=gpu_arch)
-    workload = _workload(params, layers_text, bytes_per_element, forward, backward)
+    workload = _workload(params, layers_text, bytes_per_element, forward, backward,
+                         layers_name)
     algorithms = select_algorithms(algorithm, in_network=in_network)
     count = _bucket_count(workload, buckets, bucket_size)
     specs = tuple(dict.fromkeys((compressor,) if isinstance(compressor, str)
                                 else tuple(compressor or ())))  # each spec once, in order
     options = Options(algorithms, specs[0] if specs else None, pattern, count, inter, specs[1:])
     return (plan_and_search if search else plan)(cluster, workload, options)
+
+
+#: The fields :func:`calibration_options` reads: ``(name, whole number, least, most)``.
+#: Seconds per message and per byte are finite and not negative (at most a second a byte:
+#: slower is no link); the nodes and ranks per node are whole numbers.
+_CALIBRATION_FIELDS = (("alpha", False, 0.0, 3600.0), ("beta", False, 0.0, 1.0),
+                       ("gamma_per_byte", False, 0.0, 1.0), ("inter_alpha", False, 0.0, 3600.0),
+                       ("inter_beta", False, 0.0, 1.0), ("nodes", True, 0, MAX_GPUS),
+                       ("per_node", True, 0, MAX_GPUS))
+
+#: The fewest seconds per byte a link or a reduction may take (1 EB/s): a figure below it
+#: is a broken file, and its reciprocal would not be a bandwidth.
+_LEAST_PER_BYTE = 1e-18
 
 
 def calibration_options(path) -> dict:
@@ -164,32 +180,44 @@ def calibration_options(path) -> dict:
     (or a calibration record alone): nodes and ranks per node as measured, one
     NIC a node at the β measured across nodes, the intra-node link at the β
     measured inside one, both quoted one way, their α as latencies, and γ as
-    the reduction rate.
+    the reduction rate. The file is read through :mod:`refcoll.core.reading` (a
+    regular file of bounded JSON) and every field checked
+    (:data:`_CALIBRATION_FIELDS`).
 
     Raises:
-        UsageError: the file is unreadable, or holds a one-level calibration.
+        UsageError: the file is unreadable, is not such a JSON, holds a number that
+            is missing, not finite or out of range, or holds a one-level calibration.
     """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        record = data.get("calibration", data)
-        fields = {k: float(record[k]) for k in ("alpha", "beta", "gamma_per_byte", "inter_alpha",
-                                                 "inter_beta", "nodes", "per_node")}
-    except OSError as exc:
-        raise UsageError(f"cannot read the calibration {path} (--from-calibration): "
-                         f"{exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"{path} (--from-calibration) is not the JSON of refcoll model "
-                         f"--calibrate --json: {type(exc).__name__}: {exc}") from None
+    where = f"{path} (--from-calibration)"
+    data = loads_json(read_bytes(path, max_bytes=MAX_JSON_BYTES,
+                                 what="calibration (--from-calibration)"), source=where)
+    record = data.get("calibration", data) if isinstance(data, dict) else data
+    if not isinstance(record, dict):
+        raise UsageError(f"{where} is not the JSON of refcoll model --calibrate --json: it "
+                         "must be an object holding the calibration")
+    missing = [name for name, *_ in _CALIBRATION_FIELDS if name not in record]
+    if missing:
+        raise UsageError(f"{where} is not the JSON of refcoll model --calibrate --json: it "
+                         f"lacks {', '.join(missing)}")
+    fields = {name: number(record[name], where=f"{where}: {name}", integer=whole, least=least,
+                           most=most)
+              for name, whole, least, most in _CALIBRATION_FIELDS}
     if fields["nodes"] < 2 or fields["inter_beta"] <= 0:
         raise UsageError(f"{path} (--from-calibration) was measured on one node: run refcoll "
                          "model --calibrate across the nodes (refcoll cluster run -- refcoll "
                          "model --calibrate --json FILE)")
+    number(fields["per_node"], where=f"{where}: per_node", least=1)
     per_byte = {"intra_bw": fields["beta"], "inter_bw": fields["inter_beta"],
                 "reduce_bw": fields["gamma_per_byte"]}
-    return {"nodes": str(int(fields["nodes"])), "gpus_per_node": str(int(fields["per_node"])),
+    for option, value in per_byte.items():
+        if 0 < value < _LEAST_PER_BYTE:
+            name = {"intra_bw": "beta", "inter_bw": "inter_beta"}.get(option, "gamma_per_byte")
+            raise UsageError(f"{where}: {name}: must be 0 or at least {_LEAST_PER_BYTE:g} s/B "
+                             f"(1 EB/s), not {value!r}")
+    return {"nodes": str(fields["nodes"]), "gpus_per_node": str(fields["per_node"]),
             **{k: f"{1 / v!r}B/s" if v > 0 else "0" for k, v in per_byte.items()},
-            "intra_latency": f"{fields['alpha']!r}s", "inter_latency": f"{fields['inter_alpha']!r}s",
+            "intra_latency": f"{fields['alpha']!r}s",
+            "inter_latency": f"{fields['inter_alpha']!r}s",
             "nics_per_node": "1", "intra_quoted": "unidirectional",
             "inter_quoted": "unidirectional"}
 
