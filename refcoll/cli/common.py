@@ -117,6 +117,10 @@ def check_output_paths(**paths: str | None) -> None:
             raise UsageError(f"{flag} {path}: folder {folder} is not writable")
         if os.path.exists(path) and not os.access(path, os.W_OK):
             raise UsageError(f"{flag} {path}: file is not writable")
+        try:
+            writing.check_target(path)
+        except UsageError as exc:
+            raise UsageError(f"{flag} {exc}") from None
 
 
 def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:

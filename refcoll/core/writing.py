@@ -8,7 +8,10 @@ to a fresh temporary name in its own folder and renamed over the target. So:
   ``rank0.npy -> /etc/passwd`` costs the link, not ``/etc/passwd``;
 * a reader sees the old file or the new one, never half of one, and two writers at once
   leave one whole file;
-* a failed write leaves the old file and no temporary behind.
+* a failed write leaves the old file and no temporary behind;
+* a target that is a device, a FIFO or a socket (``--json /dev/null``), or any file in
+  ``/dev``, ``/proc`` or ``/sys``, is refused: renaming over it, as root, would replace
+  the system's own file.
 
 :func:`same_place` tells whether two paths are one folder by what they resolve to, and
 :func:`remove_file` removes a file or a link (never what a link points to). Where two
@@ -29,9 +32,11 @@ import stat
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from .errors import UsageError
 
-__all__ = ["write_file", "write_bytes", "write_text", "write_json", "save_npy", "remove_file",
+__all__ = ["check_target", "write_file", "write_bytes", "write_text", "write_json", "save_npy", "remove_file",
            "same_place", "locked", "private_folder"]
 
 
@@ -39,6 +44,31 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_target(path) -> None:
+    """Refuse a path refcoll must not replace: a folder, a device, FIFO or socket, a system file.
+
+    Commands call it on their output paths before any work, so a long run never ends
+    in a refusal it could have given at the start; :func:`write_file` calls it again.
+
+    Raises:
+        UsageError: ``path`` is a folder, a device, FIFO or socket, or in ``/dev``,
+            ``/proc`` or ``/sys``.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"{path}: is a folder; give a file name")
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise UsageError(f"{path}: is not a regular file (a device, FIFO or socket); give the "
+                         "name of a file to write")
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    if folder.split(os.sep)[1:2] in (["dev"], ["proc"], ["sys"]):
+        raise UsageError(f"{path}: is in {folder}, the system's own files; give the name of a "
+                         "file to write elsewhere")
 
 
 @contextlib.contextmanager
@@ -55,12 +85,12 @@ def write_file(path, *, mode: int = 0o666):
             for a private file).
 
     Raises:
-        UsageError: ``path`` is a folder, or its folder is missing or not writable.
+        UsageError: ``path`` is a folder, a device, FIFO or socket, or in ``/dev``,
+            ``/proc`` or ``/sys``; or its folder is missing or not writable.
     """
+    check_target(path)
     target = Path(path)
     folder = target.parent
-    if target.is_dir() and not target.is_symlink():
-        raise UsageError(f"{path}: is a folder; give a file name")
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
     except FileNotFoundError:
@@ -96,8 +126,6 @@ def write_json(path, value, *, indent: int | None = 2, mode: int = 0o666, **dump
 
 def save_npy(path, array) -> None:
     """Replace ``path`` with ``array`` in NumPy's ``.npy`` format (no link followed)."""
-    import numpy as np  # core's other modules do not need NumPy to write text
-
     with write_file(path) as fh:
         np.save(fh, array, allow_pickle=False)
 
