@@ -74,7 +74,8 @@ def error_classes() -> list[type]:
     """Return refcoll's exception classes, in :mod:`refcoll.core.errors`' order."""
     from refcoll.core import errors
 
-    return [getattr(errors, name) for name in errors.__all__]
+    return [cls for cls in (getattr(errors, name) for name in errors.__all__)
+            if isinstance(cls, type)]
 
 
 def errors_table(root: str = "") -> str:

@@ -157,7 +157,7 @@ VARIABLES: tuple[Variable, ...] = (
         "REFCOLL_CLUSTER", "unset (not on an emulated cluster)",
         "The state file of the emulated cluster a process runs on: the ranks of every node "
         "count against the one machine's cores.",
-        ("refcoll.cluster.emulate",),
+        ("refcoll.cluster.state",),
         set_by="`refcoll cluster run`"),
     Variable(
         "REFCOLL_CLUSTER_DIR", "`/run/refcoll/clusters`",
