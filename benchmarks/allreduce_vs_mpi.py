@@ -3,7 +3,7 @@
 Run: mpiexec -n 2 python benchmarks/allreduce_vs_mpi.py [--algorithms ring,auto]
      [--sizes 4K,64K,1M,16M] [--iters 30] [--warmup 3] [--bound] [--json FILE]
 
-A fixed list of sizes through the harness of ``refcoll bench`` (refcoll.measure.bench):
+A fixed list of sizes through the harness of ``refcoll bench`` (refcoll.bench):
 every iteration times each algorithm and MPI_Allreduce on the same buffers, each
 after a barrier, in a rotating order, so all see the same machine noise. The time
 is the slowest rank's median; ``time/base`` below 1 means refcoll is faster.
@@ -16,7 +16,7 @@ import json
 
 from mpi4py import MPI
 
-from refcoll.measure.bench import (BenchConfig, bench_header, format_table, parse_size, run_bench,
+from refcoll.bench import (BenchConfig, bench_header, format_table, parse_size, run_bench,
                                    summarize)
 
 

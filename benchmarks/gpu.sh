@@ -122,7 +122,7 @@ import sys
 sys.path.insert(0, "benchmarks")
 from compressors import SPECS  # noqa: E402 - the CPU benchmark's list of compressors
 
-from refcoll.measure import throughput  # noqa: E402
+from refcoll.bench import throughput  # noqa: E402
 from refcoll.transport import cuda_aware  # noqa: E402
 
 n = 256 << 20

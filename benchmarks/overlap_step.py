@@ -3,7 +3,7 @@
     python benchmarks/overlap_step.py [--json FILE] [--steps 30] [--batch auto]
     (starts ``mpiexec -n 2`` itself, one BLAS thread per rank; or run it under mpiexec)
 
-The step is ``refcoll.overlap``'s (what ``refcoll train --layers`` runs): an MLP
+The step is ``refcoll.training.overlap``'s (what ``refcoll train --layers`` runs): an MLP
 of 8 hidden layers of 512 (each weight 1 MiB of float32, so 1, 4 and 25 MiB
 buckets cut it differently), its gradients averaged by ``refcoll.Reducer``
 (ring all-reduce). ``--batch auto`` picks the batch whose NumPy backward pass
@@ -26,7 +26,7 @@ steps after the first two (rank 0's clock, each step after a barrier):
 Columns (ms unless a ratio): ``step``; ``exposed``, the step minus the
 compute-only step of the same index; ``tail``, how long after the backward pass
 the last bucket's all-reduce ended (the exposed communication proper); ``pred``,
-the model's prediction (``refcoll.measure.model.overlap.predict_step``: the
+the model's prediction (``refcoll.model.overlap.predict_step``: the
 buckets' measured ready times, each bucket's all-reduce alone in the same run),
 and ``p/exp``, ``p/tail``; ``ovl/cmp``, this step over the compute-only step;
 ``no/ovl``, the no-overlap step over this one. What explains the rest: ``bwd+``,
@@ -77,7 +77,7 @@ def slowest(comm, fn) -> float:
 def choose_batch(comm, requested: str) -> tuple[int, float, float]:
     """Return the batch, and the blocking all-reduce and backward times that chose it."""
     import refcoll
-    from refcoll.overlap import init_layers, measure_layer_backward
+    from refcoll.training.overlap import init_layers, measure_layer_backward
 
     params = init_layers(WIDTHS, 0)
     grad = np.ones(sum(w.size for w in params), np.float32)
@@ -194,7 +194,7 @@ def main() -> None:
         relaunch()
     from mpi4py import MPI
 
-    from refcoll.overlap import OverlapConfig, run_overlap
+    from refcoll.training.overlap import OverlapConfig, run_overlap
     from refcoll.transport.mpi import MPITransport
 
     comm = MPI.COMM_WORLD

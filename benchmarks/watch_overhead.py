@@ -53,7 +53,7 @@ def main() -> int:
 
     import refcoll.torch as rt
     from digits_replay import make_model
-    from refcoll.train import load_digits_split
+    from refcoll.training.train import load_digits_split
 
     torch.set_num_threads(1)
     rt.init_process_group("gloo")

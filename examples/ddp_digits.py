@@ -9,7 +9,7 @@ Run on four processes with either launcher (they start the same processes)::
 Needs torch and scikit-learn (``pip install 'refcoll[torch,examples]'``).
 
 What runs. A ``64 → 128 (ReLU) → 10`` torch MLP on scikit-learn's digits, split
-as ``refcoll train`` splits them (:func:`refcoll.train.load_digits_split`); rank
+as ``refcoll train`` splits them (:func:`refcoll.training.train.load_digits_split`); rank
 ``r`` of ``p`` trains on the training rows ``r::p``, ``--batch`` rows a step,
 momentum SGD at a constant learning rate, wrapped in
 ``torch.nn.parallel.DistributedDataParallel`` on the Gloo backend. DDP closes

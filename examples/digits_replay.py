@@ -263,7 +263,7 @@ def start(args, model_hidden: int):
     import torch.distributed as dist
 
     import refcoll.torch as rt
-    from refcoll.train import load_digits_split
+    from refcoll.training.train import load_digits_split
 
     torch.set_num_threads(1)  # p processes share the cores; also keeps the local sums fixed
     rt.init_process_group(args.backend)

@@ -8,7 +8,7 @@ Run on three processes with either launcher (they start the same processes)::
 Needs torch and scikit-learn (``pip install 'refcoll[torch,examples]'``).
 
 What runs. A ``64 → 120 (ReLU) → 10`` torch MLP on scikit-learn's digits
-(:func:`refcoll.train.load_digits_split`); rank ``r`` of ``p`` trains on the
+(:func:`refcoll.training.train.load_digits_split`); rank ``r`` of ``p`` trains on the
 training rows ``r::p``, ``--batch`` rows a step, momentum SGD at a constant
 learning rate. Each ``Linear`` is a ``fully_shard`` unit and so is the root
 (which holds no parameters of its own), on a one-dimensional CPU mesh over the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from refcoll import SimWorld
-from refcoll.train import TrainConfig, train
+from refcoll.training.train import TrainConfig, train
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from . import compressors  # also routes allreduce(compressor=...) to it
 from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,
                           RefcollError, UsageError, WrongResult)
 from .core.ops import DTYPES, OPS
-from .reducer import GradBucket, Reducer
+from .training.reducer import GradBucket, Reducer
 from .transport import SimTransport, SimWorld, Transport
 
 __version__ = "0.1.0"

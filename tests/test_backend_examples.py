@@ -51,7 +51,7 @@ def run(launcher: str, p: int, *args: str) -> str:
 
 def epoch_steps(p: int) -> int:
     """Return the steps of one epoch at ``p`` ranks and the examples' 32 rows a step."""
-    from refcoll.train import load_digits_split
+    from refcoll.training.train import load_digits_split
 
     return (len(load_digits_split()[0]) // p) // 32
 

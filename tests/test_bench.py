@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from conftest import mpiexec_path
 from refcoll import algorithms, simulate
-from refcoll.measure.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong,
+from refcoll.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong,
                                    parse_size, schedule, size_sweep)
 from refcoll.cli import main
 from refcoll.algorithms.ring import ring_allreduce_cost as ring_allreduce
@@ -275,13 +275,13 @@ def test_aggregated_iterations_run_and_check_each_call_back_to_back(tmp_path, mo
 ])
 def test_sizes_are_trimmed_as_nccl_tests_get_coll_byte_count_trims_them(
         collective, nbytes, itemsize, n, count):
-    from refcoll.measure.bench import element_count
+    from refcoll.bench import element_count
 
     assert element_count(collective, nbytes, itemsize, n) == count
 
 
 def test_root_minus_one_runs_every_root_and_below_it_is_refused():
-    from refcoll.measure.bench.config import check_config, root_runs
+    from refcoll.bench.config import check_config, root_runs
 
     every = BenchConfig(collective="reduce", root=-1, algorithms=["tree"])
     assert [run.root for run in root_runs(every, 3)] == [0, 1, 2]

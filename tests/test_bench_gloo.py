@@ -18,7 +18,7 @@ from refcoll.baselines import gloo
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
 from refcoll.core.ops import DTYPES
-from refcoll.measure.bench import BenchConfig, bench_header, format_header, libraries
+from refcoll.bench import BenchConfig, bench_header, format_header, libraries
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")
@@ -113,7 +113,7 @@ def test_gloo_results_are_checked_and_a_wrong_one_is_counted(torch_dist, monkeyp
     """One process, MPI_COMM_SELF: Gloo's result must be the expected one, bit for bit."""
     from mpi4py import MPI
 
-    from refcoll.measure.bench import run_bench
+    from refcoll.bench import run_bench
 
     dist = torch_dist
     monkeypatch.delenv("REFCOLL_WORKERS", raising=False)

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from conftest import mpiexec_path
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.measure.bench import (AVERAGE, BenchConfig, NcclLog, bench_header, forced_mpi_env,
+from refcoll.bench import (AVERAGE, BenchConfig, NcclLog, bench_header, forced_mpi_env,
                                    format_table, oversubscription, over_ranks, parse_dtypes,
                                    parse_ops, summarize, variants)
-from refcoll.measure.bench.config import baseline_name, check_forced_mpi
-from refcoll.measure.bench.nccl_tests import float_str
+from refcoll.bench.config import baseline_name, check_forced_mpi
+from refcoll.bench.nccl_tests import float_str
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")
@@ -119,7 +119,7 @@ def test_all_runs_every_type_with_every_op_it_has():
     moves = variants(BenchConfig(collective="allgather", dtype="float,half", op="all"))
     assert [(v.dtype, v.op) for v in moves] == [("float32", "sum"), ("float16", "sum")]
     with pytest.raises(UsageError, match="'prod' is not supported on float8_e4m3fn"):
-        from refcoll.measure.bench import check_config
+        from refcoll.bench import check_config
         check_config(BenchConfig(dtype="fp8_e4m3", op="prod"))
 
 
@@ -132,7 +132,7 @@ def test_oversubscription_counts_ranks_against_the_cores_they_may_use():
 
 
 def test_the_count_column_is_one_ranks_chunk_for_reduce_scatter_and_allgather(header):
-    from refcoll.measure.bench.nccl_tests import preamble
+    from refcoll.bench.nccl_tests import preamble
 
     # nccl-tests' row: size = the larger buffer (the whole array), count = paramcount.
     for collective, count in (("reduce_scatter", 4), ("allgather", 4), ("allreduce", 12)):
@@ -362,7 +362,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from mpi4py import MPI
     from refcoll.calls import collectives as api
-    from refcoll.measure.bench import BenchConfig, run_bench
+    from refcoll.bench import BenchConfig, run_bench
 
     out = {}
     for coll, algo in [("allreduce", "ring"), ("reduce_scatter", "ring"), ("allgather", "ring"),
@@ -444,7 +444,7 @@ def test_inside_a_users_job_every_rank_refuses_before_any_table(tmp_path, args, 
 
 def test_in_place_inputs_are_copied_back_outside_the_clock(monkeypatch):
     from mpi4py import MPI
-    from refcoll.measure.bench import _Item, run
+    from refcoll.bench import _Item, run
 
     clock = [0.0]
     monkeypatch.setattr(run.time, "perf_counter", lambda: clock[0])

@@ -1,6 +1,6 @@
 """refcoll bench on a terminal, its refusals before any work, and the deadlines of its MPI calls.
 
-The table and the progress bar are checked through :class:`refcoll.measure.bench.TableWriter`
+The table and the progress bar are checked through :class:`refcoll.bench.TableWriter`
 over recording streams (no real terminal): every write is logged, in order, and a
 small terminal model replays the log to show what a user would see. Where the bar
 goes is checked on pseudo-terminals (``os.openpty``). The deadlines are checked with
@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import mpiexec_path
-from refcoll.measure.bench import (BenchConfig, Replay, TableWriter, _Groups, _Item,
+from refcoll.bench import (BenchConfig, Replay, TableWriter, _Groups, _Item,
                                    _reduce_items, bar_target)
 from refcoll.cli import main
 from refcoll.core.errors import CollectiveTimeout
@@ -328,7 +328,7 @@ def test_a_rank_that_never_comes_ends_the_run_with_a_message(tmp_path):
     script.write_text(textwrap.dedent("""
         import time
         from mpi4py import MPI
-        from refcoll.measure.bench import BenchConfig, run_bench
+        from refcoll.bench import BenchConfig, run_bench
 
         if MPI.COMM_WORLD.rank == 0:
             run_bench(MPI.COMM_WORLD, BenchConfig(sizes=[8], algorithms=["ring"], iters=1))

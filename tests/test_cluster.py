@@ -280,7 +280,7 @@ def test_what_is_missing_is_one_line_and_exit_2(untouched_host, tmp_path):
 
 def test_the_nodes_of_an_emulated_cluster_are_one_machine(tmp_path, monkeypatch):
     # four ranks on two "nodes" of a two-core machine: each node alone looks fine
-    from refcoll.measure.bench.header import oversubscription
+    from refcoll.bench.header import oversubscription
 
     state = tmp_path / "rcx.json"
     state.write_text(json.dumps({"machine": "box", "nodes": [{"host": "rcx-n1"},

@@ -28,7 +28,8 @@ import pytest
 from click.testing import CliRunner
 
 from refcoll.cli import main
-from refcoll.cluster import Cluster, emulate, launch, topology
+from refcoll.cluster import Cluster, emulate, launch
+from refcoll.core import topology
 from refcoll.cluster import check as link_check
 from refcoll.cluster import state as cluster_state
 from refcoll.core.errors import UsageError

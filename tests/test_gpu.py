@@ -33,7 +33,7 @@ from refcoll import algorithms
 from refcoll.transport import cuda_aware
 from refcoll.transport import device as devices
 from refcoll.baselines import nccl
-from refcoll.measure import throughput
+from refcoll.bench import throughput
 from refcoll.core import xp as xp_module
 from refcoll.calls.collectives import simulate
 from refcoll.compressors import ErrorFeedback, parse
@@ -686,7 +686,7 @@ def _on_fake(xp, monkeypatch, aware: str = "0") -> None:
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, collective):
-    from refcoll.measure.bench import BenchConfig, run_bench
+    from refcoll.bench import BenchConfig, run_bench
 
     _on_fake(device, monkeypatch)
     algorithm = "tree" if collective in ("broadcast", "reduce") else "ring"
@@ -712,7 +712,7 @@ def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, 
 
 def test_bench_counts_an_unwritten_device_result_as_wrong(fake, mpi_self, monkeypatch):
     from refcoll.calls import collectives as api
-    from refcoll.measure.bench import BenchConfig, run_bench
+    from refcoll.bench import BenchConfig, run_bench
 
     _on_fake(fake, monkeypatch)
     monkeypatch.setattr(api, "allreduce", lambda x, t, out=None, **kwargs: out)
@@ -727,7 +727,7 @@ def test_bench_counts_an_unwritten_device_result_as_wrong(fake, mpi_self, monkey
 def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_self,
                                                                      monkeypatch, aware):
     """The fake's device memory is host memory: MPI reads it as a CUDA-aware MPI would."""
-    from refcoll.measure.bench import BenchConfig, bench_header, format_header, run_bench
+    from refcoll.bench import BenchConfig, bench_header, format_header, run_bench
 
     _on_fake(fake, monkeypatch, aware)
     config = BenchConfig(sizes=[4096], algorithms=["ring"], device="gpu", warmup=1, iters=2,
@@ -749,7 +749,7 @@ def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_s
 
 
 def test_ranks_share_gpus_unless_nccl_runs(fake):
-    from refcoll.measure.bench import BenchConfig, use_device
+    from refcoll.bench import BenchConfig, use_device
 
     fake.reset(device_count=2)
     assert use_device(_StubComm(2, 3), BenchConfig(device="gpu")) == 0

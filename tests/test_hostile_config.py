@@ -398,7 +398,7 @@ def test_a_timeout_that_is_no_number_of_seconds_is_still_refused(value):
 # -------------------------------------------------------- NCCL's log, read back
 
 def test_the_nccl_log_lives_in_a_private_folder_and_is_removed(tmp_path):
-    from refcoll.measure.bench import BenchConfig, NcclLog
+    from refcoll.bench import BenchConfig, NcclLog
 
     environ: dict = {}
     log = NcclLog.start(BenchConfig(against="nccl"), environ)
@@ -418,7 +418,7 @@ def test_the_nccl_log_lives_in_a_private_folder_and_is_removed(tmp_path):
 
 def test_a_fifo_where_the_log_should_be_is_refused_not_waited_on(tmp_path):
     from refcoll.baselines import nccl_log
-    from refcoll.measure.bench import BenchConfig, NcclLog
+    from refcoll.bench import BenchConfig, NcclLog
 
     log = NcclLog.start(BenchConfig(against="nccl"), {}, str(tmp_path))
     fifo(tmp_path / f"refcoll-nccl-{os.getpid()}.node1.42")
@@ -477,7 +477,7 @@ def test_under_mpiexec_the_store_takes_the_port_it_binds(tmp_path):
 
 
 def test_a_layers_file_of_more_tensors_than_a_model_has_is_refused():
-    from refcoll.measure.model.cluster import MAX_LAYERS, load_layers
+    from refcoll.model.cluster import MAX_LAYERS, load_layers
 
     assert len(load_layers("[" + ",".join(["[2]"] * MAX_LAYERS) + "]")) == MAX_LAYERS
     with pytest.raises(UsageError, match=f"lists {MAX_LAYERS + 1} tensors, more than the"):

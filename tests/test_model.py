@@ -17,7 +17,7 @@ from refcoll.cli import main
 from refcoll.compressors import parse
 from refcoll.core.errors import UsageError
 from refcoll.verify.inputs import make_inputs
-from refcoll.measure.model import (CHANNELLED, EXACT_LIMIT, Cluster, Options, Workload, allreduce_estimate,
+from refcoll.model import (CHANNELLED, EXACT_LIMIT, Cluster, Options, Workload, allreduce_estimate,
                                    buckets_of, compressed_estimate, load_layers, overlap,
                                    parse_bandwidth, parse_duration, parse_size, parse_sizes,
                                    payload_arrays, plan, step_time)
@@ -247,7 +247,7 @@ def test_the_stack_reports_each_technique():
 # --------------------------------------------------------------------------------- units
 
 def test_the_fit_of_a_line_never_goes_negative():
-    from refcoll.measure.model.calibrate import _fit_line
+    from refcoll.model.calibrate import _fit_line
 
     a, b = _fit_line([(8, 4e-6), (1 << 20, 4e-6 + (1 << 20) * 1e-10), (1 << 24, 2e-3)])
     assert a == pytest.approx(4e-6, rel=0.5) and b > 0
@@ -343,7 +343,7 @@ def test_calibrate_predicts_and_measures(tmp_path):
 def test_a_two_level_calibration_prints_the_level_across_nodes(nodes, capsys):
     from refcoll.cli.model import _print_calibration
     from refcoll.core.calibration import Calibration
-    from refcoll.measure.model import Comparison
+    from refcoll.model import Comparison
     inter_beta = 8.369e-9
     cal = Calibration(alpha=4.2e-5, beta=1e-10, gamma=1.8e-10, ranks=4, inter_alpha=1.3e-5,
                       inter_beta=inter_beta if nodes else 0.0, nodes=nodes, per_node=2)

@@ -1,6 +1,6 @@
 """The calibration's scheduling term: its arithmetic, its measurement, and its report.
 
-The term (refcoll.measure.model.calibrate_sched) prices the rounds that wait for
+The term (refcoll.model.calibrate_sched) prices the rounds that wait for
 a descheduled peer: a share q of rounds waits an exponential time of mean W, and
 a call of R rounds pays the median of the sum. Its arithmetic is checked
 against closed forms; its measurement against a counter standing in for the
@@ -24,12 +24,12 @@ import pytest
 from conftest import mpiexec_path
 from refcoll import algorithms as registry
 from refcoll.core.calibration import Calibration
-from refcoll.measure.model import Comparison, predict
-from refcoll.measure.model.calibrate_sched import (WAIT_THRESHOLD, expected_share, stretch,
+from refcoll.model import Comparison, predict
+from refcoll.model.calibrate_sched import (WAIT_THRESHOLD, expected_share, stretch,
                                                    wait_cdf, wait_median, wait_summary, waits_at)
 from refcoll.transport import SimWorld
 
-calibrate_module = importlib.import_module("refcoll.measure.model.calibrate")
+calibrate_module = importlib.import_module("refcoll.model.calibrate")
 
 MPIEXEC = mpiexec_path()
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
@@ -208,7 +208,7 @@ def test_a_call_that_runs_from_its_plan_is_priced_with_the_planned_steps_and_cal
 
 
 def test_own_work_is_the_same_on_every_rank_and_skips_what_cannot_run_dry(monkeypatch):
-    steps_module = importlib.import_module("refcoll.measure.model.calibrate_steps")
+    steps_module = importlib.import_module("refcoll.model.calibrate_steps")
 
     def broken(t, x, out, *, op):
         raise RuntimeError("reads what it received")
@@ -366,7 +366,7 @@ def test_the_geometric_mean_error_counts_twice_and_half_alike():
 SMOKE = textwrap.dedent("""
     import json, sys
     from mpi4py import MPI
-    from refcoll.measure.model import compare_with_measurement
+    from refcoll.model import compare_with_measurement
     from refcoll.transport.mpi import MPITransport
 
     t = MPITransport(MPI.COMM_WORLD)

@@ -16,7 +16,7 @@ from refcoll.algorithms.dbtree import dbtree_allreduce_cost
 from refcoll.algorithms.dbtree import dbtree_model_cost as dbtree_cost
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.measure.model import (ALGORITHMS, CHANNELLED, MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
+from refcoll.model import (ALGORITHMS, CHANNELLED, MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
                                    allreduce_estimate, buckets_of, parse_bandwidth, parse_count,
                                    parse_duration, plan, select_algorithms)
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from refcoll.algorithms.bruck import bruck_allgather_cost, bruck_reduce_scatter_cost
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.measure.model import (Cluster, Options, Workload, allreduce_estimate,
+from refcoll.model import (Cluster, Options, Workload, allreduce_estimate,
                                    baseline_algorithm, nccl_times, pat_cost, plan,
                                    plan_and_search, plan_from_text)
 
@@ -238,7 +238,7 @@ def test_the_library_takes_several_compressors_as_text():
 # ------------------------------------------------------------------- review: fixed defects
 
 def test_a_tie_is_named_and_the_next_best_is_the_first_slower_one():
-    from refcoll.measure.model import allreduce_verdict
+    from refcoll.model import allreduce_verdict
     # One GPU a node: Rabenseifner and PAT both take 2·lg 8 = 6 rounds and move 2·(7/8)·n;
     # the ring takes 14 rounds. Before, a tie at the top gave no sentence at all.
     c = Cluster(8, 1, 300 * GB, 25 * GB, inter_latency=5e-6, reduce_bw=0)
@@ -257,7 +257,7 @@ def test_a_tie_is_named_and_the_next_best_is_the_first_slower_one():
 
 
 def test_times_that_three_digits_show_equal_get_more_digits():
-    from refcoll.measure.model.verdict import distinct_times
+    from refcoll.model.verdict import distinct_times
     assert distinct_times(0.18784533, 0.18786133) == ("187.8 ms", "187.9 ms")
     assert distinct_times(0.304, 0.312) == ("304 ms", "312 ms")
 
@@ -276,8 +276,8 @@ def test_the_search_names_a_hierarchical_all_reduce_with_its_inter_algorithm():
 
 
 def test_the_bucket_sentence_prices_the_bucket_as_the_best_stack_sends_it():
-    from refcoll.measure.model import human_bytes
-    from refcoll.measure.model.verdict import distinct_times
+    from refcoll.model import human_bytes
+    from refcoll.model.verdict import distinct_times
     w = Workload.from_params(N_SEED, forward=2.0, backward=4.0)
     c = seed(intra_latency=2e-6, inter_latency=5e-6)
     result = plan_and_search(c, w, Options(compressor="fp16"))
@@ -306,7 +306,7 @@ def test_a_topology_row_slower_than_ncclss_default_is_noted():
 
 
 def test_a_flat_ring_allgather_crosses_each_boundary_on_one_nic():
-    from refcoll.measure.model import compressed_estimate
+    from refcoll.model import compressed_estimate
     # 2 NICs for 8 GPUs: a GPU gets a quarter NIC when all cross at once (the hierarchical
     # all-reduce's shards), but a flat ring has one GPU a node crossing, on a whole NIC.
     c = seed(nics=2, intra_latency=2e-6, inter_latency=5e-6)

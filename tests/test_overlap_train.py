@@ -12,13 +12,13 @@ from click.testing import CliRunner
 from conftest import mpiexec_path
 from refcoll import SimWorld, UsageError
 from refcoll.cli import main
-from refcoll.measure.model import Cluster, allreduce_estimate, overlap, plan_from_text
-from refcoll.measure.model.overlap import fit_link, predict_step
-from refcoll.overlap import (OverlapConfig, _loss_gradient, backward, forward, init_layers,
+from refcoll.model import Cluster, allreduce_estimate, overlap, plan_from_text
+from refcoll.model.overlap import fit_link, predict_step
+from refcoll.training.overlap import (OverlapConfig, _loss_gradient, backward, forward, init_layers,
                              loss_and_grads, parse_widths, run_overlap)
-from refcoll.reducer import Reducer
-from refcoll.train import init_params
-from refcoll.train import loss_and_grads as two_layer_grads
+from refcoll.training.reducer import Reducer
+from refcoll.training.train import init_params
+from refcoll.training.train import loss_and_grads as two_layer_grads
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")
@@ -54,7 +54,7 @@ def test_the_gradient_is_the_derivative_of_the_loss():
 
 
 def test_two_layers_give_the_gradients_of_the_digits_mlp():
-    """An independent computation: refcoll.train's two-layer MLP, the same weights."""
+    """An independent computation: refcoll.training.train's two-layer MLP, the same weights."""
     named = init_params(64, 16, 3)
     x = np.random.default_rng(0).random((20, 64), dtype=np.float32)
     y = np.arange(20) % 10

@@ -14,7 +14,7 @@ import refcoll.algorithms as algorithms
 from refcoll.algorithms import NodeShape
 from refcoll.algorithms.dbtree import dbtree_links, rack_crossings
 from refcoll.calls import auto
-from refcoll.cluster.topology import NodeLink, Topology, inter_levels, rack_levels
+from refcoll.core.topology import NodeLink, Topology, inter_levels, rack_levels
 from refcoll.core.calibration import Calibration
 
 LINK = 1e9  # bits per second, each node's own link

@@ -15,8 +15,8 @@ import refcoll
 from refcoll.compressors import parse
 from refcoll.core.errors import MismatchError, UsageError
 from refcoll.calls.plans import Plan
-from refcoll.reducer import Reducer
-from refcoll.reducer_buckets import assign_buckets, parameters_of
+from refcoll.training.reducer import Reducer
+from refcoll.training.buckets import assign_buckets, parameters_of
 
 MIB = 2 ** 20
 

@@ -27,8 +27,8 @@ SCRIPT = textwrap.dedent("""
     from mpi4py import MPI
     import refcoll
     from refcoll.core.errors import UsageError
-    from refcoll.reducer import Reducer
-    from refcoll.reducer_buckets import assign_buckets
+    from refcoll.training.reducer import Reducer
+    from refcoll.training.buckets import assign_buckets
 
     comm = MPI.COMM_WORLD
     rank = comm.rank

@@ -9,9 +9,9 @@ import pytest
 from conftest import mpiexec_path
 from refcoll.algorithms.spelling import spell, split_spelled, unspell
 from refcoll.core.errors import UsageError
-from refcoll.measure.bench.options import (algorithm_options, check_algorithm, parse_algorithms,
+from refcoll.bench.options import (algorithm_options, check_algorithm, parse_algorithms,
                                            registry_name)
-from refcoll.measure.model.pricing import estimate_name
+from refcoll.model.pricing import estimate_name
 
 
 @pytest.mark.parametrize("name,options,word", [

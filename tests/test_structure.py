@@ -12,25 +12,25 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "refcoll"
 
 #: Each top-level part of refcoll and its layer; a module may import only its own
-#: layer or lower ones (DESIGN.md: core <- transport <- algorithms <- calls <- {...} <- cli).
+#: layer or lower ones (DESIGN.md: core <- transport <- algorithms <- calls <- verify, the
+#: reference; then the tools, then cli).
 LAYERS = {
     "core": 0,
     "transport": 1,
-    "cluster": 1,
     "algorithms": 2,
     "calls": 3,
-    "compressors": 4,
     "verify": 4,
-    "measure": 4,
-    "baselines": 4,
-    "train": 4,
-    "reducer": 4,
-    "reducer_buckets": 4,
-    "overlap": 4,
-    "torch": 4,
-    "cli": 5,
-    "__main__": 6,
-    "": 6,  # refcoll/__init__.py: the public API, re-exports only
+    # the tools around the reference: each imports the reference, never the other way
+    "compressors": 4,
+    "cluster": 5,
+    "training": 5,
+    "bench": 5,
+    "model": 5,
+    "baselines": 5,
+    "torch": 5,
+    "cli": 6,
+    "__main__": 7,
+    "": 7,  # refcoll/__init__.py: the public API, re-exports only
 }
 
 #: Third-party packages a function may import late: optional or heavy ones.

@@ -17,7 +17,7 @@ import refcoll
 from refcoll import algorithms
 from refcoll.algorithms.registry import NodeShape
 from refcoll.calls import auto
-from refcoll.cluster import topology
+from refcoll.core import topology
 from refcoll.cluster.emulate import Cluster, ClusterSpec, parse_rate
 from refcoll.core.calibration import DEFAULT, Calibration
 from refcoll.core.errors import UsageError

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import mpiexec_path
 from refcoll import SimWorld, UsageError
 from refcoll.cli import main
-from refcoll.train import (ReplicaDivergence, TrainConfig, check_replicas, init_params,
+from refcoll.training.train import (ReplicaDivergence, TrainConfig, check_replicas, init_params,
                            load_digits_split, loss_and_grads, train)
 
 pytest.importorskip("sklearn", reason="needs scikit-learn: pip install 'refcoll[examples]'")

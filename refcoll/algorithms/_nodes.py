@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cluster.topology import from_env as topology_from_env
+from ..core.topology import from_env as topology_from_env
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from .naive import naive_broadcast
@@ -144,7 +144,7 @@ def _split_racks(t) -> NodeLayout:
                              f"{what[c]}" for r, c in list(missing.items())[:4])
         raise UsageError(f"rank {t.rank}: level='rack' groups the ranks by the racks of the "
                          f"topology file, and not every rank has one: {said}{reason}; write "
-                         "the file (refcoll/cluster/topology.py; the simulator has no hosts: "
+                         "the file (refcoll/core/topology.py; the simulator has no hosts: "
                          "give it ranks_per_node) or use level='node'")
     order, counts = np.unique(racks, return_counts=True)
     node = int(np.searchsorted(order, racks[t.rank]))

@@ -19,7 +19,7 @@ every module it holds, so adding an algorithm is adding its module. Code outside
 an algorithm's module never names it: it reads the record (``replayable``,
 ``auto``, ``node_option``, ``price``...) instead.
 
-The cluster model (:mod:`refcoll.measure.model`) prices an algorithm on a
+The cluster model (:mod:`refcoll.model`) prices an algorithm on a
 cluster of ``nodes`` nodes of ``per_node`` GPUs through the record's ``price``:
 the algorithm says which of its phases run on which link (:class:`LinkCost`),
 with exact counts, and the model puts α, β and γ on them.

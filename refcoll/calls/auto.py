@@ -24,13 +24,13 @@ Across nodes (the ranks' hosts differ) the calibration is two-level: α and β
 inside a node and across nodes, measured by :func:`~refcoll.calls.calibration.measure`,
 or, for a calibration of one level (``default`` included), across nodes from
 the links of the topology file ``REFCOLL_TOPO_FILE`` names
-(:mod:`refcoll.cluster.topology`, as ``NCCL_TOPO_FILE``). Each all-reduce is
+(:mod:`refcoll.core.topology`, as ``NCCL_TOPO_FILE``). Each all-reduce is
 then priced phase by phase on the level each phase uses (its record's
 ``price``), and the node-aware algorithms join the candidates:
 ``hierarchical``, with the algorithm between the nodes chosen per shape
 (:func:`two_level_choice`). Where the topology file puts the nodes in equal
 racks of consecutive ranks with uplink rates, a third level prices the
-uplinks (:func:`~refcoll.cluster.topology.rack_levels`, :func:`priced_shape`)
+uplinks (:func:`~refcoll.core.topology.rack_levels`, :func:`priced_shape`)
 and ``hierarchical`` is tried with groups of a rack as well.
 
 ``REFCOLL_ALGO`` restricts the algorithms auto may pick, as ``NCCL_ALGO`` does
@@ -50,8 +50,8 @@ from ..algorithms.registry import NodeShape
 from ..algorithms.spelling import spell
 from .auto_nodes import (PIPELINE_SEGMENT, PIPELINES, _two_level, across_options, candidates,
                          node_aware, node_shape, priced_shape, shape_of, two_level_choice)
-from ..cluster.topology import TOPO_ENV, inter_levels, rack_levels
-from ..cluster.topology import from_env as topology_from_env
+from ..core.topology import TOPO_ENV, inter_levels, rack_levels
+from ..core.topology import from_env as topology_from_env
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from ..transport.mpi import MPITransport

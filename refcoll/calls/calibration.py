@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..algorithms.naive import naive_broadcast
-from ..cluster.emulate import machine_of
+from ..core.topology import machine_of
 from ..core.calibration import DEFAULT, Calibration
 from ..core.errors import UsageError
 from ..core.reading import number, read_json

@@ -1,7 +1,7 @@
 """``refcoll bench``: nccl-tests' sweep for refcoll's algorithms, against MPI's, NCCL's or Gloo's.
 
-Thin: the options become a :class:`~refcoll.measure.bench.BenchConfig`, the ranks run
-:func:`~refcoll.measure.bench.run_report`, rank 0 prints its table and writes its files.
+Thin: the options become a :class:`~refcoll.bench.BenchConfig`, the ranks run
+:func:`~refcoll.bench.run_report`, rank 0 prints its table and writes its files.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.plot import require_matplotlib
 from ..core.units import parse_count
-from ..measure.bench import (FORMATS, SIZE_RULE, BenchConfig, bar_target, check_config,
+from ..bench import (FORMATS, SIZE_RULE, BenchConfig, bar_target, check_config,
                              extra_ranks, forced_mpi_env, parse_size, rank_writer, run_report,
                              save_report, size_sweep)
-from ..measure.bench.options import parse_algorithms
-from ..measure.bench.terminal import PROGRESS_VARIABLE, progress_setting
+from ..bench.options import parse_algorithms
+from ..bench.terminal import PROGRESS_VARIABLE, progress_setting
 from . import launch
 from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
                      require_processes, split_list, write_json)
@@ -202,5 +202,5 @@ def _whole(text: str, option: str, example: str, *, minimum: int | None = None,
 
 
 def _writer():
-    """Return rank 0's :class:`~refcoll.measure.bench.TableWriter` over this process's streams."""
+    """Return rank 0's :class:`~refcoll.bench.TableWriter` over this process's streams."""
     return rank_writer(sys.stdout, sys.stderr)

@@ -9,14 +9,14 @@ import sys
 import click
 from click.core import ParameterSource
 
-from ..cluster.topology import model_options
-from ..cluster.topology import read as read_topology
+from ..core.topology import model_options
+from ..core.topology import read as read_topology
 from ..core.errors import UsageError
 from ..core.reading import MAX_JSON_BYTES, read_text
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
-from ..measure import model as m
-from ..measure.model import (BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS,
+from .. import model as m
+from ..model import (BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS,
                              MAX_GPUS)
 from ..transport.mpi import MPITransport
 from . import launch

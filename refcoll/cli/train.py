@@ -11,9 +11,9 @@ from ..calls.collectives import as_transport
 from ..core.errors import UsageError
 from ..core.plot import require_matplotlib
 from ..core.units import human_bytes
-from ..overlap import OverlapConfig, parse_widths, plot_timeline, run_overlap
-from ..train import EXAMPLES_HINT, TrainConfig, plot_histories
-from ..train import train as train_model
+from ..training.overlap import OverlapConfig, parse_widths, plot_timeline, run_overlap
+from ..training.train import EXAMPLES_HINT, TrainConfig, plot_histories
+from ..training.train import train as train_model
 from . import launch
 from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
                      require_processes, write_json)

@@ -50,9 +50,9 @@ from ..core.writing import remove_file, write_json, write_text
 from . import launch
 from .spec import (MAX_DELAY_S, MAX_NODES, MAX_OVERSUBSCRIPTION, MAX_RANKS_PER_NODE, MAX_RATE,
                    MIN_RATE, ClusterSpec, parse_rate)
-from .state import (NETNS_ETC, PREFIX, check_folder, etc_folder, machine_of, ours, owned,
-                    remove_etc, scan, start_time)
-from .topology import NodeLink, Topology
+from ..core.topology import NodeLink, Topology, machine_of
+from .state import (NETNS_ETC, PREFIX, check_folder, etc_folder, ours, owned, remove_etc, scan,
+                    start_time)
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters", "attach",
            "bucket_bytes", "live_clusters", "machine_of", "missing_capability", "parse_rate",
@@ -156,7 +156,7 @@ class Cluster:
 
     @property
     def topology_file(self) -> Path:
-        """The topology it writes (:mod:`refcoll.cluster.topology`), named by ``REFCOLL_TOPO_FILE``."""
+        """The topology it writes (:mod:`refcoll.core.topology`), named by ``REFCOLL_TOPO_FILE``."""
         return topology_path(self.prefix)
 
     def topology(self) -> Topology:

@@ -63,7 +63,7 @@ def environment(cluster) -> dict:
     with ``get_zcopy`` at 94-95%, what a plain TCP socket pair reaches both
     ways (``benchmarks/nodes.py``'s README figures). ``REFCOLL_CLUSTER`` is the state file:
     refcoll reads the machine's true core count from it. ``REFCOLL_TOPO_FILE`` is
-    the topology it wrote (:mod:`refcoll.cluster.topology`).
+    the topology it wrote (:mod:`refcoll.core.topology`).
     """
     return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "UCX_RNDV_SCHEME": "get_zcopy",
             "FI_PROVIDER": "tcp",

@@ -32,7 +32,7 @@ from ..core.reading import loads_json, number, open_regular, read_json
 from .spec import MAX_NODES
 
 __all__ = ["PREFIX", "MAX_STATE_BYTES", "NETNS_ETC", "ours", "check_folder", "read_state",
-           "scan", "start_time", "owned", "machine_of", "etc_folder", "remove_etc"]
+           "scan", "start_time", "owned", "etc_folder", "remove_etc"]
 
 #: Where ``ip netns exec`` finds a namespace's own ``/etc`` files (``hosts``).
 NETNS_ETC = Path("/etc/netns")
@@ -50,33 +50,6 @@ def ours(prefix: str, ns) -> bool:
         return False
     m = re.fullmatch(re.escape(prefix) + r"-(?:hub|n([1-9][0-9]{0,2}))", ns)
     return bool(m) and (m.group(1) is None or int(m.group(1)) <= MAX_NODES)
-
-
-def machine_of(host: str) -> str:
-    """Return the machine that runs ``host``: itself, or the one emulating it.
-
-    Inside a run on an emulated cluster (``REFCOLL_CLUSTER`` names its state),
-    every node is a namespace of one machine and their ranks share its cores:
-    ``"vm (emulating rc…-n1, rc…-n2)"`` for each of them, so that a check of
-    ranks against cores counts the machine's, not one node's. A state file that
-    cannot be read, or holds no such node, leaves ``host`` as it is.
-    """
-    path = os.environ.get("REFCOLL_CLUSTER")
-    if not path:
-        return host
-    try:
-        state = read_json(path, what="cluster state file (REFCOLL_CLUSTER)",
-                          max_bytes=MAX_STATE_BYTES)
-    except UsageError:
-        return host
-    nodes = state.get("nodes") if isinstance(state, dict) else None
-    names = [node["host"] for node in nodes if isinstance(node, dict)
-             and isinstance(node.get("host"), str)] if isinstance(nodes, list) else []
-    if host not in names:
-        return host
-    machine = state.get("machine")
-    machine = machine[:255] if isinstance(machine, str) and machine else "this machine"
-    return f"{machine} (emulating {', '.join(names)})"
 
 
 def _unsafe(path, info: os.stat_result, *, sticky: bool = False) -> str | None:

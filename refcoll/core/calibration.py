@@ -1,7 +1,7 @@
 """The one calibration record: α, β and γ of a machine, with their units and what backs them.
 
 ``auto`` (:mod:`refcoll.calls.auto`) prices each candidate's exact counts with
-α, β and γ; the cluster model's calibration (:mod:`refcoll.measure.model`)
+α, β and γ; the cluster model's calibration (:mod:`refcoll.model`)
 measures the same three and keeps, beside them, the tables its measured-step
 prediction reads. One record serves both, so γ has one unit everywhere.
 
@@ -60,12 +60,12 @@ class Calibration:
             later)``, beside each row of ``steps``: the share ``q`` of those
             steps that waited for a descheduled peer and their mean wait ``W``,
             seconds (the scheduling term,
-            :mod:`refcoll.measure.model.calibrate_sched`). Empty in a record
+            :mod:`refcoll.model.calibrate_sched`). Empty in a record
             measured before it, which then predicts without the term.
         stretch: ``(buffer bytes, message bytes, (s_1, s_2, ...))`` beside each
             row of ``steps``: ``s_R``, seconds, is the median time ``R``
             consecutive ``later`` steps took beyond ``R`` median ones
-            (:func:`refcoll.measure.model.calibrate_sched.stretch`): the
+            (:func:`refcoll.model.calibrate_sched.stretch`): the
             scheduling term measured with the rounds' real correlation. Empty
             in an older record, which then uses ``waits``.
 
@@ -92,10 +92,10 @@ class Calibration:
             racks); from the topology file, never measured.
         rack_nodes: nodes in each rack (0: no racks). The ranks' racks must be
             equal and consecutive in rank order for both to be set
-            (:func:`refcoll.cluster.topology.rack_levels`).
+            (:func:`refcoll.core.topology.rack_levels`).
 
     ``auto``'s calibrations leave the tables empty; the cluster model's
-    (:func:`refcoll.measure.model.calibrate`) fill them. A calibration measured
+    (:func:`refcoll.model.calibrate`) fill them. A calibration measured
     across nodes is *two-level*: ``alpha`` and ``beta`` inside a node,
     ``inter_alpha`` and ``inter_beta`` across (:meth:`link`).
     """

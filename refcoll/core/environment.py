@@ -93,7 +93,7 @@ VARIABLES: tuple[Variable, ...] = (
         "Where `refcoll bench`'s ranks draw its progress bar: `stdout:COLUMNS`, "
         "`stderr:COLUMNS`, or empty (no bar). Set by the command that starts `mpiexec`; "
         "under a launcher of your own, unset means rank 0 draws on a terminal it finds.",
-        ("refcoll.measure.bench.terminal",)),
+        ("refcoll.bench.terminal",)),
     Variable(
         "REFCOLL_DEBUG", "unset (nothing per call)",
         "Like `NCCL_DEBUG`, in any case: `INFO` or `TRACE` write one line per call per rank "
@@ -147,17 +147,17 @@ VARIABLES: tuple[Variable, ...] = (
         ("refcoll.torch.watch",)),
     Variable(
         "REFCOLL_TOPO_FILE", "unset (no topology: one level, or the hosts alone)",
-        "A topology file (nodes, racks, link rates; `refcoll.cluster.topology`), as "
+        "A topology file (nodes, racks, link rates; `refcoll.core.topology`), as "
         "`NCCL_TOPO_FILE`: auto prices the level across nodes from its slowest link and the "
         "racks' uplinks as a third level, `bench` "
         "names the nodes and links in its header, `model --topology` reads the same form.",
-        ("refcoll.cluster.topology",),
+        ("refcoll.core.topology",),
         set_by="`refcoll cluster run` for the emulated cluster; by hand for a real one"),
     Variable(
         "REFCOLL_CLUSTER", "unset (not on an emulated cluster)",
         "The state file of the emulated cluster a process runs on: the ranks of every node "
         "count against the one machine's cores.",
-        ("refcoll.cluster.state",),
+        ("refcoll.core.topology",),
         set_by="`refcoll cluster run`"),
     Variable(
         "REFCOLL_CLUSTER_DIR", "`/run/refcoll/clusters`",

@@ -38,7 +38,7 @@ from ..calls.collectives import allreduce, allreduce_init
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..core.errors import UsageError
-from ..reducer_buckets import address, compress_each
+from ..training.buckets import address, compress_each
 from ..transport.torch import torch_transport_for
 from .tensors import as_array
 
