@@ -184,8 +184,10 @@ def _counts(p: int, n: int, itemsize: int, *, reduce: bool, formula: str) -> Cos
             sent[source] += elements
             received[dest] += elements
             largest[k] = max(largest[k], elements)
-    return Cost(steps, p * steps, sum(sent) * itemsize, steps, max(sent) * itemsize,
-                sum(largest) * itemsize, max(received) if reduce else 0, formula)
+    return Cost(rounds=steps, messages=p * steps, bytes=sum(sent) * itemsize,
+                max_rank_messages=steps, max_rank_bytes=max(sent) * itemsize,
+                critical_bytes=sum(largest) * itemsize,
+                reduced=max(received) if reduce else 0, formula=formula)
 
 
 def bruck_allgather_cost(p: int, m: int, itemsize: int) -> Cost:

@@ -227,9 +227,10 @@ def dbtree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None 
             reduced[dest] += elements  # every partial received is folded once
         messages += 1
         total += elements
-    return Cost(max(clock), messages, total * itemsize, max(msgs), max(sent) * itemsize,
-                sum(largest.values()) * itemsize, max(reduced),
-                "two trees, each a pipelined reduce + broadcast of n/2 in S segments: "
+    return Cost(rounds=max(clock), messages=messages, bytes=total * itemsize,
+                max_rank_messages=max(msgs), max_rank_bytes=max(sent) * itemsize,
+                critical_bytes=sum(largest.values()) * itemsize, reduced=max(reduced),
+                formula="two trees, each a pipelined reduce + broadcast of n/2 in S segments: "
                 "≈ (8·lg p - 4 + 12(S-1))·α + (8·lg p - 4 + 12(S-1))·(n/2S)·β + n·γ")
 
 
@@ -280,8 +281,9 @@ def dbtree_model_cost(p: int, count: int, itemsize: int) -> Cost:
             messages += len(group) * pieces
             elements += len(group) * half
     rounds, critical = lamport_replay(runs, itemsize)
-    return Cost(rounds, messages, elements * itemsize, max(sends), max(sent) * itemsize,
-                      critical, max(reduced), _dbtree_formula())
+    return Cost(rounds=rounds, messages=messages, bytes=elements * itemsize,
+                max_rank_messages=max(sends), max_rank_bytes=max(sent) * itemsize,
+                critical_bytes=critical, reduced=max(reduced), formula=_dbtree_formula())
 
 
 @functools.lru_cache(maxsize=1)

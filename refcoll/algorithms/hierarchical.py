@@ -282,13 +282,15 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
     costs = [cost for cost, _, _ in parts]
     k = len(parts[0][1])
     return Cost(
-        sum(c.rounds for c in costs), sum(c.messages for c in costs),
-        sum(c.bytes for c in costs), sum(c.max_rank_messages for c in costs),
-        max(sum(sent[j] for _, sent, _ in parts) for j in range(k)),
-        sum(c.critical_bytes for c in costs),
-        max(sum(reduced[j] for _, _, reduced in parts) for j in range(k)),
-        costs[0].formula + (f"; {pipeline} segments of n/{pipeline}, each all of it"
-                            if pipeline > 1 else ""),
+        rounds=sum(c.rounds for c in costs),
+        messages=sum(c.messages for c in costs),
+        bytes=sum(c.bytes for c in costs),
+        max_rank_messages=sum(c.max_rank_messages for c in costs),
+        max_rank_bytes=max(sum(sent[j] for _, sent, _ in parts) for j in range(k)),
+        critical_bytes=sum(c.critical_bytes for c in costs),
+        reduced=max(sum(reduced[j] for _, _, reduced in parts) for j in range(k)),
+        formula=costs[0].formula + (f"; {pipeline} segments of n/{pipeline}, each all of it"
+                                    if pipeline > 1 else ""),
     )
 
 
@@ -309,27 +311,31 @@ def _segment_cost(p: int, n: int, itemsize: int, ranks_per_node, inter: str):
                 for j in range(k)]
         reduced = [n - shards[j - 1] + across[j].reduced for j in range(k)]
         return Cost(
-            intra[0].rounds + max(c.rounds for c in across),
-            sum(c.messages for c in intra) + sum(c.messages for c in across),
-            sum(c.bytes for c in intra) + sum(c.bytes for c in across),
-            intra[0].max_rank_messages + max(c.max_rank_messages for c in across),
-            max(sent), intra[0].critical_bytes + max(c.critical_bytes for c in across),
-            max(reduced),
-            f"k={k} ranks per node, g={g} nodes: 2(k-1)·α + 2((k-1)/k)·n·β + ((k-1)/k)·n·γ "
-            f"inside the nodes + {inter} all-reduce of n/k over g [{inter_formula}, p=g, n=n/k]",
+            rounds=intra[0].rounds + max(c.rounds for c in across),
+            messages=sum(c.messages for c in intra) + sum(c.messages for c in across),
+            bytes=sum(c.bytes for c in intra) + sum(c.bytes for c in across),
+            max_rank_messages=(intra[0].max_rank_messages
+                               + max(c.max_rank_messages for c in across)),
+            max_rank_bytes=max(sent),
+            critical_bytes=intra[0].critical_bytes + max(c.critical_bytes for c in across),
+            reduced=max(reduced),
+            formula=(f"k={k} ranks per node, g={g} nodes: 2(k-1)·α + 2((k-1)/k)·n·β "
+                     f"+ ((k-1)/k)·n·γ inside the nodes + {inter} all-reduce of n/k over g "
+                     f"[{inter_formula}, p=g, n=n/k]"),
         ), sent, reduced
     reduce_k, bcast_k = intra[0], intra[g]  # the first node is a full one: the slowest
     cost = Cost(
-        reduce_k.rounds + across[0].rounds + bcast_k.rounds,
-        sum(c.messages for c in intra) + across[0].messages,
-        sum(c.bytes for c in intra) + across[0].bytes,
-        bcast_k.max_rank_messages + across[0].max_rank_messages,
-        bcast_k.max_rank_bytes + across[0].max_rank_bytes,
-        reduce_k.critical_bytes + across[0].critical_bytes + bcast_k.critical_bytes,
-        reduce_k.reduced + across[0].reduced,
-        f"nodes {'+'.join(map(str, sizes))} (unequal: leader-based), k={k}, g={g}: "
-        f"2(k-1)·α + 2(k-1)·n·β + (k-1)·n·γ inside the nodes + {inter} all-reduce of n over "
-        f"the g leaders [{inter_formula}, p=g]",
+        rounds=reduce_k.rounds + across[0].rounds + bcast_k.rounds,
+        messages=sum(c.messages for c in intra) + across[0].messages,
+        bytes=sum(c.bytes for c in intra) + across[0].bytes,
+        max_rank_messages=bcast_k.max_rank_messages + across[0].max_rank_messages,
+        max_rank_bytes=bcast_k.max_rank_bytes + across[0].max_rank_bytes,
+        critical_bytes=(reduce_k.critical_bytes + across[0].critical_bytes
+                        + bcast_k.critical_bytes),
+        reduced=reduce_k.reduced + across[0].reduced,
+        formula=(f"nodes {'+'.join(map(str, sizes))} (unequal: leader-based), k={k}, g={g}: "
+                 f"2(k-1)·α + 2(k-1)·n·β + (k-1)·n·γ inside the nodes + {inter} all-reduce "
+                 f"of n over the g leaders [{inter_formula}, p=g]"),
     )
     return cost, [cost.max_rank_bytes], [cost.reduced]  # the leader is the busiest rank
 

@@ -342,7 +342,9 @@ def replay_cost(programs, itemsize: int, reduced: int, formula: str) -> Cost:
     if any(at[r] < len(programs[r]) for r in range(size)):
         raise AssertionError("the replayed schedule deadlocks")  # a bug in the program builder
     if not messages:
-        return ZERO if reduced == 0 else Cost(0, 0, 0, 0, 0, 0, reduced, formula)
+        return ZERO if reduced == 0 else Cost(
+            rounds=0, messages=0, bytes=0, max_rank_messages=0, max_rank_bytes=0,
+            critical_bytes=0, reduced=reduced, formula=formula)
     largest: dict[int, int] = defaultdict(int)
     sent: dict[int, int] = defaultdict(int)
     count: dict[int, int] = defaultdict(int)
@@ -350,6 +352,9 @@ def replay_cost(programs, itemsize: int, reduced: int, formula: str) -> Cost:
         largest[step] = max(largest[step], elements)
         sent[source] += elements
         count[source] += 1
-    return Cost(max(largest), len(messages), sum(e for _, _, e in messages) * itemsize,
-                max(count.values()), max(sent.values()) * itemsize,
-                sum(largest.values()) * itemsize, reduced, formula)
+    return Cost(rounds=max(largest), messages=len(messages),
+                bytes=sum(e for _, _, e in messages) * itemsize,
+                max_rank_messages=max(count.values()),
+                max_rank_bytes=max(sent.values()) * itemsize,
+                critical_bytes=sum(largest.values()) * itemsize, reduced=reduced,
+                formula=formula)

@@ -180,8 +180,9 @@ def naive_reduce_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -> C
     if p == 1:
         return ZERO
     b = n * itemsize
-    return Cost(p - 1, p - 1, (p - 1) * b, 1, b, (p - 1) * b, (p - 1) * n,
-                "(p-1)·α + (p-1)·n·β + (p-1)·n·γ")
+    return Cost(rounds=p - 1, messages=p - 1, bytes=(p - 1) * b, max_rank_messages=1,
+                max_rank_bytes=b, critical_bytes=(p - 1) * b, reduced=(p - 1) * n,
+                formula="(p-1)·α + (p-1)·n·β + (p-1)·n·γ")
 
 
 def naive_broadcast_cost(p: int, n: int, itemsize: int) -> Cost:
@@ -189,8 +190,9 @@ def naive_broadcast_cost(p: int, n: int, itemsize: int) -> Cost:
     if p == 1:
         return ZERO
     b = n * itemsize
-    return Cost(p - 1, p - 1, (p - 1) * b, p - 1, (p - 1) * b, (p - 1) * b, 0,
-                "(p-1)·α + (p-1)·n·β")
+    return Cost(rounds=p - 1, messages=p - 1, bytes=(p - 1) * b, max_rank_messages=p - 1,
+                max_rank_bytes=(p - 1) * b, critical_bytes=(p - 1) * b, reduced=0,
+                formula="(p-1)·α + (p-1)·n·β")
 
 
 def naive_allreduce_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -> Cost:
@@ -199,8 +201,10 @@ def naive_allreduce_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -
     if p == 1:
         return ZERO
     b = n * itemsize
-    return Cost(2 * (p - 1), 2 * (p - 1), 2 * (p - 1) * b, p - 1, (p - 1) * b,
-                2 * (p - 1) * b, (p - 1) * n, "2(p-1)·α + 2(p-1)·n·β + (p-1)·n·γ")
+    return Cost(rounds=2 * (p - 1), messages=2 * (p - 1), bytes=2 * (p - 1) * b,
+                max_rank_messages=p - 1, max_rank_bytes=(p - 1) * b,
+                critical_bytes=2 * (p - 1) * b, reduced=(p - 1) * n,
+                formula="2(p-1)·α + 2(p-1)·n·β + (p-1)·n·γ")
 
 
 def naive_reduce_scatter_cost(p: int, n: int, itemsize: int, *, fold: str = "left") -> Cost:
@@ -210,9 +214,10 @@ def naive_reduce_scatter_cost(p: int, n: int, itemsize: int, *, fold: str = "lef
         return ZERO
     b = n * itemsize
     scattered = (n - chunk_sizes(n, p)[0]) * itemsize
-    return Cost(2 * (p - 1), 2 * (p - 1), (p - 1) * b + scattered, p - 1, max(b, scattered),
-                (p - 1) * b + scattered, (p - 1) * n,
-                "2(p-1)·α + (p-1)·n·β + ((p-1)/p)·n·β + (p-1)·n·γ")
+    return Cost(rounds=2 * (p - 1), messages=2 * (p - 1), bytes=(p - 1) * b + scattered,
+                max_rank_messages=p - 1, max_rank_bytes=max(b, scattered),
+                critical_bytes=(p - 1) * b + scattered, reduced=(p - 1) * n,
+                formula="2(p-1)·α + (p-1)·n·β + ((p-1)/p)·n·β + (p-1)·n·γ")
 
 
 def naive_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
@@ -220,8 +225,10 @@ def naive_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
     if p == 1:
         return ZERO
     b = m * itemsize
-    return Cost(2 * (p - 1), 2 * (p - 1), (p - 1) * b + (p - 1) * p * b, p - 1, (p - 1) * p * b,
-                (p - 1) * b + (p - 1) * p * b, 0, "2(p-1)·α + (p-1)·m·β + (p-1)·p·m·β")
+    return Cost(rounds=2 * (p - 1), messages=2 * (p - 1), bytes=(p - 1) * b + (p - 1) * p * b,
+                max_rank_messages=p - 1, max_rank_bytes=(p - 1) * p * b,
+                critical_bytes=(p - 1) * b + (p - 1) * p * b, reduced=0,
+                formula="2(p-1)·α + (p-1)·m·β + (p-1)·p·m·β")
 
 
 register(Algorithm(

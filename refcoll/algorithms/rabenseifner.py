@@ -265,10 +265,11 @@ def rabenseifner_allreduce_cost(p: int, n: int, itemsize: int, *, pairing: str =
     if rem:
         formula = ("(2·lg p'+2)·α + (2·((p'-1)/p') + 2)·n·β + (1 + (p'-1)/p')·n·γ, "
                    "p' = 2^⌊lg p⌋")
-    return Cost(2 * lg + 2 * folded, 2 * rem + 2 * lg * pof2,
-                (2 * rem * n + 2 * (pof2 - 1) * n) * itemsize, 2 * lg + folded,
-                max(sent + [n if rem else 0]) * itemsize, critical * itemsize, max(reduced),
-                formula)
+    return Cost(rounds=2 * lg + 2 * folded, messages=2 * rem + 2 * lg * pof2,
+                bytes=(2 * rem * n + 2 * (pof2 - 1) * n) * itemsize,
+                max_rank_messages=2 * lg + folded,
+                max_rank_bytes=max(sent + [n if rem else 0]) * itemsize,
+                critical_bytes=critical * itemsize, reduced=max(reduced), formula=formula)
 
 
 
@@ -302,11 +303,12 @@ def rabenseifner_reduce_scatter_cost(p: int, n: int, itemsize: int, *,
     if rem:
         formula = ("lg p'·α + ((p'-1)/p')·n·β + ((p'-1)/p')·n·γ "
                    "+ (2α + n·β + (n/p)·β + n·γ for the fold), p' = 2^⌊lg p⌋")
-    return Cost(lg + 2 * folded, 2 * rem + lg * pof2,
-                (rem * n + (pof2 - 1) * n + sum(back)) * itemsize, lg + folded,
-                max(sent + [n if rem else 0]) * itemsize,
-                sum_of_largest(fold, halving_rounds(sizes, rem, 0)) * itemsize, max(reduced),
-                formula)
+    return Cost(rounds=lg + 2 * folded, messages=2 * rem + lg * pof2,
+                bytes=(rem * n + (pof2 - 1) * n + sum(back)) * itemsize,
+                max_rank_messages=lg + folded,
+                max_rank_bytes=max(sent + [n if rem else 0]) * itemsize,
+                critical_bytes=sum_of_largest(fold, halving_rounds(sizes, rem, 0)) * itemsize,
+                reduced=max(reduced), formula=formula)
 
 
 def rabenseifner_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
@@ -327,10 +329,12 @@ def rabenseifner_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
     if rem:
         formula = ("lg p'·α + ((p'-1)/p')·p·m·β + (2α + m·β + p·m·β for the fold), "
                    "p' = 2^⌊lg p⌋")
-    return Cost(lg + 2 * folded, 2 * rem + lg * pof2,
-                (rem * m + (pof2 - 1) * p * m + rem * p * m) * itemsize, lg + folded,
-                max(sent + [m if rem else 0]) * itemsize,
-                sum_of_largest(fold, doubling_rounds(sizes, rem, 0)) * itemsize, 0, formula)
+    return Cost(rounds=lg + 2 * folded, messages=2 * rem + lg * pof2,
+                bytes=(rem * m + (pof2 - 1) * p * m + rem * p * m) * itemsize,
+                max_rank_messages=lg + folded,
+                max_rank_bytes=max(sent + [m if rem else 0]) * itemsize,
+                critical_bytes=sum_of_largest(fold, doubling_rounds(sizes, rem, 0)) * itemsize,
+                reduced=0, formula=formula)
 
 
 def rabenseifner_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:

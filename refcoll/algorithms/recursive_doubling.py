@@ -238,8 +238,9 @@ def recursive_doubling_allreduce_cost(p: int, n: int, itemsize: int, *, radix: i
     if rem:
         formula = ("⌊lg p⌋·α + n·⌊lg p⌋·β + n·⌊lg p⌋·γ "
                    "+ (2α + 2n·β + n·γ for the fold)")
-    return Cost(rounds, 2 * rem + pof2 * lg, (2 * rem + pof2 * lg) * b, lg + folded,
-                (lg + folded) * b, rounds * b, (lg + folded) * n, formula)
+    return Cost(rounds=rounds, messages=2 * rem + pof2 * lg, bytes=(2 * rem + pof2 * lg) * b,
+                max_rank_messages=lg + folded, max_rank_bytes=(lg + folded) * b,
+                critical_bytes=rounds * b, reduced=(lg + folded) * n, formula=formula)
 
 
 def recursive_doubling_price(shape, count: int, itemsize: int, *, inter: str = "ring"

@@ -298,9 +298,10 @@ def ring_reduce_scatter_cost(p: int, n: int, itemsize: int, *, direction: str = 
         return ZERO
     sizes = chunk_sizes(n, p)
     # Rank r sends every chunk but its own (chunk r) and reduces every chunk but r-1.
-    return Cost(p - 1, p * (p - 1), (p - 1) * n * itemsize, p - 1,
-                (n - min(sizes)) * itemsize, (p - 1) * max_chunk(n, p) * itemsize,
-                n - min(sizes), "(p-1)·α + ((p-1)/p)·n·β + ((p-1)/p)·n·γ")
+    return Cost(rounds=p - 1, messages=p * (p - 1), bytes=(p - 1) * n * itemsize,
+                max_rank_messages=p - 1, max_rank_bytes=(n - min(sizes)) * itemsize,
+                critical_bytes=(p - 1) * max_chunk(n, p) * itemsize, reduced=n - min(sizes),
+                formula="(p-1)·α + ((p-1)/p)·n·β + ((p-1)/p)·n·γ")
 
 
 def ring_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
@@ -308,8 +309,9 @@ def ring_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
     if p == 1:
         return ZERO
     b = m * itemsize
-    return Cost(p - 1, p * (p - 1), p * (p - 1) * b, p - 1, (p - 1) * b, (p - 1) * b, 0,
-                "(p-1)·α + (p-1)·m·β")
+    return Cost(rounds=p - 1, messages=p * (p - 1), bytes=p * (p - 1) * b,
+                max_rank_messages=p - 1, max_rank_bytes=(p - 1) * b, critical_bytes=(p - 1) * b,
+                reduced=0, formula="(p-1)·α + (p-1)·m·β")
 
 
 def ring_allreduce_cost(p: int, n: int, itemsize: int, *, direction: str = "forward",
@@ -327,9 +329,10 @@ def ring_allreduce_cost(p: int, n: int, itemsize: int, *, direction: str = "forw
     # Rank r sends all chunks but r in the reduce-scatter, all but r+1 in the allgather
     # (under start="own": all but r+1, then all but r+2; reversed: r-1 for r+1).
     busiest = max(2 * n - sizes[r] - sizes[(r + 1) % p] for r in range(p))
-    return Cost(2 * (p - 1), 2 * p * (p - 1), 2 * (p - 1) * n * itemsize, 2 * (p - 1),
-                busiest * itemsize, 2 * (p - 1) * max(sizes) * itemsize, n - min(sizes),
-                "2(p-1)·α + 2((p-1)/p)·n·β + ((p-1)/p)·n·γ")
+    return Cost(rounds=2 * (p - 1), messages=2 * p * (p - 1), bytes=2 * (p - 1) * n * itemsize,
+                max_rank_messages=2 * (p - 1), max_rank_bytes=busiest * itemsize,
+                critical_bytes=2 * (p - 1) * max(sizes) * itemsize, reduced=n - min(sizes),
+                formula="2(p-1)·α + 2((p-1)/p)·n·β + ((p-1)/p)·n·γ")
 
 
 def ring_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:

@@ -374,9 +374,11 @@ def switch_allreduce_cost(p: int, n: int, itemsize: int, *, radix: int = RADIX,
     sends = max([f + 1 for f in fan[:-1]] + [fan[-1]])  # a switch: its children and its parent
     rounds, critical = lamport_replay(
         switch_schedule(p, n, radix=radix, packet=packet, slots=slots, mode=mode), itemsize)
-    return Cost(rounds, 2 * links * ticks, 2 * links * carried * itemsize, sends * ticks,
-                sends * carried * itemsize, critical, (max(fan) - 1) * carried,
-                "2·⌈log_R p⌉·α + 2·n·β + (R-1)·n·γ, in ⌈n/packet⌉ pipelined packets "
+    return Cost(rounds=rounds, messages=2 * links * ticks,
+                bytes=2 * links * carried * itemsize, max_rank_messages=sends * ticks,
+                max_rank_bytes=sends * carried * itemsize, critical_bytes=critical,
+                reduced=(max(fan) - 1) * carried,
+                formula="2·⌈log_R p⌉·α + 2·n·β + (R-1)·n·γ, in ⌈n/packet⌉ pipelined packets "
                 "(the ledger serves a switch's R ports one after another)")
 
 
@@ -389,7 +391,8 @@ def switch_ideal_cost(p: int, count: int, itemsize: int) -> Cost:
     if p == 1 or count == 0:
         return ZERO
     b = count * itemsize
-    return Cost(2, 2 * p, 2 * p * b, 1, b, b, 0, "2α + n·β")
+    return Cost(rounds=2, messages=2 * p, bytes=2 * p * b, max_rank_messages=1,
+                max_rank_bytes=b, critical_bytes=b, reduced=0, formula="2α + n·β")
 
 
 def switch_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:

@@ -376,8 +376,10 @@ def tree_reduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = Non
         return ZERO
     segments = _segment_count(n, segment)
     lg, b = (p - 1).bit_length(), n * itemsize
-    return Cost(lg * segments, (p - 1) * segments, (p - 1) * b, segments, b, lg * b, lg * n,
-                "⌈lg p⌉·S·α + ⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
+    return Cost(rounds=lg * segments, messages=(p - 1) * segments, bytes=(p - 1) * b,
+                max_rank_messages=segments, max_rank_bytes=b, critical_bytes=lg * b,
+                reduced=lg * n,
+                formula="⌈lg p⌉·S·α + ⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
 
 
 def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
@@ -394,8 +396,9 @@ def tree_broadcast_cost(p: int, n: int, itemsize: int, *, segment: int | None = 
         return ZERO
     segments = _segment_count(n, segment)
     lg, b = (p - 1).bit_length(), n * itemsize
-    return Cost(lg * segments, (p - 1) * segments, (p - 1) * b, lg * segments, lg * b, lg * b, 0,
-                "⌈lg p⌉·S·α + ⌈lg p⌉·n·β (S segments; 1 unsegmented)")
+    return Cost(rounds=lg * segments, messages=(p - 1) * segments, bytes=(p - 1) * b,
+                max_rank_messages=lg * segments, max_rank_bytes=lg * b, critical_bytes=lg * b,
+                reduced=0, formula="⌈lg p⌉·S·α + ⌈lg p⌉·n·β (S segments; 1 unsegmented)")
 
 
 def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = None,
@@ -415,9 +418,10 @@ def tree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None = 
         return ZERO
     segments = _segment_count(n, segment)
     lg, b = (p - 1).bit_length(), n * itemsize
-    return Cost(2 * lg * segments, 2 * (p - 1) * segments, 2 * (p - 1) * b, lg * segments,
-                lg * b, 2 * lg * b, lg * n,
-                "2⌈lg p⌉·S·α + 2⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
+    return Cost(rounds=2 * lg * segments, messages=2 * (p - 1) * segments,
+                bytes=2 * (p - 1) * b, max_rank_messages=lg * segments, max_rank_bytes=lg * b,
+                critical_bytes=2 * lg * b, reduced=lg * n,
+                formula="2⌈lg p⌉·S·α + 2⌈lg p⌉·n·β + ⌈lg p⌉·n·γ (S segments; 1 unsegmented)")
 
 
 def tree_price(shape, count: int, itemsize: int, *, inter: str = "ring") -> list[LinkCost]:

@@ -12,6 +12,9 @@ for ``p`` ranks and ``n`` elements of ``itemsize`` bytes:
 * ``critical_bytes``: β bytes on the critical path (largest message per round, summed);
 * ``reduced``: elements combined by the busiest rank (γ terms).
 
+Every field is keyword-only, so each construction names what each number is
+(an example is in :class:`Cost`'s docstring).
+
 ``time(α, β, γ) = rounds·α + critical_bytes·β + reduced·γ`` is what
 ``algorithm="auto"`` and ``refcoll model`` compare. ``formula`` is the textbook
 form for display, with ``n`` in bytes.
@@ -24,9 +27,15 @@ from dataclasses import asdict, dataclass
 __all__ = ["Cost", "ZERO", "lamport_replay"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Cost:
-    """Exact message counts of one collective call, and its α-β-γ time."""
+    """Exact message counts of one collective call, and its α-β-γ time.
+
+    The fields are the counts the module docstring describes, then ``formula``;
+    all are keyword-only. A broadcast of one 4-byte element from one rank to one other:
+
+    ``Cost(rounds=1, messages=1, bytes=4, max_rank_messages=1, max_rank_bytes=4, critical_bytes=4, reduced=0)``
+    """
 
     rounds: int
     messages: int
@@ -48,7 +57,8 @@ class Cost:
         return d
 
 
-ZERO = Cost(0, 0, 0, 0, 0, 0, 0, "0")
+ZERO = Cost(rounds=0, messages=0, bytes=0, max_rank_messages=0, max_rank_bytes=0,
+            critical_bytes=0, reduced=0, formula="0")
 
 
 def lamport_replay(runs, itemsize: int) -> tuple[int, int]:

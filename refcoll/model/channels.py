@@ -115,11 +115,13 @@ def pat_cost(m: int, block: int, itemsize: int, *, reduce: bool) -> Cost:
     cluster of thousands of nodes prices at once.
     """
     if m == 1:
-        return Cost(0, 0, 0, 0, 0, 0, 0)
+        return Cost(rounds=0, messages=0, bytes=0, max_rank_messages=0, max_rank_bytes=0,
+                    critical_bytes=0, reduced=0)
     steps = bruck_steps(m)
     moved = sum(len(moving_offsets(m, k)) for k in range(steps)) * block
-    return Cost(steps, m * steps, m * moved * itemsize, steps, moved * itemsize,
-                moved * itemsize, moved if reduce else 0)
+    return Cost(rounds=steps, messages=m * steps, bytes=m * moved * itemsize,
+                max_rank_messages=steps, max_rank_bytes=moved * itemsize,
+                critical_bytes=moved * itemsize, reduced=moved if reduce else 0)
 
 
 def _pat(cluster, count: int, itemsize: int) -> list[Phase]:

@@ -104,5 +104,6 @@ def local_phase(cluster: Cluster, name: str, nbytes: int) -> Phase:
 
 def steps_phase(cluster: Cluster, name: str, link: str, rounds: int, nbytes: int) -> Phase:
     """Price ``rounds`` exchanges of ``nbytes`` each way, one after another, on ``link``."""
-    c = Cost(rounds, rounds, rounds * nbytes, rounds, rounds * nbytes, rounds * nbytes, 0)
+    c = Cost(rounds=rounds, messages=rounds, bytes=rounds * nbytes, max_rank_messages=rounds,
+             max_rank_bytes=rounds * nbytes, critical_bytes=rounds * nbytes, reduced=0)
     return price_phase(cluster, name, link, c, 1)
