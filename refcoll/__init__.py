@@ -12,7 +12,7 @@ from .calls import (Handle, Plan, SimResult, allgather, allgather_init, allreduc
                     ireduce, ireduce_scatter, reduce, reduce_init, reduce_scatter,
                     reduce_scatter_init, simulate, wait_all)
 from .algorithms import COLLECTIVES, REGISTRY
-from . import compressors  # also routes allreduce(compressor=...) to it
+from .compressors.collective import compressed_allreduce
 from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,
                           RefcollError, UsageError, WrongResult)
 from .core.ops import DTYPES, OPS
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "allreduce",
+    "compressed_allreduce",
     "reduce_scatter",
     "allgather",
     "broadcast",

@@ -92,7 +92,7 @@ def test_the_state_class_the_message_names_exists():
 @pytest.mark.parametrize("validate", [True, False])
 def test_error_feedback_without_state_is_refused_on_every_rank(spec, validate):
     x = np.linspace(-1, 1, 12, dtype=np.float32)
-    errors = every_rank(lambda t: refcoll.allreduce(x, t, compressor=spec, validate=validate))
+    errors = every_rank(lambda t: refcoll.compressed_allreduce(x, t, compressor=spec, validate=validate))
     for rank, exc in enumerate(errors):
         assert exc is not None, f"rank {rank} accepted {spec} without state="
         assert f"rank {rank}: " in str(exc)
@@ -106,7 +106,7 @@ def test_one_rank_without_state_makes_it_an_error_on_every_rank():
 
     def body(t):
         state = None if t.rank == 2 else parse(spec).new_state(seed=0, rank=t.rank)
-        refcoll.allreduce(x, t, compressor=spec, state=state)
+        refcoll.compressed_allreduce(x, t, compressor=spec, state=state)
 
     errors = every_rank(body)
     assert all(exc is not None for exc in errors), errors
@@ -121,9 +121,9 @@ def test_error_feedback_with_a_state_keeps_its_residual_across_calls():
 
     def body(t):
         state = parse(spec).new_state(seed=0, rank=t.rank)
-        first = refcoll.allreduce(x, t, compressor=spec, state=state)
+        first, _ = refcoll.compressed_allreduce(x, t, compressor=spec, state=state)
         kept = state.residual.copy()
-        refcoll.allreduce(x, t, compressor=spec, state=state)
+        refcoll.compressed_allreduce(x, t, compressor=spec, state=state)
         return first, kept
 
     for first, kept in SimWorld(2, timeout=TIMEOUT).run(body):
@@ -132,8 +132,18 @@ def test_error_feedback_with_a_state_keeps_its_residual_across_calls():
 
 def test_compression_without_error_feedback_still_needs_no_state():
     x = np.arange(8, dtype=np.float32)
-    out = SimWorld(2, timeout=TIMEOUT).run(lambda t: refcoll.allreduce(x, t, compressor="fp16"))
+    out = SimWorld(2, timeout=TIMEOUT).run(
+        lambda t: refcoll.compressed_allreduce(x, t, compressor="fp16")[0])
     assert all(np.array_equal(o, 2 * x) for o in out)
+
+
+@pytest.mark.parametrize("given", [{"compressor": "fp16"}, {"state": None}])
+def test_allreduce_takes_no_compressor_and_names_the_call_that_does(given):
+    x = np.arange(8, dtype=np.float32)
+    errors = every_rank(lambda t: refcoll.allreduce(x, t, **given))
+    for rank, exc in enumerate(errors):
+        assert isinstance(exc, refcoll.UsageError), f"rank {rank}: {exc!r}"
+        assert "call refcoll.compressed_allreduce(x, comm, compressor=" in str(exc)
 
 
 # ---- 3. ops: MPI's op objects and other non-strings ---------------------------------
@@ -185,7 +195,8 @@ MPI_OPS_SCRIPT = textwrap.dedent("""
     res = refcoll.simulate("reduce", xs, algorithm="naive", op=MPI.PROD, root=1)
     assert res.outputs[1].tolist() == (6 * xs[0] * xs[0] * xs[0]).tolist()
     f = np.array([-1.0, -0.5, 0.0, 0.25, 1.5])  # exact in fp16
-    out = SimWorld(2).run(lambda t: refcoll.allreduce(f, t, op=MPI.SUM, compressor="fp16"))
+    out = SimWorld(2).run(
+        lambda t: refcoll.compressed_allreduce(f, t, op=MPI.SUM, compressor="fp16")[0])
     assert out[0].tolist() == out[1].tolist() == (2 * f).tolist()
     print("ok")
 """)
@@ -276,8 +287,8 @@ CALLS = {
     "allgather": lambda x, t, **kw: refcoll.allgather(x, t, algorithm="naive", **kw),
     "broadcast": lambda x, t, **kw: refcoll.broadcast(x, 1, t, algorithm="naive", **kw),
     "reduce": lambda x, t, **kw: refcoll.reduce(x, 1, t, algorithm="tree", **kw),
-    "compressed": lambda x, t, **kw: refcoll.allreduce(x, t, algorithm="ring",
-                                                       compressor="topk:ratio=0.5", **kw),
+    "compressed": lambda x, t, **kw: refcoll.compressed_allreduce(
+        x, t, algorithm="ring", compressor="topk:ratio=0.5", **kw),
 }
 
 

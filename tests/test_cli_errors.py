@@ -8,7 +8,8 @@ from click.testing import CliRunner
 from refcoll.cli import main
 from refcoll.cli import commands, common
 from refcoll.verify import simulation
-from refcoll.verify.conformance import build_cases, build_compressor_cases
+from refcoll.compressors.conformance import build_compressor_cases
+from refcoll.verify.conformance import build_cases
 from refcoll.core.errors import UsageError
 
 

@@ -12,7 +12,7 @@ import pytest
 import refcoll
 from refcoll.compressors import parse
 from refcoll.compressors.collective import compressed_allreduce, simulate_compressed
-from refcoll.verify.conformance import build_compressor_cases, run_compressor_battery
+from refcoll.compressors.conformance import build_compressor_cases, run_compressor_battery
 from refcoll.core.errors import MismatchError, UsageError
 from refcoll.core.ops import get_op
 from refcoll.transport.sim import SimWorld
@@ -182,20 +182,20 @@ def test_the_compressed_battery_passes_in_the_simulator():
     assert not failed and len(results) == len(cases)
 
 
-def test_allreduce_takes_a_compressor_and_keeps_its_state():
+def test_compressed_allreduce_keeps_its_state_and_allreduce_takes_none():
     xs = _inputs((100,), seed=8)[0]
 
     def body(t):
         state = parse("ef(topk:ratio=0.05)").new_state(seed=0, rank=t.rank)
-        out = refcoll.allreduce(xs[t.rank], t, op="avg", compressor="ef(topk:ratio=0.05)",
-                                state=state)
-        return out, state
+        out, traffic = refcoll.compressed_allreduce(xs[t.rank], t, op="avg",
+                                                    compressor="ef(topk:ratio=0.05)", state=state)
+        return out, state, traffic
 
-    (out, state), *_ = SimWorld(P).run(body)
+    (out, state, traffic), *_ = SimWorld(P).run(body)
     assert out.shape == (100,) and np.count_nonzero(out) <= 15
-    assert state.residual is not None and state.traffic.sent > 0
+    assert state.residual is not None and state.traffic.sent > 0 and traffic == state.traffic
     assert state.traffic.ratio > 1
-    with pytest.raises(UsageError, match="state= goes with compressor="):
+    with pytest.raises(UsageError, match="allreduce takes no compressor"):
         SimWorld(1).run(lambda t: refcoll.allreduce(xs[0], t, state=state))
 
 

@@ -480,7 +480,7 @@ AGREE_SCRIPT = textwrap.dedent("""
     from refcoll.transport import cuda_aware
     from refcoll.transport import device as devices
     from refcoll.baselines import nccl
-    from refcoll.measure import throughput
+    from refcoll.bench import throughput
     from refcoll.core import xp as xp_module
     from refcoll.calls.collectives import as_transport, device_for
     comm = MPI.COMM_WORLD
@@ -917,7 +917,7 @@ def test_the_battery_catches_a_wrong_or_misplaced_device_result(fake, monkeypatc
 
 def test_the_compressed_battery_on_device_arrays_is_judged_on_the_device(device):
     """QSGD draws on the device's generator: only the device's simulator predicts its bits."""
-    from refcoll.verify.conformance import build_compressor_cases, run_compressor_battery
+    from refcoll.compressors.conformance import build_compressor_cases, run_compressor_battery
 
     cases = build_compressor_cases(2, compressors=["none", "qsgd:levels=4,bucket=64",
                                                    "ef(topk:ratio=0.1)"],
@@ -1011,7 +1011,7 @@ MPI_SCRIPT = textwrap.dedent("""
     from refcoll.transport import cuda_aware
     from refcoll.transport import device as devices
     from refcoll.baselines import nccl
-    from refcoll.measure import throughput
+    from refcoll.bench import throughput
     from refcoll.core import xp as xp_module
     from refcoll.calls.collectives import as_transport
     comm = MPI.COMM_WORLD
@@ -1078,7 +1078,7 @@ NCCL_SCRIPT = textwrap.dedent("""
     from refcoll.transport import cuda_aware
     from refcoll.transport import device as devices
     from refcoll.baselines import nccl
-    from refcoll.measure import throughput
+    from refcoll.bench import throughput
     from refcoll.core import xp as xp_module
     from refcoll.core.errors import UsageError
     comm = MPI.COMM_WORLD

@@ -9,7 +9,7 @@ import refcoll
 from refcoll import SimWorld
 from refcoll.calls import progress
 from refcoll.calls.collectives import COLLECTIVE_FUNCTIONS
-from refcoll.calls.nonblocking import NONBLOCKING_FUNCTIONS
+from refcoll.calls.nonblocking import NONBLOCKING_FUNCTIONS, issue
 from refcoll.core.errors import CollectiveTimeout, DeadlockError, MismatchError, UsageError
 
 
@@ -205,10 +205,11 @@ def test_compressed_iallreduce_keeps_the_blocking_calls_bits_and_state():
         for step in range(3):
             x = xs[t.rank] * (step + 1)
             if nonblocking:
-                outs.append(refcoll.iallreduce(x, t, op="avg", compressor=comp,
-                                               state=state).wait())
+                outs.append(issue("allreduce", t, lambda t, x=x: refcoll.compressed_allreduce(
+                    x, t, op="avg", compressor=comp, state=state)[0]).wait())
             else:
-                outs.append(refcoll.allreduce(x, t, op="avg", compressor=comp, state=state))
+                outs.append(refcoll.compressed_allreduce(x, t, op="avg", compressor=comp,
+                                                         state=state)[0])
         return outs
 
     a = SimWorld(3).run(lambda t: rank(t, True))

@@ -21,7 +21,7 @@ LAYERS = {
     "calls": 3,
     "verify": 4,
     # the tools around the reference: each imports the reference, never the other way
-    "compressors": 4,
+    "compressors": 5,
     "cluster": 5,
     "training": 5,
     "bench": 5,
@@ -32,6 +32,11 @@ LAYERS = {
     "__main__": 7,
     "": 7,  # refcoll/__init__.py: the public API, re-exports only
 }
+
+#: The reference (DESIGN.md's Layout) and the tools around it, by top-level part: the
+#: tools import the reference, never the other way.
+REFERENCE = {"core", "transport", "algorithms", "calls", "verify"}
+TOOLS = {"compressors", "training", "bench", "model", "baselines", "cluster", "torch", "cli"}
 
 #: Third-party packages a function may import late: optional or heavy ones.
 LATE_ALLOWED = {"mpi4py", "cupy", "matplotlib", "sklearn", "torch"}
@@ -105,15 +110,29 @@ def _graph():
 EDGES, INNER, LATE = _graph()
 
 
-def _layer(module: str) -> int:
+def _part(module: str) -> str:
+    """Return the top-level part of refcoll a module is in (``""``: refcoll/__init__.py)."""
     parts = module.split(".")
-    return LAYERS[parts[1] if len(parts) > 1 else ""]
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer(module: str) -> int:
+    return LAYERS[_part(module)]
 
 
 def test_the_layers_import_downwards_only():
     upward = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
               for a, targets in EDGES.items() for b in targets if _layer(b) > _layer(a)]
     assert not upward, "\n".join(upward)
+
+
+def test_the_reference_imports_none_of_the_tools():
+    """Every import, module- or function-level, from the reference to a tool is a defect."""
+    unsorted = sorted(set(LAYERS) - REFERENCE - TOOLS - {"", "__main__"})
+    assert not unsorted, f"parts of refcoll neither reference nor tool: {unsorted}"
+    found = sorted(f"{a} imports {b}" for a, targets in EDGES.items() for b in targets
+                   if _part(a) in REFERENCE and _part(b) in TOOLS)
+    assert not found, "the reference imports the tools:\n" + "\n".join(found)
 
 
 def test_there_is_no_import_cycle():

@@ -24,6 +24,7 @@ import numpy as np
 from ..baselines import gloo, nccl
 from ..baselines.mpi import mpi_call
 from ..calls import collectives as api
+from ..compressors.collective import compressed_allreduce
 from ..core import xp as xp_module
 from ..core.bits import complement
 from ..core.chunking import chunk_slice
@@ -151,8 +152,8 @@ def _call(config: BenchConfig, t, x, out, algorithm: str, root: int, state=None)
               **algorithm_options(algorithm)}
     if coll == "allreduce":
         if config.compressor is not None:
-            return lambda: api.allreduce(x, t, op=op, compressor=state.compressor,
-                                         state=state.state, out=out, **common)
+            return lambda: compressed_allreduce(x, t, op=op, compressor=state.compressor,
+                                                state=state.state, out=out, **common)[0]
         return lambda: api.allreduce(x, t, op=op, out=out, **common)
     if coll == "reduce_scatter":
         return lambda: api.reduce_scatter(x, t, op=op, out=out, **common)

@@ -55,23 +55,11 @@ __all__ = [
     "Plan",
     "as_transport",
     "device_for",
-    "use_compressed",
     "COLLECTIVE_FUNCTIONS",
     "INIT_FUNCTIONS",
     "simulate",
     "SimResult",
 ]
-
-#: The compressed all-reduce, which lives a layer above (:mod:`refcoll.compressors`) and
-#: hands itself in when it is imported (:func:`use_compressed`).
-_COMPRESSED = None
-
-
-def use_compressed(fn) -> None:
-    """Route ``allreduce(..., compressor=...)`` to ``fn`` (the compressors package does this)."""
-    global _COMPRESSED
-    _COMPRESSED = fn
-
 
 def as_transport(comm=None, collective: str | None = None):
     """Return the transport for ``comm``: a Transport as is, a communicator or group wrapped.
@@ -173,8 +161,8 @@ def _init(call) -> Plan:
 
 
 @_in_issue_order(1)
-def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, state=None,
-              out=None, validate: bool = True, **options) -> np.ndarray:
+def allreduce(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
+              **options) -> np.ndarray:
     """Reduce ``x`` elementwise over all ranks; every rank gets the bitwise-same result.
 
     Args:
@@ -183,21 +171,6 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         op: ``sum``, ``prod``, ``min``, ``max`` or ``avg`` (see :mod:`refcoll.core.ops`),
             or mpi4py's ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX``.
         algorithm: a name from ``refcoll list``.
-        compressor: a compressor or its spec string (``"ef(topk:ratio=0.01)"``):
-            run the compressed all-reduce of
-            :func:`refcoll.compressors.collective.compressed_allreduce`, which
-            picks the pattern the compressor declares (op ``sum`` or ``avg``;
-            floating tensors only).
-        state: with ``compressor``, this tensor's
-            :class:`~refcoll.compressors.base.CompressorState`
-            (``compressor.new_state(seed=S, rank=r)``, the same ``S`` on every
-            rank), kept per tensor and passed again on every call; it carries
-            the error-feedback residual and warm starts from call to call, and
-            after the call ``state.traffic`` holds the bytes this rank sent and
-            received. Error feedback (``ef(...)``) requires it: without one the
-            residual would be thrown away, so ``state=None`` there is a
-            UsageError on every rank. ``None`` otherwise: a fresh state for
-            this call alone.
         out: result buffer (``out=x`` runs in place); a new array otherwise.
         validate: first check that every rank passed the same collective,
             algorithm, op, dtype, count and options (:mod:`refcoll.calls.agree`);
@@ -213,17 +186,16 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", compressor=None, stat
         get ``None`` back.
 
     A loop that all-reduces the same arrays again and again is faster as a plan
-    (:func:`allreduce_init`).
+    (:func:`allreduce_init`). Compression is its own entry, as PyTorch keeps it in
+    comm hooks: :func:`refcoll.compressed_allreduce`.
+
+    Example:
+        >>> y = refcoll.allreduce(np.arange(4.0), comm, algorithm="ring")  # doctest: +SKIP
     """
-    if compressor is not None:
-        if _COMPRESSED is None:
-            raise UsageError("compressor= needs refcoll.compressors: import refcoll, "
-                             "which loads it")
-        result, _ = _COMPRESSED(x, comm, compressor=compressor, state=state, op=op,
-                                algorithm=algorithm, out=out, validate=validate, **options)
-        return result
-    if state is not None:
-        raise UsageError("state= goes with compressor=; a plain all-reduce keeps no state")
+    if "compressor" in options or "state" in options:
+        raise UsageError("allreduce takes no compressor: call refcoll.compressed_allreduce(x, "
+                         "comm, compressor=..., state=...), which returns the result and "
+                         "this rank's traffic")
     if not options:  # the arguments of a kept plan were checked when it was kept: replay it
         t = as_transport(comm, "allreduce")
         plan = plans.reusable(t, x, op, algorithm, out)

@@ -11,6 +11,7 @@ import sys
 import click
 
 from .. import algorithms
+from ..compressors import conformance as compressed
 from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS
 from ..transport.scheduler import progress_note
@@ -93,16 +94,16 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     verify_session.device_namespace(device)
     if compressors:
         specs = None if [c.strip().lower() for c in compressors] == ["all"] else list(compressors)
-        selection = verify_session.Selection(True, dict(
+        selection = verify_session.Selection(dict(
             compressors=specs,
-            algorithms_=split_list(algorithm, verify_session.compressed_algorithms(),
+            algorithms_=split_list(algorithm, compressed.compressed_algorithms(),
                                    "algorithm for a compressed all-reduce (one without "
                                    "switch processes)"),
-            ops=split_list(op, verify_session.COMPRESSED_OPS, "op for a compressed all-reduce"),
-            dtypes=split_list(dtype, verify_session.COMPRESSED_DTYPES, "dtype for a compressor"),
-        ))
+            ops=split_list(op, compressed.COMPRESSED_OPS, "op for a compressed all-reduce"),
+            dtypes=split_list(dtype, compressed.COMPRESSED_DTYPES, "dtype for a compressor"),
+        ), battery=compressed.COMPRESSED_ALLREDUCE)
     else:
-        selection = verify_session.Selection(False, dict(
+        selection = verify_session.Selection(dict(
             algorithms_=split_list(algorithm, algorithms.names(), "algorithm"),
             collectives=split_list(collective, algorithms.COLLECTIVES, "collective"),
             ops=split_list(op, list(OPS), "op"),
@@ -112,7 +113,7 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
         ))
     if not launch.in_mpi_job():  # an empty selection fails in launch_size, before mpiexec
         relaunch(selection.launch_size(nprocs), launch.workers_env(nprocs))
-    elif selection.compressed:
+    elif compressors:
         selection.launch_size(nprocs)  # a bad spec fails here, before the battery starts
     _verify_in_world(nprocs, selection, seed, json_file, device)
 
@@ -229,7 +230,7 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
             click.echo(f"device: {where['gpu']}; transfers: {where['path']} ({where['why']})")
             if session.left_out:
                 click.echo(f"left out on this device: {', '.join(session.left_out)}")
-        if not selection.compressed:
+        if selection.battery.nonblocking:
             click.echo("non-blocking: each case also runs as i<collective> (iallreduce...), issued "
                        "before the blocking call and held to its bits; then calls outstanding "
                        "together" + (" (host arrays)" if device == "gpu" else ""))

@@ -20,7 +20,6 @@ Spec: spec/compressors.md
 
 from __future__ import annotations
 
-from ..calls.collectives import use_compressed
 from .base import (COMPRESSORS, Compressor, CompressorState, ErrorFeedback, Payload, Round,
                    parse, register)
 from .cast import CastBF16, CastFP16
@@ -36,11 +35,10 @@ from .threshold import Threshold
 from .collective import compressed_allreduce
 from .topk import TopK
 
-# refcoll.allreduce(..., compressor=...) is a layer below: hand it the implementation.
-use_compressed(compressed_allreduce)
 
 __all__ = [
     "COMPRESSORS",
+    "compressed_allreduce",
     "Compressor",
     "CompressorState",
     "ErrorFeedback",

@@ -5,6 +5,10 @@ starts are exercised) and is held, rank by rank and step by step, to the
 simulator running the same code: the same bits and the same bytes sent and
 received. The uncompressed ``none`` (a compressor whose payload is the tensor
 itself) on exact inputs must also equal the naive reduction.
+
+A tool beside the reference's conformance battery (:mod:`refcoll.verify.conformance`),
+using its judges: ``refcoll verify --compressor`` hands :data:`COMPRESSED_ALLREDUCE`
+to :class:`refcoll.verify.session.Selection`.
 """
 
 from __future__ import annotations
@@ -16,23 +20,42 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ... import algorithms
-from ...calls.agree import barrier
-from ...calls.collectives import allreduce, device_for
-from ...compressors import parse
-from ...compressors.collective import run_steps, simulate_compressed
-from ...core import xp as xp_module
-from ...core.errors import CollectiveTimeout, UsageError
-from ...core.ops import DTYPES, get_dtype, is_float
-from ..inputs import make_inputs
-from ..oracle import fold
-from .cases import CaseResult
-from .control import bcast_report, gather_reports
-from .judge import digest, misplaced, oracle_algorithm
-from .run import inputs_lock
+from .. import algorithms
+from ..calls.agree import barrier
+from ..calls.collectives import allreduce, device_for
+from ..core import xp as xp_module
+from ..core.errors import CollectiveTimeout, UsageError
+from ..core.ops import DTYPES, get_dtype, is_float
+from ..verify.conformance.cases import CaseResult
+from ..verify.conformance.control import bcast_report, gather_reports
+from ..verify.conformance.judge import digest, misplaced, oracle_algorithm
+from ..verify.conformance.run import inputs_lock
+from ..verify.inputs import make_inputs
+from ..verify.oracle import fold
+from ..verify.session import Battery
+from .base import parse
+from .collective import run_steps, simulate_compressed
 
-__all__ = ["COMPRESSOR_BATTERY", "COMPRESSOR_STEPS", "CompressorCase", "compressor_shapes",
-           "build_compressor_cases", "run_compressor_case", "run_compressor_battery"]
+__all__ = ["COMPRESSOR_BATTERY", "COMPRESSOR_STEPS", "COMPRESSED_OPS", "COMPRESSED_DTYPES",
+           "COMPRESSED_ALLREDUCE", "CompressorCase", "compressed_algorithms",
+           "compressor_shapes", "build_compressor_cases", "run_compressor_case",
+           "run_compressor_battery"]
+
+#: The ops a compressed all-reduce is verified with.
+COMPRESSED_OPS = ("sum", "avg")
+
+#: The dtypes a compressor may be verified on.
+COMPRESSED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def compressed_algorithms() -> list[str]:
+    """Return the all-reduce algorithms a compressed all-reduce may run over.
+
+    Those without switch processes: a compressor's payloads are not summed by
+    switches.
+    """
+    return [a for a in algorithms.names("allreduce") if algorithms.get(a).workers is None]
+
 
 #: The compressors ``refcoll verify --compressor all`` runs: every method, with
 #: settings that keep something to compress at the battery's small sizes, and
@@ -105,8 +128,7 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
     """
     specs = list(compressors) if compressors is not None else list(COMPRESSOR_BATTERY)
     comps = [parse(s) for s in specs]
-    algos = (list(algorithms_) if algorithms_ is not None else
-             [a for a in algorithms.names("allreduce") if algorithms.get(a).workers is None])
+    algos = list(algorithms_) if algorithms_ is not None else compressed_algorithms()
     if not algos:  # every pattern names an algorithm, if only for its dense bytes
         raise UsageError("no all-reduce algorithm is selected for the compressed battery; "
                          "name at least one, or all")
@@ -114,9 +136,9 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
         algorithms.implementation(name, "allreduce")  # every pattern reduces through one
         if algorithms.get(name).workers is not None:
             raise UsageError(f"{name} needs switch processes and cannot run compressed payloads")
-    op_names = list(ops) if ops is not None else ["sum", "avg"]
+    op_names = list(ops) if ops is not None else list(COMPRESSED_OPS)
     for op in op_names:
-        if op not in ("sum", "avg"):
+        if op not in COMPRESSED_OPS:
             raise UsageError(f"a compressed all-reduce takes op sum or avg, not {op!r}")
     dtype_names = list(dtypes) if dtypes is not None else ["float32", "float64"]
     for d in dtype_names:
@@ -254,3 +276,34 @@ def run_compressor_battery(t, cases: Sequence[CompressorCase], *, seed: int = 0,
         if progress is not None:
             progress(i, len(cases), result)
     return results
+
+
+def _cases(workers: int, world_size: int, **filters) -> list[CompressorCase]:
+    """The compressed battery's cases: no switch processes, so every rank holds data."""
+    return build_compressor_cases(world_size, **filters)
+
+
+def _on_device(xp, filters: dict) -> tuple[dict, list[str]]:
+    """Return the filters less the compressors that cannot run on ``xp``'s device (bf16 on
+    a GPU without it), and the specs ``all`` lost; a compressor named explicitly that
+    cannot run there is an error (:class:`UsageError`)."""
+    specs = filters["compressors"]
+    runnable, left_out = [], []
+    for spec in specs if specs is not None else COMPRESSOR_BATTERY:
+        comp = parse(spec)
+        try:
+            comp.compress(xp.zeros(8, np.float32), comp.new_state())
+        except UsageError as exc:
+            if specs is not None:
+                raise UsageError(f"--compressor {spec} on the device: {exc}") from None
+            left_out.append(spec)
+            continue
+        runnable.append(spec)
+    return dict(filters, compressors=runnable), left_out
+
+
+#: The compressed all-reduce battery, as ``refcoll verify --compressor`` runs it: filters
+#: ``compressors``, ``algorithms_``, ``ops`` and ``dtypes``; no switch processes, no
+#: non-blocking runs or outstanding-call scenarios.
+COMPRESSED_ALLREDUCE = Battery(build_cases=_cases, run=run_compressor_battery,
+                               on_device=_on_device, nonblocking=False)

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..calls.collectives import allreduce, allreduce_init
+from ..calls.collectives import allreduce_init
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
+from ..compressors.collective import compressed_allreduce
 from ..core.errors import UsageError
 from ..training.buckets import address, compress_each
 from ..transport.torch import torch_transport_for
@@ -167,8 +168,9 @@ def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> N
             at += n
         compress_each(views, states, state.compressor, state.algorithm, x, t, validate=True)
     else:
-        allreduce(x, t, op="avg", algorithm=state.algorithm, compressor=state.compressor,
-                  state=state.slot(layout, index, t.rank).state, out=x)
+        compressed_allreduce(x, t, op="avg", algorithm=state.algorithm,
+                             compressor=state.compressor,
+                             state=state.slot(layout, index, t.rank).state, out=x)
 
 
 def bucket_plan(state: HookState, x: np.ndarray, layout: Layout, index: int, t):

@@ -25,7 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from ..calls.agree import allgather_records, pack, unpack
-from ..calls.collectives import allreduce, allreduce_init
+from ..calls.collectives import allreduce_init
+from ..compressors.collective import compressed_allreduce
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype
 
@@ -325,8 +326,8 @@ def compress_each(views, states, compressor, algorithm: str, buf, t, validate: b
     same calls in the same order.
     """
     for view, state in zip(views, states):
-        allreduce(view, t, op="avg", algorithm=algorithm, compressor=compressor, state=state,
-                  out=view, validate=validate)
+        compressed_allreduce(view, t, op="avg", algorithm=algorithm, compressor=compressor,
+                             state=state, out=view, validate=validate)
     return buf
 
 
@@ -342,6 +343,6 @@ def reduce_compressed(compressor, states, views, buf, algorithm: str, t):
     """A bucket's compressed all-reduce, ``op="avg"``, in place: whole, or view by view."""
     if compressor.matrices:
         return compress_each(views, states, compressor, algorithm, buf, t)
-    return allreduce(buf, t, op="avg", compressor=compressor, state=states, algorithm=algorithm,
-                     out=buf, validate=False)
+    return compressed_allreduce(buf, t, op="avg", compressor=compressor, state=states,
+                                algorithm=algorithm, out=buf, validate=False)[0]
 

@@ -45,6 +45,7 @@ from .. import algorithms
 from ..calls.auto import resolve
 from ..calls.collectives import allreduce, as_transport
 from ..compressors import parse
+from ..compressors.collective import compressed_allreduce
 from ..core.errors import RefcollError, UsageError
 from ..core.plot import figure, save
 
@@ -334,8 +335,12 @@ def train(comm, config: TrainConfig,
         lr = np.float32(config.lr * (1 + math.cos(math.pi * step / config.steps)) / 2)
         before = t.traffic.sent
         for name, grad in grads.items():
-            avg = allreduce(grad, t, op="avg", algorithm=config.algorithm, compressor=compressor,
-                            state=states.get(name), validate=False)
+            if compressor is None:
+                avg = allreduce(grad, t, op="avg", algorithm=config.algorithm, validate=False)
+            else:
+                avg, _ = compressed_allreduce(grad, t, op="avg", algorithm=config.algorithm,
+                                              compressor=compressor, state=states.get(name),
+                                              validate=False)
             velocity[name] *= config.momentum
             velocity[name] += avg
             params[name] -= lr * velocity[name]

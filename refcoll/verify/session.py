@@ -1,8 +1,8 @@
-"""A run of the conformance battery in an MPI world: what ``refcoll verify`` does.
+"""A run of a conformance battery in an MPI world: what ``refcoll verify`` does.
 
 Two steps, as the command takes them:
 
-1. Before any process starts, a :class:`Selection` (the battery's filters)
+1. Before any process starts, a :class:`Selection` (a battery and its filters)
    says how many ranks to start for ``N`` data ranks (:meth:`Selection.launch_size`:
    algorithms with switch processes need ranks beyond them) and refuses, with
    a reason, a selection that leaves no case.
@@ -11,45 +11,30 @@ Two steps, as the command takes them:
    for the data ranks, runs them (reporting each finished group of cases) and
    returns the verdicts as the JSON ``refcoll verify --json`` writes.
 
-The cases, their runs and their judges are :mod:`refcoll.verify.conformance`'s.
+A battery is a :class:`Battery`: the collectives' (:data:`COLLECTIVES`, the cases,
+runs and judges of :mod:`refcoll.verify.conformance`) unless the caller gives
+another, as ``refcoll verify --compressor`` gives the compressed all-reduce's
+(:data:`refcoll.compressors.conformance.COMPRESSED_ALLREDUCE`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .. import algorithms
-from ..compressors import parse
 from ..core import xp as xp_module
-from ..core.errors import UsageError
 from ..core.ops import DTYPES, get_dtype
 from ..transport import cuda_aware
 from ..transport import device as devices
 from ..transport.mpi import MPITransport
-from .conformance import (COMPRESSOR_BATTERY, build_cases, build_compressor_cases, group_rows,
-                          run_battery, run_compressor_battery)
+from .conformance import build_cases, group_rows, run_battery
 from .conformance.outstanding import run_outstanding
 
-__all__ = ["Selection", "VerifySession", "COMPRESSED_OPS", "COMPRESSED_DTYPES",
-           "compressed_algorithms", "device_namespace", "mpi_library"]
-
-#: The ops a compressed all-reduce is verified with.
-COMPRESSED_OPS = ("sum", "avg")
-
-#: The dtypes a compressor may be verified on.
-COMPRESSED_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-def compressed_algorithms() -> list[str]:
-    """Return the all-reduce algorithms a compressed all-reduce may run over.
-
-    Those without switch processes: a compressor's payloads are not summed by
-    switches.
-    """
-    return [a for a in algorithms.names("allreduce") if algorithms.get(a).workers is None]
+__all__ = ["Battery", "COLLECTIVES", "Selection", "VerifySession", "device_namespace",
+           "mpi_library"]
 
 
 def device_namespace(device: str):
@@ -68,36 +53,91 @@ def mpi_library() -> str:
     return MPI.Get_library_version().splitlines()[0].strip()
 
 
+def _no_extra_ranks(nprocs: int, filters: dict) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
-class Selection:
-    """What to verify: the filters of the battery, ``None`` meaning all.
+class Battery:
+    """A conformance battery, as a :class:`Selection` and a :class:`VerifySession` run it.
 
     Attributes:
-        compressed: run the compressed all-reduce battery
-            (:func:`~refcoll.verify.conformance.build_compressor_cases`) instead
-            of the collectives' (:func:`~refcoll.verify.conformance.build_cases`).
-        filters: the keywords of that builder (``algorithms_``, ``ops``,
-            ``dtypes``, and ``collectives``, ``sizes``, ``inplace`` or ``compressors``).
+        build_cases: ``(workers, world_size, *, allow_empty, **filters)``: the cases
+            for ``workers`` data ranks in a world of ``world_size``; raises
+            :class:`~refcoll.core.errors.UsageError` for a selection that cannot run
+            or, with ``allow_empty=False``, leaves no case, saying why.
+        run: ``(t, cases, *, seed, progress, xp)``: run the cases on every rank of
+            ``t``, calling ``progress(i, total, result)`` after each; each case's
+            verdict (a :class:`~refcoll.verify.conformance.CaseResult`).
+        on_device: ``(xp, filters)``: the filters less what ``all`` chose that the
+            device of ``xp`` cannot run, and the names it lost (the dtypes named
+            explicitly are checked before); a name given explicitly that the device
+            cannot run is an error.
+        extra_ranks: ``(nprocs, filters)``: the switch processes the selection needs
+            beside ``nprocs`` data ranks.
+        nonblocking: whether each case also runs non-blocking and the outstanding-call
+            scenarios (:mod:`refcoll.verify.conformance.outstanding`) follow the battery.
     """
 
-    compressed: bool
+    build_cases: Callable[..., list]
+    run: Callable[..., list]
+    on_device: Callable[[Any, dict], tuple[dict, list[str]]]
+    extra_ranks: Callable[[int, dict], int] = _no_extra_ranks
+    nonblocking: bool = False
+
+
+def _collective_cases(workers: int, world_size: int, **filters) -> list:
+    return build_cases(workers, world_size=world_size, **filters)
+
+
+def _collective_extra_ranks(nprocs: int, filters: dict) -> int:
+    chosen = filters.get("algorithms_") or algorithms.names()
+    return max([algorithms.get(name).extra_ranks(nprocs, **opts) for name in chosen
+                if algorithms.get(name).extra_ranks is not None
+                for opts in algorithms.get(name).battery_options], default=0)
+
+
+def _collective_on_device(xp, filters: dict) -> tuple[dict, list[str]]:
+    """Leave out of ``all`` the dtypes the device cannot compute in (float8; bfloat16
+    before CuPy 14)."""
+    if filters["dtypes"] is not None:
+        return filters, []
+    chosen = [name for name in DTYPES if xp_module.device_supports(DTYPES[name], xp)]
+    return dict(filters, dtypes=chosen), [name for name in DTYPES if name not in chosen]
+
+
+#: The collectives' battery (:func:`~refcoll.verify.conformance.build_cases`,
+#: :func:`~refcoll.verify.conformance.run_battery`): filters ``algorithms_``,
+#: ``collectives``, ``ops``, ``dtypes``, ``sizes`` and ``inplace``.
+COLLECTIVES = Battery(build_cases=_collective_cases, run=run_battery,
+                      on_device=_collective_on_device, extra_ranks=_collective_extra_ranks,
+                      nonblocking=True)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to verify: a battery and its filters, ``None`` meaning all.
+
+    Attributes:
+        filters: the keywords of the battery's ``build_cases`` (for
+            :data:`COLLECTIVES`: ``algorithms_``, ``collectives``, ``ops``,
+            ``dtypes``, ``sizes``, ``inplace``).
+        battery: the battery (:data:`COLLECTIVES` unless given).
+    """
+
     filters: dict
+    battery: Battery = COLLECTIVES
 
     def extra_ranks(self, nprocs: int) -> int:
         """Return the switch processes the selected algorithms need beside ``nprocs`` data ranks."""
-        if self.compressed:
-            return 0
-        chosen = self.filters.get("algorithms_") or algorithms.names()
-        return max([algorithms.get(name).extra_ranks(nprocs, **opts) for name in chosen
-                    if algorithms.get(name).extra_ranks is not None
-                    for opts in algorithms.get(name).battery_options], default=0)
+        return self.battery.extra_ranks(nprocs, self.filters)
 
     def launch_size(self, nprocs: int) -> int:
         """Return how many ranks to start for ``nprocs`` data ranks.
 
         Raises:
             UsageError: a selection that leaves no case for them, saying which
-                choice left nothing, or a compressor spec that cannot be read.
+                choice left nothing, or a name the battery cannot read.
         """
         total = nprocs + self.extra_ranks(nprocs)
         self.cases(nprocs, total)
@@ -109,43 +149,25 @@ class Selection:
         Raises:
             UsageError: as :meth:`launch_size`.
         """
-        if self.compressed:
-            return build_compressor_cases(world_size, allow_empty=False, **self.filters)
-        return build_cases(workers, world_size=world_size, allow_empty=False, **self.filters)
+        return self.battery.build_cases(workers, world_size, allow_empty=False, **self.filters)
 
     def on_device(self, xp) -> tuple["Selection", list[str]]:
         """Return the selection the device of ``xp`` can run, and what ``all`` lost on the way.
 
-        Dtypes the device cannot compute in (float8; bfloat16 before CuPy 14)
-        and compressors that need one (bf16) leave ``all``; named explicitly,
-        they are an error.
+        Dtypes named explicitly that the device cannot compute in are an error;
+        the battery's ``on_device`` takes out of ``all`` what the device cannot
+        run (:data:`COLLECTIVES`: float8, and bfloat16 before CuPy 14).
 
         Raises:
-            UsageError: a dtype or compressor named explicitly that the device cannot run.
+            UsageError: a dtype (or a name of the battery's) given explicitly that
+                the device cannot run.
         """
         chosen = self.filters["dtypes"]
         if chosen is not None:
             for name in chosen:
                 xp_module.check_device_dtype(get_dtype(name), xp)
-        left_out: list[str] = []
-        if not self.compressed:
-            if chosen is None:
-                chosen = [name for name in DTYPES if xp_module.device_supports(DTYPES[name], xp)]
-                left_out = [name for name in DTYPES if name not in chosen]
-            return replace(self, filters=dict(self.filters, dtypes=chosen)), left_out
-        specs = self.filters["compressors"]
-        runnable = []
-        for spec in specs if specs is not None else COMPRESSOR_BATTERY:
-            comp = parse(spec)
-            try:
-                comp.compress(xp.zeros(8, np.float32), comp.new_state())
-            except UsageError as exc:
-                if specs is not None:
-                    raise UsageError(f"--compressor {spec} on the device: {exc}") from None
-                left_out.append(spec)
-                continue
-            runnable.append(spec)
-        return replace(self, filters=dict(self.filters, compressors=runnable)), left_out
+        filters, left_out = self.battery.on_device(xp, self.filters)
+        return replace(self, filters=filters), left_out
 
 
 def _group_of(case) -> tuple:
@@ -196,18 +218,18 @@ class VerifySession:
             if on_group is not None and (i + 1 == total or _group_of(cases[i + 1]) != key):
                 on_group(group_rows([r for r in done if _group_of(r.case) == key])[0])
 
-        run = run_compressor_battery if self.selection.compressed else run_battery
-        return run(self.t, cases, seed=seed, progress=progress, xp=self.xp)
+        return self.selection.battery.run(self.t, cases, seed=seed, progress=progress,
+                                          xp=self.xp)
 
     def run_outstanding(self, workers: int, *, seed: int = 0) -> list:
         """Run the outstanding-call scenarios on the first ``workers`` ranks; verdicts on every rank.
 
         :mod:`refcoll.verify.conformance.outstanding`: many non-blocking calls
         in flight at once, on one communicator and on split ones. Host arrays
-        only (the battery's twins cover device arrays); nothing for the
-        compressed battery.
+        only (the battery's twins cover device arrays); nothing for a battery
+        without non-blocking runs (:attr:`Battery.nonblocking`).
         """
-        if self.selection.compressed:
+        if not self.selection.battery.nonblocking:
             return []
         ctl = self.t.split(0, self.t.rank)
         data = self.t.split(0 if self.t.rank < workers else -1, self.t.rank)

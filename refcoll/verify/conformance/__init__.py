@@ -16,19 +16,16 @@ and checks, on every rank:
 The modules: :mod:`.cases` (what a case is, the sizes, every case of a
 selection), :mod:`.run` (running a case on a transport, each rank's own
 checks), :mod:`.judge` (rank 0's verdict, the summary rows), :mod:`.control`
-(reports and verdicts between the ranks) and :mod:`.compressed` (the
-compressed all-reduce battery).
+(reports and verdicts between the ranks) and :mod:`.outstanding` (many
+non-blocking calls in flight at once). The compressed all-reduce battery is a
+tool's, built on these: :mod:`refcoll.compressors.conformance`.
 """
 
 from .cases import (LARGE_SIZE, REDUCING, Case, CaseResult, build_cases, case_ranks,
                     default_sizes)
-from .compressed import (COMPRESSOR_BATTERY, CompressorCase, build_compressor_cases,
-                         run_compressor_battery, run_compressor_case)
 from .control import _pack, _unpack
 from .judge import group_rows
 from .run import run_battery, run_case
 
 __all__ = ["Case", "CaseResult", "build_cases", "case_ranks", "default_sizes", "run_battery",
-           "run_case", "group_rows", "LARGE_SIZE", "REDUCING", "COMPRESSOR_BATTERY",
-           "CompressorCase", "build_compressor_cases", "run_compressor_battery",
-           "run_compressor_case", "_pack", "_unpack"]
+           "run_case", "group_rows", "LARGE_SIZE", "REDUCING", "_pack", "_unpack"]
