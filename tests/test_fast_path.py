@@ -220,7 +220,8 @@ STALE = textwrap.dedent("""
     from mpi4py import MPI
     import refcoll
     from refcoll.core.errors import MismatchError
-    from refcoll.transport.mpi import PERSISTENT_EPOCHS, MPITransport
+    from refcoll.transport.mpi import MPITransport
+    from refcoll.transport.persistent import PERSISTENT_EPOCHS
 
     comm = MPI.COMM_WORLD
     failures, fresh = {"epochs": (3 * PERSISTENT_EPOCHS + 3, False),

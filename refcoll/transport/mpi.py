@@ -5,30 +5,26 @@ Bytes travel as ``MPI.BYTE``: no pickling on the data path, and every NumPy dtyp
 to MPI-4's large-count calls by itself, so messages over 2**31 bytes need nothing
 special here.
 
-A repeated exchange can be made persistent (:meth:`MPITransport.persistent`,
-``MPI_Send_init``/``MPI_Recv_init``): the plans of :mod:`refcoll.calls.plans` run on them.
-
-A rank that cannot go on with a communicator's calls (a plan misused on it
-alone) revokes the transport (:meth:`MPITransport.revoke`, as ULFM's
-``MPI_Comm_revoke``): a notice goes to every other rank, whose next wait that
-cannot complete reads it and raises :class:`~refcoll.core.errors.PeerFailure`
-naming the rank and the reason, instead of waiting for its deadline.
+Two ideas live beside this data path, each in its own module, and come in as
+:class:`MPITransport`'s mixins: persistent exchanges and their tag epochs
+(:mod:`refcoll.transport.persistent`, the plans of :mod:`refcoll.calls.plans` run
+on them), and revocation (:mod:`refcoll.transport.revocation`: a rank that gives
+up on a communicator's calls tells the others, whose waits here raise).
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import time
 
-import numpy as np
-
-from ..core.errors import PeerFailure, RefcollError
+from ..core.errors import RefcollError
 from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
 from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
 from .hosts import exchange_hosts, hosts_of_split, peer_name
+from .persistent import PERSISTENT_EPOCHS, PersistentEpochs
+from .revocation import NOTICE_POLLS, Revocable
 
-__all__ = ["MPITransport", "PersistentExchange", "transport_for"]
+__all__ = ["MPITransport", "transport_for"]
 
 
 _mpi = mpi
@@ -40,17 +36,6 @@ _mpi = mpi
 PATIENT_POLLS = 200
 PATIENT_SLEEP = 50e-6
 
-#: Tag slots kept for persistent exchanges, used one epoch at a time
-#: (:meth:`MPITransport.new_persistent_epoch`).
-PERSISTENT_EPOCHS = 16
-
-#: Bytes of a revocation notice (:meth:`MPITransport.revoke`): UTF-8 text, zero-padded.
-NOTICE_BYTES = 512
-
-#: Polls of a wait between two looks for a revocation notice (an MPI_Iprobe: made at
-#: every poll, it slowed the battery by a third with more ranks than cores).
-NOTICE_POLLS = 64
-
 
 def _message(buf) -> list:
     """Return the MPI message of a contiguous array: its bytes, as ``MPI.BYTE`` (no copy)."""
@@ -59,7 +44,7 @@ def _message(buf) -> list:
     return [buf, _mpi().BYTE]
 
 
-class MPITransport(TransportBase):
+class MPITransport(Revocable, PersistentEpochs, TransportBase):
     """A :class:`~refcoll.transport.base.Transport` over an mpi4py communicator.
 
     Args:
@@ -70,6 +55,9 @@ class MPITransport(TransportBase):
             :class:`~refcoll.core.errors.CollectiveTimeout`; default ``REFCOLL_TIMEOUT``
             or 300 (``REFCOLL_TIMEOUT=0``: wait forever).
     """
+
+    #: How a buffer becomes an MPI message (persistent exchanges build theirs with it).
+    _message = staticmethod(_message)
 
     def __init__(self, comm=None, *, dup: bool = True, timeout: float | None = None,
                  collective: str | None = None):
@@ -85,25 +73,15 @@ class MPITransport(TransportBase):
         self.hosts = exchange_hosts(self.comm, self.timeout, collective) if dup else []
         self.thread_multiple = self.concurrent_phases = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
-        # Ordinary calls cycle through the tag slots but the last few, which
-        # persistent exchanges keep for themselves, one epoch at a time
-        # (new_persistent_epoch; MPI guarantees TAG_UB >= 32767: 32 slots).
-        # The last slot is the revocation notices' (revoke).
+        # The tag space, in slots of TAGS_PER_CALL (MPI guarantees TAG_UB >= 32767:
+        # 32 slots). Ordinary calls cycle through all the slots but the last few;
+        # persistent exchanges keep those for themselves, one epoch at a time
+        # (new_persistent_epoch). The last slot is the revocation notices' (revoke).
         slots = (int(tag_ub) + 1) // TAGS_PER_CALL - 1
-        self._epochs = max(1, min(PERSISTENT_EPOCHS, slots // 2))
-        self._tag_slots = max(1, slots - self._epochs)
-        self._notice_tag = (self._tag_slots + self._epochs) * TAGS_PER_CALL
-        self.revoked: str | None = None  # why, once this rank or a peer revoked the transport
-        self._revoked_at = 0  # the call revoked: calls before it still complete
-        self._notice, self._notice_status = np.zeros(NOTICE_BYTES, np.uint8), MPI.Status()
-        self._notices_sent: list = []
-        self._epoch = 0
-        self._persistent_tags = self._tag_slots * TAGS_PER_CALL
-        # The communicator persistent exchanges are made on: this one, until every
-        # reserved slot has had its epoch (then a duplicate, new_persistent_epoch).
-        self._persistent_comm = self.comm
-        self._persistent: list[PersistentExchange] = []
-        self._abandoned, self._kept_comms = False, []  # see new_persistent_epoch
+        epochs = max(1, min(PERSISTENT_EPOCHS, slots // 2))
+        self._tag_slots = max(1, slots - epochs)
+        self._init_persistent(epochs)
+        self._init_revocation(notice_tag=(self._tag_slots + epochs) * TAGS_PER_CALL)
         # Reused by every wait: the first request's status (a receive's) is read after.
         self._statuses = [MPI.Status(), MPI.Status()]
 
@@ -135,98 +113,6 @@ class MPITransport(TransportBase):
                                    f"send {sendbuf.nbytes} B to {self.peer(dest)} (tag {tag})")
         self._check_count(recvbuf.nbytes, source)
         self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
-
-    def persistent(self, sends, recvs, what: str = "persistent") -> "PersistentExchange":
-        """Return one exchange over fixed buffers, as MPI persistent requests.
-
-        ``sends`` and ``recvs`` are lists of ``(buf, peer, tag)`` (at most one
-        of each); calling the result runs the exchange, as :meth:`sendrecv`
-        would, with the same deadline and byte-count check. The buffers must
-        stay alive and in place while it exists. Its tags live in a slot no
-        ordinary call uses; ranks must run their persistent exchanges in the
-        same order, as they run their calls. ``what`` names the exchange in a
-        timeout's message.
-        """
-        exchange = PersistentExchange(self, sends, recvs, what)
-        self._persistent.append(exchange)
-        return exchange
-
-    def new_persistent_epoch(self) -> None:
-        """Move the persistent exchanges made from now on to the next reserved tag slot.
-
-        Every rank calls it at the same point (after an argument agreement that
-        every rank saw fail), so the messages a failed call left unmatched in
-        the old slot can never be taken by a later exchange. Once every reserved
-        slot has had its epoch, the slots would come round again to messages still
-        unreceived there: instead the persistent exchanges move to a duplicate of
-        the communicator (``MPI_Comm_idup``, by the deadline; every rank is here),
-        where no old message can match at all. The previous duplicate is kept, not
-        freed, and so is every communicator of a transport that has been here
-        (:meth:`free`): MPI gives a freed communicator's context to the next one
-        made, where a message a failed call left would match a receive not its own.
-        """
-        self._abandoned = True
-        self._epoch = (self._epoch + 1) % self._epochs
-        self._persistent_tags = (self._tag_slots + self._epoch) * TAGS_PER_CALL
-        if self._epoch == 0:
-            old, self._persistent_comm = self._persistent_comm, duplicate(
-                self.comm, self.timeout, self.current_call)
-            if old is not self.comm:
-                self._kept_comms.append(old)  # never freed: see above
-
-    def revoke(self, reason: str) -> None:
-        """Tell every other rank that this rank cannot go on with this transport's calls.
-
-        ULFM's ``MPI_Comm_revoke``: a notice of ``reason`` goes to every other
-        rank; a peer waiting in this rank's next call (the one it refuses) or a
-        later one, for a message this rank will never send, reads it and raises
-        :class:`~refcoll.core.errors.PeerFailure` at once. From that call on
-        every exchange on the transport, here and there, raises: what was in
-        flight cannot be told apart from what is new. A peer still finishing an
-        earlier call (this rank finished it) is left to finish it.
-        """
-        if self.revoked is not None:
-            return
-        self.revoked, self._revoked_at = reason, self._calls
-        if self.size == 1:
-            return
-        MPI = _mpi()
-        text = np.zeros(NOTICE_BYTES, np.uint8)
-        data = f"{self._calls} {reason}".encode()[:NOTICE_BYTES]
-        text[:len(data)] = np.frombuffer(data, np.uint8)
-        self._notices_sent.extend(self.comm.Isend([text, MPI.BYTE], peer, self._notice_tag)
-                                  for peer in range(self.size) if peer != self.rank)
-        self._notices_sent.append(text)  # MPI reads it until the sends complete
-
-    def _noticed(self) -> bool:
-        """Return whether a peer's revocation notice has come (its reason now in ``revoked``).
-
-        Probed for, not received into a standing request: only a wait that is
-        not complete at once looks, and a transport dropped without
-        :meth:`free` leaves nothing posted behind.
-        """
-        if self.size == 1 or self.revoked is not None:
-            return False
-        MPI, status = _mpi(), self._notice_status
-        if not self.comm.Iprobe(MPI.ANY_SOURCE, self._notice_tag, status):
-            return False
-        self.comm.Recv([self._notice, MPI.BYTE], status.Get_source(), self._notice_tag, status)
-        at, _, text = self._notice.tobytes().rstrip(bytes(1)).decode(errors="replace").partition(" ")
-        self.revoked = f"rank {self._notice_status.Get_source()} revoked the communicator: {text}"
-        self._revoked_at = int(at)
-        return True
-
-    def _stopped(self) -> bool:
-        """Return whether the current call is revoked (a peer's notice read, if one came)."""
-        if self.revoked is None:
-            self._noticed()
-        return self.revoked is not None and self._calls > self._revoked_at
-
-    def _check_revoked(self) -> None:
-        """Raise if this transport is revoked for the current call (a notice read first)."""
-        if self._stopped():
-            raise PeerFailure(f"rank {self.rank}: {self.current_call or 'a call'} cannot "
-                              f"complete: {self.revoked}")
 
     def _finish(self, reqs: list, waiting_for) -> None:
         """Complete ``reqs`` by the deadline; the first one's status lands in ``_statuses[0]``."""
@@ -260,24 +146,6 @@ class MPITransport(TransportBase):
                     f"{waiting_for()}; that rank may be dead, slow, or in a different call "
                     "(set REFCOLL_TIMEOUT to wait longer)"
                 )
-
-    def _release_notices(self) -> None:
-        """Release the revocation notices sent (an active send completes on its own)."""
-        for sent in self._notices_sent:
-            if hasattr(sent, "Free"):
-                sent.Free()
-        self._notices_sent = []
-
-    @staticmethod
-    def _withdraw(reqs: list) -> None:
-        """Cancel the receives among ``reqs`` that are still waiting: their call is abandoned."""
-        for req in reqs:
-            try:
-                if not req.Test():
-                    req.Cancel()
-                    req.Wait()
-            except _mpi().Exception:
-                pass  # completed in error, or a send: it completes on its own
 
     def _check_count(self, nbytes: int, source: int) -> None:
         """Check the byte count of the receive the last wait completed (its first request)."""
@@ -351,129 +219,6 @@ class MPITransport(TransportBase):
         if self._owned and self.comm is not None:
             self.comm.Free()
             self.comm = None
-
-
-class PersistentExchange:
-    """One send and/or receive over fixed buffers, built once, run many times.
-
-    MPI's persistent requests (``MPI_Send_init``, ``MPI_Recv_init``): a run is
-    ``MPI_Startall`` and the transport's deadline wait, nothing built per run.
-    Made by :meth:`MPITransport.persistent`.
-    """
-
-    def __init__(self, t: MPITransport, sends, recvs, what: str = "persistent"):
-        if len(sends) > 1 or len(recvs) > 1:
-            raise ValueError("a persistent exchange holds at most one send and one receive")
-        base = t._persistent_tags
-        for _, _, tag in (*sends, *recvs):
-            if not 0 <= tag < TAGS_PER_CALL:
-                raise ValueError(f"tag {tag} out of range: algorithms use 0 <= tag < "
-                                 f"{TAGS_PER_CALL}")
-        self._t = t
-        # The receive comes first: its status is the one the byte count is read from.
-        comm = t._persistent_comm
-        self._requests = ([comm.Recv_init(_message(buf), peer, base + tag)
-                           for buf, peer, tag in recvs]
-                          + [comm.Send_init(_message(buf), peer, base + tag)
-                             for buf, peer, tag in sends])
-        self._buffers = [buf for buf, _, _ in (*sends, *recvs)]  # MPI writes and reads them
-        self._received = recvs[0][0].nbytes if recvs else -1
-        self._source = recvs[0][1] if recvs else None
-        self._sent = sends[0][0].nbytes if sends else -1
-        waits = ([f"to receive {buf.nbytes} B from {t.peer(peer)}" for buf, peer, _ in recvs]
-                 + [f"to send {buf.nbytes} B to {t.peer(peer)}" for buf, peer, _ in sends])
-        self._waiting_for = " and ".join(waits) + f" ({what})"
-        _UNFREED.add(self)
-
-    def __call__(self) -> None:
-        """Run the exchange once; return when its buffers may be read and reused."""
-        if not self._requests:
-            self._freed()
-        _mpi().Prequest.Startall(self._requests)
-        self.finish()
-
-    def _freed(self):
-        """Refuse to run a freed exchange: with no requests it would "complete" moving nothing."""
-        raise RefcollError(f"rank {self._t.rank}: a freed persistent exchange was run "
-                           f"({self._waiting_for}); its plan was dropped (its communicator freed, "
-                           "or a failed agreement moved the exchanges to a new tag slot)")
-
-    def finish(self) -> None:
-        """Complete an exchange begun with :meth:`start`, as :meth:`__call__` does after starting."""
-        t = self._t
-        t._finish(self._requests, self._describe)
-        if self._source is not None:
-            t._check_count(self._received, self._source)
-        t.traffic.add(self._sent, self._received)
-
-    def cancel(self) -> None:
-        """Withdraw an exchange begun with :meth:`start` and free it: its call is abandoned.
-
-        A receive not yet matched is cancelled (``MPI_Cancel``) and completed; a
-        send is freed and completes on its own (MPI's rule for active requests).
-        """
-        if self._source is not None:  # the receive is the first request
-            receive = self._requests[0]
-            try:
-                if not receive.Test():
-                    receive.Cancel()
-                    receive.Wait()
-            except _mpi().Exception:
-                pass  # it completed in error (a message too long): it is no longer active
-        self.free()
-
-    def start(self) -> None:
-        """Start the exchange and return at once (:meth:`test` completes it): a schedule's step."""
-        if not self._requests:
-            self._freed()
-        _mpi().Prequest.Startall(self._requests)
-        self._deadline = (None if self._t.timeout is None
-                          else time.monotonic() + self._t.timeout)
-
-    def test(self) -> bool:
-        """Return whether the started exchange has completed, checking it as ``__call__`` does.
-
-        Past the transport's deadline (counted from :meth:`start`) it times out
-        as a blocking wait would.
-        """
-        t = self._t
-        if not _mpi().Request.Testall(self._requests, t._statuses):
-            if t._stopped():
-                t._withdraw(self._requests)
-                t._check_revoked()
-            if self._deadline is not None and time.monotonic() > self._deadline:
-                timed_out(f"rank {t.rank}: a non-blocking call timed out after {t.timeout:g} s "
-                          f"still waiting {self._waiting_for}; that rank may be dead, slow, or in "
-                          "a different call (set REFCOLL_TIMEOUT to wait longer)")
-            return False
-        if self._source is not None:
-            t._check_count(self._received, self._source)
-        t.traffic.add(self._sent, self._received)
-        return True
-
-    def _describe(self) -> str:
-        return self._waiting_for
-
-    def free(self) -> None:
-        """Free the requests; a running one is freed once it completes (MPI's rule)."""
-        for req in self._requests:
-            req.Free()
-        self._requests = []
-        _UNFREED.discard(self)
-        if self in self._t._persistent:
-            self._t._persistent.remove(self)
-
-
-#: Persistent exchanges not yet freed. MPICH warns about persistent requests left
-#: at MPI_Finalize, which mpi4py runs after Python's exit handlers: free them there.
-_UNFREED: set[PersistentExchange] = set()
-
-
-@atexit.register
-def _free_persistent() -> None:
-    if _UNFREED and not _mpi().Is_finalized():
-        for exchange in list(_UNFREED):
-            exchange.free()
 
 
 _KEYVAL = None

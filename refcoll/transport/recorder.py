@@ -175,7 +175,7 @@ def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
     For the smallest calls, where the Python layers between a step and MPI cost
     as much as the message. An exchange becomes ``(requests, bytes received,
     source, bytes sent, what it waits for)``, run as
-    :meth:`~refcoll.transport.mpi.PersistentExchange.__call__` runs it (start,
+    :meth:`~refcoll.transport.persistent.PersistentExchange.__call__` runs it (start,
     the transport's deadline wait, the byte count, the traffic). A reduction
     ``transport.reduce_local(op, a, b, out)`` on a transport that keeps the base
     one becomes the op's ufunc bound to its buffers (what ``op.apply`` calls);

@@ -271,7 +271,7 @@ def test_mismatches_past_every_tag_epoch_leave_no_stale_message():
     Each failure leaves rank 0's first message unreceived in the slot it left. After
     every reserved slot has been used once, the next ones must still never take it.
     """
-    from refcoll.transport.mpi import PERSISTENT_EPOCHS
+    from refcoll.transport.persistent import PERSISTENT_EPOCHS
 
     t = _transport()
     if t.size == 1:
