@@ -16,8 +16,7 @@ import json
 
 from mpi4py import MPI
 
-from refcoll.bench import (BenchConfig, bench_header, format_table, parse_size, run_bench,
-                                   summarize)
+from refcoll.bench import BenchConfig, bench_header, format_table, parse_size, run_bench, summarize
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ def main() -> None:
         tensor = matrix if spec.startswith("powersgd") else x
         state = comp.new_state(seed=0)
 
-        def roundtrip():
+        def roundtrip(comp=comp, tensor=tensor, state=state):
             comp.decompress(comp.compress(tensor, state))
 
         seconds = median_time(roundtrip, args.repeats)

@@ -376,7 +376,8 @@ def _(tmp):
     inp, bad = rank_folder(tmp / "in"), victim(tmp)
     (tmp / "out").mkdir()
     os.symlink(bad, tmp / "out" / "rank0.npy")
-    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")], protect=[bad, inp], expect=0)
+    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")],
+               protect=[bad, inp], expect=0)
 
 
 @case("5", "oracle into OUT whose meta.json links to a victim")
@@ -384,7 +385,8 @@ def _(tmp):
     inp, bad = rank_folder(tmp / "in"), victim(tmp)
     (tmp / "out").mkdir()
     os.symlink(bad, tmp / "out" / "meta.json")
-    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")], protect=[bad, inp], expect=0)
+    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")],
+               protect=[bad, inp], expect=0)
 
 
 @case("5", "oracle into OUT whose stale rank5.npy links to a victim")
@@ -392,7 +394,8 @@ def _(tmp):
     inp, bad = rank_folder(tmp / "in"), victim(tmp)
     (tmp / "out").mkdir()
     os.symlink(bad, tmp / "out" / "rank5.npy")
-    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")], protect=[bad, inp], expect=0)
+    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")],
+               protect=[bad, inp], expect=0)
 
 
 @case("5", "gen-inputs into a folder whose rank0.npy links to a victim")
@@ -408,9 +411,11 @@ def _(tmp):
     bad = victim(tmp)
     os.symlink(bad, tmp / "report.json")
     inp = rank_folder(tmp / "in")
-    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")], protect=[bad], expect=0,
-                after=lambda: _run_ok(["check", "--algorithm", "ring", "--json", str(tmp / "report.json"),
-                                       str(inp), str(tmp / "out")], bad))
+    return Run(["oracle", "--algorithm", "ring", str(inp), str(tmp / "out")],
+               protect=[bad], expect=0,
+               after=lambda: _run_ok(["check", "--algorithm", "ring",
+                                      "--json", str(tmp / "report.json"),
+                                      str(inp), str(tmp / "out")], bad))
 
 
 def _run_ok(argv, bad: Path):

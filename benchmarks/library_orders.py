@@ -60,13 +60,13 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from library_orders_report import REDUCING, record, report
+from library_orders_report import notes as _notes
 
 from refcoll.core.chunking import chunk_bounds
 from refcoll.core.ops import get_dtype
 from refcoll.verify import inputs as rc_inputs
 from refcoll.verify.inputs import write_rank_files
-
-from library_orders_report import REDUCING, notes as _notes, record, report
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "spec" / "orders.md"
@@ -286,6 +286,7 @@ def _worker_start(kind: str):
     if kind == "gloo":
         import torch
         import torch.distributed as dist
+
         from refcoll.torch import init_process_group
         init_process_group("gloo")
         return (dist.get_rank(), dist.get_world_size(),

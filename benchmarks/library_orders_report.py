@@ -158,14 +158,16 @@ def report(args, libraries: dict) -> None:
              "# Which refcoll order each library's collectives use", "",
              "Each cell names the refcoll orders (`refcoll check --identify`'s labels) whose "
              "output equals the library's bit for bit on every rank and on every input kind "
-             f"({', '.join(kinds)}; n = {', '.join(map(str, counts))} elements per rank), or the nearest order and how many "
+             f"({', '.join(kinds)}; n = {', '.join(map(str, counts))} elements per rank), "
+             "or the nearest order and how many "
              "elements differ, summed over the kinds. A row whose notes say MPICH fell back "
              "ran MPICH's own choice, not the variant named.", "",
              f"Run {datetime.date.today().isoformat()} on {os.cpu_count()} cores "
              f"({platform.machine()}, {platform.system()}), ranks oversubscribed.", "",
              "Regenerate (each library from an environment that has it):", "", "```",
              "python benchmarks/library_orders.py run --library mpich",
-             "python benchmarks/library_orders.py run --library openmpi --python OMPI_VENV/bin/python",
+             "python benchmarks/library_orders.py run --library openmpi "
+             "--python OMPI_VENV/bin/python",
              "python benchmarks/library_orders.py run --library gloo", cmd, "```", ""]
     for key in order:
         mine = [e for e in entries if e["library_key"] == key]

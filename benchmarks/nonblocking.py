@@ -72,6 +72,27 @@ def matmul_work(seconds: float):
     return work
 
 
+def _computation(compute: str, seconds: float):
+    """The computation of ``seconds`` put beside the all-reduce, and the same calling
+    ``h.test()`` on a handle (every millisecond of a sleep, or once after the NumPy)."""
+    if compute == "sleep":
+        def work():
+            time.sleep(seconds)
+
+        def work_testing(h):
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                time.sleep(min(1e-3, max(end - time.perf_counter(), 0)))
+                h.test()
+    else:
+        work = matmul_work(seconds)
+
+        def work_testing(h):
+            work()
+            h.test()
+    return work, work_testing
+
+
 def overlap_table(comm, reps: int, compute: str) -> list[dict]:
     """Sequential against overlapped all-reduces, with a sleep or NumPy beside them."""
     threaded = MPITransport(comm)
@@ -79,82 +100,71 @@ def overlap_table(comm, reps: int, compute: str) -> list[dict]:
     scheduled = MPITransport(comm)
     engine_for(scheduled, "schedule")
     plain = MPITransport(comm)
-    rows = []
-    for nbytes in OVERLAP_SIZES:
-        x = np.ones(nbytes // 4, np.float32)
-        out = np.empty_like(x)
-        for t in (threaded, scheduled, plain):  # warm: transports, prepared calls, schedules
-            for _ in range(2):
-                refcoll.allreduce(x, t, out=out)
-        for t in (threaded, scheduled):
-            for _ in range(2):
-                refcoll.iallreduce(x, t, out=out).wait()
-        blocking = statistics.median(timed(comm, lambda: refcoll.allreduce(x, plain, out=out))
-                                     for _ in range(5))
-        if compute == "sleep":
-            def work():
-                time.sleep(blocking)
+    return [_overlap_row(comm, reps, compute, nbytes, threaded, scheduled, plain)
+            for nbytes in OVERLAP_SIZES]
 
-            def work_testing(h):
-                end = time.perf_counter() + blocking
-                while time.perf_counter() < end:
-                    time.sleep(min(1e-3, max(end - time.perf_counter(), 0)))
-                    h.test()
-        else:
-            work = matmul_work(blocking)
 
-            def work_testing(h):
-                work()
-                h.test()
-        mpi_out = np.empty_like(x)
+def _overlap_row(comm, reps: int, compute: str, nbytes: int, threaded, scheduled, plain) -> dict:
+    """One size of ``overlap_table``: its closures are timed here, on this size's buffers."""
+    x = np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(x)
+    for t in (threaded, scheduled, plain):  # warm: transports, prepared calls, schedules
+        for _ in range(2):
+            refcoll.allreduce(x, t, out=out)
+    for t in (threaded, scheduled):
+        for _ in range(2):
+            refcoll.iallreduce(x, t, out=out).wait()
+    blocking = statistics.median(timed(comm, lambda: refcoll.allreduce(x, plain, out=out))
+                                 for _ in range(5))
+    work, work_testing = _computation(compute, blocking)
+    mpi_out = np.empty_like(x)
 
-        def sequential():
-            refcoll.allreduce(x, plain, out=out)
+    def sequential():
+        refcoll.allreduce(x, plain, out=out)
+        work()
+
+    beside: dict[str, list] = {"compute": [], "comm_wall": [], "comm_cpu": []}
+
+    def overlapped(t):
+        def run():
+            h = refcoll.iallreduce(x, t, out=out)
+            start = time.perf_counter()
             work()
-
-        beside: dict[str, list] = {"compute": [], "comm_wall": [], "comm_cpu": []}
-
-        def overlapped(t):
-            def run():
-                h = refcoll.iallreduce(x, t, out=out)
-                start = time.perf_counter()
-                work()
-                computed = time.perf_counter() - start
-                h.wait()
-                if t is threaded:  # what the computation and the progress thread each got
-                    beside["compute"].append(computed)
-                    beside["comm_wall"].append(h.finished - h.started)
-                    beside["comm_cpu"].append(h.cpu)
-            return run
-
-        def schedule_testing():
-            h = refcoll.iallreduce(x, scheduled, out=out)
-            work_testing(h)
+            computed = time.perf_counter() - start
             h.wait()
+            if t is threaded:  # what the computation and the progress thread each got
+                beside["compute"].append(computed)
+                beside["comm_wall"].append(h.finished - h.started)
+                beside["comm_cpu"].append(h.cpu)
+        return run
 
-        def mpi_iallreduce():
-            req = comm.Iallreduce(x, mpi_out, op=MPI.SUM)
-            work()
-            req.Wait()
+    def schedule_testing():
+        h = refcoll.iallreduce(x, scheduled, out=out)
+        work_testing(h)
+        h.wait()
 
-        variants = {"sequential": sequential, "compute only": work,
-                    "thread": overlapped(threaded), "schedule": overlapped(scheduled),
-                    "schedule+test": schedule_testing, "MPI_Iallreduce": mpi_iallreduce}
-        times = {name: [] for name in variants}
-        for _ in range(reps):
-            for name, fn in variants.items():
-                times[name].append(timed(comm, fn))
-        med = {name: statistics.median(v) for name, v in times.items()}
-        alone = statistics.median(timed(comm, work) for _ in range(5))
-        rows.append({"bytes": nbytes, "allreduce_s": blocking, "compute": compute,
-                     "compute_alone_s": alone,
-                     "compute_beside_s": statistics.median(beside["compute"]),
-                     "thread_comm_wall_s": statistics.median(beside["comm_wall"]),
-                     "thread_comm_cpu_s": statistics.median(beside["comm_cpu"]),
-                     **{f"{k}_s": v for k, v in med.items()},
-                     **{f"{k}_ratio": med[k] / med["sequential"] for k in
-                        ("thread", "schedule", "schedule+test", "MPI_Iallreduce")}})
-    return rows
+    def mpi_iallreduce():
+        req = comm.Iallreduce(x, mpi_out, op=MPI.SUM)
+        work()
+        req.Wait()
+
+    variants = {"sequential": sequential, "compute only": work,
+                "thread": overlapped(threaded), "schedule": overlapped(scheduled),
+                "schedule+test": schedule_testing, "MPI_Iallreduce": mpi_iallreduce}
+    times = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            times[name].append(timed(comm, fn))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    alone = statistics.median(timed(comm, work) for _ in range(5))
+    return {"bytes": nbytes, "allreduce_s": blocking, "compute": compute,
+            "compute_alone_s": alone,
+            "compute_beside_s": statistics.median(beside["compute"]),
+            "thread_comm_wall_s": statistics.median(beside["comm_wall"]),
+            "thread_comm_cpu_s": statistics.median(beside["comm_cpu"]),
+            **{f"{k}_s": v for k, v in med.items()},
+            **{f"{k}_ratio": med[k] / med["sequential"] for k in
+               ("thread", "schedule", "schedule+test", "MPI_Iallreduce")}}
 
 
 def overhead_table(comm, reps: int) -> list[dict]:
@@ -163,56 +173,58 @@ def overhead_table(comm, reps: int) -> list[dict]:
     engine_for(t, "thread")
     s = MPITransport(comm)
     engine_for(s, "schedule")
-    rows = []
-    for nbytes in OVERHEAD_SIZES:
-        x = np.ones(max(nbytes // 4, 1), np.float32)
-        out = np.empty_like(x)
-        calls = 200
+    return [_overhead_row(comm, reps, nbytes, t, s) for nbytes in OVERHEAD_SIZES]
 
-        def blocking():
+
+def _overhead_row(comm, reps: int, nbytes: int, t, s) -> dict:
+    """One size of ``overhead_table``: its closures are timed here, on this size's buffers."""
+    x = np.ones(max(nbytes // 4, 1), np.float32)
+    out = np.empty_like(x)
+    calls = 200
+
+    def blocking():
+        for _ in range(calls):
+            refcoll.allreduce(x, t, out=out)
+
+    def nonblocking(tr):
+        def run():
             for _ in range(calls):
-                refcoll.allreduce(x, t, out=out)
+                refcoll.iallreduce(x, tr, out=out).wait()
+        return run
 
-        def nonblocking(tr):
-            def run():
-                for _ in range(calls):
-                    refcoll.iallreduce(x, tr, out=out).wait()
-            return run
+    def mpi_blocking():
+        for _ in range(calls):
+            comm.Allreduce(x, out)
 
-        def mpi_blocking():
-            for _ in range(calls):
-                comm.Allreduce(x, out)
+    def issue_and_wait_when_done():
+        """Issue, let the call finish (not timed), wait: the handle's own cost."""
+        own = 0.0
+        for _ in range(calls // 10):
+            start = time.perf_counter()
+            h = refcoll.iallreduce(x, t, out=out)
+            own += time.perf_counter() - start
+            while h.finished is None:
+                time.sleep(20e-6)
+            start = time.perf_counter()
+            h.wait()
+            own += time.perf_counter() - start
+        handle_cost.append(own / (calls // 10))
 
-        def issue_and_wait_when_done():
-            """Issue, let the call finish (not timed), wait: the handle's own cost."""
-            own = 0.0
-            for _ in range(calls // 10):
-                start = time.perf_counter()
-                h = refcoll.iallreduce(x, t, out=out)
-                own += time.perf_counter() - start
-                while h.finished is None:
-                    time.sleep(20e-6)
-                start = time.perf_counter()
-                h.wait()
-                own += time.perf_counter() - start
-            handle_cost.append(own / (calls // 10))
-
-        handle_cost: list[float] = []
-        variants = {"allreduce": blocking, "iallreduce+wait (thread)": nonblocking(t),
-                    "iallreduce+wait (schedule)": nonblocking(s), "MPI_Allreduce": mpi_blocking}
-        for fn in variants.values():
-            fn()
-        times = {name: [] for name in variants}
-        for _ in range(reps):
-            for name, fn in variants.items():
-                times[name].append(timed(comm, fn) / calls)
-        for _ in range(reps):
-            comm.Barrier()
-            issue_and_wait_when_done()
-        med = {name: statistics.median(v) for name, v in times.items()}
-        rows.append({"bytes": x.nbytes, **{f"{k}_s": v for k, v in med.items()},
-                     "issue+wait, call already done_s": statistics.median(handle_cost)})
-    return rows
+    handle_cost: list[float] = []
+    variants = {"allreduce": blocking, "iallreduce+wait (thread)": nonblocking(t),
+                "iallreduce+wait (schedule)": nonblocking(s), "MPI_Allreduce": mpi_blocking}
+    for fn in variants.values():
+        fn()
+    times = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            times[name].append(timed(comm, fn) / calls)
+    for _ in range(reps):
+        comm.Barrier()
+        issue_and_wait_when_done()
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"bytes": x.nbytes, **{f"{k}_s": v for k, v in med.items()},
+            "issue+wait, call already done_s": statistics.median(handle_cost)}
 
 
 def main() -> None:

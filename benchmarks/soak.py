@@ -67,8 +67,8 @@ import refcoll  # noqa: E402
 from refcoll import algorithms  # noqa: E402
 from refcoll.core.chunking import chunk_slice  # noqa: E402
 from refcoll.core.errors import CollectiveTimeout  # noqa: E402
-from refcoll.verify.inputs import make_inputs  # noqa: E402
 from refcoll.core.ops import DTYPES, OPS, supports  # noqa: E402
+from refcoll.verify.inputs import make_inputs  # noqa: E402
 from refcoll.verify.oracle import fold  # noqa: E402
 
 #: Algorithms the soak leaves out, and why (printed in the summary).

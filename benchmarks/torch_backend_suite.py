@@ -65,9 +65,9 @@ if os.environ.get(SUITE_ENV):
 
     import torch
     import torch.distributed as dist
+    from torch.testing._internal import common_distributed
 
     import refcoll.torch  # noqa: F401 - registers "refcoll" here, so in every forked rank
-    from torch.testing._internal import common_distributed
 
     _backend = os.environ["BACKEND"]
     # --gates-as NAME: the suite decides its skips (and its branches) as for NAME,

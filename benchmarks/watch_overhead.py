@@ -49,10 +49,10 @@ def main() -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from digits_replay import make_model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import refcoll.torch as rt
-    from digits_replay import make_model
     from refcoll.training.train import load_digits_split
 
     torch.set_num_threads(1)
@@ -121,10 +121,9 @@ def fsdp(args, initial, xs, ys, watched) -> str:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from digits_replay import make_model
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
-
-    from digits_replay import make_model
 
     before = watched.watched.calls
     model = make_model(xs.shape[1], 128)

@@ -108,9 +108,24 @@ import refcoll
 import refcoll.torch as rt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from digits_replay import (abs_sums, all_true, batches, bits_equal, bound_check,  # noqa: E402
-                           ddp_reduce, digest, gamma, losses_verdict, make_model, replay,
-                           replicas_agree, split, start, step1_abs_sums, steps_per_epoch)
+from digits_replay import (  # noqa: E402
+    abs_sums,
+    all_true,
+    batches,
+    bits_equal,
+    bound_check,
+    ddp_reduce,
+    digest,
+    gamma,
+    losses_verdict,
+    make_model,
+    replay,
+    replicas_agree,
+    split,
+    start,
+    step1_abs_sums,
+    steps_per_epoch,
+)
 
 #: ``--hook`` choices: ``None`` is DDP's default (no hook); otherwise (algorithm, compressor)
 #: for :func:`refcoll.torch.comm_hook`. Every refcoll hook reduces with the ring.
@@ -354,7 +369,8 @@ def compare_ring_default(ring, default, args, p: int):
     holds = all(all_hold)
     lines = [
         "ring vs default, step-1 averaged gradients: max |difference| "
-        f"{worst_diff:.3e}, {'within' if holds else 'OUTSIDE'} the bound (γ_p+γ_{{p+1}})·Σ_r|g_r|/p "
+        f"{worst_diff:.3e}, {'within' if holds else 'OUTSIDE'} the bound "
+        "(γ_p+γ_{p+1})·Σ_r|g_r|/p "
         f"elementwise (worst element at {worst_ratio:.3f} of its bound)",
         f"ring vs default, final parameters: max |difference| {final_diff:.3e}; "
         f"first-order estimate lr/(1-μ)·Σ_s (γ_p+γ_{{p+1}})·Σ_r|g_r,s|/p: {estimate:.3e} "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-
 import sys
 
 import numpy as np

@@ -67,9 +67,19 @@ import refcoll
 import refcoll.torch as rt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from digits_replay import (all_true, batches, bits_equal, bound_check, digest,  # noqa: E402
-                           losses_verdict, make_model, replay, shard_rows, start,
-                           step1_abs_sums)
+from digits_replay import (  # noqa: E402
+    all_true,
+    batches,
+    bits_equal,
+    bound_check,
+    digest,
+    losses_verdict,
+    make_model,
+    replay,
+    shard_rows,
+    start,
+    step1_abs_sums,
+)
 
 
 def parse_args(argv=None):

@@ -28,7 +28,7 @@ def main() -> None:
     for spec in ("none", "ef(topk:ratio=0.01)"):
         config = TrainConfig(compressor=spec, steps=args.steps)
         if args.simulate:
-            history = SimWorld(args.simulate).run(lambda t: train(t, config))[0]
+            history = SimWorld(args.simulate).run(lambda t, config=config: train(t, config))[0]
             rank = 0
         else:
             from mpi4py import MPI
@@ -38,7 +38,8 @@ def main() -> None:
         if rank == 0:
             final = history.final
             print(f"{spec:<22} test accuracy {100 * final.test_accuracy:6.2f}%   "
-                  f"{final.bytes_sent:>10} bytes sent per rank ({final.ratio:.1f}x fewer than dense)")
+                  f"{final.bytes_sent:>10} bytes sent per rank "
+                  f"({final.ratio:.1f}x fewer than dense)")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from refcoll.verify.conformance import build_cases, run_battery
 from refcoll.transport import SimWorld
+from refcoll.verify.conformance import build_cases, run_battery
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,8 +4,8 @@ import pytest
 
 import refcoll
 from refcoll.core.errors import UsageError
-from refcoll.verify.oracle import fold
 from refcoll.transport import SimWorld
+from refcoll.verify.oracle import fold
 
 
 def run(p, fn):
@@ -110,8 +110,8 @@ def test_partially_overlapping_buffers_are_refused():
         run(1, lambda t: refcoll.allreduce(buf[2:12], t, out=buf[5:15]))
     row = np.zeros((2, 4))
     with pytest.raises(ValueError, match="overlap"):
-        run(2, lambda t: refcoll.allgather(row[t.rank][:4].copy() if t.rank else row.reshape(-1)[1:5],
-                                           t, out=row))
+        run(2, lambda t: refcoll.allgather(
+            row[t.rank][:4].copy() if t.rank else row.reshape(-1)[1:5], t, out=row))
 
 
 def test_avg_at_large_p_divides_once_and_never_overflows():

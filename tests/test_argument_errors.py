@@ -92,7 +92,8 @@ def test_the_state_class_the_message_names_exists():
 @pytest.mark.parametrize("validate", [True, False])
 def test_error_feedback_without_state_is_refused_on_every_rank(spec, validate):
     x = np.linspace(-1, 1, 12, dtype=np.float32)
-    errors = every_rank(lambda t: refcoll.compressed_allreduce(x, t, compressor=spec, validate=validate))
+    errors = every_rank(
+        lambda t: refcoll.compressed_allreduce(x, t, compressor=spec, validate=validate))
     for rank, exc in enumerate(errors):
         assert exc is not None, f"rank {rank} accepted {spec} without state="
         assert f"rank {rank}: " in str(exc)

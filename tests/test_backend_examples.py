@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, mpiexec_path
 
 pytest.importorskip("torch", reason="the examples need torch: pip install 'refcoll[torch]'")

@@ -8,8 +8,8 @@ algorithm family's own test file runs the battery on its algorithms.
 """
 
 import pytest
-
 from conftest import classes, covering, failure_text, sim_battery
+
 from refcoll.transport import SimWorld
 from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
 

@@ -8,13 +8,21 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
+
 from refcoll import algorithms, simulate
-from refcoll.bench import (BenchConfig, _Item, _make_data, bus_factor, count_wrong,
-                                   parse_size, schedule, size_sweep)
-from refcoll.cli import main
 from refcoll.algorithms.ring import ring_allreduce_cost as ring_allreduce
+from refcoll.bench import (
+    BenchConfig,
+    _Item,
+    _make_data,
+    bus_factor,
+    count_wrong,
+    parse_size,
+    schedule,
+    size_sweep,
+)
+from refcoll.cli import main
 from refcoll.core.errors import UsageError
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
@@ -95,7 +103,8 @@ def test_the_check_catches_a_wrong_result_and_an_unwritten_one():
     right = data.expected.copy()
     wrong = right.copy()
     wrong[::100] += 1
-    writes = {"right": lambda: np.copyto(data.out, right), "wrong": lambda: np.copyto(data.out, wrong),
+    writes = {"right": lambda: np.copyto(data.out, right),
+              "wrong": lambda: np.copyto(data.out, wrong),
               "nothing": lambda: None}
     counted = {}
     for name, call in writes.items():
@@ -109,7 +118,8 @@ def test_the_check_catches_a_wrong_result_and_an_unwritten_one():
 
 
 @pytest.mark.parametrize("collective,op,dtype", [
-    ("allreduce", "sum", "float32"), ("allreduce", "avg", "bfloat16"), ("allreduce", "prod", "int8"),
+    ("allreduce", "sum", "float32"), ("allreduce", "avg", "bfloat16"),
+    ("allreduce", "prod", "int8"),
     ("reduce_scatter", "max", "float64"), ("allgather", "sum", "uint16"),
     ("broadcast", "sum", "float16"), ("reduce", "min", "float32"),
 ])

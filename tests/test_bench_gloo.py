@@ -12,13 +12,13 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
+
 from refcoll.baselines import gloo
+from refcoll.bench import BenchConfig, bench_header, format_header, libraries
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
 from refcoll.core.ops import DTYPES
-from refcoll.bench import BenchConfig, bench_header, format_header, libraries
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")

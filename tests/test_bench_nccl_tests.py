@@ -1,4 +1,5 @@
-"""refcoll bench as nccl-tests users read it: its layout, its options, in-place halves, NCCL's choice.
+"""refcoll bench as nccl-tests users read it: its layout, its options, in-place halves,
+NCCL's choice.
 
 A parser written as scripts read nccl-tests' output (data lines are the lines not
 starting with ``#``, whitespace-split, 13 fields; ``# Avg bus bandwidth : X`` and
@@ -16,15 +17,26 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
-from refcoll.cli import main
-from refcoll.core.errors import UsageError
-from refcoll.bench import (AVERAGE, BenchConfig, NcclLog, bench_header, forced_mpi_env,
-                                   format_table, oversubscription, over_ranks, parse_dtypes,
-                                   parse_ops, summarize, variants)
+
+from refcoll.bench import (
+    AVERAGE,
+    BenchConfig,
+    NcclLog,
+    bench_header,
+    forced_mpi_env,
+    format_table,
+    over_ranks,
+    oversubscription,
+    parse_dtypes,
+    parse_ops,
+    summarize,
+    variants,
+)
 from refcoll.bench.config import baseline_name, check_forced_mpi
 from refcoll.bench.nccl_tests import float_str
+from refcoll.cli import main
+from refcoll.core.errors import UsageError
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
                                reason="no mpiexec: install with pip install 'refcoll[mpi]'")
@@ -72,7 +84,7 @@ NCCL_TESTS_SAMPLE = """\
 # Out of bounds values : 0 OK
 # Avg bus bandwidth    : 0.005
 #
-"""
+"""  # noqa: E501 - nccl-tests' own line widths, verbatim
 
 
 def test_the_parser_reads_nccl_tests_own_layout():
@@ -270,7 +282,8 @@ def test_bench_starts_mpiexec_with_the_forced_algorithm(monkeypatch, launched):
 
     seen = launched
     monkeypatch.setattr("refcoll.baselines.mpi_algorithms.installed_library", lambda: "mpich")
-    res = CliRunner().invoke(main, ["bench", "-n", "2", "--against", "mpi:reduce_scatter_allgather"])
+    res = CliRunner().invoke(main, ["bench", "-n", "2",
+                                    "--against", "mpi:reduce_scatter_allgather"])
     assert res.exit_code == 0, res.output
     assert seen["env"]["MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"] == "reduce_scatter_allgather"
     # nccl-tests' -c takes a count of checked calls (-c 5): still a run, checked throughout.
@@ -444,6 +457,7 @@ def test_inside_a_users_job_every_rank_refuses_before_any_table(tmp_path, args, 
 
 def test_in_place_inputs_are_copied_back_outside_the_clock(monkeypatch):
     from mpi4py import MPI
+
     from refcoll.bench import _Item, run
 
     clock = [0.0]

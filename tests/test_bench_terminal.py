@@ -16,10 +16,17 @@ import textwrap
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
-from refcoll.bench import (BenchConfig, Replay, TableWriter, _Groups, _Item,
-                                   _reduce_items, bar_target)
+
+from refcoll.bench import (
+    BenchConfig,
+    Replay,
+    TableWriter,
+    _Groups,
+    _Item,
+    _reduce_items,
+    bar_target,
+)
 from refcoll.cli import main
 from refcoll.core.errors import CollectiveTimeout
 

@@ -225,7 +225,8 @@ def _report() -> None:
     """Print the tightness table (adversarial and random sums, products) of the docstring."""
     names = [n for n in _algorithms() if n != "auto"]
     ps = SMALL_P + LARGE_P
-    for kind, op, grid in (("adversarial", "sum", DTYPES), ("random", "sum", ("float32", "bfloat16")),
+    for kind, op, grid in (("adversarial", "sum", DTYPES),
+                           ("random", "sum", ("float32", "bfloat16")),
                            ("random", "prod", ("float16",)), ("adversarial", "prod", ("float32",))):
         print(f"\n{kind} {op}, max over {', '.join(grid)}")
         print(f"{'algorithm':18}" + "".join(f"{'p=' + str(p):>7}" for p in ps))

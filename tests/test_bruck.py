@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import ALGORITHM_TWINS, failure_text
 
 import refcoll
 from refcoll import algorithms
@@ -9,8 +10,6 @@ from refcoll.algorithms.bruck import bruck_steps, moving_offsets
 from refcoll.core.chunking import chunk_bounds
 from refcoll.transport import SimWorld
 from refcoll.verify.conformance import build_cases, run_battery
-
-from conftest import ALGORITHM_TWINS, failure_text
 
 PROCESS_COUNTS = list(range(1, 18))
 
@@ -63,13 +62,14 @@ def test_rounds_are_ceil_lg_p_and_every_block_moves_once(p):
     cost = algorithms.get("bruck").costs["allgather"](p, 1, 1)
     assert cost.rounds == (p - 1).bit_length()
     assert cost.bytes == p * (p - 1), "each rank receives each other rank's block exactly once"
-    for rank in range(p):  # the offsets a rank holds grow from {0} to 0..p-1, each added once
-        held = [0]
-        for k in reversed(range(bruck_steps(p))):
-            added = [(1 << k) + a for a in moving_offsets(p, k)]
-            assert set(added).isdisjoint(held) and set(moving_offsets(p, k)) <= set(held)
-            held += added
-        assert sorted(held) == list(range(p))
+    # The offsets a rank holds (relative to its own, so alike on every rank) grow from {0}
+    # to 0..p-1, each added once.
+    held = [0]
+    for k in reversed(range(bruck_steps(p))):
+        added = [(1 << k) + a for a in moving_offsets(p, k)]
+        assert set(added).isdisjoint(held) and set(moving_offsets(p, k)) <= set(held)
+        held += added
+    assert sorted(held) == list(range(p))
 
 
 def test_the_module_docstrings_p5_table():

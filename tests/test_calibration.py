@@ -15,9 +15,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.calls import auto as tuning
 from refcoll.calls import calibration as calibration_module
 from refcoll.core.errors import UsageError

@@ -8,10 +8,10 @@ import textwrap
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import mpiexec_path
 
 import refcoll
 import refcoll.cli.check as check_command
-from conftest import mpiexec_path
 from refcoll.cli import main
 from refcoll.verify.inputs import make_inputs, read_rank_files, write_rank_files
 from refcoll.verify.oracle import check_outputs
@@ -40,7 +40,8 @@ def test_rank_files_round_trip_every_dtype(tmp_path, dtype):
 def test_gen_inputs_oracle_check_round_trip(tmp_path):
     assert invoke("gen-inputs", "-p", 5, "--count", 257, "--dtype", "float32",
                   "--kind", "random", tmp_path / "in").exit_code == 0
-    assert invoke("oracle", "--algorithm", "rabenseifner", tmp_path / "in", tmp_path / "out").exit_code == 0
+    assert invoke("oracle", "--algorithm", "rabenseifner",
+                  tmp_path / "in", tmp_path / "out").exit_code == 0
     res = invoke("check", "--algorithm", "rabenseifner", "--json", tmp_path / "r.json",
                  tmp_path / "in", tmp_path / "out")
     assert res.exit_code == 0, res.output
@@ -93,7 +94,8 @@ def test_unusable_input_exits_2(tmp_path):
     assert invoke("check", tmp_path / "in", tmp_path / "missing").exit_code == 2
     res = invoke("check", tmp_path / "in", tmp_path / "out")
     assert res.exit_code == 2 and "expected float32" in res.output
-    assert invoke("check", "--algorithm", "ring", "--any", tmp_path / "in", tmp_path / "in").exit_code == 2
+    assert invoke("check", "--algorithm", "ring", "--any",
+                  tmp_path / "in", tmp_path / "in").exit_code == 2
 
 
 MPI_SCRIPT = textwrap.dedent("""
@@ -109,7 +111,8 @@ MPI_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_the_mpi_librarys_own_allreduce_is_judged_conforming(tmp_path):
     script = tmp_path / "mpi_allreduce.py"
     script.write_text(MPI_SCRIPT)

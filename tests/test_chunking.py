@@ -1,7 +1,13 @@
 import pytest
 
-from refcoll.core.chunking import (SPLITS, chunk_bounds, chunk_sizes, chunk_slice, gloo_segments,
-                                   max_chunk)
+from refcoll.core.chunking import (
+    SPLITS,
+    chunk_bounds,
+    chunk_sizes,
+    chunk_slice,
+    gloo_segments,
+    max_chunk,
+)
 from refcoll.core.errors import UsageError
 
 
@@ -11,7 +17,7 @@ def test_chunks_tile_the_buffer_with_the_remainder_first(n, p):
     bounds = chunk_bounds(n, p)
     assert len(bounds) == p
     assert bounds[0][0] == 0 and bounds[-1][1] == n
-    for (a, b), (c, _) in zip(bounds, bounds[1:]):
+    for (_, b), (c, _) in zip(bounds, bounds[1:]):
         assert b == c, "chunks must be contiguous and in order"
     sizes = [b - a for a, b in bounds]
     assert sizes == chunk_sizes(n, p)
@@ -45,7 +51,8 @@ def _expected_sizes(n, p, rule, itemsize):
     if rule == "ceil":
         width = -(-n // p)
     else:  # gloo: segments of at most 1 MiB, at least 2 per rank, k per rank
-        segments = max(2 * p, p * -(-(-(-(n * itemsize) // 2**20)) // p))
+        megabytes = -(-(n * itemsize) // 2**20)
+        segments = max(2 * p, p * -(-megabytes // p))
         width = segments // p * -(-n // segments)
     return [max(0, min(width, n - i * width)) for i in range(p)]
 

@@ -4,10 +4,10 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
-from refcoll.cli import main
+
 from refcoll import algorithms
+from refcoll.cli import main
 
 
 def invoke(*args):
@@ -28,7 +28,8 @@ def test_list_shows_every_algorithm_and_writes_json(tmp_path):
 
 def test_simulate_prints_the_ledger_beside_the_cost(tmp_path):
     out = tmp_path / "sim.json"
-    res = invoke("simulate", "--algorithm", "ring", "-p", "5", "--count", "1003", "--json", str(out))
+    res = invoke("simulate", "--algorithm", "ring", "-p", "5", "--count", "1003",
+                 "--json", str(out))
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["ledger"]["messages"] == data["cost"]["messages"] == 40
@@ -40,7 +41,8 @@ def test_simulate_prints_the_ledger_beside_the_cost(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["simulate", "--algorithm", "rung", "-p", "2", "--count", "4"], "unknown algorithm 'rung'"),
     (["simulate", "--algorithm", "ring", "-p", "2", "--count", "4", "--op", "mean"], "unknown op"),
-    (["simulate", "--algorithm", "ring", "-p", "2", "--count", "4", "--dtype", "f3"], "unknown dtype"),
+    (["simulate", "--algorithm", "ring", "-p", "2", "--count", "4", "--dtype", "f3"],
+     "unknown dtype"),
     (["verify", "-n", "2", "--algorithm", "rung"], "unknown algorithm 'rung'"),
     (["verify", "-n", "2", "--dtype", "float128"], "unknown dtype 'float128'"),
     (["verify", "-n", "2", "--sizes", "a,b"], "--sizes takes"),
@@ -63,7 +65,8 @@ def test_verify_without_mpi_says_how_to_install_it(monkeypatch, tmp_path):
     assert "pip install 'refcoll[mpi]'" in res.output
 
 
-@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_verify_under_mpi_ends_with_the_tally(tmp_path):
     out = tmp_path / "verify.json"
     res = subprocess.run(

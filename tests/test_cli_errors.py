@@ -5,12 +5,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from refcoll.cli import main
-from refcoll.cli import commands, common
-from refcoll.verify import simulation
+from refcoll.cli import commands, common, main
 from refcoll.compressors.conformance import build_compressor_cases
-from refcoll.verify.conformance import build_cases
 from refcoll.core.errors import UsageError
+from refcoll.verify import simulation
+from refcoll.verify.conformance import build_cases
 
 
 def invoke(*args):

@@ -16,13 +16,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, mpiexec_path
 
 import refcoll
-from conftest import ROOT, mpiexec_path
 from refcoll.calls.auto import DEFAULT
-from refcoll.core.calibration import Calibration
 from refcoll.cluster import Cluster, ClusterError, emulate, missing_capability
 from refcoll.cluster.check import BOTH_WAYS, format_links, measure_link, measure_links
+from refcoll.core.calibration import Calibration
 from refcoll.core.errors import UsageError
 
 WHY = missing_capability()

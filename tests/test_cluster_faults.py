@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, mpiexec_path
+from test_cluster import host_view, leftovers, needs_root
+
 from refcoll.cluster import Cluster, ClusterError, launch
 from refcoll.transport.deadline import TIMEOUT_STATUS
-from test_cluster import host_view, leftovers, needs_root
 
 needs_mpiexec = pytest.mark.skipif(mpiexec_path() is None,
                                    reason="no mpiexec: pip install 'refcoll[mpi]'")
@@ -468,7 +468,8 @@ def test_the_watchdog_ends_a_blocking_mpi_call_across_a_cut_link(untouched_host,
         "w = MPI.COMM_WORLD\nx = np.ones(1 << 16, np.float32)\n"
         "for k in range(10 ** 9):\n    with watchdog('MPI_Allreduce'):\n"
         "        w.Allreduce(MPI.IN_PLACE, x)\n"
-        f"    if k == 20 and w.Get_rank() == 0:\n        open(r'{tmp_path}/started', 'w').close()\n")
+        "    if k == 20 and w.Get_rank() == 0:\n"
+        f"        open(r'{tmp_path}/started', 'w').close()\n")
     with Cluster(nodes=2, ranks_per_node=2) as cluster:
         prefix = cluster.prefix
         run = faulted_run(cluster, [sys.executable, str(script)],

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_cluster import host_view, leftovers, needs_root
 
 from refcoll.cli import main
 from refcoll.cluster import Cluster, emulate, launch
-from refcoll.core import topology
 from refcoll.cluster import check as link_check
 from refcoll.cluster import state as cluster_state
+from refcoll.core import topology
 from refcoll.core.errors import UsageError
-from test_cluster import host_view, leftovers, needs_root
 
 ERROR = re.compile(r"refcoll: error: [^\n]+\n")
 

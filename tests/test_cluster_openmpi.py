@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from refcoll.cluster import Cluster, launch, missing_capability, standin
 from refcoll.core.errors import UsageError
 

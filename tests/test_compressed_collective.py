@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import mpiexec_path
 
 import refcoll
 from refcoll.compressors import parse
@@ -16,8 +17,6 @@ from refcoll.compressors.conformance import build_compressor_cases, run_compress
 from refcoll.core.errors import MismatchError, UsageError
 from refcoll.core.ops import get_op
 from refcoll.transport.sim import SimWorld
-
-from conftest import mpiexec_path
 
 P = 3
 
@@ -123,7 +122,8 @@ def test_bytes_sent_are_the_payloads_measured_on_the_wire(spec, pattern):
     assert [m.received for m in traffic] == [ledger.bytes_received()[r] for r in range(P)]
     comp = parse(spec)
     if pattern == "gather":
-        payloads = [comp.compress(x, comp.new_state(seed=2, rank=r)) for r, x in enumerate(inputs[0])]
+        payloads = [comp.compress(x, comp.new_state(seed=2, rank=r))
+                    for r, x in enumerate(inputs[0])]
         counts = 8 * len(payloads[0].arrays) * (P - 1)
         for r in range(P):  # a ring allgather forwards every payload but its right neighbour's
             forwarded = sum(pl.nbytes for q, pl in enumerate(payloads) if q != (r + 1) % P)
@@ -226,7 +226,8 @@ def test_a_bad_compressed_call_fails_on_every_rank(bad):
         assert all("rank 1" in msg for _, msg in results)
 
 
-@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_verify_compressors_under_mpi_equals_the_simulator(tmp_path):
     out = tmp_path / "verify.json"
     res = subprocess.run(

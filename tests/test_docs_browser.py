@@ -25,7 +25,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_docs import _docs_packages, _tail, build_site
 
 #: The pages opened in the browser: path, what the title says, what must be on the page.

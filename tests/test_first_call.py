@@ -17,8 +17,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import mpiexec_path
+
 from refcoll.core.errors import UsageError
 from refcoll.transport.base import default_timeout
 

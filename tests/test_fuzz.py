@@ -55,10 +55,10 @@ import refcoll
 from refcoll import algorithms
 from refcoll.core.chunking import chunk_slice
 from refcoll.core.errors import DeadlockError
-from refcoll.verify.inputs import make_inputs
 from refcoll.core.ops import DTYPES, OPS, is_float, supports
-from refcoll.verify.oracle import bound_violations, fold
 from refcoll.transport import SimWorld
+from refcoll.verify.inputs import make_inputs
+from refcoll.verify.oracle import bound_violations, fold
 
 MAX_P = 9
 #: The rank counts, in shrinking order (a failure shrinks towards p = 2). A

@@ -24,23 +24,22 @@ import sys
 import textwrap
 from pathlib import Path
 
+import fake_cupy
 import numpy as np
 import pytest
-
-import fake_cupy
 from conftest import ROOT, mpiexec_path
+
 from refcoll import algorithms
-from refcoll.transport import cuda_aware
-from refcoll.transport import device as devices
 from refcoll.baselines import nccl
 from refcoll.bench import throughput
-from refcoll.core import xp as xp_module
 from refcoll.calls.collectives import simulate
 from refcoll.compressors import ErrorFeedback, parse
 from refcoll.compressors.topk import select_by_bits, topk_indices
+from refcoll.core import xp as xp_module
 from refcoll.core.errors import UsageError
 from refcoll.core.ops import get_op
-from refcoll.transport import SimWorld
+from refcoll.transport import SimWorld, cuda_aware
+from refcoll.transport import device as devices
 
 TESTS = Path(__file__).resolve().parent
 
@@ -217,8 +216,8 @@ def test_the_probe_sends_a_device_buffer_through_mpi(fake, tmp_path, monkeypatch
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{TESTS}:{ROOT}")
     # A launcher's variable: a child that saw it would try to join a job through it, and fail.
     monkeypatch.setenv("PMI_FD", "999")
-    assert cuda_aware.probe_cuda_aware() == (True, "probe: a device buffer sent to self through MPI "
-                                            "arrived intact")
+    assert cuda_aware.probe_cuda_aware() == (
+        True, "probe: a device buffer sent to self through MPI arrived intact")
 
 
 def test_device_path_names_the_gpu_the_path_and_why(fake, monkeypatch):
@@ -402,7 +401,8 @@ def test_deterministic_compressors_give_the_cpu_bits_on_device_arrays(device, sp
     tolerance = {"rtol": 1e-5} if summed else {"rtol": 1e-3, "atol": 1e-5}
     for (p_cpu, d_cpu, e_cpu), (p_dev, d_dev, e_dev) in zip(cpu, gpu_steps):
         assert sorted(p_dev.arrays) == sorted(p_cpu.arrays) and p_dev.nbytes == p_cpu.nbytes
-        assert xp_module.is_device_array(d_dev) and d_dev.shape == x.shape and d_dev.dtype == x.dtype
+        assert xp_module.is_device_array(d_dev)
+        assert d_dev.shape == x.shape and d_dev.dtype == x.dtype
         for role, array in p_dev.arrays.items():
             assert xp_module.is_device_array(array), f"{role} left the device"
             host, want = device.asnumpy(array), p_cpu.arrays[role]
@@ -425,7 +425,7 @@ def test_stochastic_compressors_draw_on_the_device_reproducibly(device, spec):
     comp, x = parse(spec), _tensor((37, 53))
     first = _run_steps(comp, x, device)
     again = _run_steps(comp, x, device)
-    for (p1, d1, _), (p2, d2, _) in zip(first, again):
+    for (p1, d1, _), (_p2, d2, _) in zip(first, again):
         assert all(xp_module.is_device_array(a) for a in p1.arrays.values())
         assert _same_bits(device.asnumpy(d1), device.asnumpy(d2))
     payload, decoded, _ = first[0]
@@ -711,8 +711,8 @@ def test_bench_times_device_buffers_against_nccl(device, mpi_self, monkeypatch, 
 
 
 def test_bench_counts_an_unwritten_device_result_as_wrong(fake, mpi_self, monkeypatch):
-    from refcoll.calls import collectives as api
     from refcoll.bench import BenchConfig, run_bench
+    from refcoll.calls import collectives as api
 
     _on_fake(fake, monkeypatch)
     monkeypatch.setattr(api, "allreduce", lambda x, t, out=None, **kwargs: out)
@@ -738,7 +738,8 @@ def test_bench_times_mpi_on_device_buffers_only_where_mpi_reads_them(fake, mpi_s
     assert header["gpu"]["gpu"] == "Fake GPU (NumPy)"
     assert header["versions"]["cupy"] == fake.__version__ and header["versions"]["nccl"] == "2.23.4"
     path = "direct" if aware == "1" else "staging"
-    assert f"# device: Fake GPU (NumPy); transfers: {path} ({cuda_aware.CUDA_AWARE_ENV}={aware})" in text
+    assert (f"# device: Fake GPU (NumPy); transfers: {path} "
+            f"({cuda_aware.CUDA_AWARE_ENV}={aware})") in text
     assert row["wrong"] == 0
     if aware == "1":
         assert header["baseline"] == row["baseline"] == "MPI_Allreduce" and row["base_wrong"] == 0
@@ -844,7 +845,8 @@ def test_verify_runs_the_battery_on_device_arrays(fake, mpi_self, monkeypatch, t
         "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
         "float32", "float64"}
     lines = res.output.splitlines()
-    assert lines[1] == f"device: Fake GPU (NumPy); transfers: staging ({cuda_aware.CUDA_AWARE_ENV}=0)"
+    assert lines[1] == ("device: Fake GPU (NumPy); transfers: staging "
+                        f"({cuda_aware.CUDA_AWARE_ENV}=0)")
     assert lines[2] == "left out on this device: bfloat16, float8_e4m3fn, float8_e5m2"
     assert lines[-1] == f"{data['passed']} passed, 0 failed"
 
@@ -987,7 +989,8 @@ def test_gpu_compressed_allreduce(cuda, monkeypatch, spec):
 
     def body(t):
         mine = [cuda.asarray(step[t.rank]) for step in steps]
-        return run_steps(devices.device_transport(t, mine[0]), spec, mine, seed=4, validate=False)[0]
+        return run_steps(devices.device_transport(t, mine[0]), spec, mine,
+                         seed=4, validate=False)[0]
 
     got = SimWorld(p).run(body)
     for s in range(len(steps)):

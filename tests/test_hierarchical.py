@@ -7,19 +7,23 @@ Nodes are simulated two ways: the ``ranks_per_node=k`` option (consecutive ranks
 
 import numpy as np
 import pytest
+from conftest import failure_text, sim_battery
 
 import refcoll
-from conftest import failure_text, sim_battery
 from refcoll import algorithms
-from refcoll.algorithms.hierarchical import node_layout, node_sizes, node_traffic
-from refcoll.core.chunking import chunk_bounds
 from refcoll.algorithms.hierarchical import hierarchical_allreduce_cost as hierarchical_cost
-from refcoll.algorithms.hierarchical import hierarchical_traffic
+from refcoll.algorithms.hierarchical import (
+    hierarchical_traffic,
+    node_layout,
+    node_sizes,
+    node_traffic,
+)
+from refcoll.core.chunking import chunk_bounds
 from refcoll.core.errors import UsageError
-from refcoll.verify.inputs import make_inputs
 from refcoll.core.ops import get_op
-from refcoll.verify.oracle import fold
 from refcoll.transport import Ledger, SimWorld
+from refcoll.verify.inputs import make_inputs
+from refcoll.verify.oracle import fold
 
 #: (p, ranks_per_node): equal nodes, a smaller last node, one node, one rank a node.
 SHAPES = [(8, 4), (7, 3), (16, 4), (17, 4), (6, 6), (5, 1), (5, 2), (4, 3), (9, 3), (3, 5)]
@@ -52,8 +56,9 @@ SMALL_WORLD_DTYPES = {1: ["int8", "uint64", "float16", "bfloat16", "float32", "f
                       5: ["uint32", "bfloat16", "float64"]}
 
 
-@pytest.mark.parametrize("p", [1, pytest.param(2, marks=pytest.mark.slow), 3, 4,
-                               pytest.param(5, marks=pytest.mark.slow)])  # 2: one node or two of one
+@pytest.mark.parametrize("p", [1,
+                               pytest.param(2, marks=pytest.mark.slow),  # one node or two of one
+                               3, 4, pytest.param(5, marks=pytest.mark.slow)])
 def test_battery_small_worlds(p):
     # Every op, size and mode, on each of the node shapes of battery_options.
     failures = sim_battery(p, algorithms_=["hierarchical"], dtypes=SMALL_WORLD_DTYPES[p])

@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.cluster import Cluster, missing_capability
 from refcoll.core.calibration import Calibration
 from refcoll.core.errors import UsageError

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import platform
+import re
 import resource
 import signal
 import stat
@@ -24,8 +24,8 @@ import threading
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path, run_script
+
 from refcoll.calls import calibration, tuned
 from refcoll.cli import main
 from refcoll.core.calibration import Calibration

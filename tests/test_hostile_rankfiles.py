@@ -385,7 +385,8 @@ def test_the_one_vector_folder_verifies(one_vector, deadline):
 def test_vectors_refuses_a_folder_without_its_manifest(tmp_path, deadline):
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "mine.npz").write_bytes(b"PK mine")
-    refused(tmp_path, "vectors", tmp_path / "v", needles=["no manifest.json", "nothing was changed"])
+    refused(tmp_path, "vectors", tmp_path / "v",
+            needles=["no manifest.json", "nothing was changed"])
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../victim.npz", "sub/x.npz", "..", "a\nb.npz"])

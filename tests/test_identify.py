@@ -7,8 +7,13 @@ import pytest
 
 from refcoll import algorithms
 from refcoll.core.errors import UsageError
-from refcoll.verify.identify import (candidate_orders, identify, known_orders, order_label,
-                                     ulp_distance)
+from refcoll.verify.identify import (
+    candidate_orders,
+    identify,
+    known_orders,
+    order_label,
+    ulp_distance,
+)
 from refcoll.verify.inputs import make_inputs
 from refcoll.verify.oracle import expected_outputs
 

@@ -10,17 +10,32 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.cli import main
 from refcoll.compressors import parse
 from refcoll.core.errors import UsageError
+from refcoll.model import (
+    CHANNELLED,
+    EXACT_LIMIT,
+    Cluster,
+    Options,
+    Workload,
+    allreduce_estimate,
+    buckets_of,
+    compressed_estimate,
+    load_layers,
+    overlap,
+    parse_bandwidth,
+    parse_duration,
+    parse_size,
+    parse_sizes,
+    payload_arrays,
+    plan,
+    step_time,
+)
 from refcoll.verify.inputs import make_inputs
-from refcoll.model import (CHANNELLED, EXACT_LIMIT, Cluster, Options, Workload, allreduce_estimate,
-                                   buckets_of, compressed_estimate, load_layers, overlap,
-                                   parse_bandwidth, parse_duration, parse_size, parse_sizes,
-                                   payload_arrays, plan, step_time)
 
 GB = 1e9
 

@@ -20,13 +20,20 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import mpiexec_path
+
 from refcoll import algorithms as registry
 from refcoll.core.calibration import Calibration
 from refcoll.model import Comparison, predict
-from refcoll.model.calibrate_sched import (WAIT_THRESHOLD, expected_share, stretch,
-                                                   wait_cdf, wait_median, wait_summary, waits_at)
+from refcoll.model.calibrate_sched import (
+    WAIT_THRESHOLD,
+    expected_share,
+    stretch,
+    wait_cdf,
+    wait_median,
+    wait_summary,
+    waits_at,
+)
 from refcoll.transport import SimWorld
 
 calibrate_module = importlib.import_module("refcoll.model.calibrate")
@@ -356,7 +363,8 @@ def test_the_geometric_mean_error_counts_twice_and_half_alike():
         math.exp(2 * math.log(2) / 3) - 1)
     lines = comparison.summary_lines()
     assert lines[0].startswith("measured steps + scheduling wait: geometric-mean error")
-    assert "1 of 3 predictions within 30%" in lines[0] and lines[-1].startswith("scheduling: 4 ranks")
+    assert "1 of 3 predictions within 30%" in lines[0]
+    assert lines[-1].startswith("scheduling: 4 ranks")
     data = comparison.to_json()
     assert data["geomean_error"] == pytest.approx(expected)
     assert data["scheduling"]["q_max"] == 0.5 and data["scheduling"]["wait_max"] == 2e-3

@@ -16,9 +16,22 @@ from refcoll.algorithms.dbtree import dbtree_allreduce_cost
 from refcoll.algorithms.dbtree import dbtree_model_cost as dbtree_cost
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.model import (ALGORITHMS, CHANNELLED, MAX_BUCKETS, MAX_GPUS, Cluster, Options, Workload,
-                                   allreduce_estimate, buckets_of, parse_bandwidth, parse_count,
-                                   parse_duration, plan, select_algorithms)
+from refcoll.model import (
+    ALGORITHMS,
+    CHANNELLED,
+    MAX_BUCKETS,
+    MAX_GPUS,
+    Cluster,
+    Options,
+    Workload,
+    allreduce_estimate,
+    buckets_of,
+    parse_bandwidth,
+    parse_count,
+    parse_duration,
+    plan,
+    select_algorithms,
+)
 
 BASE = ["model", "--nodes", "2", "--gpus-per-node", "4", "--intra-bw", "900GB/s",
         "--inter-bw", "400Gb/s", "--bidirectional"]

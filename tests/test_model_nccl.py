@@ -11,9 +11,18 @@ from click.testing import CliRunner
 from refcoll.algorithms.bruck import bruck_allgather_cost, bruck_reduce_scatter_cost
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.model import (Cluster, Options, Workload, allreduce_estimate,
-                                   baseline_algorithm, nccl_times, pat_cost, plan,
-                                   plan_and_search, plan_from_text)
+from refcoll.model import (
+    Cluster,
+    Options,
+    Workload,
+    allreduce_estimate,
+    baseline_algorithm,
+    nccl_times,
+    pat_cost,
+    plan,
+    plan_and_search,
+    plan_from_text,
+)
 
 GB = 1e9
 N_SEED = 7_000_000_000  # fp32 parameters: 28 GB of gradient

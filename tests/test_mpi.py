@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, mpiexec_path
 
 MPIEXEC = mpiexec_path()
@@ -26,5 +25,6 @@ def test_mpi_suite(p):
            "-p", "no:cacheprovider", str(ROOT / "tests" / "mpi")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    assert res.returncode == 0, f"mpiexec -n {p} failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, (f"mpiexec -n {p} failed:\n"
+                                 f"{res.stdout[-6000:]}\n{res.stderr[-3000:]}")
     assert " passed" in res.stdout and "failed" not in res.stdout.splitlines()[-1]

@@ -9,8 +9,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import ROOT, mpiexec_path
+
 from refcoll.algorithms.registry import COLLECTIVES, REGISTRY
 from refcoll.baselines import mpi_algorithms as ma
 from refcoll.core.errors import UsageError

@@ -1,4 +1,5 @@
-"""Non-blocking collectives on the simulator: the blocking call's bits, MPI's order, errors on wait."""
+"""Non-blocking collectives on the simulator: the blocking call's bits, MPI's order, errors on
+wait."""
 
 import threading
 
@@ -26,7 +27,8 @@ def _call(table, collective, x, t, **kw):
 CALLS = [("allreduce", "ring", {"op": "sum"}), ("allreduce", "rabenseifner", {"op": "avg"}),
          ("allreduce", "tree", {"op": "max"}), ("reduce_scatter", "ring", {"op": "sum"}),
          ("reduce_scatter", "bruck", {"op": "prod"}), ("allgather", "bruck", {}),
-         ("broadcast", "tree", {"root": 1}), ("allreduce", "dbtree", {"op": "sum"}), ("reduce", "tree", {"op": "sum", "root": 0})]
+         ("broadcast", "tree", {"root": 1}), ("allreduce", "dbtree", {"op": "sum"}),
+         ("reduce", "tree", {"op": "sum", "root": 0})]
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 5])

@@ -1,18 +1,17 @@
-"""Rabenseifner's near pairing (MPICH, Open MPI) and recursive multiplying (MPICH): orders, costs."""
+"""Rabenseifner's near pairing (MPICH, Open MPI) and recursive multiplying (MPICH): orders,
+costs."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from conftest import run_script
 
 import refcoll
-from conftest import run_script
 from refcoll import algorithms
 from refcoll.core.chunking import chunk_bounds
 from refcoll.core.errors import UsageError

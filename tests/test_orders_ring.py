@@ -8,21 +8,19 @@ again below; the MPI transport must give the simulator's bits.
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from conftest import mpiexec_path, run_script
 
 import refcoll
 from refcoll import algorithms
-from refcoll.core.errors import UsageError
 from refcoll.algorithms.ring import ring_orders
 from refcoll.core.chunking import chunk_bounds
+from refcoll.core.errors import UsageError
 from refcoll.transport import SimWorld
 from refcoll.verify.inputs import make_inputs
-
-from conftest import mpiexec_path, run_script
 
 PROCESS_COUNTS = (3, 4, 5)
 COUNTS = (11, 121)  # none divisible by 3, 4 or 5; at 121 the four cuts differ for each p
@@ -42,7 +40,8 @@ def _cut(n: int, p: int, split: str, itemsize: int) -> list[tuple[int, int]]:
         if split == "ceil":
             width = -(-n // p)
         else:  # gloo: 2 or more 1 MiB-capped segments per rank, k of them per chunk
-            k = max(2, -(-(-(-(n * itemsize) // 2**20)) // p))
+            segments = -(-(n * itemsize) // 2**20)
+            k = max(2, -(-segments // p))
             width = k * -(-n // (k * p))
         sizes, left = [], n
         for _ in range(p):
@@ -230,9 +229,11 @@ def test_the_orders_left_out_repeat_a_listed_one():
     assert (_outputs("allreduce", xs2, "naive", {"fold": "right"})
             == _outputs("allreduce", xs2, "naive", {}))
     xs3 = make_inputs("adversarial", "float32", 121, 3)
-    for split in ("front", "last", "ceil", "gloo"):  # three ranks: the reverse walk is the forward one
+    # three ranks: the reverse walk is the forward one
+    for split in ("front", "last", "ceil", "gloo"):
         forward = _outputs("allreduce", xs3, "ring", {"split": split})
-        assert _outputs("allreduce", xs3, "ring", {"direction": "reverse", "split": split}) == forward
+        reverse = _outputs("allreduce", xs3, "ring", {"direction": "reverse", "split": split})
+        assert reverse == forward
     assert (_outputs("reduce_scatter", xs3, "ring", {"direction": "reverse"})
             == _outputs("reduce_scatter", xs3, "ring", {}))
 
@@ -267,7 +268,8 @@ MPI_CASES = [("allreduce", "ring", {}), ("allreduce", "ring", {"start": "own"}),
              ("reduce_scatter", "naive", {"fold": "right"})]
 
 
-@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_mpi_gives_the_simulators_bits_under_every_order(tmp_path):
     p = 3
     res = run_script(tmp_path, p, MPI_SCRIPT, [str(tmp_path), json.dumps(MPI_CASES)])

@@ -4,16 +4,14 @@ Open MPI's binary reduce): orders, costs, refusals, MPI."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from conftest import run_script
 
 import refcoll
-from conftest import run_script
 from refcoll import algorithms
 from refcoll.core.errors import UsageError
 from refcoll.verify.inputs import make_input

@@ -8,14 +8,22 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
+
 from refcoll import SimWorld, UsageError
 from refcoll.cli import main
 from refcoll.model import Cluster, allreduce_estimate, overlap, plan_from_text
 from refcoll.model.overlap import fit_link, predict_step
-from refcoll.training.overlap import (OverlapConfig, _loss_gradient, backward, forward, init_layers,
-                             loss_and_grads, parse_widths, run_overlap)
+from refcoll.training.overlap import (
+    OverlapConfig,
+    _loss_gradient,
+    backward,
+    forward,
+    init_layers,
+    loss_and_grads,
+    parse_widths,
+    run_overlap,
+)
 from refcoll.training.reducer import Reducer
 from refcoll.training.train import init_params
 from refcoll.training.train import loss_and_grads as two_layer_grads
@@ -100,7 +108,7 @@ def test_overlap_and_no_overlap_train_the_same_bits_on_every_rank():
     first, second = results
     init = init_layers(config.widths, config.seed)
     for name in ("overlap", "no_overlap"):
-        for a, b, w0 in zip(first.params[name], second.params[name], init):
+        for a, b in zip(first.params[name], second.params[name]):
             assert a.tobytes() == b.tobytes(), name  # every rank averaged the same gradients
         assert not np.array_equal(first.params[name][0], init[0])
     for a, b in zip(first.params["overlap"], first.params["no_overlap"]):

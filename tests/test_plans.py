@@ -17,9 +17,9 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import run_script
 
 import refcoll
-from conftest import run_script
 from refcoll import SimWorld
 from refcoll.core.bits import same_bits
 from refcoll.core.chunking import chunk_bounds
@@ -36,10 +36,12 @@ CASES = [("allreduce", "ring", {"op": "sum"}), ("allreduce", "rabenseifner", {"o
          ("allreduce", "dbtree", {"op": "sum"}), ("allreduce", "naive", {"op": "min"}),
          ("allreduce", "auto", {"op": "sum"}),
          ("reduce_scatter", "ring", {"op": "sum"}), ("reduce_scatter", "bruck", {"op": "prod"}),
-         ("reduce_scatter", "rabenseifner", {"op": "avg"}), ("reduce_scatter", "naive", {"op": "max"}),
+         ("reduce_scatter", "rabenseifner", {"op": "avg"}),
+         ("reduce_scatter", "naive", {"op": "max"}),
          ("allgather", "ring", {}), ("allgather", "bruck", {}), ("allgather", "rabenseifner", {}),
          ("broadcast", "naive", {"root": -1}), ("broadcast", "tree", {"root": 0}),
-         ("reduce", "naive", {"op": "sum", "root": 0}), ("reduce", "tree", {"op": "min", "root": -1})]
+         ("reduce", "naive", {"op": "sum", "root": 0}),
+         ("reduce", "tree", {"op": "min", "root": -1})]
 
 
 def _id(case) -> str:
@@ -141,16 +143,18 @@ def test_every_start_gives_the_blocking_calls_and_the_simulators_bits_for_what_x
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("collective,algorithm", [("allreduce", "ring"), ("allreduce", "recursive_doubling"),
-                                                  ("reduce_scatter", "ring"), ("reduce", "tree")])
+@pytest.mark.parametrize("collective,algorithm", [
+    ("allreduce", "ring"), ("allreduce", "recursive_doubling"),
+    ("reduce_scatter", "ring"), ("reduce", "tree")])
 def test_every_op_and_dtype_gives_the_blocking_calls_bits(collective, algorithm, dtype):
     _starts(3, collective, algorithm, [(11, dtype, {"op": op}) for op in OPS], starts=2)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
-@pytest.mark.parametrize("collective,algorithm", [("allreduce", "ring"), ("allreduce", "rabenseifner"),
-                                                  ("reduce_scatter", "ring"), ("allgather", "bruck"),
-                                                  ("broadcast", "tree")])
+@pytest.mark.parametrize("collective,algorithm", [
+    ("allreduce", "ring"), ("allreduce", "rabenseifner"),
+    ("reduce_scatter", "ring"), ("allgather", "bruck"),
+    ("broadcast", "tree")])
 def test_plans_of_every_size_give_the_blocking_calls_bits(p, collective, algorithm):
     sizes = (0, 1, p - 1, p, p + 1, 1001)
     _starts(p, collective, algorithm, [(n, np.float64, {}) for n in sizes], starts=2)
@@ -188,7 +192,8 @@ def test_a_plan_given_out_writes_every_start_there_in_place_too():
                                   ("reduce_scatter", flat, {"out": flat[lo:hi]}),
                                   ("allgather", rows[t.rank], {"out": rows}),
                                   ("broadcast", flat, {"out": flat, "root": 1}),
-                                  ("allreduce", flat, {"out": np.empty(10, np.float32), "op": "max"})]:
+                                  ("allreduce", flat,
+                                   {"out": np.empty(10, np.float32), "op": "max"})]:
             with _make(collective, x, t, **kw) as plan:
                 assert plan.out is kw["out"] and plan.x is x, collective
                 for start in range(3):
@@ -197,12 +202,14 @@ def test_a_plan_given_out_writes_every_start_there_in_place_too():
                     result = plan.start().wait() if start == 1 else plan(x=x, out=kw["out"], comm=t)
                     assert result is kw["out"], collective
                     kept = {k: v for k, v in kw.items() if k != "out"}
-                    assert _same(result, _blocking(collective, before, t, **kept)), (collective, start)
+                    assert _same(result, _blocking(collective, before, t, **kept)), (
+                        collective, start)
 
     SimWorld(3, timeout=TIMEOUT).run(rank)
 
 
-@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
+@pytest.mark.parametrize("collective",
+                         ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
 def test_auto_resolves_once_at_init_to_one_algorithm_on_every_rank(collective):
     def rank(t):
         x = _values(64, np.float32, t.rank, 0)
@@ -252,7 +259,8 @@ def test_a_start_runs_in_issue_order_among_nonblocking_and_blocking_calls(p):
             last = refcoll.iallgather(y, t)
             return first.wait(), plan.wait().copy(), between, last.wait()
         first = refcoll.iallreduce(y, t, op="max").wait()
-        return first, plan().copy(), refcoll.allreduce(y, t, op="min"), refcoll.iallgather(y, t).wait()
+        return (first, plan().copy(), refcoll.allreduce(y, t, op="min"),
+                refcoll.iallgather(y, t).wait())
 
     ranks = SimWorld(p, timeout=TIMEOUT).run(rank)
     for results in ranks[1:]:
@@ -353,7 +361,8 @@ def test_without_validation_only_the_rank_at_fault_raises_at_once(fault):
     assert SimWorld(3, timeout=TIMEOUT).run(rank) == [True] * 3
 
 
-@pytest.mark.parametrize("fault", [f for f in FAULTS if f[0] in ("another x", "x reshaped in place")],
+@pytest.mark.parametrize("fault",
+                         [f for f in FAULTS if f[0] in ("another x", "x reshaped in place")],
                          ids=lambda f: f[0])
 def test_without_validation_a_rank_that_retries_a_refused_start_meets_its_peers_start(fault):
     # The peers start once; the rank at fault is refused, then starts right: one start each.
@@ -415,14 +424,16 @@ def test_ranks_that_disagree_at_init_get_a_mismatch_on_every_rank(case):
 BAD_ARGUMENTS = {
     "unknown algorithm": ("allreduce", {"algorithm": "nope"}),
     "algorithm without the collective": ("allgather", {"algorithm": "tree"}),
-    "unknown op": ("allreduce", {"op": "mean"}), "unknown op of reduce": ("reduce", {"op": "median"}),
+    "unknown op": ("allreduce", {"op": "mean"}),
+    "unknown op of reduce": ("reduce", {"op": "median"}),
     "out of another dtype": ("allreduce", {"out": np.empty(10, np.float64)}),
     "out of another size": ("allreduce", {"out": np.empty(11, np.float32)}),
     "out not an array": ("allreduce", {"out": [0.0] * 10}),
     "out not a chunk": ("reduce_scatter", {"out": np.empty(10, np.float32)}),
     "out not p rows": ("allgather", {"out": np.empty(10, np.float32)}),
     "unknown option": ("allreduce", {"nosuch": 1}),
-    "root past the last rank": ("broadcast", {"root": 3}), "negative root": ("reduce", {"root": -1})}
+    "root past the last rank": ("broadcast", {"root": 3}),
+    "negative root": ("reduce", {"root": -1})}
 
 
 @pytest.mark.parametrize("everywhere", [False, True], ids=["on one rank", "on every rank"])
@@ -493,7 +504,8 @@ MANY = textwrap.dedent("""
 """)
 
 
-def test_making_and_freeing_100_000_plans_keeps_memory_flat_and_leaves_no_persistent_request(tmp_path):
+def test_making_and_freeing_100_000_plans_keeps_memory_flat_and_leaves_no_persistent_request(
+        tmp_path):
     # About 6 s on two cores: 100,000 plans of the five kinds, one in ten of them run.
     res = run_script(tmp_path, 2, MANY, env={"REFCOLL_TIMEOUT": "60"})
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]

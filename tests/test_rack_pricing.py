@@ -14,14 +14,15 @@ import refcoll.algorithms as algorithms
 from refcoll.algorithms import NodeShape
 from refcoll.algorithms.dbtree import dbtree_links, rack_crossings
 from refcoll.calls import auto
-from refcoll.core.topology import NodeLink, Topology, inter_levels, rack_levels
 from refcoll.core.calibration import Calibration
+from refcoll.core.topology import NodeLink, Topology, inter_levels, rack_levels
 
 LINK = 1e9  # bits per second, each node's own link
 
 
 def racked(oversubscription: float, nodes_per_rack: int = 2, per_node: int = 1) -> Calibration:
-    """Nodes on 1 Gbit/s links, racks whose uplink is their nodes' links over ``oversubscription``."""
+    """Nodes on 1 Gbit/s links, racks whose uplink is their nodes' links over
+    ``oversubscription``."""
     uplink = nodes_per_rack * LINK / oversubscription
     return Calibration(alpha=5e-6, beta=1 / 4e9, gamma=1e-9, inter_alpha=5e-5,
                        inter_beta=8 / LINK, nodes=4, per_node=per_node,

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import failure_text, sim_battery
 
 import refcoll
 from refcoll import algorithms
-from refcoll.algorithms.recursive import (ABSORBS, SENDS, STAYS, fold_role, new_rank, pof2_below,
-                                          real_rank, survivor_ranges)
+from refcoll.algorithms.recursive import (
+    ABSORBS,
+    SENDS,
+    STAYS,
+    fold_role,
+    new_rank,
+    pof2_below,
+    real_rank,
+    survivor_ranges,
+)
 from refcoll.core.chunking import chunk_bounds, chunk_slice
-from refcoll.verify.inputs import make_inputs
 from refcoll.transport import SimWorld
-
-from conftest import failure_text, sim_battery
+from refcoll.verify.inputs import make_inputs
 
 NAMES = ["recursive_doubling", "rabenseifner"]
 
@@ -56,7 +63,8 @@ ROTATED_DTYPES = ("float32", "int32", "float16")
 @pytest.mark.parametrize("p", [pytest.param(p, marks=pytest.mark.slow) if p in (5, 15) else p
                                for p in range(1, 18)])  # 5: the fold as at 3, 6 and 7; 15: 6's pair
 def test_battery_on_the_simulator(p):
-    """p <= 5: every op on three dtypes; p > 5: one (op, dtype) per p, all nine pairs over 6..17 (15 repeats 6's: slow).
+    """p <= 5: every op on three dtypes; p > 5: one (op, dtype) per p, all nine pairs over
+    6..17 (15 repeats 6's: slow).
 
     Every default size (0, 1, p-1, p, p+1, 5003), both in-place modes, every collective.
     The full battery (every op and dtype at every p) is ``-m slow``.

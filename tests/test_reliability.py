@@ -11,12 +11,12 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.core.errors import MismatchError, RefcollError
-from refcoll.verify.oracle import fold
 from refcoll.transport import SimWorld
+from refcoll.verify.oracle import fold
 
 MPIEXEC = mpiexec_path()
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
@@ -40,7 +40,8 @@ def errors_on_every_rank(p, call):
      "dtype: rank 0 has float32, rank 1 has int32"),
     ("op", lambda t: refcoll.allreduce(np.zeros(8), t, op="max" if t.rank == 2 else "sum"),
      "op: rank 0 has sum, rank 2 has max"),
-    ("algorithm", lambda t: refcoll.allreduce(np.zeros(8), t, algorithm="tree" if t.rank == 0 else "ring"),
+    ("algorithm",
+     lambda t: refcoll.allreduce(np.zeros(8), t, algorithm="tree" if t.rank == 0 else "ring"),
      "algorithm: rank 1 has ring, rank 0 has tree"),
     ("root", lambda t: refcoll.broadcast(np.zeros(8), 1 if t.rank == 3 else 0, t),
      "root: rank 0 has 0, rank 3 has 1"),
@@ -74,7 +75,8 @@ def test_zero_d_and_multidimensional_and_fortran_arrays():
     xs0 = [np.float64(r + 1.5) for r in range(3)]
     out = SimWorld(3).run(lambda t: refcoll.allreduce(np.asarray(xs0[t.rank]), t))
     assert out[0].shape == () and float(out[0]) == sum(xs0)
-    xs = [np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4) * (r + 1)) for r in range(2)]
+    xs = [np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4) * (r + 1))
+          for r in range(2)]
     out = SimWorld(2).run(lambda t: refcoll.allreduce(xs[t.rank], t, algorithm="rabenseifner"))
     np.testing.assert_array_equal(out[1], xs[0] * 3)
 

@@ -17,15 +17,14 @@ import re
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 
 from refcoll import REGISTRY, simulate
-from refcoll.core.chunking import chunk_bounds
 from refcoll.cli.spec import spec as spec_command
-from refcoll.verify.oracle import fold
+from refcoll.core.chunking import chunk_bounds
 from refcoll.verify import spec_pages, trace
+from refcoll.verify.oracle import fold
 from refcoll.verify.trace import Expressions, SymbolicOp, TraceError, reduction_tree, step_table
-
-from conftest import ROOT
 
 SPEC = ROOT / "spec"
 PAGES = sorted(SPEC.glob("*.md"))

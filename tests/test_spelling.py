@@ -5,12 +5,16 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import mpiexec_path
+
 from refcoll.algorithms.spelling import spell, split_spelled, unspell
+from refcoll.bench.options import (
+    algorithm_options,
+    check_algorithm,
+    parse_algorithms,
+    registry_name,
+)
 from refcoll.core.errors import UsageError
-from refcoll.bench.options import (algorithm_options, check_algorithm, parse_algorithms,
-                                           registry_name)
 from refcoll.model.pricing import estimate_name
 
 
@@ -57,7 +61,8 @@ def test_bench_reads_its_algorithms_and_refuses_what_they_do_not_take():
         check_algorithm("ring(pipeline=2)", "allreduce")
 
 
-@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_bench_runs_an_algorithm_with_its_options_and_names_the_rows_so(tmp_path, monkeypatch):
     monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
     out = tmp_path / "bench.json"

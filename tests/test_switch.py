@@ -7,21 +7,31 @@ and through ``refcoll.simulate``, which adds the switch ranks itself.
 
 import numpy as np
 import pytest
+from conftest import ALGORITHM_TWINS, failure_text
 
 import refcoll
-from conftest import ALGORITHM_TWINS, failure_text
 from refcoll import algorithms
-from refcoll.algorithms.switch import (PACKET, RADIX, SLOTS, int_error_bound, packet_bounds,
-                                       switch_allreduce, switch_count, switch_levels,
-                                       switch_links, switch_schedule, switch_workers)
-from refcoll.core.chunking import chunk_bounds
-from refcoll.verify.conformance import build_cases, run_battery
+from refcoll.algorithms.switch import (
+    PACKET,
+    RADIX,
+    SLOTS,
+    int_error_bound,
+    packet_bounds,
+    switch_allreduce,
+    switch_count,
+    switch_levels,
+    switch_links,
+    switch_schedule,
+    switch_workers,
+)
 from refcoll.algorithms.switch import switch_allreduce_cost as switch_cost
+from refcoll.core.chunking import chunk_bounds
 from refcoll.core.errors import UsageError
-from refcoll.verify.inputs import make_inputs
 from refcoll.core.ops import get_op
-from refcoll.verify.oracle import exact_reduce, fold
 from refcoll.transport import SimWorld
+from refcoll.verify.conformance import build_cases, run_battery
+from refcoll.verify.inputs import make_inputs
+from refcoll.verify.oracle import exact_reduce, fold
 
 
 def run_switch(inputs, *, op="sum", inplace=False, spare=0, **options):
@@ -89,7 +99,7 @@ def test_tree_links_are_consistent(workers, radix):
     links = [switch_links(r, workers, radix=radix) for r in range(total)]
     assert links[-1][0] is None, "the root is the last rank"
     assert all(parent is not None for parent, _ in links[:-1])
-    for rank, (parent, children) in enumerate(links):
+    for rank, (_parent, children) in enumerate(links):
         assert (children == []) == (rank < workers), "workers are exactly the leaves"
         assert len(children) <= radix
         assert children == sorted(children)

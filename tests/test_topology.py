@@ -17,8 +17,8 @@ import refcoll
 from refcoll import algorithms
 from refcoll.algorithms.registry import NodeShape
 from refcoll.calls import auto
-from refcoll.core import topology
 from refcoll.cluster.emulate import Cluster, ClusterSpec, parse_rate
+from refcoll.core import topology
 from refcoll.core.calibration import DEFAULT, Calibration
 from refcoll.core.errors import UsageError
 
@@ -88,7 +88,8 @@ def test_the_inter_phase_is_chosen_per_shape_and_size():
     assert large[0] == "hierarchical" and large[1].get("pipeline", 1) > 1
     # unpipelined, the ring wins there: it reduces half as much per rank
     plain = {inter: TWO_LEVEL.price(algorithms.get("hierarchical").price(
-        NodeShape(2, 2), 1 << 24, 4, inter=inter), 2, 4) for inter in ("ring", "recursive_doubling")}
+        NodeShape(2, 2), 1 << 24, 4, inter=inter), 2, 4)
+        for inter in ("ring", "recursive_doubling")}
     assert plain["ring"] < plain["recursive_doubling"]
     assert large[2] < plain["ring"]
 
@@ -252,7 +253,8 @@ def test_auto_pipelines_only_segments_of_the_smallest_size_or_more():
     assert {o.get("pipeline", 1) for o in every} == set(auto.PIPELINES)
     for nbytes in (64 << 10, auto.PIPELINE_SEGMENT, 1 << 20, 64 << 20):
         counts = {o.get("pipeline", 1) for o in auto.across_options("hierarchical", nbytes)}
-        assert counts == {s for s in auto.PIPELINES if s == 1 or nbytes // s >= auto.PIPELINE_SEGMENT}
+        assert counts == {s for s in auto.PIPELINES
+                          if s == 1 or nbytes // s >= auto.PIPELINE_SEGMENT}
         name, options, _ = auto.two_level_choice(nbytes // 4, 4, TWO_LEVEL, NodeShape(2, 2))
         assert nbytes // options.get("pipeline", 1) >= min(nbytes, auto.PIPELINE_SEGMENT)
     assert auto.across_options("ring", 1 << 20) == [{}]

@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, mpiexec_path
 
 torch = pytest.importorskip("torch", reason="the torch tests need torch: pip install "
@@ -169,8 +168,9 @@ def test_powersgd_in_a_hook_compresses_each_parameter_in_its_shape():
         return t.traffic.snapshot()[0] - before
 
     sent = refcoll.SimWorld(2).run(run, list(zip([x.copy() for x in xs], hooks)))
-    dense = refcoll.SimWorld(2).run(lambda t, x: (refcoll.allreduce(x, t, op="avg"), t.traffic.sent)[1],
-                      [(x.copy(),) for x in xs])
+    dense = refcoll.SimWorld(2).run(
+        lambda t, x: (refcoll.allreduce(x, t, op="avg"), t.traffic.sent)[1],
+        [(x.copy(),) for x in xs])
     assert sorted(hooks[0]._tensors) == sorted([id(w), id(bias)])
     assert max(sent) < max(dense) / 4  # rank 2 of a 64 x 32 matrix, and the bias whole
 
@@ -183,9 +183,10 @@ def test_comm_hook_refuses_what_is_not_a_compressor():
 
 def test_one_process_alone_runs_the_battery_over_the_torch_transport():
     # A plain python process: init_process_group makes a Gloo group of one.
-    from conftest import classes, fewest_covering
-    from refcoll.verify.conformance import build_cases, run_battery
     import torch.distributed as dist
+    from conftest import classes, fewest_covering
+
+    from refcoll.verify.conformance import build_cases, run_battery
 
     assert rt.launcher() == "none"
     rt.init_process_group("gloo")

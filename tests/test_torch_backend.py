@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 torch = pytest.importorskip("torch", reason="the backend's tests need torch: pip install "

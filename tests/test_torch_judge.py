@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.cli import launch, main
 from refcoll.core.errors import UsageError
 from refcoll.torch import judge
@@ -70,7 +70,8 @@ def test_reduce_scatter_pads_a_count_p_does_not_divide_and_in_place_only_calls_s
                               ops=["sum"], dtypes=["int32"], sizes=[5])
     assert {(c.collective, c.inplace) for c in cases} == {
         ("reduce_scatter", False), ("reduce_scatter", True), ("allreduce", True)}
-    assert judge._output_count(cases[0]) == 2 and judge._input(cases[0], 1, 0)[5:].tolist() == [0] * 3
+    assert judge._output_count(cases[0]) == 2
+    assert judge._input(cases[0], 1, 0)[5:].tolist() == [0] * 3
     with pytest.raises(UsageError, match="work in place only"):
         judge.build_cases(2, "gloo", collectives=["allreduce", "broadcast"], inplace=(False,),
                           allow_empty=False)

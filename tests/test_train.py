@@ -7,12 +7,19 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import mpiexec_path
+
 from refcoll import SimWorld, UsageError
 from refcoll.cli import main
-from refcoll.training.train import (ReplicaDivergence, TrainConfig, check_replicas, init_params,
-                           load_digits_split, loss_and_grads, train)
+from refcoll.training.train import (
+    ReplicaDivergence,
+    TrainConfig,
+    check_replicas,
+    init_params,
+    load_digits_split,
+    loss_and_grads,
+    train,
+)
 
 pytest.importorskip("sklearn", reason="needs scikit-learn: pip install 'refcoll[examples]'")
 
@@ -99,12 +106,14 @@ def test_train_without_scikit_learn_says_how_to_install_it(monkeypatch):
         load_digits_split()
 
 
-@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
 def test_train_under_mpi_reports_every_compressor(tmp_path):
     out, png = tmp_path / "train.json", tmp_path / "train.png"
     res = subprocess.run(
-        [sys.executable, "-m", "refcoll", "train", "-n", "2", "--steps", "4", "--compressor", "none",
-         "--compressor", "ef(topk:ratio=0.01)", "--json", str(out), "--plot", str(png)],
+        [sys.executable, "-m", "refcoll", "train", "-n", "2", "--steps", "4",
+         "--compressor", "none", "--compressor", "ef(topk:ratio=0.01)",
+         "--json", str(out), "--plot", str(png)],
         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())
@@ -112,7 +121,8 @@ def test_train_under_mpi_reports_every_compressor(tmp_path):
     assert [r["compressor"] for r in data["runs"]] == ["none", "ef(topk:ratio=0.01)"]
     plain, sparse = (r["final"] for r in data["runs"])
     assert plain["step"] == sparse["step"] == 4
-    assert plain["bytes_sent"] == plain["dense_bytes"] == sparse["dense_bytes"] > 20 * sparse["bytes_sent"]
+    assert (plain["bytes_sent"] == plain["dense_bytes"] == sparse["dense_bytes"]
+            > 20 * sparse["bytes_sent"])
     assert f"{100 * sparse['test_accuracy']:.2f}%" in res.stdout.splitlines()[-2]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -9,20 +9,32 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ALGORITHM_TWINS, ROOT, failure_text, mpiexec_path
 
 import refcoll
 from refcoll import algorithms
-from refcoll.algorithms.dbtree import (DBTREE_SEGMENT, btree_links, dbtree_allreduce_cost,
-                                       dbtree_links, dbtree_messages, dbtree_position, dbtree_rank)
-from refcoll.algorithms.tree import (binomial_children, binomial_parent, segment_bounds,
-                                     tree_allreduce_cost, tree_broadcast_cost, tree_position,
-                                     tree_reduce_cost)
+from refcoll.algorithms.dbtree import (
+    DBTREE_SEGMENT,
+    btree_links,
+    dbtree_allreduce_cost,
+    dbtree_links,
+    dbtree_messages,
+    dbtree_position,
+    dbtree_rank,
+)
+from refcoll.algorithms.tree import (
+    binomial_children,
+    binomial_parent,
+    segment_bounds,
+    tree_allreduce_cost,
+    tree_broadcast_cost,
+    tree_position,
+    tree_reduce_cost,
+)
 from refcoll.core.chunking import chunk_bounds
-from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
 from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
-
-from conftest import ALGORITHM_TWINS, ROOT, failure_text, mpiexec_path
+from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
 
 NAMES = ["tree", "dbtree"]
 

@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.algorithms import NodeShape
 from refcoll.calls import tuned
 from refcoll.calls.auto import resolve_with_options
@@ -112,7 +112,8 @@ def test_sweeps_of_one_layout_make_one_table_and_a_later_size_stands():
     doc = tuned.from_bench([("small.json", small), ("large.json", large), ("one.json", one_node)])
     two, one = doc["tables"]
     assert two["from"] == "small.json, large.json" and one["from"] == "one.json"
-    assert [(r["bytes"], r["algorithm"]) for r in two["rules"]] == [(1024, "ring"), (1 << 20, "ring")]
+    assert [(r["bytes"], r["algorithm"]) for r in two["rules"]] == [
+        (1024, "ring"), (1 << 20, "ring")]
     assert (one["nodes"], one["per_node"]) == (1, 4)
 
 
@@ -165,7 +166,8 @@ def test_bench_tune_and_auto_under_mpi(tmp_path, monkeypatch):
     again = cli("bench", "-n", "2", "-b", "1K", "-e", "8K", "-f", "8", "--algorithm", "auto",
                 "--against", "none", "-w", "1", "-i", "1", "--json", str(tmp_path / "a.json"))
     assert again.returncode == 0, again.stdout + again.stderr
-    resolved = {r["size"]: r["resolved"] for r in json.loads((tmp_path / "a.json").read_text())["rows"]}
+    again_rows = json.loads((tmp_path / "a.json").read_text())["rows"]
+    resolved = {r["size"]: r["resolved"] for r in again_rows}
     assert resolved == {size: algo for size, (_, algo) in fastest.items()}
     # a file rank 0 cannot read stops every rank with exit 2 and one reason
     monkeypatch.setenv(tuned.TUNING_ENV, str(tmp_path / "absent.json"))

@@ -10,8 +10,8 @@ import pytest
 
 import refcoll
 from refcoll import algorithms
-from refcoll.verify.inputs import make_inputs
 from refcoll.core.ops import get_dtype
+from refcoll.verify.inputs import make_inputs
 from refcoll.verify.vectors import PROCESS_COUNTS, generate, load, plan, read_manifest, verify
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
@@ -100,7 +100,8 @@ def test_committed_vectors_reproduce_bit_for_bit():
 
 
 def _first_per_pair(manifest: dict) -> list[dict]:
-    """One vector per (algorithm, collective, options): p = 5, float32, n = 37 where there is one."""
+    """One vector per (algorithm, collective, options): p = 5, float32, n = 37 where there
+    is one."""
     chosen = {}
     for e in manifest["vectors"]:
         key = (e["algorithm"], e["collective"], json.dumps(e["options"], sort_keys=True))
@@ -175,7 +176,8 @@ def test_verify_names_a_flipped_bit(tmp_path, committed):
     directory = _copy_entry(tmp_path, entry, arrays)
     problems = verify(directory)
     assert problems[0] == f"{entry['file']}: sha256 differs from the manifest's"
-    assert len(problems) == 2 and "rank 3 element 7" in problems[1] and "1 elements differ" in problems[1]
+    assert len(problems) == 2
+    assert "rank 3 element 7" in problems[1] and "1 elements differ" in problems[1]
 
 
 def test_verify_names_a_missing_output_and_file(tmp_path, committed):

@@ -62,7 +62,8 @@ def environment_table(root: str = "") -> str:
     """Return the table of environment variables, from :mod:`refcoll.core.environment`."""
     from refcoll.core.environment import VARIABLES
 
-    lines = ["| variable | unset | what it does | set by | read by |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| variable | unset | what it does | set by | read by |",
+             "| --- | --- | --- | --- | --- |"]
     for v in VARIABLES:
         readers = ", ".join(f"`{r}`" for r in v.readers)
         lines.append(f"| `{v.name}` | {_cell(v.default)} | {_cell(v.effect)} | "

@@ -102,7 +102,8 @@ def table_pages() -> None:
                 "(a mismatch, a bad setting), before any data moves.\n\n")
         f.write(blocks.errors_table(root="../"))
         f.write("\n## Exit codes of the command line\n\n::: refcoll.cli\n    options:\n"
-                "      show_root_heading: false\n      show_root_toc_entry: false\n      members: false\n")
+                "      show_root_heading: false\n      show_root_toc_entry: false\n"
+                "      members: false\n")
 
 
 spec_pages()

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from backend_job import environment, group_with, world  # noqa: F401 - the fixture
 
 import refcoll
 from refcoll.core.bits import same_bits
 from refcoll.core.errors import CollectiveTimeout, MismatchError, UsageError
 from refcoll.torch.backend import RefcollGroup
 from refcoll.torch.tensors import as_array
-from backend_job import environment, group_with, world  # noqa: F401 - the fixture
 
 HOST = SimpleNamespace(rank=0, backend="gloo")
 

@@ -5,7 +5,6 @@ examples: tests/test_backend_examples.py.)"""
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
 from backend_job import world  # noqa: F401 - the fixture
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from backend_job import group_with, world  # noqa: F401 - the fixture
 
 from refcoll.core.errors import UsageError, WrongResult
-from backend_job import group_with, world  # noqa: F401 - the fixture
 
 
 class Corrupting(dist.ProcessGroup):
@@ -92,7 +92,7 @@ def watching(backend, corrupt="none:0:none", **env):
 def test_a_corrupted_element_is_caught_at_the_first_wrong_call_on_every_rank(world):
     group = watching("corrupting", "allreduce:3:element")
     p = world.size()
-    for call in (1, 2):
+    for _call in (1, 2):
         t = torch.arange(40, dtype=torch.float32) * (world.rank() + 1)
         dist.all_reduce(t, group=group)
         assert t[5].item() == 5 * p * (p + 1) / 2

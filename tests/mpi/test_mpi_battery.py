@@ -8,9 +8,9 @@ batteries hold the rest of the product to the same code.
 
 import numpy as np
 import pytest
+from conftest import classes, covering
 
 import refcoll
-from conftest import classes, covering
 from refcoll.verify.conformance import build_cases, run_battery
 
 pytestmark = pytest.mark.mpi

@@ -30,7 +30,8 @@ CASES = [("allreduce", "ring", {"op": "sum"}), ("allreduce", "rabenseifner", {"o
          ("reduce_scatter", "ring", {"op": "sum"}), ("reduce_scatter", "bruck", {"op": "min"}),
          ("allgather", "ring", {}), ("allgather", "rabenseifner", {}),
          ("broadcast", "tree", {"root": -1}), ("broadcast", "naive", {"root": 0}),
-         ("reduce", "tree", {"op": "sum", "root": -1}), ("reduce", "naive", {"op": "avg", "root": 0})]
+         ("reduce", "tree", {"op": "sum", "root": -1}),
+         ("reduce", "naive", {"op": "avg", "root": 0})]
 
 
 def _world():
@@ -80,7 +81,8 @@ def _outcome(fn):
 
 
 @pytest.mark.parametrize("shape", [(5, 41), (70_001,)], ids=["recorded", "large"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join([c[0], c[1], *map(str, c[2].values())]))
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: " ".join([c[0], c[1], *map(str, c[2].values())]))
 def test_every_start_gives_the_blocking_calls_and_the_simulators_bits(case, shape):
     comm = _world()
     collective, algorithm, kw = case
@@ -270,7 +272,7 @@ def test_freed_plans_leave_no_persistent_request():
         warm()
     before = len(t._persistent)
     alive = []
-    for i in range(50):
+    for _ in range(50):
         for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
             plan = _make(collective, x, comm)
             plan()

@@ -7,9 +7,9 @@ battery's: bits equal to the simulator's, on every rank.
 """
 
 import pytest
-
 from conftest import classes, fewest_covering
 from torch_job import transport  # noqa: F401 - the fixture
+
 from refcoll.verify.conformance import build_cases, run_battery
 
 

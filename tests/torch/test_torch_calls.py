@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch_job import transport  # noqa: F401 - the fixture
 
 import refcoll
 import refcoll.torch as rt
 from refcoll.core.bits import same_bits
 from refcoll.verify.oracle import gamma
-from torch_job import transport  # noqa: F401 - the fixture
 
 
 def _inputs(p: int, n: int, dtype=torch.float32, seed: int = 0) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The job every tests/torch/ module runs in: started by tests/test_torch.py under torchrun or mpiexec."""
+"""The job every tests/torch/ module runs in: started by tests/test_torch.py under torchrun or
+mpiexec."""
 
 import pytest
 
