@@ -18,13 +18,13 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import mpiexec_path
 
 import refcoll
-from conftest import mpiexec_path
 from refcoll.calls import plans
 from refcoll.core.ops import get_op
-from refcoll.transport.recorder import Recorder
 from refcoll.transport import SimWorld
+from refcoll.transport.recorder import Recorder
 
 MPIEXEC = mpiexec_path()
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
@@ -74,9 +74,9 @@ def test_receiving_into_the_result_gives_the_in_place_bits(algorithm, p):
     rng = np.random.default_rng(p)
     xs = [rng.standard_normal(1001).astype(np.float32) for _ in range(p)]
     for op in ("sum", "min"):
-        apart = SimWorld(p).run(lambda t: refcoll.allreduce(
+        apart = SimWorld(p).run(lambda t, op=op: refcoll.allreduce(
             xs[t.rank], t, op=op, algorithm=algorithm, out=np.empty(1001, np.float32)))
-        inplace = SimWorld(p).run(lambda t: refcoll.allreduce(
+        inplace = SimWorld(p).run(lambda t, op=op: refcoll.allreduce(
             xs[t.rank].copy(), t, op=op, algorithm=algorithm, out=None))
         for a, b in zip(apart, inplace):
             assert a.tobytes() == b.tobytes() == apart[0].tobytes()
