@@ -7,14 +7,40 @@
     res = refcoll.simulate("allreduce", xs, algorithm="ring")  # in one process
 """
 
-from .calls import (Handle, Plan, SimResult, allgather, allgather_init, allreduce, allreduce_init,
-                    as_transport, broadcast, broadcast_init, iallgather, iallreduce, ibroadcast,
-                    ireduce, ireduce_scatter, reduce, reduce_init, reduce_scatter,
-                    reduce_scatter_init, simulate, wait_all)
 from .algorithms import COLLECTIVES, REGISTRY
+from .calls import (
+    Handle,
+    Plan,
+    SimResult,
+    allgather,
+    allgather_init,
+    allreduce,
+    allreduce_init,
+    as_transport,
+    broadcast,
+    broadcast_init,
+    iallgather,
+    iallreduce,
+    ibroadcast,
+    ireduce,
+    ireduce_scatter,
+    reduce,
+    reduce_init,
+    reduce_scatter,
+    reduce_scatter_init,
+    simulate,
+    wait_all,
+)
 from .compressors.collective import compressed_allreduce
-from .core.errors import (CollectiveTimeout, DeadlockError, MismatchError, PeerFailure,
-                          RefcollError, UsageError, WrongResult)
+from .core.errors import (
+    CollectiveTimeout,
+    DeadlockError,
+    MismatchError,
+    PeerFailure,
+    RefcollError,
+    UsageError,
+    WrongResult,
+)
 from .core.ops import DTYPES, OPS
 from .training.reducer import GradBucket, Reducer
 from .transport import SimTransport, SimWorld, Transport

@@ -15,8 +15,19 @@ import importlib
 import pkgutil
 
 from ._nodes import NodeLayout, node_layout, node_sizes, node_traffic
-from .registry import (COLLECTIVES, REGISTRY, Algorithm, LinkCost, NodeShape, check_options, get,
-                       implementation, names, options, register)
+from .registry import (
+    COLLECTIVES,
+    REGISTRY,
+    Algorithm,
+    LinkCost,
+    NodeShape,
+    check_options,
+    get,
+    implementation,
+    names,
+    options,
+    register,
+)
 
 __all__ = ["Algorithm", "REGISTRY", "COLLECTIVES", "get", "implementation", "names", "options",
            "check_options", "register", "NodeShape", "LinkCost", "NodeLayout", "node_layout",

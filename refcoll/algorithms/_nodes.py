@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..core.topology import from_env as topology_from_env
 from ..core.errors import UsageError
+from ..core.topology import from_env as topology_from_env
 from ..transport.base import transport_cache
 from .naive import naive_broadcast
 from .ring import ring_allgather

@@ -44,9 +44,14 @@ from ._nodes import LEVELS, NodeLayout, node_layout, node_sizes, node_traffic
 from ._pipeline import run_pipelined
 from ._util import copy_into, view, workspace
 from .naive import naive_broadcast, naive_broadcast_cost, naive_reduce, naive_reduce_cost
-from .registry import Algorithm, LinkCost, REGISTRY, get, implementation, over_racks, register
-from .ring import (ring_allgather_cost, ring_allgather_steps, ring_allreduce_cost,
-                   ring_reduce_scatter_cost, ring_reduce_scatter_steps)
+from .registry import REGISTRY, Algorithm, LinkCost, get, implementation, over_racks, register
+from .ring import (
+    ring_allgather_cost,
+    ring_allgather_steps,
+    ring_allreduce_cost,
+    ring_reduce_scatter_cost,
+    ring_reduce_scatter_steps,
+)
 
 __all__ = [
     "NodeLayout",
@@ -194,7 +199,7 @@ def _sharded_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce
 
 
 def _leader_phases(layout: NodeLayout, x, out, segments, *, op, inter_allreduce):
-    """Unequal nodes: naive reduce to the leader, ``inter`` all-reduce of leaders, naive broadcast."""
+    """Unequal nodes: naive reduce to leaders, ``inter`` all-reduce among them, naive broadcast."""
     intra, cross = layout.intra, layout.cross
     parts = [_segment(x, out, bounds, 1) for bounds in segments]
 

@@ -36,11 +36,30 @@ from ..core.chunking import chunk_bounds, chunk_sizes, max_chunk
 from ..core.cost import ZERO, Cost
 from ._util import copy_into, view, workspace
 from .knomial import replay_cost
-from .recursive import (ABSORBS, PAIRINGS, SENDS, STAYS, check_pairing, doubling_allgather_steps,
-                        doubling_rounds, fold_in, fold_out, fold_role, halving_reduce_scatter_steps,
-                        halving_rounds, halving_windows, largest_receive, new_rank, own_blocks,
-                        pof2_below, pof2_fold, real_rank, sum_of_largest, survivor_ranges,
-                        survivor_sizes)
+from .recursive import (
+    ABSORBS,
+    PAIRINGS,
+    SENDS,
+    STAYS,
+    check_pairing,
+    doubling_allgather_steps,
+    doubling_rounds,
+    fold_in,
+    fold_out,
+    fold_role,
+    halving_reduce_scatter_steps,
+    halving_rounds,
+    halving_windows,
+    largest_receive,
+    new_rank,
+    own_blocks,
+    pof2_below,
+    pof2_fold,
+    real_rank,
+    sum_of_largest,
+    survivor_ranges,
+    survivor_sizes,
+)
 from .registry import Algorithm, LinkCost, over_racks, register
 
 __all__ = ["rabenseifner_allreduce", "rabenseifner_reduce_scatter", "rabenseifner_allgather",
@@ -365,9 +384,11 @@ def rabenseifner_price(shape, count: int, itemsize: int, *, inter: str = "ring")
     if shape.racks > 1:  # the halving and doubling among the nodes, split again at the racks
         return intra + over_racks(rabenseifner_price(shape.among_nodes(), count, itemsize),
                                   shape, parallel=g)
-    return [LinkCost("inter halving", "inter", rabenseifner_reduce_scatter_cost(m, count, itemsize)),
+    return [LinkCost("inter halving", "inter",
+                     rabenseifner_reduce_scatter_cost(m, count, itemsize)),
             *intra,
-            LinkCost("inter doubling", "inter", rabenseifner_allgather_cost(m, node_part, itemsize))]
+            LinkCost("inter doubling", "inter",
+                     rabenseifner_allgather_cost(m, node_part, itemsize))]
 
 
 def rabenseifner_orders(collective: str, p: int) -> list[dict]:

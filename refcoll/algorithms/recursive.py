@@ -50,9 +50,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
-from ._util import receive_into, view
+from ._util import receive_into
 
 __all__ = [
     "SENDS",

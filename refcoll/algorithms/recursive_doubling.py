@@ -34,8 +34,16 @@ from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
 from ._util import copy_into, receive_into, workspace
 from .knomial import replay_cost
-from .recursive import (reduce_in_rank_order, doubling_partner, fold_in, fold_out, new_rank,
-                        pof2_below, pof2_fold, real_rank)
+from .recursive import (
+    doubling_partner,
+    fold_in,
+    fold_out,
+    new_rank,
+    pof2_below,
+    pof2_fold,
+    real_rank,
+    reduce_in_rank_order,
+)
 from .registry import Algorithm, LinkCost, over_racks, register
 
 __all__ = ["recursive_doubling_allreduce", "recursive_doubling_allreduce_cost",
@@ -68,7 +76,7 @@ def power_below(p: int, radix: int) -> int:
 
 
 def multiplying_group(rank: int, distance: int, radix: int) -> list[int]:
-    """Return the ``radix`` ranks (``rank`` among them) exchanging at ``distance``, in rank order."""
+    """Return the ``radix`` ranks (``rank`` among them) exchanging at ``distance``, in order."""
     base = rank - rank % (distance * radix) + rank % distance
     return [base + j * distance for j in range(radix)]
 
@@ -264,7 +272,8 @@ def recursive_doubling_price(shape, count: int, itemsize: int, *, inter: str = "
                          parallel=g) if shape.racks > 1 else
               [LinkCost("inter exchanges", "inter",
                         recursive_doubling_allreduce_cost(m, count, itemsize))])
-    return [LinkCost("intra exchanges", "intra", recursive_doubling_allreduce_cost(g, count, itemsize)),
+    return [LinkCost("intra exchanges", "intra",
+                     recursive_doubling_allreduce_cost(g, count, itemsize)),
             *across]
 
 

@@ -287,7 +287,8 @@ def get(name: str) -> Algorithm:
 def implementation(name: str, collective: str) -> Callable:
     """Return ``name``'s implementation of ``collective``; :class:`UsageError` if it has none."""
     if collective not in COLLECTIVES:
-        raise UsageError(f"unknown collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
+        raise UsageError(f"unknown collective {collective!r}: choose one of "
+                         f"{', '.join(COLLECTIVES)}")
     algo = get(name)
     try:
         return algo.implementations[collective]

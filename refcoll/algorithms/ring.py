@@ -94,11 +94,12 @@ def _choice(name: str, value, allowed: dict) -> int:
     try:
         return allowed[value]
     except (KeyError, TypeError):
-        raise UsageError(f"ring {name} must be one of {', '.join(allowed)}, got {value!r}") from None
+        raise UsageError(f"ring {name} must be one of {', '.join(allowed)}, "
+                         f"got {value!r}") from None
 
 
 def ring_walk(direction: str = "forward", start: str = "next") -> tuple[int, int]:
-    """Return ``(hop, lead)``: the ring sends to ``r + hop``; chunk ``c`` starts at ``c + hop·lead``.
+    """Return ``(hop, lead)``: sends go to ``r + hop``; chunk ``c`` starts at ``c + hop·lead``.
 
     Raises:
         UsageError: a ``direction`` or ``start`` the ring does not know.
@@ -148,7 +149,8 @@ def ring_reduce_scatter_steps(t, x: np.ndarray, bounds, *, op, target, scratch,
         start, stop = bounds[recv_idx]
         dst, own = target(recv_idx), x[start:stop]
         incoming = receive_into(dst, scratch[: stop - start], sending, own)
-        t.sendrecv(sending, right, incoming, left)  # partial of send_idx -> right; of recv_idx <- left
+        # the partial of send_idx -> right; of recv_idx <- left
+        t.sendrecv(sending, right, incoming, left)
         t.reduce_local(op, incoming, own, dst)  # chunk recv_idx: the left's partial, then ours
         finished = dst
     return (rank + hop * (1 - lead)) % size

@@ -46,9 +46,21 @@ from ..core.ops import OPS, dtype_name, is_float, unit_roundoff
 from ..transport.base import TAGS_PER_CALL
 from ._util import copy_into, view, workspace
 from .registry import Algorithm, LinkCost, register
-from .switch_tree import (MODES, PACKET, RADIX, SLOTS, check_radix, is_count, packet_bounds,
-                          packet_count, switch_count, switch_levels, switch_links, switch_schedule,
-                          switch_workers)
+from .switch_tree import (
+    MODES,
+    PACKET,
+    RADIX,
+    SLOTS,
+    check_radix,
+    is_count,
+    packet_bounds,
+    packet_count,
+    switch_count,
+    switch_levels,
+    switch_links,
+    switch_schedule,
+    switch_workers,
+)
 
 __all__ = [
     "RADIX",
@@ -90,7 +102,7 @@ def _shift(exponent: int, workers: int) -> int:
 
 
 def _block_exponent(block: np.ndarray) -> int:
-    """Return the least ``e`` with every ``|x| < 2**e`` in ``block``: frexp's exponent of its peak."""
+    """Return the least ``e`` with all ``|x| < 2**e`` in ``block``: frexp's exponent of its peak."""
     if block.size == 0:
         return _ZERO_EXPONENT
     peak = float(np.max(np.abs(block)))

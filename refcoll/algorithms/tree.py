@@ -54,8 +54,17 @@ import numpy as np
 from ..core.chunking import chunk_bounds
 from ..core.cost import ZERO, Cost
 from ._util import copy_into, workspace
-from .knomial import (FIRSTS, SHAPES, SUBTREES, check_tree_options, distinct_orders,
-                      largest_first, node_children, node_parent, replay_cost)
+from .knomial import (
+    FIRSTS,
+    SHAPES,
+    SUBTREES,
+    check_tree_options,
+    distinct_orders,
+    largest_first,
+    node_children,
+    node_parent,
+    replay_cost,
+)
 from .registry import Algorithm, LinkCost, over_racks, register
 
 __all__ = [

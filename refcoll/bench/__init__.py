@@ -132,20 +132,49 @@ then ``gloo_time_us``... for each further library.
 from __future__ import annotations
 
 from ..core.bits import count_wrong
-from .config import (BASELINES, GLOO_BASELINES, LIBRARIES, NCCL_BASELINES, ROW_FIELDS, SIZE_RULE,
-                     BenchConfig, array_module, baseline_checked, baseline_name,
-                     baseline_unavailable, bus_factor, check_config, element_count,
-                     forced_mpi_env, libraries, mpi_algorithm, parse_size, size_sweep,
-                     use_device, variants)
+from .config import (
+    BASELINES,
+    GLOO_BASELINES,
+    LIBRARIES,
+    NCCL_BASELINES,
+    ROW_FIELDS,
+    SIZE_RULE,
+    BenchConfig,
+    array_module,
+    baseline_checked,
+    baseline_name,
+    baseline_unavailable,
+    bus_factor,
+    check_config,
+    element_count,
+    forced_mpi_env,
+    libraries,
+    mpi_algorithm,
+    parse_size,
+    size_sweep,
+    use_device,
+    variants,
+)
 from .header import bench_header, oversubscription, rank_info
 from .options import AVERAGE, NCCL_TESTS_TYPES, extra_ranks, over_ranks, parse_dtypes, parse_ops
 from .replay import Replay, schedule
-from .report import (FORMATS, format_footer, format_header, format_row, format_table, plot,
-                     run_report, save_report, summarize, write_csv)
-from .tuning import NcclLog
+from .report import (
+    FORMATS,
+    format_footer,
+    format_header,
+    format_row,
+    format_table,
+    plot,
+    run_report,
+    save_report,
+    summarize,
+    write_csv,
+)
+
 # The private names are the ones the tests reach for (the timed item, its buffers, the groups).
-from .run import _Groups, _Item, _make_data, _reduce_items, run_bench
+from .run import _Groups, _Item, _make_data, _reduce_items, run_bench  # noqa: F401 - re-exported for tests
 from .terminal import TableWriter, bar_target, rank_writer
+from .tuning import NcclLog
 
 __all__ = [
     "BenchConfig",

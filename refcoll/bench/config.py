@@ -26,8 +26,14 @@ from ..core.errors import UsageError
 from ..core.ops import check_supported, get_dtype, get_op, is_float
 from ..transport import device as devices
 from ..transport.deadline import bounded_barrier
-from .options import (check_algorithm, parse_against, parse_dtypes, parse_ops, registry_name,
-                      variant_pairs)
+from .options import (
+    check_algorithm,
+    parse_against,
+    parse_dtypes,
+    parse_ops,
+    registry_name,
+    variant_pairs,
+)
 
 __all__ = [
     "BenchConfig",
@@ -328,7 +334,13 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
     if config.average not in (0, 1, 2, 3):
         raise UsageError(f"-a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max) over ranks, as "
                          f"nccl-tests does; got {config.average}")
-    chosen = libraries(config)
+    _check_libraries(config, libraries(config), dt)
+    if config.compressor is not None:
+        _check_compressor(config, dt)
+
+
+def _check_libraries(config: BenchConfig, chosen: tuple[str, ...], dt) -> None:
+    """Raise :class:`UsageError` for baseline libraries ``chosen`` that cannot run ``config``."""
     if config.nccl_algo or config.nccl_proto:
         nccl_log.nccl_env(config.nccl_algo, config.nccl_proto)  # names NCCL lacks: refused
         if "nccl" not in chosen:
@@ -349,15 +361,18 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         if config.device != "cpu":
             raise UsageError("--against gloo times torch's Gloo backend on host buffers: it "
                              "runs with --device cpu only")
-    if config.compressor is not None:
-        parse_compressor(config.compressor)
-        if config.collective != "allreduce" or config.op not in ("sum", "avg") or not is_float(dt):
-            raise UsageError("--compressor runs a compressed all-reduce: it needs --collective "
-                             "allreduce, --op sum or avg and a floating dtype")
-        switches = [n for n in config.algorithms if algorithms.get(registry_name(n)).workers]
-        if switches:
-            raise UsageError(f"--compressor cannot run with {', '.join(switches)}: switch "
-                             "processes cannot combine compressed payloads")
+
+
+def _check_compressor(config: BenchConfig, dt) -> None:
+    """Raise :class:`UsageError` for a ``--compressor`` that cannot run ``config``."""
+    parse_compressor(config.compressor)
+    if config.collective != "allreduce" or config.op not in ("sum", "avg") or not is_float(dt):
+        raise UsageError("--compressor runs a compressed all-reduce: it needs --collective "
+                         "allreduce, --op sum or avg and a floating dtype")
+    switches = [n for n in config.algorithms if algorithms.get(registry_name(n)).workers]
+    if switches:
+        raise UsageError(f"--compressor cannot run with {', '.join(switches)}: switch "
+                         "processes cannot combine compressed payloads")
 
 
 def op_label(config: BenchConfig) -> str:

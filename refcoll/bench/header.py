@@ -23,13 +23,23 @@ from ..baselines import gloo, nccl
 from ..calls import as_transport, device_for
 from ..calls.auto import calibration_for
 from ..core import topology
-from ..core.topology import machine_of
 from ..core.ops import dtype_name, get_dtype, get_op
+from ..core.topology import machine_of
 from ..transport import cuda_aware
-from ..transport.deadline import bounded_barrier
 from ..transport.base import default_timeout
-from .config import (array_module, baseline_name, baseline_unavailable, check_forced_mpi,
-                     libraries, mpi_algorithm, op_label, rooted, use_device, variants)
+from ..transport.deadline import bounded_barrier
+from .config import (
+    array_module,
+    baseline_name,
+    baseline_unavailable,
+    check_forced_mpi,
+    libraries,
+    mpi_algorithm,
+    op_label,
+    rooted,
+    use_device,
+    variants,
+)
 from .options import AVERAGE, registry_name
 from .tuning import nccl_settings
 
@@ -87,7 +97,7 @@ def _topology() -> dict | None:
 def _notes(config, available: list[str], hosts: list[dict]) -> list[str]:
     notes = [
         "timed calls pass validate=False: the argument agreement round trip is not timed",
-        f"time: each rank's median over the timed "
+        "time: each rank's median over the timed "
         + ("iterations" if config.agg == 1 else f"calls ({config.agg} in each iteration)")
         + f", then {AVERAGE[config.average]} (-a {config.average})",
         f"busbw = algbw x nccl-tests' factor for {config.collective}",

@@ -192,7 +192,7 @@ def parse_algorithms(text) -> list[str] | None:
 
 
 def registry_name(spelled: str) -> str:
-    """Return the registry name of a ``--algorithm`` word: ``hierarchical`` of ``hierarchical(...)``."""
+    """Return an ``--algorithm`` word's registry name: ``hierarchical`` of ``hierarchical(...)``."""
     return unspell(spelled)[0]
 
 

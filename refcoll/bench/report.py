@@ -18,8 +18,8 @@ import io
 from collections import defaultdict
 from typing import Callable, Sequence
 
-from ..core.errors import UsageError
 from ..core import writing
+from ..core.errors import UsageError
 from ..core.plot import figure, save
 from . import nccl_tests
 from .config import LIBRARIES, ROW_FIELDS, BenchConfig, check_config
@@ -228,7 +228,8 @@ def _comments(header: dict) -> list[str]:
         c = header["calibration"]
         across = (f"; across {c['nodes']} nodes of {c['per_node']} ranks: "
                   f"alpha={c['inter_alpha']:.3g} s, beta={c['inter_beta']:.3g} s/B "
-                  f"({8 / c['inter_beta'] / 1e6:.0f} Mbit/s)" if c.get("nodes", 0) > 1 and c.get("inter_beta") else "")
+                  f"({8 / c['inter_beta'] / 1e6:.0f} Mbit/s)"
+                  if c.get("nodes", 0) > 1 and c.get("inter_beta") else "")
         lines.append(f"# auto: alpha={c['alpha']:.3g} s, beta={c['beta']:.3g} s/B, "
                      f"gamma={c['gamma']:.3g} s/element{across} ({c['source']})")
     return lines + [f"# note: {note}" for note in header["notes"]]

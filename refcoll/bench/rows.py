@@ -20,8 +20,17 @@ import numpy as np
 from .. import algorithms
 from ..core.ops import dtype_name, get_dtype
 from ..transport.deadline import wait_by_deadline
-from .config import (ROW_FIELDS, BenchConfig, baseline_checked, baseline_name, bus_factor,
-                     element_count, libraries, op_label, rooted)
+from .config import (
+    ROW_FIELDS,
+    BenchConfig,
+    baseline_checked,
+    baseline_name,
+    bus_factor,
+    element_count,
+    libraries,
+    op_label,
+    rooted,
+)
 from .options import over_ranks, registry_name
 
 __all__ = ["Reduced", "reduce_items", "iallreduce", "wire_bytes", "make_row"]

@@ -19,22 +19,32 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import algorithms
+from ..algorithms.spelling import spell
 from ..baselines import gloo, nccl
 from ..calls import as_transport, device_for
-from ..algorithms.spelling import spell
 from ..calls.auto import resolve_with_options
 from ..compressors import parse as parse_compressor
 from ..core import xp as xp_module
 from ..core.bits import count_wrong
 from ..core.errors import UsageError
 from ..core.ops import get_op
-from ..transport.deadline import bounded_barrier, watchdog
 from ..transport.base import default_timeout
+from ..transport.deadline import bounded_barrier, watchdog
 from ..transport.recorder import Schedule
 from ..verify.conformance import case_ranks
-from .config import (BenchConfig, array_module, baseline_checked, baseline_name,
-                     baseline_unavailable, check_config, check_forced_mpi, libraries, root_runs,
-                     use_device, variants)
+from .config import (
+    BenchConfig,
+    array_module,
+    baseline_checked,
+    baseline_name,
+    baseline_unavailable,
+    check_config,
+    check_forced_mpi,
+    libraries,
+    root_runs,
+    use_device,
+    variants,
+)
 from .data import Data, base_call, base_in_place, make_data, our_call, our_in_place
 from .options import algorithm_options, registry_name
 from .replay import Replay, node_options, schedule

@@ -10,13 +10,32 @@ ones, :mod:`~refcoll.calls.plans` the plans every call runs through,
 the machine figures it prices with.
 """
 
-from .collectives import (SimResult, allgather, allgather_init, allreduce, allreduce_init,
-                          as_transport, broadcast, broadcast_init, device_for, reduce, reduce_init,
-                          reduce_scatter, reduce_scatter_init, simulate)
-from .nonblocking import (Handle, iallgather, iallreduce, ibroadcast, ireduce, ireduce_scatter,
-                          wait_all)
+from .collectives import (
+    SimResult,
+    allgather,
+    allgather_init,
+    allreduce,
+    allreduce_init,
+    as_transport,
+    broadcast,
+    broadcast_init,
+    device_for,
+    reduce,
+    reduce_init,
+    reduce_scatter,
+    reduce_scatter_init,
+    simulate,
+)
+from .nonblocking import (
+    Handle,
+    iallgather,
+    iallreduce,
+    ibroadcast,
+    ireduce,
+    ireduce_scatter,
+    wait_all,
+)
 from .plans import Plan
-
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "simulate",
            "SimResult", "as_transport", "device_for", "iallreduce", "ireduce_scatter", "iallgather",

@@ -49,8 +49,9 @@ from ..core.errors import MismatchError, UsageError
 from ..transport.base import TAGS_PER_CALL, transport_cache
 from ..transport.recorder import compile_steps, record, run_steps
 
-__all__ = ["agree", "record_of", "signature_of", "signatures", "disagreed", "disagreement", "Signatures",
-           "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table", "describe_disagreement", "RECORD_BYTES",
+__all__ = ["agree", "record_of", "signature_of", "signatures", "disagreed", "disagreement",
+           "Signatures", "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table",
+           "describe_disagreement", "RECORD_BYTES",
            "FIELDS", "pack", "unpack",
            "gather_records", "broadcast_record", "allgather_records", "barrier"]
 
@@ -255,7 +256,9 @@ class _SignatureTags:
         self.rank, self.size, self._t = t.rank, t.size, t
 
     def persistent(self, sends, recvs):
-        moved = lambda pairs: [(buf, peer, SIGNATURE_TAG + tag) for buf, peer, tag in pairs]
+        def moved(pairs):
+            return [(buf, peer, SIGNATURE_TAG + tag) for buf, peer, tag in pairs]
+
         return self._t.persistent(moved(sends), moved(recvs), "the argument agreement's signatures")
 
 
@@ -284,7 +287,8 @@ class Signatures:
         return self.uniform(signature)
 
     def write(self, signature: bytes) -> None:
-        """Put ``signature`` in this rank's row, for the exchange to send (the exchange leaves it)."""
+        """Put ``signature`` in this rank's row for the exchange to send (the exchange leaves it).
+        """
         if signature != self._written:
             self.table[self.rank] = np.frombuffer(signature, np.uint8)
             self._written = signature

@@ -14,14 +14,14 @@ import math
 import numpy as np
 
 from .. import algorithms
-from ..core.chunking import chunk_slice, chunk_sizes
+from ..core.chunking import chunk_sizes, chunk_slice
 from ..core.errors import MismatchError, UsageError
 from ..core.ops import check_supported, dtype_name, get_dtype, get_op
 from ..core.xp import array_namespace, check_device_dtype, is_device_array
 from .agree import agree
 
-__all__ = ["Call", "checked", "PLAN_BYTES", "flat_input", "flat_out", "check_overlap", "shaped", "shared_errors",
-           "argument_fields", "workers_of", "check_root"]
+__all__ = ["Call", "checked", "PLAN_BYTES", "flat_input", "flat_out", "check_overlap", "shaped",
+           "shared_errors", "argument_fields", "workers_of", "check_root"]
 
 
 #: Largest all-reduce, in bytes, that a blocking call keeps a plan of

@@ -48,19 +48,40 @@ from dataclasses import dataclass, field, replace
 from .. import algorithms
 from ..algorithms.registry import NodeShape
 from ..algorithms.spelling import spell
-from .auto_nodes import (PIPELINE_SEGMENT, PIPELINES, _two_level, across_options, candidates,
-                         node_aware, node_shape, priced_shape, shape_of, two_level_choice)
+from ..core.errors import UsageError
 from ..core.topology import TOPO_ENV, inter_levels, rack_levels
 from ..core.topology import from_env as topology_from_env
-from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from ..transport.mpi import MPITransport
 from .agree import agree
+from .auto_nodes import (
+    PIPELINE_SEGMENT,
+    PIPELINES,
+    _two_level,
+    across_options,
+    candidates,
+    node_aware,
+    node_shape,
+    priced_shape,
+    shape_of,
+    two_level_choice,
+)
+from .calibration import (
+    DEFAULT,
+    LOAD_LIMIT,
+    Calibration,
+    CalibrationKey,
+    cache_path,
+    cached_calibrations,
+    calibrate,
+    calibration_mode,
+    current_calibration,
+    measure,
+    ping_pong,
+    runnable_tasks,
+)
 from .tuned import TUNING_ENV, Tuning, agreed_tuning, tuning_path
 from .tuned import read as read_tuning
-from .calibration import (DEFAULT, LOAD_LIMIT, Calibration, CalibrationKey, cache_path,
-                          cached_calibrations, calibrate, calibration_mode, current_calibration,
-                          measure, ping_pong, runnable_tasks)
 
 __all__ = ["AlgoFilter", "calibration_for", "choose", "candidates", "resolve", "auto_algorithm",
            "resolve_with_options", "two_level_choice", "node_aware", "across_options",
@@ -140,7 +161,7 @@ class AlgoFilter:
                 if wrong:
                     raise UsageError(f"REFCOLL_ALGO={text!r}: {', '.join(wrong)} does not "
                                      f"implement {coll}; algorithms with {coll}: "
-                                     f"{', '.join(n for n in algorithms.names(coll) if n in known)}")
+                                     + ", ".join(n for n in algorithms.names(coll) if n in known))
             rules.append((coll, frozenset(names), exclude))
         parsed = cls(text.strip(), tuple(rules))
         for coll in algorithms.COLLECTIVES:
@@ -296,8 +317,9 @@ def modelled_time(name: str, collective: str, p: int, count: int, itemsize: int,
                   calibration: Calibration) -> float | None:
     """Return the α-β-γ seconds auto's model gives ``name``'s ``collective`` (None: no cost model).
 
-    An all-reduce is priced by the algorithm's :meth:`~refcoll.algorithms.registry.Algorithm.flat_cost`:
-    the same counts, without replaying a segmented schedule (dbtree) message by message.
+    An all-reduce is priced by the algorithm's
+    :meth:`~refcoll.algorithms.registry.Algorithm.flat_cost`: the same counts, without
+    replaying a segmented schedule (dbtree) message by message.
     """
     algo = algorithms.get(name)
     if collective not in algo.costs:
@@ -458,7 +480,8 @@ def _changes(collective: str, p: int, itemsize: int, calibration: Calibration,
     changes = [entry(1)]
     below = 1  # the largest count known to pick the last entry's algorithm
     for probe in probes[1:]:
-        while pick(probe) != changes[-1][1]:  # narrow (below, probe] to the first count that differs
+        # narrow (below, probe] to the first count that differs
+        while pick(probe) != changes[-1][1]:
             lo, hi = below, probe
             while hi - lo > 1:
                 mid = (lo + hi) // 2

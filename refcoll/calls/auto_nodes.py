@@ -17,8 +17,8 @@ from ..algorithms.registry import NodeShape
 from ..core.calibration import Calibration
 from .calibration import host_counts
 
-__all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape", "shape_of",
-           "priced_shape", "PIPELINES", "PIPELINE_SEGMENT"]
+__all__ = ["candidates", "two_level_choice", "node_aware", "across_options", "node_shape",
+           "shape_of", "priced_shape", "PIPELINES", "PIPELINE_SEGMENT"]
 
 
 def candidates(collective: str) -> list[str]:

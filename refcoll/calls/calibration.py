@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from ..algorithms.naive import naive_broadcast
-from ..core.topology import machine_of
 from ..core.calibration import DEFAULT, Calibration
 from ..core.errors import UsageError
 from ..core.reading import number, read_json
+from ..core.topology import machine_of
 from ..core.writing import locked, write_json
 from .agree import allgather_records, pack, unpack
 

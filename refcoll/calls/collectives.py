@@ -31,10 +31,10 @@ from ..core.errors import UsageError
 from ..core.xp import array_namespace
 from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
-from ..transport.mpi import transport_for
-from ..transport.torch import is_process_group, torch_transport_for
 from ..transport.ledger_only import LedgerWorld
+from ..transport.mpi import transport_for
 from ..transport.sim import SimWorld
+from ..transport.torch import is_process_group, torch_transport_for
 from . import debug, plans
 from .agree import agree
 from .args import checked
@@ -108,7 +108,7 @@ def _every_rank_aware(t, aware: bool) -> bool:
 
 
 def _is_intracomm(comm) -> bool:
-    """Return whether ``comm`` is an mpi4py intracommunicator (imports mpi4py only if it is loaded)."""
+    """Return whether ``comm`` is an mpi4py intracommunicator (imports mpi4py only if loaded)."""
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and isinstance(comm, mpi.Intracomm)
 

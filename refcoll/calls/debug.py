@@ -40,7 +40,7 @@ Environment, read once per process (:func:`reset` reads it again):
   and the lines go to stderr.
 
 When tracing is off a call pays one cached check (:func:`enabled`).
-"""
+"""  # noqa: E501 - NCCL's and refcoll's log lines are quoted whole, as they are written
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def issue(name: str, comm, job) -> Handle:
 
 
 def iallreduce(x, comm=None, **kwargs) -> Handle:
-    """Non-blocking :func:`refcoll.allreduce` (``MPI_Iallreduce``): same arguments, a handle back."""
+    """Non-blocking :func:`refcoll.allreduce` (``MPI_Iallreduce``): its arguments, a handle back."""
     return _issue("allreduce", allreduce, x, comm, (), kwargs)
 
 

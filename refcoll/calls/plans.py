@@ -1,4 +1,4 @@
-"""Plans: a collective agreed once, its algorithm chosen once, its schedule recorded once, run many times.
+"""A collective agreed once, its algorithm chosen once, its schedule recorded once, run many times.
 
 MPI-4's persistent collectives (``MPI_Allreduce_init``, ``MPI_Start``,
 ``MPI_Wait``) and NCCL's capture-then-replay under CUDA graphs, in Python::
@@ -21,8 +21,9 @@ and none of the call's Python layers. Elsewhere (the simulator,
 communicator) a run calls the algorithm again on the plan's buffers.
 
 A run exchanges nothing but its data. What would break the plan's promise is
-checked on each rank at every run, locally: a freed plan, a run already started, a buffer whose shape or dtype
-changed in place, another buffer or communicator passed in. A rank that finds
+checked on each rank at every run, locally: a freed plan, a run already started,
+a buffer whose shape or dtype changed in place, another buffer or communicator
+passed in. A rank that finds
 one refuses the run with a :class:`~refcoll.core.errors.UsageError` and, for a
 validated plan, revokes the communicator's transport
 (:meth:`~refcoll.transport.mpi.MPITransport.revoke`, the simulator's alike):
@@ -52,10 +53,10 @@ import numpy as np
 
 from .. import algorithms
 from ..core.errors import UsageError
+from ..core.xp import array_namespace
 from ..transport.base import TransportBase, transport_cache
 from ..transport.recorder import compile_steps, record, run_steps
 from . import debug
-from ..core.xp import array_namespace
 from .agree import agree, disagreement, record_of, signature_of, signatures
 from .args import PLAN_BYTES, Call
 from .auto import resolve_with_options
@@ -273,7 +274,7 @@ class Plan:
         run_steps(t, self._program, 0 if first is None else 1)
 
     def replay(self, flat, result, out, shape, validate: bool):
-        """Run a kept plan on a blocking call's flat input into its flat ``result``; return the output.
+        """Run a kept plan on a blocking call's flat input into its flat ``result``; return output.
 
         ``out`` (the caller's ``out=``, or None) and ``shape`` say what the call
         returns: ``out`` itself, or ``result`` in ``shape``.
@@ -329,7 +330,8 @@ class Plan:
         self._schedule = self._program = None
 
     def _misuse(self, x, out, comm) -> str | None:
-        """Return what breaks the plan's promise for this run, or None (refused at once if freed)."""
+        """Return what breaks the plan's promise for this run, or None (refused at once if freed).
+        """
         if self.handle is not None and self.handle._done.is_set():
             self.handle = None  # completed through its handle: nothing left to wait for
         if (x is None and out is None and comm is None and not self.freed

@@ -44,8 +44,8 @@ from ..transport.base import transport_cache
 from ..transport.recorder import Stepper
 from .agree import disagreement, signatures
 
-__all__ = ["Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for", "engine_kind",
-           "busy_engine", "any_busy", "wait_all", "LINGER"]
+__all__ = ["Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
+           "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
 ENGINES = ("thread", "schedule")
@@ -101,7 +101,7 @@ class Handle:
         return self.test()
 
     def exception(self) -> BaseException | None:
-        """Return the exception the call failed with; ``None`` if it succeeded or is still running."""
+        """Return the exception the call failed with; ``None`` if it succeeded or still runs."""
         return self._error if self._done.is_set() else None
 
     def wait(self, timeout: float | None = None):
@@ -405,7 +405,8 @@ class Steps:
 
 
 def _step(handle: Handle, whole: bool) -> bool:
-    """Advance one queued call (``whole``: run a call that cannot step); return whether it is done."""
+    """Advance one queued call (``whole``: run a call that cannot step); return whether it is done.
+    """
     if handle._done.is_set():
         return True
     job = handle._job
@@ -427,7 +428,10 @@ def _step(handle: Handle, whole: bool) -> bool:
 
 
 def engine_kind(t) -> str:
-    """Return which engine runs ``t``'s non-blocking calls: ``REFCOLL_PROGRESS``, else by thread level."""
+    """Return which engine runs ``t``'s non-blocking calls.
+
+    ``REFCOLL_PROGRESS`` names it; unset, the thread level decides.
+    """
     wanted = os.environ.get("REFCOLL_PROGRESS", "").strip().lower()
     if wanted and wanted not in ENGINES:
         raise UsageError(f"REFCOLL_PROGRESS={wanted!r} is not a progress engine: use "

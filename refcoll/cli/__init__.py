@@ -15,11 +15,17 @@ from __future__ import annotations
 # Re-exported: tests patch ``refcoll.cli.subprocess.run`` to see what relaunch starts.
 import subprocess  # noqa: F401
 
-from .common import (BROKEN_PIPE, check_output_paths, check_output_paths_on_lead, main,
-                     reports_errors, split_list, write_json)
+from . import bench, calibrate, check, cluster, commands, listing, model, spec, train, tune  # noqa: F401  (each registers on main)  # noqa: F401
+from .common import (
+    BROKEN_PIPE,
+    check_output_paths,
+    check_output_paths_on_lead,
+    main,
+    reports_errors,
+    split_list,
+    write_json,
+)
 from .launch import check_environment, relaunch
-from . import check, commands, calibrate, spec, train  # noqa: F401  (each registers on main)
-from . import bench, cluster, listing, model, tune  # noqa: F401
 
 __all__ = ["main", "reports_errors", "check_output_paths", "check_output_paths_on_lead",
            "write_json", "split_list", "relaunch", "check_environment", "BROKEN_PIPE"]

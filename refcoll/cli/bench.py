@@ -12,17 +12,34 @@ import sys
 import click
 
 from .. import algorithms
+from ..bench import (
+    FORMATS,
+    SIZE_RULE,
+    BenchConfig,
+    bar_target,
+    check_config,
+    extra_ranks,
+    forced_mpi_env,
+    parse_size,
+    rank_writer,
+    run_report,
+    save_report,
+    size_sweep,
+)
+from ..bench.options import parse_algorithms
+from ..bench.terminal import PROGRESS_VARIABLE, progress_setting
 from ..core.errors import UsageError
 from ..core.plot import require_matplotlib
 from ..core.units import parse_count
-from ..bench import (FORMATS, SIZE_RULE, BenchConfig, bar_target, check_config,
-                             extra_ranks, forced_mpi_env, parse_size, rank_writer, run_report,
-                             save_report, size_sweep)
-from ..bench.options import parse_algorithms
-from ..bench.terminal import PROGRESS_VARIABLE, progress_setting
 from . import launch
-from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
-                     require_processes, split_list, write_json)
+from .common import (
+    check_output_paths,
+    check_output_paths_on_lead,
+    main,
+    reports_errors,
+    require_processes,
+    write_json,
+)
 
 __all__ = ["bench", "decimal_size_note"]
 

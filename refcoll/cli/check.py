@@ -16,13 +16,20 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.inputs import make_inputs
 from ..verify.identify import identify as identify_order
+from ..verify.inputs import make_inputs
 from ..verify.oracle import check_outputs, expected_outputs
 from ..verify.rankfiles import load_case, rank_file_bytes, write_world
 from ..verify.simulation import MAX_SIMULATED_RANKS, simulation_bytes
-from .common import (check_output_directory, check_output_paths, main, out_of_memory_is_usage,
-                     reports_errors, require_memory, write_json)
+from .common import (
+    check_output_directory,
+    check_output_paths,
+    main,
+    out_of_memory_is_usage,
+    reports_errors,
+    require_memory,
+    write_json,
+)
 
 __all__ = ["gen_inputs", "oracle", "check"]
 

@@ -18,9 +18,18 @@ from ..transport.scheduler import progress_note
 from ..verify import session as verify_session
 from ..verify.simulation import MAX_SIMULATED_RANKS, run_simulation, simulation_case
 from . import launch
-from .common import (check_output_paths, check_output_paths_on_lead, main,
-                     out_of_memory_is_usage, reports_errors, require_memory, require_processes,
-                     split_list, still_running, write_json)
+from .common import (
+    check_output_paths,
+    check_output_paths_on_lead,
+    main,
+    out_of_memory_is_usage,
+    reports_errors,
+    require_memory,
+    require_processes,
+    split_list,
+    still_running,
+    write_json,
+)
 from .launch import relaunch
 
 __all__ = ["verify", "simulate"]

@@ -20,8 +20,8 @@ import threading
 
 import click
 
-from ..core.errors import CollectiveTimeout, RefcollError, UsageError
 from ..core import writing
+from ..core.errors import CollectiveTimeout, RefcollError, UsageError
 from ..core.units import human_bytes
 from ..transport.deadline import abort_job, bounded_barrier
 from . import launch

@@ -13,9 +13,18 @@ from __future__ import annotations
 import click
 
 from .. import algorithms
-from ..calls.auto import (TABLE_LARGEST, TABLE_PS, algo_filter, auto_table, cache_path,
-                          cached_calibrations, calibration_mode, candidates, choice_table,
-                          current_calibration)
+from ..calls.auto import (
+    TABLE_LARGEST,
+    TABLE_PS,
+    algo_filter,
+    auto_table,
+    cache_path,
+    cached_calibrations,
+    calibration_mode,
+    candidates,
+    choice_table,
+    current_calibration,
+)
 from ..core.ops import DTYPES, OPS, supports
 from ..core.units import human_bytes
 from ..transport import cuda_aware

@@ -9,15 +9,14 @@ import sys
 import click
 from click.core import ParameterSource
 
-from ..core.topology import model_options
-from ..core.topology import read as read_topology
+from .. import model as m
 from ..core.errors import UsageError
 from ..core.reading import MAX_JSON_BYTES, read_text
+from ..core.topology import model_options
+from ..core.topology import read as read_topology
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
-from .. import model as m
-from ..model import (BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS,
-                             MAX_GPUS)
+from ..model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS, MAX_GPUS
 from ..transport.mpi import MPITransport
 from . import launch
 from .common import check_output_paths, main, reports_errors, split_list, write_json
@@ -320,7 +319,8 @@ def _print_plan(result) -> None:
 def _print_search(result) -> None:
     base = result.stack[0]
     click.echo("")
-    click.echo(f"best stack, searched: each row the fastest of the {len(result.options.algorithms)} "
+    click.echo("best stack, searched: each row the fastest of the "
+               f"{len(result.options.algorithms)} "
                f"algorithms (one for a pattern with its own collective); speed-up against the "
                f"baseline:")
     label, collective = _widths(result.search)

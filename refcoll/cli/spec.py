@@ -8,7 +8,8 @@ import sys
 import click
 
 from ..core.errors import RefcollError, UsageError
-from ..verify import spec_pages, vectors as golden
+from ..verify import spec_pages
+from ..verify import vectors as golden
 from .common import main, reports_errors
 
 __all__ = ["spec", "vectors"]

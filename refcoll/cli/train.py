@@ -15,8 +15,14 @@ from ..training.overlap import OverlapConfig, parse_widths, plot_timeline, run_o
 from ..training.train import EXAMPLES_HINT, TrainConfig, plot_histories
 from ..training.train import train as train_model
 from . import launch
-from .common import (check_output_paths, check_output_paths_on_lead, main, reports_errors,
-                     require_processes, write_json)
+from .common import (
+    check_output_paths,
+    check_output_paths_on_lead,
+    main,
+    reports_errors,
+    require_processes,
+    write_json,
+)
 from .launch import relaunch
 
 __all__ = ["train"]

@@ -7,8 +7,19 @@ to start a node's processes inside its namespace. Nothing above the transport
 layer needs this package; the topology it writes is read by :mod:`refcoll.core.topology`.
 """
 
-from .emulate import (Cluster, ClusterError, ClusterSpec, attach, bucket_bytes, clusters,
-                      down, missing_capability, parse_rate, status, up)
+from .emulate import (
+    Cluster,
+    ClusterError,
+    ClusterSpec,
+    attach,
+    bucket_bytes,
+    clusters,
+    down,
+    missing_capability,
+    parse_rate,
+    status,
+    up,
+)
 
 __all__ = ["Cluster", "ClusterError", "ClusterSpec", "attach", "bucket_bytes", "clusters", "down",
            "missing_capability", "parse_rate", "status", "up"]

@@ -46,13 +46,30 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..core.reading import loads_json
+from ..core.topology import NodeLink, Topology, machine_of
 from ..core.writing import remove_file, write_json, write_text
 from . import launch
-from .spec import (MAX_DELAY_S, MAX_NODES, MAX_OVERSUBSCRIPTION, MAX_RANKS_PER_NODE, MAX_RATE,
-                   MIN_RATE, ClusterSpec, parse_rate)
-from ..core.topology import NodeLink, Topology, machine_of
-from .state import (NETNS_ETC, PREFIX, check_folder, etc_folder, ours, owned, remove_etc, scan,
-                    start_time)
+from .spec import (
+    MAX_DELAY_S,
+    MAX_NODES,
+    MAX_OVERSUBSCRIPTION,
+    MAX_RANKS_PER_NODE,
+    MAX_RATE,
+    MIN_RATE,
+    ClusterSpec,
+    parse_rate,
+)
+from .state import (
+    NETNS_ETC,
+    PREFIX,
+    check_folder,
+    etc_folder,
+    ours,
+    owned,
+    remove_etc,
+    scan,
+    start_time,
+)
 
 __all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters", "attach",
            "bucket_bytes", "live_clusters", "machine_of", "missing_capability", "parse_rate",

@@ -1,5 +1,6 @@
-"""Starting a job across an emulated cluster's nodes: MPICH's ``mpiexec``, Open MPI's
-``mpirun``, or ``torchrun`` per node.
+"""Starting a job across an emulated cluster's nodes: ``mpiexec``, ``mpirun`` or ``torchrun``.
+
+MPICH's ``mpiexec``, Open MPI's ``mpirun``, or ``torchrun`` per node.
 
 * ``mpich``: ``mpiexec`` runs inside node 1 (the namespaces cannot reach the
   host's), with a hostfile of the nodes and :mod:`refcoll.cluster.standin` as

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from ..core.errors import UsageError
 from ..core.reading import number
-from ..core.units import parse_bandwidth, parse_duration
 from ..core.topology import MIN_BITS_PER_S
+from ..core.units import parse_bandwidth, parse_duration
 
 __all__ = ["ClusterSpec", "parse_rate", "MAX_NODES", "MAX_RANKS_PER_NODE", "MIN_RATE",
            "MAX_RATE", "MAX_OVERSUBSCRIPTION", "MAX_DELAY_S"]

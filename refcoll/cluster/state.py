@@ -28,7 +28,7 @@ import stat
 from pathlib import Path
 
 from ..core.errors import UsageError
-from ..core.reading import loads_json, number, open_regular, read_json
+from ..core.reading import loads_json, number, open_regular
 from .spec import MAX_NODES
 
 __all__ = ["PREFIX", "MAX_STATE_BYTES", "NETNS_ETC", "ours", "check_folder", "read_state",

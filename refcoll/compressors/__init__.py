@@ -20,9 +20,18 @@ Spec: spec/compressors.md
 
 from __future__ import annotations
 
-from .base import (COMPRESSORS, Compressor, CompressorState, ErrorFeedback, Payload, Round,
-                   parse, register)
+from .base import (
+    COMPRESSORS,
+    Compressor,
+    CompressorState,
+    ErrorFeedback,
+    Payload,
+    Round,
+    parse,
+    register,
+)
 from .cast import CastBF16, CastFP16
+from .collective import compressed_allreduce
 from .int8 import Int8
 from .none import NoCompression
 from .onebit import OneBit
@@ -32,9 +41,7 @@ from .randomk import RandomK
 from .sign import Sign
 from .terngrad import TernGrad
 from .threshold import Threshold
-from .collective import compressed_allreduce
 from .topk import TopK
-
 
 __all__ = [
     "COMPRESSORS",

@@ -108,6 +108,36 @@ def compressor_shapes(p: int) -> list[tuple]:
     return [(0,), (1,), (p + 1,), (40, 25)]
 
 
+def _check_algorithms(algos: list[str]) -> None:
+    """Raise UsageError unless ``algos`` names all-reduce algorithms a compressed run can use."""
+    if not algos:  # every pattern names an algorithm, if only for its dense bytes
+        raise UsageError("no all-reduce algorithm is selected for the compressed battery; "
+                         "name at least one, or all")
+    for name in algos:
+        algorithms.implementation(name, "allreduce")  # every pattern reduces through one
+        if algorithms.get(name).workers is not None:
+            raise UsageError(f"{name} needs switch processes and cannot run compressed payloads")
+
+
+def _cases_of(comp, p: int, algos: list[str], op_names: list[str],
+              dtype_names: list[str]) -> list[CompressorCase]:
+    """Return the cases of one parsed compressor ``comp``: every pattern it allows."""
+    cases = []
+    for pattern in comp.patterns:
+        # Only the allreduce pattern runs an algorithm; the others name one for
+        # the dense bytes they are compared with: DENSE, unless it is not selected.
+        dense = [DENSE if DENSE in algos else algos[0]]
+        for algo in (algos if pattern == "allreduce" else dense):
+            for op in op_names:
+                for dt in dtype_names:
+                    for shape in compressor_shapes(p):
+                        kinds = ["exact", "random"] if comp.identity else ["random"]
+                        for kind in kinds:
+                            cases.append(CompressorCase(comp.spec(), pattern, algo, op, dt,
+                                                        shape, kind))
+    return cases
+
+
 def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
                            algorithms_: Iterable[str] | None = None,
                            ops: Iterable[str] | None = None,
@@ -129,13 +159,7 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
     specs = list(compressors) if compressors is not None else list(COMPRESSOR_BATTERY)
     comps = [parse(s) for s in specs]
     algos = list(algorithms_) if algorithms_ is not None else compressed_algorithms()
-    if not algos:  # every pattern names an algorithm, if only for its dense bytes
-        raise UsageError("no all-reduce algorithm is selected for the compressed battery; "
-                         "name at least one, or all")
-    for name in algos:
-        algorithms.implementation(name, "allreduce")  # every pattern reduces through one
-        if algorithms.get(name).workers is not None:
-            raise UsageError(f"{name} needs switch processes and cannot run compressed payloads")
+    _check_algorithms(algos)
     op_names = list(ops) if ops is not None else list(COMPRESSED_OPS)
     for op in op_names:
         if op not in COMPRESSED_OPS:
@@ -145,19 +169,8 @@ def build_compressor_cases(p: int, *, compressors: Iterable[str] | None = None,
         if not is_float(get_dtype(d)) or d.startswith("float8"):
             raise UsageError(f"compressors take float16, bfloat16, float32 or float64, not {d}")
     cases = []
-    for spec, comp in zip(specs, comps):
-        for pattern in comp.patterns:
-            # Only the allreduce pattern runs an algorithm; the others name one for
-            # the dense bytes they are compared with: DENSE, unless it is not selected.
-            dense = [DENSE if DENSE in algos else algos[0]]
-            for algo in (algos if pattern == "allreduce" else dense):
-                for op in op_names:
-                    for dt in dtype_names:
-                        for shape in compressor_shapes(p):
-                            kinds = ["exact", "random"] if comp.identity else ["random"]
-                            for kind in kinds:
-                                cases.append(CompressorCase(comp.spec(), pattern, algo, op, dt,
-                                                            shape, kind))
+    for comp in comps:
+        cases += _cases_of(comp, p, algos, op_names, dtype_names)
     if not cases and not allow_empty:
         for what, chosen in (("compressor", specs), ("op", op_names), ("dtype", dtype_names)):
             if not chosen:

@@ -43,7 +43,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core.xp import array_namespace
-from .base import Compressor, Payload, Round, Rounds, compute_dtype, check_float, register
+from .base import Compressor, Payload, Round, Rounds, check_float, compute_dtype, register
 
 __all__ = ["PowerSGD", "orthogonalise"]
 

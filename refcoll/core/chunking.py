@@ -65,7 +65,8 @@ def _width(n: int, p: int, rule: str, itemsize: int) -> int:
     return (segments // p) * -(-n // segments)
 
 
-def chunk_bounds(n: int, p: int, rule: str = "front", *, itemsize: int = 1) -> list[tuple[int, int]]:
+def chunk_bounds(n: int, p: int, rule: str = "front", *,
+                 itemsize: int = 1) -> list[tuple[int, int]]:
     """Return ``[(start, stop), ...]`` for the ``p`` chunks of ``n`` elements under ``rule``.
 
     ``itemsize`` (bytes per element) matters to ``"gloo"`` only.

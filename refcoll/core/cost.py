@@ -3,8 +3,9 @@
 Model (Hockney; Thakur, Rabenseifner and Gropp 2005): a message of ``b`` bytes
 costs ``α + b·β``, combining ``e`` elements costs ``e·γ``. Each algorithm module
 (:mod:`refcoll.algorithms`) has a pure cost function beside its run function,
-registered in its record's ``costs``; each returns the exact counts the simulator's :class:`~refcoll.transport.base.Ledger` must show
-for ``p`` ranks and ``n`` elements of ``itemsize`` bytes:
+registered in its record's ``costs``; each returns the exact counts the simulator's
+:class:`~refcoll.transport.base.Ledger` must show for ``p`` ranks and ``n`` elements of
+``itemsize`` bytes:
 
 * ``rounds``: α terms on the critical path (the ledger's largest step);
 * ``messages``, ``bytes``: totals over all ranks;
@@ -34,7 +35,8 @@ class Cost:
     The fields are the counts the module docstring describes, then ``formula``;
     all are keyword-only. A broadcast of one 4-byte element from one rank to one other:
 
-    ``Cost(rounds=1, messages=1, bytes=4, max_rank_messages=1, max_rank_bytes=4, critical_bytes=4, reduced=0)``
+    ``Cost(rounds=1, messages=1, bytes=4, max_rank_messages=1, max_rank_bytes=4,
+    critical_bytes=4, reduced=0)``
     """
 
     rounds: int

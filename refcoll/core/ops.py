@@ -165,11 +165,15 @@ def _mpi_op_name(op) -> str | None:
 
 def _type_name(value) -> str:
     kind = type(value)
-    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def get_op(op: "str | Op") -> Op:
-    """Return the :class:`Op` for a name, an :class:`Op` or mpi4py's ``MPI.SUM``/``PROD``/``MIN``/``MAX``.
+    """Return the :class:`Op` for a name, an :class:`Op` or an mpi4py op.
+
+    mpi4py's ops are ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN`` and ``MPI.MAX``.
 
     Raises:
         UsageError: an unknown name, another MPI op (``MPI.BAND``...), or any

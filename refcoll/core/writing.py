@@ -36,8 +36,8 @@ import numpy as np
 
 from .errors import UsageError
 
-__all__ = ["check_target", "write_file", "write_bytes", "write_text", "write_json", "save_npy", "remove_file",
-           "same_place", "locked", "private_folder"]
+__all__ = ["check_target", "write_file", "write_bytes", "write_text", "write_json", "save_npy",
+           "remove_file", "same_place", "locked", "private_folder"]
 
 
 def _umask() -> int:

@@ -41,23 +41,78 @@ times and latencies may be 0. Units follow :mod:`refcoll.core.units`.
 """
 
 from ..core.calibration import Calibration
-from ..core.units import (BANDWIDTH_UNITS, human_bytes, human_time, parse_bandwidth, parse_count,
-                           parse_duration, parse_size, parse_sizes)
-from .calibrate import (CALIBRATE_DEFAULT, CALIBRATE_LIMIT, Comparison, calibrate,
-                        calibration_choices, compare_with_measurement, measure_allreduce, predict)
+from ..core.units import (
+    BANDWIDTH_UNITS,
+    human_bytes,
+    human_time,
+    parse_bandwidth,
+    parse_count,
+    parse_duration,
+    parse_size,
+    parse_sizes,
+)
+from .calibrate import (
+    CALIBRATE_DEFAULT,
+    CALIBRATE_LIMIT,
+    Comparison,
+    calibrate,
+    calibration_choices,
+    compare_with_measurement,
+    measure_allreduce,
+    predict,
+)
 from .channels import CHANNELLED, channelled_phases, pat_cost
-from .cluster import (ALGORITHMS, GPU_ARCHS, INTER_ALGORITHMS, MAX_BUCKETS, MAX_CHANNELS,
-                      MAX_GPUS, MAX_NICS, MODELLED, PATTERNS, Cluster, Options,
-                      Workload, bucket_limit, buckets_for_size, buckets_of, check_buckets,
-                      choices_text, load_layers, select_algorithms)
-from .compression import (EXACT_LIMIT, SAMPLE, chosen_pattern, compressed_estimate,
-                          factor_elements, needs_shapes, payload_arrays, powersgd_elements)
-from .overlap import StepTime, overlap
-from .pricing import (Estimate, Phase, allreduce_estimate, estimate_name, local_phase,
-                      price_phase, steps_phase)
+from .cluster import (
+    ALGORITHMS,
+    GPU_ARCHS,
+    INTER_ALGORITHMS,
+    MAX_BUCKETS,
+    MAX_CHANNELS,
+    MAX_GPUS,
+    MAX_NICS,
+    MODELLED,
+    PATTERNS,
+    Cluster,
+    Options,
+    Workload,
+    bucket_limit,
+    buckets_for_size,
+    buckets_of,
+    check_buckets,
+    choices_text,
+    load_layers,
+    select_algorithms,
+)
+from .compression import (
+    EXACT_LIMIT,
+    SAMPLE,
+    chosen_pattern,
+    compressed_estimate,
+    factor_elements,
+    needs_shapes,
+    payload_arrays,
+    powersgd_elements,
+)
 from .nccl import NCCL_VERSION, PROTOCOLS, NcclTime, nccl_choice, nccl_times
-from .request import (PRESETS, QUOTED, calibration_options, calibration_request, plan_from_text, preset_values,
-                      quoted_links)
+from .overlap import StepTime, overlap
+from .pricing import (
+    Estimate,
+    Phase,
+    allreduce_estimate,
+    estimate_name,
+    local_phase,
+    price_phase,
+    steps_phase,
+)
+from .request import (
+    PRESETS,
+    QUOTED,
+    calibration_options,
+    calibration_request,
+    plan_from_text,
+    preset_values,
+    quoted_links,
+)
 from .search import bucket_ladder, plan_and_search, search_stacks, stack_verdict, verdict
 from .stack import Plan, baseline_algorithm, plan, step_time
 from .verdict import allreduce_verdict, step_text

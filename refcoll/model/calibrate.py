@@ -183,7 +183,7 @@ def _pingpong(t, sizes: list[int], partner: int = 1) -> list[tuple[int, float]]:
         if t.rank in (0, partner):
             peer = partner if t.rank == 0 else 0
 
-            def round_trip(_: int) -> None:
+            def round_trip(_: int, send=send, recv=recv, peer=peer) -> None:
                 ping_pong(t, send, recv, peer)
 
             times = [s / 2 for s in _timed(t, round_trip, _repeats(b), sync=False)]
@@ -250,13 +250,14 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     :func:`_message_sizes` gives, inside buffers of that size (see
     :class:`~refcoll.core.calibration.Calibration`), the first steps inside
     a call, and again as a plan replays them up to
-    :data:`~refcoll.calls.args.PLAN_BYTES`, each followed by ``after_size(nbytes)`` if given (what
-    :func:`compare_with_measurement` measures there, interleaved with the
-    steps); last the ping-pong between ranks 0 and 1 and local reductions at
-    8 B and every power of two from 1 KiB to ``max(sizes)``, for the α-β-γ
-    fit, and each algorithm's own work at each size
-    (:func:`~refcoll.model.calibrate_steps.own_work`). Small sizes come first because transfers of tens of MiB leave this
-    kind of machine slower at small and medium sizes for a while. Everything
+    :data:`~refcoll.calls.args.PLAN_BYTES`, each followed by ``after_size(nbytes)``
+    if given (what :func:`compare_with_measurement` measures there, interleaved
+    with the steps); last the ping-pong between ranks 0 and 1 and local
+    reductions at 8 B and every power of two from 1 KiB to ``max(sizes)``, for
+    the α-β-γ fit, and each algorithm's own work at each size
+    (:func:`~refcoll.model.calibrate_steps.own_work`). Small sizes come first
+    because transfers of tens of MiB leave this kind of machine slower at small
+    and medium sizes for a while. Everything
     goes through ``Transport`` calls, as the algorithms make them; every rank
     returns the same numbers. ``load``: rank 0's median count of runnable
     tasks (:func:`~refcoll.calls.calibration.runnable_tasks`) after each pass,
@@ -296,7 +297,8 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     for b in measured[1:]:
         a, c, out = _buffers(t, b)
         reduction.append((b, _largest_median(
-            t, _timed(t, lambda _: t.reduce_local(add, a, c, out), _repeats(b), sync=False))))
+            t, _timed(t, lambda _, a=a, c=c, out=out: t.reduce_local(add, a, c, out), _repeats(b),
+                      sync=False))))
     alpha, beta = _fit_line(pingpong)
     _, gamma = _fit_line(reduction)
     levels = inter_link(t, pingpong, _pingpong)

@@ -114,7 +114,8 @@ class Comparison:
             if error is None or worst is None:
                 continue
             lines.append(f"{label}: geometric-mean error {100 * error:.1f}%, "
-                         f"{self.within(key=key)} of {len(self.rows)} predictions within 30%, worst "
+                         f"{self.within(key=key)} of {len(self.rows)} predictions within 30%, "
+                         "worst "
                          f"{worst['algorithm']} at {worst['bytes']} B "
                          f"(predicted/measured {worst[key] / worst['measured']:.2f})")
         s = self.scheduling()

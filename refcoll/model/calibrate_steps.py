@@ -114,8 +114,9 @@ def call_overheads(t, timed: Callable, repeats: int, largest: Callable) -> tuple
     place into the same ``out=``, argument agreement off, as
     :func:`~refcoll.model.calibrate.measure_allreduce` does, with an
     algorithm that moves nothing (:class:`InCall`): the ordinary path's checks
-    and scope; and the planned path's kept-plan lookup and empty replay. ``planned`` is 0 when ``t`` cannot
-    run plans. The counts used key no call that is ever measured; the entries
+    and scope; and the planned path's kept-plan lookup and empty replay.
+    ``planned`` is 0 when ``t`` cannot run plans. The counts used key no call
+    that is ever measured; the entries
     are removed afterwards. ``timed`` and ``largest`` are calibration's timer
     and its largest-over-ranks median.
     """
@@ -167,10 +168,12 @@ def step_samples(t, buffers, nbytes: int, sizes, per_pass, clock,
         kept = collected.setdefault(b, [[], [], [], []])
         programs: dict[tuple[int, int], tuple] = {}
 
-        def piece(buf: np.ndarray, i: int) -> np.ndarray:
+        # The closures below run within this iteration; the defaults bind its values.
+        def piece(buf: np.ndarray, i: int, slots=slots, elements=elements) -> np.ndarray:
             return buf[(i % slots) * elements:(i % slots + 1) * elements]
 
-        def step(kind: int, i: int) -> tuple[Callable[[], None], Callable[[], None]]:
+        def step(kind: int, i: int, slots=slots, programs=programs,
+                 piece=piece) -> tuple[Callable[[], None], Callable[[], None]]:
             if kind == 0:
                 sending, landing = piece(x, i), piece(out, i)
             else:  # what the previous step reduced; never the slice it receives into
@@ -198,7 +201,7 @@ def step_samples(t, buffers, nbytes: int, sizes, per_pass, clock,
                 exchange, reduce = step(kind, i)
                 marks: list[float] = []
 
-                def timed_step() -> None:
+                def timed_step(marks=marks, exchange=exchange, reduce=reduce) -> None:
                     marks.append(clock())
                     exchange()
                     marks.append(clock())
@@ -245,7 +248,9 @@ class _Dry:
 
 
 def own_work(t, names, sizes, buffers, repeats, clock) -> list[tuple[str, int, float]]:
-    """Return ``(algorithm, bytes, seconds)``: each algorithm's own work in an all-reduce (collective).
+    """Return ``(algorithm, bytes, seconds)``: each algorithm's own work in an all-reduce.
+
+    Collective.
 
     The median time of the algorithm's implementation run on ``t`` with its
     exchanges and reductions doing nothing (:class:`_Dry`): the chunk

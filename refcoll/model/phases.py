@@ -12,10 +12,23 @@ and :mod:`~refcoll.model.compression` build their estimates from these.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from ..core.cost import Cost
 
 __all__ = ["Phase", "Estimate", "price_phase", "local_phase", "steps_phase"]
+
+
+class _Rates(Protocol):
+    """What pricing reads off a :class:`~.cluster.Cluster`: its links and its reduction speed.
+
+    A protocol rather than the class, which this module cannot import: cluster
+    imports channels, and channels imports this module.
+    """
+
+    def link(self, kind: str) -> tuple[float, float]: ...
+
+    def seconds_per_byte_reduced(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ class Estimate:
                 "phases": [asdict(ph) for ph in self.phases]}
 
 
-def price_phase(cluster: Cluster, name: str, link: str, cost: Cost, itemsize: int) -> Phase:
+def price_phase(cluster: _Rates, name: str, link: str, cost: Cost, itemsize: int) -> Phase:
     """Price ``cost`` (elements of ``itemsize`` bytes) on ``link`` of ``cluster``."""
     alpha, beta = cluster.link(link) if link != "local" else (0.0, 0.0)
     seconds = (cost.rounds * alpha + cost.critical_bytes * beta
@@ -97,12 +110,12 @@ def price_phase(cluster: Cluster, name: str, link: str, cost: Cost, itemsize: in
                  cost.rounds * alpha)
 
 
-def local_phase(cluster: Cluster, name: str, nbytes: int) -> Phase:
+def local_phase(cluster: _Rates, name: str, nbytes: int) -> Phase:
     """Price ``nbytes`` of local element-wise work (passes over dense data)."""
     return Phase(name, "local", 0, 0, 0, nbytes * cluster.seconds_per_byte_reduced())
 
 
-def steps_phase(cluster: Cluster, name: str, link: str, rounds: int, nbytes: int) -> Phase:
+def steps_phase(cluster: _Rates, name: str, link: str, rounds: int, nbytes: int) -> Phase:
     """Price ``rounds`` exchanges of ``nbytes`` each way, one after another, on ``link``."""
     c = Cost(rounds=rounds, messages=rounds, bytes=rounds * nbytes, max_rank_messages=rounds,
              max_rank_bytes=rounds * nbytes, critical_bytes=rounds * nbytes, reduced=0)

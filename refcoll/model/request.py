@@ -13,8 +13,16 @@ from ..core.errors import UsageError
 from ..core.reading import MAX_JSON_BYTES, loads_json, number, read_bytes
 from ..core.units import parse_bandwidth, parse_count, parse_duration, parse_size, parse_sizes
 from .calibrate import CALIBRATE_LIMIT
-from .cluster import (MAX_GPUS, Cluster, Options, Workload, buckets_for_size, check_buckets,
-                      load_layers, select_algorithms)
+from .cluster import (
+    MAX_GPUS,
+    Cluster,
+    Options,
+    Workload,
+    buckets_for_size,
+    check_buckets,
+    load_layers,
+    select_algorithms,
+)
 from .search import plan_and_search
 from .stack import Plan, plan
 

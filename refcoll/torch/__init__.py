@@ -23,8 +23,19 @@ the conformance battery against torch's own collectives (``refcoll verify
 """
 
 from ..transport.torch import TorchTransport
-from .collectives import (allgather, allreduce, broadcast, iallgather, iallreduce, ibroadcast,
-                          ireduce, ireduce_scatter, reduce, reduce_scatter, transport_for)
+from .collectives import (
+    allgather,
+    allreduce,
+    broadcast,
+    iallgather,
+    iallreduce,
+    ibroadcast,
+    ireduce,
+    ireduce_scatter,
+    reduce,
+    reduce_scatter,
+    transport_for,
+)
 from .hooks import HookState, comm_hook, refcoll_hook
 from .judge import TorchJudge, TorchReport, judge_collectives
 from .launch import init_process_group, launcher, torch_installed

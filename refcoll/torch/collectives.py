@@ -89,7 +89,8 @@ def reduce(tensor, root: int = 0, group=None, **kwargs):
 
 
 def iallreduce(tensor, group=None, **kwargs):
-    """Non-blocking :func:`allreduce`: a :class:`refcoll.Handle` whose ``wait()`` gives the tensor."""
+    """Non-blocking :func:`allreduce`: a :class:`refcoll.Handle` whose ``wait()`` gives the tensor.
+    """
     return _nonblocking("allreduce", calls.allreduce, tensor, group, None, kwargs)
 
 

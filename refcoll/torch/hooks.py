@@ -147,7 +147,7 @@ class HookState:
 
 
 def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> None:
-    """All-reduce bucket ``index`` (flat ``x``, undivided) to its average in place, as the hook does.
+    """All-reduce bucket ``index`` (flat ``x``, undivided) to its average in place, as hooks do.
 
     Uncompressed: one all-reduce of the bucket, ``op="avg"``. A compressor of
     vectors (top-k, quantizers...) compresses the bucket whole, with the state of

@@ -46,8 +46,8 @@ from ..transport.torch import TorchTransport
 from ..verify.conformance.cases import Case, CaseResult, call_cases, default_sizes, ordered
 from ..verify.conformance.control import bcast_report, gather_reports
 from ..verify.conformance.judge import group_rows
-from ..verify.inputs import make_input
 from ..verify.identify import identify
+from ..verify.inputs import make_input
 from ..verify.oracle import check_outputs, fold
 from .launch import INSTALL_HINT, init_process_group, launcher, reduce_op, torch_installed
 from .tensors import as_array, cpu_tensor

@@ -283,7 +283,9 @@ def same_dtype(dtype, wanted: np.dtype) -> bool:
 
 
 def bucket_plans(buffers, t, algorithm: str, wanted: bool = True, old=()) -> list:
-    """Return each bucket's all-reduce, summed in place, as a plan (collective: every rank, in order).
+    """Return each bucket's all-reduce, summed in place, as a plan.
+
+    Collective: every rank, in order.
 
     A bucket's all-reduce repeats on the same buffer every iteration: agreed
     and recorded once (:func:`refcoll.allreduce_init`), started every time.
@@ -297,7 +299,10 @@ def bucket_plans(buffers, t, algorithm: str, wanted: bool = True, old=()) -> lis
 
 
 def used_map(n: int, t, find_unused: bool):
-    """Return DDP's local used map of ``n`` parameters and its summing plan (None without ``find_unused``)."""
+    """Return DDP's local used map of ``n`` parameters and its summing plan.
+
+    The plan is None without ``find_unused``.
+    """
     used = np.zeros(n, np.int32)
     plan = allreduce_init(used, t, op="sum", algorithm="ring", validate=False) if find_unused \
         else None

@@ -168,7 +168,8 @@ class OverlapConfig:
 
     Attributes:
         widths: layer widths, input first (digits: 64 in, 10 out).
-        steps, lr, momentum, batch, seed, algorithm: as :class:`~refcoll.training.train.TrainConfig`.
+        steps, lr, momentum, batch, seed, algorithm: as
+            :class:`~refcoll.training.train.TrainConfig`.
         bucket_mbs: bucket caps (MiB) of the overlap variants; the no-overlap
             variant uses the last. The first bucket's cap is ``first_bucket_mb``.
         overlap: run the overlap variants (False: compute-only and no-overlap).

@@ -49,10 +49,25 @@ from ..calls.nonblocking import issue, wait_all
 from ..compressors import Compressor, parse
 from ..core.errors import MismatchError, RefcollError, UsageError
 from ..core.ops import is_float
-from .buckets import (NAMED, BucketLayout, GradBucket, Parameter, address,
-                              assign_buckets, bucket_plans, compressor_states, divide_then_sum,
-                              reduce_compressed, same_dtype, cap_bytes, first_difference,
-                              gather_json, layouts, parameters_of, used_map)
+from .buckets import (
+    NAMED,
+    BucketLayout,
+    GradBucket,
+    Parameter,
+    address,
+    assign_buckets,
+    bucket_plans,
+    cap_bytes,
+    compressor_states,
+    divide_then_sum,
+    first_difference,
+    gather_json,
+    layouts,
+    parameters_of,
+    reduce_compressed,
+    same_dtype,
+    used_map,
+)
 
 __all__ = ["Reducer", "GradBucket", "BucketLayout", "Parameter", "assign_buckets"]
 
@@ -450,7 +465,7 @@ class Reducer:
         used = results[-1] if self.find_unused else None
         self._timeline = self._record_timeline()
         out: list = []
-        for i, p in enumerate(self.params):
+        for i in range(len(self.params)):
             if used is not None and used[i] == 0:
                 out.append(None)  # no rank used it: its gradient is left alone, as DDP does
                 continue

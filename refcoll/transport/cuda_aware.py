@@ -130,7 +130,8 @@ _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "MPI_LOCAL", 
                       "SLURM_", "I_MPI_HYDRA")
 
 _PROBE_VALUE = 1234.5
-_PROBE_CODE = "from refcoll.transport.cuda_aware import _probe_child; raise SystemExit(_probe_child())"
+_PROBE_CODE = ("from refcoll.transport.cuda_aware import _probe_child; "
+               "raise SystemExit(_probe_child())")
 
 
 def probe_cuda_aware(command: Sequence[str] | None = None, *,

@@ -27,8 +27,13 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.errors import UsageError
-from ..core.xp import (array_namespace, cupy_or_none, gpu_unavailable_reason, is_device_array,
-                       require_cupy)
+from ..core.xp import (
+    array_namespace,
+    cupy_or_none,
+    gpu_unavailable_reason,
+    is_device_array,
+    require_cupy,
+)
 from .base import as_bytes, transport_cache
 from .cuda_aware import cuda_aware
 from .deadline import bounded_barrier

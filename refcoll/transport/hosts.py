@@ -32,7 +32,7 @@ def exchange_hosts(comm, timeout: float | None, collective: str | None) -> list[
 
 
 def hosts_of_split(hosts: list[str], comm, sub) -> list[str]:
-    """Return the hosts of ``sub``'s ranks, ``sub`` split from ``comm`` whose ranks are on ``hosts``."""
+    """Return the hosts of ``sub``'s ranks, ``sub`` split from ``comm`` (ranks on ``hosts``)."""
     theirs = mpi().Group.Translate_ranks(sub.Get_group(), list(range(sub.Get_size())),
                                          comm.Get_group())
     return [hosts[r] if 0 <= r < len(hosts) else "" for r in theirs]

@@ -134,7 +134,7 @@ class PersistentExchange:
                            "or a failed agreement moved the exchanges to a new tag slot)")
 
     def finish(self) -> None:
-        """Complete an exchange begun with :meth:`start`, as :meth:`__call__` does after starting."""
+        """Complete an exchange begun with :meth:`start`, as :meth:`__call__` does after it."""
         t = self._t
         t._finish(self._requests, self._describe)
         if self._source is not None:

@@ -30,9 +30,8 @@ import numpy as np
 
 from ..core.errors import RefcollError
 from ..core.ops import Op, get_dtype, get_op
-from .base import TransportBase
+from .base import TransportBase, default_timeout
 from .deadline import duplicate
-from .base import default_timeout
 
 __all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "run_steps"]
 

@@ -82,7 +82,8 @@ class Revocable:
         if not self.comm.Iprobe(MPI.ANY_SOURCE, self._notice_tag, status):
             return False
         self.comm.Recv([self._notice, MPI.BYTE], status.Get_source(), self._notice_tag, status)
-        at, _, text = self._notice.tobytes().rstrip(bytes(1)).decode(errors="replace").partition(" ")
+        notice = self._notice.tobytes().rstrip(bytes(1)).decode(errors="replace")
+        at, _, text = notice.partition(" ")
         self.revoked = f"rank {self._notice_status.Get_source()} revoked the communicator: {text}"
         self._revoked_at = int(at)
         return True

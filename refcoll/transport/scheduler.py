@@ -32,7 +32,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-
 __all__ = ["MAX_SIMULATED_RANKS", "WorldLock", "Waiter", "RunQueue", "Watchdog", "SimProgress",
            "small_stacks", "PATIENCE", "RUNNING", "RUNNING_LOCK", "progress_note"]
 

@@ -27,9 +27,17 @@ import numpy as np
 from ..core.errors import CollectiveTimeout, DeadlockError, PeerFailure, RefcollError
 from .base import Ledger, Message, Reduction, TransportBase, as_bytes, default_timeout
 from .requests import Request, SplitRequest, collector_paused, find_cycle, split_groups
-
-from .scheduler import (MAX_SIMULATED_RANKS, RUNNING, RUNNING_LOCK, RunQueue, SimProgress, Waiter, Watchdog,
-                        WorldLock, small_stacks)
+from .scheduler import (
+    MAX_SIMULATED_RANKS,
+    RUNNING,
+    RUNNING_LOCK,
+    RunQueue,
+    SimProgress,
+    Waiter,
+    Watchdog,
+    WorldLock,
+    small_stacks,
+)
 
 __all__ = ["MAX_SIMULATED_RANKS", "SimWorld", "SimTransport", "SimProgress"]
 

@@ -287,8 +287,8 @@ class TorchTransport(TransportBase):
         table[self.rank] = mine
         with self.call("split"):
             for shift in range(1, self.size):
-                self.sendrecv(mine, (self.rank + shift) % self.size,
-                              table[(self.rank - shift) % self.size], (self.rank - shift) % self.size,
+                source = (self.rank - shift) % self.size
+                self.sendrecv(mine, (self.rank + shift) % self.size, table[source], source,
                               _SPLIT_TAG)
         if color < 0:
             return None

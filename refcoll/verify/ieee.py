@@ -365,7 +365,6 @@ def judge_float(op: str, cols: np.ndarray, got: np.ndarray, dtype,
     """
     ref = ref if ref is not None else reference(op, cols, dtype)
     got = np.asarray(got, dtype=np.float64)
-    k = got.size
     with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
         error = np.abs((_scaled(got, 0, ref.e) if ref.e.any() else got) - ref.exact)
         frac = np.where(ref.bound > 0, error / ref.bound, np.where(error > 0, np.inf, 0.0))

@@ -1,6 +1,8 @@
-"""Deterministic test inputs: the same (kind, dtype, count, rank, size, seed) gives
-the same array on every machine, so each rank can regenerate every other rank's
-input and compute the expected result without communicating.
+"""Deterministic test inputs: each rank can regenerate every other rank's input.
+
+The same (kind, dtype, count, rank, size, seed) gives the same array on every
+machine, so each rank can regenerate every other rank's input and compute the
+expected result without communicating.
 
 Kinds:
 

@@ -73,6 +73,21 @@ def _shape_list(value, where: str) -> None:
         reading.number(d, where=f"{where}[{i}]", least=0, integer=True)
 
 
+def _options(options, where: str) -> None:
+    """Check an entry's ``options``: a JSON object of names, each to a name or a number."""
+    if not isinstance(options, dict):
+        raise UsageError(f"{where}: options must be a JSON object, not {shown(options)}")
+    for key, value in options.items():
+        if not _NAME.fullmatch(key):
+            raise UsageError(f"{where}: options: {shown(key)} is not an option's name")
+        if isinstance(value, str):
+            if not _NAME.fullmatch(value):
+                raise UsageError(f"{where}: options: {key} must be a name or a number, not "
+                                 f"{shown(value)}")
+        else:
+            reading.number(value, where=f"{where}: options: {key}")
+
+
 def _checked_entry(entry, where: str) -> dict:
     """Check one manifest entry field by field: types, names, bounded finite numbers."""
     if not isinstance(entry, dict):
@@ -91,18 +106,7 @@ def _checked_entry(entry, where: str) -> dict:
     _whole(entry, "seed", where, optional=True)
     _whole(entry, "extra_ranks", where, optional=True)
     _whole(entry, "root", where, most=entry["p"] - 1, optional=True)
-    options = entry.get("options")
-    if not isinstance(options, dict):
-        raise UsageError(f"{where}: options must be a JSON object, not {shown(options)}")
-    for key, value in options.items():
-        if not _NAME.fullmatch(key):
-            raise UsageError(f"{where}: options: {shown(key)} is not an option's name")
-        if isinstance(value, str):
-            if not _NAME.fullmatch(value):
-                raise UsageError(f"{where}: options: {key} must be a name or a number, not "
-                                 f"{shown(value)}")
-        else:
-            reading.number(value, where=f"{where}: options: {key}")
+    _options(entry.get("options"), where)
     digest = entry.get("sha256")
     if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
         raise UsageError(f"{where}: sha256 must be 64 lower-case hex digits, not "

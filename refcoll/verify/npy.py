@@ -40,8 +40,8 @@ def stored_dtype(dtype) -> np.dtype:
     return dtype
 
 
-def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
-    """Parse a ``.npy`` header of any version; return ``(shape, fortran, dtype, its bytes)``."""
+def _npy_preamble(fh, f) -> tuple[tuple[int, int], int, int]:
+    """Return a ``.npy`` file's ``(version, header length, bytes read)``, checking its magic."""
     start = fh.read(10)
     if not start:
         raise UsageError(f"{f}: is empty (0 bytes), not a .npy file")
@@ -67,10 +67,11 @@ def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
     if length > MAX_NPY_HEADER:
         raise UsageError(f"{f}: its .npy header claims {length} bytes, more than the "
                          f"{MAX_NPY_HEADER} refcoll reads (NumPy writes a few hundred)")
-    raw = fh.read(length)
-    if len(raw) < length:
-        raise UsageError(f"{f}: truncated in its .npy header ({len(raw)} of the {length} bytes "
-                         "it claims)")
+    return version, length, used
+
+
+def _header_dict(raw: bytes, version: tuple[int, int], f) -> dict:
+    """Parse a ``.npy`` header's text ``raw``: a dict of exactly descr, fortran_order and shape."""
     if re.search(rb"[0-9]{40}", raw):  # Python would parse it, slowly, beyond any array
         raise UsageError(f"{f}: its .npy header cannot be read (it holds a number of 40 digits "
                          "or more)")
@@ -84,6 +85,17 @@ def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise UsageError(f"{f}: its .npy header cannot be read (it must be a dict of descr, "
                          f"fortran_order and shape, not {shown(header)})")
+    return header
+
+
+def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
+    """Parse a ``.npy`` header of any version; return ``(shape, fortran, dtype, its bytes)``."""
+    version, length, used = _npy_preamble(fh, f)
+    raw = fh.read(length)
+    if len(raw) < length:
+        raise UsageError(f"{f}: truncated in its .npy header ({len(raw)} of the {length} bytes "
+                         "it claims)")
+    header = _header_dict(raw, version, f)
     shape, fortran = header["shape"], header["fortran_order"]
     if type(shape) is not tuple or any(type(d) is not int or d < 0 for d in shape):
         raise UsageError(f"{f}: its .npy header cannot be read (shape {shown(shape)} is not "

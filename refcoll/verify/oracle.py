@@ -29,11 +29,20 @@ from ..calls.collectives import simulate
 from ..core.bits import differing as differing_elements
 from ..core.chunking import chunk_slice
 from ..core.errors import UsageError
-from ..core.ops import (dtype_name, exact_integer_limit, get_op, is_float, is_integer,
-                        unit_roundoff)
-from .findings import (BOUND_ALONE, CheckReport, Finding, bound_finding, contribution_finding,
-                       exact_finding, extremum_finding, identical_finding, shape_finding, show,
-                       where)
+from ..core.ops import dtype_name, exact_integer_limit, get_op, is_float, is_integer, unit_roundoff
+from .findings import (
+    BOUND_ALONE,
+    CheckReport,
+    Finding,
+    bound_finding,
+    contribution_finding,
+    exact_finding,
+    extremum_finding,
+    identical_finding,
+    shape_finding,
+    show,
+    where,
+)
 from .ieee import gamma, ulps
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",

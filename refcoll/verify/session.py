@@ -222,7 +222,7 @@ class VerifySession:
                                           xp=self.xp)
 
     def run_outstanding(self, workers: int, *, seed: int = 0) -> list:
-        """Run the outstanding-call scenarios on the first ``workers`` ranks; verdicts on every rank.
+        """Run the outstanding-call scenarios on the first ``workers`` ranks; verdicts on all ranks.
 
         :mod:`refcoll.verify.conformance.outstanding`: many non-blocking calls
         in flight at once, on one communicator and on split ones. Host arrays

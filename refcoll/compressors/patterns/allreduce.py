@@ -22,7 +22,7 @@ Spec: spec/compressors.md
 from __future__ import annotations
 
 from ...calls.collectives import allreduce
-from ..base import CompressorState, Compressor, split_feedback
+from ..base import Compressor, CompressorState, split_feedback
 
 __all__ = ["allreduce_pattern"]
 

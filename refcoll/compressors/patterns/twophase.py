@@ -29,8 +29,16 @@ import numpy as np
 from ...core.chunking import chunk_bounds
 from ...core.xp import array_namespace
 from ..base import Compressor, CompressorState, Payload, split_feedback
-from .gather import (TAG_ALLTOALL, Tagged, allgather_counts, wire_counts, deserialise,
-                     gather_payloads, serialise, sum_in_rank_order)
+from .gather import (
+    TAG_ALLTOALL,
+    Tagged,
+    allgather_counts,
+    deserialise,
+    gather_payloads,
+    serialise,
+    sum_in_rank_order,
+    wire_counts,
+)
 
 __all__ = ["twophase_pattern"]
 

@@ -21,8 +21,7 @@ non-blocking calls in flight at once). The compressed all-reduce battery is a
 tool's, built on these: :mod:`refcoll.compressors.conformance`.
 """
 
-from .cases import (LARGE_SIZE, REDUCING, Case, CaseResult, build_cases, case_ranks,
-                    default_sizes)
+from .cases import LARGE_SIZE, REDUCING, Case, CaseResult, build_cases, case_ranks, default_sizes
 from .control import _pack, _unpack
 from .judge import group_rows
 from .run import run_battery, run_case

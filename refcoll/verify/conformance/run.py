@@ -76,7 +76,8 @@ def _run_collective(t, case: Case, x, xp=np, calls=COLLECTIVE_FUNCTIONS):
 
 
 def _twin_problems(case: Case, twin, output, xp=np) -> list[str]:
-    """Compare the non-blocking twin's result with the blocking call's: the same bits, or why not."""
+    """Compare the non-blocking twin's result with the blocking call's: the same bits, or why not.
+    """
     handle, target = twin
     try:
         result = handle.wait()
