@@ -13,6 +13,7 @@ from refcoll.cli import main
 from refcoll.core.errors import UsageError
 from refcoll.model import (
     Cluster,
+    ModelRequest,
     Options,
     Workload,
     allreduce_estimate,
@@ -21,7 +22,6 @@ from refcoll.model import (
     pat_cost,
     plan,
     plan_and_search,
-    plan_from_text,
 )
 
 GB = 1e9
@@ -236,9 +236,9 @@ def test_bad_network_options_are_one_line_and_exit_2(args, needle):
 
 
 def test_the_library_takes_several_compressors_as_text():
-    result = plan_from_text(nodes="2", gpus_per_node="2", intra_bw="100GB/s", inter_bw="10GB/s",
-                            bidirectional=False, params="1e6",
-                            compressor=["fp16", "bf16", "fp16"])
+    result = ModelRequest(nodes="2", gpus_per_node="2", intra_bw="100GB/s", inter_bw="10GB/s",
+                          bidirectional=False, params="1e6",
+                          compressor=["fp16", "bf16", "fp16"]).plan()
     assert result.options.compressors == ("fp16", "bf16")
     assert result.stack[2].compressor in ("fp16", "bf16")
     assert math.isfinite(result.stack[2].step)

@@ -12,7 +12,7 @@ from conftest import mpiexec_path
 
 from refcoll import SimWorld, UsageError
 from refcoll.cli import main
-from refcoll.model import Cluster, allreduce_estimate, overlap, plan_from_text
+from refcoll.model import Cluster, ModelRequest, allreduce_estimate, overlap
 from refcoll.model.overlap import fit_link, predict_step
 from refcoll.training.overlap import (
     OverlapConfig,
@@ -134,7 +134,7 @@ def plan_of(command: str):
             kwargs["bidirectional"] = False
         else:
             kwargs[option[2:].replace("-", "_")] = args.pop(0)
-    return plan_from_text(**kwargs)
+    return ModelRequest(**kwargs).plan()
 
 
 def test_the_printed_model_command_gives_the_reported_exposed_time(tmp_path):

@@ -175,8 +175,8 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
         if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) and not (
                 name == "params" and layers_text is not None):
             given[name] = value
-    result = m.plan_from_text(layers_text=layers_text, search=search, **given,
-                              layers_name=f"{layers_file} (--layers)")
+    result = m.ModelRequest(layers_text=layers_text, search=search, **given,
+                            layers_name=f"{layers_file} (--layers)").plan()
     write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 

@@ -107,9 +107,9 @@ from .pricing import (
 from .request import (
     PRESETS,
     QUOTED,
+    ModelRequest,
     calibration_options,
     calibration_request,
-    plan_from_text,
     preset_values,
     quoted_links,
 )
@@ -178,7 +178,7 @@ __all__ = [
     "overlap",
     "step_time",
     "plan",
-    "plan_from_text",
+    "ModelRequest",
     "quoted_links",
     "calibration_request",
     "calibration_options",

@@ -1,13 +1,15 @@
 """``refcoll model``'s question read from text: the cluster, the workload, the options.
 
-:func:`plan_from_text` takes the command's option values as the user wrote
-them (``900GB/s``, ``2us``, ``1.3e9``), checks them in the order the command
-documents, resolves how each bandwidth is quoted, and returns the
+:class:`ModelRequest` holds the command's option values as the user wrote them
+(``900GB/s``, ``2us``, ``1.3e9``); its :meth:`~ModelRequest.plan` checks them in the order
+the command documents, resolves how each bandwidth is quoted, and returns the
 :class:`~refcoll.model.stack.Plan`. :func:`calibration_request` does the
 same for ``--calibrate``, before any process starts.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..core.errors import UsageError
 from ..core.reading import MAX_JSON_BYTES, loads_json, number, read_bytes
@@ -26,7 +28,7 @@ from .cluster import (
 from .search import plan_and_search
 from .stack import Plan, plan
 
-__all__ = ["QUOTED", "PRESETS", "preset_values", "quoted_links", "plan_from_text",
+__all__ = ["QUOTED", "PRESETS", "preset_values", "quoted_links", "ModelRequest",
            "calibration_request"]
 
 #: How a bandwidth may be quoted: the words the options take, and what they mean.
@@ -132,40 +134,76 @@ def _bucket_count(workload: Workload, buckets, bucket_size) -> int:
     return 1
 
 
-def plan_from_text(*, nodes=None, gpus_per_node=None, intra_bw=None, inter_bw=None,
-                   bidirectional: bool | None = None, intra_quoted: str | None = None,
-                   inter_quoted: str | None = None, intra_latency="2us", inter_latency="5us",
-                   in_network: bool = False, reduce_bw="1TB/s", params=None,
-                   layers_text: str | None = None, bytes_per_element="4", forward="0",
-                   backward="0", algorithm: str | None = "all", inter: str = "ring",
-                   compressor=None, pattern: str | None = None, buckets=None,
-                   bucket_size=None, nics_per_node=None, channels=None, rail: bool = True,
-                   spine_bw=None, gpu_arch: str = "hopper", search: bool = False,
-                   layers_name: str = "the layers file") -> Plan:
-    """Return the plan of ``refcoll model``'s options, given as text (its defaults, too).
+@dataclass(frozen=True)
+class ModelRequest:
+    """``refcoll model``'s question: its options as the user wrote them, each with its default.
 
-    Every argument is the option of the same name (``layers_text`` the contents
-    of ``--layers FILE``, ``layers_name`` what a refusal of it calls it);
-    numbers with units are read by :mod:`refcoll.core.units`.
+    One object for the many settings of one call, as Gloo's ``AllreduceOptions`` holds
+    an all-reduce's: every field is the option of the same name (``layers_text`` the
+    contents of ``--layers FILE``, ``layers_name`` what a refusal of it calls it), and
+    numbers with units are read by :mod:`refcoll.core.units` when :meth:`plan` runs.
     ``compressor`` is one spec or a sequence of them (``--compressor`` repeated);
     ``search`` runs the automatic search for the best stack as well.
 
-    Raises:
-        UsageError: the first option that is missing, unreadable or out of range,
-            named, with what to give instead.
+    Example:
+        >>> ModelRequest(nodes="2", gpus_per_node="8", intra_bw="300GB/s",
+        ...              inter_bw="50GB/s", bidirectional=False, params="7e9").plan()
+        ... # doctest: +SKIP
     """
-    cluster = _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quoted,
-                       inter_quoted, intra_latency, inter_latency, in_network, reduce_bw,
-                       params=params, layers_text=layers_text, nics_per_node=nics_per_node,
-                       channels=channels, rail=rail, spine_bw=spine_bw, gpu_arch=gpu_arch)
-    workload = _workload(params, layers_text, bytes_per_element, forward, backward,
-                         layers_name)
-    algorithms = select_algorithms(algorithm, in_network=in_network)
-    count = _bucket_count(workload, buckets, bucket_size)
-    specs = tuple(dict.fromkeys((compressor,) if isinstance(compressor, str)
-                                else tuple(compressor or ())))  # each spec once, in order
-    options = Options(algorithms, specs[0] if specs else None, pattern, count, inter, specs[1:])
-    return (plan_and_search if search else plan)(cluster, workload, options)
+
+    nodes: str | None = None
+    gpus_per_node: str | None = None
+    intra_bw: str | None = None
+    inter_bw: str | None = None
+    bidirectional: bool | None = None
+    intra_quoted: str | None = None
+    inter_quoted: str | None = None
+    intra_latency: str = "2us"
+    inter_latency: str = "5us"
+    in_network: bool = False
+    reduce_bw: str = "1TB/s"
+    params: str | None = None
+    layers_text: str | None = None
+    bytes_per_element: str = "4"
+    forward: str = "0"
+    backward: str = "0"
+    algorithm: str | None = "all"
+    inter: str = "ring"
+    compressor: object = None
+    pattern: str | None = None
+    buckets: str | None = None
+    bucket_size: str | None = None
+    nics_per_node: str | None = None
+    channels: str | None = None
+    rail: bool = True
+    spine_bw: str | None = None
+    gpu_arch: str = "hopper"
+    search: bool = False
+    layers_name: str = "the layers file"
+
+    def plan(self) -> Plan:
+        """Return the plan these options ask for (and the search's, with ``search``).
+
+        Raises:
+            UsageError: the first option that is missing, unreadable or out of range,
+                named, with what to give instead.
+        """
+        cluster = _cluster(self.nodes, self.gpus_per_node, self.intra_bw, self.inter_bw,
+                           self.bidirectional, self.intra_quoted, self.inter_quoted,
+                           self.intra_latency, self.inter_latency, self.in_network,
+                           self.reduce_bw, params=self.params, layers_text=self.layers_text,
+                           nics_per_node=self.nics_per_node, channels=self.channels,
+                           rail=self.rail, spine_bw=self.spine_bw, gpu_arch=self.gpu_arch)
+        workload = _workload(self.params, self.layers_text, self.bytes_per_element,
+                             self.forward, self.backward, self.layers_name)
+        algorithms = select_algorithms(self.algorithm, in_network=self.in_network)
+        count = _bucket_count(workload, self.buckets, self.bucket_size)
+        given = self.compressor
+        specs = tuple(dict.fromkeys((given,) if isinstance(given, str)
+                                    else tuple(given or ())))  # each spec once, in order
+        options = Options(algorithms, specs[0] if specs else None, self.pattern, count,
+                          self.inter, specs[1:])
+        return (plan_and_search if self.search else plan)(cluster, workload, options)
 
 
 #: The fields :func:`calibration_options` reads: ``(name, whole number, least, most)``.

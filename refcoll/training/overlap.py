@@ -56,7 +56,7 @@ from ..calls.collectives import allreduce, as_transport
 from ..calls.nonblocking import iallreduce
 from ..core.errors import UsageError
 from ..core.plot import figure, save
-from ..model import ALGORITHMS, plan_from_text
+from ..model import ALGORITHMS, ModelRequest
 from ..model.overlap import fit_link, predict_step
 from .reducer import Reducer
 from .train import TrainConfig, check_replicas, load_digits_split
@@ -316,7 +316,7 @@ def model_command(*, ranks: int, parameters: int, forward_s: float, backward_s: 
                   buckets: int, alpha: float, beta: float, algorithm: str) -> tuple[str, float]:
     """Return the ``refcoll model`` command line of this step and the exposed time it prints.
 
-    The exposed time is computed by :func:`~refcoll.model.plan_from_text`
+    The exposed time is computed by :class:`~refcoll.model.ModelRequest`
     from the very strings of the line (its last stack row), so they agree.
     """
     text = {"nodes": "1", "gpus_per_node": str(ranks), "intra_bw": f"{1 / beta:.6g}B/s",
@@ -325,7 +325,7 @@ def model_command(*, ranks: int, parameters: int, forward_s: float, backward_s: 
             "backward": f"{backward_s:.6g}", "buckets": str(buckets), "algorithm": algorithm}
     line = ["refcoll", "model", "--unidirectional",
             *(part for key, val in text.items() for part in ("--" + key.replace("_", "-"), val))]
-    return shlex.join(line), plan_from_text(bidirectional=False, **text).stack[-1].exposed
+    return shlex.join(line), ModelRequest(bidirectional=False, **text).plan().stack[-1].exposed
 
 
 def _median(records, key) -> float:
