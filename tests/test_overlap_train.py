@@ -14,16 +14,8 @@ from refcoll import SimWorld, UsageError
 from refcoll.cli import main
 from refcoll.model import Cluster, ModelRequest, allreduce_estimate, overlap
 from refcoll.model.overlap import fit_link, predict_step
-from refcoll.training.overlap import (
-    OverlapConfig,
-    _loss_gradient,
-    backward,
-    forward,
-    init_layers,
-    loss_and_grads,
-    parse_widths,
-    run_overlap,
-)
+from refcoll.training.mlp import backward, forward, init_layers, loss_and_grads, loss_gradient
+from refcoll.training.overlap import OverlapConfig, parse_widths, run_overlap
 from refcoll.training.reducer import Reducer
 from refcoll.training.train import init_params
 from refcoll.training.train import loss_and_grads as two_layer_grads
@@ -91,7 +83,7 @@ def test_reducer_averages_the_layered_gradients_identically_on_every_rank():
         reducer = Reducer(params, t, bucket_cap_mb=0.05, first_bucket_mb=0.001, algorithm="ring")
         _, grads = loss_and_grads(params, x, y)
         acts = forward(params, x)
-        backward(params, acts, _loss_gradient(acts[-1], y)[1], reducer.ready)
+        backward(params, acts, loss_gradient(acts[-1], y)[1], reducer.ready)
         return grads, reducer.finalize(), len(reducer.buckets)
 
     results = SimWorld(p).run(rank)

@@ -58,12 +58,12 @@ from ..core.errors import UsageError
 from ..core.plot import figure, save
 from ..model import ALGORITHMS, ModelRequest
 from ..model.overlap import fit_link, predict_step
+from .mlp import backward, forward, init_layers, loss_and_grads, loss_gradient
 from .reducer import Reducer
 from .train import TrainConfig, check_replicas, load_digits_split
 
-__all__ = ["parse_widths", "init_layers", "forward", "backward", "loss_and_grads",
-           "OverlapConfig", "Variant", "OverlapResult", "run_overlap", "model_command",
-           "measure_layer_backward", "plot_timeline"]
+__all__ = ["parse_widths", "OverlapConfig", "Variant", "OverlapResult", "run_overlap",
+           "model_command", "measure_layer_backward", "plot_timeline"]
 
 _DIGITS = (64, 10)  # the digits' input width and classes
 _POOL = 8  # synthetic data: batches of rows drawn once per rank, then cycled
@@ -78,75 +78,10 @@ def parse_widths(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def init_layers(widths, seed: int, dtype=np.float32) -> list[np.ndarray]:
-    """Return He-initialised weights and zero biases ``[W1, b1, ...]``, from ``seed`` alone."""
-    rng = np.random.default_rng([seed, 0])
-    params = []
-    for n_in, n_out in zip(widths, widths[1:]):
-        params.append((rng.standard_normal((n_in, n_out)) * math.sqrt(2 / n_in)).astype(dtype))
-        params.append(np.zeros(n_out, dtype))
-    return params
-
-
-def forward(params, x: np.ndarray) -> list[np.ndarray]:
-    """Return the activations: the input, each hidden layer's ReLU output, the logits."""
-    acts = [x]
-    for layer in range(len(params) // 2):
-        z = acts[-1] @ params[2 * layer] + params[2 * layer + 1]
-        acts.append(z if 2 * layer + 2 == len(params) else np.maximum(z, 0, out=z))
-    return acts
-
-
-def _loss_gradient(logits: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """Return the mean softmax cross-entropy and its gradient with respect to the logits."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    rows, d_logits = np.arange(len(y)), np.exp(log_probs)
-    d_logits[rows, y] -= 1
-    d_logits /= len(y)
-    return float(-log_probs[rows, y].mean()), d_logits
-
-
-def backward(params, acts, d_out: np.ndarray, on_grad, *, spans: list | None = None,
-             sleep=None, grads=None, out=None) -> None:
-    """Run the backward pass last layer first, calling ``on_grad(i, grad)`` as each exists.
-
-    ``spans`` collects each layer's ``(start, end)`` perf_counter stamps, last
-    layer first. With ``sleep`` (seconds per layer), a layer's work is a sleep
-    that long and its gradients are the given ``grads``: the free-cores stand-in.
-    ``out(i)``: the array gradient ``i`` is written into (a Reducer's
-    :meth:`~refcoll.training.reducer.Reducer.gradient` view); new arrays without it.
-    """
-    d = d_out
-    into = out or (lambda i: None)
-    for layer in reversed(range(len(params) // 2)):
-        start = time.perf_counter()
-        if sleep is not None:
-            time.sleep(sleep[layer])
-            for i in (2 * layer + 1, 2 * layer):
-                on_grad(i, grads[i] if out is None else np.copyto(out(i), grads[i]) or out(i))
-        else:
-            a = acts[layer]
-            on_grad(2 * layer + 1, np.sum(d, axis=0, out=into(2 * layer + 1)))
-            on_grad(2 * layer, np.matmul(a.T, d, out=into(2 * layer)))
-            if layer:  # the input's gradient, through the previous layer's ReLU
-                d = (d @ params[2 * layer].T) * (a > 0)
-        if spans is not None:
-            spans.append((start, time.perf_counter()))
-
-
-def loss_and_grads(params, x: np.ndarray, y: np.ndarray) -> tuple[float, list[np.ndarray]]:
-    """Return the mean loss on ``(x, y)`` and every parameter's gradient, in index order."""
-    acts, grads = forward(params, x), [None] * len(params)
-    loss, d_out = _loss_gradient(acts[-1], y)
-    backward(params, acts, d_out, grads.__setitem__)
-    return loss, grads
-
-
 def measure_layer_backward(params, x, y, *, repeats: int = 5) -> tuple[float, ...]:
     """Return each layer's median NumPy backward time on ``(x, y)``, first layer first."""
     acts = forward(params, x)
-    _, d_out = _loss_gradient(acts[-1], y)
+    _, d_out = loss_gradient(acts[-1], y)
     runs: list[list] = [[] for _ in range(repeats)]
     for spans in runs:  # each run's spans, last layer first
         backward(params, acts, d_out, lambda i, g: None, spans=spans)
@@ -264,7 +199,7 @@ def _step(t, rep: _Replica, x, y, lr, momentum) -> dict:
     t0 = time.perf_counter()
     acts = forward(rep.params, x)
     t1 = time.perf_counter()
-    loss, d_out = _loss_gradient(acts[-1], y)
+    loss, d_out = loss_gradient(acts[-1], y)
     grads, first, spans = [None] * n, [], []
 
     def hand(i, grad):

@@ -48,6 +48,7 @@ from ..compressors import parse
 from ..compressors.collective import compressed_allreduce
 from ..core.errors import RefcollError, UsageError
 from ..core.plot import figure, save
+from . import mlp
 
 __all__ = [
     "TrainConfig",
@@ -221,46 +222,25 @@ def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     return x[train_rows], y[train_rows], x[test_rows], y[test_rows]
 
 
+#: The two-layer MLP's parameters by name, in the layered model's order.
+NAMES = ("W1", "b1", "W2", "b2")
+
+
 def init_params(n_in: int, hidden: int, seed: int) -> dict[str, np.ndarray]:
-    """Return He-initialised weights and zero biases, drawn from ``seed`` alone."""
-    rng = np.random.default_rng([seed, 0])
-    return {
-        "W1": (rng.standard_normal((n_in, hidden)) * math.sqrt(2 / n_in)).astype(np.float32),
-        "b1": np.zeros(hidden, np.float32),
-        "W2": (rng.standard_normal((hidden, _CLASSES)) * math.sqrt(2 / hidden)).astype(np.float32),
-        "b2": np.zeros(_CLASSES, np.float32),
-    }
-
-
-def _logits(params: dict[str, np.ndarray], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    hidden = np.maximum(x @ params["W1"] + params["b1"], 0)
-    return hidden, hidden @ params["W2"] + params["b2"]
+    """Return the :mod:`~refcoll.training.mlp` ``n_in``-``hidden``-10 model's tensors by name."""
+    return dict(zip(NAMES, mlp.init_layers((n_in, hidden, _CLASSES), seed)))
 
 
 def loss_and_grads(params: dict[str, np.ndarray], x: np.ndarray,
                    y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
     """Return the mean softmax cross-entropy on ``(x, y)`` and its gradient per tensor."""
-    hidden, logits = _logits(params, x)
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    rows = np.arange(len(y))
-    loss = float(-log_probs[rows, y].mean())
-    d_logits = np.exp(log_probs)
-    d_logits[rows, y] -= 1
-    d_logits /= len(y)
-    d_hidden = (d_logits @ params["W2"].T) * (hidden > 0)
-    grads = {
-        "W1": x.T @ d_hidden,
-        "b1": d_hidden.sum(axis=0),
-        "W2": hidden.T @ d_logits,
-        "b2": d_logits.sum(axis=0),
-    }
-    return loss, grads
+    loss, grads = mlp.loss_and_grads([params[name] for name in NAMES], x, y)
+    return loss, dict(zip(NAMES, grads))
 
 
 def accuracy(params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
     """Return the fraction of rows of ``x`` whose predicted class is ``y``."""
-    return float((_logits(params, x)[1].argmax(axis=1) == y).mean())
+    return mlp.accuracy([params[name] for name in NAMES], x, y)
 
 
 def check_replicas(t, params: dict[str, np.ndarray], config: TrainConfig | None = None,
