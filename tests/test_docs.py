@@ -57,7 +57,7 @@ PAGES = [README] + sorted(p for p in DOCS.rglob("*.md")
 SETUP_COMMANDS = (
     "pip install '.[mpi]' && refcoll verify -n 4",
     "python3 -m venv .venv && . .venv/bin/activate && pip install -q '.[mpi,test]' "
-    "torch==2.13.0 && python -m pytest",
+    "torch==2.13.0 && ruff check . && python -m pytest",
 )
 README_MAX_LINES = 150
 
