@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -256,3 +258,28 @@ def test_mpiexec_runs_refcoll_through_that_python():
     argv = mpiexec_command(2, ["verify"], mpiexec="mpiexec")
     assert argv[-4:] == python("-m", "refcoll", "verify")[-4:]
     assert argv[argv.index("2") + 1:] == python("-m", "refcoll", "verify")
+
+
+# ------------------------------------------------------------------ the one way in and out
+
+#: Calls that open, read or write a file by name; only core.reading and core.writing make them.
+_FILE_CALLS = re.compile(r"json\.load\(|np\.load\(|(?<!reading)\.read_text\("
+                         r"|(?<!reading)\.read_bytes\(|(?<![\w.])open\(|(?<!writing)\.write_text\("
+                         r"|(?<!writing)\.write_bytes\(|np\.save\(|savefig\(|os\.open\(")
+
+#: Where else a file is opened: the kernel's own (/proc), the null device, the trace file that
+#: grows as the job runs (opened without following a link), an archive's member.
+_ALLOWED = ("/proc", "_MEMINFO", "os.devnull", "_open_trace", "archive.open", "flags, 0o666")
+
+
+def test_no_module_opens_a_file_but_the_reader_and_the_writer():
+    package = Path(refcoll.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.parent.name == "core" and path.name in ("reading.py", "writing.py", "plot.py"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if _FILE_CALLS.search(code) and not any(word in line for word in _ALLOWED):
+                found.append(f"{path.relative_to(package.parent)}:{number}: {line.strip()}")
+    assert not found, "files opened outside core.reading and core.writing:\n" + "\n".join(found)
