@@ -401,13 +401,17 @@ def test_auto_and_hierarchical_read_the_nodes_and_the_topology_across_them(untou
         "small = [refcoll.allreduce((np.arange(1 << 10, dtype=np.float32) * 0.11 + r + i)\n"
         "                           .astype(np.float32), w, algorithm='auto') for i in range(4)]\n"
         "cal = calibration_for(t)\n"
+        "with refcoll.allreduce_init((np.arange(1 << 10, dtype=np.float32) * 0.11 + r + 3)\n"
+        "                            .astype(np.float32), w, algorithm='auto') as plan:\n"
+        "    planned = plan().copy()\n"
         "out = {'hosts': t.hosts, 'sizes': node_layout(t).sizes,\n"
         "       'two_level': cal.two_level, 'inter_beta': cal.inter_beta,\n"
         "       'choices': {n: resolve_with_options(t, 'allreduce', n, 4)\n"
         "                   for n in (1 << 10, 1 << 18, 1 << 24)},\n"
         "       'topo': os.environ.get('REFCOLL_TOPO_FILE'),\n"
-        "       'kept': [k[0] for k in t.cache.get('plans', {}).get('kept', {})]}\n"
+        "       'recorded': plan.recorded}\n"
         f"np.save(r'{tmp_path}/y%d.npy' % r, y)\n"
+        f"np.save(r'{tmp_path}/p%d.npy' % r, planned)\n"
         f"np.save(r'{tmp_path}/s%d.npy' % r, np.stack(small))\n"
         f"open(r'{tmp_path}/rank%d.json' % r, 'w').write(json.dumps(out))\n")
     with Cluster(nodes=2, ranks_per_node=2, link="1gbit") as cluster:
@@ -434,9 +438,9 @@ def test_auto_and_hierarchical_read_the_nodes_and_the_topology_across_them(untou
                             calibration=cal).outputs
     for r in range(4):
         assert np.load(tmp_path / f"y{r}.npy").tobytes() == want[r].tobytes()
-    # 4 KiB, four times: from the third call on, auto's hierarchical replays a kept plan,
-    # its phases on the node's and the cross-node communicators recorded as one schedule
-    assert all(out["kept"] == ["auto"] for out in outs), outs[0]["kept"]
+    # 4 KiB as a plan: auto's hierarchical, its phases on the node's and the cross-node
+    # communicators recorded as one schedule, gives the blocking call's bits
+    assert all(out["recorded"] for out in outs), outs
     for i in range(4):
         small = [(np.arange(1 << 10, dtype=np.float32) * 0.11 + r + i).astype(np.float32)
                  for r in range(4)]
@@ -444,3 +448,5 @@ def test_auto_and_hierarchical_read_the_nodes_and_the_topology_across_them(untou
                                 calibration=cal).outputs
         for r in range(4):
             assert np.load(tmp_path / f"s{r}.npy")[i].tobytes() == want[r].tobytes(), (i, r)
+            if i == 3:
+                assert np.load(tmp_path / f"p{r}.npy").tobytes() == want[r].tobytes(), r

@@ -9,16 +9,12 @@ disagreement. Every rank ends with every rank's notes and raises the same
 :class:`MismatchError`, naming the field and the ranks: ``count: rank 0 has
 1000, rank 3 has 999``.
 
-On MPI what travels first is a :data:`SIGNATURE_BYTES`-byte digest of the record
-(:class:`Signatures`: an allgather recorded once per transport as persistent
-exchanges, ``⌈lg p⌉`` rounds); the records themselves (``RECORD_BYTES`` each)
-move only when the digests differ, to name the field. A recorded plan
-(:mod:`refcoll.calls.plans`) starts its first data exchange beside the
-signatures, so the agreement rides with the data instead of costing a round
-trip of its own, and it reduces only after every signature matched. When they
-differ, every rank knows it at once, withdraws its data, leaves its persistent
-exchanges for a new tag slot (:func:`disagreed`) and names the difference
-(:func:`disagreement`). Other transports exchange the records directly.
+What travels first is a :data:`SIGNATURE_BYTES`-byte digest of the record
+(:func:`exchange_signatures`: an allgather over the transport's plain
+``sendrecv``, ``⌈lg p⌉`` rounds, in the call's own tag space, at
+:data:`SIGNATURE_TAG`); the records themselves (``RECORD_BYTES`` each) move
+only when the digests differ, to name the field (:func:`disagreement`). Every
+rank ends with every rank's digest, so every rank takes the same branch.
 
 ``validate=False`` skips the exchange. Without it, ranks that disagree on sizes
 still never corrupt memory (every receive checks its byte count) but may wait
@@ -46,11 +42,10 @@ import numpy as np
 from ..algorithms.naive import naive_broadcast
 from ..algorithms.rabenseifner import rabenseifner_allgather
 from ..core.errors import MismatchError, UsageError
-from ..transport.base import TAGS_PER_CALL, transport_cache
-from ..transport.recorder import compile_steps, record, run_steps
+from ..transport.base import TAG_NAMES, TAGS_PER_CALL
 
-__all__ = ["agree", "record_of", "signature_of", "signatures", "disagreed", "disagreement",
-           "Signatures", "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table",
+__all__ = ["agree", "record_of", "signature_of", "exchange_signatures", "disagreement",
+           "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table",
            "describe_disagreement", "RECORD_BYTES",
            "FIELDS", "pack", "unpack",
            "gather_records", "broadcast_record", "allgather_records", "barrier"]
@@ -193,40 +188,29 @@ def describe_disagreement(records: list[list[str]]) -> str | None:
 def agree(t, **fields) -> None:
     """Exchange the call's arguments; raise the same MismatchError on every rank if they differ.
 
-    On a transport with persistent exchanges (MPI) the ranks first exchange
-    :data:`SIGNATURE_BYTES`-byte digests of their records (:class:`Signatures`);
-    only when those differ do they exchange the records themselves, to name the
-    field. Every rank ends with every rank's digest, so every rank takes the
-    same branch.
+    The ranks first exchange :data:`SIGNATURE_BYTES`-byte digests of their
+    records (:func:`exchange_signatures`); only when those differ do they
+    exchange the records themselves, to name the field. Every rank ends with
+    every rank's digest, so every rank takes the same branch.
     """
     if t.size == 1:
         return
-    record = record_of(fields)
-    exchange = signatures(t)
-    if exchange is not None:
-        if exchange.agreed(signature_of(record)):
-            return  # the same record everywhere (an error every rank has: each raises it)
+    signature = signature_of(record_of(fields))
+    if exchange_signatures(t, signature) != signature * t.size:
         disagreement(t, fields)
-        return
-    check_table(t, fields, allgather_records(t, record))
+    # else the same record everywhere (an error every rank has: each raises it)
 
 
 def disagreement(t, fields: dict) -> None:
     """After signatures that differed on some rank: name the difference on every rank.
 
-    Every rank leaves its persistent exchanges (:func:`disagreed`), then the
-    ranks exchange their whole records and raise the same error
+    The ranks exchange their whole records and raise the same error
     (:func:`check_table`; a rank with an error of its own returns to raise it).
-    Records that are the same everywhere while the signatures differed mean
-    the ranks took different paths for the same call (a kept plan on some,
-    none on others): that is a :class:`MismatchError` too.
     """
-    disagreed(t)
     check_table(t, fields, allgather_records(t, record_of(fields)))
-    if not fields.get("error"):
-        raise MismatchError(f"ranks called {fields.get('collective', 'a collective')} with the "
-                            "same arguments but on different paths (a plan kept on some ranks "
-                            "only: did an earlier call fail on some ranks alone?)")
+    if not fields.get("error"):  # the same records, other signatures: a digest's collision
+        raise MismatchError(f"ranks called {fields.get('collective', 'a collective')} with "
+                            "arguments whose signatures differ though their records match")
 
 
 # ------------------------------------------------------------- signatures
@@ -234,9 +218,10 @@ def disagreement(t, fields: dict) -> None:
 #: Bytes of a call's signature: a BLAKE2b digest of its record.
 SIGNATURE_BYTES = 32
 
-#: The tag of the signature exchange among the persistent exchanges: above the
-#: tags algorithms use, so a call's signature and its data can travel at once.
+#: The tag of the signature exchange: above the tags algorithms use, in the
+#: call's own tag space.
 SIGNATURE_TAG = TAGS_PER_CALL - 1
+TAG_NAMES[SIGNATURE_TAG] = "the argument agreement's signatures"
 
 
 def signature_of(record: np.ndarray) -> bytes:
@@ -249,93 +234,26 @@ def _signature(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=SIGNATURE_BYTES).digest()
 
 
-class _SignatureTags:
-    """A transport seen through :data:`SIGNATURE_TAG`: what the signature exchange records on."""
+def exchange_signatures(t, signature: bytes) -> bytes:
+    """Return every rank's ``signature``, concatenated in rank order, on every rank (collective).
 
-    def __init__(self, t):
-        self.rank, self.size, self._t = t.rank, t.size, t
-
-    def persistent(self, sends, recvs):
-        def moved(pairs):
-            return [(buf, peer, SIGNATURE_TAG + tag) for buf, peer, tag in pairs]
-
-        return self._t.persistent(moved(sends), moved(recvs), "the argument agreement's signatures")
-
-
-class Signatures:
-    """The allgather of every rank's signature, recorded once per transport as persistent exchanges.
-
-    Its steps are public (:attr:`steps`) so that a recorded plan can start
-    its first data exchange beside them (:mod:`refcoll.calls.plans`): the
-    signature travels with the data, and the data is reduced only after the
-    signatures compared equal.
+    Bruck's allgather over ``t.sendrecv``: in round ``k`` a rank sends the
+    ``2^k`` signatures it holds (its own first, then those of the ranks after
+    it) to ``rank - 2^k`` and receives as many from ``rank + 2^k``; ``⌈lg p⌉``
+    rounds, then the rows are rotated back into rank order.
     """
-
-    def __init__(self, t):
-        self.rank = t.rank
-        self.table = np.zeros((t.size, SIGNATURE_BYTES), np.uint8)
-        self._written = None  # the signature in this rank's row
-        self.schedule = record(_SignatureTags(t), rabenseifner_allgather, self.table.reshape(-1))
-        self.steps = self.schedule.steps
-        self.program = compile_steps(self.steps)
-        self.t = t
-
-    def agreed(self, signature: bytes) -> bool:
-        """Exchange ``signature``; return whether every rank sent the same one."""
-        self.write(signature)
-        run_steps(self.t, self.program)
-        return self.uniform(signature)
-
-    def write(self, signature: bytes) -> None:
-        """Put ``signature`` in this rank's row for the exchange to send (the exchange leaves it).
-        """
-        if signature != self._written:
-            self.table[self.rank] = np.frombuffer(signature, np.uint8)
-            self._written = signature
-
-    def uniform(self, signature: bytes) -> bool:
-        """Return whether the table, after the exchange, holds ``signature`` in every row."""
-        return self.table.tobytes() == signature * len(self.table)
-
-    def free(self) -> None:
-        self.schedule.free()
-        self.program = []
-
-
-def signatures(t) -> Signatures | None:
-    """Return ``t``'s signature exchange (made on first use); None on a transport without one."""
-    if not hasattr(t, "new_persistent_epoch"):
-        return None
-    cache = transport_cache(t, "agreement")
-    exchange = cache.get("signatures")
-    if exchange is None:
-        exchange = cache["signatures"] = Signatures(t)
-    return exchange
-
-
-def disagreed(t) -> None:
-    """Leave every persistent exchange of ``t`` after an agreement that every rank saw fail.
-
-    A rank that ran a recorded plan sent its data beside its signature; a peer
-    that made a different call never takes it. So every rank drops the
-    signature exchange and moves the persistent exchanges it makes from now on
-    to a new tag slot, where no message of the failed call can match them. It
-    drops the blocking calls' kept plans (a plan kept on some ranks only may be
-    what failed: every rank goes back to the ordinary path, and a queued
-    non-blocking call that finds none runs whole), and records the user's plans
-    again in the new slot, in the order they were made
-    (:class:`~refcoll.calls.plans.Plan`).
-    """
-    exchange = transport_cache(t, "agreement").pop("signatures", None)
-    if exchange is not None:
-        exchange.free()
-    t.new_persistent_epoch()
-    plans = transport_cache(t, "plans")
-    for plan in plans.pop("kept", {}).values():
-        plan.free()  # every rank drops its kept plans: all back on one path
-    plans.pop("seen", None)
-    for plan in list(plans.get("live", {}).values()):
-        plan.renew()
+    p, rank, n = t.size, t.rank, SIGNATURE_BYTES
+    held = np.empty(p * n, np.uint8)
+    held[:n] = np.frombuffer(signature, np.uint8)
+    have = 1
+    while have < p:
+        count = min(have, p - have)
+        t.sendrecv(held[:count * n], (rank - have) % p, held[have * n:(have + count) * n],
+                   (rank + have) % p, SIGNATURE_TAG)
+        have += count
+    data = held.tobytes()  # row i: rank (rank + i) % p's signature
+    cut = (p - rank) % p * n
+    return data[cut:] + data[:cut]
 
 
 def record_of(fields: dict) -> np.ndarray:

@@ -9,26 +9,30 @@ rank an error on every rank before any data moves (:func:`shared_errors`,
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import numpy as np
 
 from .. import algorithms
+from ..algorithms.registry import REGISTRY
 from ..core.chunking import chunk_sizes, chunk_slice
 from ..core.errors import MismatchError, UsageError
-from ..core.ops import check_supported, dtype_name, get_dtype, get_op
+from ..core.ops import (
+    DTYPE_NAMES,
+    OPS,
+    OPS_ON_EVERY_DTYPE,
+    check_supported,
+    dtype_name,
+    get_dtype,
+    get_op,
+)
 from ..core.xp import array_namespace, check_device_dtype, is_device_array
 from .agree import agree
+from .auto import resolve_with_options
 
-__all__ = ["Call", "checked", "PLAN_BYTES", "flat_input", "flat_out", "check_overlap", "shaped",
+__all__ = ["Call", "checked", "flat_input", "flat_out", "check_overlap", "shaped",
            "shared_errors", "argument_fields", "workers_of", "check_root"]
-
-
-#: Largest all-reduce, in bytes, that a blocking call keeps a plan of
-#: (:func:`refcoll.calls.plans.run`). Up to here the two copies a kept plan adds
-#: (input in, result out) cost less than the Python layers it saves; above it a
-#: call should not copy its input at all.
-PLAN_BYTES = 64 << 10
 
 
 def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, validate: bool,
@@ -40,17 +44,22 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
     refusing buffers that overlap other than in its one in-place layout. A
     check that fails on one rank fails on every rank (:func:`shared_errors`).
     """
-    xp = array_namespace(x)
+    xp = np if x.__class__ is np.ndarray else array_namespace(x)  # a NumPy array: no look-up
     with shared_errors(t, validate, collective):
         if root is not None:
             check_root(root, t)
-        reduction = None if op is None else get_op(op)
-        algo = algorithms.get(algorithm)
-        algorithms.implementation(algorithm, collective)
+        # The registry's and the ops' tables first; their functions name what is wrong.
+        reduction = None if op is None else (OPS.get(op) if op.__class__ is str else None
+                                             ) or get_op(op)
+        algo = REGISTRY.get(algorithm) if algorithm.__class__ is str else None
+        fn = None if algo is None else algo.implementations.get(collective)
+        if fn is None:
+            algo = algorithms.get(algorithm)
+            fn = algorithms.implementation(algorithm, collective)
         if options:
             algorithms.check_options(algorithm, collective, options, rank=t.rank)
-        flat = flat_input(x, t)
-        if reduction is not None:
+        flat = flat_input(x, t, xp)
+        if reduction is not None and reduction.name not in OPS_ON_EVERY_DTYPE:
             check_supported(reduction, flat.dtype)
         arr = xp.asarray(x)
         rank, size, workers = t.rank, t.size, t.size
@@ -70,13 +79,9 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
             result = flat_out(out, shape, flat.dtype, t, what, xp)
             if out is not None and out is not arr:  # out=x: the one in-place layout
                 check_overlap(flat, result, _in_place(collective, flat, result, rank, size), t,
-                              what)
-    key = None
-    if (collective == "allreduce" and result is not None and not options and workers == size > 1
-            and flat.nbytes <= PLAN_BYTES and hasattr(t, "persistent") and xp is np):
-        key = (algorithm, reduction.name, flat.dtype, flat.size)
+                              what, xp)
     return Call(t, comm, collective, algorithm, options, validate, reduction,
-                0 if root is None else root, arr, flat, result, out, shape, workers, key)
+                0 if root is None else root, arr, flat, result, out, shape, workers, algo, fn)
 
 
 #: The collectives as messages name them.
@@ -92,13 +97,15 @@ def _in_place(collective: str, flat, result, rank: int, size: int) -> tuple:
     return flat, result
 
 
-def flat_input(x, t) -> np.ndarray:
+def flat_input(x, t, xp=None) -> np.ndarray:
     """Return ``x`` as a flat, C-contiguous, native-byte-order array of a supported dtype."""
-    xp = array_namespace(x)
+    xp = xp or array_namespace(x)
     arr = xp.asarray(x)
     try:
-        get_dtype(arr.dtype)
-        check_device_dtype(arr.dtype, xp)
+        if arr.dtype not in DTYPE_NAMES:  # a supported native dtype needs no more checks
+            get_dtype(arr.dtype)
+        if xp is not np:
+            check_device_dtype(arr.dtype, xp)
     except UsageError as exc:
         raise UsageError(f"rank {t.rank}: {exc}") from None
     if not arr.dtype.isnative:
@@ -128,19 +135,23 @@ def flat_out(out, shape, dtype, t, what: str, xp=np) -> np.ndarray:
 
 
 def _address(a) -> int:
-    return a.data.ptr if is_device_array(a) else a.__array_interface__["data"][0]
+    if a.__class__ is np.ndarray or not is_device_array(a):
+        return a.__array_interface__["data"][0]
+    return a.data.ptr
 
 
 def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
     return _address(a) == _address(b) and a.nbytes == b.nbytes
 
 
-def check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str) -> None:
+def check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str,
+                  xp=None) -> None:
     """Refuse buffers that overlap other than in the one in-place layout ``allowed``.
 
     A partial overlap would let the algorithm overwrite input it has not read yet.
     """
-    if (data.size and out.size and array_namespace(data).shares_memory(data, out)
+    xp = xp or array_namespace(data)
+    if (data.size and out.size and xp.shares_memory(data, out)
             and not _same_buffer(*allowed)):
         raise ValueError(f"rank {t.rank}: the input and out= of {what} overlap; pass disjoint "
                          "buffers, or the in-place layout the documentation gives")
@@ -185,7 +196,8 @@ def shared_errors(t, validate: bool, collective: str):
 def argument_fields(collective: str, algorithm: str, op, flat, options, root: int = 0) -> dict:
     """Return what every rank must agree on for one call: the fields of its record."""
     return dict(collective=collective, algorithm=algorithm, op=op.name if op else "-",
-                dtype=dtype_name(flat.dtype), count=flat.size, root=root,
+                dtype=DTYPE_NAMES.get(flat.dtype) or dtype_name(flat.dtype), count=flat.size,
+                root=root,
                 options=sorted(options.items()))
 
 
@@ -210,30 +222,46 @@ class Call:
     """One collective call's arguments, checked on this rank: what a plan is made of.
 
     Built by the public calls (:mod:`refcoll.calls.collectives`) after their
-    local checks; run once by :func:`refcoll.calls.plans.run` or kept in a
+    local checks; run once by :func:`refcoll.calls.collectives.run` or held in a
     :class:`~refcoll.calls.plans.Plan`. ``flat`` and ``result`` are the flat
     views the algorithm works on (``result`` is ``None`` where the call returns
     nothing: a ``reduce``'s non-roots, a switch rank); ``shape`` is the result's.
-
-    ``key`` is set where a blocking call may keep a plan of it (a small
-    all-reduce on a transport with persistent exchanges, no options): the
-    agreed fields, which every rank computes alike.
+    ``algo`` and ``fn`` are the algorithm's record and its implementation of the
+    collective, as the checks found them.
     """
 
     __slots__ = ("t", "comm", "collective", "algorithm", "options", "validate", "reduction",
-                 "root", "x", "flat", "result", "out", "shape", "workers", "key")
+                 "root", "x", "flat", "result", "out", "shape", "workers", "algo", "fn")
 
     def __init__(self, t, comm, collective: str, algorithm: str, options: dict, validate: bool,
-                 reduction, root: int, x, flat, result, out, shape, workers: int, key=None):
+                 reduction, root: int, x, flat, result, out, shape, workers: int, algo=None,
+                 fn=None):
         self.t, self.comm, self.collective, self.algorithm = t, comm, collective, algorithm
         self.options, self.validate, self.reduction, self.root = options, validate, reduction, root
         self.x, self.flat, self.result, self.out, self.shape = x, flat, result, out, shape
-        self.workers, self.key = workers, key
+        self.workers = workers
+        self.algo = algo if algo is not None else algorithms.get(algorithm)
+        self.fn = fn if fn is not None else algorithms.implementation(algorithm, collective)
 
     def fields(self) -> dict:
         """Return what every rank must agree on for this call (:func:`argument_fields`)."""
         return argument_fields(self.collective, self.algorithm, self.reduction, self.flat,
                                self.options, self.root)
+
+    def chosen(self) -> tuple:
+        """Return the algorithm the call runs, its implementation and options, ``auto`` resolved.
+
+        ``auto`` runs what it chose with the options it chose (across nodes,
+        hierarchical's ``inter`` and ``pipeline``).
+        """
+        if not self.algo.chooses:
+            return self.algorithm, self.fn, self.options
+        name, options = resolve_with_options(self.t, self.collective, self.flat.size,
+                                             self.flat.itemsize)
+        fn = algorithms.implementation(name, self.collective)
+        if options:
+            fn = functools.partial(fn, **options)
+        return name, fn, options
 
     def arguments(self) -> tuple:
         """Return the algorithm's positional arguments after ``t`` (the registry's signatures)."""
@@ -274,7 +302,7 @@ class Call:
         return shaped(self.result, self.out, self.shape)
 
     def on(self, flat, result) -> "Call":
-        """Return the same call on other buffers (a kept plan's own)."""
+        """Return the same call on other buffers."""
         return Call(self.t, self.comm, self.collective, self.algorithm, self.options,
                     self.validate, self.reduction, self.root, flat, flat, result, None,
-                    self.shape, self.workers, self.key)
+                    self.shape, self.workers, self.algo, self.fn)

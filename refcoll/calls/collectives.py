@@ -3,10 +3,10 @@
 Each blocking call reads top to bottom: it finds the transport, checks its
 arguments on this rank (:func:`~refcoll.calls.args.checked`: the input as a flat
 view, a copy only when it is not contiguous; ``out=`` or a new result), and
-hands them to :func:`refcoll.calls.plans.run`, which agrees on them with the
-other ranks (unless ``validate=False``), chooses the algorithm (``auto``) and
-runs it in the transport's tag space for one call, then finishes ``avg``. The
-input is never modified unless it is also ``out``.
+hands them to :func:`run`, which agrees on them with the other ranks (unless
+``validate=False``), chooses the algorithm (``auto``) and runs it in the
+transport's tag space for one call, then finishes ``avg``. It keeps nothing for
+the next call. The input is never modified unless it is also ``out``.
 
 Each ``*_init`` twin makes the same checks and returns a
 :class:`~refcoll.calls.plans.Plan` instead: MPI-4's persistent collective,
@@ -35,11 +35,11 @@ from ..transport.ledger_only import LedgerWorld
 from ..transport.mpi import transport_for
 from ..transport.sim import SimWorld
 from ..transport.torch import is_process_group, torch_transport_for
-from . import debug, plans
+from . import debug, progress
 from .agree import agree
-from .args import checked
+from .args import Call, checked
 from .plans import Plan
-from .progress import Handle, any_busy, busy_engine
+from .progress import Handle, busy_engine
 
 __all__ = [
     "allreduce",
@@ -55,6 +55,7 @@ __all__ = [
     "Plan",
     "as_transport",
     "device_for",
+    "run",
     "COLLECTIVE_FUNCTIONS",
     "INIT_FUNCTIONS",
     "simulate",
@@ -119,14 +120,17 @@ def _in_issue_order(comm_at: int):
     MPI orders a communicator's blocking and non-blocking collectives alike, in
     issue order: a blocking call made while ``iallreduce``s are running on the
     same communicator runs after them, on their engine, and is waited for. When no
-    engine anywhere has work (the usual case) this costs one integer test.
-    ``comm_at``: the position of the ``comm`` argument.
+    engine anywhere has work (the usual case) this costs one integer test; when
+    tracing is off (its setting read), one more. ``comm_at``: the position of the
+    ``comm`` argument.
     """
+    busy, tracing_on = progress.BUSY, debug.ON  # the flags, read in place: no call
+
     def wrap(fn):
         traced = debug.tracing(fn, comm_at, as_transport)  # REFCOLL_DEBUG=INFO: a line per call
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if any_busy():
+            if busy[0]:
                 positional = "comm" not in kwargs and len(args) > comm_at
                 comm = args[comm_at] if positional else kwargs.get("comm")
                 t = as_transport(comm, fn.__name__)
@@ -138,7 +142,8 @@ def _in_issue_order(comm_at: int):
                         kwargs["comm"] = t
                     job = functools.partial(traced, *args, **kwargs)
                     return engine.submit(Handle(fn.__name__, job, engine)).wait()
-            if debug.enabled():
+            on = tracing_on[0]
+            if on or (on is None and debug.enabled()):
                 return traced(*args, **kwargs)
             return fn(*args, **kwargs)
         return call
@@ -147,9 +152,29 @@ def _in_issue_order(comm_at: int):
 
 def _call(collective: str, x, comm, *, op=None, root=None, algorithm, out, validate, options):
     """Find the transport that carries ``x`` over ``comm`` and check the call's arguments there."""
-    t = device_for(as_transport(comm, collective), x)
+    t = as_transport(comm, collective)
+    if x.__class__ is not np.ndarray:  # a device array may travel another way
+        t = device_for(t, x)
     return checked(t, comm, collective, x, op=op, root=root, algorithm=algorithm, out=out,
                    validate=validate, options=options)
+
+
+def run(call: Call, implementation=None):
+    """Run one blocking call: agree on it (unless ``validate=False``), choose, run; return output.
+
+    ``implementation``: run it instead of the algorithm's (calibration times the
+    call layer around an algorithm that does nothing). Nothing is kept for the
+    next call.
+    """
+    t = call.t
+    with t.call(call.collective):
+        if call.validate:
+            agree(t, **call.fields())
+        _, fn, _ = call.chosen()
+        call.prologue()
+        (implementation or fn)(t, *call.arguments(), **call.keywords())
+    call.finish()
+    return call.output()
 
 
 def _init(call) -> Plan:
@@ -196,14 +221,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: b
         raise UsageError("allreduce takes no compressor: call refcoll.compressed_allreduce(x, "
                          "comm, compressor=..., state=...), which returns the result and "
                          "this rank's traffic")
-    if not options:  # the arguments of a kept plan were checked when it was kept: replay it
-        t = as_transport(comm, "allreduce")
-        plan = plans.reusable(t, x, op, algorithm, out)
-        if plan is not None:
-            return plan.replay(x.reshape(-1), x.reshape(-1) if out is x else (
-                np.empty(x.size, x.dtype) if out is None else out.reshape(-1)), out, x.shape,
-                validate)
-    return plans.run(_call("allreduce", x, comm, op=op, algorithm=algorithm, out=out,
+    return run(_call("allreduce", x, comm, op=op, algorithm=algorithm, out=out,
                            validate=validate, options=options))
 
 
@@ -217,7 +235,7 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
     longer), so ``n`` need not divide by ``p``. Returns a 1-D array. In place:
     pass ``out=`` a view of ``x`` at chunk ``r`` (as NCCL's in-place reduce-scatter).
     """
-    return plans.run(_call("reduce_scatter", x, comm, op=op, algorithm=algorithm, out=out,
+    return run(_call("reduce_scatter", x, comm, op=op, algorithm=algorithm, out=out,
                            validate=validate, options=options))
 
 
@@ -230,7 +248,7 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
     (``.reshape(-1)`` gives the flat concatenation NCCL and MPI return). In place:
     pass ``x`` as row ``r`` of ``out``.
     """
-    return plans.run(_call("allgather", x, comm, algorithm=algorithm, out=out, validate=validate,
+    return run(_call("allgather", x, comm, algorithm=algorithm, out=out, validate=validate,
                            options=options))
 
 
@@ -242,7 +260,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
     Non-root ranks' ``x`` gives only the shape and dtype; ``out=x`` overwrites it
     in place, as ``MPI_Bcast`` does.
     """
-    return plans.run(_call("broadcast", x, comm, root=root, algorithm=algorithm, out=out,
+    return run(_call("broadcast", x, comm, root=root, algorithm=algorithm, out=out,
                            validate=validate, options=options))
 
 
@@ -250,7 +268,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
-    return plans.run(_call("reduce", x, comm, op=op, root=root, algorithm=algorithm, out=out,
+    return run(_call("reduce", x, comm, op=op, root=root, algorithm=algorithm, out=out,
                            validate=validate, options=options))
 
 

@@ -63,7 +63,7 @@ from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_op
 from .auto import prediction
 
-__all__ = ["LEVELS", "TRACING_LEVELS", "enabled", "reset", "level", "traced", "tracing",
+__all__ = ["ON", "LEVELS", "TRACING_LEVELS", "enabled", "reset", "level", "traced", "tracing",
            "begin", "Span", "call_fields", "line", "expand_path", "NAMES"]
 
 R = TypeVar("R")
@@ -82,6 +82,8 @@ _LEVEL_ENV, _FILE_ENV = "REFCOLL_DEBUG", "REFCOLL_DEBUG_FILE"
 
 #: ``[on]``: None until the environment is read, then whether lines are written.
 _on: list = [None]
+#: The same, public: a call reads ``ON[0]`` in place, calling nothing, once it is read.
+ON = _on
 _settings: dict = {"level": None, "file": None}
 _lock = threading.Lock()
 _files: dict = {}  # expanded path -> open file (or sys.stderr where it could not be opened)

@@ -8,19 +8,17 @@ Each takes exactly the blocking call's arguments (the compressed all-reduce
 included) and returns at once, after finding the communicator's transport (its
 first call ``MPI_Comm_idup``s, in the caller's thread and order). The call itself
 runs on the communicator's progress engine (:mod:`refcoll.calls.progress`), in
-issue order. MPI's buffer rule holds: the input must not change, and the output
-must not be read, until the handle completes.
+issue order: on the schedule engine each runs whole, as the blocking call it is,
+when the engine reaches it (a plan's :meth:`~refcoll.calls.plans.Plan.start`
+steps through its recorded exchanges instead). MPI's buffer rule holds: the
+input must not change, and the output must not be read, until the handle
+completes.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..core.ops import get_op
-from .args import Call
 from .collectives import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter
-from .plans import kept
-from .progress import Handle, Steps, engine_for, wait_all
+from .progress import Handle, engine_for, wait_all
 
 __all__ = ["iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "wait_all",
            "issue", "Handle", "NONBLOCKING_FUNCTIONS"]
@@ -34,8 +32,6 @@ def _issue(name: str, fn, x, comm, args: tuple, kwargs: dict) -> Handle:
     def job():
         return fn(x, *args, comm=t, **kwargs)
 
-    if engine.kind == "schedule" and name == "allreduce":
-        job = scheduled(t, x, kwargs, job) or job
     return engine.submit(Handle(name, job, engine))
 
 
@@ -85,60 +81,3 @@ NONBLOCKING_FUNCTIONS = {
     "broadcast": ibroadcast,
     "reduce": ireduce,
 }
-
-
-class _Planned:
-    """An ``iallreduce`` for the schedule engine: its kept plan's steps, one exchange at a time.
-
-    The plan is fetched when the call starts (an earlier call in the queue may
-    have made or dropped it); without one the call runs whole, as the blocking
-    call it is.
-    """
-
-    def __init__(self, t, key, caller: Call, whole):
-        self.t, self.key, self.caller, self.whole = t, key, caller, whole
-        self.steps = None
-        self.result = None
-
-    def step(self) -> bool:
-        """Advance as far as possible without waiting; return whether the call is complete."""
-        if self.steps is None:
-            plan = kept(self.t, self.key)
-            if plan is None:
-                self.result = self.whole()
-                return True
-            self.steps = Steps(plan, self.caller)
-        if not self.steps.step():
-            return False
-        self.result = self.steps.result
-        return True
-
-
-def scheduled(t, x, kwargs: dict, whole):
-    """Return the job of an ``iallreduce`` for the schedule engine: a state machine where it can be.
-
-    Only the plain case steps: a contiguous NumPy array, no compressor or
-    options, ``out=`` absent or of ``x``'s shape and dtype, and arguments whose
-    blocking call keeps a plan (:func:`refcoll.calls.plans.run`: the same
-    arguments came twice, checked in full then). Anything else returns None and
-    runs whole, as the blocking call, when the engine reaches it.
-    """
-    algorithm = kwargs.get("algorithm", "ring")
-    out = kwargs.get("out")
-    if (not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not hasattr(t, "persistent")
-            or t.size < 2 or set(kwargs) - {"algorithm", "op", "out", "validate"}
-            or (out is not None and (type(out) is not np.ndarray or out.shape != x.shape
-                                     or out.dtype != x.dtype or not out.flags.c_contiguous))):
-        return None
-    try:
-        reduction = get_op(kwargs.get("op", "sum"))
-        key = (algorithm, reduction.name, x.dtype, x.size)
-        if kept(t, key) is None:
-            return None
-    except Exception:  # noqa: BLE001 - the whole call names what is wrong with its arguments
-        return None
-    flat = x.reshape(-1)
-    result = np.empty_like(flat) if out is None else out.reshape(-1)
-    caller = Call(t, t, "allreduce", algorithm, {}, kwargs.get("validate", True), reduction, 0, x,
-                  flat, result, out, x.shape, t.size, key)
-    return _Planned(t, key, caller, whole)

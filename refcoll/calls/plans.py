@@ -33,40 +33,30 @@ very run rather than at their deadline, and the transport refuses every later
 exchange. With ``validate=False`` the rank at fault raises alone; its peers
 wait for its next, corrected start, or until their deadline.
 
-The blocking calls (:mod:`refcoll.calls.collectives`) go through
-:func:`run`: agree, choose, run the algorithm. A small all-reduce whose
-arguments came twice is kept as a plan on buffers of its own, so that the
-third call of those arguments replays it (its input copied in, its result
-copied out): the transport's kept plans (:func:`kept`, :func:`reusable`), at
-most :data:`PLANS_KEPT`, looked up by the agreed fields, never by a buffer's
-identity. A blocking call agrees at every call, so a kept plan's replay carries
-the call's signature beside its first exchange (:meth:`Plan._signed`): no round
-trip of its own, and no data reduced before every rank's signature matched.
+The blocking calls (:mod:`refcoll.calls.collectives`) keep nothing for the
+next call: each checks, agrees, chooses and runs. Speed for repeated calls comes
+only from a plan the caller holds.
+
+Driven as MPI drives one: :meth:`Plan.start` queues the run on the
+communicator's progress engine and :meth:`Plan.wait` that finds it not yet
+taken runs it itself, inline (work stealing), so ``start()`` then ``wait()``
+back to back costs what ``plan()`` costs, while compute between them lets the
+engine run it.
 """
 
 from __future__ import annotations
-
-import collections
-import functools
 
 import numpy as np
 
 from .. import algorithms
 from ..core.errors import UsageError
-from ..core.xp import array_namespace
-from ..transport.base import TransportBase, transport_cache
+from ..transport.base import transport_cache
 from ..transport.recorder import compile_steps, record, run_steps
 from . import debug
-from .agree import agree, disagreement, record_of, signature_of, signatures
-from .args import PLAN_BYTES, Call
-from .auto import resolve_with_options
+from .args import Call
 from .progress import Handle, Steps, any_busy, busy_engine, engine_for
 
-__all__ = ["Plan", "run", "kept", "reusable", "live_plans", "PLAN_BYTES", "PLANS_KEPT"]
-
-#: Kept plans per transport; past it the oldest is freed. Every rank makes the
-#: same calls, so every rank keeps and drops the same plans.
-PLANS_KEPT = 96
+__all__ = ["Plan", "live_plans", "chosen", "replayable"]
 
 
 class Plan:
@@ -90,17 +80,13 @@ class Plan:
             started with :meth:`start` (``None`` before, and once waited for).
     """
 
-    def __init__(self, call: Call, *, own_buffers: bool = False):
+    def __init__(self, call: Call):
         t = self.t = call.t
         self.comm, self.collective, self.validate = call.comm, call.collective, call.validate
         self.reduction, self.root, self.options = call.reduction, call.root, call.options
         name, self.fn, options = chosen(call)
         self.algorithm = name
         self.fields = call.fields()
-        if own_buffers:  # a kept plan: the caller's arrays are copied in and out
-            result = None if call.result is None else array_namespace(call.flat).empty_like(
-                call.result)
-            call = call.on(array_namespace(call.flat).empty_like(call.flat), result)
         self.call = call
         self.x, self.out = call.x, call.output()
         self._shapes = self._layout_now()
@@ -109,10 +95,6 @@ class Plan:
         self.freed = False
         self._broken = None  # why a run failed partway (abandon)
         self._schedule = self._program = None
-        self._signature = None
-        if t.size > 1 and own_buffers:  # a blocking call's: each call says if it agrees
-            # A kept plan's signature says so: a rank that replays it meets only ranks that do.
-            self._signature = signature_of(record_of(dict(self.fields, compressor="(kept plan)")))
         self.recorded = (call.collective == "allreduce" and t.size > 1 and call.result is not None
                          and hasattr(t, "persistent") and replayable(t, name, options))
         if self.recorded:
@@ -245,68 +227,12 @@ class Plan:
         self.runs += 1
         return self.out
 
-    def _signed(self) -> None:
-        """Replay a kept plan with the call's signature exchange beside its first exchange.
-
-        The first exchange starts, then every rank's signature is gathered; the
-        data exchange completes and the reductions run only when every
-        signature is the plan's. Otherwise every rank withdraws its data and
-        raises (:func:`~refcoll.calls.agree.disagreement`, which also records
-        the plans again in a fresh tag slot).
-        """
-        t, steps = self.t, self._schedule.steps
-        first = steps[0] if steps and hasattr(steps[0], "start") else None  # n = 0: none
-        exchange = signatures(t)
-        if first is not None:
-            first.start()
-        try:
-            agreed = exchange.agreed(self._signature)
-        except BaseException:
-            if first is not None:
-                first.cancel()
-            raise
-        if not agreed:
-            if first is not None:
-                first.cancel()
-            disagreement(t, self.fields)
-        if first is not None:
-            first.finish()
-        run_steps(t, self._program, 0 if first is None else 1)
-
-    def replay(self, flat, result, out, shape, validate: bool):
-        """Run a kept plan on a blocking call's flat input into its flat ``result``; return output.
-
-        ``out`` (the caller's ``out=``, or None) and ``shape`` say what the call
-        returns: ``out`` itself, or ``result`` in ``shape``.
-        """
-        own = self.call
-        own.flat[...] = flat
-        try:
-            with self.t.call(self.collective):
-                if validate and self._signature is not None:
-                    self._signed()
-                else:
-                    run_steps(self.t, self._program)
-        except BaseException:
-            self.abandon()
-            raise
-        result[...] = own.result
-        if self.reduction.divides:
-            self.reduction.finalize(result, self.t.size)
-        self.runs += 1
-        return out if out is not None else result.reshape(shape)
-
     def abandon(self) -> None:
         """After a run that failed partway: never start its requests again (they may be running).
 
-        A kept plan is dropped (the next call of its arguments takes the
-        ordinary path); a user's recorded plan refuses its later runs.
+        A recorded plan refuses its later runs.
         """
-        table = transport_cache(self.t, "plans").get("kept", {})
-        if self.call is not None and table.get(self.call.key) is self:
-            del table[self.call.key]
-            self.free()
-        elif self._program is not None:
+        if self._program is not None:
             self._broken = (f"rank {self.t.rank}: run {self.runs + 1} of this {self.collective} "
                             "plan failed partway; its requests may still be running: make a "
                             "new plan")
@@ -394,56 +320,16 @@ def _same_buffer(a, b) -> bool:
                       and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
-# ------------------------------------------------------------ the blocking calls
+# ------------------------------------------------------------ plans of a transport
 
 def live_plans(t) -> dict:
     """Return ``t``'s plans not yet freed, in the order they were made (every rank's same order)."""
     return transport_cache(t, "plans").setdefault("live", {})
 
 
-def kept(t, key) -> Plan | None:
-    """Return the plan ``t`` keeps for a blocking call of these agreed fields, if any."""
-    table = transport_cache(t, "plans").get("kept")
-    return None if table is None else table.get(key)
-
-
-def reusable(t, x, op, algorithm, out) -> Plan | None:
-    """Return the kept plan a blocking all-reduce of these arguments may replay, if any.
-
-    Its arguments were checked in full, on every rank, when the plan was kept:
-    a later call with the same algorithm, op, dtype and count on a contiguous
-    NumPy array passes the same checks, and ``out=`` (when given) is checked
-    here as the full checks would (:func:`refcoll.calls.args.flat_out`). Any
-    other call returns None and takes the ordinary path.
-    """
-    table = t.cache.get("plans", {}).get("kept") if isinstance(t, TransportBase) else None
-    if (not table or x.__class__ is not np.ndarray or not x.flags.c_contiguous
-            or op.__class__ is not str or not op.islower()):  # MPI.SUM, "SUM": checked in full
-        return None
-    plan = table.get((algorithm, op, x.dtype, x.size))
-    if plan is None or out is None or out is x:
-        return plan
-    if (out.__class__ is not np.ndarray or out.dtype != x.dtype or out.size != x.size
-            or not out.flags.c_contiguous or not out.flags.writeable or np.shares_memory(x, out)):
-        return None  # the full checks say what is wrong, or take the in-place layout
-    return plan
-
-
 def chosen(call: Call) -> tuple:
-    """Return the algorithm ``call`` runs, its implementation and its options, ``auto`` resolved.
-
-    ``auto`` runs what it chose with the options it chose (across nodes,
-    hierarchical's ``inter`` and ``pipeline``).
-    """
-    name, options = call.algorithm, dict(call.options or {})
-    fn = algorithms.implementation(name, call.collective)
-    if algorithms.get(name).chooses:
-        name, options = resolve_with_options(call.t, call.collective, call.flat.size,
-                                             call.flat.itemsize)
-        fn = algorithms.implementation(name, call.collective)
-        if options:
-            fn = functools.partial(fn, **options)
-    return name, fn, options
+    """Return the algorithm ``call`` runs, its implementation and options (:meth:`Call.chosen`)."""
+    return call.chosen()
 
 
 def replayable(t, name: str, options) -> bool:
@@ -451,48 +337,3 @@ def replayable(t, name: str, options) -> bool:
     (its record's ``replayable``: a flag, or a function of the transport and options)."""
     flag = algorithms.get(name).replayable
     return flag(t, **(options or {})) if callable(flag) else bool(flag)
-
-
-def _keep(t, key, call: Call) -> None:
-    """Keep a plan of ``call`` on buffers of its own, for the next calls of the same fields."""
-    cache = transport_cache(t, "plans")
-    table = cache.setdefault("kept", collections.OrderedDict())
-    while len(table) >= PLANS_KEPT:
-        table.popitem(last=False)[1].free()
-    table[key] = Plan(call, own_buffers=True)
-
-
-def run(call: Call, implementation=None):
-    """Run one blocking call: its kept plan if it has one, else agree, choose and run.
-
-    ``implementation``: run it instead of the algorithm's (calibration times the
-    call layer around an algorithm that does nothing); no plan is kept then.
-
-    A small all-reduce on a transport with persistent exchanges is kept as a
-    plan the second time its fields come (``seen``): a one-off call pays no
-    recording. Every rank makes the same calls, so every rank keeps the same
-    plans at the same call; a kept plan's signature says it is one, so ranks on
-    different paths raise a MismatchError instead of waiting for each other.
-    """
-    t, key = call.t, call.key
-    if key is not None:
-        plan = kept(t, key)
-        if plan is not None:
-            return plan.replay(call.flat, call.result, call.out, call.x.shape, call.validate)
-    with t.call(call.collective):
-        if call.validate:
-            agree(t, **call.fields())
-        name, fn, options = chosen(call)
-        call.prologue()
-        (implementation or fn)(t, *call.arguments(), **call.keywords())
-    call.finish()
-    if key is not None and implementation is None and replayable(t, name, options):
-        seen = transport_cache(t, "plans").setdefault("seen", set())
-        if key in seen:
-            seen.discard(key)
-            _keep(t, key, call)
-        else:
-            if len(seen) >= 4 * PLANS_KEPT:
-                seen.clear()
-            seen.add(key)
-    return call.output()

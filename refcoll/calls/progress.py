@@ -42,9 +42,8 @@ import weakref
 from ..core.errors import CollectiveTimeout, UsageError
 from ..transport.base import transport_cache
 from ..transport.recorder import Stepper
-from .agree import disagreement, signatures
 
-__all__ = ["Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
+__all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
            "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
@@ -58,6 +57,9 @@ LINGER = 1.0
 #: blocking call pays one integer test for the ordering check.
 _busy = [0]
 _busy_lock = threading.Lock()
+
+#: The same count, public: a blocking call reads ``BUSY[0]`` in place, calling nothing.
+BUSY = _busy
 
 
 class Handle:
@@ -301,8 +303,6 @@ class ScheduleEngine:
         self._queue: collections.deque[Handle] = collections.deque()
         self.outstanding = 0
         self._advancing = False
-        self.plans: dict = {}  # recorded all-reduces by (algorithm, op, dtype, count)
-        self.checked: set = set()  # calls whose first, whole run succeeded
 
     def submit(self, handle: Handle) -> Handle:
         """Queue ``handle``'s call and advance the engine (a schedule's first step starts now)."""
@@ -349,16 +349,14 @@ class ScheduleEngine:
 class Steps:
     """A recorded plan's run as the schedule engine's job: each exchange started, then tested.
 
-    For a :class:`~refcoll.calls.plans.Plan` with a recording. A validated
-    ``caller`` (a blocking call run on a kept plan: its input copied in when
-    the data starts, its result copied out at the end) first steps through the
-    signature exchange. The same exchanges and reductions, in the same order,
-    as the plan's blocking run: the same bits, and the same error.
+    For a :class:`~refcoll.calls.plans.Plan` with a recording: the same
+    exchanges and reductions, in the same order, as the plan's blocking run:
+    the same bits, and the same error.
     """
 
-    def __init__(self, plan, caller=None):
-        self.plan, self.caller = plan, caller
-        self.stage = None
+    def __init__(self, plan):
+        self.plan = plan
+        self.steps = None
         self.result = None
 
     def step(self) -> bool:
@@ -371,37 +369,16 @@ class Steps:
 
     def _step(self) -> bool:
         plan, t = self.plan, self.plan.t
-        if self.stage is None:
-            if self.caller is not None and self.caller.validate and plan._signature is not None:
-                self.exchange = signatures(t)
-                self.exchange.write(plan._signature)
-                self.stage = ("agree", Stepper(self.exchange.schedule.steps))
-            else:
-                self.stage = ("data", self._start_data())
-        kind, steps = self.stage
-        if not steps.advance():
+        if self.steps is None:
+            self.steps = Stepper(plan._schedule.steps)
+        if not self.steps.advance():
             return False
-        if kind == "agree":
-            if not self.exchange.uniform(plan._signature):
-                with t.call(plan.collective):
-                    disagreement(t, plan.fields)
-            self.stage = ("data", self._start_data())
-            if not self.stage[1].advance():
-                return False
         with t.call(plan.collective):
-            pass  # the call's count, as a blocking run takes it (a failed one, in disagreement)
-        call = self.caller or plan.call
-        if self.caller is not None:
-            call.result[...] = plan.call.result
-        call.finish()
+            pass  # the call's count, as a blocking run takes it
+        plan.call.finish()
         plan.runs += 1
-        self.result = call.output()
+        self.result = plan.call.output()
         return True
-
-    def _start_data(self) -> Stepper:
-        if self.caller is not None:
-            self.plan.call.flat[...] = self.caller.flat
-        return Stepper(self.plan._schedule.steps)
 
 
 def _step(handle: Handle, whole: bool) -> bool:

@@ -69,14 +69,13 @@ class Calibration:
             scheduling term measured with the rounds' real correlation. Empty
             in an older record, which then uses ``waits``.
 
-        planned_call: the same for a call that replays a kept plan
-            (:mod:`refcoll.calls.plans`): the lookup and the empty replay. 0
-            in an older record or on a transport without persistent exchanges.
-        planned_steps: rows like ``steps`` for the buffer sizes up to
-            ``refcoll.calls.args.PLAN_BYTES``, each step run as a plan
-            runs it (a persistent exchange, the op's ufunc on bound buffers).
-            Empty in an older record, which then prices those sizes with
-            ``steps``.
+        planned_call: the same for a blocking call that replayed a plan
+            the transport kept, in older records: 0 now (a blocking call
+            keeps no plan between calls).
+        planned_steps: rows like ``steps`` for small buffers, each step run
+            as a plan runs it (a persistent exchange, the op's ufunc on bound
+            buffers), in older records; empty now, and those sizes are
+            priced with ``steps``.
         own: ``(algorithm, buffer bytes, seconds)``: the algorithm's own work
             in an ordinary all-reduce of that size, its exchanges and
             reductions left out (chunk arithmetic, views, its loop). Empty in

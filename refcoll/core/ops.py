@@ -42,6 +42,8 @@ __all__ = [
     "Op",
     "OPS",
     "DTYPES",
+    "DTYPE_NAMES",
+    "OPS_ON_EVERY_DTYPE",
     "get_op",
     "MPI_OPS",
     "get_dtype",
@@ -136,6 +138,15 @@ DTYPES: dict[str, np.dtype] = {
 
 _FLOAT8 = {DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]}
 _FLOAT8_OPS = {"sum", "min", "max"}
+#: Each supported dtype's name, by dtype (the first name of a dtype with two):
+#: a look-up where a call's agreement needs the name.
+DTYPE_NAMES: dict[np.dtype, str] = {}
+for _name, _dtype in DTYPES.items():
+    DTYPE_NAMES.setdefault(_dtype, _name)
+
+#: The ops every supported dtype takes (:func:`check_supported` refuses the others on float8).
+OPS_ON_EVERY_DTYPE = frozenset(_FLOAT8_OPS)
+
 _FLOATS = {DTYPES[n] for n in ("float16", "bfloat16", "float32", "float64")} | _FLOAT8
 
 

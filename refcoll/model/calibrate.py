@@ -13,10 +13,9 @@ measured at the message sizes and buffer sizes the all-reduce uses, and adds
 the time its rounds wait for descheduled peers, measured by the same steps
 (:mod:`~refcoll.model.calibrate_sched`). Steps and all-reduces are
 measured in :data:`PASSES` interleaved passes per size, so both see the same
-load, and each figure is the median over every pass. A repeated call up to
-:data:`~refcoll.calls.args.PLAN_BYTES` replays a recorded plan and costs
-less per round and per call than the ordinary path: each path's steps and
-call are measured as it runs them (:mod:`~refcoll.model.calibrate_steps`).
+load, and each figure is the median over every pass. A blocking call keeps
+no plan between calls: its steps and call are measured as the ordinary path
+runs them (:mod:`~refcoll.model.calibrate_steps`).
 """
 
 from __future__ import annotations
@@ -249,8 +248,9 @@ def calibrate(t, sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 24), *,
     passes of a ring step and a reduction at each message size
     :func:`_message_sizes` gives, inside buffers of that size (see
     :class:`~refcoll.core.calibration.Calibration`), the first steps inside
-    a call, and again as a plan replays them up to
-    :data:`~refcoll.calls.args.PLAN_BYTES`, each followed by ``after_size(nbytes)``
+    a call (and again as a plan replays them where
+    :func:`~refcoll.model.calibrate_steps.planned_path` says a blocking call
+    runs from one: nowhere now), each followed by ``after_size(nbytes)``
     if given (what :func:`compare_with_measurement` measures there, interleaved
     with the steps); last the ping-pong between ranks 0 and 1 and local
     reductions at 8 B and every power of two from 1 KiB to ``max(sizes)``, for
@@ -349,9 +349,8 @@ def predict(calibration: Calibration, algorithm: str, p: int, nbytes: int, items
     Exact in form for ring and recursive doubling, whose messages are all
     alike; Rabenseifner's halve, and ``b`` is their mean. ``call`` and the
     step tables are those of the path the repeated call takes
-    (:mod:`~refcoll.model.calibrate_steps`): up to
-    :data:`~refcoll.calls.args.PLAN_BYTES`, for a ``replayable``
-    algorithm where the record has planned steps, the plan's replay
+    (:mod:`~refcoll.model.calibrate_steps`): where an older record has
+    planned steps, for a ``replayable`` algorithm, the plan's replay
     (``planned_call``, ``planned_steps``); otherwise the ordinary call, whose
     ``call`` adds the algorithm's own work (``own``).
     """

@@ -1,16 +1,11 @@
-"""The steps and call overheads calibration measures, on both paths an all-reduce can take.
+"""The steps and call overheads calibration measures, on the paths an all-reduce can take.
 
-An all-reduce repeated on the same arrays runs one of two ways
-(:mod:`refcoll.calls.plans`). Up to :data:`~refcoll.calls.args.PLAN_BYTES`, for an
-algorithm whose record says ``replayable`` on a transport with persistent
-exchanges, it replays the plan the transport kept of it: MPI persistent requests
-(as MPI-4's ``MPI_Allreduce_init``) and reductions bound to the plan's buffers,
-reached through :func:`~refcoll.calls.plans.reusable`, which skips the call's
-argument checks. Otherwise it runs the ordinary way: the checks, then the
-algorithm's ``sendrecv`` and ``reduce_local`` calls. The two cost different
-amounts per round and per call, so each is measured as it runs:
-:func:`step_samples` times ring steps either way, and :func:`call_overheads`
-times the public call on every rank with an algorithm that moves nothing.
+A blocking all-reduce keeps nothing between calls (:mod:`refcoll.calls.collectives`):
+it runs the ordinary way, its checks, then the algorithm's ``sendrecv`` and
+``reduce_local`` calls. :func:`step_samples` times ring steps that way (and, with
+``planned``, as a plan the caller holds replays them: recorded persistent
+exchanges and bound reductions), and :func:`call_overheads` times the public call
+on every rank with an algorithm that moves nothing.
 """
 
 from __future__ import annotations
@@ -20,47 +15,22 @@ from typing import Callable
 import numpy as np
 
 from .. import algorithms
-from ..calls import plans
 from ..calls.agree import barrier
-from ..calls.args import PLAN_BYTES, checked
-from ..calls.collectives import allreduce
+from ..calls.args import checked
+from ..calls.collectives import allreduce, run
 from ..core.ops import get_op
-from ..transport.base import transport_cache
 from ..transport.recorder import compile_steps, record, run_steps
 
 __all__ = ["planned_path", "InCall", "step_samples", "call_overheads", "own_work"]
 
 
 def planned_path(t, nbytes: int) -> bool:
-    """Return whether a repeated all-reduce of ``nbytes`` on ``t`` can run from a kept plan.
+    """Return whether a repeated blocking all-reduce of ``nbytes`` on ``t`` runs from a plan: never.
 
-    The rule of :func:`~refcoll.calls.args.checked`'s key: at most
-    :data:`~refcoll.calls.args.PLAN_BYTES`, on a transport with persistent
-    exchanges (the algorithm must also be ``replayable``: the caller checks).
+    A blocking call keeps no plan between calls; only a plan the caller holds
+    replays (:func:`refcoll.allreduce_init`).
     """
-    return nbytes <= PLAN_BYTES and hasattr(t, "persistent") and t.size > 1
-
-
-class _Idle:
-    """A kept plan whose run does nothing but ``body``: the call layer's own cost.
-
-    Duck-typed as :class:`~refcoll.calls.plans.Plan` where a blocking call
-    replays a kept plan (:meth:`~refcoll.calls.plans.Plan.replay`): the call's
-    scope, then ``body`` where the recorded exchanges would run.
-    """
-
-    def __init__(self, t):
-        self.t = t
-        self.body: Callable[[], None] | None = None
-
-    def replay(self, flat, result, out, shape, validate):
-        with self.t.call("allreduce"):
-            if self.body is not None:
-                self.body()
-        return out if out is not None else result.reshape(shape)
-
-    def free(self) -> None:
-        """Hold nothing."""
+    return False
 
 
 class InCall:
@@ -68,43 +38,27 @@ class InCall:
 
     Calling the object with ``body`` runs the public path of ``refcoll.allreduce``
     (out of place, argument agreement off) with ``body`` where the algorithm
-    would run: with ``planned``, a small call that finds a kept plan (an
-    :class:`_Idle` one, kept while the object is entered, under a count no
-    measured call uses); otherwise a large call's checks and scope around
-    ``body`` (:func:`refcoll.calls.plans.run` with it as the implementation).
-    A round timed there waits, as a real call's first round does, for the peer
-    that finished the call's own work later, and runs in the caches the call's
-    own work left.
+    would run (:func:`refcoll.calls.collectives.run` with it as the
+    implementation). A round timed there waits, as a real call's first round
+    does, for the peer that finished the call's own work later, and runs in the
+    caches the call's own work left.
     """
 
-    def __init__(self, t, planned: bool = False):
-        count = 3 if planned else PLAN_BYTES // 4 + 3
-        self.t, self.planned, self.idle = t, planned, _Idle(t)
+    def __init__(self, t):
+        count = (64 << 10) // 4 + 3  # a count no measured call uses
+        self.t = t
         self.x, self.out = np.ones(count, np.float32), np.empty(count, np.float32)
-        self.key = ("ring", "sum", self.x.dtype, count)
 
     def __enter__(self) -> "InCall":
-        if self.planned:
-            table = transport_cache(self.t, "plans").setdefault("kept", {})
-            self.kept = table.pop(self.key, None)
-            table[self.key] = self.idle
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.planned:
-            table = transport_cache(self.t, "plans")["kept"]
-            table.pop(self.key, None)
-            if self.kept is not None:
-                table[self.key] = self.kept
+        pass
 
     def __call__(self, body: Callable[[], None] | None = None) -> None:
-        self.idle.body = body
-        if self.planned:
-            allreduce(self.x, self.t, algorithm="ring", validate=False, out=self.out)
-            return
         call = checked(self.t, self.t, "allreduce", self.x, op="sum", root=None,
                        algorithm="ring", out=self.out, validate=False, options={})
-        plans.run(call, implementation=lambda *args, **kwargs: body and body())
+        run(call, implementation=lambda *args, **kwargs: body and body())
 
 
 def call_overheads(t, timed: Callable, repeats: int, largest: Callable) -> tuple[float, float]:
@@ -114,20 +68,12 @@ def call_overheads(t, timed: Callable, repeats: int, largest: Callable) -> tuple
     place into the same ``out=``, argument agreement off, as
     :func:`~refcoll.model.calibrate.measure_allreduce` does, with an
     algorithm that moves nothing (:class:`InCall`): the ordinary path's checks
-    and scope; and the planned path's kept-plan lookup and empty replay.
-    ``planned`` is 0 when ``t`` cannot run plans. The counts used key no call
-    that is ever measured; the entries
-    are removed afterwards. ``timed`` and ``largest`` are calibration's timer
+    and scope. ``planned`` is 0: a blocking call replays no plan
+    (:func:`planned_path`). ``timed`` and ``largest`` are calibration's timer
     and its largest-over-ranks median.
     """
-    result = []
-    for planned in (False, True):
-        if planned and not planned_path(t, 12):
-            result.append(0.0)
-            continue
-        with InCall(t, planned) as call:
-            result.append(largest(t, timed(t, lambda _: call(), repeats)))
-    return result[0], result[1]
+    with InCall(t) as call:
+        return largest(t, timed(t, lambda _: call(), repeats)), 0.0
 
 
 def step_samples(t, buffers, nbytes: int, sizes, per_pass, clock,

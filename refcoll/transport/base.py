@@ -22,10 +22,18 @@ from ..core.errors import UsageError
 
 __all__ = ["Transport", "TransportBase", "Traffic", "Ledger", "Message", "Reduction",
            "TAGS_PER_CALL", "DEFAULT_TIMEOUT", "default_timeout", "CACHE_OWNERS",
-           "transport_cache", "as_bytes"]
+           "transport_cache", "as_bytes", "TAG_NAMES", "tag_text"]
 
 #: Tags an algorithm may use inside one collective call: ``0 <= tag < TAGS_PER_CALL``.
 TAGS_PER_CALL = 1024
+
+#: What a tag a library layer reserves carries, for a timeout's message (by tag).
+TAG_NAMES: dict[int, str] = {}
+
+
+def tag_text(tag: int) -> str:
+    """Return how a timeout names the exchange of ``tag``: its reserved name, or the tag."""
+    return TAG_NAMES.get(tag) or f"tag {tag}"
 
 
 #: Seconds a blocking wait may take when neither ``timeout=`` nor ``REFCOLL_TIMEOUT`` says.

@@ -18,7 +18,7 @@ import os
 import time
 
 from ..core.errors import RefcollError
-from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
+from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout, tag_text
 from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
 from .hosts import exchange_hosts, hosts_of_split, peer_name
 from .persistent import PERSISTENT_EPOCHS, PersistentEpochs
@@ -95,13 +95,14 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
         req = self.comm.Isend(_message(buf), dest, self._wire_tag(tag))
-        self._finish([req], lambda: f"to send {buf.nbytes} B to {self.peer(dest)} (tag {tag})")
+        self._finish([req], lambda: f"to send {buf.nbytes} B to {self.peer(dest)} "
+                                   f"({tag_text(tag)})")
         self.traffic.add(buf.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
         req = self.comm.Irecv(_message(buf), source, self._wire_tag(tag))
         self._finish([req], lambda: f"to receive {buf.nbytes} B from {self.peer(source)} "
-                                   f"(tag {tag})")
+                                   f"({tag_text(tag)})")
         self._check_count(buf.nbytes, source)
         self.traffic.add(-1, buf.nbytes)
 
@@ -110,7 +111,8 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
         reqs = [self.comm.Irecv(_message(recvbuf), source, wire),
                 self.comm.Isend(_message(sendbuf), dest, wire)]
         self._finish(reqs, lambda: f"to receive {recvbuf.nbytes} B from {self.peer(source)} and "
-                                   f"send {sendbuf.nbytes} B to {self.peer(dest)} (tag {tag})")
+                                   f"to send {sendbuf.nbytes} B to {self.peer(dest)} "
+                                   f"({tag_text(tag)})")
         self._check_count(recvbuf.nbytes, source)
         self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..core.errors import PeerFailure, UsageError
 from ..core.xp import is_device_array
-from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout
+from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout, tag_text
 from .deadline import timed_out
 
 __all__ = ["TorchTransport", "torch_transport_for", "is_process_group", "TAG_ROOT",
@@ -213,12 +213,13 @@ class TorchTransport(TransportBase):
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
         work = self._isend(buf, dest, self._wire(tag))
-        self._finish([work], lambda: f"to send {buf.nbytes} B to rank {dest} (tag {tag})")
+        self._finish([work], lambda: f"to send {buf.nbytes} B to rank {dest} ({tag_text(tag)})")
         self.traffic.add(buf.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
         work = self._irecv(buf, source, self._wire(tag))
-        self._finish([work], lambda: f"to receive {buf.nbytes} B from rank {source} (tag {tag})")
+        self._finish([work], lambda: f"to receive {buf.nbytes} B from rank {source} "
+                                    f"({tag_text(tag)})")
         self.traffic.add(-1, buf.nbytes)
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
@@ -239,7 +240,7 @@ class TorchTransport(TransportBase):
         else:
             works = [self._irecv(recvbuf, source, wire), self._isend(sendbuf, dest, wire)]
         self._finish(works, lambda: f"to receive {recvbuf.nbytes} B from rank {source} and send "
-                                    f"{sendbuf.nbytes} B to rank {dest} (tag {tag})")
+                                    f"{sendbuf.nbytes} B to rank {dest} ({tag_text(tag)})")
         self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
 
     def _finish(self, works: list, waiting_for) -> None:
