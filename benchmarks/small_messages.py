@@ -11,6 +11,7 @@ so all of them see the same machine noise:
 * ``MPI_Allreduce_init``: MPI-4's persistent all-reduce, ``Start`` then ``Wait``
   (where the library has it: MPICH 4 and later, Open MPI 5);
 * refcoll's plan: ``plan = refcoll.allreduce_init(x, comm, out=y)``, then ``plan()``;
+* the same plan driven as MPI drives one: ``plan.start()`` then ``plan.wait()``;
 * the plain call, as people write it: ``refcoll.allreduce(x, comm, algorithm=A)``
   (a new result each call, arguments agreed each call);
 * the same with ``validate=False``.
@@ -61,6 +62,11 @@ def variants(comm, x: np.ndarray, algorithm: str) -> tuple[dict, list]:
             found["MPI_Allreduce_init"] = start_wait
     plan = refcoll.allreduce_init(x, comm, algorithm=algorithm, out=ours)
     found["refcoll plan"] = plan
+
+    def start_wait_plan():
+        plan.start()
+        plan.wait()
+    found["plan start/wait"] = start_wait_plan
     found["allreduce"] = lambda: refcoll.allreduce(x, comm, algorithm=algorithm)
     found["validate=False"] = lambda: refcoll.allreduce(x, comm, algorithm=algorithm,
                                                         validate=False)

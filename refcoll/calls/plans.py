@@ -92,6 +92,7 @@ class Plan:
         self._shapes = self._layout_now()
         self.runs = 0
         self.handle = None
+        self._engine = None  # the engine its starts go to (found at the first)
         self.freed = False
         self._broken = None  # why a run failed partway (abandon)
         self._schedule = self._program = None
@@ -127,16 +128,28 @@ class Plan:
     def start(self, x=None, *, out=None, comm=None) -> "Plan":
         """Start a non-blocking run (``MPI_Start``); return the plan.
 
+        The run is queued on the communicator's progress engine, in issue order
+        with its other calls. On the progress thread, a :meth:`wait` that finds
+        it not yet taken runs it itself, inline: ``start()`` then ``wait()``
+        back to back costs what ``plan()`` costs, and computation between them
+        lets the thread run it meanwhile.
+
         :meth:`wait` or :meth:`test` completes it. The run's
         :class:`~refcoll.calls.progress.Handle` is :attr:`handle`, for
         :func:`refcoll.wait_all` and its time stamps; a run completed through it
         may be started again at once.
         """
         error = self._misuse(x, out, comm)
-        engine = engine_for(self.t)
-        job = (Steps(self) if engine.kind == "schedule" and self._program is not None
-               and error is None else lambda: self._run(error))
-        self.handle = engine.submit(Handle(self.collective, job, engine))
+        engine = self._engine
+        if engine is None:  # the communicator's engine, made on its first non-blocking call
+            engine = self._engine = engine_for(self.t)
+        if engine.kind == "schedule":
+            job = Steps(self) if self._program is not None and error is None else (
+                lambda: self._run(error))
+            self.handle = engine.submit(Handle(self.collective, job, engine))
+        else:  # queued for the thread; a wait() that finds it not yet taken runs it inline
+            self.handle = engine.submit(Handle(self.collective, lambda: self._run(error), engine),
+                                        defer=True)
         return self
 
     def wait(self, timeout: float | None = None):

@@ -40,11 +40,11 @@ import time
 import weakref
 
 from ..core.errors import CollectiveTimeout, UsageError
-from ..transport.base import transport_cache
+from ..transport.base import TransportBase, transport_cache
 from ..transport.recorder import Stepper
 
 __all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
-           "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER"]
+           "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER", "POLL"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
 ENGINES = ("thread", "schedule")
@@ -53,6 +53,11 @@ ENGINES = ("thread", "schedule")
 #: next call starts a new one): simulated worlds come and go by the thousand.
 LINGER = 1.0
 
+#: Seconds between a progress thread's looks at its queue while plans are being
+#: started (:meth:`ThreadEngine.submit` with ``defer``): a plan's run waits at most
+#: this long for the thread, and a ``wait()`` that comes first runs it itself.
+POLL = 200e-6
+
 #: Engines with calls outstanding, in this process: while none has any, a
 #: blocking call pays one integer test for the ordering check.
 _busy = [0]
@@ -60,6 +65,43 @@ _busy_lock = threading.Lock()
 
 #: The same count, public: a blocking call reads ``BUSY[0]`` in place, calling nothing.
 BUSY = _busy
+
+
+class _Done:
+    """Whether a call has completed: ``threading.Event``'s three methods, cheap to make.
+
+    A handle is made per call, and most are waited for by the thread that
+    runs them (inline), so a waiter's lock is made only when one waits:
+    :meth:`set` is called under ``_busy_lock`` (:meth:`Handle._finish`), and
+    :meth:`wait` registers under it.
+    """
+
+    __slots__ = ("flag", "waiters")
+
+    def __init__(self):
+        self.flag = False
+        self.waiters = None
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def set(self) -> None:
+        """Mark done and release every waiter (the caller holds ``_busy_lock``)."""
+        self.flag = True
+        waiters, self.waiters = self.waiters, None
+        for lock in waiters or ():
+            lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`set` or ``timeout`` seconds; return whether it is set."""
+        with _busy_lock:
+            if self.flag:
+                return True
+            lock = threading.Lock()
+            lock.acquire()
+            self.waiters = (self.waiters or []) + [lock]
+        lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        return self.flag
 
 
 class Handle:
@@ -82,7 +124,7 @@ class Handle:
         self._engine = engine
         self._result = None
         self._error: BaseException | None = None
-        self._done = threading.Event()
+        self._done = _Done()
         self.issued = time.perf_counter()
         self.started = self.finished = None
         self.cpu = None  # CPU seconds the thread that ran the call spent in it
@@ -179,10 +221,21 @@ class ThreadEngine:
         self._thread: threading.Thread | None = None
         self._running = False  # a call is running, on the thread or on a waiting caller
         self._runner, self.outstanding, self._stopping = None, 0, False  # who runs the call
+        self._polling_until = 0.0  # the thread looks at its queue every POLL until then
+        # Only the simulator counts a rank's threads (its deadlock detector); others need no call.
+        self._counted = getattr(type(t), "activity", None) is not TransportBase.activity
         _THREADED.add(self)
 
-    def submit(self, handle: Handle) -> Handle:
-        """Queue ``handle``'s call; start the thread if none is running."""
+    def submit(self, handle: Handle, *, defer: bool = False) -> Handle:
+        """Queue ``handle``'s call; start the thread if none is running.
+
+        ``defer`` (a plan's :meth:`~refcoll.calls.plans.Plan.start`): leave the
+        thread asleep when it is polling already; it takes the call at its next
+        look, within :data:`POLL`, unless a ``wait()`` has taken it first and run
+        it inline (work stealing: a start then a wait back to back costs what
+        the plan's blocking run costs, no hand-off between threads). Polling
+        goes on for :data:`LINGER` after the last deferred call.
+        """
         with self._cv:
             if self.outstanding == 0:
                 _count_busy(1)
@@ -193,8 +246,10 @@ class ThreadEngine:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name=f"refcoll-progress-rank{self.t.rank}")
                 self._thread.start()
-            else:
-                self._cv.notify()
+            elif not defer or self._polling_until == 0.0:
+                self._cv.notify()  # a sleeping thread must be woken: it then polls
+            if defer:
+                self._polling_until = time.monotonic() + LINGER
         return handle
 
     def on_thread(self) -> bool:
@@ -224,6 +279,9 @@ class ThreadEngine:
                 self._queue.popleft()
                 self._running, self._runner = True, threading.get_ident()
         if mine:
+            if not self._counted:
+                self._run_one(handle, patient=False)
+                return
             self.t.activity(-1)  # this thread now does the engine's work, counted as the engine's
             try:
                 self._run_one(handle, patient=False)
@@ -265,7 +323,14 @@ class ThreadEngine:
         while True:
             with self._cv:
                 while not self._queue or self._running:
-                    if (not self._cv.wait(LINGER) or self._stopping) and not self._queue:
+                    polling = self._polling_until > 0.0
+                    woken = self._cv.wait(POLL if polling else LINGER)
+                    if polling and not woken and not self._stopping:
+                        if time.monotonic() < self._polling_until:
+                            continue  # a look at the queue: a deferred call may be there
+                        self._polling_until = 0.0
+                        continue
+                    if (not woken or self._stopping) and not self._queue:
                         self._thread = None  # a later submit starts a new thread
                         return
                 handle = self._queue.popleft()
