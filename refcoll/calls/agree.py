@@ -44,7 +44,7 @@ from ..algorithms.rabenseifner import rabenseifner_allgather
 from ..core.errors import MismatchError, UsageError
 from ..transport.base import TAG_NAMES, TAGS_PER_CALL
 
-__all__ = ["agree", "record_of", "signature_of", "exchange_signatures", "disagreement",
+__all__ = ["agree", "agree_key", "record_of", "signature_of", "exchange_signatures", "disagreement",
            "SIGNATURE_BYTES", "SIGNATURE_TAG", "check_table",
            "describe_disagreement", "RECORD_BYTES",
            "FIELDS", "pack", "unpack",
@@ -199,6 +199,34 @@ def agree(t, **fields) -> None:
     if exchange_signatures(t, signature) != signature * t.size:
         disagreement(t, fields)
     # else the same record everywhere (an error every rank has: each raises it)
+
+
+#: Signatures by a call's key (:func:`agree_key`): a value cache, as ``_encode``'s.
+_SIGNATURES: dict = {}
+
+
+def agree_key(t, key: tuple, fields) -> None:
+    """:func:`agree` on ``fields()``, whose signature is computed once per ``key`` (a value).
+
+    ``key`` is a hashable tuple that determines ``fields()`` (a call's own
+    arguments: :meth:`refcoll.calls.args.Call.agree`), so a loop of identical
+    calls builds and encodes its record once; one whose key cannot be hashed
+    is encoded every time.
+    """
+    if t.size == 1:
+        return
+    try:
+        signature = _SIGNATURES.get(key)
+    except TypeError:  # an option's value that cannot be hashed
+        agree(t, **fields())
+        return
+    if signature is None:
+        signature = signature_of(record_of(fields()))
+        if len(_SIGNATURES) >= 256:
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = signature
+    if exchange_signatures(t, signature) != signature * t.size:
+        disagreement(t, fields())
 
 
 def disagreement(t, fields: dict) -> None:

@@ -28,7 +28,7 @@ from ..core.ops import (
     get_op,
 )
 from ..core.xp import array_namespace, check_device_dtype, is_device_array
-from .agree import agree
+from .agree import agree, agree_key
 from .auto import resolve_with_options
 
 __all__ = ["Call", "checked", "flat_input", "flat_out", "check_overlap", "shaped",
@@ -247,6 +247,14 @@ class Call:
         """Return what every rank must agree on for this call (:func:`argument_fields`)."""
         return argument_fields(self.collective, self.algorithm, self.reduction, self.flat,
                                self.options, self.root)
+
+    def agree(self) -> None:
+        """Agree on this call with the other ranks (:func:`~refcoll.calls.agree.agree_key`)."""
+        options = self.options
+        key = (self.collective, self.algorithm,
+               "-" if self.reduction is None else self.reduction.name, self.flat.dtype,
+               self.flat.size, self.root, tuple(sorted(options.items())) if options else ())
+        agree_key(self.t, key, self.fields)
 
     def chosen(self) -> tuple:
         """Return the algorithm the call runs, its implementation and options, ``auto`` resolved.

@@ -169,7 +169,7 @@ def run(call: Call, implementation=None):
     t = call.t
     with t.call(call.collective):
         if call.validate:
-            agree(t, **call.fields())
+            call.agree()
         _, fn, _ = call.chosen()
         call.prologue()
         (implementation or fn)(t, *call.arguments(), **call.keywords())
