@@ -44,7 +44,8 @@ from ..transport.base import TransportBase, transport_cache
 from ..transport.recorder import Stepper
 
 __all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
-           "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER", "POLL"]
+           "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER", "POLL",
+           "POLL_WINDOW"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
 ENGINES = ("thread", "schedule")
@@ -57,6 +58,11 @@ LINGER = 1.0
 #: started (:meth:`ThreadEngine.submit` with ``defer``): a plan's run waits at most
 #: this long for the thread, and a ``wait()`` that comes first runs it itself.
 POLL = 200e-6
+
+#: Seconds a progress thread goes on polling after the last deferred start. Short:
+#: a polling thread takes the GIL and a core from everything else at every look, so
+#: a start after a longer pause wakes the thread instead (a few µs, once).
+POLL_WINDOW = 0.002
 
 #: Engines with calls outstanding, in this process: while none has any, a
 #: blocking call pays one integer test for the ordering check.
@@ -234,7 +240,7 @@ class ThreadEngine:
         look, within :data:`POLL`, unless a ``wait()`` has taken it first and run
         it inline (work stealing: a start then a wait back to back costs what
         the plan's blocking run costs, no hand-off between threads). Polling
-        goes on for :data:`LINGER` after the last deferred call.
+        goes on for :data:`POLL_WINDOW` after the last deferred call.
         """
         with self._cv:
             if self.outstanding == 0:
@@ -249,7 +255,7 @@ class ThreadEngine:
             elif not defer or self._polling_until == 0.0:
                 self._cv.notify()  # a sleeping thread must be woken: it then polls
             if defer:
-                self._polling_until = time.monotonic() + LINGER
+                self._polling_until = time.monotonic() + POLL_WINDOW
         return handle
 
     def on_thread(self) -> bool:
