@@ -58,15 +58,16 @@ def good_case(tmp: Path, *, meta_in=True, meta_out=True, collective="allreduce",
     return tmp / "in", tmp / "out"
 
 
-def assert_refused(res, *needles):
-    """Exit 2, no traceback, and one line on stderr holding every needle."""
-    assert res.exit_code == 2, res.output
+def assert_refused(res, *needles) -> str:
+    """Exit 2, no traceback, and one line on stderr holding every needle; return the line."""
+    assert res.exit_code == 2, (res.exit_code, res.output, repr(res.exception))
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert res.stdout == "", res.stdout
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("refcoll: error: "), res.stderr
     for needle in needles:
         assert str(needle) in lines[0], (needle, lines[0])
+    return lines[0]
 
 
 # ------------------------------------------------------------------- broken files

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_check_files import assert_refused  # the one check of a one-line refusal
 
 from refcoll.cli import main
 from refcoll.core import reading
@@ -94,16 +95,10 @@ def refused(tmp: Path, *args, needles=()):
     """Run ``args``; require exit 2, one line naming every needle, nothing changed, bounds."""
     before = snapshot(tmp)
     res, peak = invoke(*args)
-    assert res.exit_code == 2, (res.exit_code, res.output, repr(res.exception))
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.stdout == "", res.stdout
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("refcoll: error: "), res.stderr
-    for needle in needles:
-        assert str(needle) in lines[0], (needle, lines[0])
+    line = assert_refused(res, *needles)
     assert peak < PEAK_BYTES, f"the refusal took {peak / 2**20:.0f} MiB"
     assert snapshot(tmp) == before, "a refused command changed files"
-    return lines[0]
+    return line
 
 
 def good_case(tmp: Path) -> tuple[Path, Path]:

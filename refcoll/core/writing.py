@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import UsageError, shown
 
-__all__ = ["check_target", "write_file", "write_bytes", "write_text", "write_json", "save_npy",
-           "remove_file", "same_place", "locked", "private_folder"]
+__all__ = ["check_target", "make_folder", "write_file", "write_bytes", "write_text", "write_json",
+           "save_npy", "remove_file", "same_place", "locked", "private_folder"]
 
 
 def _umask() -> int:
@@ -69,6 +69,22 @@ def check_target(path) -> None:
     if folder.split(os.sep)[1:2] in (["dev"], ["proc"], ["sys"]):
         raise UsageError(f"{path}: is in {folder}, the system's own files; give the name of a "
                          "file to write elsewhere")
+
+
+def make_folder(path) -> None:
+    """Create folder ``path`` and its parents if missing, or say in one line why it cannot be.
+
+    Raises:
+        UsageError: ``path`` is a link to nothing, or the folder cannot be created.
+    """
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{path}: is a symbolic link to {shown(os.readlink(path))}, which "
+                         "does not exist; create that folder or give another")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{path}: the folder cannot be created ({exc.strerror or exc})") from None
 
 
 @contextlib.contextmanager

@@ -70,16 +70,6 @@ _RANKS_WHY = "the oracle runs every rank as a thread of this one process"
 
 # ------------------------------------------------------------------------- writing
 
-def _make_folder(path: Path) -> None:
-    if path.is_symlink() and not path.exists():
-        raise UsageError(f"{path}: is a symbolic link to {shown(os.readlink(path))}, which does "
-                         "not exist; create that folder or give another")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{path}: the folder cannot be created ({exc.strerror or exc})") from None
-
-
 def _refuse_folders(paths) -> None:
     """Refuse, before anything is written, a folder where a file is to be written or removed."""
     for f in paths:
@@ -103,7 +93,7 @@ def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     in its place is replaced, never written through.
     """
     path = Path(directory)
-    _make_folder(path)
+    writing.make_folder(path)
     first = next((a for a in arrays if a is not None), None)
     info = dict(meta or {})
     if first is not None:
@@ -136,7 +126,7 @@ def write_world(directory, arrays, *, meta: dict | None = None) -> None:
         raise UsageError(f"{directory}: a world of {len(arrays)} ranks is more than refcoll "
                          f"writes (at most {most}: {_RANKS_WHY})")
     path = Path(directory)
-    _make_folder(path)
+    writing.make_folder(path)
     stale = [f for r, f in _rank_files(path).items() if r >= len(arrays) or arrays[r] is None]
     _refuse_folders(stale + [path / f"rank{r}.npy" for r, a in enumerate(arrays)
                              if a is not None] + [path / "meta.json"])

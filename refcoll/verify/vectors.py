@@ -291,10 +291,7 @@ def generate(directory) -> dict:
         if (path / name).is_dir() and not (path / name).is_symlink():
             raise UsageError(f"{path / name}: is a folder where refcoll writes or removes a "
                              "file; move it away (nothing was changed)")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{path}: the folder cannot be created ({exc.strerror or exc})") from None
+    writing.make_folder(path)
     entries = []
     for v in vectors:
         inputs = v.inputs()
