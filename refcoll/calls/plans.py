@@ -37,24 +37,38 @@ The blocking calls (:mod:`refcoll.calls.collectives`) keep nothing for the
 next call: each checks, agrees, chooses and runs. Speed for repeated calls comes
 only from a plan the caller holds.
 
-Driven as MPI drives one: :meth:`Plan.start` queues the run on the
-communicator's progress engine and :meth:`Plan.wait` that finds it not yet
-taken runs it itself, inline (work stealing), so ``start()`` then ``wait()``
-back to back costs what ``plan()`` costs, while compute between them lets the
-engine run it.
+Driven as MPI drives one: a recording whose exchanges are all small starts on
+the caller's thread, as ``MPI_Start`` does (:class:`InFlight`): its first
+exchange goes out, the MPI library moves it, and :meth:`Plan.wait` runs the
+rest. Any other run is queued on the communicator's progress engine, and a
+:meth:`Plan.wait` that finds it not yet taken runs it itself, inline (work
+stealing); compute between them lets the engine run it.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import numpy as np
 
 from .. import algorithms
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
-from ..transport.recorder import compile_steps, record, run_steps
+from ..transport.recorder import compile_steps, complete, done, record, run_steps, start
 from . import debug
 from .args import Call
-from .progress import Handle, Steps, any_busy, busy_engine, engine_for
+from .progress import (
+    BUSY,
+    Handle,
+    Steps,
+    any_busy,
+    busy_engine,
+    engine_for,
+    in_flight,
+    not_done,
+)
 
 __all__ = ["Plan", "live_plans", "chosen", "replayable"]
 
@@ -93,9 +107,12 @@ class Plan:
         self.runs = 0
         self.handle = None
         self._engine = None  # the engine its starts go to (found at the first)
+        self._slots = transport_cache(t, "progress")  # where a run started in place is noted
         self.freed = False
         self._broken = None  # why a run failed partway (abandon)
         self._schedule = self._program = None
+        self._small = False  # a recording of small exchanges only (InFlight)
+        self._divides = call.reduction is not None and call.reduction.divides
         self.recorded = (call.collective == "allreduce" and t.size > 1 and call.result is not None
                          and hasattr(t, "persistent") and replayable(t, name, options))
         if self.recorded:
@@ -116,6 +133,8 @@ class Plan:
         communicator the caller means; each must be the plan's own (the same
         memory, shape and dtype), or the run is refused.
         """
+        if self._program is not None and self._plain(x, out, comm):
+            return self._replay()  # the common case: a recording, nothing else outstanding
         error = self._misuse(x, out, comm)
         engine = busy_engine(self.t) if any_busy() else None
         if engine is not None:  # non-blocking calls are outstanding: run behind them
@@ -128,17 +147,22 @@ class Plan:
     def start(self, x=None, *, out=None, comm=None) -> "Plan":
         """Start a non-blocking run (``MPI_Start``); return the plan.
 
-        The run is queued on the communicator's progress engine, in issue order
-        with its other calls. On the progress thread, a :meth:`wait` that finds
-        it not yet taken runs it itself, inline: ``start()`` then ``wait()``
-        back to back costs what ``plan()`` costs, and computation between them
-        lets the thread run it meanwhile.
+        A recording of small exchanges, started when nothing else is
+        outstanding, starts here, on the caller's thread (:class:`InFlight`):
+        its first exchange goes out and the start returns. Any other run is
+        queued on the communicator's progress engine, in issue order with its
+        other calls; on the progress thread, a :meth:`wait` that finds it not
+        yet taken runs it itself, inline, and computation between them lets
+        the thread run it meanwhile. A start never waits for the peers.
 
         :meth:`wait` or :meth:`test` completes it. The run's
         :class:`~refcoll.calls.progress.Handle` is :attr:`handle`, for
         :func:`refcoll.wait_all` and its time stamps; a run completed through it
         may be started again at once.
         """
+        if self._small and self._plain(x, out, comm):
+            self.handle = InFlight(self).handle  # MPI_Start's way: no thread needed
+            return self
         error = self._misuse(x, out, comm)
         engine = self._engine
         if engine is None:  # the communicator's engine, made on its first non-blocking call
@@ -240,6 +264,20 @@ class Plan:
         self.runs += 1
         return self.out
 
+    def _replay(self):
+        """Run the recording once, in the call's own tag space; return the result."""
+        t = self.t
+        try:
+            with t.call(self.collective):
+                run_steps(t, self._program)
+        except BaseException:
+            self.abandon()
+            raise
+        if self._divides:
+            self.call.finish()
+        self.runs += 1
+        return self.out
+
     def abandon(self) -> None:
         """After a run that failed partway: never start its requests again (they may be running).
 
@@ -256,6 +294,8 @@ class Plan:
         """Record the all-reduce on the plan's buffers, in the transport's current tag slot."""
         self._schedule = record(self.t, self.fn, *self.call.arguments(), **self.call.keywords())
         self._program = compile_steps(self._schedule.steps)
+        exchanges = [step for step in self._program if step.__class__ is tuple]
+        self._small = all(max(step[1], step[3]) <= IN_FLIGHT_BYTES for step in exchanges)
 
     def renew(self) -> None:
         """Record again after every rank left the old persistent exchanges (a failed agreement)."""
@@ -267,6 +307,15 @@ class Plan:
         if self._schedule is not None:
             self._schedule.free()
         self._schedule = self._program = None
+        self._small = False
+
+    def _plain(self, x, out, comm) -> bool:
+        """Return whether this run is the common case: the plan's own buffers as they were
+        made, no run of its own outstanding, no engine busy, no tracing (else :meth:`_misuse`)."""
+        tracing = debug.ON[0]
+        return (x is None and out is None and comm is None and self.handle is None
+                and not BUSY[0] and self._broken is None and self._layout_now() == self._shapes
+                and (tracing is False or (tracing is None and not debug.enabled())))
 
     def _misuse(self, x, out, comm) -> str | None:
         """Return what breaks the plan's promise for this run, or None (refused at once if freed).
@@ -310,6 +359,107 @@ class Plan:
     def _trace_fields(self) -> dict:
         return debug.call_fields(self.x, op=self.reduction, algorithm=self.algorithm,
                                  root=self.root, options=self.options, validate=self.validate)
+
+
+#: The most bytes an exchange may carry each way for :meth:`Plan.start` to run the
+#: recording on the caller's thread (:class:`InFlight`). MPI libraries send messages
+#: this small eagerly (MPICH's and Open MPI's shared-memory and network eager limits
+#: are 16-64 KiB): the library moves them by itself while the caller computes.
+IN_FLIGHT_BYTES = 16 * 1024
+
+
+class InFlight:
+    """A recorded run started on the caller's thread, as ``MPI_Start`` starts one.
+
+    For a recording whose exchanges are all small (:data:`IN_FLIGHT_BYTES`), so
+    latency-bound, started when nothing else is outstanding: :meth:`Plan.start`
+    runs its steps up to the first exchange, starts that exchange's persistent
+    requests in the call's tag space and returns; the MPI library moves the
+    message while the caller computes. Each ``test()`` goes on as far as it can
+    without waiting (as MPICH's schedules do without a progress thread), and
+    ``wait()`` runs the rest: the same steps, in the same order, as
+    ``plan()``. No thread, no queue: ``start()`` then ``wait()`` back to back
+    costs about what ``plan()`` costs. Any later call on the communicator first
+    hands the run to the communicator's engine
+    (:func:`~refcoll.calls.progress.adopt`), to finish before that call.
+    """
+
+    kind = "in-flight"
+
+    def __init__(self, plan: "Plan"):
+        self.plan, self.index, self.started = plan, 0, False
+        self.handle = Handle(plan.collective, None, self)
+        self.handle.started = self.handle.issued
+        self._lock = threading.Lock()  # held by whoever runs steps: the caller or the engine
+        in_flight(plan._slots, self, started=True)
+        with plan.t.call(plan.collective):  # the call's count and tag space, in issue order
+            self._go(wait=False)
+
+    def on_thread(self) -> bool:
+        return False
+
+    def advance(self) -> None:
+        """Go on as far as the run can without waiting (``test()``)."""
+        if not self.handle._done.is_set() and self._lock.acquire(blocking=False):
+            try:
+                self._go(wait=False)
+            finally:
+                self._lock.release()
+
+    def finish(self) -> None:
+        """Run to the end, waiting for each exchange by the transport's deadline."""
+        self.drive(self.handle, None)
+
+    def drive(self, handle: Handle, timeout: float | None) -> None:
+        """Run to the end, or until ``timeout`` (``wait(timeout)``: the run goes on)."""
+        if timeout is None:
+            with self._lock:  # an engine that adopted the run may hold it: then it finishes it
+                self._go(wait=True)
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            self.advance()
+            if handle._done.is_set():
+                return
+            if time.monotonic() > deadline:
+                raise not_done(handle, timeout)
+            os.sched_yield()
+
+    def _go(self, wait: bool) -> bool:
+        """Run steps from the current one; return whether the run is complete.
+
+        ``wait=False`` stops at an exchange not yet complete (started, if it was
+        not). A failure ends the run with the error, raised from ``wait()``.
+        """
+        plan, handle = self.plan, self.handle
+        if handle._done.is_set():
+            return True
+        t, program = plan.t, plan._program
+        try:
+            while self.index < len(program):
+                step = program[self.index]
+                if step.__class__ is tuple:
+                    if not self.started:
+                        start(step)
+                        self.started = True
+                    tested = not wait and done(t, step)
+                    if not wait and not tested:
+                        return False
+                    complete(t, step, tested=tested)
+                    self.started = False
+                else:
+                    step()
+                self.index += 1
+            if plan._divides:
+                plan.call.finish()
+            plan.runs += 1
+            handle._result = plan.out
+        except BaseException as exc:  # noqa: BLE001 - raised again from wait()
+            plan.abandon()
+            handle._error = exc
+        in_flight(plan._slots, self, started=False)
+        handle._finish()
+        return True
 
 
 def _refuse(t, error: str, *, tell: bool) -> None:

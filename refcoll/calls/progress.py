@@ -45,7 +45,7 @@ from ..transport.recorder import Stepper
 
 __all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
            "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER", "POLL",
-           "POLL_WINDOW"]
+           "POLL_WINDOW", "not_done", "in_flight", "adopt"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
 ENGINES = ("thread", "schedule")
@@ -203,7 +203,7 @@ class Handle:
             fn(self)
 
 
-def _not_done(handle: Handle, timeout: float) -> CollectiveTimeout:
+def not_done(handle: Handle, timeout: float) -> CollectiveTimeout:
     return CollectiveTimeout(
         f"{handle.collective} (non-blocking) not complete after wait(timeout={timeout:g}); it "
         "is still running and a later wait() may return it (a peer may be slow, dead, or not "
@@ -242,6 +242,7 @@ class ThreadEngine:
         the plan's blocking run costs, no hand-off between threads). Polling
         goes on for :data:`POLL_WINDOW` after the last deferred call.
         """
+        adopt(self.t)
         with self._cv:
             if self.outstanding == 0:
                 _count_busy(1)
@@ -297,7 +298,7 @@ class ThreadEngine:
         self.t.activity(-1)
         try:
             if not handle._done.wait(timeout):
-                raise _not_done(handle, timeout)
+                raise not_done(handle, timeout)
         finally:
             self.t.activity(1)
 
@@ -377,6 +378,7 @@ class ScheduleEngine:
 
     def submit(self, handle: Handle) -> Handle:
         """Queue ``handle``'s call and advance the engine (a schedule's first step starts now)."""
+        adopt(self.t)
         if self.outstanding == 0:
             _count_busy(1)
         self.outstanding += 1
@@ -413,7 +415,7 @@ class ScheduleEngine:
             if handle._done.is_set():
                 return
             if deadline is not None and time.monotonic() > deadline:
-                raise _not_done(handle, timeout)
+                raise not_done(handle, timeout)
             os.sched_yield()
 
 
@@ -517,8 +519,43 @@ def any_busy() -> bool:
     return _busy[0] > 0
 
 
+def in_flight(slots: dict, run, started: bool) -> None:
+    """Note that ``run`` started in place on a transport, or (``started=False``) completed.
+
+    ``slots``: the transport's ``transport_cache(t, "progress")``. A plan's run
+    started on the caller's thread (:class:`~refcoll.calls.plans.InFlight`)
+    holds no engine's queue, so it counts as outstanding here, and the next
+    call on the transport hands it to the engine first (:func:`adopt`).
+    """
+    _count_busy(1 if started else -1)
+    if started:
+        slots["in_flight"] = run
+    elif slots.get("in_flight") is run:
+        slots["in_flight"] = None
+
+
+def adopt(t) -> None:
+    """Put the run started in place on ``t``, if one is in flight, first in its engine's queue.
+
+    Every later call on the communicator (blocking, non-blocking, a plan's)
+    comes here first, so it runs after that run, as MPI orders a
+    communicator's calls, and never beside it on the same tags; and a start
+    never waits, as ``MPI_Start`` does not.
+    """
+    slots = transport_cache(t, "progress")
+    run = slots.get("in_flight")
+    if run is not None:
+        slots["in_flight"] = None
+        engine = engine_for(t)
+        engine.submit(Handle(run.handle.collective, run.finish, engine))
+
+
 def busy_engine(t):
-    """Return ``t``'s engine if it has calls outstanding and the caller is not one of them."""
+    """Return ``t``'s engine if it has calls outstanding and the caller is not one of them.
+
+    A run started in place on ``t`` goes to the engine first (:func:`adopt`).
+    """
+    adopt(t)
     engine = transport_cache(t, "progress").get("engine")
     if engine is None or not engine.outstanding or engine.on_thread():
         return None

@@ -33,7 +33,8 @@ from ..core.ops import Op, get_dtype, get_op
 from .base import TransportBase, default_timeout
 from .deadline import duplicate
 
-__all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "run_steps"]
+__all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "run_steps", "start",
+           "done", "complete"]
 
 
 class Recorder:
@@ -224,22 +225,45 @@ class Stepper:
 
 def run_steps(t, program: list, start: int = 0) -> None:
     """Run a :func:`compile_steps` program on MPI transport ``t``, from step ``start``."""
-    MPI = _MPI[0] or _load_mpi()
-    startall, finish, byte, statuses = MPI.Prequest.Startall, t._finish, MPI.BYTE, t._statuses
-    traffic = t.traffic
+    startall = (_MPI[0] or _load_mpi()).Prequest.Startall
     for i in range(start, len(program)):
         step = program[i]
         if step.__class__ is tuple:
-            requests, received, source, sent, what = step
-            if not requests:
-                raise RefcollError(f"rank {t.rank}: a freed persistent exchange was run ({what()})")
-            startall(requests)
-            finish(requests, what)
-            if source is not None and statuses[0].Get_count(byte) != received:
-                t._check_count(received, source)  # raises, naming both sizes
-            traffic.add(sent, received)
+            if not step[0]:
+                raise RefcollError(f"rank {t.rank}: a freed persistent exchange was run "
+                                   f"({step[4]()})")
+            startall(step[0])
+            complete(t, step)
         else:
             step()
+
+
+def start(exchange: tuple) -> None:
+    """Start an exchange of a :func:`compile_steps` program (``MPI_Startall``); return at once."""
+    (_MPI[0] or _load_mpi()).Prequest.Startall(exchange[0])
+
+
+def done(t, exchange: tuple) -> bool:
+    """Return whether a started exchange has completed (``MPI_Testall``); never wait."""
+    return (_MPI[0] or _load_mpi()).Request.Testall(exchange[0], t._statuses)
+
+
+def complete(t, exchange: tuple, *, tested: bool = False) -> None:
+    """Complete a started exchange of a :func:`compile_steps` program, checking what came.
+
+    An exchange done at its first look (or ``tested``: :func:`done` found it
+    done), on a transport nobody revoked, costs one ``Testall``; any other waits
+    by the transport's deadline, watching for revocation
+    (:meth:`~refcoll.transport.mpi.MPITransport._finish`).
+    """
+    requests, received, source, sent, what = exchange
+    if tested or (t.revoked is None and done(t, exchange)):
+        t._ops += 1
+    else:
+        t._finish(requests, what)
+    if source is not None and t._statuses[0].Get_count(_MPI[0].BYTE) != received:
+        t._check_count(received, source)  # raises, naming both sizes
+    t.traffic.add(sent, received)
 
 
 #: mpi4py's MPI module, once :func:`run_steps` has loaded it (an import per call costs as

@@ -183,6 +183,51 @@ def test_a_started_plan_is_incomplete_until_its_peers_start_it():
     plan.free()
 
 
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_small_plan_starts_in_place_and_the_calls_after_it_run_after_it(kind):
+    # A small recorded plan's start runs on the caller's thread (MPI_Start's way); the
+    # non-blocking, blocking and plan calls issued after it, on every rank, see it first.
+    t = _own_transport(kind)
+    x = np.arange(300, dtype=np.float32) * (t.rank + 1)
+    y = np.arange(3, dtype=np.float64) + 10 * t.rank
+    plan, other = refcoll.allreduce_init(x, t), refcoll.allreduce_init(y, t, op="max")
+    assert plan.start().handle._engine.kind == "in-flight"
+    later = refcoll.iallreduce(y, t, op="min")
+    blocking = refcoll.allreduce(y, t, op="max")
+    other.start()
+    results = [plan.wait().copy(), later.wait(), blocking, other.wait()]
+    assert all(same_bits(a, b) for a, b in zip(results, _world().bcast(results)))
+    assert same_bits(results[0], refcoll.allreduce(x, t))
+    assert results[1].tolist() == [0.0, 1.0, 2.0]  # rank 0's y is the least
+    assert results[2].tolist() == results[3].tolist()
+    plan.free()
+    other.free()
+    t.free()
+
+
+def test_a_start_never_waits_for_peers_that_have_not_started_the_run_before_it():
+    # Rank 0 starts two small plans and waits for neither before its peers start any: each
+    # start returns (the first run goes to the engine), and both complete once they do.
+    t = _own_transport()
+    if t.size == 1:
+        pytest.skip("one rank has no peer to wait for")
+    x = np.full(8, t.rank + 1.0, np.float32)
+    first, second = refcoll.allreduce_init(x, t), refcoll.allreduce_init(x, t, op="max")
+    if t.rank == 0:
+        first.start()
+        second.start()
+        with pytest.raises(refcoll.CollectiveTimeout):
+            second.wait(timeout=0.05)  # the peers are in the barrier below
+    _world().Barrier()
+    results = ([first.wait().copy(), second.wait().copy()] if t.rank == 0
+               else [first().copy(), second().copy()])
+    assert results[0].tolist() == [t.size * (t.size + 1) / 2] * 8
+    assert results[1].tolist() == [float(t.size)] * 8
+    first.free()
+    second.free()
+    t.free()
+
+
 def test_different_counts_at_init_are_a_mismatch_on_every_rank():
     comm = _world()
     if comm.size == 1:
