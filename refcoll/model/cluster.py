@@ -45,6 +45,7 @@ from ..core.errors import UsageError
 from ..core.reading import loads_json
 from .buckets import MAX_BUCKETS, bucket_limit, buckets_for_size, buckets_of, check_buckets
 from .channels import CHANNELLED
+from .systems import GPU_ARCHS
 
 __all__ = [
     "ALGORITHMS",
@@ -94,7 +95,6 @@ MAX_NICS = 64
 PATTERNS = tuple(_PATTERN_FUNCTIONS)
 
 #: GPU generations whose constants NCCL's tuning model has (:mod:`.nccl`).
-GPU_ARCHS = ("volta", "ampere", "hopper", "blackwell")
 
 _FLOAT_DTYPES = {2: np.float16, 4: np.float32, 8: np.float64}
 

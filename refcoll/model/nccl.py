@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .cluster import GPU_ARCHS
+from .systems import GPU_ARCHS
 
 __all__ = ["PROTOCOLS", "NCCL_VERSION", "PRICED_AS", "NcclTime", "nccl_times", "nccl_choice"]
 
