@@ -17,9 +17,11 @@ from ..core.topology import read as read_topology
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
 from ..model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS, MAX_GPUS
+from ..model.systems import SYSTEM_PRESETS
 from ..transport.mpi import MPITransport
 from . import launch
 from .common import check_output_paths, main, reports_errors, split_list, write_json
+from .model_sweep import SWEEP_OPTIONS, run_sweep, wants_sweep
 
 __all__ = ["model"]
 
@@ -99,10 +101,14 @@ __all__ = ["model"]
 @click.option("--search/--no-search", default=True, show_default=True,
               help="Search for the best stack: every algorithm, dense and with each compressor, "
                    "in 1, 4, 16, 64, 256 buckets, DDP's 25 MiB buckets and --buckets.")
-@click.option("--preset", metavar="|".join(sorted(m.PRESETS)), default=None,
+@click.option("--preset", metavar="|".join(sorted(m.PRESETS) + sorted(SYSTEM_PRESETS)),
+              default=None,
               help="Option values to start from; options given win. seed: 8 nodes × 8 GPUs, "
                    "NVLink 300GB/s and a 25GB/s NIC per GPU (per direction), 7e9 fp32 "
-                   "parameters, forward 2s, backward 4s.")
+                   "parameters, forward 2s, backward 4s. The others are systems as their "
+                   "makers describe them (dgx-h100: 8 H100 on NVSwitch, 8 × 400 Gb/s "
+                   "InfiniBand; p4d: 8 A100, 4 × 100 Gb/s EFA...): without --params they "
+                   "print the nccl-tests sweep.")
 @click.option("--topology", "topology_file", type=click.Path(dir_okay=False), default=None,
               help="Take the nodes, ranks per node and links from a topology file (what "
                    "refcoll cluster writes, REFCOLL_TOPO_FILE); options given win.")
@@ -123,6 +129,45 @@ __all__ = ["model"]
               help="With --calibrate: time each all-reduce right after the one before it, as a "
                    "training loop runs them (bench -m), not after a barrier of its own: across "
                    "a shaped link, a call after a barrier finds the token bucket refilled.")
+@click.option("--sweep", is_flag=True,
+              help="Print all-reduce in nccl-tests' terms over -b..-e: size, count, type, "
+                   "redop, time, algbw, busbw, and what NCCL runs (algorithm/protocol, "
+                   "channels), then each --algorithm asked: NCCL's as NCCL spells them (Ring, "
+                   "Tree, NVLS, NVLSTree, CollNet, optionally /LL, /LL128, /Simple), "
+                   "refcoll's in lower case (ring, hierarchical, dbtree/ch...).")
+@click.option("-b", "--minbytes", default="8", show_default=True,
+              help="With --sweep: the first size, as all_reduce_perf -b (8, 1K, 1M).")
+@click.option("-e", "--maxbytes", default="8G", show_default=True,
+              help="With --sweep: the last size, as all_reduce_perf -e.")
+@click.option("-f", "--stepfactor", default="2", show_default=True,
+              help="With --sweep: multiply the size by this, as all_reduce_perf -f.")
+@click.option("-i", "--stepbytes", default="0", show_default=True,
+              help="With --sweep: add this to the size instead (as all_reduce_perf -i).")
+@click.option("-d", "--datatype", default="float", show_default=True,
+              help="nccl-tests' data type: float, half, bfloat16, double, int8...")
+@click.option("--compare", "compare_log", type=click.Path(dir_okay=False),
+              help="A real all_reduce_perf output: print it beside the prediction, size by "
+                   "size, with the error per size band.")
+@click.option("--fit", "fit_logs", type=click.Path(dir_okay=False), multiple=True,
+              help="all_reduce_perf outputs of this system (repeat it, one node count each): "
+                   "learn its unknown constants (each level's latency, the links' achieved "
+                   "rates) and write them to --save-fit.")
+@click.option("--save-fit", type=click.Path(), default=None,
+              help="With --fit: the file the fitted system is written to.")
+@click.option("--from-fit", "fit_file", type=click.Path(dir_okay=False), default=None,
+              help="Price the system a --fit wrote (options given win: another --nodes...).")
+@click.option("--intra-transport", default=None, metavar="nvswitch|nvlink|pcie",
+              help="What joins a node's GPUs [default: nvswitch].")
+@click.option("--inter-transport", default=None, metavar="ib|roce|efa|tcp|tcpx|tcpxo",
+              help="The network transport across nodes [default: ib].")
+@click.option("--nvls/--no-nvls", default=True, show_default=True,
+              help="NVLink SHARP on NVSwitch nodes of Hopper and later (NCCL's NVLS, NVLSTree).")
+@click.option("--p2p/--no-p2p", default=True, show_default=True,
+              help="With --intra-transport pcie: peer-to-peer, or through host memory.")
+@click.option("--pcie-gen", default=None, metavar="3|4|5",
+              help="PCIe generation of the GPUs' links [default: 4].")
+@click.option("--plot", "plot_file", type=click.Path(),
+              help="With --sweep or --compare: draw the busbw curves (PNG, SVG, PDF).")
 @click.option("--json", "json_file", type=click.Path(),
               help="Write the report as JSON (its folder must exist).")
 @reports_errors
@@ -130,7 +175,10 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
           gpu_arch, bidirectional, intra_quoted, inter_quoted, intra_latency, inter_latency,
           in_network, reduce_bw, params, layers_file, bytes_per_element, forward, backward,
           algorithm, inter, compressor, pattern, buckets, bucket_size, search, preset,
-          topology_file, calibration_file, calibrate, nprocs, sizes, back_to_back, json_file):
+          topology_file, calibration_file, calibrate, nprocs, sizes, back_to_back, sweep,
+          minbytes, maxbytes, stepfactor, stepbytes, datatype, compare_log, fit_logs, save_fit,
+          fit_file, intra_transport, inter_transport, nvls, p2p, pcie_gen, plot_file,
+          json_file):
     """Model all-reduce and step time on a described cluster, or calibrate against this one.
 
     Prints each algorithm's all-reduce time with its phases (refcoll's own
@@ -146,6 +194,17 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
     """
     if back_to_back and not calibrate:
         raise UsageError("--back-to-back times the all-reduces of --calibrate: give both")
+    opts = dict(locals())
+    if wants_sweep(opts):
+        check_output_paths(json=json_file, plot=plot_file, save_fit=save_fit)
+        run_sweep(opts)
+        return
+    used = [f"--{name.replace('_', '-')}" for name in SWEEP_OPTIONS
+            if click.get_current_context().get_parameter_source(name)
+            not in (None, ParameterSource.DEFAULT)]
+    if used or plot_file:
+        raise UsageError(f"{', '.join(used) or '--plot'} belong to --sweep, --compare and "
+                         "--fit (nccl-tests' view): give one of those")
     check_output_paths(json=json_file)
     if calibrate:
         _calibrate(nprocs, algorithm, sizes, back_to_back, json_file)
@@ -291,10 +350,10 @@ def _print_plan(result) -> None:
     base = result.baseline
     if base.get("nccl_pick"):
         click.echo("")
-        click.echo(f"baseline: what NCCL does by default: its tuning model picks "
-                   f"{base['nccl_pick']} for {_bytes(w.nbytes)} on {c.gpus} ranks; priced here "
-                   f"as {base['algorithm']} ({c.channel_count} channel"
-                   f"{'s' if c.channel_count > 1 else ''}"
+        click.echo(f"baseline: what NCCL does by default: it runs {base['nccl_pick']} for "
+                   f"{_bytes(w.nbytes)} on {c.gpus} ranks ({base['algorithm']}: its pick among "
+                   f"its algorithms and protocols, priced on these links, {c.channel_count} "
+                   f"channel{'s' if c.channel_count > 1 else ''}"
                    f"{', rail-optimised' if c.rail else ', no rails'}), dense, one bucket")
     if result.compressed is not None:
         e = result.compressed

@@ -31,6 +31,9 @@ GPU's over every channel, its ``rounds`` one channel's (they run at once).
   with every block the largest), a ring allgather in each node.
   NCCL runs no PAT all-reduce; this is the composition it allows.
 
+* ``nccl``: what NCCL runs, as :mod:`refcoll.model.nccl_run` picks and prices it
+  (the step report's baseline).
+
 Spec: spec/model.md
 """
 
@@ -43,7 +46,9 @@ from ..algorithms.ring import ring_allgather_cost, ring_price, ring_reduce_scatt
 from ..algorithms.tree import tree_price
 from ..core.chunking import max_chunk
 from ..core.cost import Cost
+from .nccl_run import busbw_factor, predict
 from .phases import Phase, price_phase
+from .systems import as_system
 
 __all__ = ["Channelled", "CHANNELLED", "channelled_phases", "pat_cost"]
 
@@ -144,8 +149,21 @@ def _pat(cluster, count: int, itemsize: int) -> list[Phase]:
     return phases
 
 
+def _nccl(cluster, count: int, itemsize: int) -> list[Phase]:
+    """What NCCL runs (:mod:`refcoll.model.nccl_run`): its pick among its algorithms and
+    protocols on the cluster's links, priced as one phase."""
+    nbytes = count * itemsize
+    run = predict(as_system(cluster), nbytes) if cluster.gpus > 1 else None
+    if run is None:
+        return [Phase("one GPU: nothing to send", "local", 0, 0, 0, 0.0)]
+    return [Phase(f"NCCL {run.name} on {run.channels} channels, {run.limit}-bound", "slowest",
+                  1, int(nbytes * busbw_factor(cluster.gpus)), 0, run.seconds, run.latency)]
+
+
 #: The channelled collectives, by the name ``--algorithm`` takes.
 CHANNELLED = {
+    "nccl": Channelled("what NCCL runs: its algorithm and protocol, picked and priced on the "
+                       "cluster's links (Ring, Tree, NVLS, NVLSTree, CollNet)", _nccl),
     "ring/ch": Channelled("NCCL's ring: a ring per channel, each crossing on its own NIC", _ring),
     "tree/ch": Channelled("binomial tree per channel, each across nodes on its own NIC", _tree),
     "dbtree/ch": Channelled("NCCL's tree: a chain in each node, a double binary tree across "

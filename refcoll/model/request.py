@@ -27,6 +27,7 @@ from .cluster import (
 )
 from .search import plan_and_search
 from .stack import Plan, plan
+from .systems import PCIE_GBPS, SYSTEM_PRESETS, System, system_preset
 
 __all__ = ["QUOTED", "PRESETS", "preset_values", "quoted_links", "ModelRequest",
            "calibration_request"]
@@ -45,9 +46,25 @@ PRESETS = {
 
 
 def preset_values(name: str) -> dict:
-    """Return the option values of the preset ``name``; an unknown one is a UsageError."""
+    """Return the option values of the preset ``name``; an unknown one is a UsageError.
+
+    A system preset (:data:`~refcoll.model.systems.SYSTEM_PRESETS`: ``dgx-h100``...)
+    gives its GPUs per node, links and generation; the nodes and the model are the
+    options'.
+    """
+    if name in SYSTEM_PRESETS:
+        system = System(**system_preset(name))
+        line = (system.gen.nvlink_links * system.gen.nvlink_line if system.nvlink
+                else PCIE_GBPS[system.pcie_gen])  # per GPU and direction, as quoted
+        values = {"gpus_per_node": str(system.gpus_per_node), "gpu_arch": system.generation,
+                  "intra_bw": f"{line / 1e9:.6g}GB/s", "bidirectional": False}
+        if system.nics:
+            values.update(inter_bw=f"{system.nic_bw / 1e9:.6g}GB/s",
+                          nics_per_node=str(system.nics))
+        return values
     if name not in PRESETS:
-        raise UsageError(f"unknown preset {name!r} (--preset): choose {', '.join(sorted(PRESETS))}")
+        raise UsageError(f"unknown preset {name!r} (--preset): choose "
+                         f"{', '.join(sorted(PRESETS) + sorted(SYSTEM_PRESETS))}")
     return dict(PRESETS[name])
 
 

@@ -22,9 +22,11 @@ from ..core.units import human_bytes, human_time
 from .channels import CHANNELLED
 from .cluster import Cluster, Options, Workload, buckets_of, check_buckets
 from .compression import chosen_pattern, compressed_estimate, needs_shapes
-from .nccl import NCCL_VERSION, PRICED_AS, NcclTime, nccl_choice, nccl_times
+from .nccl import NCCL_VERSION, NcclTime, nccl_times
+from .nccl_run import predict
 from .overlap import StepTime, overlap
 from .pricing import Estimate, allreduce_estimate, estimate_name
+from .systems import as_system
 from .verdict import allreduce_verdict
 
 __all__ = ["step_time", "Plan", "plan", "baseline_algorithm", "candidates_for",
@@ -132,10 +134,12 @@ def _check_in_network(cluster: Cluster, names) -> None:
             raise UsageError(f"algorithm {name!r} needs in-network reduction (--in-network)")
 
 
-def baseline_algorithm(cluster: Cluster, nbytes: int) -> tuple[str, NcclTime | None]:
-    """Return the collective that prices NCCL's default for ``nbytes``, and NCCL's pick."""
-    choice = nccl_choice(cluster, nbytes)
-    return (PRICED_AS[choice.algorithm] if choice else _SINGLE_RANK), choice
+def baseline_algorithm(cluster: Cluster, nbytes: int):
+    """Return the collective that prices NCCL's default for ``nbytes`` (``nccl``: its pick
+    among its algorithms and protocols, :mod:`~refcoll.model.nccl_run`), and that pick."""
+    if cluster.gpus < 2:
+        return _SINGLE_RANK, None
+    return "nccl", predict(as_system(cluster), nbytes)
 
 
 def candidates_for(options: Options, compressor: str | None) -> tuple[str, ...]:

@@ -1,0 +1,255 @@
+"""`refcoll model --sweep / --compare / --fit`: all-reduce on a real system, in nccl-tests' terms.
+
+The system comes from ``--preset`` (dgx-h100, p4d, a3-mega...) and the
+options (``--nodes``, ``--gpus-per-node``, ``--gpu-arch``, ``--intra-transport``,
+``--inter-transport``, ``--inter-bw``, ``--nics-per-node``, ``--nvls``,
+``--p2p``, ``--in-network`` for CollNet), or from ``--from-fit FILE``. Then:
+
+* ``--sweep -b 8 -e 8G -f 2``: nccl-tests' rows for what NCCL would run (its
+  algorithm, protocol and channels in a column), and for each ``--algorithm``;
+* ``--compare LOG``: a real ``all_reduce_perf`` output beside the prediction,
+  size by size, with the error per size band;
+* ``--fit LOG [--fit LOG...] --save-fit FILE``: the system's unknown constants
+  learnt from its own measurements (:mod:`refcoll.model.nccl_fit`);
+* ``--plot FILE``: the busbw curves; ``--json FILE``: every row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import click
+
+from ..core.errors import UsageError
+from ..core.plot import figure, require_matplotlib, save
+from ..core.units import parse_bandwidth, parse_count, parse_size
+from ..model.cluster import MODELLED
+from ..model.nccl_fit import fit, fit_to_json, read_fit
+from ..model.nccl_run import NCCL_ALGORITHMS, version
+from ..model.nccl_tests import (
+    BANDS,
+    DTYPE_BYTES,
+    compare,
+    predicted_rows,
+    read_table,
+    sweep_sizes,
+    table_lines,
+)
+from ..model.request import quoted_links
+from ..model.systems import SYSTEM_PRESETS, System, system_preset
+from .common import write_json
+
+__all__ = ["SWEEP_OPTIONS", "run_sweep", "wants_sweep"]
+
+#: The options only the sweep reads (their names as click passes them).
+SWEEP_OPTIONS = ("sweep", "minbytes", "maxbytes", "stepfactor", "stepbytes", "datatype",
+                 "compare_log", "plot_file", "fit_logs", "save_fit", "fit_file",
+                 "intra_transport", "inter_transport", "nvls", "p2p", "pcie_gen")
+
+
+def wants_sweep(opts: dict) -> bool:
+    """Return whether the command asks for the nccl-tests view rather than the step report."""
+    return bool(opts["sweep"] or opts["compare_log"] or opts["fit_logs"] or opts["fit_file"]
+                or (opts["preset"] in SYSTEM_PRESETS and not opts["params"]))
+
+
+def _given(name: str) -> bool:
+    """Return whether option ``name`` was given (not left at its default)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _base(opts: dict) -> System | None:
+    """Return the system of ``--from-fit`` or a system ``--preset``, or None."""
+    if opts["fit_file"]:
+        return read_fit(opts["fit_file"])
+    if opts["preset"] is None:
+        return None
+    if opts["preset"] not in SYSTEM_PRESETS:
+        raise UsageError(f"--preset {opts['preset']} is not a system: with --sweep, "
+                         f"--compare or --fit choose {', '.join(sorted(SYSTEM_PRESETS))}")
+    return System(**system_preset(opts["preset"]))
+
+
+def _counts(opts: dict) -> dict:
+    """Return the whole-number fields the options give."""
+    fields = {}
+    for option, key in (("nodes", "nodes"), ("gpus_per_node", "gpus_per_node"),
+                        ("pcie_gen", "pcie_gen"), ("channels", "channels"),
+                        ("nics_per_node", "nics")):
+        if opts[option] is not None:
+            fields[key] = parse_count(opts[option], name=f"--{option.replace('_', '-')}")
+    return fields
+
+
+def _links(opts: dict) -> dict:
+    """Return the line rates the options give, per direction (quoted as they say)."""
+    if opts["intra_bw"] is None and opts["inter_bw"] is None:
+        return {}
+    intra_both, inter_both = quoted_links(
+        opts["bidirectional"],
+        opts["intra_quoted"] or ("unidirectional" if opts["intra_bw"] is None else None),
+        opts["inter_quoted"] or ("unidirectional" if opts["inter_bw"] is None else None))
+    fields = {}
+    if opts["intra_bw"] is not None:
+        bw = parse_bandwidth(opts["intra_bw"], name="--intra-bw")
+        fields["intra_bw"] = bw / 2 if intra_both else bw
+    if opts["inter_bw"] is not None:
+        bw = parse_bandwidth(opts["inter_bw"], name="--inter-bw")
+        fields["nic_bw"] = bw / 2 if inter_both else bw
+    return fields
+
+
+def _system(opts: dict) -> System:
+    """Return the system the options (over the preset, over a fit file) describe."""
+    base = _base(opts)
+    fields = {**_counts(opts), **_links(opts)}
+    if base is None or _given("gpu_arch"):
+        fields["generation"] = opts["gpu_arch"]
+    for name, key in (("intra_transport", "intra"), ("inter_transport", "transport")):
+        if opts[name] is not None:
+            fields[key] = opts[name]
+    for name in ("nvls", "p2p"):
+        if base is None or _given(name):
+            fields[name] = opts[name]
+    if opts["in_network"]:
+        fields["collnet"] = True
+    if "nic_bw" in fields and "nics" not in fields and (base is None or not base.nics):
+        fields["nics"] = fields.get("gpus_per_node", base.gpus_per_node if base else 8)
+    return System(**fields) if base is None else replace(base, **fields)
+
+
+def _algorithms(text: str | None) -> list[str | None]:
+    """Return what to price besides NCCL's pick: NCCL's algorithms or refcoll's schedules."""
+    if text is None or text == "all":
+        return [None]
+    out: list[str | None] = [None]
+    nccl = {a.lower(): a for a in NCCL_ALGORITHMS}
+    for item in (v.strip() for v in text.split(",") if v.strip()):
+        name, _, proto = item.partition("/")
+        if item in MODELLED:  # refcoll's, in lower case: ring, dbtree/ch...
+            out.append(item)
+        elif name.lower() in nccl and proto.lower() in ("", "ll", "ll128", "simple"):
+            out.append(item)
+        else:
+            raise UsageError(f"unknown --algorithm {item!r} for --sweep: NCCL's "
+                             f"{', '.join(NCCL_ALGORITHMS)} (optionally /LL, /LL128, /Simple) "
+                             f"or refcoll's {', '.join(MODELLED)}")
+    return out
+
+
+def run_sweep(opts: dict) -> None:
+    """Carry out ``--sweep``, ``--compare`` and ``--fit`` (after the output paths were checked)."""
+    if opts["fit_logs"] and not opts["save_fit"]:
+        raise UsageError("--fit learns constants for a file: give --save-fit FILE (what "
+                         "--from-fit reads)")
+    if opts["save_fit"] and not opts["fit_logs"]:
+        raise UsageError("--save-fit writes what --fit learns: give --fit LOG")
+    if opts["datatype"] not in DTYPE_BYTES:
+        raise UsageError(f"unknown --datatype {opts['datatype']!r}: choose "
+                         f"{', '.join(DTYPE_BYTES)}")
+    if not (opts["sweep"] or opts["compare_log"] or opts["fit_logs"]):
+        opts = {**opts, "sweep": True}  # a system alone: its sweep
+    if opts["plot_file"]:
+        require_matplotlib()
+    system = _system(opts)
+    asked = _algorithms(opts["algorithm"])
+    report: dict = {"system": system.describe(), "nccl_constants": version()}
+    if opts["fit_logs"]:
+        tables = [read_table(path) for path in opts["fit_logs"]]
+        ran = asked[1] if len(asked) > 1 else None  # what the tables ran, when told
+        fitted = fit(system, tables, ran)
+        saved = fit_to_json(system, fitted, tables, ran)
+        write_json(opts["save_fit"], saved)
+        system = replace(system, fitted=fitted)
+        _print_fit(saved)
+        report["fit"] = saved
+    click.echo(f"system: {system.describe()}")
+    for note in system.unknowns():
+        click.echo(f"not expressed: {note}")
+    curves = []
+    if opts["sweep"]:
+        sizes = sweep_sizes(parse_size(opts["minbytes"], name="-b/--minbytes", whole=True),
+                            parse_size(opts["maxbytes"], name="-e/--maxbytes", whole=True),
+                            parse_count(opts["stepfactor"], name="-f/--stepfactor"),
+                            parse_size(opts["stepbytes"], name="-i/--stepbytes", whole=True))
+        report["rows"] = []
+        for algorithm in asked:
+            rows = predicted_rows(system, sizes, algorithm, opts["datatype"])
+            report["rows"] += rows
+            curves.append((algorithm or "NCCL's pick", rows))
+            click.echo("")
+            click.echo(f"# {'what NCCL runs' if algorithm is None else algorithm} "
+                       f"(constants of NCCL {version()})")
+            for line in table_lines(rows, system.ranks):
+                click.echo(line)
+    measured = None
+    if opts["compare_log"]:
+        table = read_table(opts["compare_log"])
+        ranks = table.ranks or table.ranks_from_busbw()
+        if ranks and ranks != system.ranks:
+            raise UsageError(f"{opts['compare_log']} ran on {ranks} ranks; the system "
+                             f"described has {system.ranks} ({system.nodes} nodes × "
+                             f"{system.gpus_per_node}): say --nodes and --gpus-per-node")
+        result = compare(table, system, asked[1] if len(asked) > 1 else None)
+        report["compare"] = result.to_json()
+        measured = result
+        _print_compare(result)
+    if opts["plot_file"]:
+        _plot(opts["plot_file"], system, curves, measured)
+    write_json(opts["json_file"], report)
+
+
+def _print_fit(saved: dict) -> None:
+    fitted = saved["fitted"]
+    parts = []
+    if "intra_rate" in fitted:
+        parts += [f"intra {fitted['intra_rate'] / 1e9:.1f} GB/s per GPU and direction",
+                  f"+{fitted['intra_latency'] * 1e6:.2f} us per intra-node step"]
+    if "nic_efficiency" in fitted:
+        parts += [f"NICs at {100 * fitted['nic_efficiency']:.0f}% of line rate",
+                  f"+{fitted['net_latency'] * 1e6:.2f} us per network step"]
+    click.echo(f"fit on {len(saved['logs'])} table(s): " + ", ".join(parts))
+    errors = saved["errors"]
+    click.echo("fit error per band: " + "; ".join(
+        f"{name} {'-' if errors[name] is None else f'{100 * errors[name]:.0f}%'}"
+        for name, _, _ in BANDS))
+
+
+def _print_compare(result) -> None:
+    click.echo("")
+    click.echo(f"# {result.table.name}: measured (out of place) beside predicted")
+    click.echo(f"# {'size':>12} {'measured':>10} {'predicted':>10} {'ratio':>6} "
+               f"{'busbw':>7} {'busbw':>7}  algorithm")
+    click.echo(f"# {'(B)':>12} {'(us)':>10} {'(us)':>10} {'':>6} {'meas':>7} {'pred':>7}")
+    for r in result.rows:
+        click.echo(f"  {r['size']:>12} {r['measured_us']:>10.2f} {r['predicted_us']:>10.2f} "
+                   f"{r['ratio']:>6.2f} {r['measured_busbw']:>7.2f} "
+                   f"{r['predicted_busbw']:>7.2f}  {r['algorithm']}/{r['protocol']}")
+    parts = []
+    for name, _, _ in BANDS:
+        error, n = result.errors[name]
+        parts.append(f"{name}: {'-' if n == 0 else f'{100 * error:.0f}%'} ({n} sizes)")
+    click.echo("error, exp(mean |ln(predicted/measured)|) - 1, per band: " + "; ".join(parts))
+    click.echo(f"within 30%: {result.within} of {len(result.rows)} sizes")
+
+
+def _plot(path: str, system: System, curves, measured) -> None:
+    fig = figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    for label, rows in curves:
+        ax.plot([r["size"] for r in rows], [r["busbw"] for r in rows], "--", label=label)
+    if measured is not None:
+        sizes = [r["size"] for r in measured.rows]
+        ax.plot(sizes, [r["measured_busbw"] for r in measured.rows], "o-", ms=3,
+                label="measured")
+        if not curves:
+            ax.plot(sizes, [r["predicted_busbw"] for r in measured.rows], "s--", ms=3,
+                    label="predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(system.describe(), fontsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path, dpi=100)

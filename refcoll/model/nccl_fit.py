@@ -1,0 +1,171 @@
+"""Learn a cluster's unknown constants from its own ``all_reduce_perf`` tables.
+
+What no public source gives about a system (:meth:`System.unknowns`: a cloud
+network's latency and achieved fraction of line rate, a host path's bandwidth)
+is learnt from measurements of it, as NCCL's own tuner plugins learn from
+measured curves. The fitted constants:
+
+* ``intra_rate``: what one GPU's intra-node link carries per direction;
+* ``intra_latency``: each intra-node step's latency beyond NCCL's;
+* ``nic_efficiency``: the fraction of the NICs' line rate achieved (tables of
+  more than one node);
+* ``net_latency``: each network step's latency beyond NCCL's (likewise).
+
+They minimise the squared ``ln(predicted / measured)`` over every row of every
+table given (each table's own node count), by coordinate descent in the
+logarithm of each constant: golden-section search on one at a time, a few
+rounds, each bracketed by physical limits. The model's form (NCCL's algorithm
+choice, its per-hop constants) is not fitted, so a fit made on one node count
+predicts another, and refcoll's own algorithms, from the same constants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ..core.errors import UsageError
+from ..core.reading import loads_json, read_text
+from .nccl_run import predict
+from .nccl_tests import Table, band_errors
+from .systems import System
+
+__all__ = ["FITTED", "fit", "fit_to_json", "read_fit", "MAX_FIT_BYTES"]
+
+#: The constants a fit may learn, and the bounds of each (the first two in the unit of the
+#: constant: bytes/s, seconds, a fraction).
+FITTED = {
+    "intra_rate": (1e8, 5e12),
+    "intra_latency": (0.0, 1e-3),
+    "nic_efficiency": (0.02, 1.0),
+    "net_latency": (0.0, 5e-3),
+}
+
+#: A fit file larger than this is refused.
+MAX_FIT_BYTES = 1 << 20
+
+_ROUNDS, _GOLDEN_STEPS = 4, 40
+
+
+def _loss(system: System, tables: list[tuple[Table, System]], fitted: dict,
+          algorithm: str | None) -> float:
+    total = 0.0
+    for table, shaped in tables:
+        s = replace(shaped, fitted=dict(fitted))
+        for r in table.rows:
+            run = predict(s, r.size, algorithm)
+            if run is not None and r.time > 0:
+                total += math.log(run.seconds / r.time) ** 2
+    return total
+
+
+def _golden(f, low: float, high: float) -> float:
+    """Return the argmin of ``f`` on ``[low, high]`` (unimodal assumed), golden section."""
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = low, high
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(_GOLDEN_STEPS):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit(system: System, tables: list[Table], algorithm: str | None = None) -> dict:
+    """Return the fitted constants for ``system`` measured in ``tables``.
+
+    ``algorithm``: what the tables ran when NCCL was told (``NCCL_ALGO``,
+    ``Ring/Simple``...); None: NCCL's own pick. Each table is priced on
+    ``system`` with its own rank count (the table's ``# Rank`` lines, or
+    ``system``'s when it has none), so tables of several node counts
+    of one system fit together. Network constants are fitted only when a table
+    spans more than one node.
+    """
+    shaped = []
+    for t in tables:
+        ranks = t.ranks or system.ranks
+        if ranks % system.gpus_per_node:
+            raise UsageError(f"{t.name}: {ranks} ranks are not whole nodes of "
+                             f"{system.gpus_per_node} GPUs (--gpus-per-node)")
+        shaped.append((t, system.with_shape(ranks // system.gpus_per_node)))
+    # A node's own constants are learnt from single-node tables, the network's from the
+    # others: a table of several nodes alone cannot tell a slow NVLink from a slow NIC.
+    names = []
+    if any(s.nodes == 1 for _, s in shaped):
+        names += ["intra_rate", "intra_latency"]
+    if any(s.nodes > 1 for _, s in shaped):
+        names += ["nic_efficiency", "net_latency"]
+    fitted = {}
+    if "intra_rate" in names:
+        fitted.update(intra_rate=system.intra_rate(), intra_latency=0.0)
+    if "nic_efficiency" in names:
+        fitted.update(nic_efficiency=system.net.efficiency, net_latency=system.net.latency)
+    for _ in range(_ROUNDS):
+        for name in names:
+            low, high = FITTED[name]
+            if name.endswith("latency"):  # search the latency itself, from 0
+                fitted[name] = _golden(lambda v, n=name: _loss(
+                    system, shaped, {**fitted, n: v}, algorithm), low, high)
+            else:  # rates and fractions: search their logarithm
+                best = _golden(lambda v, n=name: _loss(
+                    system, shaped, {**fitted, n: math.exp(v)}, algorithm),
+                    math.log(low), math.log(high))
+                fitted[name] = math.exp(best)
+    return fitted
+
+
+def fit_to_json(system: System, fitted: dict, tables: list[Table],
+                algorithm: str | None = None) -> dict:
+    """Return what ``--fit`` writes: the system, the constants, and the fit's own errors."""
+    pairs = []
+    for t in tables:
+        ranks = t.ranks or system.ranks
+        s = replace(system.with_shape(ranks // system.gpus_per_node), fitted=dict(fitted))
+        for r in t.rows:
+            run = predict(s, r.size, algorithm)
+            if run is not None:
+                pairs.append((r.size, run.seconds, r.time))
+    errors = band_errors(pairs)
+    return {"refcoll_fit": 1,
+            "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
+                       "intra": system.intra, "intra_bw": system.intra_bw,
+                       "pcie_gen": system.pcie_gen, "p2p": system.p2p, "nvls": system.nvls,
+                       "nics": system.nics, "nic_bw": system.nic_bw,
+                       "transport": system.transport, "collnet": system.collnet,
+                       "channels": system.channels, "nodes": system.nodes},
+            "fitted": fitted,
+            "logs": [t.name for t in tables], "algorithm": algorithm,
+            "errors": {k: (None if math.isnan(e) else e) for k, (e, _) in errors.items()}}
+
+
+def read_fit(path: str) -> System:
+    """Return the fitted system a ``--fit`` file describes (``--from-fit``)."""
+    data = loads_json(read_text(path, max_bytes=MAX_FIT_BYTES, what="fit file (--from-fit)"),
+                      source=f"fit file {path}")
+    if not isinstance(data, dict) or data.get("refcoll_fit") != 1:
+        raise UsageError(f"{path}: not a refcoll model --fit file")
+    fields, fitted = data.get("system"), data.get("fitted")
+    if not isinstance(fields, dict) or not isinstance(fitted, dict):
+        raise UsageError(f"{path}: a fit file needs its system and fitted constants")
+    clean = {}
+    for name, value in fitted.items():
+        if name not in FITTED or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise UsageError(f"{path}: fitted constant {name!r} is not one of "
+                             f"{', '.join(FITTED)} with a number")
+        low, high = FITTED[name]
+        if not low <= value <= high:
+            raise UsageError(f"{path}: fitted {name} = {value} is outside [{low}, {high}]")
+        clean[name] = float(value)
+    allowed = set(System.__dataclass_fields__) - {"fitted"}
+    if set(fields) - allowed:
+        raise UsageError(f"{path}: unknown system fields {sorted(set(fields) - allowed)}")
+    try:
+        return System(**fields, fitted=clean)
+    except TypeError as exc:
+        raise UsageError(f"{path}: bad system fields ({exc})") from None

@@ -1,0 +1,288 @@
+"""nccl-tests' terms: ``all_reduce_perf`` tables, read and written, and a model held to them.
+
+``all_reduce_perf`` (NVIDIA/nccl-tests) prints one row per size: ``size count
+type redop [root] time algbw busbw #wrong`` out of place, then the same in
+place; ``algbw`` is bytes / time and ``busbw`` is ``algbw · 2(p-1)/p``, in GB/s
+(1e9 bytes). :func:`read_table` reads such an output (single- or multi-process,
+with or without the ``root`` column, rows prefixed by a launcher's rank tag);
+:func:`sweep_sizes` gives ``-b``/``-e``/``-f``'s sizes; :func:`predicted_rows`
+the model's rows in the same terms; :func:`compare` the error per size band:
+``exp(mean |ln(predicted / measured)|) - 1``, the geometric-mean factor by which
+a prediction misses, over the sizes at most 64 KiB, between, and at least 64 MiB.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..bench.nccl_tests import half, preamble, title_lines
+from ..bench.options import NCCL_TESTS_TYPES
+from ..core.errors import UsageError
+from ..core.reading import read_text
+from .cluster import MODELLED, Cluster
+from .nccl_run import busbw_factor, predict
+from .pricing import allreduce_estimate
+from .systems import System
+
+__all__ = ["Row", "Table", "read_table", "parse_table", "sweep_sizes", "predicted_rows",
+           "BANDS", "band_of", "band_errors", "compare", "Comparison", "MAX_LOG_BYTES",
+           "table_lines", "DTYPE_BYTES", "price",
+           "as_cluster"]
+
+#: A log larger than this is refused (nccl-tests' output is a few KiB a size).
+MAX_LOG_BYTES = 8 << 20
+
+#: nccl-tests' data types and their sizes in bytes.
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+               "half": 2, "bfloat16": 2, "float": 4, "double": 8, "f8e4m3": 1, "f8e5m2": 1}
+
+#: The size bands errors are reported in: (name, lowest, highest) bytes, inclusive.
+BANDS = (("<= 64 KiB", 0, 64 << 10), ("64 KiB - 64 MiB", (64 << 10) + 1, (64 << 20) - 1),
+         (">= 64 MiB", 64 << 20, 1 << 62))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One size of an ``all_reduce_perf`` table.
+
+    ``time`` in seconds; ``algbw`` and ``busbw`` in bytes/s. ``in_place_time``
+    is ``None`` where the table has no in-place columns.
+    """
+
+    size: int
+    count: int
+    dtype: str
+    redop: str
+    time: float
+    algbw: float
+    busbw: float
+    in_place_time: float | None = None
+
+
+@dataclass(frozen=True)
+class Table:
+    """An ``all_reduce_perf`` output: its rows and what its header says."""
+
+    rows: tuple[Row, ...]
+    ranks: int | None  # the "# Rank N" lines counted, or None when the header has none
+    name: str = ""
+
+    def ranks_from_busbw(self) -> int | None:
+        """Return the rank count busbw/algbw implies (``2(p-1)/p``), or None."""
+        best = max(self.rows, key=lambda r: r.algbw)  # the most digits printed
+        if best.algbw <= 0 or best.busbw <= 0:
+            return None
+        f = best.busbw / best.algbw
+        if not 1.0 <= f < 2.0:
+            return None
+        # the rank count whose factor 2(p-1)/p is nearest what was printed
+        return min(range(2, 4097), key=lambda p: abs(2 * (p - 1) / p - f))
+
+
+_ROW = re.compile(r"^\s*(?:\[[^\]]*\]<stdout>:|\d+:)?\s*(\d+)\s+(\d+)\s+([A-Za-z_0-9]+)\s+"
+                  r"([A-Za-z_]+)\s+(.*)$")
+_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group")
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+def parse_table(text: str, name: str = "log") -> Table:
+    """Return the all-reduce rows of an ``all_reduce_perf`` output.
+
+    Raises:
+        UsageError: no row could be read (naming ``name``).
+    """
+    rows, ranks = [], set()
+    for line in text.splitlines():
+        rank = _RANK.search(line)
+        if rank:
+            ranks.add(int(rank.group(1)))
+            continue
+        m = _ROW.match(line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        size, count, dtype, redop, rest = m.groups()
+        fields = rest.split()
+        if fields and (fields[0] == "-1" or (len(fields) in (5, 9)
+                                             and re.fullmatch(r"\d+", fields[0]))):
+            fields = fields[1:]  # the root column (-1 for an all-reduce)
+        try:
+            out = [_number(f) for f in fields[:3]]
+            inplace = (_number(fields[4]) if len(fields) >= 8 and fields[4] != "N/A"
+                       else None)
+        except (ValueError, IndexError):
+            continue
+        if len(fields) < 4 or out[0] <= 0:
+            continue
+        rows.append(Row(int(size), int(count), dtype, redop, out[0] * 1e-6, out[1] * 1e9,
+                        out[2] * 1e9, None if inplace is None else inplace * 1e-6))
+    if not rows:
+        raise UsageError(f"{name}: no all_reduce_perf row found (size count type redop "
+                         "[root] time algbw busbw #wrong ...)")
+    return Table(tuple(rows), len(ranks) or None, name)
+
+
+def read_table(path: str) -> Table:
+    """Read an ``all_reduce_perf`` output file (bounded, a regular file)."""
+    return parse_table(read_text(path, max_bytes=MAX_LOG_BYTES,
+                                 what="all_reduce_perf output"), str(path))
+
+
+def sweep_sizes(begin: int, end: int, factor: int = 2, step: int = 0) -> list[int]:
+    """Return nccl-tests' sizes: ``-b begin -e end -f factor`` (or ``-i step``)."""
+    if begin < 1 or end < begin:
+        raise UsageError(f"sweep sizes: -b {begin} must be at least 1 and at most -e {end}")
+    if step > 0:
+        if (end - begin) // step > 4096:
+            raise UsageError("sweep sizes: -i makes more than 4096 sizes")
+        return list(range(begin, end + 1, step))
+    if factor < 2:
+        raise UsageError(f"sweep sizes: -f {factor} must be at least 2 (or give -i)")
+    sizes, size = [], begin
+    while size <= end:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def predicted_rows(system: System, sizes, algorithm: str | None = None,
+                   dtype: str = "float") -> list[dict]:
+    """Return one row per size, nccl-tests' columns and the run priced.
+
+    Each: ``size`` (bytes), ``count``, ``type``, ``redop``, ``time_us``,
+    ``algbw`` and ``busbw`` (GB/s), ``algorithm``, ``protocol``, ``channels``,
+    ``limit``, and ``asked`` (the ``--algorithm`` asked, or ``nccl``).
+    """
+    width, factor = DTYPE_BYTES[dtype], busbw_factor(system.ranks)
+    out = []
+    for size in sizes:
+        priced = price(system, size, algorithm, width)
+        if priced is None:
+            continue
+        seconds, name, protocol, channels, limit = priced
+        algbw = size / seconds
+        out.append({"size": size, "count": size // width, "type": dtype, "redop": "sum",
+                    "time_us": seconds * 1e6, "algbw": algbw / 1e9,
+                    "busbw": algbw * factor / 1e9, "algorithm": name, "protocol": protocol,
+                    "channels": channels, "limit": limit, "asked": algorithm or "nccl"})
+    return out
+
+
+def as_cluster(system: System):
+    """Return the :class:`~refcoll.model.cluster.Cluster` of ``system``: refcoll's own
+    algorithms priced on its links, at their rates and NCCL's Simple hop latencies."""
+    nvlink = 3.4e-6 if system.nvlink else 5.7e-6  # hwLat[NVLINK|PCI][Ring][Simple]
+    nics = max(system.nics, 1)
+    return Cluster(nodes=system.nodes, gpus_per_node=system.gpus_per_node,
+                   intra_bw=system.intra_rate(),
+                   inter_bw=(system.nic_rate() / nics) if system.nodes > 1 else 1e12,
+                   intra_latency=nvlink + system.intra_latency(),
+                   inter_latency=14e-6 + system.net_latency(),  # hwLat[NET][Ring][Simple]
+                   in_network=system.collnet, nics=nics if system.nodes > 1 else None,
+                   channels=system.channels, gpu_arch=system.generation)
+
+
+def price(system: System, size: int, algorithm: str | None = None, width: int = 4):
+    """Return ``(seconds, algorithm, protocol, channels, limit)`` of an all-reduce of
+    ``size`` bytes: NCCL's pick (None), one of NCCL's algorithms as NCCL spells it
+    (``Ring``, ``NVLS``, ``Tree/LL``...), or one of refcoll's own schedules, in lower
+    case (``ring``, ``hierarchical``...: priced on the system's links, protocol
+    ``-``). None where the algorithm cannot run there."""
+    if algorithm in MODELLED:
+        est = allreduce_estimate(as_cluster(system), algorithm, max(size // width, 1), width)
+        return est.seconds, algorithm, "-", system.channel_count(), "-"
+    run = predict(system, size, algorithm)
+    if run is None:
+        return None
+    return run.seconds, run.algorithm, run.protocol, run.channels, run.limit
+
+
+def table_lines(rows: list[dict], ranks: int) -> list[str]:
+    """Return nccl-tests' title and data lines for ``rows`` (one algorithm), in its widths.
+
+    The lines are ``refcoll bench --format nccl-tests``' (:mod:`refcoll.bench.nccl_tests`),
+    so what reads ``all_reduce_perf`` reads these (:func:`parse_table` among them); the
+    prediction is the same in place, and what NCCL runs is a column after nccl-tests'.
+    """
+    extra = (("algorithm", "", 24),)
+    lines = [f"# all_reduce_perf, predicted on {ranks} ranks", *title_lines(extra=extra)]
+    for r in rows:
+        how = (f"refcoll {r['algorithm']}" if r["protocol"] == "-" else
+               f"{r['algorithm']}/{r['protocol']} x{r['channels']}")
+        cells = half(r["time_us"], r["algbw"], r["busbw"], None, checked=False)
+        row = {"size": r["size"], "count": r["count"], "dtype": NCCL_TESTS_TYPES[r["type"]],
+               "op": r["redop"], "collective": "allreduce"}
+        lines.append(f"{preamble(row)}{cells}{cells}  {how:>24}")
+    return lines
+
+
+def band_of(size: int) -> str:
+    for name, low, high in BANDS:
+        if low <= size <= high:
+            return name
+    return BANDS[-1][0]
+
+
+def band_errors(pairs) -> dict:
+    """Return ``{band: (error, count)}`` for ``(size, predicted, measured)`` triples.
+
+    The error is ``exp(mean |ln(predicted / measured)|) - 1`` over the band's
+    sizes (``nan`` for a band with none); ``"all"`` pools every size.
+    """
+    logs: dict[str, list[float]] = {name: [] for name, _, _ in BANDS}
+    logs["all"] = []
+    for size, predicted, measured in pairs:
+        if predicted > 0 and measured > 0:
+            d = abs(math.log(predicted / measured))
+            logs[band_of(size)].append(d)
+            logs["all"].append(d)
+    return {name: ((math.exp(sum(v) / len(v)) - 1) if v else math.nan, len(v))
+            for name, v in logs.items()}
+
+
+@dataclass
+class Comparison:
+    """A measured table beside the model's prediction of it."""
+
+    table: Table
+    system: System
+    rows: list[dict]  # size, measured_us, predicted_us, ratio, algorithm, protocol
+    errors: dict
+    within: int  # sizes predicted within 30 %
+
+    def to_json(self) -> dict:
+        return {"log": self.table.name, "system": self.system.describe(), "rows": self.rows,
+                "errors": {k: {"error": (None if math.isnan(e) else e), "sizes": n}
+                           for k, (e, n) in self.errors.items()},
+                "within_30_percent": self.within}
+
+
+def compare(table: Table, system: System, algorithm: str | None = None) -> Comparison:
+    """Return the model's prediction of every size of ``table`` beside its measurement.
+
+    The measured time is the out-of-place column (the in-place one is kept
+    beside it). Sizes below one element per rank are skipped, as nccl-tests
+    does not time them meaningfully.
+    """
+    rows, pairs = [], []
+    for r in table.rows:
+        priced = price(system, r.size, algorithm, DTYPE_BYTES.get(r.dtype, 4))
+        if priced is None:
+            continue
+        seconds, name, protocol = priced[:3]
+        rows.append({"size": r.size, "measured_us": r.time * 1e6,
+                     "in_place_us": None if r.in_place_time is None else r.in_place_time * 1e6,
+                     "predicted_us": seconds * 1e6, "ratio": seconds / r.time,
+                     "measured_busbw": r.busbw / 1e9,
+                     "predicted_busbw": r.size / seconds * busbw_factor(system.ranks) / 1e9,
+                     "algorithm": name, "protocol": protocol})
+        pairs.append((r.size, seconds, r.time))
+    within = sum(1 for _, p, m in pairs if abs(p / m - 1) <= 0.3)
+    return Comparison(table, system, rows, band_errors(pairs), within)
