@@ -149,7 +149,16 @@ def test_nccls_model_for_the_seed_gradient():
     assert tree.latency == pytest.approx((8.4 + 2 * (7 * 4.0 + 3 * 14.0)) * 1e-6)
     assert tree.bandwidth == pytest.approx(min(0.92 * 200, 8 * 36.0) * 0.5 * GB)
     assert set(times) == {f"{a}/{p}" for a in ("Ring", "Tree") for p in ("LL", "LL128", "Simple")}
-    assert baseline_algorithm(seed(), 4 * N_SEED) == ("ring/ch", ring)
+    # The baseline is what NCCL runs, picked and priced on the cluster's own links: the
+    # ring of 8 channels, bound by the node's 8 NICs of 25 GB/s, with NCCL's hop latencies
+    # (NVLink 3.4 µs, network 14 µs a step) and the plateau.
+    # Until its 8 channels' 4 MiB buffers are full, the pipeline pays half of them at the
+    # algorithm bandwidth (200 GB/s · 64/126).
+    name, run = baseline_algorithm(seed(), 4 * N_SEED)
+    assert name == "nccl" and run.name == "Ring/Simple" and run.limit == "network"
+    latency = (8.4 + 112 * 3.4 + 14 * 14.0) * 1.4e-6
+    fill = 0.5 * 8 * (4 << 20) / (200 * GB * 64 / 126)
+    assert run.seconds == pytest.approx(latency + 2 * (63 / 64) * 4 * N_SEED / (200 * GB) + fill)
 
 
 def test_nccls_model_picks_the_tree_for_small_messages():
@@ -161,7 +170,7 @@ def test_nccls_model_picks_the_tree_for_small_messages():
     assert ll.bandwidth == pytest.approx(20.4 * 0.5 * 0.7 * GB)
     assert times["Ring/LL"].latency == pytest.approx((6.6 + 112 * 1.0 + 14 * 2.7) * 1e-6)
     name, choice = baseline_algorithm(seed(), 4096)
-    assert choice.name == "Tree/LL" and name == "dbtree/ch"
+    assert choice.name == "Tree/LL" and name == "nccl"
     # One node: NVLink latencies only, no plateau, no post overhead.
     one = by_name(nccl_times(seed(nodes=1), 1 << 30))
     assert one["Ring/Simple"].latency == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
@@ -174,8 +183,11 @@ def test_the_baseline_is_nccls_default_not_a_flat_ring():
     w = Workload.from_params(N_SEED, forward=2.0, backward=4.0)
     result = plan(seed(), w, Options())
     base = result.stack[0]
-    assert base.label == "baseline (NCCL Ring/Simple)" and base.algorithm == "ring/ch"
-    assert base.comm == pytest.approx(2 * (63 / 64) * 4 * N_SEED / (200 * GB), rel=1e-12)
+    assert base.label == "baseline (NCCL Ring/Simple)" and base.algorithm == "nccl"
+    latency = (8.4 + 112 * 3.4 + 14 * 14.0) * 1.4e-6  # NCCL's hops: the seed's latencies are 0
+    fill = 0.5 * 8 * (4 << 20) / (200 * GB * 64 / 126)  # 8 channels' buffers, filling
+    assert base.comm == pytest.approx(
+        latency + 2 * (63 / 64) * 4 * N_SEED / (200 * GB) + fill, rel=1e-12)
     assert result.baseline["nccl_pick"] == "Ring/Simple"
 
 
@@ -211,9 +223,10 @@ def test_the_seed_preset_gives_a_row_per_algorithm_and_says_who_wins(tmp_path):
     assert data["workload"]["bytes"] == 4 * N_SEED
     assert data["workload"]["forward"] == 2.0 and data["workload"]["backward"] == 4.0
     names = {a["algorithm"] for a in data["allreduce"]}
-    assert {"ring", "hierarchical", "ring/ch", "dbtree/ch", "tree/ch", "pat"} <= names
+    assert {"ring", "hierarchical", "ring/ch", "dbtree/ch", "tree/ch", "pat", "nccl"} <= names
     assert data["nccl_model"]["version"] and len(data["nccl_model"]["times"]) == 6
-    assert "ring/ch wins the all-reduce" in res.output and "the gap is" in res.output
+    # What NCCL runs (its ring on 8 NICs) beats refcoll's own schedules of one ring each.
+    assert "nccl wins the all-reduce" in res.output and "the gap is" in res.output
     assert "what NCCL does by default" in res.output and "best stack found" in res.output
     assert data["best"]["step"] <= min(row["step"] for row in data["search"])
     # An option given on the command line beats the preset's.
@@ -307,10 +320,13 @@ def test_a_topology_row_slower_than_ncclss_default_is_noted():
     result = plan(seed(), w, Options(algorithms=("ring",)))
     base, topo = result.stack[:2]
     n = 4 * N_SEED
-    assert base.comm == pytest.approx(2 * (63 / 64) * n / (8 * 25 * GB), rel=1e-12)
+    latency = (8.4 + 112 * 3.4 + 14 * 14.0) * 1.4e-6  # NCCL's ring: its hops and plateau
+    fill = 0.5 * 8 * (4 << 20) / (200 * GB * 64 / 126)  # 8 channels' buffers, filling
+    assert base.comm == pytest.approx(latency + 2 * (63 / 64) * n / (8 * 25 * GB) + fill,
+                                      rel=1e-12)
     assert topo.comm == pytest.approx(2 * (63 / 64) * n / (25 * GB), rel=1e-12)
     assert topo.speedup == pytest.approx(base.step / topo.step)
-    assert any(note.startswith("+topology makes the step slower") and "ring/ch" in note
+    assert any(note.startswith("+topology makes the step slower") and "nccl" in note
                for note in result.notes)
 
 

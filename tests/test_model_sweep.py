@@ -1,0 +1,324 @@
+"""`refcoll model --sweep/--compare/--fit`: nccl-tests' terms, real systems, published tables.
+
+The reader of ``all_reduce_perf`` outputs on every format the stored tables use; what
+NCCL runs on a system, held to the physics the model claims (the 2-node tree's network
+bytes, NVLS where the hardware has it, LL128 on NVLink only, the host path); a fit that
+recovers constants it did not see; the CLI's rows and refusals; every stored table with
+its source; the benchmark over them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from refcoll.cli import main
+from refcoll.core.errors import UsageError
+from refcoll.model.nccl_fit import fit, fit_to_json, read_fit
+from refcoll.model.nccl_run import busbw_factor, nccl_pick, predict, runs
+from refcoll.model.nccl_tests import (
+    band_errors,
+    compare,
+    parse_table,
+    predicted_rows,
+    read_table,
+    sweep_sizes,
+)
+from refcoll.model.systems import SYSTEM_PRESETS, System, system_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data" / "nccl_tests"
+GB = 1e9
+
+H100_TWO = System(nodes=2, nics=8, nic_bw=50 * GB)
+
+
+def perf_text(system: System, sizes, *, root: bool = True, ranks: bool = True) -> str:
+    """Return an all_reduce_perf output of what ``system`` predicts (out and in place)."""
+    lines = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 1 step: 2(factor)", "#"]
+    if ranks:
+        lines += [f"#  Rank {r:2d} Group  0 Pid {100 + r} on host device  {r} [0x00] GPU"
+                  for r in range(system.ranks)]
+    lines.append("#       size         count      type   redop    root     time   algbw   busbw")
+    for row in predicted_rows(system, sizes):
+        t = row["time_us"]
+        time_text = f"{t:.0f}" if t >= 10000 else f"{t:.2f}"
+        cols = f"{time_text} {row['algbw']:.2f} {row['busbw']:.2f} 0"
+        lines.append(f"{row['size']:>12} {row['count']:>12} float sum "
+                     + ("-1 " if root else "") + f"{cols} {cols}")
+    lines.append("# Avg bus bandwidth    : 1.0")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ reading all_reduce_perf
+
+def test_a_table_with_the_root_column_and_rank_lines_is_read_whole():
+    text = perf_text(H100_TWO, sweep_sizes(8, 1 << 30, 4))
+    table = parse_table(text)
+    assert table.ranks == 16
+    assert [r.size for r in table.rows] == sweep_sizes(8, 1 << 30, 4)
+    big = table.rows[-1]
+    assert big.time == pytest.approx(big.size / big.algbw, rel=1e-2)
+    assert big.busbw == pytest.approx(big.algbw * 30 / 16, rel=1e-2)
+    assert big.in_place_time == big.time
+
+
+@pytest.mark.parametrize("prefix", ["", "[1,0]<stdout>:", "0: "])
+def test_old_formats_and_launcher_prefixes_are_read(prefix):
+    rows = ["       8             2   float     sum    35.84    0.00    0.00  0e+00    35.26"
+            "    0.00    0.00  0e+00",
+            "1048576        262144   float     sum    112.5    9.32   17.48  N/A    110.9"
+            "    9.46   17.73  N/A",
+            "4294967296 1073741824 float sum 28815 149.05 279.47 0 28790 149.18 279.71 0"]
+    table = parse_table("\n".join(prefix + r for r in rows))
+    assert table.ranks is None
+    assert [r.size for r in table.rows] == [8, 1048576, 4294967296]
+    assert table.rows[1].in_place_time == pytest.approx(110.9e-6)
+    assert table.rows[2].time == pytest.approx(28815e-6)  # nccl-tests prints no decimals
+    assert table.ranks_from_busbw() == 16
+
+
+@pytest.mark.parametrize("text", ["", "no table here\n", "# size count\n", "8 2 float sum x y z"])
+def test_a_log_without_rows_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="no all_reduce_perf row"):
+        parse_table(text, "log.txt")
+
+
+def test_every_stored_table_has_its_source_beside_it_and_reads():
+    tables = sorted(DATA.glob("*.txt"))
+    assert len(tables) >= 8
+    for txt in tables:
+        meta = json.loads(txt.with_suffix(".json").read_text())
+        assert meta["source"].startswith("https://"), txt.name
+        assert meta["commit_or_date"], txt.name
+        system = meta["system"]
+        assert system["gpus_per_node"] >= 1 and system["nodes"] >= 1, txt.name
+        table = read_table(str(txt))
+        sizes = [r.size for r in table.rows]
+        assert sizes == sorted(sizes) and len(sizes) >= 5, txt.name
+        for r in table.rows:  # what was copied agrees with itself: algbw is size / time
+            if r.algbw >= 1 * GB:
+                assert r.algbw == pytest.approx(r.size / r.time, rel=0.02), (txt.name, r.size)
+
+
+# ------------------------------------------------------------------------- sweep sizes
+
+def test_sweep_sizes_are_all_reduce_perfs():
+    assert sweep_sizes(8, 8 << 30, 2) == [8 << k for k in range(31)]
+    assert sweep_sizes(1024, 4096, 2, step=1024) == [1024, 2048, 3072, 4096]
+    for bad in ((0, 8, 2), (16, 8, 2), (8, 64, 1)):
+        with pytest.raises(UsageError):
+            sweep_sizes(*bad)
+
+
+# -------------------------------------------------------------------- what NCCL runs
+
+def test_the_two_node_tree_sends_half_the_network_bytes_of_a_larger_trees():
+    # 4 NICs of 25 GB/s a node: the tree is bound by the NICs. On 2 nodes each node sends
+    # the buffer once; inner nodes of larger trees send it twice.
+    fast = replace(H100_TWO, nics=4, nic_bw=25 * GB, nvls=False)
+    two = predict(fast, 1 << 30, "Tree/Simple")
+    four = predict(fast.with_shape(4), 1 << 30, "Tree/Simple")
+    assert two.limit == four.limit == "network"
+    assert two.algbw == pytest.approx(fast.nic_rate())
+    assert four.algbw == pytest.approx(fast.nic_rate() / 2)
+    ring = predict(fast, 1 << 30, "Ring/Simple")
+    assert ring.algbw == pytest.approx(fast.nic_rate() / busbw_factor(16))
+
+
+def test_nvls_runs_where_the_hardware_has_it_and_nowhere_else():
+    names = lambda s: {r.algorithm for r in runs(s, 1 << 28)}  # noqa: E731
+    one = System()  # one 8 × H100 NVSwitch node
+    assert "NVLS" in names(one) and "NVLSTree" not in names(one)
+    assert "NVLSTree" in names(H100_TWO) and "NVLS" not in names(H100_TWO)
+    assert not {"NVLS", "NVLSTree"} & names(replace(one, generation="ampere"))
+    assert not {"NVLS", "NVLSTree"} & names(replace(one, nvls=False))
+    assert "CollNet" in names(replace(H100_TWO, collnet=True))
+    assert "CollNet" not in names(H100_TWO)
+    # NVLS: each GPU sends and receives (p+1)/p of the buffer at nvlsEfficiency.
+    nvls = predict(one, 1 << 30, "NVLS")
+    c = one.channel_count()
+    assert nvls.algbw == pytest.approx(one.intra_rate() * 0.85 * (c - 1) / c * 8 / 9)
+
+
+def test_ll128_only_over_nvlink_and_the_host_path_at_half_the_pcie_rate():
+    pcie = System(gpus_per_node=4, generation="ampere", intra="pcie", pcie_gen=4)
+    assert all(r.protocol != "LL128" for r in runs(pcie, 1 << 20))
+    assert any(r.protocol == "LL128" for r in runs(System(), 1 << 20))
+    host = replace(pcie, p2p=False)
+    assert host.intra_rate() == pytest.approx(pcie.intra_rate() / 2)
+    assert pcie.intra_rate() == pytest.approx(31.5e9 * 12 / 15.75)
+    assert host.unknowns() and not pcie.unknowns()
+
+
+def test_nccls_pick_is_the_least_time_and_protocols_trade_latency_for_bandwidth():
+    for size in (8, 1 << 16, 1 << 24, 1 << 32):
+        choices = runs(H100_TWO, size)
+        assert nccl_pick(H100_TWO, size).seconds == min(r.seconds for r in choices)
+    ll, simple = (predict(System(), 1 << 30, f"Ring/{p}") for p in ("LL", "Simple"))
+    assert ll.latency < simple.latency and ll.algbw < simple.algbw
+    assert predict(System(), 8).protocol == "LL"  # latency wins at 8 B
+    assert predict(System(), 1 << 32).protocol == "Simple"  # bandwidth at 4 GiB
+
+
+def test_predicted_rows_are_nccl_tests_arithmetic():
+    rows = predicted_rows(H100_TWO, sweep_sizes(8, 1 << 30, 8))
+    for r in rows:
+        assert r["algbw"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / GB)
+        assert r["busbw"] == pytest.approx(r["algbw"] * 30 / 16)
+        assert {"size", "count", "time_us", "algbw", "busbw", "algorithm", "protocol"} <= set(r)
+    refcoll_rows = predicted_rows(H100_TWO, [1 << 20], "hierarchical")
+    assert refcoll_rows[0]["algorithm"] == "hierarchical" and refcoll_rows[0]["protocol"] == "-"
+
+
+def test_band_errors_are_geometric_mean_misses():
+    errors = band_errors([(8, 2.0, 1.0), (16, 0.5, 1.0), (1 << 20, 1.1, 1.0),
+                          (1 << 30, 1.0, 1.0)])
+    assert errors["<= 64 KiB"] == (pytest.approx(1.0), 2)  # ×2 and ÷2 both miss by 2
+    assert errors["64 KiB - 64 MiB"][0] == pytest.approx(0.1)
+    assert errors[">= 64 MiB"] == (0.0, 1)
+    assert errors["all"][1] == 4
+
+
+def test_every_preset_is_a_system():
+    for name in SYSTEM_PRESETS:
+        system = System(**system_preset(name), nodes=2) if system_preset(name).get("nics") \
+            else System(**system_preset(name))
+        assert nccl_pick(system, 1 << 20) is not None, name
+    with pytest.raises(UsageError):
+        system_preset("nope")
+
+
+# ------------------------------------------------------------------------------- fitting
+
+def test_a_fit_recovers_network_constants_it_never_saw():
+    truth = replace(H100_TWO, transport="efa", fitted={"nic_efficiency": 0.6,
+                                                      "net_latency": 30e-6})
+    table = parse_table(perf_text(truth, sweep_sizes(8, 8 << 30, 2)))
+    learnt = fit(replace(truth, fitted={}), [table])
+    assert learnt["nic_efficiency"] == pytest.approx(0.6, rel=0.05)
+    assert learnt["net_latency"] == pytest.approx(30e-6, rel=0.05)
+    assert "intra_rate" not in learnt  # a multi-node table says nothing of NVLink alone
+
+
+def test_a_fit_on_one_node_count_predicts_another():
+    truth = replace(H100_TWO, transport="tcpxo", nic_bw=25 * GB,
+                    fitted={"nic_efficiency": 0.8, "net_latency": 40e-6})
+    two = parse_table(perf_text(truth, sweep_sizes(8, 8 << 30, 2)))
+    four = parse_table(perf_text(truth.with_shape(4), sweep_sizes(8, 8 << 30, 2)))
+    described = replace(truth, fitted={})
+    learnt = replace(described.with_shape(4), fitted=fit(described, [two]))
+    result = compare(four, learnt)
+    assert all(e < 0.05 for name, (e, n) in result.errors.items() if n)
+    assert compare(four, described.with_shape(4)).errors["<= 64 KiB"][0] > 0.5
+
+
+def test_a_fit_file_round_trips_and_hostile_ones_are_refused(tmp_path):
+    system = System(gpus_per_node=4, generation="ampere", intra="pcie", p2p=False)
+    table = parse_table(perf_text(replace(system, fitted={"intra_rate": 5e9,
+                                                          "intra_latency": 4e-6}),
+                                  sweep_sizes(8, 1 << 28, 2)))
+    learnt = fit(system, [table])
+    assert learnt["intra_rate"] == pytest.approx(5e9, rel=0.05)
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit_to_json(system, learnt, [table])))
+    again = read_fit(str(path))
+    assert again.fitted == learnt and again.intra == "pcie" and not again.p2p
+    bad = [{"refcoll_fit": 2}, {"refcoll_fit": 1, "system": {}, "fitted": {"speed": 1.0}},
+           {"refcoll_fit": 1, "system": {}, "fitted": {"intra_rate": -1.0}},
+           {"refcoll_fit": 1, "system": {"warp": 9}, "fitted": {}},
+           {"refcoll_fit": 1, "system": {"generation": "kepler"}, "fitted": {}}]
+    for data in bad:
+        path.write_text(json.dumps(data))
+        with pytest.raises(UsageError):
+            read_fit(str(path))
+    path.write_text("{not json")
+    with pytest.raises(UsageError):
+        read_fit(str(path))
+
+
+# ------------------------------------------------------------------------------- the CLI
+
+def run(args, **kw):
+    return CliRunner().invoke(main, ["model", *args], catch_exceptions=False, **kw)
+
+
+def test_the_sweep_prints_nccl_tests_rows_and_writes_them(tmp_path):
+    out = tmp_path / "rows.json"
+    res = run(["--preset", "dgx-h100", "--nodes", "2", "--sweep", "-b", "8", "-e", "1G",
+               "-f", "32", "--algorithm", "Ring,hierarchical", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "# what NCCL runs" in res.output and "# Ring " in res.output
+    assert "refcoll hierarchical" in res.output
+    first = res.output.split("# Ring ")[0]  # what NCCL runs: nccl-tests' lines, read back
+    table = parse_table(first)
+    assert [r.size for r in table.rows] == sweep_sizes(8, 1 << 30, 32)
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["asked"] for r in rows} == {"nccl", "Ring", "hierarchical"}
+    assert len(rows) == 3 * len(sweep_sizes(8, 1 << 30, 32))
+    assert all(math.isfinite(r["busbw"]) and r["time_us"] > 0 for r in rows)
+
+
+def test_compare_and_fit_on_a_stored_table(tmp_path):
+    log = DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt"
+    plot, saved = tmp_path / "c.png", tmp_path / "fit.json"
+    res = run(["--preset", "dgx-h100", "--nodes", "2", "--compare", str(log), "--plot",
+               str(plot)])
+    assert res.exit_code == 0, res.output
+    assert "per band" in res.output and "within 30%" in res.output
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    res = run(["--preset", "dgx-h100", "--nodes", "2", "--fit", str(log), "--save-fit",
+               str(saved)])
+    assert res.exit_code == 0, res.output
+    res = run(["--from-fit", str(saved), "--nodes", "4", "--sweep", "-e", "1M"])
+    assert res.exit_code == 0 and "4 nodes × 8 GPUs" in res.output
+
+
+def test_a_system_preset_alone_sweeps_and_with_a_model_gives_the_step_report():
+    res = run(["--preset", "p4d", "--nodes", "2", "-e", "1K"])
+    assert res.exit_code == 0 and "# what NCCL runs" in res.output, res.output
+    assert "not expressed: efa" in res.output  # what no public source gives is said
+    res = run(["--preset", "dgx-h100", "--nodes", "4", "--params", "1e9", "--no-search"])
+    assert res.exit_code == 0, res.output
+    assert "4 nodes × 8 GPUs" in res.output and "intra 450 GB/s" in res.output
+    assert "inter 50 GB/s" in res.output and "8 NICs per node" in res.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--fit", str(DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt")], "--save-fit"),
+    (["--sweep", "--algorithm", "Warp"], "unknown --algorithm"),
+    (["--sweep", "--inter-transport", "carrier-pigeon", "--nodes", "2", "--inter-bw",
+      "100Gb/s", "--unidirectional"], "transport"),
+    (["--sweep", "--nodes", "2"], "NICs"),
+    (["--compare", str(DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt")], "16"),
+    (["--preset", "seed", "--sweep"], "not a system"),
+    (["--params", "1e9", "--inter-transport", "efa"], "--inter-transport"),
+    (["--sweep", "-b", "1.5K"], "-b"),
+])
+def test_bad_sweep_arguments_are_one_line_and_exit_2(args, needle):
+    res = run(args)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+def test_the_benchmark_judges_every_stored_table():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_vs_nccl_tests.py")],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    pooled = [line for line in res.stdout.splitlines() if line.startswith("pooled")]
+    assert [line.split()[3] for line in pooled] == ["described", "fitted", "other"]
+    judged = {line.split()[0] for line in res.stdout.splitlines()
+              if " described " in line and not line.startswith("pooled")}
+    assert judged == {p.stem for p in DATA.glob("*.txt")}
