@@ -142,8 +142,8 @@ def test_torchrun_is_a_job_for_the_torch_backend(monkeypatch):
     monkeypatch.setattr(judge, "_torch_installed", lambda: True)
     ran = []
     monkeypatch.setattr("refcoll.cli.commands.relaunch", lambda *a, **k: pytest.fail("relaunched"))
-    monkeypatch.setattr("refcoll.cli.commands._verify_torch_in_world",
-                        lambda nprocs, filters, *rest: ran.append(filters["dtypes"]))
+    monkeypatch.setattr("refcoll.cli.commands._verify_library_in_world",
+                        lambda make, nprocs, filters, *rest: ran.append(filters["dtypes"]))
     res = CliRunner().invoke(main, ["verify", "--backend", "torch", "--dtype", "int8"])
     assert res.exit_code == 0 and ran == [["int8"]], res.output
     assert launch.in_torchrun() and not launch.in_mpi_job()

@@ -16,6 +16,7 @@ from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS
 from ..transport.scheduler import progress_note
 from ..verify import session as verify_session
+from ..verify.conformance.library import build_library_cases
 from ..verify.simulation import MAX_SIMULATED_RANKS, run_simulation, simulation_case
 from . import launch
 from .common import (
@@ -57,10 +58,11 @@ __all__ = ["verify", "simulate"]
                    "or all.")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Where the inputs live: host memory (NumPy) or each rank's GPU (CuPy).")
-@click.option("--backend", type=click.Choice(["refcoll", "torch"]), default="refcoll",
+@click.option("--backend", type=click.Choice(["refcoll", "torch", "mpi"]), default="refcoll",
               show_default=True,
               help="refcoll: refcoll's algorithms over MPI; torch: torch.distributed's own "
-                   "collectives (Gloo on cpu, NCCL on gpu), judged by the oracle.")
+                   "collectives (Gloo on cpu, NCCL on gpu); mpi: the MPI library's own "
+                   "(MPI_Allreduce...); the last two judged by the oracle.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write every case's verdict as JSON.")
 @reports_errors
@@ -83,7 +85,9 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce (Gloo;
     NCCL with --device gpu) on the battery's inputs with the oracle; what the
     backend refuses is listed as not supported. Runs under mpiexec (started
-    with -n) or torchrun.
+    with -n) or torchrun. With --backend mpi, the same for the MPI library's
+    own MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast and
+    MPI_Reduce, in place and out of place, under mpiexec.
     """
     inside = launch.in_mpi_job() or (backend == "torch" and launch.in_torchrun())
     if not inside:
@@ -93,13 +97,29 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     require_processes(nprocs)
     if backend == "torch":
         torch_judge = _torch_judge()
-        filters = _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors,
-                                 device)
+        filters = _library_filters("torch", torch_judge.TORCH_CALLS, algorithm, collective, op,
+                                   dtype, sizes, inplace, compressors)
+        torch_judge.require_torch(device)
         if not inside:  # an empty selection fails here, before mpiexec
             torch_judge.build_cases(nprocs, torch_judge.backend_for(device), allow_empty=False,
                                     **filters)
             relaunch(nprocs)
-        return _verify_torch_in_world(nprocs, filters, seed, json_file, device)  # exits
+        return _verify_library_in_world(lambda: torch_judge.TorchJudge(device), nprocs,
+                                        filters, seed, json_file)  # exits
+    if backend == "mpi":
+        from ..baselines import mpi_judge
+
+        if device != "cpu":
+            raise UsageError("--backend mpi judges the MPI library on host buffers: drop "
+                             "--device gpu")
+        filters = _library_filters("mpi", mpi_judge.MPI_CALLS, algorithm, collective, op,
+                                   dtype, sizes, inplace, compressors)
+        if not launch.in_mpi_job():  # an empty selection fails here, before mpiexec
+            build_library_cases(nprocs, "mpi", mpi_judge.MPI_CALLS, mpi_judge.IN_PLACE_ONLY,
+                                allow_empty=False, **filters)
+            relaunch(nprocs)
+        return _verify_library_in_world(mpi_judge.MPIJudge, nprocs, filters, seed,
+                                        json_file)  # exits
     verify_session.device_namespace(device)
     if compressors:
         specs = None if [c.strip().lower() for c in compressors] == ["all"] else list(compressors)
@@ -127,18 +147,16 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
     _verify_in_world(nprocs, selection, seed, json_file, device)
 
 
-def _torch_filters(algorithm, collective, op, dtype, sizes, inplace, compressors,
-                   device) -> dict:
-    """Return --backend torch's selection, refusing what does not apply to torch's calls."""
+def _library_filters(backend: str, calls: dict, algorithm, collective, op, dtype, sizes,
+                     inplace, compressors) -> dict:
+    """Return a library backend's selection, refusing what does not apply to its own calls."""
     if compressors:
-        raise UsageError("--backend torch judges torch's own collectives, which compress "
-                         "nothing: drop --compressor (or --backend torch)")
+        raise UsageError(f"--backend {backend} judges the library's own collectives, which "
+                         f"compress nothing: drop --compressor (or --backend {backend})")
     if split_list(algorithm, algorithms.names(), "algorithm") is not None:
-        raise UsageError("--backend torch judges torch's own collectives, which have no "
-                         "algorithm to choose: drop --algorithm")
-    torch_judge = _torch_judge()
-    torch_judge.require_torch(device)
-    return dict(collectives=split_list(collective, list(torch_judge.TORCH_CALLS), "collective"),
+        raise UsageError(f"--backend {backend} judges the library's own collectives, which "
+                         "have no algorithm to choose: drop --algorithm")
+    return dict(collectives=split_list(collective, list(calls), "collective"),
                 ops=split_list(op, list(OPS), "op"),
                 dtypes=split_list(dtype, list(DTYPES), "dtype"), sizes=_parse_sizes(sizes),
                 inplace={"both": (False, True), "yes": (True,), "no": (False,)}[inplace])
@@ -151,8 +169,22 @@ def _torch_judge():
     return judge
 
 
-def _verify_torch_in_world(nprocs, filters, seed, json_file, device) -> None:
-    judge = _torch_judge().TorchJudge(device)
+#: What each library backend's run says of the library's forms, before its rows.
+_FORMS = {
+    "torch": "all_reduce, broadcast and reduce run in place (torch's only form); "
+             "reduce_scatter_tensor zero-pads a count p does not divide to the next multiple, "
+             "as FSDP does",
+    "mpi": "in place is MPI_IN_PLACE (MPI_Bcast is in place by nature); a count p does not "
+           "divide is reduce-scattered with MPI_Reduce_scatter and refcoll's chunks",
+}
+
+
+def _verify_library_in_world(make_judge, nprocs, filters, seed, json_file) -> None:
+    """Run a library's own collectives on the battery (every rank), print on rank 0, exit.
+
+    ``make_judge()`` returns the library's judge, made here, inside the job.
+    """
+    judge = make_judge()
     lead = judge.rank == 0
     problem = None
     if lead:
@@ -166,29 +198,31 @@ def _verify_torch_in_world(nprocs, filters, seed, json_file, device) -> None:
             raise UsageError(problem)
         sys.exit(2)
     cases = judge.cases(**filters)
+    width = max(23, 1 + max(len(call) for call in judge.calls.values()))
     if lead:
         if nprocs != judge.size:
             click.echo(f"refcoll: note: already inside a {judge.launcher} job of {judge.size} "
                        f"processes; using it (-n {nprocs} ignored)", err=True)
-        click.echo(f"refcoll verify --backend torch: {judge.size} ranks ({judge.launcher}), "
-                   f"torch {judge.torch_version}, {judge.backend} on {judge.device}, "
-                   f"{len(cases)} cases")
+        where = f"torch {judge.version}, {judge.backend} on {judge.device}" \
+            if judge.library == "torch" else judge.version
+        click.echo(f"refcoll verify --backend {judge.library}: {judge.size} ranks "
+                   f"({judge.launcher}), {where}, {len(cases)} cases")
         click.echo("judged by the oracle: integers, min/max, data movement and exact inputs bit "
                    "for bit; random float sum/avg/prod within the error bound; every rank the "
                    "same bits")
-        click.echo("all_reduce, broadcast and reduce run in place (torch's only form); "
-                   "reduce_scatter_tensor zero-pads a count p does not divide to the next "
-                   "multiple, as FSDP does")
-        click.echo(f"{'backend':<8} {'call':<23} {'op':<5} {'dtypes':>6} {'cases':>6} "
+        click.echo(_FORMS[judge.library])
+        click.echo(f"{'backend':<8} {'call':<{width}} {'op':<5} {'dtypes':>6} {'cases':>6} "
                    f"{'passed':>7} {'failed':>7}  same bits as (random floats)")
 
     def show(row: dict) -> None:
         same = "; ".join(f"{dt}: {', '.join(labels) or 'none'}"
                          for dt, labels in row["same_bits"].items())
-        click.echo(f"{row['algorithm']:<8} {row['call']:<23} {row['op']:<5} {row['dtypes']:>6} "
+        click.echo(f"{row['algorithm']:<8} {row['call']:<{width}} {row['op']:<5} "
+                   f"{row['dtypes']:>6} "
                    f"{row['cases']:>6} {row['passed']:>7} {row['failed']:>7}  {same}")
         if row["failed"]:
-            click.echo(f"    first failure: {row['first_failure']}")
+            click.echo(f"    failed on {', '.join(row['failed_dtypes'])}; first failure: "
+                       f"{row['first_failure']}")
 
     report = judge.run(cases, seed=seed, on_group=show if lead else None)
     if lead:

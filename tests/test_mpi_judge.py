@@ -1,0 +1,131 @@
+"""`refcoll verify --backend mpi`: the MPI library's own collectives judged by the oracle.
+
+On MPICH the battery passes and each float order is named; a library that saturates
+its 8-bit sums (as Open MPI does) is reported, naming the dtypes, not hidden; under
+Open MPI itself (``REFCOLL_OPENMPI_PYTHON``, as CI builds it) the run exits 1 naming
+int8 and int16; what does not apply to the MPI library's calls is refused at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env.update(REFCOLL_TIMEOUT="60", REFCOLL_CALIBRATION="default")
+    return env
+
+
+def refcoll(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "refcoll", *args], capture_output=True,
+                          text=True, timeout=timeout, env=_env())
+
+
+def test_mpich_passes_the_battery_and_its_float_orders_are_named(tmp_path):
+    out = tmp_path / "mpi.json"
+    res = refcoll("verify", "--backend", "mpi", "-n", "2", "--dtype", "int8,float32",
+                  "--sizes", "0,1,5003", "--json", str(out))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = res.stdout
+    for call in ("MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast",
+                 "MPI_Reduce"):
+        assert call in text, text
+    assert "MPI has no average op" in text  # avg is not supported, not failed
+    assert " 0 failed" in text.splitlines()[-1]
+    data = json.loads(out.read_text())
+    assert data["backend"] == "mpi" and data["failed"] == 0 and data["passed"] > 100
+    assert "MPICH" in data["version"]
+    # Order-dependent classes name the refcoll orders with the same bits (at 2 ranks a
+    # sum of two has one order: every candidate).
+    assert data["same_bits"]["allreduce sum float32"]
+    assert {c["collective"] for c in data["cases"]} == {"allreduce", "reduce_scatter",
+                                                       "allgather", "broadcast", "reduce"}
+
+
+SATURATING = textwrap.dedent("""
+    import json
+    import numpy as np
+    from refcoll.baselines.mpi_judge import MPIJudge
+
+    class Saturating(MPIJudge):
+        '''An MPI whose 8-bit sums saturate, as Open MPI's do.'''
+        def _call(self, case, mine):
+            out, x = super()._call(case, mine)
+            if case.op == "sum" and case.dtype == "int8" and case.collective == "allreduce":
+                wide = np.empty(x.size, np.int64)
+                self.comm.Allreduce(mine.astype(np.int64), wide)
+                out[:] = np.clip(wide, -128, 127).astype(np.int8)
+            return out, x
+
+    judge = Saturating()
+    report = judge.run(judge.cases(collectives=["allreduce"], ops=["sum"],
+                                   dtypes=["int8", "int32"], sizes=[5003]))
+    if judge.rank == 0:
+        print(json.dumps({"failed": report.failed, "passed": report.passed,
+                          "failing": sorted({r.case.dtype for r in report.results
+                                             if not r.passed}),
+                          "reasons": [r.reason for r in report.results if not r.passed]}))
+""")
+
+
+def test_a_saturating_library_is_reported_naming_its_dtype(tmp_path):
+    script = tmp_path / "saturating.py"
+    script.write_text(SATURATING)
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    res = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=120, env=_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    assert found["failing"] == ["int8"] and found["failed"] == 2 and found["passed"] == 2
+    assert all("127" in reason for reason in found["reasons"])  # the saturated value named
+
+
+def _openmpi():
+    python = os.environ.get("REFCOLL_OPENMPI_PYTHON")
+    if not python:
+        return None, "no Open MPI here: set REFCOLL_OPENMPI_PYTHON (as .ci/run does)"
+    mpirun = Path(python).parent / "mpirun"
+    if not mpirun.exists():
+        return None, f"no mpirun beside REFCOLL_OPENMPI_PYTHON={python}"
+    return (python, mpirun), None
+
+
+OPENMPI, NO_OPENMPI = _openmpi()
+
+
+@pytest.mark.skipif(OPENMPI is None, reason=str(NO_OPENMPI))
+def test_open_mpis_saturating_sums_fail_naming_int8_and_int16():
+    python, mpirun = OPENMPI
+    res = subprocess.run([str(mpirun), "--allow-run-as-root", "--oversubscribe", "-n", "2",
+                          python, "-m", "refcoll", "verify", "--backend", "mpi", "--op", "sum",
+                          "--dtype", "int8,int16,int32,float32", "--sizes", "1,5003"],
+                         capture_output=True, timeout=300, env=_env())
+    text = res.stdout.decode(errors="replace")
+    assert res.returncode != 0, text[-3000:]
+    assert "Open MPI" in text
+    failed = [line for line in text.splitlines() if "failed on" in line]
+    assert failed and all("failed on int8, int16;" in line for line in failed), text[-3000:]
+    assert " failed" in text and " 0 failed" not in text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--algorithm", "ring"], "--algorithm"),
+    (["--compressor", "fp16"], "--compressor"),
+    (["--device", "gpu"], "--device gpu"),
+    (["--collective", "broadcast", "--inplace", "no"], "in place only"),
+    (["--collective", "alltoall"], "alltoall"),
+])
+def test_what_does_not_apply_to_mpis_calls_is_refused_at_once(args, needle):
+    res = refcoll("verify", "--backend", "mpi", "-n", "2", *args, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
