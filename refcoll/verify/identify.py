@@ -7,7 +7,8 @@ pairing, a tree's radix, a linear fold's side, the chunk-split rule), are
 specifications of the orders real libraries use. :func:`identify` simulates
 every one of them on the inputs (each algorithm's
 :meth:`~refcoll.algorithms.registry.Algorithm.reduction_orders`, on the
-simulator, bit for bit as the algorithm runs on MPI) and names those whose
+simulator, bit for bit as the algorithm runs on MPI; where simulating is slow, an
+evaluator held to it, :mod:`refcoll.verify.evaluators`) and names those whose
 output equals the judged one on every rank that has an output. When none does,
 it names the nearest: the fewest differing elements, then the fewest units in
 the last place between them.
@@ -37,6 +38,7 @@ from ..core.bits import differing
 from ..core.errors import UsageError
 from ..core.ops import is_float
 from ..core.reading import number, read_json
+from .evaluators import evaluate
 from .oracle import expected_outputs
 
 __all__ = ["Candidate", "Identification", "identify", "order_label", "candidate_orders",
@@ -260,6 +262,47 @@ def _libraries(collective: str, op: str, p: int, labels: list[str], known: list[
     return named
 
 
+def _same_bits_as(a: np.ndarray, b: np.ndarray) -> bool:
+    """Return whether two flat arrays hold the same bytes (compared 8 at a time where whole)."""
+    if a.dtype != b.dtype or a.size != b.size:
+        return False
+    a, b = np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+    wide = np.uint64 if a.size % 8 == 0 else np.uint8
+    return np.array_equal(a.view(wide), b.view(wide))
+
+
+def _compare(ranks: list[int], got: dict, predicted, same_got: dict) -> tuple:
+    """Return ``(differing, elements, ulps, digest)`` of one candidate against the judged.
+
+    A rank whose predicted and judged outputs both hold the first rank's bits (an
+    all-reduce's, usually) is counted from the first rank's comparison, and stands
+    in the digest as a mark rather than its bytes: the same figures, one
+    comparison instead of ``p``.
+    """
+    diff = total = ulps = 0
+    digest = hashlib.blake2b(digest_size=16)
+    first = np.asarray(predicted[ranks[0]]).reshape(-1)
+    first_figures = None
+    for r in ranks:
+        want = np.asarray(predicted[r]).reshape(-1)
+        if r != ranks[0] and same_got[r] and first_figures is not None \
+                and _same_bits_as(want, first):
+            digest.update(b"=")  # this rank's bits are the first rank's
+            d, t, u = first_figures
+        else:
+            digest.update(b"#" + np.ascontiguousarray(want).tobytes())
+            if want.size != got[r].size:
+                d, t, u = got[r].size, got[r].size, 0
+            else:
+                where = differing(got[r], want) if want.size else ()
+                d, t = len(where), want.size
+                u = ulp_distance(got[r][where], want[where]) if len(where) else 0
+            if r == ranks[0]:
+                first_figures = (d, t, u)
+        diff, total, ulps = diff + d, total + t, max(ulps, u)
+    return diff, total, ulps, digest.hexdigest()
+
+
 def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
              root: int = 0, known: list[dict] | None = None) -> Identification:
     """Name the orders refcoll knows whose ``collective`` gives ``outputs`` bit for bit.
@@ -280,27 +323,19 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
     if not ranks:
         raise UsageError("no rank's output to identify the order of")
     got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
+    same_got = {r: _same_bits_as(got[r], got[ranks[0]]) for r in ranks[1:]}
     result = Identification(collective, op, p)
     for name, options in candidate_orders(collective, p):
         try:
-            predicted = expected_outputs(collective, inputs, algorithm=name, op=op, root=root,
-                                         **options)
+            predicted = evaluate(collective, inputs, algorithm=name, op=op, **options)
+            if predicted is None:  # no evaluator: the algorithm itself, simulated
+                predicted = expected_outputs(collective, inputs, algorithm=name, op=op,
+                                             root=root, **options)
         except UsageError:
             continue  # an order this p or count does not admit
-        diff = total = ulps = 0
-        digest = hashlib.blake2b(digest_size=16)
-        for r in ranks:
-            want = np.asarray(predicted[r]).reshape(-1)
-            digest.update(np.ascontiguousarray(want).tobytes())
-            if want.size != got[r].size:
-                diff, total = diff + got[r].size, total + got[r].size
-                continue
-            d = differing(got[r], want) if want.size else ()
-            diff, total = diff + len(d), total + want.size
-            if len(d):
-                ulps = max(ulps, ulp_distance(got[r][d], want[d]))
+        diff, total, ulps, digest = _compare(ranks, got, predicted, same_got)
         result.candidates.append(Candidate(order_label(name, options), name, options, diff,
-                                           total, ulps, digest.hexdigest()))
+                                           total, ulps, digest))
     result.libraries = _libraries(collective, op, p, result.matches,
                                   known_orders() if known is None else known)
     return result

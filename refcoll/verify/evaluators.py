@@ -1,0 +1,156 @@
+"""An algorithm's result in a few whole-array passes, where simulating it is slow: for identify.
+
+The oracle is the algorithm itself: :func:`refcoll.simulate` runs the algorithm's
+code on threads, message by message. ``refcoll check --identify`` tries tens of
+orders; at 8 ranks most simulate in milliseconds, but the switch all-reduce
+streams every packet through its switch processes (seconds at 256K elements), and
+at 256 ranks a ring's ``2(p-1)`` steps of ``p`` messages take seconds too. Their
+orders are simple folds: a switch tree folds each level's children left to right,
+the same for every packet; a ring folds chunk ``c`` over the ranks in ring order.
+An evaluator computes that fold on whole arrays with the same op and the same
+operands in the same places, so the same bits.
+
+Each evaluator is held bit for bit to the simulated run of its algorithm over the
+battery's inputs and the golden vectors' variants (``tests/test_evaluators.py``).
+:func:`evaluate` returns ``None`` where no evaluator applies (then simulate).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..algorithms.ring import ring_order, ring_walk
+from ..algorithms.switch_tree import PACKET, RADIX, SLOTS, switch_levels
+from ..core.chunking import check_split, chunk_bounds
+from ..core.ops import get_op
+
+__all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
+           "hierarchical_evaluator"]
+
+
+def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
+                     packet: int = PACKET, slots: int = SLOTS, mode: str = "float"):
+    """Return every worker's output of the float-mode switch all-reduce (None otherwise).
+
+    Level by level (:func:`~refcoll.algorithms.switch_tree.switch_levels`), switch
+    ``j`` of a level folds chunk ``j`` of the level below left to right (a lone
+    child is forwarded); ``packet`` and ``slots`` change when, not what. ``avg``
+    divides the root's sum by the workers, as the call does after the algorithm.
+    """
+    if collective != "allreduce" or mode != "float":
+        return None
+    reduction = get_op(op)
+    shape = np.asarray(inputs[0]).shape
+    level = [np.asarray(x).reshape(-1) for x in inputs]
+    levels = switch_levels(len(level), radix=radix)
+    for above in levels[1:]:
+        folded = []
+        for lo, hi in chunk_bounds(len(level), above):
+            acc = level[lo].copy()
+            for child in level[lo + 1:hi]:
+                reduction.apply(acc, child, acc)
+            folded.append(acc)
+        level = folded
+    result = level[0].copy()
+    reduction.finalize(result, len(inputs))
+    return [result.reshape(shape).copy() for _ in inputs]
+
+
+def ring_evaluator(collective: str, inputs, *, op="sum", direction: str = "forward",
+                   start: str = "next", split: str = "front"):
+    """Return every rank's output of the ring all-reduce (None for another collective).
+
+    Chunk ``c`` (``chunk_bounds`` under ``split``) is folded over the ranks of
+    :func:`~refcoll.algorithms.ring.ring_order`, left to right, each step's
+    partial on the left of the next rank's own chunk, as the reduce-scatter steps
+    combine them; the allgather hands every rank the same result. ``p``
+    chunks of ``p - 1`` reductions each: ``p²`` NumPy calls, not ``2(p-1)·p``
+    simulated messages.
+    """
+    if collective != "allreduce":
+        return None
+    reduction = get_op(op)
+    arrays = [np.asarray(x).reshape(-1) for x in inputs]
+    p, n = len(arrays), arrays[0].size
+    shape = np.asarray(inputs[0]).shape
+    ring_walk(direction, start)  # an option the ring does not know is its UsageError
+    if split != "front":
+        check_split(split)
+    bounds = chunk_bounds(n, p, split, itemsize=arrays[0].dtype.itemsize)
+    result = np.empty(n, arrays[0].dtype)
+    for c, (lo, hi) in enumerate(bounds):
+        order = ring_order(c, p, direction, start)
+        acc = result[lo:hi]
+        acc[...] = arrays[order[0]][lo:hi]
+        for r in order[1:]:
+            reduction.apply(acc, arrays[r][lo:hi], acc)
+    reduction.finalize(result, p)
+    return [result.reshape(shape).copy() for _ in inputs]
+
+
+def _ring_fold(arrays, bounds, reduction) -> np.ndarray:
+    """Return the ring reduce-scatter's partials: chunk ``c`` folded in ``ring_order(c)``."""
+    p = len(arrays)
+    result = np.empty(arrays[0].size, arrays[0].dtype)
+    for c, (lo, hi) in enumerate(bounds):
+        order = ring_order(c, p)
+        acc = result[lo:hi]
+        acc[...] = arrays[order[0]][lo:hi]
+        for r in order[1:]:
+            reduction.apply(acc, arrays[r][lo:hi], acc)
+    return result
+
+
+def hierarchical_evaluator(collective: str, inputs, *, op="sum", ranks_per_node=None,
+                           inter: str = "ring", pipeline: int = 1, level: str = "node"):
+    """Return every rank's output of the two-level all-reduce on equal nodes (None otherwise).
+
+    Node ``i`` (ranks ``i·k .. i·k+k-1``; one node of every rank when
+    ``ranks_per_node`` is None, as the simulator's default node) folds shard ``j``
+    of ``chunk_bounds(n, k)`` over its ranks in ring order; shard ``j`` of the
+    node partials is then all-reduced across the nodes by ``inter`` (its own
+    evaluator, or the simulator on the ``g`` partials: node ``i`` as rank ``i``),
+    and each node's ranks get its results. Unequal nodes (the leader fallback),
+    ``pipeline`` and racks: None, simulate.
+    """
+    p = len(inputs)
+    k = p if ranks_per_node is None else ranks_per_node
+    if collective != "allreduce" or pipeline != 1 or level != "node" or not (
+            isinstance(k, int) and 0 < k and p % k == 0):
+        return None
+    from .oracle import expected_outputs  # the oracle's simulator, for an inter with no evaluator
+
+    reduction = get_op(op)
+    shape = np.asarray(inputs[0]).shape
+    arrays = [np.asarray(x).reshape(-1) for x in inputs]
+    n, g = arrays[0].size, p // k
+    shards = chunk_bounds(n, k)
+    partials = [_ring_fold(arrays[i * k:(i + 1) * k], shards, reduction) if k > 1
+                else arrays[i] for i in range(g)]
+    raw = "sum" if op == "avg" else op  # the inter phase sums; the call divides once at the end
+    results = [np.empty(n, arrays[0].dtype) for _ in range(g)]
+    for lo, hi in shards:
+        parts = [part[lo:hi] for part in partials]
+        across = (evaluate("allreduce", parts, algorithm=inter, op=raw) if g > 1 else parts)
+        if across is None:
+            across = expected_outputs("allreduce", parts, algorithm=inter, op=raw)
+        for i in range(g):
+            results[i][lo:hi] = np.asarray(across[i]).reshape(-1)
+    for res in results:
+        reduction.finalize(res, p)
+    return [results[r // k].reshape(shape).copy() for r in range(p)]
+
+
+#: The evaluators by algorithm name: ``fn(collective, inputs, *, op, **options)``.
+EVALUATORS: dict[str, Callable] = {"switch": switch_evaluator, "ring": ring_evaluator,
+                                   "hierarchical": hierarchical_evaluator}
+
+
+def evaluate(collective: str, inputs, *, algorithm: str, op="sum", **options):
+    """Return every rank's output of ``algorithm`` from its evaluator, or None: simulate it."""
+    fn = EVALUATORS.get(algorithm)
+    if fn is None or options.get("root"):
+        return None
+    return fn(collective, inputs, op=op, **options)

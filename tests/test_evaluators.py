@@ -1,0 +1,140 @@
+"""Every evaluator gives, bit for bit, what the simulated algorithm gives.
+
+``refcoll check --identify`` computes some orders with an evaluator
+(:mod:`refcoll.verify.evaluators`) instead of simulating the algorithm. The
+principle "the oracle is the algorithm itself" holds only while each evaluator
+equals its algorithm's simulated run: here over the battery's inputs (every kind,
+reducing dtype and op, the battery's sizes, p from 1 to 9, every order identify
+tries) and over the golden vectors of the algorithms that have one, non-finite
+values included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refcoll.core.bits import same_bits
+from refcoll.core.ops import DTYPES, supports
+from refcoll.verify import vectors
+from refcoll.verify.conformance.cases import default_sizes
+from refcoll.verify.evaluators import EVALUATORS, evaluate
+from refcoll.verify.identify import candidate_orders, identify
+from refcoll.verify.inputs import make_inputs
+from refcoll.verify.oracle import expected_outputs
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int8", "int32", "uint16")
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+
+
+def _orders(p: int):
+    return [(name, options) for name, options in candidate_orders("allreduce", p)
+            if name in EVALUATORS]
+
+
+def _grid(p: int, whole: bool):
+    """Yield ``(dtype, op, kind, n)``: the battery's whole grid, or a cross-section of it."""
+    for dtype in DTYPE_NAMES:
+        for op in ("sum", "avg", "prod", "min", "max"):
+            if not supports(op, dtype):
+                continue
+            kinds = ("exact", "random", "adversarial") if dtype.startswith(("float", "bf")) \
+                else ("exact",)
+            for kind in kinds:
+                for n in default_sizes(p) if dtype == "float32" else (p + 1, 37):
+                    if whole or (dtype, kind, n) in CROSS_SECTION.get(op, ()):
+                        yield dtype, op, kind, n
+
+
+#: The default run's cross-section: every op on float32 at two sizes, each other dtype once.
+CROSS_SECTION = {
+    "sum": {("float32", "random", 0), ("float32", "random", 5003), ("float32", "exact", 5003),
+            ("float32", "adversarial", 5003), ("float16", "random", 37),
+            ("float64", "random", 37), ("int32", "exact", 37), ("int8", "exact", 37)},
+    "avg": {("float32", "random", 5003), ("bfloat16", "random", 37), ("uint16", "exact", 37)},
+    "prod": {("float32", "random", 5003)},
+    "min": {("float32", "random", 5003)},
+    "max": {("float32", "random", 5003), ("float16", "random", 37)},
+}
+
+
+def _check_grid(p: int, whole: bool) -> int:
+    checked = 0
+    for dtype, op, kind, n in _grid(p, whole):
+        inputs = make_inputs(kind, DTYPES[dtype], n, p, op=op, seed=p)
+        for name, options in _orders(p):
+            got = evaluate("allreduce", inputs, algorithm=name, op=op, **options)
+            if got is None:
+                continue
+            want = expected_outputs("allreduce", inputs, algorithm=name, op=op, **options)
+            assert _same(got, want), (name, options, dtype, op, kind, n)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("p", [3, 8])
+def test_every_evaluator_is_its_algorithm_on_a_cross_section_of_the_battery(p):
+    assert _check_grid(p, whole=False) > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 8, 9])
+def test_every_evaluator_is_its_algorithm_on_the_batterys_whole_grid(p):
+    assert _check_grid(p, whole=True) > 100 or p == 1
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf and the overflow, on purpose
+def test_non_finite_values_fold_as_the_algorithm_folds_them():
+    p = 5
+    inputs = make_inputs("random", np.dtype(np.float32), 41, p, seed=9)
+    inputs[1][3], inputs[2][3] = np.inf, -np.inf  # inf - inf: NaN
+    inputs[3][7] = np.nan
+    inputs[4][11] = np.float32(3e38)  # an overflow to inf on the way
+    inputs[0][11] = np.float32(3e38)
+    for name, options in _orders(p):
+        got = evaluate("allreduce", inputs, algorithm=name, op="sum", **options)
+        if got is not None:
+            want = expected_outputs("allreduce", inputs, algorithm=name, op="sum", **options)
+            assert _same(got, want), (name, options)
+
+
+def test_every_evaluator_is_its_algorithm_on_the_golden_vectors():
+    checked = 0
+    for v in vectors.plan():
+        if v.algorithm not in EVALUATORS or v.collective != "allreduce":
+            continue
+        inputs = v.inputs()
+        got = evaluate("allreduce", inputs, algorithm=v.algorithm, op=v.op or "sum",
+                       **dict(v.options))
+        if got is None:  # an option no evaluator covers (the switch's int mode): simulated
+            continue
+        assert _same(got, v.run(inputs)), v.filename
+        checked += 1
+    assert checked >= 40
+
+
+def test_what_no_evaluator_covers_is_left_to_the_simulator():
+    inputs = make_inputs("random", np.dtype(np.float32), 10, 6, seed=1)
+    assert evaluate("allreduce", inputs, algorithm="switch", mode="int") is None
+    assert evaluate("reduce_scatter", inputs, algorithm="ring") is None
+    assert evaluate("allreduce", inputs, algorithm="hierarchical", ranks_per_node=4) is None
+    assert evaluate("allreduce", inputs, algorithm="hierarchical", pipeline=2) is None
+    assert evaluate("allreduce", inputs, algorithm="tree") is None
+
+
+def test_identify_names_the_same_orders_with_and_without_evaluators(monkeypatch):
+    p = 6
+    inputs = make_inputs("adversarial", np.dtype(np.float32), 301, p, seed=4)
+    for truth in ("switch", "ring", "hierarchical"):
+        outputs = expected_outputs("allreduce", inputs, algorithm=truth)
+        fast = identify(inputs, outputs, known=[])
+        with monkeypatch.context() as m:
+            m.setattr("refcoll.verify.identify.evaluate", lambda *a, **k: None)
+            slow = identify(inputs, outputs, known=[])
+        assert fast.matches == slow.matches and truth in fast.matches
+        assert [c.digest for c in fast.candidates] == [c.digest for c in slow.candidates]
+        assert [(c.differing, c.ulps) for c in fast.candidates] == \
+            [(c.differing, c.ulps) for c in slow.candidates]
