@@ -14,12 +14,22 @@ import click
 
 from .. import algorithms
 from ..core.errors import UsageError
-from ..core.ops import get_dtype, get_op
+from ..core.ops import dtype_name, get_dtype, get_op
 from ..core.writing import same_place
+from ..verify.formula import inputs as formula_inputs
+from ..verify.formula import parse_spec, sample_indices
+from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
 from ..verify.inputs import make_inputs
 from ..verify.oracle import check_outputs, expected_outputs
-from ..verify.rankfiles import load_case, rank_file_bytes, write_world
+from ..verify.rankfiles import (
+    files_dtype,
+    load_case,
+    load_outputs,
+    rank_file_bytes,
+    read_elements,
+    write_world,
+)
 from ..verify.simulation import MAX_SIMULATED_RANKS, simulation_bytes
 from .common import (
     check_output_directory,
@@ -128,31 +138,48 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
               help="Also name every order refcoll knows that gives these outputs bit for bit "
                    "(or the nearest).")
 @_collective_options
+@click.option("--inputs", "formula", default=None, metavar="KIND:seed=S,p=P,count=N",
+              help="Judge against refcoll's formula inputs (spec/inputs.md: exact or "
+                   "adversarial), made here, instead of IN_DIR's files: give OUT_DIR alone.")
+@click.option("--sample", type=click.IntRange(min=1), default=None, metavar="K",
+              help="With --inputs, an all-reduce: judge K elements of every rank's output "
+                   "(the first, the last and K-2 drawn), reading nothing else of the files.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write the whole report as JSON.")
-@click.argument("in_dir", type=click.Path())
-@click.argument("out_dir", type=click.Path())
+@click.argument("folders", nargs=-1, type=click.Path(), metavar="[IN_DIR] OUT_DIR")
 @reports_errors
-def check(algorithm, any_order, identify, op, collective, root, json_file, in_dir, out_dir):
+def check(algorithm, any_order, identify, op, collective, root, formula, sample, json_file,
+          folders):
     """Judge another implementation's outputs (OUT_DIR/rank<r>.npy) for IN_DIR's inputs.
 
     With --identify, also simulate every reduction order refcoll knows (each
     algorithm under each of its order options) and name those whose outputs
     equal OUT_DIR's bit for bit, with the library orders recorded as equal to
-    them (spec/orders.md), or the nearest. Exit 0 conforming, 1 not conforming,
-    2 the files cannot be judged (with the file and the reason: see
+    them (spec/orders.md), or the nearest. With --inputs, the inputs are
+    refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
+    --sample K then judges K elements of each output. Exit 0 conforming, 1 not
+    conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """
+    in_dir, out_dir = _folders(folders, formula)
     check_output_paths(json=json_file)
-    _refuse_report_over_case(json_file, in_dir, out_dir)
+    _refuse_report_over_case(json_file, *(f for f in (in_dir, out_dir) if f))
     if algorithm and any_order:
         raise UsageError("give --algorithm A or --any, not both")
     if algorithm:
         algorithms.implementation(algorithm, collective)
     op = get_op(op).name
-    require_memory(rank_file_bytes(in_dir, out_dir), f"reading the rank files of {in_dir} and "
-                   f"{out_dir}", "judge fewer or smaller files")
-    inputs, outputs, _ = load_case(in_dir, out_dir, collective=collective, root=root, op=op)
+    if sample is not None:
+        _check_sample(formula, sample, op, collective, algorithm, identify, out_dir, json_file)
+        return
+    if formula is not None:
+        inputs, outputs = _formula_case(formula, out_dir, collective=collective, root=root,
+                                        op=op)
+    else:
+        require_memory(rank_file_bytes(in_dir, out_dir), f"reading the rank files of {in_dir} "
+                       f"and {out_dir}", "judge fewer or smaller files")
+        inputs, outputs, _ = load_case(in_dir, out_dir, collective=collective, root=root,
+                                       op=op)
     with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs",
                                 "judge fewer or smaller outputs"):
         report = check_outputs(inputs, outputs, collective=collective, op=op,
@@ -162,6 +189,56 @@ def check(algorithm, any_order, identify, op, collective, root, json_file, in_di
     _print_report(report, collective, algorithm, found)
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})
+    sys.exit(0 if report.conforming else 1)
+
+
+def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:
+    """Return ``(IN_DIR, OUT_DIR)``: both without --inputs, OUT_DIR alone with it."""
+    if formula is not None:
+        if len(folders) != 1:
+            raise UsageError("with --inputs the inputs are made here: give OUT_DIR alone")
+        return None, folders[0]
+    if len(folders) != 2:
+        raise UsageError("give IN_DIR and OUT_DIR (or --inputs KIND:seed=S,p=P,count=N OUT_DIR)")
+    return folders[0], folders[1]
+
+
+def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op: str):
+    """Return (inputs by formula, OUT_DIR's outputs) for --inputs, memory bounded first."""
+    kind, seed, p, count = parse_spec(formula)
+    if p > MAX_SIMULATED_RANKS:
+        raise UsageError(f"--inputs p={p}: refcoll judges whole outputs of at most "
+                         f"{MAX_SIMULATED_RANKS} ranks; --sample K judges more")
+    if root >= p:
+        raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
+    dtype = files_dtype(out_dir)
+    require_memory(2 * p * count * dtype.itemsize + rank_file_bytes(out_dir),
+                   f"making {p} inputs of {count} x {dtype_name(dtype)} and reading {out_dir}",
+                   "judge fewer or smaller outputs, or --sample K of them")
+    inputs = formula_inputs(kind, dtype, p, count, seed=seed)
+    return inputs, load_outputs(out_dir, inputs, collective=collective, root=root, op=op)
+
+
+def _check_sample(formula, k: int, op: str, collective: str, algorithm, identify, out_dir,
+                  json_file) -> None:
+    """Judge ``k`` elements of every rank's all-reduce output against the formula; exit."""
+    if formula is None:
+        raise UsageError("--sample K judges outputs against --inputs KIND:seed=S,p=P,count=N")
+    if collective != "allreduce" or algorithm or identify:
+        raise UsageError("--sample judges an all-reduce's elements on their own: no "
+                         "--collective, --algorithm or --identify with it (orders depend on "
+                         "every element's place)")
+    kind, seed, p, count = parse_spec(formula)
+    dtype = files_dtype(out_dir)
+    where = sample_indices(count, k, seed=seed)
+    inputs = [formula_values(kind, dtype, p, r, where, seed=seed) for r in range(p)]
+    outputs = read_elements(out_dir, p, where, dtype)
+    report = check_outputs(inputs, outputs, collective="allreduce", op=op)
+    click.echo(f"refcoll check: sampled {where.size} of {count} elements of each of {p} ranks' "
+               f"outputs (--inputs {formula}); an element below is its place among the "
+               f"sampled ones, which --json lists")
+    _print_report(report, collective, None)
+    write_json(json_file, {**report.to_json(), "sampled": where.tolist()})
     sys.exit(0 if report.conforming else 1)
 
 

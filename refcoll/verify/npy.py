@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.errors import UsageError, reason, shown
 
-__all__ = ["MAX_NPY_HEADER", "read_npy", "stored_dtype"]
+__all__ = ["MAX_NPY_HEADER", "read_npy", "npy_header", "stored_dtype"]
 
 #: The longest ``.npy`` header refcoll reads (NumPy writes a few hundred bytes, and its
 #: own reader stops at this length too).
@@ -88,7 +88,7 @@ def _header_dict(raw: bytes, version: tuple[int, int], f) -> dict:
     return header
 
 
-def _npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
+def npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
     """Parse a ``.npy`` header of any version; return ``(shape, fortran, dtype, its bytes)``."""
     version, length, used = _npy_preamble(fh, f)
     raw = fh.read(length)
@@ -129,7 +129,7 @@ def read_npy(fh, f, *, size: int) -> np.ndarray:
     Raises:
         UsageError: one line naming ``f`` and the reason.
     """
-    shape, fortran, dt, used = _npy_header(fh, f)
+    shape, fortran, dt, used = npy_header(fh, f)
     if dt.hasobject:
         raise UsageError(f"{f}: holds Python objects (a pickled object array), "
                          "not numbers; save a numeric array")

@@ -36,6 +36,7 @@ temporary name in its folder and renamed over the old one, never through a link.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -47,10 +48,11 @@ from ..core import reading, writing
 from ..core.errors import UsageError, shown
 from ..core.ops import dtype_name, get_dtype
 from ..transport.sim import MAX_SIMULATED_RANKS
-from .npy import read_npy, stored_dtype
+from .npy import npy_header, read_npy, stored_dtype
 
 __all__ = ["MAX_META_BYTES", "read_meta", "rank_file_bytes", "read_rank_files",
-           "write_rank_files", "write_world", "load_case"]
+           "write_rank_files", "write_world", "load_case", "load_outputs", "files_dtype",
+           "read_elements"]
 
 _RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.npy")
 
@@ -426,6 +428,11 @@ def _check_output_meta(path: Path, meta: dict, *, p: int, dtype: np.dtype, colle
                          f"with --op {meta['op']}")
 
 
+def load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None) -> list:
+    """Read ``out_dir``'s outputs for ``inputs`` (:func:`load_case`'s rules), None where none."""
+    return _load_outputs(out_dir, inputs, collective=collective, root=root, op=op)
+
+
 def _load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None) -> list:
     path = _folder(out_dir, "output")
     meta = read_meta(path)
@@ -480,3 +487,64 @@ def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int 
     if out_dir is None:
         return inputs, None, meta
     return inputs, _load_outputs(out_dir, inputs, collective=collective, root=root, op=op), meta
+
+
+# ---------------------------------------------------------------- without reading it all
+
+def files_dtype(directory) -> np.dtype:
+    """Return the dtype of a folder's rank files: ``meta.json``'s, else the first file's header.
+
+    Only the header of one file is read.
+    """
+    path = _folder(directory, "output")
+    meta = read_meta(path)
+    if "dtype" in meta:
+        return get_dtype(meta["dtype"])
+    files = _rank_files(path)
+    if not files:
+        raise UsageError(f"{directory}: no rank<r>.npy files")
+    first = files[next(iter(files))]
+    with reading.open_regular(first, what="rank file") as fh:
+        _, _, dt, _ = npy_header(fh, first)
+    return dt
+
+
+def read_elements(directory, p: int, indices: np.ndarray, dtype) -> list[np.ndarray]:
+    """Return elements ``indices`` (sorted) of each of ``p`` ranks' flat files, read alone.
+
+    Each file must be a plain C-order array of ``dtype`` (or its bits); only its
+    header and the asked elements are read (one seek each), so a checker samples a
+    file of any size in the time of ``len(indices)`` reads.
+
+    Raises:
+        UsageError: a missing file, another dtype, an index past the file's end.
+    """
+    path = _folder(directory, "output")
+    files = _rank_files(path)
+    want = get_dtype(dtype)
+    store = stored_dtype(want)
+    out = []
+    for r in range(p):
+        if r not in files:
+            raise UsageError(f"{path / f'rank{r}.npy'}: missing; every one of the {p} ranks "
+                             "has an output")
+        f = files[r]
+        with reading.open_regular(f, what="rank file") as fh:
+            shape, fortran, dt, offset = npy_header(fh, f)
+            if dt not in (want, store) or (fortran and len(shape) > 1):
+                raise UsageError(f"{f}: holds {dtype_name(dt)}"
+                                 f"{' in Fortran order' if fortran else ''}, expected "
+                                 f"{dtype_name(want)} in C order")
+            n = math.prod(shape)
+            if indices.size and int(indices[-1]) >= n:
+                raise UsageError(f"{f}: holds {n} elements; element {int(indices[-1])} was "
+                                 "asked for")
+            raw = bytearray(indices.size * dt.itemsize)
+            view_ = memoryview(raw)
+            for k, i in enumerate(indices.tolist()):
+                fh.seek(offset + i * dt.itemsize)
+                got = fh.readinto(view_[k * dt.itemsize:(k + 1) * dt.itemsize])
+                if got != dt.itemsize:
+                    raise UsageError(f"{f}: ends before element {i}")
+        out.append(np.frombuffer(bytes(raw), dtype=dt).view(want).copy())
+    return out

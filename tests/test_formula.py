@@ -1,0 +1,156 @@
+"""Inputs by formula (spec/inputs.md): the C in the spec and refcoll's NumPy agree bit for bit,
+the kinds do what they say, and `refcoll check --inputs` (with `--sample`) judges by them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from refcoll.cli import main
+from refcoll.core.errors import UsageError
+from refcoll.core.ops import exact_integer_limit
+from refcoll.verify.formula import inputs, parse_spec, sample_indices, values
+from refcoll.verify.identify import identify
+from refcoll.verify.oracle import expected_outputs
+from refcoll.verify.rankfiles import write_world
+
+ROOT = Path(__file__).resolve().parent.parent
+CC = shutil.which("cc") or shutil.which("gcc")
+
+MAIN = r"""
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    unsigned long long seed, p, rank, index, M; int kind;
+    while (scanf("%d %llu %llu %llu %llu %llu", &kind, &seed, &p, &rank, &index, &M) == 6) {
+        double v = kind ? refcoll_adversarial(seed, p, rank, index, M)
+                        : refcoll_exact(seed, p, rank, index, M);
+        float f = (float)v;
+        unsigned long long d; unsigned int b;
+        memcpy(&d, &v, 8); memcpy(&b, &f, 4);
+        printf("%016llx %08x\n", d, b);
+    }
+    return 0;
+}
+"""
+
+
+def _spec_c() -> str:
+    text = (ROOT / "spec" / "inputs.md").read_text()
+    blocks = re.findall(r"```c\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "spec/inputs.md holds one C block"
+    return blocks[0]
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) on this machine")
+def test_the_c_in_the_spec_makes_refcolls_bits(tmp_path):
+    source = tmp_path / "inputs.c"
+    source.write_text(_spec_c() + MAIN)
+    program = tmp_path / "inputs"
+    subprocess.run([CC, "-O2", "-std=c99", "-o", str(program), str(source)], check=True,
+                   capture_output=True, timeout=60)
+    cases = []
+    for kind in (0, 1):
+        for seed in (0, 7, (1 << 64) - 1):
+            for p in (1, 2, 5, 3000):
+                for rank in sorted({0, 1 % p, p - 1}):
+                    for index in (0, 1, 2, 12345, (1 << 40) + 3):
+                        cases.append((kind, seed, p, rank, index))
+    limits = {np.float32: exact_integer_limit(np.float32), np.float64: exact_integer_limit(
+        np.float64)}
+    lines = "".join(f"{k} {s} {p} {r} {i} {limits[np.float64]}\n" for k, s, p, r, i in cases)
+    lines += "".join(f"{k} {s} {p} {r} {i} {limits[np.float32]}\n" for k, s, p, r, i in cases)
+    out = subprocess.run([str(program)], input=lines, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split("\n")
+    for n, (kind, seed, p, rank, index) in enumerate(cases):
+        name = ("exact", "adversarial")[kind]
+        wide = values(name, np.float64, p, rank, np.array([index]), seed=seed)[0]
+        narrow = values(name, np.float32, p, rank, np.array([index]), seed=seed)[0]
+        c_wide = out[n].split()[0]
+        c_narrow = out[len(cases) + n].split()[1]
+        assert f"{np.float64(wide).view(np.uint64):016x}" == c_wide, (name, seed, p, rank, index)
+        assert f"{np.float32(narrow).view(np.uint32):08x}" == c_narrow, (name, seed, p, rank)
+
+
+def test_any_block_of_elements_is_the_whole_arrays_block():
+    whole = inputs("adversarial", np.float32, 6, 1001, seed=5)
+    for start, stop in ((0, 1), (10, 517), (1000, 1001)):
+        part = inputs("adversarial", np.float32, 6, 1001, seed=5, start=start, stop=stop)
+        assert all(np.array_equal(w[start:stop], b) for w, b in zip(whole, part))
+    where = np.array([3, 999, 4])
+    assert np.array_equal(values("exact", np.int8, 6, 2, where, seed=5),
+                          inputs("exact", np.int8, 6, 1001, seed=5)[2][where])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_exact_inputs_give_every_order_the_same_bits(dtype):
+    ins = inputs("exact", dtype, 7, 513, seed=2)
+    outputs = expected_outputs("allreduce", ins, algorithm="ring")
+    assert identify(ins, outputs, known=[]).indistinct
+    assert np.array_equal(outputs[0], np.sum(np.stack(ins).astype(np.float64), axis=0))
+
+
+def test_adversarial_inputs_tell_orders_apart():
+    ins = inputs("adversarial", np.float32, 8, 4099, seed=11)
+    found = identify(ins, expected_outputs("allreduce", ins, algorithm="tree"), known=[])
+    assert "tree" in found.matches and "ring" not in found.matches and not found.indistinct
+    big = np.abs(np.stack(ins)) == exact_integer_limit(np.float32)
+    assert (big.sum(axis=0) >= 1).all()  # every element has its large value somewhere
+
+
+def test_samples_are_distinct_sorted_and_hold_the_ends():
+    where = sample_indices(10**9, 64, seed=1)
+    assert where.size == 64 and where[0] == 0 and where[-1] == 10**9 - 1
+    assert np.all(np.diff(where) > 0)
+    assert sample_indices(5, 64).tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("text", ["exact", "exact:seed=1,p=0,count=3", "gauss:seed=1,p=2,count=3",
+                                  "exact:p=2,seed=1,count=3"])
+def test_a_bad_spec_is_a_usage_error(text):
+    with pytest.raises(UsageError):
+        parse_spec(text)
+
+
+def _world(tmp_path, corrupt: bool = False) -> Path:
+    ins = inputs("adversarial", np.float32, 4, 3001, seed=3)
+    outs = expected_outputs("allreduce", ins, algorithm="ring")
+    if corrupt:  # one nonzero sampled element of rank 2, off by 1 %
+        k = next(i for i in sample_indices(3001, 40, seed=3) if outs[2][i] != 0)
+        outs[2][k] *= np.float32(1.01)
+    out = tmp_path / ("bad" if corrupt else "out")
+    write_world(out, outs)
+    return out
+
+
+def test_check_judges_against_the_formula_whole_and_sampled(tmp_path):
+    spec = "adversarial:seed=3,p=4,count=3001"
+    out, bad = _world(tmp_path), _world(tmp_path, corrupt=True)
+    run = CliRunner().invoke
+    res = run(main, ["check", "--inputs", spec, str(out), "--identify"])
+    assert res.exit_code == 0 and "matches ring" in res.output, res.output
+    res = run(main, ["check", "--inputs", spec, str(out), "--sample", "40"])
+    assert res.exit_code == 0 and "sampled 40 of 3001" in res.output, res.output
+    for args in ([str(bad)], [str(bad), "--sample", "40"]):
+        res = run(main, ["check", "--inputs", spec, *args])
+        assert res.exit_code == 1 and "verdict: not conforming" in res.output, res.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sample", "5", "x", "y"], "--inputs"),
+    (["--inputs", "exact:seed=1,p=2,count=3"], "OUT_DIR alone"),
+    (["--inputs", "exact:seed=1,p=2,count=3", "a", "b"], "OUT_DIR alone"),
+    (["onlyone"], "IN_DIR and OUT_DIR"),
+    (["--inputs", "exact:seed=1,p=4,count=3001", "--sample", "5", "--identify", "OUT"],
+     "--identify"),
+])
+def test_check_refuses_what_the_formula_cannot_judge(tmp_path, args, needle):
+    res = CliRunner().invoke(main, ["check", *[str(tmp_path / a) if a in ("OUT",) else a
+                                               for a in args]])
+    assert res.exit_code == 2 and needle in res.output, res.output
