@@ -83,7 +83,6 @@ def test_old_formats_and_launcher_prefixes_are_read(prefix):
     assert [r.size for r in table.rows] == [8, 1048576, 4294967296]
     assert table.rows[1].in_place_time == pytest.approx(110.9e-6)
     assert table.rows[2].time == pytest.approx(28815e-6)  # nccl-tests prints no decimals
-    assert table.ranks_from_busbw() == 16
 
 
 @pytest.mark.parametrize("text", ["", "no table here\n", "# size count\n", "8 2 float sum x y z"])

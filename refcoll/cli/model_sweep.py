@@ -50,7 +50,8 @@ SWEEP_OPTIONS = ("sweep", "minbytes", "maxbytes", "stepfactor", "stepbytes", "da
 def wants_sweep(opts: dict) -> bool:
     """Return whether the command asks for the nccl-tests view rather than the step report."""
     return bool(opts["sweep"] or opts["compare_log"] or opts["fit_logs"] or opts["fit_file"]
-                or (opts["preset"] in SYSTEM_PRESETS and not opts["params"]))
+                or (opts["preset"] in SYSTEM_PRESETS and not opts["params"]
+                    and not opts["layers_file"] and not opts["calibrate"]))
 
 
 def _given(name: str) -> bool:
@@ -186,7 +187,7 @@ def run_sweep(opts: dict) -> None:
     measured = None
     if opts["compare_log"]:
         table = read_table(opts["compare_log"])
-        ranks = table.ranks or table.ranks_from_busbw()
+        ranks = table.ranks  # its "# Rank" lines; a table without them is taken as described
         if ranks and ranks != system.ranks:
             raise UsageError(f"{opts['compare_log']} ran on {ranks} ranks; the system "
                              f"described has {system.ranks} ({system.nodes} nodes × "

@@ -69,17 +69,6 @@ class Table:
     ranks: int | None  # the "# Rank N" lines counted, or None when the header has none
     name: str = ""
 
-    def ranks_from_busbw(self) -> int | None:
-        """Return the rank count busbw/algbw implies (``2(p-1)/p``), or None."""
-        best = max(self.rows, key=lambda r: r.algbw)  # the most digits printed
-        if best.algbw <= 0 or best.busbw <= 0:
-            return None
-        f = best.busbw / best.algbw
-        if not 1.0 <= f < 2.0:
-            return None
-        # the rank count whose factor 2(p-1)/p is nearest what was printed
-        return min(range(2, 4097), key=lambda p: abs(2 * (p - 1) / p - f))
-
 
 _ROW = re.compile(r"^\s*(?:\[[^\]]*\]<stdout>:|\d+:)?\s*(\d+)\s+(\d+)\s+([A-Za-z_0-9]+)\s+"
                   r"([A-Za-z_]+)\s+(.*)$")
