@@ -371,7 +371,8 @@ def test_one_node_of_one_gpu_reads_in_the_singular(tmp_path):
                                     "--no-search", "--json", str(out)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "cluster: 1 node × 1 GPU = 1 GPU;" in res.output
-    assert "network: 1 NIC per node" in res.output and "1 nodes" not in res.output
+    assert "network: one node, no NIC crossed; 1 channel\n" in res.output
+    assert "1 nodes" not in res.output and "1 channels" not in res.output
     assert "On one GPU an all-reduce moves nothing" in res.output
     data = json.loads(out.read_text())["cluster"]
     assert data["nics"] == data["nics_per_node"] == 1 and data["channels"] == 1

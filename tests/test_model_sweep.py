@@ -321,3 +321,12 @@ def test_the_benchmark_judges_every_stored_table():
     judged = {line.split()[0] for line in res.stdout.splitlines()
               if " described " in line and not line.startswith("pooled")}
     assert judged == {p.stem for p in DATA.glob("*.txt")}
+
+
+def test_one_node_needs_no_network_and_lists_no_nic():
+    res = run(["--nodes", "1", "--gpus-per-node", "8", "--intra-bw", "900GB/s",
+               "--intra-quoted", "bidirectional", "--params", "1e9", "--no-search"])
+    assert res.exit_code == 0, res.output
+    assert "intra 450 GB/s" in res.output and "no inter-node link (one node)" in res.output
+    assert "network: one node, no NIC crossed" in res.output
+    assert "NICs per node" not in res.output

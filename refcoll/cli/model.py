@@ -318,19 +318,23 @@ def _print_plan(result) -> None:
     intra_a, intra_b = c.link("intra")
     inter_a, inter_b = c.link("inter")
     reduction = f"{_bytes(c.reduce_bw)}/s" if c.reduce_bw else "free"
+    inter = (f"inter {_bytes(1 / inter_b)}/s, {_time(inter_a)}" if c.nodes > 1
+             else "no inter-node link (one node)")
     click.echo(f"cluster: {_count(c.nodes, 'node')} × {_count(c.gpus_per_node, 'GPU')} = "
                f"{_count(c.gpus, 'GPU')}; per GPU and "
-               f"direction: intra {_bytes(1 / intra_b)}/s, {_time(intra_a)}; inter "
-               f"{_bytes(1 / inter_b)}/s, {_time(inter_a)}; in-network reduction: "
-               f"{'yes' if c.in_network else 'no'}; reduction {reduction}")
+               f"direction: intra {_bytes(1 / intra_b)}/s, {_time(intra_a)}; {inter}; "
+               f"in-network reduction: {'yes' if c.in_network else 'no'}; reduction "
+               f"{reduction}")
     spine = ("rail-optimised (no spine crossed)" if c.rail else
              f"no rails: cross-node traffic shares a spine of {_bytes(1 / c.spine_beta())}/s "
              f"per node")
     if c.nodes == 1:
-        spine = "one node: no traffic crosses a NIC"
-    click.echo(f"network: {_count(c.nic_count, 'NIC')} per node of {_bytes(1 / c.nic_beta())}/s "
-               f"each way; {_count(c.channel_count, 'channel')}"
-               f"{' (one per NIC)' if c.channels is None else ''}; {spine}")
+        click.echo(f"network: one node, no NIC crossed; {_count(c.channel_count, 'channel')}")
+    else:
+        click.echo(f"network: {_count(c.nic_count, 'NIC')} per node of "
+                   f"{_bytes(1 / c.nic_beta())}/s each way; "
+                   f"{_count(c.channel_count, 'channel')}"
+                   f"{' (one per NIC)' if c.channels is None else ''}; {spine}")
     tensors = f"{len(w.shapes)} tensor{'s' if len(w.shapes) > 1 else ''}"
     click.echo(f"model: {w.elements:,} parameters ({tensors}) × "
                f"{w.bytes_per_element} B = {_bytes(w.nbytes)}; forward {_time(w.forward)}, "

@@ -100,6 +100,11 @@ def _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quot
         raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
     nodes = parse_count(nodes, name="--nodes", example="4")
     gpus_per_node = parse_count(gpus_per_node, name="--gpus-per-node", example="8")
+    if bidirectional is None:  # a link that is absent takes the other's figure, as quoted
+        if nodes == 1 and inter_bw is None and inter_quoted is None:
+            inter_quoted = intra_quoted
+        if gpus_per_node == 1 and intra_bw is None and intra_quoted is None:
+            intra_quoted = inter_quoted
     intra_both, inter_both = quoted_links(bidirectional, intra_quoted, inter_quoted)
     if (params is None) == (layers_text is None):
         raise UsageError("give the model as exactly one of --params N or --layers FILE")
