@@ -311,6 +311,7 @@ def test_bad_sweep_arguments_are_one_line_and_exit_2(args, needle):
 
 # --------------------------------------------------------------------------- the benchmark
 
+@pytest.mark.slow  # the measurements page runs the benchmark in the default run already
 def test_the_benchmark_judges_every_stored_table():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_vs_nccl_tests.py")],
