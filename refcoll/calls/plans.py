@@ -134,7 +134,7 @@ class Plan:
         memory, shape and dtype), or the run is refused.
         """
         if self._program is not None and self._plain(x, out, comm):
-            return self._replay()  # the common case: a recording, nothing else outstanding
+            return self._run()  # the common case: a recording, nothing else outstanding
         error = self._misuse(x, out, comm)
         engine = busy_engine(self.t) if any_busy() else None
         if engine is not None:  # non-blocking calls are outstanding: run behind them
@@ -260,21 +260,8 @@ class Plan:
         except BaseException:
             self.abandon()
             raise
-        call.finish()
-        self.runs += 1
-        return self.out
-
-    def _replay(self):
-        """Run the recording once, in the call's own tag space; return the result."""
-        t = self.t
-        try:
-            with t.call(self.collective):
-                run_steps(t, self._program)
-        except BaseException:
-            self.abandon()
-            raise
         if self._divides:
-            self.call.finish()
+            call.finish()
         self.runs += 1
         return self.out
 

@@ -25,7 +25,7 @@ from ..core.plot import figure, require_matplotlib, save
 from ..core.units import parse_bandwidth, parse_count, parse_size
 from ..model.cluster import MODELLED
 from ..model.nccl_fit import fit, fit_to_json, read_fit
-from ..model.nccl_run import NCCL_ALGORITHMS, version
+from ..model.nccl_run import NCCL_ALGORITHMS, NCCL_VERSION
 from ..model.nccl_tests import (
     BANDS,
     DTYPE_BYTES,
@@ -155,7 +155,7 @@ def run_sweep(opts: dict) -> None:
         require_matplotlib()
     system = _system(opts)
     asked = _algorithms(opts["algorithm"])
-    report: dict = {"system": system.describe(), "nccl_constants": version()}
+    report: dict = {"system": system.describe(), "nccl_constants": NCCL_VERSION}
     if opts["fit_logs"]:
         tables = [read_table(path) for path in opts["fit_logs"]]
         ran = asked[1] if len(asked) > 1 else None  # what the tables ran, when told
@@ -181,7 +181,7 @@ def run_sweep(opts: dict) -> None:
             curves.append((algorithm or "NCCL's pick", rows))
             click.echo("")
             click.echo(f"# {'what NCCL runs' if algorithm is None else algorithm} "
-                       f"(constants of NCCL {version()})")
+                       f"(constants of NCCL {NCCL_VERSION})")
             for line in table_lines(rows, system.ranks):
                 click.echo(line)
     measured = None

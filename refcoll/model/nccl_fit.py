@@ -47,8 +47,20 @@ MAX_FIT_BYTES = 1 << 20
 _ROUNDS, _GOLDEN_STEPS = 4, 40
 
 
-def _loss(system: System, tables: list[tuple[Table, System]], fitted: dict,
-          algorithm: str | None) -> float:
+def _shaped(system: System, tables: list[Table]) -> list[tuple[Table, System]]:
+    """Return each table beside ``system`` at its rank count (its ``# Rank`` lines, else
+    ``system``'s), refusing a count that is not whole nodes."""
+    shaped = []
+    for t in tables:
+        ranks = t.ranks or system.ranks
+        if ranks % system.gpus_per_node:
+            raise UsageError(f"{t.name}: {ranks} ranks are not whole nodes of "
+                             f"{system.gpus_per_node} GPUs (--gpus-per-node)")
+        shaped.append((t, system.with_shape(ranks // system.gpus_per_node)))
+    return shaped
+
+
+def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | None) -> float:
     total = 0.0
     for table, shaped in tables:
         s = replace(shaped, fitted=dict(fitted))
@@ -87,13 +99,7 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
     of one system fit together. Network constants are fitted only when a table
     spans more than one node.
     """
-    shaped = []
-    for t in tables:
-        ranks = t.ranks or system.ranks
-        if ranks % system.gpus_per_node:
-            raise UsageError(f"{t.name}: {ranks} ranks are not whole nodes of "
-                             f"{system.gpus_per_node} GPUs (--gpus-per-node)")
-        shaped.append((t, system.with_shape(ranks // system.gpus_per_node)))
+    shaped = _shaped(system, tables)
     # A node's own constants are learnt from single-node tables, the network's from the
     # others: a table of several nodes alone cannot tell a slow NVLink from a slow NIC.
     names = []
@@ -111,10 +117,10 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
             low, high = FITTED[name]
             if name.endswith("latency"):  # search the latency itself, from 0
                 fitted[name] = _golden(lambda v, n=name: _loss(
-                    system, shaped, {**fitted, n: v}, algorithm), low, high)
+                    shaped, {**fitted, n: v}, algorithm), low, high)
             else:  # rates and fractions: search their logarithm
                 best = _golden(lambda v, n=name: _loss(
-                    system, shaped, {**fitted, n: math.exp(v)}, algorithm),
+                    shaped, {**fitted, n: math.exp(v)}, algorithm),
                     math.log(low), math.log(high))
                 fitted[name] = math.exp(best)
     return fitted
@@ -124,9 +130,8 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
                 algorithm: str | None = None) -> dict:
     """Return what ``--fit`` writes: the system, the constants, and the fit's own errors."""
     pairs = []
-    for t in tables:
-        ranks = t.ranks or system.ranks
-        s = replace(system.with_shape(ranks // system.gpus_per_node), fitted=dict(fitted))
+    for t, shaped in _shaped(system, tables):
+        s = replace(shaped, fitted=dict(fitted))
         for r in t.rows:
             run = predict(s, r.size, algorithm)
             if run is not None:

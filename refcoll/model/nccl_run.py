@@ -33,7 +33,6 @@ Spec: spec/model.md
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .nccl import (
@@ -52,7 +51,8 @@ from .nccl import (
 )
 from .systems import System
 
-__all__ = ["NCCL_ALGORITHMS", "Run", "runs", "nccl_pick", "predict", "busbw_factor"]
+__all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "Run", "runs", "nccl_pick", "predict",
+           "busbw_factor"]
 
 #: The algorithms NCCL may run for an all-reduce, in its order.
 NCCL_ALGORITHMS = ("Tree", "Ring", "CollNet", "NVLS", "NVLSTree")
@@ -268,12 +268,3 @@ def predict(system: System, nbytes: int, algorithm: str | None = None) -> Run | 
     choices = [r for r in runs(system, nbytes) if r.algorithm.lower() == name.lower()
                and (not proto or r.protocol.lower() == proto.lower())]
     return min(choices, key=lambda r: r.seconds) if choices else None
-
-
-def version() -> str:
-    """Return the NCCL release whose constants are used."""
-    return NCCL_VERSION
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)

@@ -58,6 +58,21 @@ def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
     return [result.reshape(shape).copy() for _ in inputs]
 
 
+def _ring_fold(arrays, bounds, reduction, direction: str = "forward",
+               start: str = "next") -> np.ndarray:
+    """Return the ring reduce-scatter's partials: chunk ``c`` folded in ``ring_order(c)``,
+    each step's partial on the left of the next rank's own chunk."""
+    p = len(arrays)
+    result = np.empty(arrays[0].size, arrays[0].dtype)
+    for c, (lo, hi) in enumerate(bounds):
+        order = ring_order(c, p, direction, start)
+        acc = result[lo:hi]
+        acc[...] = arrays[order[0]][lo:hi]
+        for r in order[1:]:
+            reduction.apply(acc, arrays[r][lo:hi], acc)
+    return result
+
+
 def ring_evaluator(collective: str, inputs, *, op="sum", direction: str = "forward",
                    start: str = "next", split: str = "front"):
     """Return every rank's output of the ring all-reduce (None for another collective).
@@ -78,29 +93,10 @@ def ring_evaluator(collective: str, inputs, *, op="sum", direction: str = "forwa
     ring_walk(direction, start)  # an option the ring does not know is its UsageError
     if split != "front":
         check_split(split)
-    bounds = chunk_bounds(n, p, split, itemsize=arrays[0].dtype.itemsize)
-    result = np.empty(n, arrays[0].dtype)
-    for c, (lo, hi) in enumerate(bounds):
-        order = ring_order(c, p, direction, start)
-        acc = result[lo:hi]
-        acc[...] = arrays[order[0]][lo:hi]
-        for r in order[1:]:
-            reduction.apply(acc, arrays[r][lo:hi], acc)
+    result = _ring_fold(arrays, chunk_bounds(n, p, split, itemsize=arrays[0].dtype.itemsize),
+                        reduction, direction, start)
     reduction.finalize(result, p)
     return [result.reshape(shape).copy() for _ in inputs]
-
-
-def _ring_fold(arrays, bounds, reduction) -> np.ndarray:
-    """Return the ring reduce-scatter's partials: chunk ``c`` folded in ``ring_order(c)``."""
-    p = len(arrays)
-    result = np.empty(arrays[0].size, arrays[0].dtype)
-    for c, (lo, hi) in enumerate(bounds):
-        order = ring_order(c, p)
-        acc = result[lo:hi]
-        acc[...] = arrays[order[0]][lo:hi]
-        for r in order[1:]:
-            reduction.apply(acc, arrays[r][lo:hi], acc)
-    return result
 
 
 def hierarchical_evaluator(collective: str, inputs, *, op="sum", ranks_per_node=None,

@@ -222,7 +222,7 @@ class LibraryJudge:
 
     def output_count(self, case: Case, rank: int) -> int:
         """Return the elements of rank ``rank``'s result (reduce_scatter: its chunk)."""
-        n, p = self.input(case, rank, 0).size, case.ranks
+        n, p = case.count, case.ranks
         if case.collective == "reduce_scatter":
             part = chunk_slice(n, p, rank)
             return part.stop - part.start
