@@ -350,7 +350,9 @@ def test_calibrate_predicts_and_measures(tmp_path):
         ("recursive_doubling", 131072)]
     assert all(r["measured"] > 0 and r["predicted"] > 0 for r in data["rows"])
     cal = data["calibration"]
-    assert cal["alpha"] >= 0 and cal["beta"] > 0 and cal["gamma"] > 0
+    # The fit is of timings: on a shared machine 128K may take no longer than 64K, and the
+    # least-squares β is then clamped at 0. What holds whatever the load: none is negative.
+    assert cal["alpha"] >= 0 and cal["beta"] >= 0 and cal["gamma"] > 0
     assert "predictions within 30%" in res.stdout
 
 

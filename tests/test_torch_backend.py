@@ -25,8 +25,11 @@ SLOW = pytest.mark.slow
 def test_backend_suite(launcher, p):
     res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "backend"), REFCOLL_BACKEND_JOB="1")
-    assert res.returncode == 0, (f"{launcher} with {p} processes failed:\n{res.stdout[-6000:]}\n"
-                                 f"{res.stderr[-3000:]}")
+    failures = [line for line in res.stdout.splitlines() if line.startswith(("FAILED", "E   "))]
+    assert res.returncode == 0, (f"{launcher} with {p} processes failed; every rank's failure "
+                                 "lines first (the first rank to fail is what the others "
+                                 "met):\n" + "\n".join(failures[:60])
+                                 + f"\n...\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}")
     assert " passed" in res.stdout and " failed" not in res.stdout
 
 
