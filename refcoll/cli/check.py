@@ -14,14 +14,13 @@ import click
 
 from .. import algorithms
 from ..core.errors import UsageError
-from ..core.ops import dtype_name, get_dtype, get_op
+from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.formula import inputs as formula_inputs
-from ..verify.formula import parse_spec, sample_indices
+from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
 from ..verify.inputs import make_inputs
-from ..verify.oracle import check_outputs, expected_outputs
+from ..verify.oracle import BLOCK_BYTES, check_outputs, expected_outputs
 from ..verify.rankfiles import (
     files_dtype,
     load_case,
@@ -176,12 +175,17 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
         inputs, outputs = _formula_case(formula, out_dir, collective=collective, root=root,
                                         op=op)
     else:
-        require_memory(rank_file_bytes(in_dir, out_dir), f"reading the rank files of {in_dir} "
-                       f"and {out_dir}", "judge fewer or smaller files")
         inputs, outputs, _ = load_case(in_dir, out_dir, collective=collective, root=root,
-                                       op=op)
-    with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs",
-                                "judge fewer or smaller outputs"):
+                                       op=op, lazy=True)
+    advice = "judge fewer or smaller outputs"
+    if algorithm or identify:  # the simulator runs on whole arrays
+        require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
+                       "ranks' whole inputs (--algorithm, --identify)", advice)
+        inputs = [x.whole() for x in inputs]
+        outputs = [None if x is None else x.whole() for x in outputs]
+    else:  # every file is read block by block
+        require_memory(STREAMED_BYTES, f"judging {len(inputs)} ranks' outputs", advice)
+    with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs", advice):
         report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
         found = identify_order(inputs, outputs, collective=collective, op=op,
@@ -203,8 +207,20 @@ def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:
     return folders[0], folders[1]
 
 
+#: What a streamed check holds at most beside its code: a few blocks of operands.
+STREAMED_BYTES = 8 * BLOCK_BYTES
+
+
+def _whole_bytes(inputs, outputs, collective: str) -> int:
+    """Return the bytes of whole inputs and outputs, and the simulator's copies of them."""
+    x = inputs[0]
+    held = sum(o.size * o.dtype.itemsize for o in outputs if o is not None)
+    return len(inputs) * x.size * x.dtype.itemsize + held + simulation_bytes(
+        collective, len(inputs), x.size, x.dtype.itemsize)
+
+
 def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op: str):
-    """Return (inputs by formula, OUT_DIR's outputs) for --inputs, memory bounded first."""
+    """Return (inputs by formula, OUT_DIR's outputs) for --inputs, both read block by block."""
     kind, seed, p, count = parse_spec(formula)
     if p > MAX_SIMULATED_RANKS:
         raise UsageError(f"--inputs p={p}: refcoll judges whole outputs of at most "
@@ -212,11 +228,9 @@ def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op:
     if root >= p:
         raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
     dtype = files_dtype(out_dir)
-    require_memory(2 * p * count * dtype.itemsize + rank_file_bytes(out_dir),
-                   f"making {p} inputs of {count} x {dtype_name(dtype)} and reading {out_dir}",
-                   "judge fewer or smaller outputs, or --sample K of them")
-    inputs = formula_inputs(kind, dtype, p, count, seed=seed)
-    return inputs, load_outputs(out_dir, inputs, collective=collective, root=root, op=op)
+    inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]
+    return inputs, load_outputs(out_dir, inputs, collective=collective, root=root, op=op,
+                                lazy=True)
 
 
 def _check_sample(formula, k: int, op: str, collective: str, algorithm, identify, out_dir,

@@ -55,6 +55,7 @@ import torch.distributed as dist
 from ..calls import collectives as calls
 from ..core.errors import MismatchError, UsageError, WrongResult
 from ..core.ops import DTYPES, dtype_name, unit_roundoff
+from ..verify.checksums import block_size, checksums, judge_sums, weights
 from ..verify.oracle import check_outputs
 from .tensors import as_array, flat, reduction
 from .work import submit
@@ -122,8 +123,14 @@ def watched_from_env(store, rank: int, size: int, timeout):
     if not batch.isdigit() or int(batch) < 1:
         raise UsageError(f"REFCOLL_WATCH_BATCH={batch!r}: give the calls whose samples travel "
                          "together, a whole number of at least 1")
-    return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text), action,
-                 int(batch))
+    sums = os.environ.get("REFCOLL_WATCH_CHECKSUMS", "").strip().lower() or "on"
+    if sums not in ("on", "off"):
+        raise UsageError(f"REFCOLL_WATCH_CHECKSUMS={sums!r}: use on (every element, by block "
+                         "checksums: the default) or off (the sample alone)")
+    watch = Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text),
+                  action, int(batch), checksums=sums == "on")
+    watch.size = size
+    return watch
 
 
 def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
@@ -176,32 +183,43 @@ _JUDGED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
 #: The header of a rank's sample record: what every rank must agree on.
 _HEADER = ("call", "collective", "dtype", "elements", "inputs sampled", "outputs sampled", "root",
-           "reserved")
+           "checksums")
 
 
 def _exchange(t, samples: list, k: int) -> list:
-    """Allgather every rank's sampled inputs and outputs of ``samples``; return them per call.
+    """Allgather every rank's sampled inputs and outputs of ``samples``, and their block
+    checksums; return them per call.
 
-    One exchange, of records of one size on every rank (per call a header, then
-    the values, zero-padded to ``(p + 1)·k`` eight-byte elements), so it needs no
-    agreement of its own: the headers are compared instead, and ranks that
-    disagree on a call raise the same MismatchError. Returns, per sample,
-    ``(inputs, outputs)``: one array per rank each.
+    One exchange, of records of one size on every rank that agrees on the calls (per
+    call a header, the values zero-padded to ``(p + 1)·k`` eight-byte elements, then
+    the checksums, whose count the header carries), so it needs no agreement of its
+    own when no call is checksummed: the headers are compared instead, and ranks that
+    disagree on a call raise the same MismatchError. Checksums make a record's size
+    depend on the call's elements, so then refcoll's agreement runs first: ranks
+    that disagree raise its MismatchError rather than exchange records of different
+    sizes. Returns, per sample, ``(inputs, outputs, sums)``: one array per rank each
+    (``sums``: ``(p, checksums)`` float64).
     """
-    heads, span = 8 * len(_HEADER), 8 * len(_HEADER) + (t.size + 1) * k * 8
-    record = np.zeros(span * len(samples), np.uint8)
-    for i, sample in enumerate(samples):
+    heads, values = 8 * len(_HEADER), (t.size + 1) * k * 8
+    rows_of_sums = [sample.sums() for sample in samples]
+    spans = [heads + values + 8 * sums.size for sums in rows_of_sums]
+    record = np.zeros(sum(spans), np.uint8)
+    at = 0
+    for sample, sums, span in zip(samples, rows_of_sums, spans):
         before, after = sample.before, sample.after
         header = np.array([sample.number, _JUDGED.index(sample.collective),
                            list(DTYPES).index(dtype_name(before.dtype)), sample.m, before.size,
-                           after.size, sample.root, 0], np.int64)
-        values = np.concatenate([before, after]).view(np.uint8)
-        record[i * span:i * span + heads] = header.view(np.uint8)
-        record[i * span + heads:i * span + heads + values.size] = values
-    table = calls.allgather(record, t, algorithm="rabenseifner", validate=False)
-    out = []
-    for i, sample in enumerate(samples):
-        rows = table[:, i * span:(i + 1) * span]
+                           after.size, sample.root, sums.size], np.int64)
+        data = np.concatenate([before, after]).view(np.uint8)
+        record[at:at + heads] = header.view(np.uint8)
+        record[at + heads:at + heads + data.size] = data
+        record[at + heads + values:at + span] = sums.view(np.uint8)
+        at += span
+    table = calls.allgather(record, t, algorithm="rabenseifner",
+                            validate=any(sums.size for sums in rows_of_sums))
+    out, at = [], 0
+    for sample, span in zip(samples, spans):
+        rows = table[:, at:at + span]
         for field, column in zip(_HEADER, rows[:, :heads].copy().view(np.int64).T):
             if (column != column[0]).any():
                 raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
@@ -210,7 +228,9 @@ def _exchange(t, samples: list, k: int) -> list:
         n = sample.before.size
         data = rows[:, heads:heads + (n + sample.after.size) * sample.before.itemsize].copy()
         data = data.view(sample.before.dtype)
-        out.append(([row[:n] for row in data], [row[n:] for row in data]))
+        sums = rows[:, heads + values:].copy().view(np.float64)
+        out.append(([row[:n] for row in data], [row[n:] for row in data], sums))
+        at += span
     return out
 
 
@@ -253,6 +273,11 @@ def _plainly_right(sample: "_Sample", inputs, outputs) -> bool:
         return bool(np.all(np.isfinite(got)) and np.all(np.abs(got - exact) <= bound))
 
 
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """Return a tensor's elements as a flat NumPy array of refcoll's dtype (CPU: no copy)."""
+    return as_array(flat(tensor).detach().cpu().contiguous(), _HOST)
+
+
 def _values(tensor: torch.Tensor) -> np.ndarray:
     """Return a (small) tensor's values as a NumPy array of refcoll's dtype, a copy on the host."""
     return np.array(as_array(tensor.detach().cpu().contiguous(), _HOST), copy=True)
@@ -277,6 +302,19 @@ class _Sample:
         self.before: np.ndarray | None = None
         self.after: np.ndarray | None = None
         self.read_after = None  # () -> the outputs' values at the sample
+        # Block checksums (refcoll.verify.checksums): ``b`` elements a block, of ``n``;
+        # ``sums_in`` (pieces, 3, blocks) of the input before the call, ``sums_out``
+        # (3, blocks) of the output after it, read by ``read_sums``.
+        self.b = self.n = 0
+        self.sums_in: np.ndarray | None = None
+        self.sums_out: np.ndarray | None = None
+        self.read_sums = None
+
+    def sums(self) -> np.ndarray:
+        """This rank's checksums as one float64 row (empty without them)."""
+        if self.sums_in is None:
+            return np.zeros(0)
+        return np.concatenate([self.sums_in.reshape(-1), self.sums_out.reshape(-1)])
 
     def real_index(self, s: int, whole: bool) -> int:
         """The element of the real output that element ``s`` of the sampled one stands for."""
@@ -289,12 +327,16 @@ class _Sample:
 class Watch:
     """Watch mode of one ``"refcoll"`` group: the watched backend's group and the judging."""
 
-    def __init__(self, backend: str, group, sample: int, action: str, batch: int = 1):
+    def __init__(self, backend: str, group, sample: int, action: str, batch: int = 1,
+                 checksums: bool = True):
         self.backend, self.group, self.sample, self.action = backend, group, sample, action
         self.batch = batch  # calls whose samples travel in one exchange (REFCOLL_WATCH_BATCH)
         self.pending: list[_Sample] = []  # sampled calls not yet judged, in issue order
         self.calls = 0  # calls judged, the same count on every rank
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
+        self.checksums = checksums  # every element, by block checksums (REFCOLL_WATCH_CHECKSUMS)
+        self.size = 1  # the group's ranks, set by the group
+        self._w: dict[int, np.ndarray] = {}
 
     def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
@@ -325,6 +367,8 @@ class Watch:
                 finish()
             if sample is not None:
                 sample.after = sample.read_after()
+                if sample.read_sums is not None:
+                    sample.sums_out = sample.read_sums()
             if batch:
                 self._judge(t, batch)
 
@@ -369,6 +413,8 @@ class Watch:
             sample.number = self.calls
             sample.before = _values(x[torch.from_numpy(sample.idx).to(x.device)])
             sample.read_after = lambda: _values(x[torch.from_numpy(sample.idx).to(x.device)])
+            if method == "allreduce" and op in ("sum", "avg"):
+                self._checksum(sample, [x], x)
             return sample
         if method in ("allgather", "all_gather_single"):
             out, x = args[0], args[1]
@@ -400,26 +446,41 @@ class Watch:
             sel = torch.from_numpy(sample.idx).to(out.device)
             sample.before = np.concatenate([_values(piece[sel]) for piece in pieces])
             sample.read_after = lambda: _values(out[sel])
+            if op in ("sum", "avg"):
+                self._checksum(sample, pieces, out)
             return sample
         return None
+
+    def _checksum(self, sample: _Sample, pieces: list, out) -> None:
+        """Keep the block checksums of ``pieces`` (the input, or each rank's part of it)
+        now, and how to take those of ``out`` once the call is done."""
+        if not self.checksums:
+            return
+        arrays = [_host(piece) for piece in pieces]
+        if arrays[0].dtype.kind != "f" and "float" not in str(arrays[0].dtype):
+            return  # integers are exact: the sampled check sees their bits
+        b = block_size(self.size, arrays[0].dtype)
+        sample.b, sample.n = b, arrays[0].size
+        w = self._weights(b)
+        sample.sums_in = np.stack([checksums(a, b, w) for a in arrays])
+        sample.read_sums = lambda: checksums(_host(out), b, w)
+
+    def _weights(self, b: int) -> np.ndarray:
+        if b not in self._w:
+            self._w[b] = weights(b)
+        return self._w[b]
 
     # ------------------------------------------------------------- judging
 
     def _judge(self, t, samples: list) -> None:
         """Gather every rank's samples, judge them the same way on every rank, raise or log."""
         problems = []
-        for sample, (inputs, outputs) in zip(samples, _exchange(t, samples, self.sample)):
-            if sample.factor is not None:  # PREMUL_SUM: each input times the factor, rounded
-                inputs = [x * x.dtype.type(sample.factor) for x in inputs]
-            if sample.collective == "reduce":
-                outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
-            if _plainly_right(sample, inputs, outputs):
-                continue
-            op = sample.op if sample.op != "-" else "sum"
-            report = check_outputs(inputs, outputs, collective=sample.collective, op=op,
-                                   root=sample.root)
-            if not report.conforming:
-                problems.append(self._message(sample, report, sample.before.dtype, t.size))
+        for sample, (inputs, outputs, sums) in zip(samples, _exchange(t, samples, self.sample)):
+            found = self._judge_sample(sample, inputs, outputs, t.size)
+            if found is None and sums.size:  # the sample saw nothing: every element's blocks
+                found = self._judge_sums(sample, sums, t.size)
+            if found is not None:
+                problems.append(found)
         if problems and self.action == "log":
             self.findings += problems
             for message in problems:
@@ -427,6 +488,44 @@ class Watch:
         elif problems:
             raise WrongResult(problems[0] + (f" (and {len(problems) - 1} more wrong calls in this "
                                              "batch)" if len(problems) > 1 else ""))
+
+    def _judge_sample(self, sample: _Sample, inputs, outputs, p: int) -> str | None:
+        """Judge one call's sampled elements by the oracle; return what is wrong, or None."""
+        if sample.factor is not None:  # PREMUL_SUM: each input times the factor, rounded
+            inputs = [x * x.dtype.type(sample.factor) for x in inputs]
+        if sample.collective == "reduce":
+            outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
+        if _plainly_right(sample, inputs, outputs):
+            return None
+        op = sample.op if sample.op != "-" else "sum"
+        report = check_outputs(inputs, outputs, collective=sample.collective, op=op,
+                               root=sample.root)
+        return None if report.conforming else self._message(sample, report,
+                                                            sample.before.dtype, p)
+
+    def _judge_sums(self, sample: _Sample, sums: np.ndarray, p: int) -> str | None:
+        """Judge every rank's block checksums of one call (``sums``: a row per rank)."""
+        pieces = sample.sums_in.shape[0]
+        blocks = sample.sums_in.shape[2]
+        ins = sums[:, :pieces * 3 * blocks].reshape(p, pieces, 3, blocks)
+        outs = sums[:, pieces * 3 * blocks:].reshape(p, 3, blocks)
+        dtype = sample.before.dtype
+        if sample.collective == "allreduce":
+            bad = judge_sums(ins[:, 0], outs, p=p, dtype=dtype, op=sample.op, b=sample.b,
+                             n=sample.n, factor=sample.factor)
+        else:  # reduce_scatter: rank c's output is every rank's piece c, reduced
+            bad = []
+            for c in range(p):
+                bad += judge_sums(ins[:, c], outs[c:c + 1], p=p, dtype=dtype, op=sample.op,
+                                  b=sample.b, n=sample.n, factor=sample.factor, ranks=[c])
+        if not bad:
+            return None
+        op = f" {sample.op}" if sample.factor is None else \
+            f" premul_sum (factor {sample.factor!r})"
+        more = f" ({len(bad)} such blocks, and maybe more)" if len(bad) > 1 else ""
+        return (f"watch: {self.backend}'s {sample.collective}{op} of {dtype_name(dtype)} over "
+                f"{p} ranks (call {sample.number}, every element checked in blocks of "
+                f"{sample.b}) returned a wrong result: {bad[0]}{more}")
 
     def _message(self, sample: _Sample, report, dtype, p: int) -> str:
         def real(match: re.Match) -> str:

@@ -14,11 +14,11 @@ import numpy as np
 
 from ..core.bits import differing as differing_elements
 from ..core.ops import dtype_name
-from .ieee import CONVENTIONS, explain, judge_extremum, judge_float, reference
+from .ieee import CONVENTIONS, explain, judge_extremum, judge_float
 
 __all__ = ["Finding", "CheckReport", "elements", "show", "where", "shape_finding",
-           "identical_finding", "exact_finding", "extremum_finding", "bound_finding",
-           "contribution_finding", "BOUND_ALONE"]
+           "IdenticalCheck", "ExactCheck", "ExtremumCheck", "BoundCheck", "ContributionCheck",
+           "BOUND_ALONE", "ANALYSED"]
 
 #: The note of a float check that passed on the error bound alone.
 BOUND_ALONE = ("passed on the error bound alone, which cannot see a contribution smaller than "
@@ -94,8 +94,9 @@ def _shape_text(dtype, shape) -> str:
 def shape_finding(expected: dict, outputs, dtype) -> Finding:
     """Check each rank's output dtype and shape against ``expected`` (rank -> allowed shapes).
 
-    Where more than one shape is allowed (allgather: flat, or one row per rank), every
-    rank must use the same one.
+    ``outputs`` are arrays or :class:`~refcoll.verify.npy.NpyFile` s (shape and dtype
+    alone are read). Where more than one shape is allowed (allgather: flat, or one row
+    per rank), every rank must use the same one.
     """
     bad, shapes = [], set()
     for r, allowed in expected.items():
@@ -103,169 +104,271 @@ def shape_finding(expected: dict, outputs, dtype) -> Finding:
         if out is None:
             bad.append(f"rank {r}: no output")
             continue
-        out = np.asarray(out)
         shapes.add(out.shape)
         if out.dtype != dtype or out.shape not in allowed:
             want = " or ".join(_shape_text(dtype, s) for s in allowed)
             bad.append(f"rank {r}: {_shape_text(out.dtype, out.shape)}, expected {want}")
     if not bad and len(shapes) > 1 and any(len(allowed) > 1 for allowed in expected.values()):
         bad.append("ranks' outputs differ in shape: " + ", ".join(
-            f"rank {r} {tuple(np.asarray(outputs[r]).shape)}" for r in expected))
+            f"rank {r} {tuple(outputs[r].shape)}" for r in expected))
     return Finding("shapes and dtypes", not bad, "; ".join(bad[:4]),
                    {"problems": len(bad)} if bad else {})
 
 
-def identical_finding(got: dict, ranks) -> Finding:
-    """Check that every rank holds rank 0's bits."""
-    first = ranks[0]
-    differing = [r for r in ranks if differing_elements(got[r], got[first]).size]
-    detail = ""
-    if differing:
-        r = differing[0]
-        diff = differing_elements(got[r], got[first])
-        i = int(diff[0])
-        detail = (f"ranks {differing} differ from rank {first}; first: rank {r} element {i} is "
-                  f"{show(got[r][i])}, rank {first} has {show(got[first][i])} ({len(diff)} of "
-                  f"{got[r].size} elements of rank {r} differ)")
-    return Finding("identical on every rank", not differing, detail,
-                   {"differing_ranks": differing})
+# ----------------------------------------------------------- checks, block by block
+#
+# Each check below judges a rank's output one block of elements at a time, so
+# ``refcoll check`` reads files of any size in bounded memory. ``summarize`` judges
+# one block of one rank (indices local to the block) and returns what the finding
+# needs of it; ``merge`` adds a summary at the block's place in the rank's output;
+# ``finding`` is the verdict over every block. A rank whose block holds the first
+# rank's bits is merged from the first rank's summary, unjudged twice. Every rank's
+# figures are kept apart and combined in rank order at the end, so the findings are
+# those of one pass over whole arrays: the first rank (then element) wrong, the
+# worst element (the first of the largest), the counts over every rank.
 
 
-def exact_finding(refs, got, ranks, parts) -> Finding:
-    """Check integers and data movement bit for bit against the fold."""
-    label = "exact (integers, min/max, data movement)"
-    total, first = 0, None
-    for r in ranks:
-        want = refs[r][0]
-        diff = differing_elements(got[r], want) if want.size else []
-        total += len(diff)
-        if len(diff) and first is None:
+class IdenticalCheck:
+    """Every rank holds the first rank's bits."""
+
+    label = "identical on every rank"
+
+    def __init__(self, ranks):
+        self.ranks, self.count, self.first = list(ranks), {}, {}
+
+    def add(self, r: int, offset: int, got: np.ndarray, first: np.ndarray) -> bool:
+        """Compare rank ``r``'s block with the first rank's; return whether they are the same."""
+        diff = differing_elements(got, first)
+        if not diff.size:
+            return True
+        self.count[r] = self.count.get(r, 0) + int(diff.size)
+        if r not in self.first:
             i = int(diff[0])
-            first = {"rank": r, "index": i}
-            n0 = len(diff)
-            text = (f"{where(r, i, parts[r])} is {show(got[r][i])}, expected {show(want[i])} "
-                    f"({len(diff)} of {want.size} differ)")
-    if first is None:
-        return Finding(label, True)
-    more = f"; {elements(total)} differ on all ranks" if total > n0 else ""
-    return Finding(label, False, text + more,
-                   {**first, "differ": int(total)})
+            self.first[r] = (offset + i, show(got[i]), show(first[i]))
+        return False
+
+    def finding(self, sizes: dict) -> Finding:
+        head = self.ranks[0]
+        differing = [r for r in self.ranks if r in self.count]
+        detail = ""
+        if differing:
+            r = differing[0]
+            i, value, theirs = self.first[r]
+            detail = (f"ranks {differing} differ from rank {head}; first: rank {r} element {i} "
+                      f"is {value}, rank {head} has {theirs} ({self.count[r]} of {sizes[r]} "
+                      f"elements of rank {r} differ)")
+        return Finding(self.label, not differing, detail, {"differing_ranks": differing})
 
 
-def extremum_finding(op: str, columns, got, ranks, parts) -> Finding:
-    """Check float min/max: the extremum, any zero sign where both zeros are operands, and
-    where an operand is NaN what either convention can give (:mod:`refcoll.verify.ieee`)."""
+class _PerRank:
+    """A check whose figures are kept per rank: ``count`` wrong, the ``first`` wrong."""
+
+    def __init__(self):
+        self.count, self.first = {}, {}
+
+    def merge(self, r: int, offset: int, summary) -> None:
+        if summary is None:
+            return
+        n, first = summary
+        self.count[r] = self.count.get(r, 0) + n
+        if first is not None and r not in self.first:
+            self.first[r] = (offset + first[0], *first[1:])
+
+    def _first_rank(self):
+        return next((r for r in sorted(self.first)), None)
+
+
+class ExactCheck(_PerRank):
+    """Integers and data movement, bit for bit against the fold (or the data moved)."""
+
     label = "exact (integers, min/max, data movement)"
-    total, first = 0, None
-    counts = {key: 0 for key in CONVENTIONS}
-    for r in ranks:
-        cols = columns[r]
-        ok, convention = judge_extremum(op, cols, got[r])
-        for key in counts:
-            counts[key] += int(((convention == key) & ok).sum())
+
+    @staticmethod
+    def summarize(got: np.ndarray, want: np.ndarray):
+        diff = differing_elements(got, want) if want.size else ()
+        if not len(diff):
+            return None
+        i = int(diff[0])
+        return len(diff), (i, show(got[i]), show(want[i]))
+
+    def finding(self, parts: dict, sizes: dict) -> Finding:
+        r = self._first_rank()
+        if r is None:
+            return Finding(self.label, True)
+        i, value, want = self.first[r]
+        total, n0 = sum(self.count.values()), self.count[r]
+        text = (f"{where(r, i, parts[r])} is {value}, expected {want} ({n0} of {sizes[r]} "
+                "differ)")
+        more = f"; {elements(total)} differ on all ranks" if total > n0 else ""
+        return Finding(self.label, False, text + more,
+                       {"rank": r, "index": i, "differ": int(total)})
+
+
+class ExtremumCheck(_PerRank):
+    """Float min/max: the extremum, any zero sign where both zeros are operands, and
+    where an operand is NaN what either convention can give (:mod:`refcoll.verify.ieee`)."""
+
+    label = "exact (integers, min/max, data movement)"
+
+    def __init__(self, op: str):
+        super().__init__()
+        self.op, self.conventions = op, {key: 0 for key in CONVENTIONS}
+
+    def summarize(self, cols: np.ndarray, got: np.ndarray):
+        ok, convention = judge_extremum(self.op, cols, got)
+        counts = {key: int(((convention == key) & ok).sum()) for key in CONVENTIONS}
         bad = np.flatnonzero(~ok)
-        total += bad.size
-        if bad.size and first is None:
+        first = None
+        if bad.size:
             i = int(bad[0])
-            first = {"rank": r, "index": i, "value": show(got[r][i]),
-                     "why": explain(op, cols[:, i].astype(np.float64), float(got[r][i]),
-                                    cols.dtype)}
-    used = {key: n for key, n in counts.items() if n}
-    follows = "; ".join(f"{elements(n)} (counted on every rank): {CONVENTIONS[key]}"
-                        for key, n in used.items())
-    if first is None:
-        return Finding(label, True, follows, {"conventions": used} if used else {})
-    detail = (f"{where(first['rank'], first['index'], parts[first['rank']])} is {first['value']}:"
-              f" {first['why']} ({elements(total)} wrong)")
-    return Finding(label, False, detail + (f"; {follows}" if follows else ""),
-                   {**first, "differ": int(total), "conventions": used})
+            first = (i, show(got[i]), cols[:, i].astype(np.float64), float(got[i]), cols.dtype)
+        return counts, (int(bad.size), first)
+
+    def merge(self, r: int, offset: int, summary) -> None:
+        counts, wrong = summary
+        for key, n in counts.items():
+            self.conventions[key] += n
+        super().merge(r, offset, wrong)
+
+    def finding(self, parts: dict) -> Finding:
+        used = {key: n for key, n in self.conventions.items() if n}
+        follows = "; ".join(f"{elements(n)} (counted on every rank): {CONVENTIONS[key]}"
+                            for key, n in used.items())
+        r = self._first_rank()
+        if r is None:
+            return Finding(self.label, True, follows, {"conventions": used} if used else {})
+        i, value, column, number, dtype = self.first[r]
+        why = explain(self.op, column, number, dtype)
+        total = sum(self.count.values())
+        detail = f"{where(r, i, parts[r])} is {value}: {why} ({elements(total)} wrong)"
+        return Finding(self.label, False, detail + (f"; {follows}" if follows else ""),
+                       {"rank": r, "index": i, "value": value, "why": why, "differ": int(total),
+                        "conventions": used})
 
 
-def bound_finding(op: str, columns, got, ranks, parts, dtype) -> Finding:
-    """Check float sum/avg/prod: the bound on finite results, the rules on the rest."""
+class BoundCheck:
+    """Float sum/avg/prod: the bound on finite results, the rules on the rest."""
+
     label = "within the error bound"
-    scale_name = "|Π x_i|" if op == "prod" else ("Σ|x_i|/p" if op == "avg" else "Σ|x_i|")
-    worst, failed, special = None, 0, 0
-    shared = {}  # ranks holding the same elements share the exact results and bounds
-    for r in ranks:
-        cols = columns[r]
-        if cols.shape[1] == 0:
-            continue
-        key = (parts[r].start, parts[r].stop)
-        if key not in shared:
-            shared[key] = reference(op, cols.astype(np.float64), dtype)
-        judged = judge_float(op, cols, got[r].astype(np.float64), dtype, shared[key])
-        failed += int((~judged.ok).sum())
-        special += int(judged.special.sum())
+
+    def __init__(self, op: str, dtype):
+        self.op, self.dtype = op, dtype
+        self.failed = self.special = 0
+        self.worst = {}  # rank -> (fraction, index, the element's figures)
+
+    def summarize(self, cols: np.ndarray, got: np.ndarray, ref):
+        """Judge one block: ``cols`` the operands as the dtype, ``ref`` their reference."""
+        judged = judge_float(self.op, cols, got.astype(np.float64), self.dtype, ref)
         i = int(np.argmax(judged.fraction))
-        if worst is None or judged.fraction[i] > worst["fraction_of_bound"]:
-            worst = {"rank": r, "index": i, "value": float(got[r][i]), **judged.numbers(i),
-                     "fraction_of_bound": float(judged.fraction[i]),
-                     "special": bool(judged.special[i])}
-            if judged.special[i] or not judged.ok[i]:
-                worst["why"] = explain(op, cols[:, i], float(got[r][i]), dtype,
-                                       legal=bool(judged.ok[i]))
-    if worst is None:
-        return Finding(label, True, "no elements")
-    at = where(worst["rank"], worst["index"], parts[worst["rank"]])
-    if worst["special"] or np.isinf(worst["fraction_of_bound"]):
-        detail = f"{at} is {worst['value']!r}: {worst['why']}"
-    else:
-        detail = (f"worst: {at}: {worst['value']!r} vs exact {worst['exact']!r}, error "
-                  f"{worst['error']:.3g} = {worst['ulps']:.3g} ulp of {scale_name} "
-                  f"({worst['scale']:.3g}), {100 * worst['fraction_of_bound']:.3g}% of the bound")
-    if failed:
-        detail = f"{elements(failed)} outside the bound or the IEEE rules; " + detail
-    elif special:
-        detail += (f"; {elements(special)} with non-finite operands or results judged by the "
-                   "IEEE rules (spec/README.md)")
-    worst.pop("special")
-    return Finding(label, failed == 0, detail, {**worst, "violations": failed,
-                                                "scale_name": scale_name, "ieee_rules": special})
+        special, ok = bool(judged.special[i]), bool(judged.ok[i])
+        figures = {"value": float(got[i]), **judged.numbers(i),
+                   "fraction_of_bound": float(judged.fraction[i]), "special": special}
+        why = (cols[:, i].copy(), float(got[i])) if special or not ok else None
+        return int((~judged.ok).sum()), int(judged.special.sum()), i, figures, why, ok
+
+    def merge(self, r: int, offset: int, summary) -> None:
+        failed, special, i, figures, why, ok = summary
+        self.failed += failed
+        self.special += special
+        if r not in self.worst or figures["fraction_of_bound"] > self.worst[r][0]:
+            self.worst[r] = (figures["fraction_of_bound"], offset + i, figures, why, ok)
+
+    def finding(self, parts: dict) -> Finding:
+        scale_name = "|Π x_i|" if self.op == "prod" else ("Σ|x_i|/p" if self.op == "avg"
+                                                         else "Σ|x_i|")
+        best = None
+        for r in sorted(self.worst):  # the first rank of the largest fraction
+            if best is None or self.worst[r][0] > self.worst[best][0]:
+                best = r
+        if best is None:
+            return Finding(self.label, True, "no elements")
+        _, i, figures, why, ok = self.worst[best]
+        worst = {"rank": best, "index": i, **figures}
+        if why is not None:
+            worst["why"] = explain(self.op, why[0], why[1], self.dtype, legal=ok)
+        at = where(best, i, parts[best])
+        if worst["special"] or np.isinf(worst["fraction_of_bound"]):
+            detail = f"{at} is {worst['value']!r}: {worst['why']}"
+        else:
+            detail = (f"worst: {at}: {worst['value']!r} vs exact {worst['exact']!r}, error "
+                      f"{worst['error']:.3g} = {worst['ulps']:.3g} ulp of {scale_name} "
+                      f"({worst['scale']:.3g}), {100 * worst['fraction_of_bound']:.3g}% of "
+                      "the bound")
+        if self.failed:
+            detail = f"{elements(self.failed)} outside the bound or the IEEE rules; " + detail
+        elif self.special:
+            detail += (f"; {elements(self.special)} with non-finite operands or results judged "
+                       "by the IEEE rules (spec/README.md)")
+        worst.pop("special")
+        return Finding(self.label, self.failed == 0, detail,
+                       {**worst, "violations": self.failed, "scale_name": scale_name,
+                        "ieee_rules": self.special})
 
 
-def contribution_finding(columns, got, ranks, parts, divides: bool, p: int, dtype) -> Finding:
+class ContributionCheck:
     """Name ranks whose contribution is missing or counted twice, from exact inputs.
 
     Every partial sum of such inputs is exact, so every order gives ``S`` (``avg``:
     ``fl(S/p)``); rank ``q`` is missing where ``fl((S - x_q)/p)`` is the result and
-    counted twice where ``fl((S + x_q)/p)`` is.
+    counted twice where ``fl((S + x_q)/p)`` is. The first :data:`ANALYSED` differing
+    elements of each rank are analysed.
     """
+
     label = "every rank's contribution counted once"
 
-    def finish(total):
-        if not divides:
+    def __init__(self, divides: bool, p: int, dtype):
+        self.divides, self.p, self.dtype = divides, p, dtype
+        self.count, self.problems = {}, {}
+
+    def _finish(self, total):
+        if not self.divides:
             return total
-        return np.asarray(total / p).astype(dtype).astype(np.float64)
+        return np.asarray(total / self.p).astype(self.dtype).astype(np.float64)
 
-    problems, total_bad = [], 0
-    for r in ranks:
-        cols = columns[r].astype(np.float64)
+    def summarize(self, cols: np.ndarray, got: np.ndarray, room: int = ANALYSED):
+        cols = cols.astype(np.float64)
         exact = cols.sum(axis=0)
-        g = got[r].astype(np.float64)
-        bad = np.flatnonzero(~(g == finish(exact)))
-        total_bad += bad.size
-        for i in bad[:ANALYSED]:
+        g = got.astype(np.float64)
+        bad = np.flatnonzero(~(g == self._finish(exact)))
+        problems = []
+        for i in bad[:room]:
             column = cols[:, i]
-            missing = np.flatnonzero((finish(exact[i] - column) == g[i]) & (column != 0))
-            twice = np.flatnonzero((finish(exact[i] + column) == g[i]) & (column != 0))
-            problems.append((r, int(i), [int(q) for q in missing], [int(q) for q in twice]))
-    if not problems:
-        return Finding(label, True)
+            missing = np.flatnonzero((self._finish(exact[i] - column) == g[i]) & (column != 0))
+            twice = np.flatnonzero((self._finish(exact[i] + column) == g[i]) & (column != 0))
+            problems.append((int(i), [int(q) for q in missing], [int(q) for q in twice]))
+        return int(bad.size), problems
 
-    def common(kind):
-        return sorted(set.intersection(*[set(pr[kind]) for pr in problems]))
+    def room(self, r: int) -> int:
+        """How many more of rank ``r``'s differing elements are analysed."""
+        return ANALYSED - len(self.problems.get(r, ()))
 
-    r, i, missing, twice = problems[0]
-    culprit_missing, culprit_twice = common(2), common(3)
-    if culprit_missing:
-        what = f"rank {culprit_missing[0]}'s contribution is missing"
-    elif culprit_twice:
-        what = f"rank {culprit_twice[0]}'s contribution is counted twice"
-    else:
-        what = "the result is not a sum of each rank's input once"
-    detail = (f"{what} (first at {where(r, i, parts[r])}; candidates there: missing {missing}, "
-              f"twice {twice}; {elements(total_bad)} differ, the first {len(problems)} analysed)")
-    return Finding(label, False, detail,
-                   {"rank": r, "index": i, "missing": culprit_missing, "twice": culprit_twice,
-                    "differ": int(total_bad), "analysed": len(problems)})
+    def merge(self, r: int, offset: int, summary) -> None:
+        n, problems = summary
+        self.count[r] = self.count.get(r, 0) + n
+        kept = self.problems.setdefault(r, [])
+        kept.extend((offset + i, m, t) for i, m, t in problems[:ANALYSED - len(kept)])
+
+    def finding(self, parts: dict) -> Finding:
+        problems = [(r, *pr) for r in sorted(self.problems) for pr in self.problems[r]]
+        if not problems:
+            return Finding(self.label, True)
+
+        def common(kind):
+            return sorted(set.intersection(*[set(pr[kind]) for pr in problems]))
+
+        r, i, missing, twice = problems[0]
+        culprit_missing, culprit_twice = common(2), common(3)
+        if culprit_missing:
+            what = f"rank {culprit_missing[0]}'s contribution is missing"
+        elif culprit_twice:
+            what = f"rank {culprit_twice[0]}'s contribution is counted twice"
+        else:
+            what = "the result is not a sum of each rank's input once"
+        total_bad = sum(self.count.values())
+        detail = (f"{what} (first at {where(r, i, parts[r])}; candidates there: missing "
+                  f"{missing}, twice {twice}; {elements(total_bad)} differ, the first "
+                  f"{len(problems)} analysed)")
+        return Finding(self.label, False, detail,
+                       {"rank": r, "index": i, "missing": culprit_missing,
+                        "twice": culprit_twice, "differ": int(total_bad),
+                        "analysed": len(problems)})

@@ -43,7 +43,7 @@ from ..core.errors import UsageError
 from ..core.ops import dtype_name, exact_integer_limit, get_dtype, is_float, is_integer
 
 __all__ = ["FORMULA_KINDS", "STREAM_BIG", "STREAM_PAIR", "STREAM_SAMPLE", "bits", "values",
-           "inputs", "parse_spec", "sample_indices", "SPEC_PATTERN"]
+           "inputs", "parse_spec", "sample_indices", "SPEC_PATTERN", "FormulaInput"]
 
 FORMULA_KINDS = ("exact", "adversarial")
 
@@ -118,6 +118,24 @@ def inputs(kind: str, dtype, p: int, count: int, *, seed: int = 0, start: int = 
     stop = count if stop is None else stop
     index = np.arange(start, stop, dtype=_U64)
     return [values(kind, dtype, p, r, index, seed=seed) for r in range(p)]
+
+
+class FormulaInput:
+    """One rank's formula input, made block by block as :func:`~refcoll.verify.oracle.check_outputs`
+    reads it (the interface of :class:`~refcoll.verify.npy.NpyFile`): no array of
+    ``count`` elements is ever held."""
+
+    def __init__(self, kind: str, dtype, p: int, rank: int, count: int, *, seed: int = 0):
+        self.kind, self.p, self.rank, self.seed = kind, p, rank, seed
+        self.dtype, self.size, self.shape, self.ndim = get_dtype(dtype), count, (count,), 1
+
+    def read(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Return elements ``lo .. hi-1`` (all by default)."""
+        index = np.arange(lo, self.size if hi is None else hi, dtype=_U64)
+        return values(self.kind, self.dtype, self.p, self.rank, index, seed=self.seed)
+
+    def whole(self) -> np.ndarray:
+        return self.read()
 
 
 def parse_spec(text: str) -> tuple[str, int, int, int]:

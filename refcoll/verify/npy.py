@@ -17,7 +17,9 @@ float8): as the unsigned integers of their width, their bits unchanged.
 from __future__ import annotations
 
 import ast
+import collections
 import math
+import os
 import re
 import struct
 
@@ -25,7 +27,7 @@ import numpy as np
 
 from ..core.errors import UsageError, reason, shown
 
-__all__ = ["MAX_NPY_HEADER", "read_npy", "npy_header", "stored_dtype"]
+__all__ = ["MAX_NPY_HEADER", "read_npy", "npy_header", "stored_dtype", "NpyFile"]
 
 #: The longest ``.npy`` header refcoll reads (NumPy writes a few hundred bytes, and its
 #: own reader stops at this length too).
@@ -112,6 +114,44 @@ def npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
     return shape, fortran, dt, used + length
 
 
+def _checked_header(fh, f, size: int) -> tuple[tuple, bool, np.dtype, int]:
+    """Parse a header and check that the file holds exactly its array: :func:`read_npy`'s rules."""
+    shape, fortran, dt, used = npy_header(fh, f)
+    if dt.hasobject:
+        raise UsageError(f"{f}: holds Python objects (a pickled object array), "
+                         "not numbers; save a numeric array")
+    if dt.names is not None or dt.subdtype is not None:
+        raise UsageError(f"{f}: holds a structured dtype {shown(dt.descr)}, not one type of "
+                         "number")
+    if dt.itemsize == 0:
+        raise UsageError(f"{f}: holds elements of 0 bytes ({dt}), not numbers")
+    need, held = math.prod(shape) * dt.itemsize, size - used
+    if held < need:
+        raise UsageError(f"{f}: truncated: its header promises {need} bytes "
+                         f"({dt}{list(shape)}), the file holds {held}")
+    if held > need:
+        raise UsageError(f"{f}: holds {held - need} bytes after its array "
+                         "(more than one array written into one file?)")
+    return shape, fortran, dt, used
+
+
+def _fill(fh, view: np.ndarray, f, start: int = 0) -> None:
+    """Read ``view``'s bytes from ``fh`` (at its place), refusing a file that ends early."""
+    got, need = 0, view.size
+    while got < need:
+        n = fh.readinto(view[got:])
+        if not n:
+            raise UsageError(f"{f}: truncated while it was read ({start + got} bytes read)")
+        got += n
+
+
+def _native(arr: np.ndarray) -> np.ndarray:
+    """Return ``arr`` in this machine's byte order (the same values)."""
+    if arr.dtype.byteorder not in ("=", "|"):
+        return arr.astype(arr.dtype.newbyteorder("="))
+    return arr
+
+
 def read_npy(fh, f, *, size: int) -> np.ndarray:
     """Read one ``.npy`` array from ``fh`` (at its start), refusing what is not one plain array.
 
@@ -129,34 +169,102 @@ def read_npy(fh, f, *, size: int) -> np.ndarray:
     Raises:
         UsageError: one line naming ``f`` and the reason.
     """
-    shape, fortran, dt, used = npy_header(fh, f)
-    if dt.hasobject:
-        raise UsageError(f"{f}: holds Python objects (a pickled object array), "
-                         "not numbers; save a numeric array")
-    if dt.names is not None or dt.subdtype is not None:
-        raise UsageError(f"{f}: holds a structured dtype {shown(dt.descr)}, not one type of "
-                         "number")
-    if dt.itemsize == 0:
-        raise UsageError(f"{f}: holds elements of 0 bytes ({dt}), not numbers")
-    count = math.prod(shape)
-    need, held = count * dt.itemsize, size - used
-    if held < need:
-        raise UsageError(f"{f}: truncated: its header promises {need} bytes "
-                         f"({dt}{list(shape)}), the file holds {held}")
-    if held > need:
-        raise UsageError(f"{f}: holds {held - need} bytes after its array "
-                         "(more than one array written into one file?)")
+    shape, fortran, dt, _ = _checked_header(fh, f, size)
     try:
-        arr = np.empty(count, dtype=dt)
-        view, got = arr.view(np.uint8), 0
-        while got < need:
-            n = fh.readinto(view[got:])
-            if not n:
-                raise UsageError(f"{f}: truncated while it was read ({got} of {need} bytes)")
-            got += n
+        arr = np.empty(math.prod(shape), dtype=dt)
+        _fill(fh, arr.view(np.uint8), f)
         arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
     except (ValueError, MemoryError) as exc:
         raise UsageError(f"{f}: not a readable .npy file ({reason(exc)})") from None
-    if arr.dtype.byteorder not in ("=", "|"):
-        arr = arr.astype(arr.dtype.newbyteorder("="))  # same values, this machine's order
-    return arr
+    return _native(arr)
+
+
+class NpyFile:
+    """One ``.npy`` file's array, read block by block: its header checked, nothing else read.
+
+    The header and the file's size are held to :func:`read_npy`'s rules when it is
+    opened. :meth:`read` returns elements ``lo .. hi-1`` of the array in C order (the
+    order of ``reshape(-1)``). The file stays open between blocks, the same file
+    whatever is renamed over its name; at most :data:`OPEN_FILES` are open at once
+    (a world has up to 4096 ranks), the least recently read closed first and opened
+    again, by name, if read again, and refused if its size has changed. ``dtype`` is
+    how the elements are returned (:meth:`as_dtype` views stored bits as ml_dtypes'
+    type); ``stored`` is the file's own.
+    """
+
+    #: The most rank files held open at once.
+    OPEN_FILES = 256
+    _open: "collections.OrderedDict[int, NpyFile]" = collections.OrderedDict()
+
+    def __init__(self, f, opener):
+        self.name, self._opener = f, opener
+        with opener(f) as fh:
+            self._size = os.fstat(fh.fileno()).st_size
+            self.shape, self._fortran, self.stored, self._offset = _checked_header(
+                fh, f, self._size)
+        self.dtype = self.stored.newbyteorder("=") if self.stored.byteorder not in ("=", "|") \
+            else self.stored
+        self.size = math.prod(self.shape)
+        self.ndim = len(self.shape)
+        self._whole = self._fh = None
+
+    def _handle(self):
+        """Return the open file, opening it (and closing the least recently read) if need be."""
+        if self._fh is None:
+            while len(NpyFile._open) >= NpyFile.OPEN_FILES:
+                NpyFile._open.popitem(last=False)[1].close()
+            fh = self._opener(self.name)
+            if os.fstat(fh.fileno()).st_size != self._size:
+                fh.close()
+                raise UsageError(f"{self.name}: changed while it was read (it held "
+                                 f"{self._size} bytes)")
+            self._fh = fh
+        NpyFile._open[id(self)] = self
+        NpyFile._open.move_to_end(id(self))
+        return self._fh
+
+    def close(self) -> None:
+        """Close the file (it is opened again if read again)."""
+        NpyFile._open.pop(id(self), None)
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __del__(self):
+        if getattr(self, "_fh", None) is not None:
+            self.close()
+
+    def as_dtype(self, dtype: np.dtype) -> "NpyFile":
+        """Return this file read as ``dtype``, which has its elements' width (bits kept)."""
+        self.dtype = np.dtype(dtype)
+        return self
+
+    def read(self, lo: int = 0, hi: int | None = None, out: np.ndarray | None = None
+             ) -> np.ndarray:
+        """Return elements ``lo .. hi-1`` (C order, flat; all by default) as ``dtype``,
+        read into ``out`` (``hi - lo`` elements of ``dtype``) when given."""
+        hi = self.size if hi is None else hi
+        if self._fortran and self.ndim > 1:  # C order is not the file's: read it whole once
+            if self._whole is None:
+                with self._opener(self.name) as fh:
+                    self._whole = read_npy(fh, self.name, size=self._size).reshape(-1)
+            block = self._whole[lo:hi].view(self.dtype)
+            if out is None:
+                return block
+            out[...] = block
+            return out
+        into = np.empty(hi - lo, dtype=self.stored) if out is None else out.view(self.stored)
+        fh = self._handle()
+        fh.seek(self._offset + lo * self.stored.itemsize)
+        _fill(fh, into.view(np.uint8), self.name, lo * self.stored.itemsize)
+        if into.dtype.byteorder not in ("=", "|"):
+            native = _native(into).view(self.dtype)
+            if out is None:
+                return native
+            out[...] = native
+            return out
+        return into.view(self.dtype)
+
+    def whole(self) -> np.ndarray:
+        """Return the whole array in its shape, as ``dtype``."""
+        return self.read().reshape(self.shape)

@@ -20,30 +20,30 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 from ml_dtypes import finfo
 
 from ..calls.collectives import simulate
-from ..core.bits import differing as differing_elements
 from ..core.chunking import chunk_slice
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, exact_integer_limit, get_op, is_float, is_integer, unit_roundoff
 from .findings import (
     BOUND_ALONE,
+    BoundCheck,
     CheckReport,
+    ContributionCheck,
+    ExactCheck,
+    ExtremumCheck,
     Finding,
-    bound_finding,
-    contribution_finding,
-    exact_finding,
-    extremum_finding,
-    identical_finding,
+    IdenticalCheck,
     shape_finding,
-    show,
     where,
 )
-from .ieee import gamma, ulps
+from .ieee import gamma, reference, ulps
+from .npy import NpyFile
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
            "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps"]
@@ -162,10 +162,8 @@ def expected_outputs(collective: str, inputs, *, algorithm: str, op="sum", root:
     return simulate(collective, inputs, algorithm=algorithm, op=op, **options).outputs
 
 
-def _parts(collective: str, inputs, root: int) -> dict:
+def _parts(collective: str, p: int, n: int, root: int) -> dict:
     """Return rank -> the slice of the reduced vector its output holds, for ranks with one."""
-    p = len(inputs)
-    n = int(np.asarray(inputs[0]).size)
     if collective == "reduce":
         return {root: slice(None)}
     if collective == "reduce_scatter":
@@ -173,11 +171,9 @@ def _parts(collective: str, inputs, root: int) -> dict:
     return {r: slice(None) for r in range(p)}
 
 
-def _shapes(collective: str, inputs, parts: dict) -> dict:
+def _shapes(collective: str, p: int, shape: tuple, parts: dict) -> dict:
     """Return rank -> the output shapes allowed (allgather: flat, or one row per rank)."""
-    p = len(inputs)
-    shape = np.asarray(inputs[0]).shape
-    n = int(np.asarray(inputs[0]).size)
+    n = math.prod(shape)
     if collective == "allgather":
         return {r: [(p * n,), (p, *shape)] for r in parts}
     if collective == "reduce_scatter":
@@ -185,22 +181,59 @@ def _shapes(collective: str, inputs, parts: dict) -> dict:
     return {r: [shape] for r in parts}
 
 
-def _reference(collective: str, inputs, op, parts: dict, root: int) -> dict:
-    """Return rank -> (the naive fold's part, the operands' columns ``(p, k)`` or None)."""
-    flat = [np.asarray(x).reshape(-1) for x in inputs]
-    if collective == "allgather":
-        whole = np.concatenate(flat)
-        return {r: (whole, None) for r in parts}
-    if collective == "broadcast":
-        return {r: (flat[root], None) for r in parts}
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        full = fold(op, flat)
-    stacked = np.stack(flat)
-    return {r: (full[sl], stacked[:, sl]) for r, sl in parts.items()}
+#: The bytes one block of :func:`check_outputs` holds: every rank's operands, two
+#: outputs and the bound's float64 work arrays. What ``refcoll check`` needs beside its
+#: own code is about twice this (the judgement's temporaries), whatever the count.
+BLOCK_BYTES = 32 << 20
+
+
+def block_length(p: int, itemsize: int, budget: int = BLOCK_BYTES) -> int:
+    """Return the elements of each rank a block holds: ``budget`` over ``p`` operands, two
+    outputs and about 14 float64 work arrays per element."""
+    return max(1, budget // ((p + 2) * itemsize + 112))
+
+
+def _lazy(x) -> bool:
+    """Whether ``x`` is read block by block (an :class:`~refcoll.verify.npy.NpyFile`, a
+    :class:`~refcoll.verify.formula.FormulaInput`: ``read(lo, hi)`` and ``whole()``)."""
+    return hasattr(x, "read") and hasattr(x, "whole")
+
+
+def _flat(x):
+    """Return an array flat (a lazy one stays itself: it is read block by block)."""
+    return x if _lazy(x) else np.asarray(x).reshape(-1)
+
+
+def _read(x, lo: int, hi: int) -> np.ndarray:
+    return x.read(lo, hi) if _lazy(x) else x[lo:hi]
+
+
+def _stack(xs, lo: int, hi: int, dtype) -> np.ndarray:
+    """Return elements ``lo .. hi-1`` of every ``xs`` as rows of one ``(p, hi - lo)`` array."""
+    cols = np.empty((len(xs), hi - lo), dtype=dtype)
+    for row, x in zip(cols, xs):
+        if isinstance(x, NpyFile):
+            x.read(lo, hi, out=row)
+        else:
+            row[...] = _read(x, lo, hi)
+    return cols
+
+
+def _blocks(collective: str, p: int, n: int, length: int):
+    """Yield ``(lo, hi, q)``: blocks of the reference vector, each within one input ``q``
+    (allgather's vector is every input in rank order; the others are ``n`` long)."""
+    for q in range(p if collective == "allgather" else 1):
+        for lo in range(0, n, length):
+            yield q * n + lo, q * n + min(n, lo + length), q
+
+
+def _wholes(inputs) -> list:
+    return [x.whole() if _lazy(x) else x for x in inputs]
 
 
 def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
-                  algorithm: str | None = None, root: int = 0) -> CheckReport:
+                  algorithm: str | None = None, root: int = 0,
+                  budget: int = BLOCK_BYTES) -> CheckReport:
     """Judge another implementation's per-rank ``outputs`` for ``inputs``.
 
     Checks dtypes and shapes (all-reduce, broadcast, reduce: the input's shape;
@@ -217,6 +250,13 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     passed on the bound alone. Elements are named by their index in the rank's
     own output (reduce-scatter: with the global index too).
 
+    Inputs and outputs are arrays, or files and formulas read block by block
+    (:class:`~refcoll.verify.npy.NpyFile`, :class:`~refcoll.verify.formula.FormulaInput`):
+    every check goes through the elements in blocks of :func:`block_length`
+    (``budget`` bytes of operands), so memory is bounded whatever the count, and the
+    findings are the same, bit for bit and word for word, for any block length. With
+    ``algorithm`` the simulator runs on whole inputs.
+
     Raises:
         UsageError: the outputs cannot be judged (wrong number of ranks, missing files).
     """
@@ -224,68 +264,162 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     p = len(inputs)
     if any(x is None for x in inputs):
         raise UsageError("an input rank file is missing")
+    inputs = [x if _lazy(x) else np.asarray(x) for x in inputs]
+    outputs = [x if x is None or _lazy(x) else np.asarray(x) for x in outputs]
     if len(outputs) < p:
         outputs = list(outputs) + [None] * (p - len(outputs))
-    dtype = np.asarray(inputs[0]).dtype
-    report = CheckReport(collective, reduction.name if reduction else "-", algorithm, p,
-                         int(np.asarray(inputs[0]).size), dtype_name(dtype))
-    parts = _parts(collective, inputs, root)
-    report.findings.append(shape_finding(_shapes(collective, inputs, parts), outputs, dtype))
+    dtype, n = inputs[0].dtype, int(inputs[0].size)
+    report = CheckReport(collective, reduction.name if reduction else "-", algorithm, p, n,
+                         dtype_name(dtype))
+    parts = _parts(collective, p, n, root)
+    report.findings.append(shape_finding(_shapes(collective, p, inputs[0].shape, parts),
+                                         outputs, dtype))
     if not report.findings[-1].passed:
         return report
-    refs = _reference(collective, inputs, reduction.name if reduction else "sum", parts, root)
     ranks = sorted(parts)
-    got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
-    if collective in ("allreduce", "allgather", "broadcast") and p > 1:
-        report.findings.append(identical_finding(got, ranks))
-    columns = {r: refs[r][1] for r in ranks}
+    total = p * n if collective == "allgather" else n
+    spans = {r: range(total)[parts[r]] for r in ranks}  # the reference elements r holds
     name = reduction.name if reduction else None
-    floats_ordered = is_float(dtype) and name in ("sum", "avg", "prod")
-    if floats_ordered:
-        report.findings.append(bound_finding(name, columns, got, ranks, parts, dtype))
-    elif is_float(dtype) and name in ("min", "max"):
-        report.findings.append(extremum_finding(name, columns, got, ranks, parts))
-    else:
-        report.findings.append(exact_finding(refs, got, ranks, parts))
+    judge = _Judge(collective, name, reduction, p, n, dtype, ranks)
     if algorithm is not None:
-        report.findings.append(_oracle_finding(collective, inputs, got, ranks, parts, algorithm,
-                                               reduction, root))
-    exact_inputs = name in ("sum", "avg") and _sums_are_exact(inputs)
-    if exact_inputs:
-        report.findings.append(contribution_finding(columns, got, ranks, parts, reduction.divides,
-                                                    p, dtype))
-    if floats_ordered and algorithm is None and not exact_inputs and report.conforming:
+        predicted = expected_outputs(collective, _wholes(inputs), algorithm=algorithm,
+                                     op=name or "sum", root=root)
+        judge.oracle = (ExactCheck(), [None if x is None else np.asarray(x).reshape(-1)
+                                       for x in predicted])
+    flat_in = [_flat(x) for x in inputs]
+    got_files = {r: _flat(outputs[r]) for r in ranks}
+    try:
+        for lo, hi, q in _blocks(collective, p, n, block_length(p, dtype.itemsize, budget)):
+            judge.block(lo, hi, q, flat_in, got_files, spans, root)
+    finally:
+        for x in [*flat_in, *got_files.values()]:
+            if isinstance(x, NpyFile):
+                x.close()
+    sizes = {r: len(spans[r]) for r in ranks}
+    report.findings.extend(judge.findings(parts, sizes, algorithm))
+    floats_ordered = is_float(dtype) and name in ("sum", "avg", "prod")
+    if floats_ordered and algorithm is None and not judge.exact_inputs and report.conforming:
         report.notes.append(BOUND_ALONE)
     return report
 
 
-def _oracle_finding(collective, inputs, got, ranks, parts, algorithm, reduction,
-                    root) -> Finding:
+class _Judge:
+    """The checks of :func:`check_outputs`, fed one block of the reference vector at a time."""
+
+    def __init__(self, collective, name, reduction, p, n, dtype, ranks):
+        self.collective, self.name, self.p, self.n, self.dtype = collective, name, p, n, dtype
+        self.ranks = ranks
+        self.identical = (IdenticalCheck(ranks) if collective in
+                          ("allreduce", "allgather", "broadcast") and p > 1 else None)
+        floats = is_float(dtype)
+        self.bound = BoundCheck(name, dtype) if floats and name in ("sum", "avg", "prod") \
+            else None
+        self.extremum = ExtremumCheck(name) if floats and name in ("min", "max") else None
+        self.exact = ExactCheck() if self.bound is None and self.extremum is None else None
+        self.exact_inputs = name in ("sum", "avg") and not is_integer(dtype)
+        self.contribution = (ContributionCheck(reduction.divides, p, dtype)
+                             if self.exact_inputs else None)
+        self.oracle = None
+
+    def block(self, lo, hi, q, inputs, got_files, spans, root) -> None:
+        """Judge reference elements ``lo .. hi-1`` on every rank that holds some of them."""
+        reducing = self.name is not None
+        if reducing:
+            cols = _stack(inputs, lo, hi, self.dtype)
+            want, ref = self._reference(cols)
+            if self.exact_inputs:
+                self.exact_inputs = _sums_are_exact(cols)
+        else:
+            cols, ref = None, None
+            source, base = (q, q * self.n) if self.collective == "allgather" else (root, 0)
+            want = _read(inputs[source], lo - base, hi - base)
+        head, head_got, head_summaries = self.ranks[0], None, None
+        for r in self.ranks:
+            span = spans[r]
+            a, b = max(lo, span.start), min(hi, span.stop)
+            if a >= b:
+                continue
+            offset = a - span.start
+            got = _read(got_files[r], offset, b - span.start)
+            same = False
+            if self.identical is not None:
+                if r == head:
+                    head_got = got
+                else:
+                    same = self.identical.add(r, offset, got, head_got)
+            if same and head_summaries is not None:
+                summaries = head_summaries
+            else:
+                sl = slice(a - lo, b - lo)
+                summaries = self._summaries(got, None if cols is None else cols[:, sl],
+                                            None if want is None else want[sl], ref, sl)
+            if r == head:
+                head_summaries = summaries
+            self._merge(r, offset, summaries)
+            if self.oracle is not None:
+                check, predicted = self.oracle
+                check.merge(r, offset, check.summarize(got, predicted[r][offset:offset + b - a]))
+
+    def _reference(self, cols):
+        if self.exact is not None:
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                return fold(self.name, list(cols)), None
+        if self.bound is not None:
+            return None, reference(self.name, cols, self.dtype)
+        return None, None
+
+    def _summaries(self, got, cols, want, ref, sl) -> dict:
+        out = {}
+        if self.bound is not None and got.size:
+            out["bound"] = self.bound.summarize(cols, got, ref.part(sl))
+        if self.extremum is not None:
+            out["extremum"] = self.extremum.summarize(cols, got)
+        if self.exact is not None:
+            out["exact"] = self.exact.summarize(got, want)
+        if self.exact_inputs and self.contribution is not None:
+            room = max(self.contribution.room(q) for q in self.ranks)
+            out["contribution"] = self.contribution.summarize(cols, got, room)
+        return out
+
+    def _merge(self, r, offset, summaries: dict) -> None:
+        for key, summary in summaries.items():
+            getattr(self, key).merge(r, offset, summary)
+
+    def findings(self, parts, sizes, algorithm) -> list:
+        found = []
+        if self.identical is not None:
+            found.append(self.identical.finding(sizes))
+        if self.bound is not None:
+            found.append(self.bound.finding(parts))
+        elif self.extremum is not None:
+            found.append(self.extremum.finding(parts))
+        else:
+            found.append(self.exact.finding(parts, sizes))
+        if self.oracle is not None:
+            found.append(_oracle_finding(self.oracle[0], parts, algorithm))
+        if self.exact_inputs and self.contribution is not None:
+            found.append(self.contribution.finding(parts))
+        return found
+
+
+def _oracle_finding(check: ExactCheck, parts, algorithm) -> Finding:
     label = f"bit-exact against {algorithm}"
-    predicted = expected_outputs(collective, inputs, algorithm=algorithm,
-                                 op=reduction.name if reduction else "sum", root=root)
-    total = 0
-    first = None
-    for r in ranks:
-        want = np.asarray(predicted[r]).reshape(-1)
-        diff = differing_elements(got[r], want) if want.size else []
-        total += len(diff)
-        if len(diff) and first is None:
-            i = int(diff[0])
-            first = {"rank": r, "index": i, "value": show(got[r][i]), "expected": show(want[i])}
-    if first is None:
+    r = next(iter(sorted(check.first)), None)
+    if r is None:
         return Finding(label, True, "conforming, bit-exact")
-    return Finding(label, False, f"{where(first['rank'], first['index'], parts[first['rank']])} "
-                   f"is {first['value']}, {algorithm} gives {first['expected']}; {total} "
-                   "elements differ", {**first, "differ": total})
+    i, value, expected = check.first[r]
+    total = sum(check.count.values())
+    return Finding(label, False, f"{where(r, i, parts[r])} is {value}, {algorithm} gives "
+                   f"{expected}; {total} elements differ",
+                   {"rank": r, "index": i, "value": value, "expected": expected,
+                    "differ": total})
 
 
-def _sums_are_exact(inputs) -> bool:
-    """Whether every partial sum of these inputs is exact (integer-valued, small enough)."""
-    dt = np.asarray(inputs[0]).dtype
-    if is_integer(dt):
-        return False  # wrapping sums are exact anyway; the exact check covers them
-    stacked = np.stack([np.asarray(x).reshape(-1).astype(np.float64) for x in inputs])
+def _sums_are_exact(cols: np.ndarray) -> bool:
+    """Whether every partial sum of the float operands ``cols`` (``(p, k)``) is exact
+    (integer-valued, small enough); integers' wrapping sums are the exact check's."""
+    dt = cols.dtype
+    stacked = cols.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         return bool(np.all(stacked == np.round(stacked))
                     and np.all(np.abs(stacked).sum(axis=0) <= exact_integer_limit(dt)))

@@ -48,7 +48,7 @@ from ..core import reading, writing
 from ..core.errors import UsageError, shown
 from ..core.ops import dtype_name, get_dtype
 from ..transport.sim import MAX_SIMULATED_RANKS
-from .npy import npy_header, read_npy, stored_dtype
+from .npy import NpyFile, npy_header, read_npy, stored_dtype
 
 __all__ = ["MAX_META_BYTES", "read_meta", "rank_file_bytes", "read_rank_files",
            "write_rank_files", "write_world", "load_case", "load_outputs", "files_dtype",
@@ -292,14 +292,23 @@ def _load(f: Path) -> np.ndarray:
             raise UsageError(f"{f}: cannot be read ({exc.strerror or exc})") from None
 
 
-def _as(arr: np.ndarray, f: Path, want: np.dtype, why: str) -> np.ndarray:
-    """Return ``arr`` as ``want``: itself, or its unsigned bits viewed as ml_dtypes' type."""
+def _open(f: Path) -> NpyFile:
+    """Open one ``.npy`` file to be read block by block: :func:`_load`'s rules, on its header."""
+    try:
+        return NpyFile(f, lambda name: reading.open_regular(name, what="rank file"))
+    except OSError as exc:
+        raise UsageError(f"{f}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _as(arr, f: Path, want: np.dtype, why: str):
+    """Return ``arr`` (an array or an :class:`NpyFile`) as ``want``: itself, or its unsigned
+    bits viewed as ml_dtypes' type."""
     if arr.dtype == want:
         return arr
     store = stored_dtype(want)
     bits = arr.dtype == store or (arr.dtype.kind == "V" and arr.dtype.itemsize == want.itemsize)
     if store != want and bits:
-        return arr.view(want)
+        return arr.view(want) if isinstance(arr, np.ndarray) else arr.as_dtype(want)
     detail = ""
     if arr.dtype.itemsize == want.itemsize:
         detail = f"; {_BITS_RULE}" + (f" ({want} as {store})" if store != want else "")
@@ -307,8 +316,12 @@ def _as(arr: np.ndarray, f: Path, want: np.dtype, why: str) -> np.ndarray:
                      f"({why}){detail}")
 
 
-def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
+def read_rank_files(directory, *, dtype=None, size: int | None = None,
+                    lazy: bool = False) -> list:
     """Read ``rank<r>.npy`` files, ``None`` for a missing rank (up to ``size`` ranks).
+
+    ``lazy``: return each file as an :class:`~refcoll.verify.npy.NpyFile`, its header
+    checked and its elements read later, block by block.
 
     The dtype comes from ``dtype``, else ``meta.json``, else the first file, and every
     file must hold it; arrays stored as bits are viewed back as that dtype. The
@@ -342,7 +355,7 @@ def read_rank_files(directory, *, dtype=None, size: int | None = None) -> list:
         if r not in files:
             arrays.append(None)
             continue
-        arr = _load(files[r])
+        arr = _open(files[r]) if lazy else _load(files[r])
         if want is None:
             want, why = arr.dtype, f"as {files[r].name} holds"
         arrays.append(_as(arr, files[r], want, why))
@@ -382,12 +395,12 @@ def _world_size(path: Path, meta: dict, files: dict) -> int:
     return p
 
 
-def _load_inputs(in_dir) -> tuple[list, dict]:
+def _load_inputs(in_dir, lazy: bool = False) -> tuple[list, dict]:
     path = _folder(in_dir, "input")
     meta = read_meta(path)
     files = _rank_files(path)
     p = _world_size(path, meta, files)
-    inputs = read_rank_files(path, size=p)
+    inputs = read_rank_files(path, size=p, lazy=lazy)
     first, where = inputs[0], files[0]
     try:
         get_dtype(first.dtype)
@@ -428,12 +441,14 @@ def _check_output_meta(path: Path, meta: dict, *, p: int, dtype: np.dtype, colle
                          f"with --op {meta['op']}")
 
 
-def load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None) -> list:
+def load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None,
+                 lazy: bool = False) -> list:
     """Read ``out_dir``'s outputs for ``inputs`` (:func:`load_case`'s rules), None where none."""
-    return _load_outputs(out_dir, inputs, collective=collective, root=root, op=op)
+    return _load_outputs(out_dir, inputs, collective=collective, root=root, op=op, lazy=lazy)
 
 
-def _load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None) -> list:
+def _load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None,
+                  lazy: bool = False) -> list:
     path = _folder(out_dir, "output")
     meta = read_meta(path)
     files = _rank_files(path)
@@ -452,12 +467,13 @@ def _load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str 
     if missing:
         more = f"; {missing} files are missing" if missing > 1 else ""
         raise UsageError(f"{path / f'rank{gap}.npy'}: missing; {whose}{more}")
-    return [_as(_load(files[r]), files[r], dtype, "the inputs' dtype") if r in files else None
+    read = _open if lazy else _load
+    return [_as(read(files[r]), files[r], dtype, "the inputs' dtype") if r in files else None
             for r in range(p)]
 
 
 def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int = 0,
-              op: str | None = None) -> tuple[list, list | None, dict]:
+              op: str | None = None, lazy: bool = False) -> tuple[list, list | None, dict]:
     """Read one case for ``refcoll oracle`` (inputs) or ``refcoll check`` (and outputs).
 
     Inputs: ``meta.json``'s ``p`` when present, else the files' (no gap), at most
@@ -469,7 +485,10 @@ def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int 
     dtype, collective, root and ``op`` (compared when given). Shapes and values of the
     outputs are the judge's (:func:`refcoll.verify.oracle.check_outputs`), not a
     reading error. A world's rules are checked from its folder's listing and
-    ``meta.json`` before any of its rank files is read.
+    ``meta.json`` before any of its rank files is read. With ``lazy``, every file's
+    header and size are checked and none of its elements is read: each is an
+    :class:`~refcoll.verify.npy.NpyFile` that :func:`~refcoll.verify.oracle.check_outputs`
+    reads block by block.
 
     Returns:
         ``(inputs, outputs, meta)``: the input arrays by rank, the outputs by rank
@@ -480,13 +499,14 @@ def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int 
         UsageError: naming the file and the reason, for anything that makes the case
             impossible to judge.
     """
-    inputs, meta = _load_inputs(in_dir)
+    inputs, meta = _load_inputs(in_dir, lazy)
     p = len(inputs)
     if root >= p:
         raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
     if out_dir is None:
         return inputs, None, meta
-    return inputs, _load_outputs(out_dir, inputs, collective=collective, root=root, op=op), meta
+    return inputs, _load_outputs(out_dir, inputs, collective=collective, root=root, op=op,
+                                 lazy=lazy), meta
 
 
 # ---------------------------------------------------------------- without reading it all

@@ -20,6 +20,7 @@ class Corrupting(dist.ProcessGroup):
     """Gloo's results, except call ``n`` of ``collective``, spoiled ``how``:
 
     * ``element``: rank 0's element 5 is one more;
+    * ``percent``: rank 0's element ``n // 3 + 1`` is 1 % larger (a silent corruption);
     * ``drop``: every rank gets the sum without rank 1's input;
     * ``saturate``: an int32 sum clamped at int32's largest value instead of wrapping.
     """
@@ -41,6 +42,8 @@ class Corrupting(dist.ProcessGroup):
         if self._due("allreduce"):
             if self.how == "element" and self.rank() == 0:
                 t.view(-1)[5] += 1
+            elif self.how == "percent" and self.rank() == 0:
+                t.view(-1)[t.numel() // 3 + 1] *= 1.01
             elif self.how == "drop":
                 mine = torch.zeros_like(original) if self.rank() == 1 else original
                 everyone = [torch.empty_like(original) for _ in range(self.size())]
@@ -112,6 +115,29 @@ def test_a_missing_contribution_is_caught_in_a_large_call_by_its_sample(world):
         work = dist.all_reduce(t, group=group, async_op=True)
         work.wait()
     assert "within the error bound" in str(caught.value)
+
+
+@pytest.mark.parametrize("n", [4096, 1 << 20])
+def test_one_element_off_by_one_percent_is_caught_by_the_block_checksums(world, n):
+    """The 16 sampled elements miss it; the checksums see every element, in every call."""
+    group = watching("corrupting", "allreduce:2:percent", REFCOLL_WATCH_SAMPLE=16)
+    rng = torch.Generator().manual_seed(world.rank())
+    t = 1 + torch.rand(n, generator=rng)
+    dist.all_reduce(t, group=group)  # call 1: right, and judged so
+    t = 1 + torch.rand(n, generator=rng)
+    with pytest.raises(WrongResult, match="every element checked in blocks of") as caught:
+        dist.all_reduce(t, group=group)
+    text, wrong = str(caught.value), n // 3 + 1
+    assert "call 2" in text and "rank 0's elements" in text
+    lo, hi = (int(v) for v in text.split("rank 0's elements ")[1].split(" ")[0].split(".."))
+    assert lo <= wrong <= hi
+
+
+def test_checksums_can_be_turned_off_and_then_the_sample_alone_judges(world):
+    group = watching("corrupting", "allreduce:1:percent", REFCOLL_WATCH_SAMPLE=16,
+                     REFCOLL_WATCH_CHECKSUMS="off")
+    t = 1 + torch.rand(4096, generator=torch.Generator().manual_seed(world.rank()))
+    dist.all_reduce(t, group=group)  # element 1366 is not among the 16 sampled
 
 
 def test_a_saturating_integer_sum_is_caught(world):
