@@ -146,6 +146,11 @@ VARIABLES: tuple[Variable, ...] = (
         "the wait of the call that closes its batch.",
         ("refcoll.torch.watch",)),
     Variable(
+        "REFCOLL_WATCH_CHECKSUMS", "on",
+        "Watch mode's block checksums of every element of float sums and averages "
+        "(`refcoll.verify.checksums`); off leaves the sample alone.",
+        ("refcoll.torch.watch",)),
+    Variable(
         "REFCOLL_TOPO_FILE", "unset (no topology: one level, or the hosts alone)",
         "A topology file (nodes, racks, link rates; `refcoll.core.topology`), as "
         "`NCCL_TOPO_FILE`: auto prices the level across nodes from its slowest link and the "
