@@ -12,7 +12,9 @@ array. Then, interleaved ``--samples`` times:
 * ``check``: ``refcoll check IN OUT`` in a child process, its peak resident
   memory (Linux's ``VmHWM`` of the process), its exit status (0: conforming).
 
-It prints the medians and the ratio check/read. Both read from the page cache
+It prints the medians and the ratio check/read (with ``--wrong I``, the last rank's
+output element ``I`` is made wrong, and the check's report is printed once: it must
+exit 1). Both read from the page cache
 when the files fit in memory (they are read once before timing); say so when
 quoting. The files stay in ``--dir`` (``--keep``) or are removed.
 """
@@ -36,8 +38,10 @@ from refcoll.verify.oracle import fold
 BLOCK = 1 << 20
 
 
-def write_world(folder: Path, p: int, count: int, kind: str, dtype: str) -> None:
-    """Write inputs and their fold as rank files, ``BLOCK`` elements at a time."""
+def write_world(folder: Path, p: int, count: int, kind: str, dtype: str,
+                wrong: int | None = None) -> None:
+    """Write inputs and their fold as rank files, ``BLOCK`` elements at a time; with
+    ``wrong``, the last rank's output element ``wrong`` is one more."""
     ins, outs = folder / "in", folder / "out"
     ins.mkdir(parents=True, exist_ok=True)
     outs.mkdir(parents=True, exist_ok=True)
@@ -56,7 +60,11 @@ def write_world(folder: Path, p: int, count: int, kind: str, dtype: str) -> None
         total = fold("sum", blocks)
         for r in range(p):
             blocks[r].tofile(files[r])
-            total.tofile(files[p + r])
+            out = total
+            if r == p - 1 and wrong is not None and lo <= wrong < hi:
+                out = total.copy()
+                out[wrong - lo] += 1
+            out.tofile(files[p + r])
     for fh in files:
         fh.close()
 
@@ -88,17 +96,15 @@ runpy.run_module("refcoll", run_name="__main__")
 """
 
 
-def check_once(folder: Path) -> tuple[float, int, int]:
-    """Return ``(seconds, peak resident bytes, exit status)`` of ``refcoll check``."""
+def check_once(folder: Path) -> tuple[float, int, int, str]:
+    """Return ``(seconds, peak resident bytes, exit status, report)`` of ``refcoll check``."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(folder / "in"),
                            str(folder / "out")], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     peak = [int(line.split()[1]) * 1024 for line in proc.stderr.splitlines()
             if line.startswith("peak-kib ")]
-    if proc.returncode:
-        print(proc.stdout, proc.stderr)
-    return seconds, peak[-1] if peak else 0, proc.returncode
+    return seconds, peak[-1] if peak else 0, proc.returncode, proc.stdout + proc.stderr
 
 
 def main() -> int:
@@ -110,22 +116,28 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--keep", action="store_true", help="keep the files")
+    parser.add_argument("--wrong", type=int, default=None, metavar="I",
+                        help="make the last rank's output element I wrong: check must then "
+                             "exit 1 (its report is printed)")
     args = parser.parse_args()
     made = not (args.dir / "in" / "rank0.npy").exists()
     if made:
         start = time.perf_counter()
-        write_world(args.dir, args.p, args.count, args.kind, args.dtype)
+        write_world(args.dir, args.p, args.count, args.kind, args.dtype, args.wrong)
         print(f"wrote {args.p} inputs and outputs of {args.count} x {args.dtype} in "
               f"{time.perf_counter() - start:.1f} s")
     data = 2 * args.p * args.count * np.dtype(args.dtype).itemsize
     buffer = np.empty(1 << 24, dtype=np.uint8)
     read_once(args.dir, buffer)  # the page cache, as both runs then see it
     reads, checks, peaks = [], [], []
-    for _ in range(args.samples):
+    expected = 0 if args.wrong is None else 1
+    for sample in range(args.samples):
         reads.append(read_once(args.dir, buffer))
-        seconds, peak, status = check_once(args.dir)
-        if status:
-            print(f"refcoll check exited {status}")
+        seconds, peak, status, report = check_once(args.dir)
+        if status != expected or (sample == 0 and expected):
+            print(report)
+        if status != expected:
+            print(f"refcoll check exited {status}, not {expected}")
             return 1
         checks.append(seconds)
         peaks.append(peak)

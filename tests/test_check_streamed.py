@@ -8,6 +8,7 @@ process whose peak memory is read from Linux's ``VmHWM``.
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from refcoll.verify.checksums import block_size, checksums, judge_sums, smallest
 from refcoll.verify.formula import FormulaInput
 from refcoll.verify.inputs import make_inputs
 from refcoll.verify.npy import NpyFile
-from refcoll.verify.oracle import check_outputs, expected_outputs, fold
+from refcoll.verify.oracle import check_outputs, expected_outputs
 from refcoll.verify.rankfiles import load_case, write_world
 
 CASES = [("allreduce", "float32", "sum", "adversarial"), ("allreduce", "bfloat16", "avg", "random"),
@@ -103,74 +104,39 @@ def test_a_big_endian_or_fortran_file_is_read_in_blocks_as_numpy_reads_it(tmp_pa
         f.close()
 
 
-_PEAK = """
-import atexit, runpy, sys
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            sys.stderr.write(f"peak-kib {line.split()[1]}\\n")
-atexit.register(peak)
-sys.argv = ["refcoll"] + sys.argv[1:]
-runpy.run_module("refcoll", run_name="__main__")
-"""
+def _at_scale(tmp_path, *args) -> tuple[str, int]:
+    """Run ``benchmarks/check_at_scale.py`` (one sample); return its output and the check's
+    peak resident bytes (the child's own VmHWM)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "check_at_scale.py"
+    res = subprocess.run([sys.executable, str(script), "--samples", "1", "--dir",
+                          str(tmp_path / "world"), *args], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    peak = re.search(r"peak (\d+) MiB resident", res.stdout)
+    return res.stdout, int(peak[1]) << 20
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmHWM")
 def test_check_holds_blocks_not_arrays(tmp_path):
     """2 ranks x 8M float32: 128 MiB of files, which whole arrays would need 600 MiB to
     judge (the float64 operands and the bound's arrays); blocks need a few dozen."""
-    p, n = 2, 1 << 23
-    xs = [np.full(n, r + 0.5, np.float32) for r in range(p)]
-    total = fold("sum", xs)
-    total[n - 3] = 0.0
-    write_world(tmp_path / "in", xs)
-    write_world(tmp_path / "out", [total] * p)
-    del xs, total
-    res = subprocess.run([sys.executable, "-c", _PEAK, "check", "--json",
-                          str(tmp_path / "r.json"), str(tmp_path / "in"), str(tmp_path / "out")],
-                         capture_output=True, text=True)
-    assert res.returncode == 1, res.stdout + res.stderr
-    peak = [int(line.split()[1]) << 10 for line in res.stderr.splitlines()
-            if line.startswith("peak-kib ")][-1]
+    n = 1 << 23
+    out, peak = _at_scale(tmp_path, "-p", "2", "--count", str(n), "--kind", "exact",
+                          "--wrong", str(n - 3))
+    assert f"rank 1 element {n - 3} is" in out, out  # differs from rank 0's
+    assert f"first at rank 1's output element {n - 3}" in out, out  # a contribution too many
     assert peak < 256 << 20, peak
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["findings"][2]["data"]["index"] == n - 3
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmHWM")
 def test_an_int8_all_reduce_past_2_to_the_31_elements_is_judged_from_disk(tmp_path):
     """2**31 + 3 elements on 2 ranks (8 GiB of files): indices past int32 in the findings."""
-    p, n, block = 2, 2**31 + 3, 1 << 26
-    wrong = 2**31 + 1
-    files = []
-    for sub in ("in", "out"):
-        (tmp_path / sub).mkdir()
-        for r in range(p):
-            fh = open(tmp_path / sub / f"rank{r}.npy", "wb")
-            np.lib.format.write_array_header_2_0(
-                fh, {"descr": "|i1", "fortran_order": False, "shape": (n,)})
-            files.append(fh)
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        xs = [FormulaInput("exact", "int8", p, r, n).read(lo, hi) for r in range(p)]
-        total = fold("sum", xs)
-        for r in range(p):
-            xs[r].tofile(files[r])
-            out = total
-            if r == 1 and lo <= wrong < hi:
-                out = total.copy()
-                out[wrong - lo] += 1
-            out.tofile(files[p + r])
-    for fh in files:
-        fh.close()
-    res = subprocess.run([sys.executable, "-c", _PEAK, "check", str(tmp_path / "in"),
-                          str(tmp_path / "out")], capture_output=True, text=True)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert f"rank 1's output element {wrong} is" in res.stdout, res.stdout
-    assert "1 of 2147483651 differ" in res.stdout
-    assert f"rank 1 element {wrong}" in res.stdout  # and they differ from rank 0 there
-    peak = [int(line.split()[1]) << 10 for line in res.stderr.splitlines()
-            if line.startswith("peak-kib ")][-1]
+    n, wrong = 2**31 + 3, 2**31 + 1
+    out, peak = _at_scale(tmp_path, "-p", "2", "--count", str(n), "--kind", "exact",
+                          "--dtype", "int8", "--wrong", str(wrong))
+    assert f"rank 1's output element {wrong} is" in out, out
+    assert f"1 of {n} differ" in out
+    assert f"rank 1 element {wrong}" in out  # and it differs from rank 0 there
     assert peak < 512 << 20, peak
 
 

@@ -54,8 +54,8 @@ import torch.distributed as dist
 
 from ..calls import collectives as calls
 from ..core.errors import MismatchError, UsageError, WrongResult
-from ..core.ops import DTYPES, dtype_name, unit_roundoff
-from ..verify.checksums import block_size, checksums, judge_sums, weights
+from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
+from ..verify.checksums import block_size, checksums, judge_sums
 from ..verify.oracle import check_outputs
 from .tensors import as_array, flat, reduction
 from .work import submit
@@ -127,10 +127,8 @@ def watched_from_env(store, rank: int, size: int, timeout):
     if sums not in ("on", "off"):
         raise UsageError(f"REFCOLL_WATCH_CHECKSUMS={sums!r}: use on (every element, by block "
                          "checksums: the default) or off (the sample alone)")
-    watch = Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text),
-                  action, int(batch), checksums=sums == "on")
-    watch.size = size
-    return watch
+    return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text),
+                 action, int(batch), checksums=sums == "on", size=size)
 
 
 def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
@@ -328,15 +326,14 @@ class Watch:
     """Watch mode of one ``"refcoll"`` group: the watched backend's group and the judging."""
 
     def __init__(self, backend: str, group, sample: int, action: str, batch: int = 1,
-                 checksums: bool = True):
+                 checksums: bool = True, size: int = 1):
         self.backend, self.group, self.sample, self.action = backend, group, sample, action
         self.batch = batch  # calls whose samples travel in one exchange (REFCOLL_WATCH_BATCH)
         self.pending: list[_Sample] = []  # sampled calls not yet judged, in issue order
         self.calls = 0  # calls judged, the same count on every rank
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
         self.checksums = checksums  # every element, by block checksums (REFCOLL_WATCH_CHECKSUMS)
-        self.size = 1  # the group's ranks, set by the group
-        self._w: dict[int, np.ndarray] = {}
+        self.size = size  # the group's ranks
 
     def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
@@ -457,18 +454,12 @@ class Watch:
         if not self.checksums:
             return
         arrays = [_host(piece) for piece in pieces]
-        if arrays[0].dtype.kind != "f" and "float" not in str(arrays[0].dtype):
+        if not is_float(arrays[0].dtype):
             return  # integers are exact: the sampled check sees their bits
         b = block_size(self.size, arrays[0].dtype)
         sample.b, sample.n = b, arrays[0].size
-        w = self._weights(b)
-        sample.sums_in = np.stack([checksums(a, b, w) for a in arrays])
-        sample.read_sums = lambda: checksums(_host(out), b, w)
-
-    def _weights(self, b: int) -> np.ndarray:
-        if b not in self._w:
-            self._w[b] = weights(b)
-        return self._w[b]
+        sample.sums_in = np.stack([checksums(a, b) for a in arrays])
+        sample.read_sums = lambda: checksums(_host(out), b)
 
     # ------------------------------------------------------------- judging
 

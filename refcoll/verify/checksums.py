@@ -45,7 +45,10 @@ the sampled check's (:mod:`refcoll.torch.watch`), which also names an element.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+from ml_dtypes import finfo
 
 from ..core.ops import unit_roundoff
 from .formula import bits
@@ -76,14 +79,17 @@ def block_size(p: int, dtype) -> int:
     return max(SMALLEST_BLOCK, min(LARGEST_BLOCK, b))
 
 
+@functools.lru_cache(maxsize=None)
 def weights(b: int) -> np.ndarray:
-    """Return the ``b`` shared weights ``1 + bits·2**-53`` in ``[1, 2)`` (every block's)."""
-    return 1.0 + (bits(0, WEIGHTS, np.arange(b, dtype=np.uint64)) >> np.uint64(11)
-                  ).astype(np.float64) * _U64
+    """Return the ``b`` shared weights ``1 + bits·2**-53`` in ``[1, 2)`` (every block's;
+    made once per ``b``, read-only)."""
+    w = 1.0 + (bits(0, WEIGHTS, np.arange(b, dtype=np.uint64)) >> np.uint64(11)
+               ).astype(np.float64) * _U64
+    w.flags.writeable = False
+    return w
 
 
-def checksums(x: np.ndarray, b: int, w: np.ndarray | None = None,
-              rows: int = 1 << 10) -> np.ndarray:
+def checksums(x: np.ndarray, b: int, rows: int = 1 << 10) -> np.ndarray:
     """Return ``(3, ceil(n/b))`` float64: each block's ``Σ w·x``, ``Σ w·|x|`` and ``max |x|``.
 
     ``x`` is flat, of any float dtype (the last block is zero-padded). Computed
@@ -91,7 +97,7 @@ def checksums(x: np.ndarray, b: int, w: np.ndarray | None = None,
     matrix-vector product: each is a dot product of ``b`` terms, whatever order
     the BLAS sums them in.
     """
-    w = weights(b) if w is None else w
+    w = weights(b)
     n = x.size
     blocks = -(-n // b)
     out = np.empty((3, blocks))
@@ -179,10 +185,8 @@ def smallest_caught(p: int, dtype, mean: float = 1.0) -> float:
 
 
 def _tiny(dtype) -> float:
-    from ml_dtypes import finfo
     return float(finfo(np.dtype(dtype)).smallest_subnormal)
 
 
 def _largest(dtype) -> float:
-    from ml_dtypes import finfo
     return float(finfo(np.dtype(dtype)).max)

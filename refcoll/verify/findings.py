@@ -174,8 +174,9 @@ class _PerRank:
         if first is not None and r not in self.first:
             self.first[r] = (offset + first[0], *first[1:])
 
-    def _first_rank(self):
-        return next((r for r in sorted(self.first)), None)
+    def first_rank(self) -> int | None:
+        """The lowest rank with a wrong element (None: none)."""
+        return min(self.first, default=None)
 
 
 class ExactCheck(_PerRank):
@@ -192,7 +193,7 @@ class ExactCheck(_PerRank):
         return len(diff), (i, show(got[i]), show(want[i]))
 
     def finding(self, parts: dict, sizes: dict) -> Finding:
-        r = self._first_rank()
+        r = self.first_rank()
         if r is None:
             return Finding(self.label, True)
         i, value, want = self.first[r]
@@ -234,7 +235,7 @@ class ExtremumCheck(_PerRank):
         used = {key: n for key, n in self.conventions.items() if n}
         follows = "; ".join(f"{elements(n)} (counted on every rank): {CONVENTIONS[key]}"
                             for key, n in used.items())
-        r = self._first_rank()
+        r = self.first_rank()
         if r is None:
             return Finding(self.label, True, follows, {"conventions": used} if used else {})
         i, value, column, number, dtype = self.first[r]

@@ -187,9 +187,11 @@ class NpyFile:
     order of ``reshape(-1)``). The file stays open between blocks, the same file
     whatever is renamed over its name; at most :data:`OPEN_FILES` are open at once
     (a world has up to 4096 ranks), the least recently read closed first and opened
-    again, by name, if read again, and refused if its size has changed. ``dtype`` is
-    how the elements are returned (:meth:`as_dtype` views stored bits as ml_dtypes'
-    type); ``stored`` is the file's own.
+    again, by name, if read again, and refused if its size has changed. :meth:`close`
+    closes it (:func:`~refcoll.verify.oracle.check_outputs` does when done, and
+    :meth:`whole` after reading). ``dtype`` is how the elements are returned
+    (:meth:`as_dtype` views stored bits as ml_dtypes' type); ``stored`` is the file's
+    own.
     """
 
     #: The most rank files held open at once.
@@ -230,10 +232,6 @@ class NpyFile:
             self._fh.close()
             self._fh = None
 
-    def __del__(self):
-        if getattr(self, "_fh", None) is not None:
-            self.close()
-
     def as_dtype(self, dtype: np.dtype) -> "NpyFile":
         """Return this file read as ``dtype``, which has its elements' width (bits kept)."""
         self.dtype = np.dtype(dtype)
@@ -266,5 +264,8 @@ class NpyFile:
         return into.view(self.dtype)
 
     def whole(self) -> np.ndarray:
-        """Return the whole array in its shape, as ``dtype``."""
-        return self.read().reshape(self.shape)
+        """Return the whole array in its shape, as ``dtype`` (the file is closed after)."""
+        try:
+            return self.read().reshape(self.shape)
+        finally:
+            self.close()

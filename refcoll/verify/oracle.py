@@ -307,7 +307,7 @@ class _Judge:
     """The checks of :func:`check_outputs`, fed one block of the reference vector at a time."""
 
     def __init__(self, collective, name, reduction, p, n, dtype, ranks):
-        self.collective, self.name, self.p, self.n, self.dtype = collective, name, p, n, dtype
+        self.collective, self.name, self.n, self.dtype = collective, name, n, dtype
         self.ranks = ranks
         self.identical = (IdenticalCheck(ranks) if collective in
                           ("allreduce", "allgather", "broadcast") and p > 1 else None)
@@ -323,8 +323,7 @@ class _Judge:
 
     def block(self, lo, hi, q, inputs, got_files, spans, root) -> None:
         """Judge reference elements ``lo .. hi-1`` on every rank that holds some of them."""
-        reducing = self.name is not None
-        if reducing:
+        if self.name is not None:  # a reduction
             cols = _stack(inputs, lo, hi, self.dtype)
             want, ref = self._reference(cols)
             if self.exact_inputs:
@@ -333,6 +332,8 @@ class _Judge:
             cols, ref = None, None
             source, base = (q, q * self.n) if self.collective == "allgather" else (root, 0)
             want = _read(inputs[source], lo - base, hi - base)
+        # every rank's differing elements still to analyse fit in the first rank's summary
+        room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
         head, head_got, head_summaries = self.ranks[0], None, None
         for r in self.ranks:
             span = spans[r]
@@ -352,7 +353,7 @@ class _Judge:
             else:
                 sl = slice(a - lo, b - lo)
                 summaries = self._summaries(got, None if cols is None else cols[:, sl],
-                                            None if want is None else want[sl], ref, sl)
+                                            None if want is None else want[sl], ref, sl, room)
             if r == head:
                 head_summaries = summaries
             self._merge(r, offset, summaries)
@@ -368,7 +369,7 @@ class _Judge:
             return None, reference(self.name, cols, self.dtype)
         return None, None
 
-    def _summaries(self, got, cols, want, ref, sl) -> dict:
+    def _summaries(self, got, cols, want, ref, sl, room: int) -> dict:
         out = {}
         if self.bound is not None and got.size:
             out["bound"] = self.bound.summarize(cols, got, ref.part(sl))
@@ -376,8 +377,7 @@ class _Judge:
             out["extremum"] = self.extremum.summarize(cols, got)
         if self.exact is not None:
             out["exact"] = self.exact.summarize(got, want)
-        if self.exact_inputs and self.contribution is not None:
-            room = max(self.contribution.room(q) for q in self.ranks)
+        if self.exact_inputs:
             out["contribution"] = self.contribution.summarize(cols, got, room)
         return out
 
@@ -397,14 +397,14 @@ class _Judge:
             found.append(self.exact.finding(parts, sizes))
         if self.oracle is not None:
             found.append(_oracle_finding(self.oracle[0], parts, algorithm))
-        if self.exact_inputs and self.contribution is not None:
+        if self.exact_inputs:
             found.append(self.contribution.finding(parts))
         return found
 
 
 def _oracle_finding(check: ExactCheck, parts, algorithm) -> Finding:
     label = f"bit-exact against {algorithm}"
-    r = next(iter(sorted(check.first)), None)
+    r = check.first_rank()
     if r is None:
         return Finding(label, True, "conforming, bit-exact")
     i, value, expected = check.first[r]
