@@ -156,7 +156,9 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     equal OUT_DIR's bit for bit, with the library orders recorded as equal to
     them (spec/orders.md), or the nearest. With --inputs, the inputs are
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
-    --sample K then judges K elements of each output. Exit 0 conforming, 1 not
+    --sample K then judges K elements of each output. The files are read block by
+    block, in bounded memory whatever their size (--algorithm and --identify simulate
+    whole arrays, and ask for that memory first). Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """

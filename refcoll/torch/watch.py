@@ -1,4 +1,4 @@
-"""Watch mode: another backend does a program's collectives; refcoll judges a sample of each.
+"""Watch mode: another backend does a program's collectives; refcoll judges every call.
 
 ::
 
@@ -25,6 +25,14 @@ rules (:func:`refcoll.verify.oracle.check_outputs`):
   integer-valued inputs, whose every order gives the same bits;
 * **contribution**: for such exact inputs, which rank's value is missing or
   counted twice.
+
+A sample of ``k`` elements sees one wrong element with probability ``k/n``, so float
+sums and averages (all-reduce, reduce-scatter) are also checked on every element by
+block checksums (:mod:`refcoll.verify.checksums`): each rank sums each block of its
+input before the call, and of its output after it, with shared weights, and those
+sums travel with the sample. A block outside the rigorous bound of every summation
+order is wrong even where the sample saw nothing (``REFCOLL_WATCH_CHECKSUMS=off``:
+the sample alone).
 
 Every rank judges the same values, so a wrong result is a
 :class:`~refcoll.core.errors.WrongResult` on every rank
