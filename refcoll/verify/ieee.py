@@ -320,41 +320,41 @@ def _two_sum(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rounded row by row.
 
     Each row's step is ``s = hi + a; bp = s - hi; lo += (hi - (s - bp)) + (a - bp);
-    hi = s``, computed in place in buffers a block long (the same operations, so the
-    same bits, without a new array per operation or a float64 copy of ``xs``)."""
+    hi = s``, computed in place (the same operations, so the same bits, without a new
+    array per operation or a float64 copy of ``xs``) on tiles of :data:`_TILE` columns,
+    whose buffers stay in a core's cache. ``max|x|`` is only kept for float64 operands
+    (the only ones a sum can carry past float64's range); it is 0 for the others."""
     k = xs.shape[1]
     out = np.zeros((3, k))
-    width = min(k, _TILE)
-    hi, lo, s, bp, t, absolute, biggest, a = (np.zeros(width) for _ in range(8))
-    for j in range(0, k, _TILE):  # a tile of columns at a time: its buffers stay in cache
-        m = min(k, j + _TILE) - j
-        if m != width:
-            hi, lo, s, bp, t, absolute, biggest, a = (x[:m] for x in
-                                                      (hi, lo, s, bp, t, absolute, biggest, a))
-        for x in (hi, lo, absolute, biggest):
-            x[...] = 0.0
-        for row in xs[:, j:j + m]:
-            a[...] = row
-            np.add(hi, a, out=s)
-            np.subtract(s, hi, out=bp)
-            np.subtract(s, bp, out=t)
-            np.subtract(hi, t, out=t)
-            np.subtract(a, bp, out=bp)
-            np.add(t, bp, out=t)
-            np.add(lo, t, out=lo)
-            hi, s = s, hi
-            np.abs(a, out=t)
-            np.add(absolute, t, out=absolute)
-            np.maximum(biggest, t, out=biggest)
-        np.add(hi, lo, out=out[0, j:j + m])
-        out[1, j:j + m] = absolute
-        out[2, j:j + m] = biggest
+    for j in range(0, k, _TILE):
+        _tile(xs, out, j, min(k, j + _TILE))
     return out[0], out[1], out[2]
 
 
-#: Columns :func:`_two_sum` works on at once (its eight buffers fit in a core's cache).
-_TILE = 16384
+def _tile(xs: np.ndarray, out: np.ndarray, j: int, stop: int) -> None:
+    """:func:`_two_sum` of columns ``j .. stop-1``, into those columns of ``out``."""
+    hi, lo, s, bp, t, a = (np.zeros(stop - j) for _ in range(6))
+    absolute, biggest = out[1, j:stop], out[2, j:stop]
+    wide = xs.dtype.itemsize >= 8
+    for row in xs[:, j:stop]:
+        a[...] = row
+        np.add(hi, a, out=s)
+        np.subtract(s, hi, out=bp)
+        np.subtract(s, bp, out=t)
+        np.subtract(hi, t, out=t)
+        np.subtract(a, bp, out=bp)
+        np.add(t, bp, out=t)
+        np.add(lo, t, out=lo)
+        hi, s = s, hi
+        np.abs(a, out=t)
+        np.add(absolute, t, out=absolute)
+        if wide:
+            np.maximum(biggest, t, out=biggest)
+    np.add(hi, lo, out=out[0, j:stop])
 
+
+#: Columns :func:`_two_sum` works on at once (its buffers fit in a core's cache).
+_TILE = 16384
 
 def _sums(cols: np.ndarray):
     """Return ``(Σ x, Σ|x|, e, finite)`` of the columns of ``cols``, in units of ``2**e``.
