@@ -56,7 +56,7 @@ import numpy as np
 from .. import algorithms
 from ..core.errors import UsageError
 from ..transport.base import transport_cache
-from ..transport.recorder import compile_steps, complete, done, record, run_steps, start
+from ..transport.recorder import compile_steps, done, landed, record, run_steps, start
 from . import debug
 from .args import Call
 from .progress import (
@@ -91,7 +91,8 @@ class Plan:
             algorithm runs again).
         runs: how many runs have completed; freed: whether :meth:`free` has run.
         handle: the :class:`~refcoll.calls.progress.Handle` of the run last
-            started with :meth:`start` (``None`` before, and once waited for).
+            started with :meth:`start` (``None`` before, and once waited for);
+            a run started in place makes its handle when first asked.
     """
 
     def __init__(self, call: Call):
@@ -105,7 +106,8 @@ class Plan:
         self.x, self.out = call.x, call.output()
         self._shapes = self._layout_now()
         self.runs = 0
-        self.handle = None
+        self._started = None  # the run start() began: its Handle, or an InFlight
+        self._lock = threading.Lock()  # held by whoever runs an InFlight's steps
         self._engine = None  # the engine its starts go to (found at the first)
         self._slots = transport_cache(t, "progress")  # where a run started in place is noted
         self.freed = False
@@ -120,7 +122,7 @@ class Plan:
         live_plans(t)[id(self)] = self
 
     def __repr__(self) -> str:
-        state = "freed" if self.freed else ("started" if self.handle else "ready")
+        state = "freed" if self.freed else ("started" if self._started else "ready")
         return (f"<refcoll.Plan {self.collective} {self.algorithm} "
                 f"{'recorded' if self.recorded else 'run'} {state}>")
 
@@ -161,7 +163,7 @@ class Plan:
         may be started again at once.
         """
         if self._small and self._plain(x, out, comm):
-            self.handle = InFlight(self).handle  # MPI_Start's way: no thread needed
+            self._started = InFlight(self)  # MPI_Start's way: no thread needed
             return self
         error = self._misuse(x, out, comm)
         engine = self._engine
@@ -170,30 +172,49 @@ class Plan:
         if engine.kind == "schedule":
             job = Steps(self) if self._program is not None and error is None else (
                 lambda: self._run(error))
-            self.handle = engine.submit(Handle(self.collective, job, engine))
+            self._started = engine.submit(Handle(self.collective, job, engine))
         else:  # queued for the thread; a wait() that finds it not yet taken runs it inline
-            self.handle = engine.submit(Handle(self.collective, lambda: self._run(error), engine),
-                                        defer=True)
+            self._started = engine.submit(
+                Handle(self.collective, lambda: self._run(error), engine), defer=True)
         return self
+
+    @property
+    def handle(self) -> Handle | None:
+        """The :class:`~refcoll.calls.progress.Handle` of the run :meth:`start` began (or None)."""
+        run = self._started
+        return run.handle if run.__class__ is InFlight else run
 
     def wait(self, timeout: float | None = None):
         """Complete the started run and return its result (``MPI_Wait``); raise its error."""
-        handle = self.handle
-        if handle is None:
+        run = self._started
+        if run is None:
             raise UsageError(f"rank {self.t.rank}: wait() on a {self.collective} plan that was "
                              "not started: call start() first")
+        if run.__class__ is InFlight and timeout is None:  # started in place: finish it here
+            if not run.done:
+                with self._lock:
+                    run.go(wait=True)
+            self._started = None
+            if run.error is not None:
+                raise run.error
+            return self.out
+        handle = self.handle
         try:
             result = handle.wait(timeout)
         except BaseException:
             if handle._done.is_set():
-                self.handle = None  # the run failed: the plan may be started again
+                self._started = None  # the run failed: the plan may be started again
             raise
-        self.handle = None
+        self._started = None
         return result
 
     def test(self) -> bool:
         """Return whether the started run has completed (a plan not started: True)."""
-        return self.handle is None or self.handle.test()
+        run = self._started
+        if run.__class__ is InFlight:
+            run.advance()
+            return run.done
+        return run is None or run.test()
 
     def free(self) -> None:
         """Release the persistent requests and the buffers; a later run is refused.
@@ -203,7 +224,7 @@ class Plan:
         """
         if self.freed:
             return
-        if self.handle is not None:
+        if self._started is not None:
             try:
                 self.wait()
             except Exception:  # noqa: BLE001 - freeing releases; the failure was the run's
@@ -222,7 +243,7 @@ class Plan:
         persistent requests, so recording them again on the new buffers is
         local. ``out=None`` keeps the in-place layout when the plan had it.
         """
-        if self.freed or (self.handle is not None and not self.handle._done.is_set()):
+        if self.freed or (self._started is not None and not _completed(self._started)):
             raise UsageError(f"rank {self.t.rank}: rebind() on a {self.collective} plan that is "
                              "freed or running")
         in_place = self.out is self.x
@@ -247,21 +268,24 @@ class Plan:
 
     def _run(self, error: str | None = None):
         """Run once, in the call's own tag space; return the result."""
-        t, call = self.t, self.call
+        t = self.t
         if error:
             _refuse(t, error, tell=self.validate)
+        t.enter_call(self.collective)
         try:
-            with t.call(self.collective):
-                if self._program is None:
-                    call.prologue()
-                    self.fn(t, *call.arguments(), **call.keywords())
-                else:
-                    run_steps(t, self._program)
+            if self._program is None:
+                call = self.call
+                call.prologue()
+                self.fn(t, *call.arguments(), **call.keywords())
+            else:
+                run_steps(t, self._program)
         except BaseException:
             self.abandon()
             raise
+        finally:
+            t.leave_call()
         if self._divides:
-            call.finish()
+            self.call.finish()
         self.runs += 1
         return self.out
 
@@ -299,18 +323,23 @@ class Plan:
     def _plain(self, x, out, comm) -> bool:
         """Return whether this run is the common case: the plan's own buffers as they were
         made, no run of its own outstanding, no engine busy, no tracing (else :meth:`_misuse`)."""
+        if (x is not None or out is not None or comm is not None or self._started is not None
+                or BUSY[0] or self._broken is not None):
+            return False
         tracing = debug.ON[0]
-        return (x is None and out is None and comm is None and self.handle is None
-                and not BUSY[0] and self._broken is None and self._layout_now() == self._shapes
-                and (tracing is False or (tracing is None and not debug.enabled())))
+        if tracing is not False and (tracing is not None or debug.enabled()):
+            return False
+        x, out, shapes = self.x, self.out, self._shapes  # _layout_now, inline: every run asks
+        return (x.shape == shapes[0] and x.dtype == shapes[1]
+                and (out is None or (out.shape == shapes[2] and out.dtype == shapes[3])))
 
     def _misuse(self, x, out, comm) -> str | None:
         """Return what breaks the plan's promise for this run, or None (refused at once if freed).
         """
-        if self.handle is not None and self.handle._done.is_set():
-            self.handle = None  # completed through its handle: nothing left to wait for
+        if self._started is not None and _completed(self._started):
+            self._started = None  # completed through its handle: nothing left to wait for
         if (x is None and out is None and comm is None and not self.freed
-                and self.handle is None and self._broken is None
+                and self._started is None and self._broken is None
                 and self._layout_now() == self._shapes):
             return None  # the common case, in a few attribute reads
         rank = self.t.rank
@@ -319,7 +348,7 @@ class Plan:
         if self.freed:  # its peers may be in the run already: tell them (_refuse)
             return (f"rank {rank}: this {self.collective} plan was freed; make a new one with "
                     f"refcoll.{self.collective}_init")
-        if self.handle is not None:
+        if self._started is not None:
             raise UsageError(f"rank {rank}: this {self.collective} plan is already started; "
                              "wait() for it before starting it again")
         if comm is not None and comm is not self.comm and comm is not self.t:
@@ -365,88 +394,128 @@ class InFlight:
     message while the caller computes. Each ``test()`` goes on as far as it can
     without waiting (as MPICH's schedules do without a progress thread), and
     ``wait()`` runs the rest: the same steps, in the same order, as
-    ``plan()``. No thread, no queue: ``start()`` then ``wait()`` back to back
-    costs about what ``plan()`` costs. Any later call on the communicator first
-    hands the run to the communicator's engine
+    ``plan()``. No thread, no queue, and no :class:`~refcoll.calls.progress.Handle`
+    unless someone asks for :attr:`handle`: ``start()`` then ``wait()`` back to
+    back costs little more than ``plan()``. Any later call on the communicator
+    first hands the run to the communicator's engine
     (:func:`~refcoll.calls.progress.adopt`), to finish before that call.
+
+    Whoever runs its steps (the caller, or the engine that adopted it) holds
+    the plan's lock.
     """
 
+    __slots__ = ("plan", "index", "posted", "done", "error", "_handle")
     kind = "in-flight"
 
     def __init__(self, plan: "Plan"):
-        self.plan, self.index, self.started = plan, 0, False
-        self.handle = Handle(plan.collective, None, self)
-        self.handle.started = self.handle.issued
-        self._lock = threading.Lock()  # held by whoever runs steps: the caller or the engine
+        self.plan, self.index, self.posted = plan, 0, False
+        self.done, self.error, self._handle = False, None, None
         in_flight(plan._slots, self, started=True)
-        with plan.t.call(plan.collective):  # the call's count and tag space, in issue order
-            self._go(wait=False)
+        t = plan.t
+        t.enter_call(plan.collective)  # the call's count and tag space, in issue order
+        try:
+            with plan._lock:
+                self.go(wait=False)
+        finally:
+            t.leave_call()
+
+    @property
+    def collective(self) -> str:
+        return self.plan.collective
+
+    @property
+    def handle(self) -> Handle:
+        """The run's :class:`~refcoll.calls.progress.Handle`, made when first asked."""
+        plan = self.plan
+        with plan._lock:
+            handle = self._handle
+            if handle is None:
+                handle = self._handle = Handle(plan.collective, None, self)
+                handle.started = handle.issued
+                if self.done:
+                    self._tell(handle)
+        return handle
 
     def on_thread(self) -> bool:
         return False
 
     def advance(self) -> None:
         """Go on as far as the run can without waiting (``test()``)."""
-        if not self.handle._done.is_set() and self._lock.acquire(blocking=False):
+        lock = self.plan._lock
+        if not self.done and lock.acquire(blocking=False):
             try:
-                self._go(wait=False)
+                self.go(wait=False)
             finally:
-                self._lock.release()
+                lock.release()
 
     def finish(self) -> None:
         """Run to the end, waiting for each exchange by the transport's deadline."""
-        self.drive(self.handle, None)
+        self.drive(None, None)
 
-    def drive(self, handle: Handle, timeout: float | None) -> None:
+    def drive(self, handle: Handle | None, timeout: float | None) -> None:
         """Run to the end, or until ``timeout`` (``wait(timeout)``: the run goes on)."""
         if timeout is None:
-            with self._lock:  # an engine that adopted the run may hold it: then it finishes it
-                self._go(wait=True)
+            with self.plan._lock:  # an engine that adopted the run may hold it: then it finishes
+                self.go(wait=True)
             return
         deadline = time.monotonic() + timeout
         while True:
             self.advance()
-            if handle._done.is_set():
+            if self.done:
                 return
             if time.monotonic() > deadline:
                 raise not_done(handle, timeout)
             os.sched_yield()
 
-    def _go(self, wait: bool) -> bool:
-        """Run steps from the current one; return whether the run is complete.
+    def go(self, wait: bool) -> None:
+        """Run steps from the current one, holding the plan's lock, to the end or (``wait=False``)
+        to an exchange not yet complete, or just started (a look later tests it).
 
-        ``wait=False`` stops at an exchange not yet complete (started, if it was
-        not). A failure ends the run with the error, raised from ``wait()``.
+        A failure ends the run with the error, raised from ``wait()``.
         """
-        plan, handle = self.plan, self.handle
-        if handle._done.is_set():
-            return True
+        if self.done:
+            return
+        plan = self.plan
         t, program = plan.t, plan._program
         try:
-            while self.index < len(program):
-                step = program[self.index]
-                if step.__class__ is tuple:
-                    if not self.started:
-                        start(step)
-                        self.started = True
-                    tested = not wait and done(t, step)
-                    if not wait and not tested:
-                        return False
-                    complete(t, step, tested=tested)
-                    self.started = False
-                else:
-                    step()
-                self.index += 1
+            if wait:  # the rest, as plan() runs it
+                run_steps(t, program, self.index, self.posted)
+            else:
+                while self.index < len(program):
+                    step = program[self.index]
+                    if step.__class__ is tuple:
+                        if not self.posted:  # started: the next look tests it (MPI_Start's way)
+                            start(step)
+                            self.posted = True
+                            return
+                        if not done(t, step):
+                            return
+                        landed(t, step)
+                        self.posted = False
+                    else:
+                        step()
+                    self.index += 1
             if plan._divides:
                 plan.call.finish()
             plan.runs += 1
-            handle._result = plan.out
         except BaseException as exc:  # noqa: BLE001 - raised again from wait()
             plan.abandon()
-            handle._error = exc
+            self.error = exc
+        self.done = True
         in_flight(plan._slots, self, started=False)
+        if self._handle is not None:
+            self._tell(self._handle)
+
+    def _tell(self, handle: Handle) -> None:
+        """Complete ``handle`` with the run's result or error."""
+        handle._result = None if self.error is not None else self.plan.out
+        handle._error = self.error
         handle._finish()
-        return True
+
+
+def _completed(run) -> bool:
+    """Return whether a run :meth:`Plan.start` began (an InFlight, or a Handle) has completed."""
+    return run.done if run.__class__ is InFlight else run._done.is_set()
 
 
 def _refuse(t, error: str, *, tell: bool) -> None:

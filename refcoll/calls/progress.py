@@ -527,11 +527,14 @@ def in_flight(slots: dict, run, started: bool) -> None:
     holds no engine's queue, so it counts as outstanding here, and the next
     call on the transport hands it to the engine first (:func:`adopt`).
     """
-    _count_busy(1 if started else -1)
-    if started:
-        slots["in_flight"] = run
-    elif slots.get("in_flight") is run:
-        slots["in_flight"] = None
+    with _busy_lock:  # _count_busy, inline: every start in place comes here twice
+        if started:
+            _busy[0] += 1
+            slots["in_flight"] = run
+        else:
+            _busy[0] -= 1
+            if slots.get("in_flight") is run:
+                slots["in_flight"] = None
 
 
 def adopt(t) -> None:
@@ -547,7 +550,7 @@ def adopt(t) -> None:
     if run is not None:
         slots["in_flight"] = None
         engine = engine_for(t)
-        engine.submit(Handle(run.handle.collective, run.finish, engine))
+        engine.submit(Handle(run.collective, run.finish, engine))
 
 
 def busy_engine(t):

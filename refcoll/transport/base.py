@@ -204,6 +204,21 @@ class TransportBase:
         """Return the context of one collective call: its own tag space (nested calls share it)."""
         return _CallScope(self, name)
 
+    def enter_call(self, name: str) -> None:
+        """Begin collective ``name`` (:meth:`call`'s scope): a new tag slot, unless nested."""
+        if self._depth == 0:
+            self._tag_base = (self._calls % self._tag_slots) * TAGS_PER_CALL
+            self._calls += 1
+            self._ops = 0
+            self.current_call = name
+        self._depth += 1
+
+    def leave_call(self) -> None:
+        """End the collective :meth:`enter_call` began."""
+        self._depth -= 1
+        if self._depth == 0:
+            self.current_call = None
+
     def _wire_tag(self, tag: int) -> int:
         if not 0 <= tag < TAGS_PER_CALL:
             raise ValueError(f"tag {tag} out of range: algorithms use 0 <= tag < {TAGS_PER_CALL}")
@@ -235,19 +250,10 @@ class _CallScope:
         self.t, self.name = t, name
 
     def __enter__(self) -> None:
-        t = self.t
-        if t._depth == 0:
-            t._tag_base = (t._calls % t._tag_slots) * TAGS_PER_CALL
-            t._calls += 1
-            t._ops = 0
-            t.current_call = self.name
-        t._depth += 1
+        self.t.enter_call(self.name)
 
     def __exit__(self, kind, exc, traceback) -> bool:
-        t = self.t
-        t._depth -= 1
-        if t._depth == 0:
-            t.current_call = None
+        self.t.leave_call()
         return False
 
 

@@ -116,8 +116,11 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
         self._check_count(recvbuf.nbytes, source)
         self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
 
-    def _finish(self, reqs: list, waiting_for) -> None:
-        """Complete ``reqs`` by the deadline; the first one's status lands in ``_statuses[0]``."""
+    def _finish(self, reqs: list, waiting_for, polls: int = 0) -> None:
+        """Complete ``reqs`` by the deadline; the first one's status lands in ``_statuses[0]``.
+
+        ``polls``: how many times the caller already polled them (counted towards the yield).
+        """
         MPI = _mpi()
         self._ops += 1
         statuses = self._statuses
@@ -130,7 +133,6 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
         if MPI.Request.Testall(reqs, statuses):
             return
         deadline = time.monotonic() + self.timeout
-        polls = 0
         patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
         while not MPI.Request.Testall(reqs, statuses):
             polls += 1

@@ -31,10 +31,10 @@ import numpy as np
 from ..core.errors import RefcollError
 from ..core.ops import Op, get_dtype, get_op
 from .base import TransportBase, default_timeout
-from .deadline import duplicate
+from .deadline import POLLS_BEFORE_YIELD, duplicate
 
 __all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "run_steps", "start",
-           "done", "complete"]
+           "done", "landed"]
 
 
 class Recorder:
@@ -223,19 +223,45 @@ class Stepper:
         return True
 
 
-def run_steps(t, program: list, start: int = 0) -> None:
-    """Run a :func:`compile_steps` program on MPI transport ``t``, from step ``start``."""
-    startall = (_MPI[0] or _load_mpi()).Prequest.Startall
+def run_steps(t, program: list, start: int = 0, posted: bool = False) -> None:
+    """Run a :func:`compile_steps` program on MPI transport ``t``, from step ``start``.
+
+    The loop every recorded run spends its time in, so written out in full:
+    each exchange is started (``MPI_Startall``; not if ``posted``: the exchange
+    at ``start`` was started already, by :class:`~refcoll.calls.plans.InFlight`),
+    polled up to :data:`~refcoll.transport.deadline.POLLS_BEFORE_YIELD` times
+    on a transport nobody revoked (a small message's reply comes within them
+    when each rank has its core), then waited for by the transport's deadline,
+    watching for revocation, its polls counting towards the yield
+    (:meth:`~refcoll.transport.mpi.MPITransport._finish`); then :func:`landed`.
+    Each other step is called.
+    """
+    MPI = _MPI[0] or _load_mpi()
+    startall, testall, statuses = MPI.Prequest.Startall, MPI.Request.Testall, t._statuses
     for i in range(start, len(program)):
         step = program[i]
-        if step.__class__ is tuple:
-            if not step[0]:
-                raise RefcollError(f"rank {t.rank}: a freed persistent exchange was run "
-                                   f"({step[4]()})")
-            startall(step[0])
-            complete(t, step)
-        else:
+        if step.__class__ is not tuple:
             step()
+            continue
+        requests, received, source, sent, what = step
+        if posted:
+            posted = False
+        elif requests:
+            startall(requests)
+        else:
+            raise RefcollError(f"rank {t.rank}: a freed persistent exchange was run ({what()})")
+        if t.revoked is None:
+            for _ in _SPIN:
+                if testall(requests, statuses):
+                    t._ops += 1
+                    break
+            else:
+                t._finish(requests, what, polls=POLLS_BEFORE_YIELD)
+        else:
+            t._finish(requests, what)
+        if source is not None and statuses[0].Get_count(MPI.BYTE) != received:
+            t._check_count(received, source)  # raises, naming both sizes
+        t.traffic.add(sent, received)
 
 
 def start(exchange: tuple) -> None:
@@ -248,22 +274,17 @@ def done(t, exchange: tuple) -> bool:
     return (_MPI[0] or _load_mpi()).Request.Testall(exchange[0], t._statuses)
 
 
-def complete(t, exchange: tuple, *, tested: bool = False) -> None:
-    """Complete a started exchange of a :func:`compile_steps` program, checking what came.
-
-    An exchange done at its first look (or ``tested``: :func:`done` found it
-    done), on a transport nobody revoked, costs one ``Testall``; any other waits
-    by the transport's deadline, watching for revocation
-    (:meth:`~refcoll.transport.mpi.MPITransport._finish`).
-    """
+def landed(t, exchange: tuple) -> None:
+    """Account for an exchange :func:`done` found complete: check what came, count it."""
     requests, received, source, sent, what = exchange
-    if tested or (t.revoked is None and done(t, exchange)):
-        t._ops += 1
-    else:
-        t._finish(requests, what)
+    t._ops += 1
     if source is not None and t._statuses[0].Get_count(_MPI[0].BYTE) != received:
         t._check_count(received, source)  # raises, naming both sizes
     t.traffic.add(sent, received)
+
+
+#: The polls :func:`run_steps` makes of an exchange before it waits by the deadline.
+_SPIN = range(POLLS_BEFORE_YIELD)
 
 
 #: mpi4py's MPI module, once :func:`run_steps` has loaded it (an import per call costs as

@@ -205,6 +205,30 @@ def test_a_small_plan_starts_in_place_and_the_calls_after_it_run_after_it(kind):
     t.free()
 
 
+def test_a_run_started_in_place_gives_its_handle_before_during_and_after_it():
+    # The in-place run makes its Handle only when asked: asked at the start (as the Reducer
+    # asks), it completes with the run; asked after test() completed the run, it is done
+    # already, with the result; either way the plan may be started again at once.
+    comm = _world()
+    x = np.arange(6, dtype=np.float32) * (comm.rank + 1)
+    expected = (np.arange(6) * sum(range(1, comm.size + 1))).tolist()
+    plan = refcoll.allreduce_init(x, comm)
+    early = plan.start().handle
+    assert early._engine.kind == "in-flight" and plan.handle is early
+    assert [r.tolist() for r in refcoll.wait_all([early])] == [expected]
+    assert plan.wait().tolist() == expected and plan.handle is None
+    plan.start()
+    while not plan.test():
+        pass
+    late = plan.handle
+    assert late.test() and late.finished is not None and late.wait().tolist() == expected
+    assert plan.wait().tolist() == expected
+    for _ in range(3):  # back to back, no handle asked: MPI_Start then MPI_Wait
+        assert plan.start().wait().tolist() == expected
+    assert plan.runs == 5
+    plan.free()
+
+
 def test_a_start_never_waits_for_peers_that_have_not_started_the_run_before_it():
     # Rank 0 starts two small plans and waits for neither before its peers start any: each
     # start returns (the first run goes to the engine), and both complete once they do.
