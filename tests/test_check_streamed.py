@@ -18,10 +18,12 @@ import pytest
 
 from refcoll.verify.checksums import block_size, checksums, judge_sums, smallest_caught
 from refcoll.verify.formula import FormulaInput
+from refcoll.verify.ieee import judge_float, reference
 from refcoll.verify.inputs import make_inputs
 from refcoll.verify.npy import NpyFile
-from refcoll.verify.oracle import check_outputs, expected_outputs
+from refcoll.verify.oracle import check_outputs, expected_outputs, fold
 from refcoll.verify.rankfiles import load_case, write_world
+from refcoll.verify.screen import Estimate, _exact_sums, estimate, screened
 
 CASES = [("allreduce", "float32", "sum", "adversarial"), ("allreduce", "bfloat16", "avg", "random"),
          ("allreduce", "float16", "prod", "random"), ("allreduce", "float32", "max", "random"),
@@ -72,6 +74,47 @@ def test_any_block_length_gives_the_whole_arrays_report(collective, dtype, op, k
             assert _text(streamed) == whole, (how, budget)
         if how in (1, 2) or (how == 3 and collective in ("allreduce", "reduce")):
             assert '"conforming": false' in whole, how
+
+
+@pytest.mark.parametrize("p,dtype,op,kind", [(2, "float32", "sum", "adversarial"),
+                                          (3, "bfloat16", "avg", "random"),
+                                          (8, "float16", "sum", "adversarial"),
+                                          (64, "float32", "avg", "adversarial"),
+                                          (5, "float32", "sum", "exact")])
+def test_the_screen_judges_every_element_as_the_exact_reference_does(p, dtype, op, kind):
+    # The screen (refcoll/verify/screen.py) decides most elements from plain float64 sums
+    # and sends the rest to the exact reference. Results placed at fractions of the bound
+    # just inside and outside 1, exactly at it, tied, exact, far out, NaN and infinite
+    # must get the exact path's counts, worst element and figures.
+    k = 3000
+    cols = np.stack(make_inputs(kind, dtype, k, p, op=op, seed=p))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = reference(op, cols, dtype)
+        est = estimate(op, cols, dtype)
+        rng = np.random.default_rng(p)
+        cases = {"fold": fold(op, list(cols)).astype(np.float64), "exact": ref.exact.copy()}
+        for name, at in (("inside", 1 - 1e-14), ("outside", 1 + 1e-14), ("at", 1.0),
+                         ("spread", rng.uniform(-1.5, 1.5, k))):
+            cases[name] = ref.exact + ref.bound * at * rng.choice([-1.0, 1.0], k)
+        odd = cases["fold"].copy()
+        odd[rng.choice(k, 40, replace=False)] = [np.nan, np.inf, -np.inf, 0.0] * 10
+        cases["odd"] = odd
+    assert isinstance(est, Estimate)
+    if kind == "exact":  # the plain sums are the exact ones: the reference is built from them
+        built = _exact_sums(est)
+        assert built is not None and all(
+            np.array_equal(getattr(built, f), getattr(ref, f)) and
+            getattr(built, f).dtype == getattr(ref, f).dtype
+            for f in ("exact", "bound", "scale", "e", "finite"))
+    for name, got in cases.items():
+        whole = judge_float(op, cols, got, dtype, ref)
+        failed, special, i, judged, j = screened(est, got)
+        assert failed == int((~whole.ok).sum()) and special == int(whole.special.sum()), name
+        assert i == int(np.argmax(whole.fraction)), name
+        assert judged.fraction[j] == whole.fraction[i] and judged.ok[j] == whole.ok[i], name
+        assert json.dumps(judged.numbers(j)) == json.dumps(whole.numbers(i)), name
+        if kind != "exact" and name in ("fold", "spread"):  # few needed the exact sums
+            assert judged.ok.size < k // 10, (name, judged.ok.size)
 
 
 def test_files_and_formulas_read_block_by_block_give_the_arrays_report(tmp_path):

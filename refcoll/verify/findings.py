@@ -15,6 +15,7 @@ import numpy as np
 from ..core.bits import differing as differing_elements
 from ..core.ops import dtype_name
 from .ieee import CONVENTIONS, explain, judge_extremum, judge_float
+from .screen import Estimate, screened
 
 __all__ = ["Finding", "CheckReport", "elements", "show", "where", "shape_finding",
            "IdenticalCheck", "ExactCheck", "ExtremumCheck", "BoundCheck", "ContributionCheck",
@@ -258,14 +259,19 @@ class BoundCheck:
         self.worst = {}  # rank -> (fraction, index, the element's figures)
 
     def summarize(self, cols: np.ndarray, got: np.ndarray, ref):
-        """Judge one block: ``cols`` the operands as the dtype, ``ref`` their reference."""
-        judged = judge_float(self.op, cols, got.astype(np.float64), self.dtype, ref)
-        i = int(np.argmax(judged.fraction))
-        special, ok = bool(judged.special[i]), bool(judged.ok[i])
-        figures = {"value": float(got[i]), **judged.numbers(i),
-                   "fraction_of_bound": float(judged.fraction[i]), "special": special}
-        why = (cols[:, i].copy(), float(got[i])) if special or not ok else None
-        return int((~judged.ok).sum()), int(judged.special.sum()), i, figures, why, ok
+        """Judge one block: ``cols`` the operands as the dtype, ``ref`` their reference
+        (or its :class:`~refcoll.verify.screen.Estimate`, which decides most elements)."""
+        if isinstance(ref, Estimate):
+            failed, special, i, judged, j = screened(ref, got.astype(np.float64))
+        else:
+            judged = judge_float(self.op, cols, got.astype(np.float64), self.dtype, ref)
+            i = j = int(np.argmax(judged.fraction))
+            failed, special = int((~judged.ok).sum()), int(judged.special.sum())
+        odd, ok = bool(judged.special[j]), bool(judged.ok[j])
+        figures = {"value": float(got[i]), **judged.numbers(j),
+                   "fraction_of_bound": float(judged.fraction[j]), "special": odd}
+        why = (cols[:, i].copy(), float(got[i])) if odd or not ok else None
+        return failed, special, i, figures, why, ok
 
     def merge(self, r: int, offset: int, summary) -> None:
         failed, special, i, figures, why, ok = summary

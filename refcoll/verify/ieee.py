@@ -62,8 +62,8 @@ from dataclasses import dataclass
 import numpy as np
 from ml_dtypes import finfo
 
-__all__ = ["gamma", "ulps", "Reference", "reference", "Judged", "judge_float", "judge_extremum",
-           "explain", "CONVENTIONS"]
+__all__ = ["gamma", "ulps", "Reference", "reference", "sum_bound", "Judged", "judge_float",
+           "judge_extremum", "explain", "CONVENTIONS"]
 
 #: The label of each convention a min/max result with a NaN operand follows.
 CONVENTIONS = {
@@ -389,16 +389,7 @@ def reference(op: str, cols: np.ndarray, dtype) -> Reference:
     with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
         if op in ("sum", "avg"):
             exact, absolute, e, finite = _sums(cols)
-            absolute *= 1.0 + p * 2.0 ** -52
-            ref_err = 2.0 ** -52 * np.abs(exact) + p * 2.0 ** -104 * absolute
-            if op == "avg":
-                exact, absolute = exact / p, absolute / p
-                floor = max(tiny, float(np.finfo(np.float64).tiny)) \
-                    if np.dtype(dtype) == np.float64 else tiny
-                bound = gamma(p, u) * absolute * _SLACK + _scaled(floor, 0, e) + ref_err
-            else:
-                bound = gamma(p - 1, u) * absolute * _SLACK + ref_err
-            scale = absolute
+            exact, bound, scale = sum_bound(op, p, dtype, exact, absolute, e)
         else:
             cols = np.asarray(cols, dtype=np.float64)
             finite_ops = np.isfinite(cols)
@@ -416,6 +407,24 @@ def reference(op: str, cols: np.ndarray, dtype) -> Reference:
             bound = (gamma(p - 1, u) * (magnitude + ref_err) + ref_err + gradual) * _SLACK
             scale = magnitude
     return Reference(op, np.dtype(dtype), cols, exact, bound, scale, e, sign, finite)
+
+
+def sum_bound(op: str, p: int, dtype, exact, absolute, e) -> tuple:
+    """Return ``(exact, bound, scale)`` of a ``sum``/``avg`` from ``Σ x`` (``exact``, in
+    double-double rounded to float64) and ``Σ|x|`` (``absolute``, rounded row by row), both
+    in units of ``2**e``: the bound of every tree, plus the reference's own error."""
+    u = _unit(dtype)
+    tiny = float(finfo(np.dtype(dtype)).smallest_subnormal)
+    absolute = absolute * (1.0 + p * 2.0 ** -52)
+    ref_err = 2.0 ** -52 * np.abs(exact) + p * 2.0 ** -104 * absolute
+    if op == "avg":
+        exact, absolute = exact / p, absolute / p
+        floor = max(tiny, float(np.finfo(np.float64).tiny)) \
+            if np.dtype(dtype) == np.float64 else tiny
+        bound = gamma(p, u) * absolute * _SLACK + _scaled(floor, 0, e) + ref_err
+    else:
+        bound = gamma(p - 1, u) * absolute * _SLACK + ref_err
+    return exact, bound, absolute
 
 
 def judge_float(op: str, cols: np.ndarray, got: np.ndarray, dtype,

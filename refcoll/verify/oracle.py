@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -42,8 +43,9 @@ from .findings import (
     shape_finding,
     where,
 )
-from .ieee import gamma, reference, ulps
+from .ieee import gamma, ulps
 from .npy import NpyFile
+from .screen import estimate
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
            "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps"]
@@ -181,16 +183,18 @@ def _shapes(collective: str, p: int, shape: tuple, parts: dict) -> dict:
     return {r: [shape] for r in parts}
 
 
-#: The bytes one block of :func:`check_outputs` holds: every rank's operands, two
+#: The bytes one block of :func:`check_outputs` holds: every rank's operands and
 #: outputs and the bound's float64 work arrays. What ``refcoll check`` needs beside its
-#: own code is about twice this (the judgement's temporaries), whatever the count.
+#: own code is about three times this (the block read ahead, the judgement's
+#: temporaries), whatever the count.
 BLOCK_BYTES = 32 << 20
 
 
 def block_length(p: int, itemsize: int, budget: int = BLOCK_BYTES) -> int:
-    """Return the elements of each rank a block holds: ``budget`` over ``p`` operands, two
-    outputs and about 14 float64 work arrays per element."""
-    return max(1, budget // ((p + 2) * itemsize + 112))
+    """Return the elements of each rank a block holds: ``budget`` over ``p`` operands,
+    ``p`` outputs and about 14 float64 work arrays per element. Reading ahead holds a
+    second block's operands and outputs."""
+    return max(1, budget // (2 * p * itemsize + 112))
 
 
 def _lazy(x) -> bool:
@@ -225,6 +229,24 @@ def _blocks(collective: str, p: int, n: int, length: int):
     for q in range(p if collective == "allgather" else 1):
         for lo in range(0, n, length):
             yield q * n + lo, q * n + min(n, lo + length), q
+
+
+def _read_ahead(blocks: list, read, files: list):
+    """Yield ``(block, read(block))`` for each block, reading the next block's files on a
+    thread of its own while the caller judges this one (the reads release the GIL, and
+    so do NumPy's loops: on two cores the judging hides most of the reading). Where
+    nothing is read from a file, or there is one block, everything runs here."""
+    if not files or len(blocks) < 2:
+        for block in blocks:
+            yield block, read(block)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="refcoll-read") as pool:
+        ahead = pool.submit(read, blocks[0])
+        for k, block in enumerate(blocks):
+            data = ahead.result()
+            if k + 1 < len(blocks):
+                ahead = pool.submit(read, blocks[k + 1])
+            yield block, data
 
 
 def _wholes(inputs) -> list:
@@ -288,13 +310,17 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
                                        for x in predicted])
     flat_in = [_flat(x) for x in inputs]
     got_files = {r: _flat(outputs[r]) for r in ranks}
+    files = [x for x in [*flat_in, *got_files.values()] if isinstance(x, NpyFile)]
+    blocks = list(_blocks(collective, p, n, block_length(p, dtype.itemsize, budget)))
+
+    def read(block):
+        return judge.read(*block, flat_in, got_files, spans, root)
     try:
-        for lo, hi, q in _blocks(collective, p, n, block_length(p, dtype.itemsize, budget)):
-            judge.block(lo, hi, q, flat_in, got_files, spans, root)
+        for block, data in _read_ahead(blocks, read, files):
+            judge.block(*block, data)
     finally:
-        for x in [*flat_in, *got_files.values()]:
-            if isinstance(x, NpyFile):
-                x.close()
+        for x in files:
+            x.close()
     sizes = {r: len(spans[r]) for r in ranks}
     report.findings.extend(judge.findings(parts, sizes, algorithm))
     floats_ordered = is_float(dtype) and name in ("sum", "avg", "prod")
@@ -321,27 +347,38 @@ class _Judge:
                              if self.exact_inputs else None)
         self.oracle = None
 
-    def block(self, lo, hi, q, inputs, got_files, spans, root) -> None:
-        """Judge reference elements ``lo .. hi-1`` on every rank that holds some of them."""
+    def read(self, lo, hi, q, inputs, got_files, spans, root) -> tuple:
+        """Read what judging reference elements ``lo .. hi-1`` takes: the operands (a
+        reduction's ``(p, hi - lo)`` block) or the one input the outputs must equal, and
+        each rank's part of the block as ``(rank, offset, a, b, got)``."""
         if self.name is not None:  # a reduction
-            cols = _stack(inputs, lo, hi, self.dtype)
-            want, ref = self._reference(cols)
-            if self.exact_inputs:
-                self.exact_inputs = _sums_are_exact(cols)
+            cols, want = _stack(inputs, lo, hi, self.dtype), None
         else:
-            cols, ref = None, None
+            cols = None
             source, base = (q, q * self.n) if self.collective == "allgather" else (root, 0)
             want = _read(inputs[source], lo - base, hi - base)
-        # every rank's differing elements still to analyse fit in the first rank's summary
-        room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
-        head, head_got, head_summaries = self.ranks[0], None, None
+        parts = []
         for r in self.ranks:
             span = spans[r]
             a, b = max(lo, span.start), min(hi, span.stop)
-            if a >= b:
-                continue
-            offset = a - span.start
-            got = _read(got_files[r], offset, b - span.start)
+            if a < b:
+                parts.append((r, a - span.start, a, b, _read(got_files[r], a - span.start,
+                                                             b - span.start)))
+        return cols, want, parts
+
+    def block(self, lo, hi, q, data) -> None:
+        """Judge reference elements ``lo .. hi-1`` (:meth:`read`'s ``data``) on every rank
+        that holds some of them."""
+        cols, want, parts = data
+        ref = None
+        if cols is not None:  # a reduction
+            want, ref = self._reference(cols)
+            if self.exact_inputs:
+                self.exact_inputs = _sums_are_exact(cols)
+        # every rank's differing elements still to analyse fit in the first rank's summary
+        room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
+        head, head_got, head_summaries = self.ranks[0], None, None
+        for r, offset, a, b, got in parts:
             same = False
             if self.identical is not None:
                 if r == head:
@@ -366,7 +403,7 @@ class _Judge:
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 return fold(self.name, list(cols)), None
         if self.bound is not None:
-            return None, reference(self.name, cols, self.dtype)
+            return None, estimate(self.name, cols, self.dtype)
         return None, None
 
     def _summaries(self, got, cols, want, ref, sl, room: int) -> dict:
