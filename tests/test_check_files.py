@@ -341,6 +341,29 @@ def test_gen_inputs_over_a_larger_world_leaves_no_stale_ranks(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+def test_gen_inputs_makes_and_writes_one_rank_at_a_time(tmp_path, monkeypatch):
+    # A world larger than memory is written rank by rank: each input is made when its
+    # file is written and let go before the next is made; the files are make_inputs'.
+    import weakref
+
+    from refcoll.verify import inputs
+
+    made, original = [], inputs.make_input
+
+    def watched(*args, **kwargs):
+        assert all(ref() is None for ref in made), "an earlier rank's input is still held"
+        array = original(*args, **kwargs)
+        made.append(weakref.ref(array))
+        return array
+    monkeypatch.setattr("refcoll.cli.check.make_input", watched)
+    res = invoke("gen-inputs", "-p", 5, "--count", 1000, "--kind", "adversarial",
+                 tmp_path / "in")
+    assert res.exit_code == 0, res.output
+    assert len(made) == 5
+    for r, x in enumerate(make_inputs("adversarial", "float32", 1000, 5)):
+        assert np.array_equal(np.load(tmp_path / "in" / f"rank{r}.npy"), x)
+
+
 @pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
 def test_zero_elements_run_end_to_end(tmp_path, collective):
     """gen-inputs --count 0, oracle, then check on the oracle's own output: exit 0."""

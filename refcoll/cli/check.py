@@ -19,7 +19,7 @@ from ..core.writing import same_place
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
-from ..verify.inputs import make_inputs
+from ..verify.inputs import make_input
 from ..verify.oracle import BLOCK_BYTES, check_outputs, expected_outputs
 from ..verify.rankfiles import (
     files_dtype,
@@ -76,12 +76,15 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
     reduction = get_op(op)
     what = f"generating {p} inputs of {count} x {dtype}"
     advice = "lower --count or -p"
-    # Every rank's input is held at once, beside one float64/int64 draw.
-    require_memory(p * count * dt.itemsize + 8 * count, what, advice)
+    # One rank's input at a time is made and written, beside its generator's draws (the
+    # adversarial layout's are the most: about eight float64 or int64 arrays of count).
+    require_memory(count * dt.itemsize + 64 * count, what, advice)
+
+    def maker(r):
+        return lambda: make_input(kind, dt, count, r, p, op=reduction.name, seed=seed)
     with out_of_memory_is_usage(what, advice):
-        arrays = make_inputs(kind, dt, count, p, op=reduction.name, seed=seed)
-    write_world(directory, arrays, meta={"count": count, "kind": kind, "op": reduction.name,
-                                         "seed": seed})
+        write_world(directory, [maker(r) for r in range(p)],
+                    meta={"count": count, "kind": kind, "op": reduction.name, "seed": seed})
     click.echo(f"wrote {p} inputs of {count} x {dtype} ({kind}) to {directory}")
 
 

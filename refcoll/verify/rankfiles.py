@@ -87,6 +87,9 @@ def _refuse_folders(paths) -> None:
 def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     """Write ``rank<r>.npy`` for each array (None: no file) and ``meta.json``.
 
+    An array may be given as a function that makes it: it is called when its file is
+    written, so a world larger than memory is written one rank at a time.
+
     bfloat16 and float8 arrays are stored as their unsigned-integer bits (``.npy``
     cannot name ml_dtypes' types); ``meta.json`` records the real dtype and how it is
     stored, so any language can read the bits back. Other files in the folder are
@@ -96,17 +99,20 @@ def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     """
     path = Path(directory)
     writing.make_folder(path)
-    first = next((a for a in arrays if a is not None), None)
     info = dict(meta or {})
-    if first is not None:
-        info.setdefault("dtype", dtype_name(first.dtype))
-        info["stored_as"] = str(stored_dtype(first.dtype))
     _refuse_folders([path / f"rank{r}.npy" for r, a in enumerate(arrays) if a is not None]
                     + [path / "meta.json"])
     for r, arr in enumerate(arrays):
-        if arr is not None:
-            writing.save_npy(path / f"rank{r}.npy",
-                             np.ascontiguousarray(arr).view(stored_dtype(arr.dtype)))
+        if arr is None:
+            continue
+        if callable(arr):  # made now, written, let go: one rank's array at a time
+            arr = arr()
+        if "stored_as" not in info:  # the first array's dtype names the world's
+            info.setdefault("dtype", dtype_name(arr.dtype))
+            info["stored_as"] = str(stored_dtype(arr.dtype))
+        writing.save_npy(path / f"rank{r}.npy",
+                         np.ascontiguousarray(arr).view(stored_dtype(arr.dtype)))
+        del arr
     writing.write_json(path / "meta.json", info, indent=2)
 
 
