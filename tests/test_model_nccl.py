@@ -395,3 +395,27 @@ def test_columns_line_up_with_long_algorithm_names():
     end = lines[at].index("buckets") + len("buckets")
     rows = [x for x in lines[at + 1:] if x.startswith("  dense ")]
     assert rows and all(x[end - 1].isdigit() and x[end] == " " for x in rows)
+
+
+def test_nccl_launches_a_small_buffer_on_fewer_channels_after_it_has_picked():
+    # src/enqueue.cc drops a channel while n < channels × threads × threshold: Simple's
+    # 512 threads × 64 B make 32 KiB a channel, LL128's 640 × 8 B 5 KiB, a ring's LL
+    # 512 × 8 B × 16 ranks 64 KiB; NVLS keeps its channels.
+    from refcoll.model.nccl_run import nccl_pick, runs, used_channels
+    from refcoll.model.systems import System, system_preset
+
+    assert used_channels("Ring", 2, 24, 16, 256 << 10) == 8
+    assert used_channels("Ring", 2, 24, 16, 1 << 30) == 24
+    assert used_channels("Tree", 1, 24, 16, 20 << 10) == 4
+    assert used_channels("Ring", 0, 24, 16, 1 << 20) == 16
+    assert used_channels("Ring", 0, 24, 16, 8) == 1
+    assert used_channels("NVLS", 2, 16, 8, 8) == 16
+    system = System(nodes=2, **system_preset("dgx-h100"))
+    for nbytes in (8, 32 << 10, 1 << 20, 64 << 20):
+        every = runs(system, nbytes)
+        picked = nccl_pick(system, nbytes)
+        assert picked.tuned == min(r.tuned for r in every)  # chosen on every channel
+        assert all(r.seconds >= r.tuned - 1e-15 for r in every)  # fewer cannot be faster
+        if picked.channels < system.channel_count():  # then it streams at its share
+            assert picked.seconds > picked.tuned
+

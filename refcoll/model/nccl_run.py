@@ -52,7 +52,7 @@ from .nccl import (
 from .systems import System
 
 __all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "Run", "runs", "nccl_pick", "predict",
-           "busbw_factor"]
+           "busbw_factor", "used_channels"]
 
 #: The algorithms NCCL may run for an all-reduce, in its order.
 NCCL_ALGORITHMS = ("Tree", "Ring", "CollNet", "NVLS", "NVLSTree")
@@ -86,6 +86,8 @@ class Run:
         seconds: the time of one all-reduce of ``nbytes``.
         limit: the link that bounds the bandwidth (``nvlink``, ``pcie``,
             ``network``, ``protocol``).
+        tuned: the time NCCL's tuning compares when it picks: the same run on every
+            channel (it drops channels for a small buffer only once it has picked).
     """
 
     algorithm: str
@@ -95,6 +97,7 @@ class Run:
     algbw: float
     seconds: float
     limit: str
+    tuned: float
 
     @property
     def name(self) -> str:
@@ -148,7 +151,7 @@ def _ring(system: System, proto: int, channels: int, arch: int, nbytes: int) -> 
     lat = 1e-6 * _BASE_LAT["Ring"][proto] + (steps - inter_steps) * intra + inter_steps * inter
     if proto == 2 and n > 1 and nbytes // (channels * p) >= 64:
         lat *= _PLATEAU[0 if arch == 0 else 1]
-    return _run("Ring", proto, channels, lat, bus / busbw_factor(p), nbytes, limit)
+    return _run("Ring", proto, channels, lat, bus / busbw_factor(p), nbytes, limit, p)
 
 
 def _tree(system: System, proto: int, channels: int, arch: int, nbytes: int) -> Run | None:
@@ -170,7 +173,7 @@ def _tree(system: System, proto: int, channels: int, arch: int, nbytes: int) -> 
         algbw *= _TREE_CORRECTION[proto][log_size]
     intra, inter = _hop(system, "Tree", proto)
     lat = 1e-6 * _BASE_LAT["Tree"][proto] + 2 * ((g - 1) * intra + _log2i(n) * inter)
-    return _run("Tree", proto, channels, lat, algbw, nbytes, limit)
+    return _run("Tree", proto, channels, lat, algbw, nbytes, limit, system.ranks)
 
 
 def _nvls_rate(system: System, channels: int, per_node: int) -> float:
@@ -186,7 +189,7 @@ def _nvls(system: System, channels: int, nbytes: int) -> Run | None:
         return None
     lat = 1e-6 * _NVLS_NVLINK_LAT + system.intra_latency()
     return _run("NVLS", 2, channels, lat, _nvls_rate(system, channels, system.ranks), nbytes,
-                "nvlink")
+                "nvlink", system.ranks)
 
 
 def _nvls_tree(system: System, channels: int, nbytes: int) -> Run | None:
@@ -199,7 +202,7 @@ def _nvls_tree(system: System, channels: int, nbytes: int) -> Run | None:
         algbw, limit = net, "network"
     lat = (1e-6 * _NVLS_NVLINK_LAT + system.intra_latency()
            + 2 * _log2i(n) * (1e-6 * _NVLSTREE_NET_LAT + system.net_latency()))
-    return _run("NVLSTree", 2, channels, lat, algbw, nbytes, limit)
+    return _run("NVLSTree", 2, channels, lat, algbw, nbytes, limit, system.ranks)
 
 
 def _collnet(system: System, channels: int, nbytes: int) -> Run | None:
@@ -211,7 +214,7 @@ def _collnet(system: System, channels: int, nbytes: int) -> Run | None:
         algbw, limit = system.nic_rate() * _COLLNET_FACTOR, "network"
     lat = (1e-6 * (2 * (min(1, g - 1) * _COLLNET_NVLINK_LAT + (g - 1) * _COLLNET_PER_RANK)
                    + _COLLNET_NET_LAT) + system.net_latency())
-    return _run("CollNet", 2, channels, lat, algbw, nbytes, limit)
+    return _run("CollNet", 2, channels, lat, algbw, nbytes, limit, system.ranks)
 
 
 #: A channel's buffer per protocol, bytes of data (NCCL's defaults: ``NCCL_BUFFSIZE`` 4 MiB
@@ -228,11 +231,34 @@ def _fill(proto: int, channels: int, algbw: float, nbytes: int) -> float:
     return 0.5 * min(nbytes, channels * _BUFFER[proto]) / algbw
 
 
-def _run(algorithm, proto, channels, latency, algbw, nbytes, limit) -> Run | None:
+#: NCCL's threads per channel block by protocol (``NCCL_LL_MAX_NTHREADS``,
+#: ``NCCL_LL128_MAX_NTHREADS``, ``NCCL_SIMPLE_MAX_NTHREADS``: src/include/device.h) and
+#: the bytes each thread must have before another channel is used
+#: (``NCCL_*_THREAD_THRESHOLD``, src/include/comm.h; a ring's LL threshold is times the
+#: ranks, src/graph/tuning.cc).
+_THREADS, _THREAD_THRESHOLD = (512, 640, 512), (8, 8, 64)
+
+
+def used_channels(algorithm: str, proto: int, channels: int, ranks: int, nbytes: int) -> int:
+    """Return the channels NCCL launches a Ring or Tree on for ``nbytes``: it drops one at a
+    time while the buffer is less than ``channels × threads × threshold`` bytes
+    (``topoGetAlgoInfo``, src/enqueue.cc), so a small buffer runs on fewer channels, each
+    at its own share of the link."""
+    if algorithm not in ("Ring", "Tree"):
+        return channels
+    threshold = _THREAD_THRESHOLD[proto] * (ranks if algorithm == "Ring" and proto == 0 else 1)
+    per_channel = _THREADS[proto] * threshold
+    return max(1, min(channels, nbytes // per_channel))
+
+
+def _run(algorithm, proto, channels, latency, algbw, nbytes, limit, ranks: int) -> Run | None:
     if algbw <= 0:
         return None
-    return Run(algorithm, PROTOCOLS[proto], channels, latency, algbw,
-               latency + nbytes / algbw + _fill(proto, channels, algbw, nbytes), limit)
+    tuned = latency + nbytes / algbw + _fill(proto, channels, algbw, nbytes)
+    used = used_channels(algorithm, proto, channels, ranks, nbytes)
+    algbw = algbw * used / channels
+    return Run(algorithm, PROTOCOLS[proto], used, latency, algbw,
+               latency + nbytes / algbw + _fill(proto, used, algbw, nbytes), limit, tuned)
 
 
 def runs(system: System, nbytes: int) -> list[Run]:
@@ -253,10 +279,11 @@ def runs(system: System, nbytes: int) -> list[Run]:
 
 
 def nccl_pick(system: System, nbytes: int, algorithms=None) -> Run | None:
-    """Return what NCCL runs: the least time among ``algorithms`` (default: all NCCL has)."""
+    """Return what NCCL runs: the least time among ``algorithms`` (default: all NCCL has),
+    as its tuning compares them (:attr:`Run.tuned`)."""
     choices = [r for r in runs(system, nbytes)
                if algorithms is None or r.algorithm.lower() in algorithms]
-    return min(choices, key=lambda r: r.seconds) if choices else None
+    return min(choices, key=lambda r: r.tuned) if choices else None
 
 
 def predict(system: System, nbytes: int, algorithm: str | None = None) -> Run | None:
@@ -267,4 +294,4 @@ def predict(system: System, nbytes: int, algorithm: str | None = None) -> Run | 
     name, _, proto = algorithm.partition("/")
     choices = [r for r in runs(system, nbytes) if r.algorithm.lower() == name.lower()
                and (not proto or r.protocol.lower() == proto.lower())]
-    return min(choices, key=lambda r: r.seconds) if choices else None
+    return min(choices, key=lambda r: r.tuned) if choices else None
