@@ -117,7 +117,7 @@ def test_a_missing_contribution_is_caught_in_a_large_call_by_its_sample(world):
     assert "within the error bound" in str(caught.value)
 
 
-@pytest.mark.parametrize("n", [4096, 1 << 20])
+@pytest.mark.parametrize("n", [4096, 1 << 20, pytest.param(1 << 26, marks=pytest.mark.slow)])
 def test_one_element_off_by_one_percent_is_caught_by_the_block_checksums(world, n):
     """The 16 sampled elements miss it; the checksums see every element, in every call."""
     group = watching("corrupting", "allreduce:2:percent", REFCOLL_WATCH_SAMPLE=16)
