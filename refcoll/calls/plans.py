@@ -426,6 +426,9 @@ class InFlight:
     @property
     def handle(self) -> Handle:
         """The run's :class:`~refcoll.calls.progress.Handle`, made when first asked."""
+        handle = self._handle
+        if handle is not None:  # made already (a callback of its own completion may ask)
+            return handle
         plan = self.plan
         with plan._lock:
             handle = self._handle
