@@ -133,6 +133,35 @@ def test_files_and_formulas_read_block_by_block_give_the_arrays_report(tmp_path)
     assert "rank 2 element 4321" in whole
 
 
+def test_a_failure_while_judging_ends_the_reads_ahead_before_the_files_close(tmp_path,
+                                                                              monkeypatch):
+    # The next block is read on a thread while this one is judged: a judge that fails
+    # leaves no read running, no thread behind and every file closed.
+    import threading
+
+    from refcoll.verify import oracle
+
+    p, n = 3, 4000
+    arrays = [x.whole() for x in (FormulaInput("adversarial", "float32", p, r, n, seed=1)
+                                  for r in range(p))]
+    write_world(tmp_path / "in", arrays)
+    write_world(tmp_path / "out", expected_outputs("allreduce", arrays, algorithm="ring"))
+    inputs, outputs, _ = load_case(tmp_path / "in", tmp_path / "out", lazy=True)
+    judged, real_block = [], oracle._Judge.block
+
+    def failing(self, lo, hi, q, data):
+        judged.append(lo)
+        if len(judged) == 3:
+            raise RuntimeError("the judge failed")
+        real_block(self, lo, hi, q, data)
+    monkeypatch.setattr(oracle._Judge, "block", failing)
+    with pytest.raises(RuntimeError, match="the judge failed"):
+        check_outputs(inputs, outputs, budget=2000)
+    assert len(judged) == 3
+    assert not [t for t in threading.enumerate() if t.name.startswith("refcoll-read")]
+    assert all(x._fh is None for x in inputs + outputs)
+
+
 def test_a_big_endian_or_fortran_file_is_read_in_blocks_as_numpy_reads_it(tmp_path):
     x = np.arange(60, dtype=np.float32).reshape(6, 10)
     np.save(tmp_path / "be.npy", x.astype(">f4"))

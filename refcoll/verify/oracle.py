@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -316,8 +317,9 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     def read(block):
         return judge.read(*block, flat_in, got_files, spans, root)
     try:
-        for block, data in _read_ahead(blocks, read, files):
-            judge.block(*block, data)
+        with contextlib.closing(_read_ahead(blocks, read, files)) as ahead:
+            for block, data in ahead:  # a failure closes the reads before the files
+                judge.block(*block, data)
     finally:
         for x in files:
             x.close()
