@@ -38,8 +38,9 @@ LAYERS = {
 REFERENCE = {"core", "transport", "algorithms", "calls", "verify"}
 TOOLS = {"compressors", "training", "bench", "model", "baselines", "cluster", "torch", "cli"}
 
-#: Third-party packages a function may import late: optional or heavy ones.
-LATE_ALLOWED = {"mpi4py", "cupy", "matplotlib", "sklearn", "torch"}
+#: Third-party packages a function may import late: optional or heavy ones (ml_dtypes:
+#: half a second to load, so core/ops.py imports it when one of its types is first needed).
+LATE_ALLOWED = {"mpi4py", "cupy", "matplotlib", "sklearn", "torch", "ml_dtypes"}
 
 #: Function-level imports of refcoll's own modules the whole package may have.
 MAX_INNER = 10

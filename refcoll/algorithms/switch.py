@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from ..core.chunking import max_chunk
 from ..core.cost import ZERO, Cost, lamport_replay
 from ..core.errors import UsageError
-from ..core.ops import OPS, dtype_name, is_float, unit_roundoff
+from ..core.ops import OPS, dtype_name, finfo, is_float, unit_roundoff
 from ..transport.base import TAGS_PER_CALL
 from ._util import copy_into, view, workspace
 from .registry import Algorithm, LinkCost, register
@@ -136,7 +135,7 @@ def int_error_bound(inputs, *, packet: int = PACKET, slots: int = SLOTS) -> np.n
         e = max(_block_exponent(x[lo:hi]) for x in arrays)
         quantum[lo:hi] = workers * 2.0 ** (e + int_headroom(workers) - 31)
     u = unit_roundoff(dtype)
-    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal) / 2
+    tiny = float(finfo(dtype).smallest_subnormal) / 2
     # float64 accumulation of ``exact`` above is itself rounded: widen by W·2**-53·Σ|x|.
     slack = workers * 2.0 ** -53 * sum(np.abs(x.astype(np.float64)) for x in arrays)
     return quantum + u * (np.abs(exact) + quantum) + tiny + slack

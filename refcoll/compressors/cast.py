@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import ml_dtypes
 import numpy as np
 
+from ..core.ops import get_dtype
 from ..core.xp import array_namespace, check_device_dtype
 from .base import Compressor, Payload, check_float, register
 
@@ -23,16 +23,18 @@ __all__ = ["CastFP16", "CastBF16"]
 
 @dataclass(frozen=True)
 class _Cast(Compressor):
-    """Cast to ``wire`` on compress and back to the tensor's dtype on decompress."""
+    """Cast to ``wire`` (refcoll's name of a dtype) on compress and back to the tensor's
+    dtype on decompress."""
 
     linear: ClassVar[bool] = True
-    wire: ClassVar[type] = np.float16
+    wire: ClassVar[str] = "float16"
 
     def compress(self, x, state) -> Payload:
         """Return ``x`` rounded to the wire type."""
         check_float(x, self.name)
-        check_device_dtype(self.wire, array_namespace(x))
-        return self._payload(x, {"values": x.reshape(-1).astype(self.wire)})
+        wire = get_dtype(self.wire)
+        check_device_dtype(wire, array_namespace(x))
+        return self._payload(x, {"values": x.reshape(-1).astype(wire)})
 
     def decompress(self, payload: Payload) -> np.ndarray:
         """Return the values widened back to the original dtype."""
@@ -45,7 +47,7 @@ class CastFP16(_Cast):
     """IEEE binary16: 11-bit significand, range up to 65504."""
 
     name: ClassVar[str] = "fp16"
-    wire: ClassVar[type] = np.float16
+    wire: ClassVar[str] = "float16"
 
 
 @register
@@ -54,4 +56,4 @@ class CastBF16(_Cast):
     """bfloat16: float32's range with an 8-bit significand."""
 
     name: ClassVar[str] = "bf16"
-    wire: ClassVar[type] = ml_dtypes.bfloat16
+    wire: ClassVar[str] = "bfloat16"

@@ -31,9 +31,9 @@ since a product or average of 3-bit mantissas is rarely what anyone means.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from .errors import UsageError
@@ -54,6 +54,8 @@ __all__ = [
     "is_integer",
     "unit_roundoff",
     "exact_integer_limit",
+    "finfo",
+    "ML_DTYPE_NAMES",
 ]
 
 
@@ -116,38 +118,114 @@ OPS: dict[str, Op] = {
     "avg": Op("avg", np.add, divides=True),
 }
 
-DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(t)
-    for name, t in [
-        ("int8", np.int8),
-        ("uint8", np.uint8),
-        ("int16", np.int16),
-        ("uint16", np.uint16),
-        ("int32", np.int32),
-        ("uint32", np.uint32),
-        ("int64", np.int64),
-        ("uint64", np.uint64),
-        ("float16", np.float16),
-        ("bfloat16", ml_dtypes.bfloat16),
-        ("float32", np.float32),
-        ("float64", np.float64),
-        ("float8_e4m3fn", ml_dtypes.float8_e4m3fn),
-        ("float8_e5m2", ml_dtypes.float8_e5m2),
-    ]
+#: The types ml_dtypes adds to NumPy, by refcoll's name (which is NumPy's ``dtype.name``).
+#: NumPy knows them only once ml_dtypes is imported, and that takes about half a
+#: second (its extension registers every cast between its types), so refcoll imports
+#: it on first need: a name asked for, or a value of one of these types (which only
+#: exists once something imported ml_dtypes).
+ML_DTYPE_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+#: NumPy's own supported types, by name.
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(name)
+    for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                 "float16", "float32", "float64")
 }
 
-_FLOAT8 = {DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]}
+#: Every supported type's name, in the order refcoll lists them.
+_NAMES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+          "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+
+_ML: dict[str, np.dtype] = {}  # ml_dtypes' types by name, once imported
+
+
+def _ml_dtypes() -> dict[str, np.dtype]:
+    """Return ml_dtypes' types by name, importing ml_dtypes the first time."""
+    if not _ML:
+        import ml_dtypes  # heavy: half a second, so only when one of its types is needed
+
+        _ML.update({name: np.dtype(getattr(ml_dtypes, name)) for name in ML_DTYPE_NAMES})
+    return _ML
+
+
+class _Dtypes(Mapping):
+    """Every supported dtype by name (:data:`DTYPES`): ml_dtypes' made on first use."""
+
+    def __getitem__(self, name: str) -> np.dtype:
+        dt = _NUMPY_DTYPES.get(name)
+        if dt is None:
+            if name not in ML_DTYPE_NAMES:
+                raise KeyError(name)
+            dt = _ml_dtypes()[name]
+        return dt
+
+    def __contains__(self, name) -> bool:
+        return name in _NAMES
+
+    def __iter__(self):
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def __repr__(self) -> str:
+        return f"DTYPES({', '.join(_NAMES)})"
+
+
+class _DtypeNames(Mapping):
+    """Each supported dtype's name, by dtype (:data:`DTYPE_NAMES`): a look-up where a call's
+    agreement needs the name. ml_dtypes' types are looked up only once ml_dtypes is
+    imported (before, no value can have one of them)."""
+
+    _numpy = {dt: name for name, dt in _NUMPY_DTYPES.items()}
+
+    def get(self, dt, default=None):
+        name = self._numpy.get(dt)
+        if name is None and "ml_dtypes" in sys.modules:
+            name = next((n for n, d in _ml_dtypes().items() if d == dt), None)
+        return default if name is None else name
+
+    def __getitem__(self, dt) -> str:
+        name = self.get(dt)
+        if name is None:
+            raise KeyError(dt)
+        return name
+
+    def __contains__(self, dt) -> bool:
+        return self.get(dt) is not None
+
+    def __iter__(self):
+        return iter(DTYPES[name] for name in _NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+
+#: Every supported dtype, by name (ml_dtypes' imported on first use of one of them).
+DTYPES = _Dtypes()
+
+#: Each supported dtype's name, by dtype.
+DTYPE_NAMES = _DtypeNames()
+
+_FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
 _FLOAT8_OPS = {"sum", "min", "max"}
-#: Each supported dtype's name, by dtype (the first name of a dtype with two):
-#: a look-up where a call's agreement needs the name.
-DTYPE_NAMES: dict[np.dtype, str] = {}
-for _name, _dtype in DTYPES.items():
-    DTYPE_NAMES.setdefault(_dtype, _name)
 
 #: The ops every supported dtype takes (:func:`check_supported` refuses the others on float8).
 OPS_ON_EVERY_DTYPE = frozenset(_FLOAT8_OPS)
 
-_FLOATS = {DTYPES[n] for n in ("float16", "bfloat16", "float32", "float64")} | _FLOAT8
+_FLOATS = ("float16", "bfloat16", "float32", "float64", *_FLOAT8)
+
+
+def _as_dtype(dtype) -> np.dtype:
+    """Return ``dtype`` (a dtype, a type or a name) as a NumPy dtype; ml_dtypes' names too."""
+    if isinstance(dtype, str) and dtype in ML_DTYPE_NAMES:
+        return _ml_dtypes()[dtype]
+    return np.dtype(dtype)
+
+
+def _name_of(dt: np.dtype) -> str | None:
+    """Return refcoll's name of the supported dtype ``dt``, or None."""
+    return DTYPE_NAMES.get(dt)
 
 
 #: mpi4py's predefined reductions refcoll has, by their name in mpi4py.MPI.
@@ -221,34 +299,31 @@ def get_dtype(dtype) -> np.dtype:
     except TypeError:
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}") from None
     native = dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
-    if native not in DTYPES.values():
+    if native not in DTYPE_NAMES:
         raise UsageError(f"unsupported dtype {dt}: choose one of {', '.join(DTYPES)}")
     return dt
 
 
 def dtype_name(dtype) -> str:
     """Return refcoll's name for a supported dtype (``bfloat16``, ``float32``...)."""
-    dt = np.dtype(dtype)
-    for name, d in DTYPES.items():
-        if d == dt:
-            return name
-    return str(dt)
+    dt = _as_dtype(dtype)
+    return _name_of(dt) or str(dt)
 
 
 def is_float(dtype) -> bool:
     """Return whether ``dtype`` is one of the floating types (ml_dtypes' included)."""
-    return np.dtype(dtype) in _FLOATS
+    return _name_of(_as_dtype(dtype)) in _FLOATS
 
 
 def is_integer(dtype) -> bool:
     """Return whether ``dtype`` is a signed or unsigned integer type."""
-    return np.dtype(dtype).kind in "iu"
+    return _as_dtype(dtype).kind in "iu"
 
 
 def check_supported(op: Op, dtype) -> None:
     """Raise :class:`UsageError` when ``op`` is not defined on ``dtype``."""
-    dt = np.dtype(dtype)
-    if dt in _FLOAT8 and op.name not in _FLOAT8_OPS:
+    dt = _as_dtype(dtype)
+    if _name_of(dt) in _FLOAT8 and op.name not in _FLOAT8_OPS:
         raise UsageError(
             f"op {op.name!r} is not supported on {dtype_name(dt)}: float8 supports "
             f"{', '.join(sorted(_FLOAT8_OPS))}"
@@ -266,15 +341,25 @@ def supports(op, dtype) -> bool:
     return True
 
 
+def finfo(dtype):
+    """Return the machine limits of a float type: NumPy's ``finfo``, ml_dtypes' for its types."""
+    dt = _as_dtype(dtype)
+    if dt.name in ML_DTYPE_NAMES:
+        import ml_dtypes  # imported already: a value of its type exists
+
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
+
+
 def unit_roundoff(dtype) -> float:
     """Return the unit roundoff ``u = 2**-(mantissa bits + 1)`` of a float type."""
-    return float(ml_dtypes.finfo(np.dtype(dtype)).eps) / 2.0
+    return float(finfo(dtype).eps) / 2.0
 
 
 def exact_integer_limit(dtype) -> int:
     """Return the largest ``M`` such that every integer in ``[-M, M]`` is exact in ``dtype``."""
-    dt = np.dtype(dtype)
+    dt = _as_dtype(dtype)
     if is_integer(dt):
         return int(np.iinfo(dt).max)
-    info = ml_dtypes.finfo(dt)
+    info = finfo(dt)
     return min(2 ** (info.nmant + 1), int(float(info.max)))

@@ -48,9 +48,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from ml_dtypes import finfo
 
-from ..core.ops import unit_roundoff
+from ..core.ops import finfo, unit_roundoff
 from .formula import bits
 from .ieee import gamma
 

@@ -60,7 +60,8 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from ml_dtypes import finfo
+
+from ..core.ops import finfo
 
 __all__ = ["gamma", "ulps", "Reference", "reference", "sum_bound", "Judged", "judge_float",
            "judge_extremum", "explain", "CONVENTIONS"]

@@ -26,12 +26,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
-from ml_dtypes import finfo
 
 from ..calls.collectives import simulate
 from ..core.chunking import chunk_slice
 from ..core.errors import UsageError
-from ..core.ops import dtype_name, exact_integer_limit, get_op, is_float, is_integer, unit_roundoff
+from ..core.ops import (
+    dtype_name,
+    exact_integer_limit,
+    finfo,
+    get_op,
+    is_float,
+    is_integer,
+    unit_roundoff,
+)
 from .findings import (
     BOUND_ALONE,
     BoundCheck,
