@@ -59,3 +59,31 @@ def test_exact_integer_limit_matches_the_mantissa():
         limit = exact_integer_limit(DTYPES[dt])
         values = np.arange(-limit, limit + 1, dtype=np.float64)
         assert np.array_equal(values.astype(DTYPES[dt]).astype(np.float64), values)
+
+
+def test_ml_dtypes_is_loaded_on_first_need_not_at_start():
+    # Loading ml_dtypes takes about half a second: refcoll and its command line start
+    # without it, ask for it by name, and meet its types in a user's arrays (made after
+    # the user imported it) as if it had been there all along.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np, refcoll, refcoll.cli\n"
+        "from refcoll.core import ops\n"
+        "assert 'ml_dtypes' not in sys.modules, 'imported at start'\n"
+        "assert ops.is_float(np.float32) and ops.dtype_name(np.int8) == 'int8'\n"
+        "assert 'ml_dtypes' not in sys.modules, 'imported by a NumPy type'\n"
+        "import ml_dtypes\n"
+        "x = np.arange(6).astype(ml_dtypes.bfloat16)\n"
+        "assert ops.dtype_name(x.dtype) == 'bfloat16' and ops.is_float(x.dtype)\n"
+        "assert ops.get_dtype(x.dtype) == x.dtype and x.dtype in ops.DTYPE_NAMES\n"
+        "assert ops.get_dtype('float8_e4m3fn').name == 'float8_e4m3fn'\n"
+        "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+    name = subprocess.run([sys.executable, "-c", "import sys\nfrom refcoll.core.ops import "
+                           "get_dtype, finfo\nprint(get_dtype('bfloat16'), "
+                           "finfo('bfloat16').nmant, 'ml_dtypes' in sys.modules)"],
+                          capture_output=True, text=True)
+    assert name.stdout.split() == ["bfloat16", "7", "True"], name.stdout + name.stderr

@@ -138,13 +138,20 @@ _NAMES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint6
 
 _ML: dict[str, np.dtype] = {}  # ml_dtypes' types by name, once imported
 
+#: Each supported dtype's name, by dtype: a plain dict (a look-up costs no call where a
+#: call's arguments are checked), NumPy's types from the start and ml_dtypes' added when
+#: it is imported (:func:`_ml_dtypes`; before, no value can have one of its types).
+DTYPE_NAMES: dict[np.dtype, str] = {dt: name for name, dt in _NUMPY_DTYPES.items()}
+
 
 def _ml_dtypes() -> dict[str, np.dtype]:
     """Return ml_dtypes' types by name, importing ml_dtypes the first time."""
     if not _ML:
         import ml_dtypes  # heavy: half a second, so only when one of its types is needed
 
-        _ML.update({name: np.dtype(getattr(ml_dtypes, name)) for name in ML_DTYPE_NAMES})
+        found = {name: np.dtype(getattr(ml_dtypes, name)) for name in ML_DTYPE_NAMES}
+        DTYPE_NAMES.update({dt: name for name, dt in found.items()})
+        _ML.update(found)
     return _ML
 
 
@@ -172,40 +179,8 @@ class _Dtypes(Mapping):
         return f"DTYPES({', '.join(_NAMES)})"
 
 
-class _DtypeNames(Mapping):
-    """Each supported dtype's name, by dtype (:data:`DTYPE_NAMES`): a look-up where a call's
-    agreement needs the name. ml_dtypes' types are looked up only once ml_dtypes is
-    imported (before, no value can have one of them)."""
-
-    _numpy = {dt: name for name, dt in _NUMPY_DTYPES.items()}
-
-    def get(self, dt, default=None):
-        name = self._numpy.get(dt)
-        if name is None and "ml_dtypes" in sys.modules:
-            name = next((n for n, d in _ml_dtypes().items() if d == dt), None)
-        return default if name is None else name
-
-    def __getitem__(self, dt) -> str:
-        name = self.get(dt)
-        if name is None:
-            raise KeyError(dt)
-        return name
-
-    def __contains__(self, dt) -> bool:
-        return self.get(dt) is not None
-
-    def __iter__(self):
-        return iter(DTYPES[name] for name in _NAMES)
-
-    def __len__(self) -> int:
-        return len(_NAMES)
-
-
 #: Every supported dtype, by name (ml_dtypes' imported on first use of one of them).
 DTYPES = _Dtypes()
-
-#: Each supported dtype's name, by dtype.
-DTYPE_NAMES = _DtypeNames()
 
 _FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
 _FLOAT8_OPS = {"sum", "min", "max"}
@@ -225,7 +200,11 @@ def _as_dtype(dtype) -> np.dtype:
 
 def _name_of(dt: np.dtype) -> str | None:
     """Return refcoll's name of the supported dtype ``dt``, or None."""
-    return DTYPE_NAMES.get(dt)
+    name = DTYPE_NAMES.get(dt)
+    if name is None and not _ML and "ml_dtypes" in sys.modules:  # imported by someone else
+        _ml_dtypes()
+        name = DTYPE_NAMES.get(dt)
+    return name
 
 
 #: mpi4py's predefined reductions refcoll has, by their name in mpi4py.MPI.
@@ -299,7 +278,7 @@ def get_dtype(dtype) -> np.dtype:
     except TypeError:
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}") from None
     native = dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
-    if native not in DTYPE_NAMES:
+    if _name_of(native) is None:
         raise UsageError(f"unsupported dtype {dt}: choose one of {', '.join(DTYPES)}")
     return dt
 
