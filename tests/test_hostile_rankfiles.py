@@ -248,19 +248,23 @@ def test_more_rank_files_than_a_world_may_have_are_refused_at_once(tmp_path, dea
 
 
 def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path, deadline):
-    """A whole-array command refuses it by its size; check, which reads block by block,
-    by its header against the other ranks' (both before reading an element)."""
+    """Beside smaller ranks, its header is refused against theirs; where every rank is
+    that large, a whole-array command refuses it by the memory it needs (each before
+    reading an element)."""
     in_dir, out_dir = good_case(tmp_path)
     count = 1 << 40  # 4 TiB of float32, on no disk blocks
     head = io.BytesIO()
     np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False,
                                                 "shape": (count,)})
-    with open(in_dir / "rank1.npy", "wb") as fh:
-        fh.write(head.getvalue())
-        try:
-            fh.truncate(len(head.getvalue()) + 4 * count)
-        except OSError as exc:
-            pytest.skip(f"this file system has no sparse 4 TiB file ({exc})")
+
+    def sparse(r):
+        with open(in_dir / f"rank{r}.npy", "wb") as fh:
+            fh.write(head.getvalue())
+            try:
+                fh.truncate(len(head.getvalue()) + 4 * count)
+            except OSError as exc:
+                pytest.skip(f"this file system has no sparse 4 TiB file ({exc})")
+    sparse(1)
     try:
         first = np.load(in_dir / "rank0.npy", mmap_mode="r").size
         refused(tmp_path, "check", in_dir, out_dir,
@@ -268,9 +272,15 @@ def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path,
         refused(tmp_path, "check", "--algorithm", "ring", in_dir, out_dir,
                 needles=[f"rank1.npy: holds {count} elements"])
         refused(tmp_path, "oracle", "--algorithm", "ring", in_dir, tmp_path / "predicted",
-                needles=["needs about 4.0 TiB"])
+                needles=[f"rank1.npy: holds {count} elements"])
+        for r in range(P):
+            sparse(r)
+        (in_dir / "meta.json").unlink()  # the files alone define the world
+        refused(tmp_path, "oracle", "--algorithm", "tree", in_dir, tmp_path / "predicted",
+                needles=["needs about", "TiB"])
     finally:
-        (in_dir / "rank1.npy").unlink()
+        for r in range(P):
+            (in_dir / f"rank{r}.npy").unlink(missing_ok=True)
 
 
 def test_every_npy_version_and_layout_is_still_read(tmp_path, deadline):

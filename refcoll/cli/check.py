@@ -16,12 +16,14 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
+from ..verify.evaluators import blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
 from ..verify.inputs import make_input
-from ..verify.oracle import BLOCK_BYTES, check_outputs, expected_outputs
+from ..verify.oracle import BLOCK_BYTES, block_length, check_outputs, expected_outputs, stacked
 from ..verify.rankfiles import (
+    Streamed,
     files_dtype,
     load_case,
     load_outputs,
@@ -106,18 +108,33 @@ def _collective_options(f):
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
-    IN_DIR has at most 4096 ranks. OUT_DIR must not be IN_DIR (compared by what they
-    resolve to, links followed); each file is written to a temporary name and renamed
-    into place, so a link in OUT_DIR is replaced, never written through.
+    The ring all-reduce is written block by block, in bounded memory; any other
+    algorithm is simulated on whole arrays. IN_DIR has at most 4096 ranks. OUT_DIR must
+    not be IN_DIR (compared by what they resolve to, links followed); each file is
+    written to a temporary name and renamed into place, so a link in OUT_DIR is
+    replaced, never written through.
     """
     check_output_directory("OUT_DIR", out_dir)
     if same_place(in_dir, out_dir):
         raise UsageError(f"OUT_DIR {out_dir} is IN_DIR {in_dir} (the same folder, links "
                          "followed): the outputs would overwrite the inputs")
     algorithms.implementation(algorithm, collective)
+    meta = {"algorithm": algorithm, "collective": collective, "op": get_op(op).name,
+            "root": root}
+    inputs, _, _ = load_case(in_dir, collective=collective, root=root, lazy=True)
+    x = inputs[0]
+    fold = blockwise(collective, len(inputs), x.size, x.dtype.itemsize, algorithm=algorithm,
+                     op=get_op(op).name)
+    if fold is not None:  # the ring all-reduce: predicted and written block by block
+        require_memory(STREAMED_BYTES, f"predicting {algorithm} {collective}",
+                       "predict fewer or smaller inputs")
+        write_world(out_dir, _streamed_outputs(inputs, fold, out_dir), meta=meta)
+        click.echo(f"wrote {len(inputs)} expected outputs of {algorithm} {collective} to "
+                   f"{out_dir}")
+        return
     require_memory(rank_file_bytes(in_dir), f"reading the rank files of {in_dir}",
                    "predict fewer or smaller inputs")
-    inputs, _, _ = load_case(in_dir, collective=collective, root=root)
+    inputs = [x.whole() for x in inputs]
     what = f"predicting {algorithm} {collective} for {len(inputs)} ranks"
     advice = "predict fewer or smaller inputs"
     require_memory(simulation_bytes(collective, len(inputs), inputs[0].size,
@@ -125,8 +142,7 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     with out_of_memory_is_usage(what, advice):
         outputs = expected_outputs(collective, inputs, algorithm=algorithm, op=get_op(op).name,
                                    root=root)
-    write_world(out_dir, outputs, meta={"algorithm": algorithm, "collective": collective,
-                                        "op": get_op(op).name, "root": root})
+    write_world(out_dir, outputs, meta=meta)
     click.echo(f"wrote {sum(o is not None for o in outputs)} expected outputs of {algorithm} "
                f"{collective} to {out_dir}")
 
@@ -160,8 +176,9 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     them (spec/orders.md), or the nearest. With --inputs, the inputs are
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
     --sample K then judges K elements of each output. The files are read block by
-    block, in bounded memory whatever their size (--algorithm and --identify simulate
-    whole arrays, and ask for that memory first). Exit 0 conforming, 1 not
+    block, in bounded memory whatever their size (--identify, and --algorithm but for
+    the ring all-reduce, whose folds are computed block by block, simulate whole
+    arrays, and ask for that memory first). Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """
@@ -183,7 +200,10 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
         inputs, outputs, _ = load_case(in_dir, out_dir, collective=collective, root=root,
                                        op=op, lazy=True)
     advice = "judge fewer or smaller outputs"
-    if algorithm or identify:  # the simulator runs on whole arrays
+    x = inputs[0]
+    blocks = algorithm and blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
+                                     algorithm=algorithm, op=op) is not None
+    if identify or (algorithm and not blocks):  # the simulator runs on whole arrays
         require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
                        "ranks' whole inputs (--algorithm, --identify)", advice)
         inputs = [x.whole() for x in inputs]
@@ -199,6 +219,25 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})
     sys.exit(0 if report.conforming else 1)
+
+
+def _streamed_outputs(inputs: list, fold, out_dir) -> list:
+    """Return every rank's output of an all-reduce whose result ``fold`` gives block by
+    block (the same on every rank): rank 0's made from the inputs' blocks, the others
+    copies of rank 0's file once it is written."""
+    x, p = inputs[0], len(inputs)
+    length = block_length(p, x.dtype.itemsize)
+
+    def made():
+        try:
+            for lo in range(0, x.size, length):
+                yield fold(stacked(inputs, lo, min(x.size, lo + length), x.dtype), lo)
+        finally:
+            for f in inputs:
+                f.close()
+    first = os.path.join(out_dir, "rank0.npy")
+    return [Streamed(x.dtype, x.shape, made)] + [Streamed(x.dtype, x.shape, source=first)
+                                                 for _ in range(p - 1)]
 
 
 def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:

@@ -23,11 +23,12 @@ import numpy as np
 
 from ..algorithms.ring import ring_order, ring_walk
 from ..algorithms.switch_tree import PACKET, RADIX, SLOTS, switch_levels
+from ..calls.collectives import simulate
 from ..core.chunking import check_split, chunk_bounds
 from ..core.ops import get_op
 
 __all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
-           "hierarchical_evaluator"]
+           "hierarchical_evaluator", "BLOCKS", "blockwise", "ring_blocks"]
 
 
 def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
@@ -59,12 +60,19 @@ def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
 
 
 def _ring_fold(arrays, bounds, reduction, direction: str = "forward",
-               start: str = "next") -> np.ndarray:
+               start: str = "next", first: int = 0) -> np.ndarray:
     """Return the ring reduce-scatter's partials: chunk ``c`` folded in ``ring_order(c)``,
-    each step's partial on the left of the next rank's own chunk."""
+    each step's partial on the left of the next rank's own chunk.
+
+    ``arrays`` may be a block of the buffers starting at element ``first``: each chunk
+    of ``bounds`` (the whole buffer's) is folded where it overlaps the block."""
     p = len(arrays)
-    result = np.empty(arrays[0].size, arrays[0].dtype)
+    size = arrays[0].size
+    result = np.empty(size, arrays[0].dtype)
     for c, (lo, hi) in enumerate(bounds):
+        lo, hi = max(lo - first, 0), min(hi - first, size)
+        if lo >= hi:
+            continue
         order = ring_order(c, p, direction, start)
         acc = result[lo:hi]
         acc[...] = arrays[order[0]][lo:hi]
@@ -116,8 +124,6 @@ def hierarchical_evaluator(collective: str, inputs, *, op="sum", ranks_per_node=
     if collective != "allreduce" or pipeline != 1 or level != "node" or not (
             isinstance(k, int) and 0 < k and p % k == 0):
         return None
-    from .oracle import expected_outputs  # the oracle's simulator, for an inter with no evaluator
-
     reduction = get_op(op)
     shape = np.asarray(inputs[0]).shape
     arrays = [np.asarray(x).reshape(-1) for x in inputs]
@@ -130,13 +136,52 @@ def hierarchical_evaluator(collective: str, inputs, *, op="sum", ranks_per_node=
     for lo, hi in shards:
         parts = [part[lo:hi] for part in partials]
         across = (evaluate("allreduce", parts, algorithm=inter, op=raw) if g > 1 else parts)
-        if across is None:
-            across = expected_outputs("allreduce", parts, algorithm=inter, op=raw)
+        if across is None:  # an inter with no evaluator: the simulator, as the oracle runs it
+            across = simulate("allreduce", parts, algorithm=inter, op=raw).outputs
         for i in range(g):
             results[i][lo:hi] = np.asarray(across[i]).reshape(-1)
     for res in results:
         reduction.finalize(res, p)
     return [results[r // k].reshape(shape).copy() for r in range(p)]
+
+
+def ring_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
+                direction: str = "forward", start: str = "next", split: str = "front"):
+    """Return ``fold(cols, first)``: the ring all-reduce's result for a block of the buffer,
+    or None for another collective.
+
+    ``cols`` is every rank's elements ``first .. first + k - 1`` (a ``(p, k)`` array);
+    the result is those elements of every rank's output (they are the same on every
+    rank). The same folds as :func:`ring_evaluator`'s, element for element, so a
+    buffer larger than memory is judged or predicted block by block.
+    """
+    if collective != "allreduce":
+        return None
+    reduction = get_op(op)
+    ring_walk(direction, start)  # an option the ring does not know is its UsageError
+    if split != "front":
+        check_split(split)
+    bounds = chunk_bounds(n, p, split, itemsize=itemsize)
+
+    def fold(cols: np.ndarray, first: int) -> np.ndarray:
+        result = _ring_fold(list(cols), bounds, reduction, direction, start, first)
+        reduction.finalize(result, p)
+        return result
+    return fold
+
+
+#: Block evaluators by algorithm name: ``fn(collective, p, n, itemsize, *, op, **options)``
+#: returns ``fold(cols, first)`` or None.
+BLOCKS: dict[str, Callable] = {"ring": ring_blocks}
+
+
+def blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",
+              **options):
+    """Return ``algorithm``'s block evaluator for this buffer, or None (whole arrays, then)."""
+    fn = BLOCKS.get(algorithm)
+    if fn is None or options.get("root"):
+        return None
+    return fn(collective, p, n, itemsize, op=op, **options)
 
 
 #: The evaluators by algorithm name: ``fn(collective, inputs, *, op, **options)``.

@@ -52,7 +52,7 @@ from .npy import NpyFile, npy_header, read_npy, stored_dtype
 
 __all__ = ["MAX_META_BYTES", "read_meta", "rank_file_bytes", "read_rank_files",
            "write_rank_files", "write_world", "load_case", "load_outputs", "files_dtype",
-           "read_elements"]
+           "read_elements", "Streamed"]
 
 _RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.npy")
 
@@ -88,7 +88,8 @@ def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
     """Write ``rank<r>.npy`` for each array (None: no file) and ``meta.json``.
 
     An array may be given as a function that makes it: it is called when its file is
-    written, so a world larger than memory is written one rank at a time.
+    written, so a world larger than memory is written one rank at a time; or as a
+    :class:`Streamed` array, written block by block.
 
     bfloat16 and float8 arrays are stored as their unsigned-integer bits (``.npy``
     cannot name ml_dtypes' types); ``meta.json`` records the real dtype and how it is
@@ -110,10 +111,45 @@ def write_rank_files(directory, arrays, *, meta: dict | None = None) -> None:
         if "stored_as" not in info:  # the first array's dtype names the world's
             info.setdefault("dtype", dtype_name(arr.dtype))
             info["stored_as"] = str(stored_dtype(arr.dtype))
-        writing.save_npy(path / f"rank{r}.npy",
-                         np.ascontiguousarray(arr).view(stored_dtype(arr.dtype)))
+        if isinstance(arr, Streamed):
+            arr.save(path / f"rank{r}.npy")
+        else:
+            writing.save_npy(path / f"rank{r}.npy",
+                             np.ascontiguousarray(arr).view(stored_dtype(arr.dtype)))
         del arr
     writing.write_json(path / "meta.json", info, indent=2)
+
+
+class Streamed:
+    """A rank's array written block by block, never whole: ``dtype``, ``shape`` and
+    ``blocks()``, the flat blocks of its elements in order (C order); or, with
+    ``source``, a copy of the ``.npy`` file already written there, byte for byte."""
+
+    def __init__(self, dtype, shape: tuple, blocks=None, source=None):
+        self.dtype, self.shape = np.dtype(dtype), tuple(shape)
+        self.blocks, self.source = blocks, source
+
+    def save(self, path) -> None:
+        """Replace ``path`` with the array in NumPy's ``.npy`` format, as ``np.save``
+        writes it (no link followed)."""
+        if self.source is not None:
+            with reading.open_regular(self.source, what="rank file") as src, \
+                    writing.write_file(path) as fh:
+                while chunk := src.read(4 << 20):
+                    fh.write(chunk)
+            return
+        stored = stored_dtype(self.dtype)
+        header = {"descr": np.lib.format.dtype_to_descr(stored), "fortran_order": False,
+                  "shape": self.shape}
+        written = 0
+        with writing.write_file(path) as fh:
+            np.lib.format.write_array_header_1_0(fh, header)
+            for block in self.blocks():
+                block = np.ascontiguousarray(block).reshape(-1)
+                fh.write(block.view(stored).data)
+                written += block.size
+            if written != math.prod(self.shape):  # raised inside: the file is not replaced
+                raise ValueError(f"{path}: {written} elements made of {math.prod(self.shape)}")
 
 
 def write_world(directory, arrays, *, meta: dict | None = None) -> None:
