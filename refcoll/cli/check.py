@@ -134,7 +134,7 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
         return
     require_memory(rank_file_bytes(in_dir), f"reading the rank files of {in_dir}",
                    "predict fewer or smaller inputs")
-    inputs = [x.whole() for x in inputs]
+    inputs = [f.whole() for f in inputs]
     what = f"predicting {algorithm} {collective} for {len(inputs)} ranks"
     advice = "predict fewer or smaller inputs"
     require_memory(simulation_bytes(collective, len(inputs), inputs[0].size,
@@ -206,8 +206,8 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     if identify or (algorithm and not blocks):  # the simulator runs on whole arrays
         require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
                        "ranks' whole inputs (--algorithm, --identify)", advice)
-        inputs = [x.whole() for x in inputs]
-        outputs = [None if x is None else x.whole() for x in outputs]
+        inputs = [f.whole() for f in inputs]
+        outputs = [None if f is None else f.whole() for f in outputs]
     else:  # every file is read block by block
         require_memory(STREAMED_BYTES, f"judging {len(inputs)} ranks' outputs", advice)
     with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs", advice):

@@ -324,9 +324,8 @@ def finfo(dtype):
     """Return the machine limits of a float type: NumPy's ``finfo``, ml_dtypes' for its types."""
     dt = _as_dtype(dtype)
     if dt.name in ML_DTYPE_NAMES:
-        import ml_dtypes  # imported already: a value of its type exists
-
-        return ml_dtypes.finfo(dt)
+        _ml_dtypes()  # the one place that imports it (already imported: a value of it exists)
+        return sys.modules["ml_dtypes"].finfo(dt)
     return np.finfo(dt)
 
 
