@@ -14,6 +14,8 @@ library does not move, a dtype refcoll does not reduce.
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -34,6 +36,7 @@ def _torch():
     return torch
 
 
+@functools.cache
 def _bits_types():
     """Return ``{torch dtype: (integer view dtype, NumPy dtype)}`` for NumPy's missing types."""
     torch = _torch()

@@ -70,6 +70,7 @@ _SLACK = 1.0 + 2.0 ** -40  # float64's own roundings in computing the allowance
 _U64 = 2.0 ** -53
 
 
+@functools.lru_cache(maxsize=None)
 def block_size(p: int, dtype) -> int:
     """Return the elements per block for ``p`` ranks' ``dtype`` (a power of two)."""
     allowance = 2.0 * gamma(p, unit_roundoff(dtype))  # per element (avg: γ(p)), w <= 2
@@ -100,22 +101,17 @@ def checksums(x: np.ndarray, b: int, rows: int = 1 << 10) -> np.ndarray:
     n = x.size
     blocks = -(-n // b)
     out = np.empty((3, blocks))
-    whole = n // b
     # A non-finite element makes its block's checksums non-finite, which the judge
     # reads as such: no warning for it (nor for a BLAS's stray floating-point flags).
     with np.errstate(invalid="ignore", over="ignore"):
-        for lo in range(0, whole, rows):
-            hi = min(whole, lo + rows)
-            part = x[lo * b:hi * b].astype(np.float64).reshape(hi - lo, b)
+        for lo in range(0, blocks, rows):
+            hi = min(blocks, lo + rows)
+            part = (np.zeros if hi * b > n else np.empty)((hi - lo, b))
+            part.reshape(-1)[:min(n, hi * b) - lo * b] = x[lo * b:hi * b]
             np.matmul(part, w, out=out[0, lo:hi])
             np.abs(part, out=part)
             np.matmul(part, w, out=out[1, lo:hi])
             np.max(part, axis=1, out=out[2, lo:hi])
-        if whole < blocks:
-            tail = np.zeros(b)
-            tail[:n - whole * b] = x[whole * b:]
-            out[0, whole], out[1, whole] = tail @ w, np.abs(tail) @ w
-            out[2, whole] = np.abs(tail).max()
     return out
 
 
@@ -134,7 +130,7 @@ class BadBlock:
 
 
 def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: str, b: int,
-               n: int, factor: float | None = None, ranks=None) -> list[BadBlock]:
+               n: int | None, factor: float | None = None, ranks=None, full=None) -> list[BadBlock]:
     """Judge output checksums against input checksums; return the blocks that fail.
 
     ``inputs``: ``(p, 3, blocks)``, each rank's :func:`checksums` of its input (of
@@ -143,6 +139,8 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
     ``sum`` or ``avg``; ``factor`` scales every input first (``premul_sum``, or an
     ``avg`` done as a sum of pre-scaled inputs). Blocks whose inputs are not all
     finite, or whose sum may overflow the dtype, are left to the sampled check.
+    ``full``: the elements of each block, where the blocks are those of several
+    calls side by side (then a bad block's place is the caller's to name).
     """
     u = unit_roundoff(dtype)
     want, scale = inputs[:, 0].sum(axis=0), inputs[:, 1].sum(axis=0)
@@ -154,7 +152,8 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
     if factor is not None:
         want = want * float(factor)
         allowed = allowed + u * f * scale  # each input rounded once when scaled
-    full = np.minimum(b, n - b * np.arange(want.size))  # elements in each block
+    if full is None:  # elements in each block
+        full = np.minimum(b, n - b * np.arange(want.size))
     if op == "avg":
         want, scale, allowed = want / p, scale / p, (gamma(p, u) * f * scale / p
                                                      + 2.0 * full * _tiny(dtype))
@@ -171,7 +170,7 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
         with np.errstate(invalid="ignore", over="ignore"):
             wrong = judged & ~(np.abs(row[0] - want) <= allowed)
         for j in np.flatnonzero(wrong)[:4].tolist():
-            bad.append(BadBlock(r, j, b, n, float(row[0, j]), float(want[j]),
+            bad.append(BadBlock(r, j, b, b * j + int(full[j]), float(row[0, j]), float(want[j]),
                                 float(allowed[j])))
     return bad
 
