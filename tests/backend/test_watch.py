@@ -133,6 +133,21 @@ def test_one_element_off_by_one_percent_is_caught_by_the_block_checksums(world, 
     assert lo <= wrong <= hi
 
 
+def test_a_batch_judged_together_still_names_the_wrong_call_and_its_block(world):
+    """Three calls of different sizes, judged as one; the second is 1 % off unsampled."""
+    group = watching("corrupting", "allreduce:2:percent", REFCOLL_WATCH_SAMPLE=16,
+                     REFCOLL_WATCH_BATCH=3)
+    rng = torch.Generator().manual_seed(world.rank())
+    for n in (5000, 9000):  # judged only when the third call completes
+        dist.all_reduce(1 + torch.rand(n, generator=rng), group=group)
+    with pytest.raises(WrongResult, match="every element checked in blocks of") as caught:
+        dist.all_reduce(1 + torch.rand(300, generator=rng), group=group)
+    text, wrong = str(caught.value), 9000 // 3 + 1
+    assert "call 2" in text and "call 1" not in text and "call 3" not in text
+    lo, hi = (int(v) for v in text.split("rank 0's elements ")[1].split(" ")[0].split(".."))
+    assert lo <= wrong <= hi < 9000
+
+
 def test_checksums_can_be_turned_off_and_then_the_sample_alone_judges(world):
     group = watching("corrupting", "allreduce:1:percent", REFCOLL_WATCH_SAMPLE=16,
                      REFCOLL_WATCH_CHECKSUMS="off")
