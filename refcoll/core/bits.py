@@ -37,8 +37,14 @@ def _words(a: np.ndarray) -> np.ndarray:
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Return whether ``a`` and ``b`` have the same dtype, shape and bytes (NaN payloads too)."""
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
+    if a.dtype.hasobject:
+        return a.tobytes() == b.tobytes()
+    a, b = a.view(np.uint8), b.view(np.uint8)  # compared 8 bytes at a time where whole
+    wide = np.uint64 if a.size % 8 == 0 else np.uint8
+    return bool(np.array_equal(a.view(wide), b.view(wide)))
 
 
 def count_wrong(got: np.ndarray, expected: np.ndarray) -> int:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..core.bits import differing as differing_elements
+from ..core.bits import same_bits
 from ..core.ops import dtype_name
 from .ieee import CONVENTIONS, explain, judge_extremum, judge_float
 from .screen import Estimate, screened
@@ -139,6 +140,8 @@ class IdenticalCheck:
 
     def add(self, r: int, offset: int, got: np.ndarray, first: np.ndarray) -> bool:
         """Compare rank ``r``'s block with the first rank's; return whether they are the same."""
+        if same_bits(got, first):  # (the common case, in one pass and no index array)
+            return True
         diff = differing_elements(got, first)
         if not diff.size:
             return True

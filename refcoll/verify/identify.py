@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import algorithms
-from ..core.bits import differing
+from ..core.bits import differing, same_bits
 from ..core.errors import UsageError
 from ..core.ops import is_float
 from ..core.reading import number, read_json
@@ -262,15 +262,6 @@ def _libraries(collective: str, op: str, p: int, labels: list[str], known: list[
     return named
 
 
-def _same_bits_as(a: np.ndarray, b: np.ndarray) -> bool:
-    """Return whether two flat arrays hold the same bytes (compared 8 at a time where whole)."""
-    if a.dtype != b.dtype or a.size != b.size:
-        return False
-    a, b = np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
-    wide = np.uint64 if a.size % 8 == 0 else np.uint8
-    return np.array_equal(a.view(wide), b.view(wide))
-
-
 def _compare(ranks: list[int], got: dict, predicted, same_got: dict) -> tuple:
     """Return ``(differing, elements, ulps, digest)`` of one candidate against the judged.
 
@@ -286,7 +277,7 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict) -> tuple:
     for r in ranks:
         want = np.asarray(predicted[r]).reshape(-1)
         if r != ranks[0] and same_got[r] and first_figures is not None \
-                and _same_bits_as(want, first):
+                and same_bits(want.reshape(-1), first.reshape(-1)):
             digest.update(b"=")  # this rank's bits are the first rank's
             d, t, u = first_figures
         else:
@@ -323,7 +314,7 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
     if not ranks:
         raise UsageError("no rank's output to identify the order of")
     got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
-    same_got = {r: _same_bits_as(got[r], got[ranks[0]]) for r in ranks[1:]}
+    same_got = {r: same_bits(got[r].reshape(-1), got[ranks[0]].reshape(-1)) for r in ranks[1:]}
     result = Identification(collective, op, p)
     for name, options in candidate_orders(collective, p):
         try:

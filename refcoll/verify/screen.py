@@ -39,8 +39,8 @@ __all__ = ["Estimate", "estimate", "screened"]
 #: double-double's rounding, the float64 roundings of the error and the bound).
 _MARGIN = 16.0
 
-#: Columns the estimate works on at once (its rows stay in a core's cache).
-_TILE = 16384
+#: Bytes of float64 operands the estimate works on at once (they stay in a core's cache).
+_TILE_BYTES = 1 << 20
 
 #: The most columns, as a share of the block, worth judging exactly one by one; past
 #: it the block's exact reference is computed whole.
@@ -76,16 +76,17 @@ def estimate(op: str, cols: np.ndarray, dtype) -> "Estimate | Reference":
     if op not in ("sum", "avg") or dtype.itemsize >= 8 or cols.dtype.itemsize >= 8:
         return reference(op, cols, dtype)
     p, k = cols.shape
-    sums, absolutes = np.zeros(k), np.zeros(k)
-    a = np.empty(min(k, _TILE))
-    for j in range(0, k, _TILE):
-        stop = min(k, j + _TILE)
-        s, m, row_buffer = sums[j:stop], absolutes[j:stop], a[:stop - j]
-        for row in cols[:, j:stop]:
-            row_buffer[...] = row
-            np.add(s, row_buffer, out=s)
-            np.abs(row_buffer, out=row_buffer)
-            np.add(m, row_buffer, out=m)
+    sums, absolutes = np.empty(k), np.empty(k)
+    ones = np.ones(p)
+    tile = max(256, _TILE_BYTES // (8 * p))
+    buffer = np.empty((p, min(k, tile)))
+    for j in range(0, k, tile):
+        stop = min(k, j + tile)
+        wide = buffer[:, :stop - j]
+        wide[...] = cols[:, j:stop]
+        np.matmul(ones, wide, out=sums[j:stop])
+        np.abs(wide, out=wide)
+        np.matmul(ones, wide, out=absolutes[j:stop])
     with np.errstate(invalid="ignore", over="ignore"):
         finite = np.isfinite(absolutes)  # float64 cannot overflow on p narrower operands
         plain, bound, scale = sum_bound(op, p, dtype, sums, absolutes, _no_scaling(k))
