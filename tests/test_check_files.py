@@ -393,11 +393,14 @@ def test_the_ring_oracle_and_check_run_block_by_block_as_the_simulator_does(tmp_
         assert (tmp_path / "out" / f"rank{r}.npy").read_bytes() == saved.getvalue(), r
     assert sorted(f.name for f in (tmp_path / "out").glob("rank*.npy")) == [
         f"rank{r}.npy" for r in range(5)]  # the larger world's stale files are gone
-    streamed = check_outputs(xs, want, op=op, algorithm="ring", budget=2000)
-    monkeypatch.setattr(oracle, "blockwise", lambda *a, **k: None)  # the simulator's way
-    simulated = check_outputs(xs, want, op=op, algorithm="ring")
-    assert json.dumps(streamed.to_json()) == json.dumps(simulated.to_json())
-    assert "bit-exact against ring" in json.dumps(streamed.to_json())
+    streamed = {name: check_outputs(xs, want, op=op, algorithm=name, budget=2000)
+                for name in ("ring", "dbtree", "hierarchical", "tree")}
+    monkeypatch.setattr(oracle, "rank_blockwise", lambda *a, **k: None)  # the simulator's way
+    for name, report in streamed.items():  # (every all-reduce is judged block by block)
+        simulated = check_outputs(xs, want, op=op, algorithm=name)
+        assert json.dumps(report.to_json()) == json.dumps(simulated.to_json()), name
+    assert "bit-exact against ring" in json.dumps(streamed["ring"].to_json())
+    assert streamed["ring"].conforming and not streamed["dbtree"].conforming
     res = invoke("check", "--algorithm", "ring", "--op", op, tmp_path / "in", tmp_path / "out")
     assert res.exit_code == 0 and "conforming, bit-exact" in res.output, res.output
 

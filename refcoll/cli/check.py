@@ -16,10 +16,11 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.evaluators import blockwise
+from ..verify.evaluators import blockwise, rank_blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
+from ..verify.identify import identify_blocks
 from ..verify.inputs import make_input
 from ..verify.oracle import BLOCK_BYTES, block_length, check_outputs, expected_outputs, stacked
 from ..verify.rankfiles import (
@@ -33,6 +34,7 @@ from ..verify.rankfiles import (
 )
 from ..verify.simulation import MAX_SIMULATED_RANKS, simulation_bytes
 from .common import (
+    available_memory,
     check_output_directory,
     check_output_paths,
     main,
@@ -176,9 +178,10 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     them (spec/orders.md), or the nearest. With --inputs, the inputs are
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
     --sample K then judges K elements of each output. The files are read block by
-    block, in bounded memory whatever their size (--identify, and --algorithm but for
-    the ring all-reduce, whose folds are computed block by block, simulate whole
-    arrays, and ask for that memory first). Exit 0 conforming, 1 not
+    block, in bounded memory whatever their size, an all-reduce's --algorithm
+    predicted block by block too (other collectives' --algorithm simulate whole
+    arrays, and ask for that memory first); --identify of an all-reduce too large for
+    memory tries its orders block by block. Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """
@@ -201,9 +204,12 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
                                        op=op, lazy=True)
     advice = "judge fewer or smaller outputs"
     x = inputs[0]
-    blocks = algorithm and blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
-                                     algorithm=algorithm, op=op) is not None
-    if identify or (algorithm and not blocks):  # the simulator runs on whole arrays
+    blocks = algorithm and rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
+                                          algorithm=algorithm, op=op) is not None
+    whole = identify or (algorithm and not blocks)  # the simulator runs on whole arrays
+    streamed_identify = (identify and collective == "allreduce" and not (algorithm and not blocks)
+                         and not _whole_fits(_whole_bytes(inputs, outputs, collective)))
+    if whole and not streamed_identify:
         require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
                        "ranks' whole inputs (--algorithm, --identify)", advice)
         inputs = [f.whole() for f in inputs]
@@ -213,8 +219,12 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs", advice):
         report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
-        found = identify_order(inputs, outputs, collective=collective, op=op,
-                               root=root) if identify else None
+        if streamed_identify:  # each order with a block evaluator, block by block
+            found = identify_blocks(inputs, outputs, op=op,
+                                    budget=max(BLOCK_BYTES, available_memory()[0] // 4))
+        else:
+            found = identify_order(inputs, outputs, collective=collective, op=op,
+                                   root=root) if identify else None
     _print_report(report, collective, algorithm, found)
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})
@@ -253,6 +263,11 @@ def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:
 
 #: What a streamed check holds at most beside its code: a few blocks of operands.
 STREAMED_BYTES = 8 * BLOCK_BYTES
+
+
+def _whole_fits(needed: int) -> bool:
+    """Whether ``needed`` bytes (whole arrays and the simulator's copies) fit in memory."""
+    return needed <= available_memory()[0]
 
 
 def _whole_bytes(inputs, outputs, collective: str) -> int:

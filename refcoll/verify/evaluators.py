@@ -13,6 +13,16 @@ operands in the same places, so the same bits.
 Each evaluator is held bit for bit to the simulated run of its algorithm over the
 battery's inputs and the golden vectors' variants (``tests/test_evaluators.py``).
 :func:`evaluate` returns ``None`` where no evaluator applies (then simulate).
+
+Buffers larger than memory are judged a block of elements at a time, so an
+all-reduce's result is also given block by block: :func:`rank_blockwise` returns,
+for each algorithm, ``fold(cols, first)``, every rank's result for the elements
+``first ..`` of a block (``cols``: every rank's elements there). Most algorithms
+combine an element's operands in the same order wherever it lies
+(:data:`ELEMENTWISE`): the block is run alone. The ring folds each chunk where the
+block cuts it; the double binary tree's halves and the two-level all-reduce's
+shards are laid out or folded as the whole buffer's are. The same tests hold each
+to the algorithm run on the whole buffer, cut anywhere.
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ from ..core.chunking import check_split, chunk_bounds
 from ..core.ops import get_op
 
 __all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
-           "hierarchical_evaluator", "BLOCKS", "blockwise", "ring_blocks"]
+           "hierarchical_evaluator", "BLOCKS", "blockwise", "ring_blocks", "ELEMENTWISE",
+           "RANK_BLOCKS", "rank_blockwise", "dbtree_blocks", "hierarchical_blocks"]
 
 
 def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
@@ -173,6 +184,114 @@ def ring_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
 #: Block evaluators by algorithm name: ``fn(collective, p, n, itemsize, *, op, **options)``
 #: returns ``fold(cols, first)`` or None.
 BLOCKS: dict[str, Callable] = {"ring": ring_blocks}
+
+#: All-reduces whose reduction order is the same for every element: their chunks and
+#: segments change which rank reduces an element, and when, never the order its operands
+#: are combined in (recursive halving puts the lower rank's partial first; a tree combines
+#: every segment's children alike; the switch folds every packet alike in its float mode,
+#: while its int mode scales each block of packets by an exponent the workers agree on).
+#: A block of columns run alone gives those columns' results; ``tests/test_evaluators.py``
+#: holds each to the algorithm run on the whole buffer.
+ELEMENTWISE = ("naive", "recursive_doubling", "rabenseifner", "tree", "switch")
+
+
+def _elementwise_blocks(name: str) -> Callable:
+    def blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", **options):
+        if collective != "allreduce" or options.get("mode", "float") != "float":
+            return None
+
+        def fold(cols: np.ndarray, first: int) -> list:
+            rows = list(cols)
+            outputs = (evaluate(collective, rows, algorithm=name, op=op, **options)
+                       or simulate(collective, rows, algorithm=name, op=op, **options).outputs)
+            return [np.asarray(out).reshape(-1) for out in outputs]
+        return fold
+    return blocks
+
+
+def _ring_rank_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", **options):
+    fold = ring_blocks(collective, p, n, itemsize, op=op, **options)
+    return None if fold is None else (lambda cols, first: [fold(cols, first)] * p)
+
+
+def dbtree_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", **options):
+    """Return ``fold(cols, first)``: every rank's double-binary-tree all-reduce of a block.
+
+    Tree ``h`` reduces half ``h`` of the buffer (``chunk_bounds(n, 2)``), every
+    segment alike: the block's part in each half is laid in that half of a buffer of
+    two equal halves (zeros after it), which the algorithm runs on.
+    """
+    if collective != "allreduce":
+        return None
+    middle = chunk_bounds(n, 2)[0][1]
+
+    def fold(cols: np.ndarray, first: int) -> list:
+        p_, k = cols.shape
+        cut = min(max(middle - first, 0), k)
+        m = max(cut, k - cut)
+        window = np.zeros((p_, 2 * m), cols.dtype)
+        window[:, :cut], window[:, m:m + k - cut] = cols[:, :cut], cols[:, cut:]
+        outputs = simulate(collective, list(window), algorithm="dbtree", op=op,
+                           **options).outputs
+        return [np.concatenate([out[:cut], out[m:m + k - cut]]) for out in
+                (np.asarray(o).reshape(-1) for o in outputs)]
+    return fold
+
+
+def hierarchical_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
+                        ranks_per_node=None, inter: str = "ring", pipeline: int = 1,
+                        level: str = "node"):
+    """Return ``fold(cols, first)``: :func:`hierarchical_evaluator`'s folds for a block.
+
+    Each node's ranks fold their shards (``chunk_bounds(n, k)``) in ring order; the
+    shards' node partials are then all-reduced by ``inter``'s own block evaluator over
+    the shard (None where ``inter`` has none, or where the whole evaluator declines).
+    """
+    k = p if ranks_per_node is None else ranks_per_node
+    if collective != "allreduce" or pipeline != 1 or level != "node" or not (
+            isinstance(k, int) and 0 < k and p % k == 0):
+        return None
+    g, reduction = p // k, get_op(op)
+    raw = "sum" if op == "avg" else op  # the inter phase sums; the call divides once at the end
+    shards = chunk_bounds(n, k)
+    across = [rank_blockwise(collective, g, hi - lo, itemsize, algorithm=inter, op=raw)
+              if g > 1 else None for lo, hi in shards]
+    if g > 1 and any(fold is None for fold in across):
+        return None
+
+    def fold(cols: np.ndarray, first: int) -> list:
+        size = cols.shape[1]
+        partials = [_ring_fold(list(cols[i * k:(i + 1) * k]), shards, reduction, first=first)
+                    if k > 1 else cols[i] for i in range(g)]
+        results = [np.empty(size, cols.dtype) for _ in range(g)]
+        for (lo, hi), inner in zip(shards, across):
+            a, b = max(lo, first) - first, min(hi, first + size) - first
+            if a >= b:
+                continue
+            parts = np.stack([part[a:b] for part in partials])
+            reduced = inner(parts, a + first - lo) if g > 1 else parts
+            for i in range(g):
+                results[i][a:b] = reduced[i]
+        for res in results:
+            reduction.finalize(res, p)
+        return [results[r // k] for r in range(p)]
+    return fold
+
+
+#: Every rank's result of a block, by algorithm name (all-reduce): ``fn(collective, p, n,
+#: itemsize, *, op, **options)`` returns ``fold(cols, first)``, a list of ``p`` arrays, or None.
+RANK_BLOCKS: dict[str, Callable] = {
+    **{name: _elementwise_blocks(name) for name in ELEMENTWISE},
+    "ring": _ring_rank_blocks, "dbtree": dbtree_blocks, "hierarchical": hierarchical_blocks}
+
+
+def rank_blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",
+                   **options):
+    """Return ``algorithm``'s every-rank block evaluator for this buffer, or None."""
+    fn = RANK_BLOCKS.get(algorithm)
+    if fn is None or options.get("root"):
+        return None
+    return fn(collective, p, n, itemsize, op=op, **options)
 
 
 def blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",

@@ -38,10 +38,11 @@ from ..core.bits import differing, same_bits
 from ..core.errors import UsageError
 from ..core.ops import is_float
 from ..core.reading import number, read_json
-from .evaluators import evaluate
-from .oracle import expected_outputs
+from .evaluators import evaluate, rank_blockwise
+from .oracle import BLOCK_BYTES, expected_outputs, stacked
 
-__all__ = ["Candidate", "Identification", "identify", "order_label", "candidate_orders",
+__all__ = ["Candidate", "Identification", "identify", "identify_blocks", "order_label",
+           "candidate_orders",
            "known_orders", "ulp_distance"]
 
 _KNOWN = Path(__file__).with_name("known_orders.json")
@@ -126,6 +127,7 @@ class Identification:
     p: int
     candidates: list = field(default_factory=list)
     libraries: dict = field(default_factory=dict)  # label -> descriptions of library orders
+    untried: list = field(default_factory=list)  # orders not tried: whole arrays did not fit
 
     @property
     def matches(self) -> list[str]:
@@ -170,6 +172,9 @@ class Identification:
             same = f" (the same order here: {', '.join(group[1:])})" if group[1:] else ""
             lines.append(f"matches {group[0]}{same}"
                          + (f": {'; '.join(dict.fromkeys(known))}" if known else ""))
+        if self.untried:
+            lines.append(f"not tried, as they run on whole arrays, which do not fit in memory: "
+                         f"{', '.join(self.untried)}")
         if not self.matches:
             label, diff, total = self.nearest
             ulps = next(c.ulps for c in self.candidates if c.label == label)
@@ -183,6 +188,7 @@ class Identification:
                 "match_groups": self.groups(self.matches),
                 "indistinct": self.indistinct,
                 "libraries": {k: v for k, v in self.libraries.items() if k in self.matches},
+                "untried": self.untried,
                 "candidates": [{"label": c.label, "differing": c.differing, "total": c.total,
                                 "ulps": c.ulps, "digest": c.digest} for c in self.candidates]}
 
@@ -262,8 +268,9 @@ def _libraries(collective: str, op: str, p: int, labels: list[str], known: list[
     return named
 
 
-def _compare(ranks: list[int], got: dict, predicted, same_got: dict) -> tuple:
-    """Return ``(differing, elements, ulps, digest)`` of one candidate against the judged.
+def _compare(ranks: list[int], got: dict, predicted, same_got: dict, digest) -> tuple:
+    """Return ``(differing, elements, ulps)`` of one candidate against the judged, and add
+    its predicted bits to ``digest``.
 
     A rank whose predicted and judged outputs both hold the first rank's bits (an
     all-reduce's, usually) is counted from the first rank's comparison, and stands
@@ -271,13 +278,12 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict) -> tuple:
     comparison instead of ``p``.
     """
     diff = total = ulps = 0
-    digest = hashlib.blake2b(digest_size=16)
     first = np.asarray(predicted[ranks[0]]).reshape(-1)
     first_figures = None
     for r in ranks:
         want = np.asarray(predicted[r]).reshape(-1)
         if r != ranks[0] and same_got[r] and first_figures is not None \
-                and same_bits(want.reshape(-1), first.reshape(-1)):
+                and same_bits(want, first):
             digest.update(b"=")  # this rank's bits are the first rank's
             d, t, u = first_figures
         else:
@@ -291,7 +297,7 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict) -> tuple:
             if r == ranks[0]:
                 first_figures = (d, t, u)
         diff, total, ulps = diff + d, total + t, max(ulps, u)
-    return diff, total, ulps, digest.hexdigest()
+    return diff, total, ulps
 
 
 def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
@@ -314,7 +320,7 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
     if not ranks:
         raise UsageError("no rank's output to identify the order of")
     got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
-    same_got = {r: same_bits(got[r].reshape(-1), got[ranks[0]].reshape(-1)) for r in ranks[1:]}
+    same_got = {r: same_bits(got[r], got[ranks[0]]) for r in ranks[1:]}
     result = Identification(collective, op, p)
     for name, options in candidate_orders(collective, p):
         try:
@@ -324,9 +330,62 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
                                              root=root, **options)
         except UsageError:
             continue  # an order this p or count does not admit
-        diff, total, ulps, digest = _compare(ranks, got, predicted, same_got)
+        digest = hashlib.blake2b(digest_size=16)
+        diff, total, ulps = _compare(ranks, got, predicted, same_got, digest)
         result.candidates.append(Candidate(order_label(name, options), name, options, diff,
-                                           total, ulps, digest))
+                                           total, ulps, digest.hexdigest()))
     result.libraries = _libraries(collective, op, p, result.matches,
+                                  known_orders() if known is None else known)
+    return result
+
+
+def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYTES,
+                    known: list[dict] | None = None) -> Identification:
+    """:func:`identify` for an all-reduce, reading inputs and outputs a block at a time.
+
+    For buffers larger than memory (``inputs`` and ``outputs`` may be files read
+    block by block). Each order with a block evaluator
+    (:data:`~refcoll.verify.evaluators.RANK_BLOCKS`) is tried on every block in turn,
+    with the same figures as :func:`identify` (differing elements, ulps, matches;
+    the digests that group orders are taken block by block). An order without
+    one is named in ``untried``. About ``budget`` bytes of blocks are held at once.
+
+    Raises:
+        UsageError: no rank holds an output to compare.
+    """
+    p = len(inputs)
+    ranks = [r for r in range(p) if r < len(outputs) and outputs[r] is not None]
+    if not ranks:
+        raise UsageError("no rank's output to identify the order of")
+    n, dtype = int(inputs[0].size), inputs[0].dtype
+    result = Identification("allreduce", op, p)
+    tried = []
+    for name, options in candidate_orders("allreduce", p):
+        try:
+            fold = rank_blockwise("allreduce", p, n, dtype.itemsize, algorithm=name, op=op,
+                                  **options)
+        except UsageError:
+            continue  # an order this p does not admit
+        if fold is None:
+            result.untried.append(order_label(name, options))
+        else:
+            tried.append((Candidate(order_label(name, options), name, options, 0, 0, 0),
+                          fold, hashlib.blake2b(digest_size=16)))
+    # the inputs, the outputs, and each order's outputs and the simulator's copies of a block
+    length = max(1, budget // (8 * p * dtype.itemsize))
+    for lo in range(0, n, length):
+        hi = min(n, lo + length)
+        cols = stacked(inputs, lo, hi, dtype)
+        got = dict(zip(ranks, stacked([outputs[r] for r in ranks], lo, hi, dtype)))
+        same_got = {r: same_bits(got[r], got[ranks[0]]) for r in ranks[1:]}
+        for candidate, fold, digest in tried:
+            diff, total, ulps = _compare(ranks, got, fold(cols, lo), same_got, digest)
+            candidate.differing += diff
+            candidate.total += total
+            candidate.ulps = max(candidate.ulps, ulps)
+    for candidate, _, digest in tried:
+        candidate.digest = digest.hexdigest()
+        result.candidates.append(candidate)
+    result.libraries = _libraries("allreduce", op, p, result.matches,
                                   known_orders() if known is None else known)
     return result

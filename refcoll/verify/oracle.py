@@ -39,7 +39,7 @@ from ..core.ops import (
     is_integer,
     unit_roundoff,
 )
-from .evaluators import blockwise
+from .evaluators import rank_blockwise
 from .findings import (
     BOUND_ALONE,
     BoundCheck,
@@ -313,7 +313,8 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     name = reduction.name if reduction else None
     judge = _Judge(collective, name, reduction, p, n, dtype, ranks)
     if algorithm is not None:
-        fold = blockwise(collective, p, n, dtype.itemsize, algorithm=algorithm, op=name or "sum")
+        fold = rank_blockwise(collective, p, n, dtype.itemsize, algorithm=algorithm,
+                              op=name or "sum")
         if fold is not None:  # the algorithm's result block by block (evaluators.py)
             judge.oracle = (ExactCheck(), fold)
         else:
@@ -391,7 +392,7 @@ class _Judge:
                 self.exact_inputs = _sums_are_exact(cols)
         block_predicted = None
         if self.oracle is not None and callable(self.oracle[1]):
-            block_predicted = self.oracle[1](cols, lo)  # the same on every rank
+            block_predicted = self.oracle[1](cols, lo)  # every rank's
         # every rank's differing elements still to analyse fit in the first rank's summary
         room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
         head, head_got, head_summaries = self.ranks[0], None, None
@@ -413,7 +414,7 @@ class _Judge:
             self._merge(r, offset, summaries)
             if self.oracle is not None:
                 check, predicted = self.oracle
-                want_r = (block_predicted[a - lo:b - lo] if block_predicted is not None
+                want_r = (block_predicted[r][a - lo:b - lo] if block_predicted is not None
                           else predicted[r][offset:offset + b - a])
                 check.merge(r, offset, check.summarize(got, want_r))
 
