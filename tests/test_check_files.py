@@ -21,6 +21,7 @@ from click.testing import CliRunner
 import refcoll
 from refcoll import algorithms
 from refcoll.cli import main
+from refcoll.core.bits import same_bits
 from refcoll.core.ops import DTYPES
 from refcoll.verify.inputs import make_inputs
 
@@ -393,6 +394,13 @@ def test_the_ring_oracle_and_check_run_block_by_block_as_the_simulator_does(tmp_
         assert (tmp_path / "out" / f"rank{r}.npy").read_bytes() == saved.getvalue(), r
     assert sorted(f.name for f in (tmp_path / "out").glob("rank*.npy")) == [
         f"rank{r}.npy" for r in range(5)]  # the larger world's stale files are gone
+    for name in ("dbtree", "hierarchical"):  # any all-reduce is written block by block
+        res = invoke("oracle", "--algorithm", name, "--op", op, tmp_path / "in",
+                     tmp_path / name)
+        assert res.exit_code == 0, res.output
+        for r, expected in enumerate(expected_outputs("allreduce", xs, algorithm=name, op=op)):
+            written = np.load(tmp_path / name / f"rank{r}.npy")
+            assert same_bits(written.view(expected.dtype), expected), (name, r)
     streamed = {name: check_outputs(xs, want, op=op, algorithm=name, budget=2000)
                 for name in ("ring", "dbtree", "hierarchical", "tree")}
     monkeypatch.setattr(oracle, "rank_blockwise", lambda *a, **k: None)  # the simulator's way

@@ -149,7 +149,7 @@ def test_the_rings_blocks_are_its_algorithm_block_by_block(p):
     # check --algorithm ring and refcoll oracle --algorithm ring fold the ring block by
     # block (evaluators.ring_blocks): each block, of any length and wherever it cuts the
     # ring's chunks, holds the simulated run's elements, under every order option.
-    from refcoll.verify.evaluators import blockwise
+    from refcoll.verify.evaluators import rank_blockwise, ring_blocks
 
     for dtype, op, kind, n in [("float32", "sum", "adversarial", 1003),
                                ("bfloat16", "avg", "random", 37), ("int32", "sum", "exact", 40),
@@ -160,14 +160,14 @@ def test_the_rings_blocks_are_its_algorithm_block_by_block(p):
             if name != "ring":
                 continue
             want = expected_outputs("allreduce", xs, algorithm="ring", op=op, **options)[0]
-            fold = blockwise("allreduce", p, n, np.dtype(xs[0].dtype).itemsize,
-                             algorithm="ring", op=op, **options)
+            fold = ring_blocks("allreduce", p, n, np.dtype(xs[0].dtype).itemsize, op=op,
+                               **options)
             for length in (1, 7, n or 1):
                 blocks = [fold(cols[:, lo:lo + length], lo) for lo in range(0, n, length)]
                 got = np.concatenate(blocks) if blocks else np.empty(0, xs[0].dtype)
                 assert same_bits(got, want.reshape(-1)), (dtype, op, options, length)
-    assert blockwise("reduce_scatter", p, 10, 4, algorithm="ring") is None
-    assert blockwise("allreduce", p, 10, 4, algorithm="tree") is None
+    assert ring_blocks("reduce_scatter", p, 10, 4) is None
+    assert rank_blockwise("reduce_scatter", p, 10, 4, algorithm="ring") is None
 
 
 def _blockwise_outputs(xs, name, options, op, cuts):

@@ -13,10 +13,11 @@ import sys
 import click
 
 from .. import algorithms
+from ..core.bits import same_bits
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.evaluators import blockwise, rank_blockwise
+from ..verify.evaluators import rank_blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
@@ -110,8 +111,8 @@ def _collective_options(f):
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
-    The ring all-reduce is written block by block, in bounded memory; any other
-    algorithm is simulated on whole arrays. IN_DIR has at most 4096 ranks. OUT_DIR must
+    An all-reduce is written block by block, in bounded memory; any other
+    collective is simulated on whole arrays. IN_DIR has at most 4096 ranks. OUT_DIR must
     not be IN_DIR (compared by what they resolve to, links followed); each file is
     written to a temporary name and renamed into place, so a link in OUT_DIR is
     replaced, never written through.
@@ -125,9 +126,9 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
             "root": root}
     inputs, _, _ = load_case(in_dir, collective=collective, root=root, lazy=True)
     x = inputs[0]
-    fold = blockwise(collective, len(inputs), x.size, x.dtype.itemsize, algorithm=algorithm,
-                     op=get_op(op).name)
-    if fold is not None:  # the ring all-reduce: predicted and written block by block
+    fold = rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
+                          algorithm=algorithm, op=get_op(op).name)
+    if fold is not None:  # an all-reduce: predicted and written block by block
         require_memory(STREAMED_BYTES, f"predicting {algorithm} {collective}",
                        "predict fewer or smaller inputs")
         write_world(out_dir, _streamed_outputs(inputs, fold, out_dir), meta=meta)
@@ -232,22 +233,33 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
 
 
 def _streamed_outputs(inputs: list, fold, out_dir) -> list:
-    """Return every rank's output of an all-reduce whose result ``fold`` gives block by
-    block (the same on every rank): rank 0's made from the inputs' blocks, the others
-    copies of rank 0's file once it is written."""
+    """Return every rank's output of an all-reduce that ``fold`` gives block by block:
+    rank 0's made from the inputs' blocks; another rank's a copy of rank 0's file when
+    every block of its result was rank 0's (as an all-reduce's usually is), else made
+    from the inputs' blocks in turn."""
     x, p = inputs[0], len(inputs)
     length = block_length(p, x.dtype.itemsize)
+    same = [True] * p  # whether rank r's blocks so far are rank 0's bits
 
-    def made():
-        try:
-            for lo in range(0, x.size, length):
-                yield fold(stacked(inputs, lo, min(x.size, lo + length), x.dtype), lo)
-        finally:
-            for f in inputs:
-                f.close()
+    def made(r: int):
+        def blocks():
+            try:
+                for lo in range(0, x.size, length):
+                    results = fold(stacked(inputs, lo, min(x.size, lo + length), x.dtype), lo)
+                    if r == 0:
+                        for q in range(1, p):
+                            same[q] = same[q] and same_bits(results[q], results[0])
+                    yield results[r]
+            finally:
+                for f in inputs:
+                    f.close()
+        return Streamed(x.dtype, x.shape, blocks)
+
     first = os.path.join(out_dir, "rank0.npy")
-    return [Streamed(x.dtype, x.shape, made)] + [Streamed(x.dtype, x.shape, source=first)
-                                                 for _ in range(p - 1)]
+
+    def copy_or_made(r: int):
+        return lambda: Streamed(x.dtype, x.shape, source=first) if same[r] else made(r)
+    return [made(0)] + [copy_or_made(r) for r in range(1, p)]
 
 
 def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:

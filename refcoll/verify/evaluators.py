@@ -38,7 +38,7 @@ from ..core.chunking import check_split, chunk_bounds
 from ..core.ops import get_op
 
 __all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
-           "hierarchical_evaluator", "BLOCKS", "blockwise", "ring_blocks", "ELEMENTWISE",
+           "hierarchical_evaluator", "ring_blocks", "ELEMENTWISE",
            "RANK_BLOCKS", "rank_blockwise", "dbtree_blocks", "hierarchical_blocks"]
 
 
@@ -181,10 +181,6 @@ def ring_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
     return fold
 
 
-#: Block evaluators by algorithm name: ``fn(collective, p, n, itemsize, *, op, **options)``
-#: returns ``fold(cols, first)`` or None.
-BLOCKS: dict[str, Callable] = {"ring": ring_blocks}
-
 #: All-reduces whose reduction order is the same for every element: their chunks and
 #: segments change which rank reduces an element, and when, never the order its operands
 #: are combined in (recursive halving puts the lower rank's partial first; a tree combines
@@ -289,15 +285,6 @@ def rank_blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm:
                    **options):
     """Return ``algorithm``'s every-rank block evaluator for this buffer, or None."""
     fn = RANK_BLOCKS.get(algorithm)
-    if fn is None or options.get("root"):
-        return None
-    return fn(collective, p, n, itemsize, op=op, **options)
-
-
-def blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",
-              **options):
-    """Return ``algorithm``'s block evaluator for this buffer, or None (whole arrays, then)."""
-    fn = BLOCKS.get(algorithm)
     if fn is None or options.get("root"):
         return None
     return fn(collective, p, n, itemsize, op=op, **options)
