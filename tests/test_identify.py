@@ -169,9 +169,9 @@ def test_check_identify_on_the_command_line(tmp_path):
     assert "identify: matches no order refcoll knows; nearest ring" in done.output
 
 
-def test_check_identify_larger_than_memory_goes_block_by_block(tmp_path, monkeypatch):
-    """Whole arrays that do not fit: every order with a block evaluator is tried on the
-    files block by block, with the figures whole arrays give, and the rest named."""
+def test_check_identify_of_an_all_reduce_goes_block_by_block(tmp_path, monkeypatch):
+    """The files are read a block at a time: every order with a block evaluator is tried
+    on each block, with the figures whole arrays give, and the rest named."""
     import json
 
     from click.testing import CliRunner
@@ -180,27 +180,24 @@ def test_check_identify_larger_than_memory_goes_block_by_block(tmp_path, monkeyp
     from refcoll.verify.inputs import write_rank_files
 
     inputs = make_inputs("adversarial", "float32", COUNT, 4)
+    outputs = _predict("allreduce", inputs, "ring", {})
     write_rank_files(tmp_path / "in", inputs, meta={"p": 4})
-    write_rank_files(tmp_path / "out", _predict("allreduce", inputs, "ring", {}))
-    args = ["check", "--identify", str(tmp_path / "in"), str(tmp_path / "out")]
-    runner = CliRunner()
-    done = runner.invoke(main, [*args, "--json", str(tmp_path / "whole.json")])
-    assert done.exit_code == 0, done.output
-    monkeypatch.setattr("refcoll.cli.check._whole_fits", lambda needed: False)
+    write_rank_files(tmp_path / "out", outputs)
+    monkeypatch.setattr("refcoll.cli.check.IDENTIFY_BYTES", 8 * 4 * 4 * 50)  # 50 a block
     monkeypatch.setattr("refcoll.verify.evaluators.RANK_BLOCKS",
                         {k: v for k, v in RANK_BLOCKS.items() if k != "dbtree"})
-    done = runner.invoke(main, [*args, "--json", str(tmp_path / "blocks.json")])
+    args = ["check", "--identify", str(tmp_path / "in"), str(tmp_path / "out")]
+    done = CliRunner().invoke(main, [*args, "--json", str(tmp_path / "blocks.json")])
     assert done.exit_code == 0, done.output
     assert "identify: matches ring" in done.output
     untried = ["hierarchical(ranks_per_node=2, inter=dbtree)", "dbtree"]  # (its inter phase)
-    assert "identify: not tried, as they run on whole arrays, which do not fit in memory: " \
+    assert "identify: not tried, as they run only on whole arrays: " \
         + ", ".join(untried) in done.output
-    whole, blocks = (json.loads((tmp_path / f"{name}.json").read_text())["identify"]
-                     for name in ("whole", "blocks"))
-    assert blocks["untried"] == untried and blocks["matches"] == whole["matches"]
-    figures = {c["label"]: (c["differing"], c["ulps"]) for c in whole["candidates"]}
+    blocks = json.loads((tmp_path / "blocks.json").read_text())["identify"]
+    whole = identify(inputs, outputs, known=[])
+    assert blocks["untried"] == untried and blocks["matches"] == whole.matches
     assert {c["label"]: (c["differing"], c["ulps"]) for c in blocks["candidates"]} == \
-        {k: v for k, v in figures.items() if k not in untried}
+        {c.label: (c.differing, c.ulps) for c in whole.candidates if c.label not in untried}
 
 
 def test_the_library_facts_ship_with_the_package():

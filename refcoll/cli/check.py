@@ -35,7 +35,6 @@ from ..verify.rankfiles import (
 )
 from ..verify.simulation import MAX_SIMULATED_RANKS, simulation_bytes
 from .common import (
-    available_memory,
     check_output_directory,
     check_output_paths,
     main,
@@ -179,10 +178,9 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     them (spec/orders.md), or the nearest. With --inputs, the inputs are
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
     --sample K then judges K elements of each output. The files are read block by
-    block, in bounded memory whatever their size, an all-reduce's --algorithm
-    predicted block by block too (other collectives' --algorithm simulate whole
-    arrays, and ask for that memory first); --identify of an all-reduce too large for
-    memory tries its orders block by block. Exit 0 conforming, 1 not
+    block, in bounded memory whatever their size, an all-reduce's --algorithm and
+    --identify predicted block by block too (other collectives' simulate whole
+    arrays, and ask for that memory first). Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """
@@ -207,25 +205,24 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     x = inputs[0]
     blocks = algorithm and rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
                                           algorithm=algorithm, op=op) is not None
-    whole = identify or (algorithm and not blocks)  # the simulator runs on whole arrays
-    streamed_identify = (identify and collective == "allreduce" and not (algorithm and not blocks)
-                         and not _whole_fits(_whole_bytes(inputs, outputs, collective)))
-    if whole and not streamed_identify:
+    # the simulator runs on whole arrays where no block evaluator gives an algorithm's results
+    whole = (identify and collective != "allreduce") or (algorithm and not blocks)
+    if whole:
         require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
                        "ranks' whole inputs (--algorithm, --identify)", advice)
         inputs = [f.whole() for f in inputs]
         outputs = [None if f is None else f.whole() for f in outputs]
     else:  # every file is read block by block
-        require_memory(STREAMED_BYTES, f"judging {len(inputs)} ranks' outputs", advice)
+        require_memory(STREAMED_BYTES + (IDENTIFY_BYTES if identify else 0),
+                       f"judging {len(inputs)} ranks' outputs", advice)
     with out_of_memory_is_usage(f"judging {len(inputs)} ranks' outputs", advice):
         report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
-        if streamed_identify:  # each order with a block evaluator, block by block
-            found = identify_blocks(inputs, outputs, op=op,
-                                    budget=max(BLOCK_BYTES, available_memory()[0] // 4))
-        else:
-            found = identify_order(inputs, outputs, collective=collective, op=op,
-                                   root=root) if identify else None
+        found = None
+        if identify and collective == "allreduce":  # every order, block by block
+            found = identify_blocks(inputs, outputs, op=op, budget=IDENTIFY_BYTES)
+        elif identify:
+            found = identify_order(inputs, outputs, collective=collective, op=op, root=root)
     _print_report(report, collective, algorithm, found)
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})
@@ -276,10 +273,9 @@ def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:
 #: What a streamed check holds at most beside its code: a few blocks of operands.
 STREAMED_BYTES = 8 * BLOCK_BYTES
 
-
-def _whole_fits(needed: int) -> bool:
-    """Whether ``needed`` bytes (whole arrays and the simulator's copies) fit in memory."""
-    return needed <= available_memory()[0]
+#: What ``--identify`` of an all-reduce holds beside the check: the blocks of inputs and
+#: outputs it compares every order on, and each order's results for them.
+IDENTIFY_BYTES = 256 << 20
 
 
 def _whole_bytes(inputs, outputs, collective: str) -> int:
