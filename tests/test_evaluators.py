@@ -221,6 +221,10 @@ def test_identify_block_by_block_gives_what_whole_arrays_give():
     blocks = identify_blocks(xs, outputs, known=[], budget=8 * p * 4 * 97)
     assert not blocks.matches and blocks.nearest[1:] == (1, p * 700)
     assert blocks.nearest == identify(xs, outputs, known=[]).nearest
+    outputs[4] = outputs[4][:-1]  # of another size: every element differs, as identify says
+    blocks = identify_blocks(xs, outputs, known=[], budget=8 * p * 4 * 97)
+    assert blocks.nearest == identify(xs, outputs, known=[]).nearest == \
+        (blocks.nearest[0], 1 + 699, p * 700 - 1)
 
 
 def test_every_orders_rank_blocks_are_its_algorithm_on_the_golden_vectors():

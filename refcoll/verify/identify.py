@@ -359,6 +359,9 @@ def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYT
     if not ranks:
         raise UsageError("no rank's output to identify the order of")
     n, dtype = int(inputs[0].size), inputs[0].dtype
+    # an output of another size differs in every element, as identify counts it
+    misfit = sum(int(outputs[r].size) for r in ranks if outputs[r].size != n)
+    ranks = [r for r in ranks if outputs[r].size == n]
     result = Identification("allreduce", op, p)
     tried = []
     for name, options in candidate_orders("allreduce", p):
@@ -370,11 +373,11 @@ def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYT
         if fold is None:
             result.untried.append(order_label(name, options))
         else:
-            tried.append((Candidate(order_label(name, options), name, options, 0, 0, 0),
-                          fold, hashlib.blake2b(digest_size=16)))
+            tried.append((Candidate(order_label(name, options), name, options, misfit, misfit,
+                                    0), fold, hashlib.blake2b(digest_size=16)))
     # the inputs, the outputs, and each order's outputs and the simulator's copies of a block
     length = max(1, budget // (8 * p * dtype.itemsize))
-    for lo in range(0, n, length):
+    for lo in range(0, n if ranks else 0, length):
         hi = min(n, lo + length)
         cols = stacked(inputs, lo, hi, dtype)
         got = dict(zip(ranks, stacked([outputs[r] for r in ranks], lo, hi, dtype)))
