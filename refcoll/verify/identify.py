@@ -344,8 +344,9 @@ def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYT
                     known: list[dict] | None = None) -> Identification:
     """:func:`identify` for an all-reduce, reading inputs and outputs a block at a time.
 
-    For buffers larger than memory (``inputs`` and ``outputs`` may be files read
-    block by block). Each order with a block evaluator
+    ``inputs`` and ``outputs`` may be files read block by block, so memory does not
+    grow with the count (``refcoll check --identify`` reads an all-reduce's files
+    this way). Each order with a block evaluator
     (:data:`~refcoll.verify.evaluators.RANK_BLOCKS`) is tried on every block in turn,
     with the same figures as :func:`identify` (differing elements, ulps, matches;
     the digests that group orders are taken block by block). An order without
