@@ -444,3 +444,18 @@ def test_oracle_refuses_to_write_over_its_inputs(tmp_path):
     before = {f.name: f.read_bytes() for f in in_dir.iterdir()}
     assert_refused(invoke("oracle", "--algorithm", "ring", in_dir, in_dir), in_dir, "overwrite")
     assert {f.name: f.read_bytes() for f in in_dir.iterdir()} == before
+
+
+def test_worlds_that_would_not_fit_on_the_disk_are_refused_before_a_file_is_written(
+        tmp_path, monkeypatch):
+    import collections
+
+    usage = collections.namedtuple("usage", "total used free")
+    assert invoke("gen-inputs", "-p", 3, "--count", 1000, tmp_path / "in").exit_code == 0
+    monkeypatch.setattr("refcoll.cli.common.shutil.disk_usage",
+                        lambda path: usage(1 << 30, 1 << 30, 11_999))  # 4 B short of 3 x 1000
+    res = invoke("gen-inputs", "-p", 3, "--count", 1000, tmp_path / "more")
+    assert res.exit_code == 2 and "needs about 11.7 KiB of disk" in res.output, res.output
+    res = invoke("oracle", "--algorithm", "tree", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 2 and "writing 3 expected outputs needs about" in res.output
+    assert not (tmp_path / "more").exists() and not (tmp_path / "out").exists()

@@ -249,7 +249,8 @@ def test_more_rank_files_than_a_world_may_have_are_refused_at_once(tmp_path, dea
 
 def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path, deadline):
     """Beside smaller ranks, its header is refused against theirs; where every rank is
-    that large, a whole-array command refuses it by the memory it needs (each before
+    that large, a whole-array command refuses it by the memory it needs, and an
+    all-reduce's oracle, which streams, by the disk its outputs need (each before
     reading an element)."""
     in_dir, out_dir = good_case(tmp_path)
     count = 1 << 40  # 4 TiB of float32, on no disk blocks
@@ -277,7 +278,9 @@ def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path,
             sparse(r)
         (in_dir / "meta.json").unlink()  # the files alone define the world
         refused(tmp_path, "oracle", "--algorithm", "tree", in_dir, tmp_path / "predicted",
-                needles=["needs about", "TiB"])
+                needles=["writing 4 expected outputs needs about", "TiB of disk"])
+        refused(tmp_path, "oracle", "--algorithm", "tree", "--collective", "reduce", in_dir,
+                tmp_path / "predicted", needles=["reading the rank files", "needs about", "TiB"])
     finally:
         for r in range(P):
             (in_dir / f"rank{r}.npy").unlink(missing_ok=True)

@@ -40,6 +40,7 @@ from .common import (
     main,
     out_of_memory_is_usage,
     reports_errors,
+    require_disk,
     require_memory,
     write_json,
 )
@@ -83,6 +84,7 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
     # One rank's input at a time is made and written, beside its generator's draws (the
     # adversarial layout's are the most: about eight float64 or int64 arrays of count).
     require_memory(count * dt.itemsize + 64 * count, what, advice)
+    require_disk(directory, p * count * dt.itemsize, what, advice)
 
     def maker(r):
         return lambda: make_input(kind, dt, count, r, p, op=reduction.name, seed=seed)
@@ -130,6 +132,8 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     if fold is not None:  # an all-reduce: predicted and written block by block
         require_memory(STREAMED_BYTES, f"predicting {algorithm} {collective}",
                        "predict fewer or smaller inputs")
+        require_disk(out_dir, len(inputs) * x.size * x.dtype.itemsize,
+                     f"writing {len(inputs)} expected outputs", "predict fewer or smaller inputs")
         write_world(out_dir, _streamed_outputs(inputs, fold, out_dir), meta=meta)
         click.echo(f"wrote {len(inputs)} expected outputs of {algorithm} {collective} to "
                    f"{out_dir}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import sys
 import threading
 
@@ -238,6 +239,27 @@ def require_memory(needed: int, what: str, advice: str) -> None:
     if needed > limit:
         raise UsageError(f"{what} needs about {human_bytes(needed, '.1f', binary=True)}, more "
                          f"than the {human_bytes(limit, '.1f', binary=True)} {source}; {advice}")
+
+
+def require_disk(folder, needed: int, what: str, advice: str) -> None:
+    """Refuse to write ``needed`` bytes into ``folder`` when its file system has less free.
+
+    ``folder`` need not exist yet: its nearest existing parent's file system is asked.
+
+    Raises:
+        UsageError: naming the estimate, the free space and the folder.
+    """
+    place = os.path.abspath(folder)
+    while not os.path.isdir(place) and os.path.dirname(place) != place:
+        place = os.path.dirname(place)
+    try:
+        free = shutil.disk_usage(place).free
+    except OSError:
+        return  # a file system that cannot say: the writes themselves report a full disk
+    if needed > free:
+        raise UsageError(f"{what} needs about {human_bytes(needed, '.1f', binary=True)} of "
+                         f"disk, more than the {human_bytes(free, '.1f', binary=True)} free "
+                         f"where {folder} is; {advice}")
 
 
 @contextlib.contextmanager
