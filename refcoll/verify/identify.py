@@ -301,6 +301,14 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict, digest) -> 
     return diff, total, ulps
 
 
+def _holding(inputs, outputs) -> list[int]:
+    """Return the ranks that hold an output to compare (at least one must)."""
+    ranks = [r for r in range(len(inputs)) if r < len(outputs) and outputs[r] is not None]
+    if not ranks:
+        raise UsageError("no rank's output to identify the order of")
+    return ranks
+
+
 def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
              root: int = 0, known: list[dict] | None = None) -> Identification:
     """Name the orders refcoll knows whose ``collective`` gives ``outputs`` bit for bit.
@@ -316,10 +324,7 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
     Raises:
         UsageError: no rank holds an output to compare.
     """
-    p = len(inputs)
-    ranks = [r for r in range(p) if r < len(outputs) and outputs[r] is not None]
-    if not ranks:
-        raise UsageError("no rank's output to identify the order of")
+    p, ranks = len(inputs), _holding(inputs, outputs)
     got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
     same_got = {r: same_bits(got[r], got[ranks[0]]) for r in ranks[1:]}
     result = Identification(collective, op, p)
@@ -355,10 +360,7 @@ def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYT
     Raises:
         UsageError: no rank holds an output to compare.
     """
-    p = len(inputs)
-    ranks = [r for r in range(p) if r < len(outputs) and outputs[r] is not None]
-    if not ranks:
-        raise UsageError("no rank's output to identify the order of")
+    p, ranks = len(inputs), _holding(inputs, outputs)
     n, dtype = int(inputs[0].size), inputs[0].dtype
     # an output of another size differs in every element, as identify counts it
     misfit = sum(int(outputs[r].size) for r in ranks if outputs[r].size != n)
