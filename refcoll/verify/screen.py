@@ -3,21 +3,23 @@
 The bound check (:func:`refcoll.verify.ieee.judge_float`) compares each ``sum`` or
 ``avg`` with the exact sum of its operands, computed in double-double: about ten
 NumPy passes per operand, most of ``refcoll check``'s time. Most elements need
-far less. The plain float64 sum ``S̃`` of the operands (row by row: the high word
-of that very double-double) and their ``Σ|x|`` take three passes, and they are
-within a known distance of the exact figures: ``|S̃ - S| ≤ γ₅₃(p-1)·Σ|x|``
-(Higham, §4.2), so each element's error, bound and fraction of the bound lie in
-known intervals. An element whose interval lies wholly below or above 1 has its
-verdict already. Only the elements whose interval straddles 1, and those whose
-interval reaches the largest lower end (any of them may be the worst element the
-report describes), get the exact reference, computed by the same code on those
-columns alone. The counts, the verdicts and the worst element's figures are
-therefore the exact path's, bit for bit: ``tests/test_check_streamed.py`` holds
-them to it.
+far less. The plain float64 sum ``S̃`` of the operands and their ``Σ|x|`` (a float64
+copy of a tile of operands, summed down its columns by a matrix-vector product, in
+whatever order the BLAS takes) are within a known distance of the exact figures
+whatever the order: ``|S̃ - S| ≤ γ₅₃(p-1)·Σ|x|`` (Higham, §4.2), and two orders'
+``Σ|x|`` within ``2γ₅₃(p-1)`` of each other, so each element's error, bound and
+fraction of the bound lie in known intervals. An element whose interval lies wholly
+below or above 1 has its verdict already. Only the elements whose interval straddles
+1, and those whose interval reaches the largest lower end (any of them may be the
+worst element the report describes), get the exact reference, computed by the same
+code on those columns alone. The counts, the verdicts and the worst element's
+figures are therefore the exact path's, bit for bit:
+``tests/test_check_streamed.py`` holds them to it.
 
 Where the operands' sums are exact in float64 (integer-valued operands whose
-``Σ|x|`` is at most ``2**53``: refcoll's exact inputs), ``S̃`` *is* the exact sum,
-and the reference is built from it directly. Where neither shortcut helps (many
+``Σ|x|`` is at most ``2**53``: refcoll's exact inputs), every partial sum in every
+order is exact, so ``S̃`` *is* the exact sum, and the reference is built from it
+directly. Where neither shortcut helps (many
 elements at one fraction, as when every result is exact, or the operands are
 float64, whose sums may need scaling), the whole exact reference is computed, as
 before.
@@ -34,9 +36,10 @@ from .ieee import Reference, judge_float, reference, sum_bound
 __all__ = ["Estimate", "estimate", "screened"]
 
 #: How far the estimate may be from the exact path's figures, in units of ``p·2**-53``
-#: times ``Σ|x|`` (an error) or times the bound (the bound): four times what the
-#: analysis gives (``γ₅₃(p-1)`` for the plain sum, ``2**-53`` and ``p·2**-104`` for the
-#: double-double's rounding, the float64 roundings of the error and the bound).
+#: times ``Σ|x|`` (an error) or times the bound (the bound): at least four times what
+#: the analysis gives (``γ₅₃(p-1)`` for the plain sum, ``2**-53`` and ``p·2**-104`` for
+#: the double-double's rounding, ``2γ₅₃(p-1)`` between this ``Σ|x|`` and the exact
+#: path's, the float64 roundings of the error and the bound).
 _MARGIN = 16.0
 
 #: Bytes of float64 operands the estimate works on at once (they stay in a core's cache).
@@ -55,8 +58,8 @@ class Estimate:
     op: str
     dtype: np.dtype
     cols: np.ndarray
-    sums: np.ndarray  # Σ x, row by row in float64: the double-double's high word
-    absolutes: np.ndarray  # Σ|x|, row by row in float64, as the exact path sums it
+    sums: np.ndarray  # Σ x in float64, in the BLAS's order
+    absolutes: np.ndarray  # Σ|x| in float64, in the BLAS's order
     plain: np.ndarray  # the result sum_bound makes of them (avg: / p)
     scale: np.ndarray  # the scale of the bound (Σ|x| made larger by its rounding; avg: / p)
     bound: np.ndarray  # the bound sum_bound gives for them
