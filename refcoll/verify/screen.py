@@ -19,10 +19,9 @@ figures are therefore the exact path's, bit for bit:
 Where the operands' sums are exact in float64 (integer-valued operands whose
 ``Σ|x|`` is at most ``2**53``: refcoll's exact inputs), every partial sum in every
 order is exact, so ``S̃`` *is* the exact sum, and the reference is built from it
-directly. Where neither shortcut helps (many
-elements at one fraction, as when every result is exact, or the operands are
-float64, whose sums may need scaling), the whole exact reference is computed, as
-before.
+directly. Where neither shortcut helps (many elements at one fraction, as when every
+result is exact, or the operands are float64, whose sums may need scaling), the
+whole exact reference is computed, as before.
 """
 
 from __future__ import annotations
