@@ -43,9 +43,10 @@ engine, queued in issue order behind the watched call, so ``async_op=True``
 still overlaps; the Work the program waits on completes when the sample has
 been judged, and a wrong result is raised from that call's ``wait()``.
 ``REFCOLL_WATCH_BATCH=n`` sends the samples of ``n`` calls in one exchange,
-judged when the ``n``-th completes: a wrong call is then named as ever but
-raised from the wait of the call that closes its batch, for a fraction of the
-cost (the exchange is most of it: ``benchmarks/watch_overhead.py``). Other
+judged when the ``n``-th completes (the batch's all-reduce sums of one dtype
+together, each call alone only where that fails): a wrong call is then named as
+ever but raised from the wait of the call that closes its batch, for a fraction
+of the cost (``benchmarks/watch_overhead.py``). Other
 calls (gather, scatter, all-to-all, barrier, point to point) are handed over
 unjudged.
 """
