@@ -394,6 +394,12 @@ def test_the_ring_oracle_and_check_run_block_by_block_as_the_simulator_does(tmp_
         assert (tmp_path / "out" / f"rank{r}.npy").read_bytes() == saved.getvalue(), r
     assert sorted(f.name for f in (tmp_path / "out").glob("rank*.npy")) == [
         f"rank{r}.npy" for r in range(5)]  # the larger world's stale files are gone
+    res = invoke("oracle", "--algorithm", "tree", "--collective", "reduce", "--root", 3,
+                 "--op", op, tmp_path / "in", tmp_path / "reduced")
+    assert res.exit_code == 0, res.output
+    expected = expected_outputs("reduce", xs, algorithm="tree", op=op, root=3)[3]
+    assert sorted(f.name for f in (tmp_path / "reduced").glob("rank*.npy")) == ["rank3.npy"]
+    assert same_bits(np.load(tmp_path / "reduced" / "rank3.npy").view(expected.dtype), expected)
     for name in ("dbtree", "hierarchical"):  # any all-reduce is written block by block
         res = invoke("oracle", "--algorithm", name, "--op", op, tmp_path / "in",
                      tmp_path / name)
@@ -403,10 +409,16 @@ def test_the_ring_oracle_and_check_run_block_by_block_as_the_simulator_does(tmp_
             assert same_bits(written.view(expected.dtype), expected), (name, r)
     streamed = {name: check_outputs(xs, want, op=op, algorithm=name, budget=2000)
                 for name in ("ring", "dbtree", "hierarchical", "tree")}
+    reduced = expected_outputs("reduce", xs, algorithm="tree", op=op, root=3)
+    streamed["reduce"] = check_outputs(xs, reduced, collective="reduce", op=op, root=3,
+                                       algorithm="tree", budget=2000)
     monkeypatch.setattr(oracle, "rank_blockwise", lambda *a, **k: None)  # the simulator's way
     for name, report in streamed.items():  # (every all-reduce is judged block by block)
-        simulated = check_outputs(xs, want, op=op, algorithm=name)
+        simulated = (check_outputs(xs, reduced, collective="reduce", op=op, root=3,
+                                   algorithm="tree") if name == "reduce"
+                     else check_outputs(xs, want, op=op, algorithm=name))
         assert json.dumps(report.to_json()) == json.dumps(simulated.to_json()), name
+    assert streamed["reduce"].conforming
     assert "bit-exact against ring" in json.dumps(streamed["ring"].to_json())
     assert streamed["ring"].conforming and not streamed["dbtree"].conforming
     res = invoke("check", "--algorithm", "ring", "--op", op, tmp_path / "in", tmp_path / "out")

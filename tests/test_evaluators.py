@@ -170,19 +170,20 @@ def test_the_rings_blocks_are_its_algorithm_block_by_block(p):
     assert rank_blockwise("reduce_scatter", p, 10, 4, algorithm="ring") is None
 
 
-def _blockwise_outputs(xs, name, options, op, cuts):
+def _blockwise_outputs(xs, name, options, op, cuts, collective="allreduce", root=0):
     """Every rank's output of ``name`` from its rank block evaluator, block by block."""
     from refcoll.verify.evaluators import rank_blockwise
 
     p, n = len(xs), xs[0].size
     cols = np.stack(xs).reshape(p, -1)
-    fold = rank_blockwise("allreduce", p, n, cols.dtype.itemsize, algorithm=name, op=op,
-                          **options)
+    fold = rank_blockwise(collective, p, n, cols.dtype.itemsize, algorithm=name, op=op,
+                          root=root, **options)
     if fold is None:
         return None
     bounds = [0, *[c for c in cuts if 0 < c < n], n]
     blocks = [fold(cols[:, lo:hi], lo) for lo, hi in zip(bounds, bounds[1:]) if lo < hi]
-    return [np.concatenate([b[r] for b in blocks]) for r in range(p)]
+    return [None if blocks[0][r] is None else np.concatenate([b[r] for b in blocks])
+            for r in range(p)]
 
 
 @pytest.mark.parametrize("p", [3, 4, 8])
@@ -199,6 +200,12 @@ def test_every_orders_rank_blocks_are_its_algorithm_block_by_block(p):
             got = _blockwise_outputs(xs, name, options, op, cuts=(5, 70, n // 2 + 1))
             assert got is not None and _same(got, [np.asarray(w).reshape(-1) for w in want]), \
                 (name, options, dtype, op, n)
+        for name, options in candidate_orders("reduce", p):  # to the last rank
+            want = expected_outputs("reduce", xs, algorithm=name, op=op, root=p - 1, **options)
+            got = _blockwise_outputs(xs, name, options, op, cuts=(5, 70, n // 2 + 1),
+                                     collective="reduce", root=p - 1)
+            assert got is not None and got[:-1] == [None] * (p - 1), (name, options)
+            assert same_bits(got[-1], np.asarray(want[-1]).reshape(-1)), (name, options, dtype)
 
 
 def test_identify_block_by_block_gives_what_whole_arrays_give():
@@ -221,6 +228,13 @@ def test_identify_block_by_block_gives_what_whole_arrays_give():
     blocks = identify_blocks(xs, outputs, known=[], budget=8 * p * 4 * 97)
     assert not blocks.matches and blocks.nearest[1:] == (1, p * 700)
     assert blocks.nearest == identify(xs, outputs, known=[]).nearest
+    reduced = expected_outputs("reduce", xs, algorithm="tree", root=2, radix=3,
+                               subtrees="shrinking")
+    whole = identify(xs, reduced, collective="reduce", root=2, known=[])
+    blocks = identify_blocks(xs, reduced, collective="reduce", root=2, known=[], budget=9999)
+    assert "tree(radix=3, subtrees=shrinking)" in blocks.matches == whole.matches
+    assert [(c.label, c.differing, c.ulps) for c in blocks.candidates] == \
+        [(c.label, c.differing, c.ulps) for c in whole.candidates]
     outputs[4] = outputs[4][:-1]  # of another size: every element differs, as identify says
     blocks = identify_blocks(xs, outputs, known=[], budget=8 * p * 4 * 97)
     assert blocks.nearest == identify(xs, outputs, known=[]).nearest == \

@@ -17,7 +17,7 @@ from ..core.bits import same_bits
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.evaluators import rank_blockwise
+from ..verify.evaluators import ELEMENTWISE_COLLECTIVES, rank_blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify as identify_order
@@ -112,11 +112,11 @@ def _collective_options(f):
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
-    An all-reduce is written block by block, in bounded memory; any other
-    collective is simulated on whole arrays. IN_DIR has at most 4096 ranks. OUT_DIR must
-    not be IN_DIR (compared by what they resolve to, links followed); each file is
-    written to a temporary name and renamed into place, so a link in OUT_DIR is
-    replaced, never written through.
+    An all-reduce, and a reduce by naive or tree, is written block by block, in
+    bounded memory; any other is simulated on whole arrays. IN_DIR has at most 4096
+    ranks. OUT_DIR must not be IN_DIR (compared by what they resolve to, links
+    followed); each file is written to a temporary name and renamed into place, so a
+    link in OUT_DIR is replaced, never written through.
     """
     check_output_directory("OUT_DIR", out_dir)
     if same_place(in_dir, out_dir):
@@ -128,13 +128,15 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     inputs, _, _ = load_case(in_dir, collective=collective, root=root, lazy=True)
     x = inputs[0]
     fold = rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
-                          algorithm=algorithm, op=get_op(op).name)
-    if fold is not None:  # an all-reduce: predicted and written block by block
+                          algorithm=algorithm, op=get_op(op).name, root=root)
+    if fold is not None:  # an all-reduce or reduce: predicted and written block by block
         require_memory(STREAMED_BYTES, f"predicting {algorithm} {collective}",
                        "predict fewer or smaller inputs")
-        require_disk(out_dir, len(inputs) * x.size * x.dtype.itemsize,
-                     f"writing {len(inputs)} expected outputs", "predict fewer or smaller inputs")
-        write_world(out_dir, _streamed_outputs(inputs, fold, out_dir), meta=meta)
+        holders = [root] if collective == "reduce" else range(len(inputs))
+        require_disk(out_dir, len(holders) * x.size * x.dtype.itemsize,
+                     f"writing {len(holders)} expected output{'s' * (len(holders) > 1)}",
+                     "predict fewer or smaller inputs")
+        write_world(out_dir, _streamed_outputs(inputs, fold, out_dir, holders), meta=meta)
         click.echo(f"wrote {len(inputs)} expected outputs of {algorithm} {collective} to "
                    f"{out_dir}")
         return
@@ -182,9 +184,9 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     them (spec/orders.md), or the nearest. With --inputs, the inputs are
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
     --sample K then judges K elements of each output. The files are read block by
-    block, in bounded memory whatever their size, an all-reduce's --algorithm and
-    --identify predicted block by block too (other collectives' simulate whole
-    arrays, and ask for that memory first). Exit 0 conforming, 1 not
+    block, in bounded memory whatever their size, an all-reduce's or a reduce's
+    --algorithm and --identify predicted block by block too (other collectives'
+    simulate whole arrays, and ask for that memory first). Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """
@@ -210,7 +212,7 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     blocks = algorithm and rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
                                           algorithm=algorithm, op=op) is not None
     # the simulator runs on whole arrays where no block evaluator gives an algorithm's results
-    whole = (identify and collective != "allreduce") or (algorithm and not blocks)
+    whole = (identify and collective not in ELEMENTWISE_COLLECTIVES) or (algorithm and not blocks)
     if whole:
         require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
                        "ranks' whole inputs (--algorithm, --identify)", advice)
@@ -223,8 +225,9 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
         report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
         found = None
-        if identify and collective == "allreduce":  # every order, block by block
-            found = identify_blocks(inputs, outputs, op=op, budget=IDENTIFY_BYTES)
+        if identify and collective in ELEMENTWISE_COLLECTIVES:  # every order, block by block
+            found = identify_blocks(inputs, outputs, collective=collective, op=op, root=root,
+                                    budget=IDENTIFY_BYTES)
         elif identify:
             found = identify_order(inputs, outputs, collective=collective, op=op, root=root)
     _print_report(report, collective, algorithm, found)
@@ -233,34 +236,39 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     sys.exit(0 if report.conforming else 1)
 
 
-def _streamed_outputs(inputs: list, fold, out_dir) -> list:
-    """Return every rank's output of an all-reduce that ``fold`` gives block by block:
-    rank 0's made from the inputs' blocks; another rank's a copy of rank 0's file when
-    every block of its result was rank 0's (as an all-reduce's usually is), else made
-    from the inputs' blocks in turn."""
+def _streamed_outputs(inputs: list, fold, out_dir, holders) -> list:
+    """Return every rank's output (None for a rank not in ``holders``) of a collective
+    that ``fold`` gives block by block: the first holder's made from the inputs' blocks;
+    another holder's a copy of that file when every block of its result was the first's
+    (as an all-reduce's usually is), else made from the inputs' blocks in turn."""
     x, p = inputs[0], len(inputs)
     length = block_length(p, x.dtype.itemsize)
-    same = [True] * p  # whether rank r's blocks so far are rank 0's bits
+    head, *rest = holders
+    same = [True] * p  # whether rank r's blocks so far are the first holder's bits
 
     def made(r: int):
         def blocks():
             try:
                 for lo in range(0, x.size, length):
                     results = fold(stacked(inputs, lo, min(x.size, lo + length), x.dtype), lo)
-                    if r == 0:
-                        for q in range(1, p):
-                            same[q] = same[q] and same_bits(results[q], results[0])
+                    if r == head:
+                        for q in rest:
+                            same[q] = same[q] and same_bits(results[q], results[head])
                     yield results[r]
             finally:
                 for f in inputs:
                     f.close()
         return Streamed(x.dtype, x.shape, blocks)
 
-    first = os.path.join(out_dir, "rank0.npy")
+    first = os.path.join(out_dir, f"rank{head}.npy")
 
     def copy_or_made(r: int):
         return lambda: Streamed(x.dtype, x.shape, source=first) if same[r] else made(r)
-    return [made(0)] + [copy_or_made(r) for r in range(1, p)]
+    outputs = [None] * p
+    outputs[head] = made(head)
+    for r in rest:
+        outputs[r] = copy_or_made(r)
+    return outputs
 
 
 def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:

@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import algorithms
 from ..algorithms.ring import ring_order, ring_walk
 from ..algorithms.switch_tree import PACKET, RADIX, SLOTS, switch_levels
 from ..calls.collectives import simulate
@@ -39,7 +40,8 @@ from ..core.ops import get_op
 
 __all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
            "hierarchical_evaluator", "ring_blocks", "ELEMENTWISE",
-           "RANK_BLOCKS", "rank_blockwise", "dbtree_blocks", "hierarchical_blocks"]
+           "ELEMENTWISE_COLLECTIVES", "RANK_BLOCKS", "rank_blockwise", "dbtree_blocks",
+           "hierarchical_blocks"]
 
 
 def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
@@ -181,7 +183,7 @@ def ring_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
     return fold
 
 
-#: All-reduces whose reduction order is the same for every element: their chunks and
+#: Algorithms whose reduction order is the same for every element: their chunks and
 #: segments change which rank reduces an element, and when, never the order its operands
 #: are combined in (recursive halving puts the lower rank's partial first; a tree combines
 #: every segment's children alike; the switch folds every packet alike in its float mode,
@@ -191,26 +193,39 @@ def ring_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
 ELEMENTWISE = ("naive", "recursive_doubling", "rabenseifner", "tree", "switch")
 
 
+#: The collectives :data:`ELEMENTWISE` algorithms are run on block by block: a reduce's
+#: element, like an all-reduce's, depends on that element of every rank alone.
+ELEMENTWISE_COLLECTIVES = ("allreduce", "reduce")
+
+
 def _elementwise_blocks(name: str) -> Callable:
-    def blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", **options):
-        if collective != "allreduce" or options.get("mode", "float") != "float":
+    def blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", root: int = 0,
+               **options):
+        if collective not in ELEMENTWISE_COLLECTIVES or name not in algorithms.names(
+                collective) or options.get("mode", "float") != "float":
             return None
+        options["op"] = op
+        if collective == "reduce":
+            options["root"] = root
 
         def fold(cols: np.ndarray, first: int) -> list:
             rows = list(cols)
-            outputs = (evaluate(collective, rows, algorithm=name, op=op, **options)
-                       or simulate(collective, rows, algorithm=name, op=op, **options).outputs)
-            return [np.asarray(out).reshape(-1) for out in outputs]
+            outputs = (collective == "allreduce" and evaluate(collective, rows, algorithm=name,
+                                                               **options)
+                       or simulate(collective, rows, algorithm=name, **options).outputs)
+            return [None if out is None else np.asarray(out).reshape(-1) for out in outputs]
         return fold
     return blocks
 
 
-def _ring_rank_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", **options):
+def _ring_rank_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", root: int = 0,
+                      **options):
     fold = ring_blocks(collective, p, n, itemsize, op=op, **options)
     return None if fold is None else (lambda cols, first: [fold(cols, first)] * p)
 
 
-def dbtree_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", **options):
+def dbtree_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", root: int = 0,
+                  **options):
     """Return ``fold(cols, first)``: every rank's double-binary-tree all-reduce of a block.
 
     Tree ``h`` reduces half ``h`` of the buffer (``chunk_bounds(n, 2)``), every
@@ -235,8 +250,8 @@ def dbtree_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", *
 
 
 def hierarchical_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum",
-                        ranks_per_node=None, inter: str = "ring", pipeline: int = 1,
-                        level: str = "node"):
+                        root: int = 0, ranks_per_node=None, inter: str = "ring",
+                        pipeline: int = 1, level: str = "node"):
     """Return ``fold(cols, first)``: :func:`hierarchical_evaluator`'s folds for a block.
 
     Each node's ranks fold their shards (``chunk_bounds(n, k)``) in ring order; the
@@ -274,20 +289,22 @@ def hierarchical_blocks(collective: str, p: int, n: int, itemsize: int, *, op="s
     return fold
 
 
-#: Every rank's result of a block, by algorithm name (all-reduce): ``fn(collective, p, n,
-#: itemsize, *, op, **options)`` returns ``fold(cols, first)``, a list of ``p`` arrays, or None.
+#: Every rank's result of a block, by algorithm name: ``fn(collective, p, n, itemsize, *, op,
+#: root, **options)`` returns ``fold(cols, first)``, a list of ``p`` arrays, or None.
 RANK_BLOCKS: dict[str, Callable] = {
     **{name: _elementwise_blocks(name) for name in ELEMENTWISE},
     "ring": _ring_rank_blocks, "dbtree": dbtree_blocks, "hierarchical": hierarchical_blocks}
 
 
 def rank_blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",
-                   **options):
-    """Return ``algorithm``'s every-rank block evaluator for this buffer, or None."""
+                   root: int = 0, **options):
+    """Return ``algorithm``'s every-rank block evaluator for this buffer, or None.
+
+    All-reduces, and the reduces of :data:`ELEMENTWISE` algorithms (to ``root``: a
+    rank without an output is None in the fold's list).
+    """
     fn = RANK_BLOCKS.get(algorithm)
-    if fn is None or options.get("root"):
-        return None
-    return fn(collective, p, n, itemsize, op=op, **options)
+    return None if fn is None else fn(collective, p, n, itemsize, op=op, root=root, **options)
 
 
 #: The evaluators by algorithm name: ``fn(collective, inputs, *, op, **options)``.

@@ -345,13 +345,15 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
     return result
 
 
-def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYTES,
+def identify_blocks(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
+                    root: int = 0, budget: int = BLOCK_BYTES,
                     known: list[dict] | None = None) -> Identification:
-    """:func:`identify` for an all-reduce, reading inputs and outputs a block at a time.
+    """:func:`identify` for an all-reduce or a reduce, reading inputs and outputs a block
+    at a time.
 
     ``inputs`` and ``outputs`` may be files read block by block, so memory does not
-    grow with the count (``refcoll check --identify`` reads an all-reduce's files
-    this way). Each order with a block evaluator
+    grow with the count (``refcoll check --identify`` reads an all-reduce's or a
+    reduce's files this way). Each order with a block evaluator
     (:data:`~refcoll.verify.evaluators.RANK_BLOCKS`) is tried on every block in turn,
     with the same figures as :func:`identify` (differing elements, ulps, matches;
     the digests that group orders are taken block by block). An order without
@@ -365,12 +367,12 @@ def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYT
     # an output of another size differs in every element, as identify counts it
     misfit = sum(int(outputs[r].size) for r in ranks if outputs[r].size != n)
     ranks = [r for r in ranks if outputs[r].size == n]
-    result = Identification("allreduce", op, p)
+    result = Identification(collective, op, p)
     tried = []
-    for name, options in candidate_orders("allreduce", p):
+    for name, options in candidate_orders(collective, p):
         try:
-            fold = rank_blockwise("allreduce", p, n, dtype.itemsize, algorithm=name, op=op,
-                                  **options)
+            fold = rank_blockwise(collective, p, n, dtype.itemsize, algorithm=name, op=op,
+                                  root=root, **options)
         except UsageError:
             continue  # an order this p does not admit
         if fold is None:
@@ -399,6 +401,6 @@ def identify_blocks(inputs, outputs, *, op: str = "sum", budget: int = BLOCK_BYT
     for candidate, _, digest in tried:
         candidate.digest = digest.hexdigest()
         result.candidates.append(candidate)
-    result.libraries = _libraries("allreduce", op, p, result.matches,
+    result.libraries = _libraries(collective, op, p, result.matches,
                                   known_orders() if known is None else known)
     return result

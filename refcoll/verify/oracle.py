@@ -314,7 +314,7 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     judge = _Judge(collective, name, reduction, p, n, dtype, ranks)
     if algorithm is not None:
         fold = rank_blockwise(collective, p, n, dtype.itemsize, algorithm=algorithm,
-                              op=name or "sum")
+                              op=name or "sum", root=root)
         if fold is not None:  # the algorithm's result block by block (evaluators.py)
             judge.oracle = (ExactCheck(), fold)
         else:
