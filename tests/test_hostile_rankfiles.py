@@ -280,7 +280,7 @@ def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path,
         refused(tmp_path, "oracle", "--algorithm", "tree", in_dir, tmp_path / "predicted",
                 needles=["writing 4 expected outputs needs about", "TiB of disk"])
         refused(tmp_path, "oracle", "--algorithm", "tree", "--collective", "reduce", in_dir,
-                tmp_path / "predicted", needles=["writing 1 expected outputs needs about"])
+                tmp_path / "predicted", needles=["writing 1 expected output needs about"])
         refused(tmp_path, "oracle", "--algorithm", "ring", "--collective", "reduce_scatter",
                 in_dir, tmp_path / "predicted",
                 needles=["reading the rank files", "needs about", "TiB"])
