@@ -137,7 +137,7 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
                      f"writing {len(holders)} expected output{'s' * (len(holders) > 1)}",
                      "predict fewer or smaller inputs")
         write_world(out_dir, _streamed_outputs(inputs, fold, out_dir, holders), meta=meta)
-        click.echo(f"wrote {len(inputs)} expected outputs of {algorithm} {collective} to "
+        click.echo(f"wrote {len(holders)} expected outputs of {algorithm} {collective} to "
                    f"{out_dir}")
         return
     require_memory(rank_file_bytes(in_dir), f"reading the rank files of {in_dir}",
