@@ -133,16 +133,25 @@ def reduction(op) -> tuple[str, object]:
     Raises:
         ValueError: an op refcoll does not reduce (the bitwise ones).
     """
-    torch = _torch()
     kind = getattr(op, "op", op)
+    known = _REDUCTIONS.get(kind)  # (a call's path: the op's kind looked up once)
+    if known is not None:
+        return known
     name = str(kind).rsplit(".", 1)[-1]
     if name not in _OPS:
         raise ValueError(f"reduce op {name} is not one refcoll reduces; refcoll reduces "
                          f"{', '.join(sorted(_OPS))}")
-    factor = op.factor if name == "PREMUL_SUM" else None
-    if isinstance(factor, torch.Tensor):
+    if name != "PREMUL_SUM":
+        _REDUCTIONS[kind] = (_OPS[name], None)
+        return _OPS[name], None
+    factor = op.factor
+    if isinstance(factor, _torch().Tensor):
         factor = factor.item()
     return _OPS[name], factor
+
+
+#: torch's reduction kinds met so far, but PREMUL_SUM (whose factor is the call's).
+_REDUCTIONS: dict = {}
 
 
 def flat(tensor):

@@ -66,7 +66,7 @@ from ..core.errors import MismatchError, UsageError, WrongResult
 from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
 from ..verify.checksums import block_size, checksums, judge_sums
 from ..verify.oracle import check_outputs
-from .tensors import as_array, flat, reduction
+from .tensors import _bits_types, as_array, flat, reduction
 from .work import submit
 
 __all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
@@ -137,7 +137,7 @@ def watched_from_env(store, rank: int, size: int, timeout):
         raise UsageError(f"REFCOLL_WATCH_CHECKSUMS={sums!r}: use on (every element, by block "
                          "checksums: the default) or off (the sample alone)")
     return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text),
-                 action, int(batch), checksums=sums == "on", size=size)
+                 action, int(batch), checksums=sums == "on", size=size, rank=rank)
 
 
 def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
@@ -316,7 +316,10 @@ def _right_together(samples: list, exchanged: list, p: int) -> set:
 
 def _host(tensor: torch.Tensor) -> np.ndarray:
     """Return a tensor's elements as a flat NumPy array of refcoll's dtype (CPU: no copy)."""
-    return as_array(flat(tensor).detach().cpu().contiguous(), _HOST)
+    x = flat(tensor).detach()
+    if x.dtype in _PLAIN and x.device.type == "cpu" and x.is_contiguous():
+        return np.from_dlpack(x)  # (a call's path: as_array's checks, for the types it passes)
+    return as_array(x.cpu().contiguous(), _HOST)
 
 
 def _values(tensor: torch.Tensor) -> np.ndarray:
@@ -332,10 +335,13 @@ class _Host:
 
 _HOST = _Host()
 
+#: The torch dtypes NumPy reads as they are (the others travel as their bits: as_array).
+_PLAIN = frozenset(getattr(torch, name) for name in DTYPES) - set(_bits_types())
+
 
 class _Elements:
-    """A tensor's sampled elements, read when asked: the same ``idx`` of each of ``rows``
-    equal parts of it (an all-gather's output: one part per rank).
+    """A tensor's sampled elements, read when asked: the same slice ``idx`` of each of
+    ``rows`` equal parts of it (an all-gather's output: one part per rank).
 
     A CPU tensor is read through a NumPy view of its memory (DLPack, made once: no
     copy but the elements read); another device's by indexing there and copying the
@@ -344,7 +350,7 @@ class _Elements:
 
     __slots__ = ("tensor", "idx", "shape", "view")
 
-    def __init__(self, tensor: torch.Tensor, idx: np.ndarray, rows: int = 1):
+    def __init__(self, tensor: torch.Tensor, idx: slice, rows: int = 1):
         rows = max(rows, 1)  # (an empty tensor: one empty part)
         self.tensor, self.idx, self.shape = tensor, idx, (rows, tensor.numel() // rows)
         self.view = _host(tensor).reshape(self.shape) if tensor.device.type == "cpu" else None
@@ -352,9 +358,8 @@ class _Elements:
     def read(self) -> np.ndarray:
         """The elements at ``idx`` of every part, part after part (a copy)."""
         if self.view is not None:
-            return self.view[:, self.idx].reshape(-1)
-        sel = torch.from_numpy(self.idx).to(self.tensor.device)
-        return _values(self.tensor.view(self.shape)[:, sel])
+            return self.view[:, self.idx].copy().reshape(-1)
+        return _values(self.tensor.view(self.shape)[:, self.idx])
 
     def rows(self) -> np.ndarray:
         """Every part, whole, on the host (``(rows, m)``; CPU: the tensor's own memory)."""
@@ -364,9 +369,9 @@ class _Elements:
 class _Sample:
     """One call's sampled elements: where they are, and their values before and after."""
 
-    def __init__(self, collective: str, op: str, factor, root: int, idx: np.ndarray, m: int):
+    def __init__(self, collective: str, op: str, factor, root: int, where: slice, m: int):
         self.collective, self.op, self.factor, self.root = collective, op, factor, root
-        self.idx, self.m = idx, m
+        self.where, self.m = where, m  # the sampled elements of each part of ``m``
         self.number = 0  # the call's number among the judged ones
         self.before: np.ndarray | None = None
         self.after: np.ndarray | None = None
@@ -387,24 +392,30 @@ class _Sample:
 
     def real_index(self, s: int, whole: bool) -> int:
         """The element of the real output that element ``s`` of the sampled one stands for."""
-        k = self.idx.size
+        start, _, stride = self.where.indices(self.m)
+        k = self.k
         if self.collective == "allgather" or (whole and self.collective == "reduce_scatter"):
-            return (s // k) * self.m + int(self.idx[s % k])
-        return int(self.idx[s])
+            return (s // k) * self.m + start + stride * (s % k)
+        return start + stride * s
+
+    @property
+    def k(self) -> int:
+        """The elements sampled of each part."""
+        return len(range(*self.where.indices(self.m)))
 
 
 class Watch:
     """Watch mode of one ``"refcoll"`` group: the watched backend's group and the judging."""
 
     def __init__(self, backend: str, group, sample: int, action: str, batch: int = 1,
-                 checksums: bool = True, size: int = 1):
+                 checksums: bool = True, size: int = 1, rank: int = 0):
         self.backend, self.group, self.sample, self.action = backend, group, sample, action
         self.batch = batch  # calls whose samples travel in one exchange (REFCOLL_WATCH_BATCH)
         self.pending: list[_Sample] = []  # sampled calls not yet judged, in issue order
         self.calls = 0  # calls judged, the same count on every rank
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
         self.checksums = checksums  # every element, by block checksums (REFCOLL_WATCH_CHECKSUMS)
-        self.size = size  # the group's ranks
+        self.size, self.rank = size, rank  # the group's ranks, and this one
 
     def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
@@ -415,7 +426,7 @@ class Watch:
         result = args[0] if args and isinstance(args[0], list) else list(args[:1])
         finish = None
         if self.backend == "gloo" and not kwargs:
-            args, finish = _as_gloo_sums(method, args, refcoll_group.rank(), refcoll_group.size())
+            args, finish = _as_gloo_sums(method, args, self.rank, self.size)
         work = self._method(method)(*args, **kwargs)
         if sample is None and finish is None:
             return work
@@ -454,19 +465,21 @@ class Watch:
 
     # ------------------------------------------------------------ sampling
 
-    def _indices(self, m: int) -> np.ndarray:
-        """The call's ``k`` elements of ``m``: every ``m/k``-th from an offset of its own.
+    def _indices(self, m: int) -> slice:
+        """The call's ``k`` elements of ``m``: every ``m//k``-th from a start of its own.
 
         The same on every rank (from the call's number alone), spread over the
-        whole tensor, and a different set for each call: cheaper than a random
-        draw (this runs in the caller's path), and no element is out of reach.
+        whole tensor, and a different set for each call. A slice, so reading it is
+        a view of the tensor and one copy (this runs in the caller's path). Every
+        element is within reach: the start ranges over ``[0, m - stride·(k-1))``.
         """
         self.calls += 1
-        if m <= self.sample:
-            return np.arange(m)
-        stride = m // self.sample
-        offset = (self.calls * 2654435761) % m  # Knuth's multiplicative hash of the call
-        return np.sort((offset + stride * np.arange(self.sample)) % m)
+        k = min(self.sample, m)
+        if k == m:
+            return slice(0, m, 1)
+        stride = m // k
+        start = (self.calls * 2654435761) % (m - stride * (k - 1))  # Knuth's hash of the call
+        return slice(start, start + stride * (k - 1) + 1, stride)
 
     def _sample(self, method: str, args) -> _Sample | None:
         """Keep the sampled inputs of a judged call now, before the call may overwrite them."""
@@ -478,7 +491,7 @@ class Watch:
             op, factor = reduction(opts.reduceOp) if method != "broadcast" else ("-", None)
             root = getattr(opts, "rootRank", 0)
             sample = _Sample(method, op, factor, root, self._indices(x.numel()), x.numel())
-            elements = _Elements(x, sample.idx)
+            elements = _Elements(x, sample.where)
             sample.before, sample.read_after = elements.read(), elements.read
             if method == "allreduce" and op in ("sum", "avg"):
                 self._checksum(sample, elements.rows(), elements)
@@ -490,9 +503,9 @@ class Watch:
                 out, x = out[0], x[0]
             x = flat(x)
             sample = _Sample("allgather", "-", None, 0, self._indices(x.numel()), x.numel())
-            sample.before = _Elements(x, sample.idx).read()
-            outs = [_Elements(flat(o), sample.idx) for o in out] if isinstance(out, list) \
-                else [_Elements(flat(out), sample.idx, rows=out.numel() // max(x.numel(), 1))]
+            sample.before = _Elements(x, sample.where).read()
+            outs = [_Elements(flat(o), sample.where) for o in out] if isinstance(out, list) \
+                else [_Elements(flat(out), sample.where, rows=out.numel() // max(x.numel(), 1))]
             sample.read_after = lambda: np.concatenate([o.read() for o in outs])
         elif method in ("reduce_scatter", "reduce_scatter_single"):
             out, x, opts = args
@@ -606,5 +619,5 @@ class Watch:
         if sample.factor is not None:
             op = f" premul_sum (factor {sample.factor!r})"
         return (f"watch: {self.backend}'s {sample.collective}{op} of {dtype_name(dtype)} over "
-                f"{p} ranks (call {sample.number}, {sample.idx.size} elements sampled of "
+                f"{p} ranks (call {sample.number}, {sample.k} elements sampled of "
                 f"{sample.m}) returned a wrong result: " + "; ".join(texts))
