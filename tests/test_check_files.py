@@ -425,6 +425,51 @@ def test_the_ring_oracle_and_check_run_block_by_block_as_the_simulator_does(tmp_
     assert res.exit_code == 0 and "conforming, bit-exact" in res.output, res.output
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+def test_the_other_collectives_oracle_check_and_identify_never_read_a_whole_file(
+        tmp_path, monkeypatch, collective):
+    # oracle, check --algorithm and check --identify of a reduce-scatter, an all-gather or a
+    # broadcast read their files a block at a time, as an all-reduce's do: no file is
+    # ever read whole, the oracle's files are np.save's of the simulated outputs byte for
+    # byte, and the reports are the simulator's.
+    import io
+
+    from refcoll.verify import oracle
+    from refcoll.verify.npy import NpyFile
+    from refcoll.verify.oracle import check_outputs, expected_outputs
+
+    assert invoke("gen-inputs", "-p", 5, "--count", 1003, "--kind", "adversarial",
+                  tmp_path / "in").exit_code == 0
+    xs = [np.load(tmp_path / "in" / f"rank{r}.npy") for r in range(5)]
+    monkeypatch.setattr("refcoll.cli.check.block_length", lambda p, itemsize: 7)
+
+    def whole(self):
+        raise AssertionError(f"{self.name} read whole")
+    monkeypatch.setattr(NpyFile, "whole", whole)
+    for name in algorithms.names(collective):
+        if name == "auto":
+            continue
+        res = invoke("oracle", "--algorithm", name, "--collective", collective, "--root", 3,
+                     tmp_path / "in", tmp_path / name)
+        assert res.exit_code == 0 and "wrote 5 expected outputs" in res.output, res.output
+        want = expected_outputs(collective, xs, algorithm=name, root=3)
+        for r in range(5):
+            saved = io.BytesIO()
+            np.save(saved, want[r])
+            assert (tmp_path / name / f"rank{r}.npy").read_bytes() == saved.getvalue(), \
+                (name, r)
+        res = invoke("check", "--algorithm", name, "--identify", "--collective", collective,
+                     "--root", 3, tmp_path / "in", tmp_path / name)
+        assert res.exit_code == 0 and "conforming, bit-exact" in res.output, res.output
+        assert f"matches {name}" in res.output or "moves the data unchanged" in res.output
+        streamed = check_outputs(xs, want, collective=collective, algorithm=name, root=3,
+                                 budget=2000)
+        with monkeypatch.context() as m:
+            m.setattr(oracle, "rank_blockwise", lambda *a, **k: None)  # the simulator's way
+            simulated = check_outputs(xs, want, collective=collective, algorithm=name, root=3)
+        assert json.dumps(streamed.to_json()) == json.dumps(simulated.to_json()), name
+
+
 @pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
 def test_zero_elements_run_end_to_end(tmp_path, collective):
     """gen-inputs --count 0, oracle, then check on the oracle's own output: exit 0."""

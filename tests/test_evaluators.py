@@ -167,7 +167,7 @@ def test_the_rings_blocks_are_its_algorithm_block_by_block(p):
                 got = np.concatenate(blocks) if blocks else np.empty(0, xs[0].dtype)
                 assert same_bits(got, want.reshape(-1)), (dtype, op, options, length)
     assert ring_blocks("reduce_scatter", p, 10, 4) is None
-    assert rank_blockwise("reduce_scatter", p, 10, 4, algorithm="ring") is None
+    assert rank_blockwise("reduce_scatter", p, 10, 4, algorithm="auto") is None
 
 
 def _blockwise_outputs(xs, name, options, op, cuts, collective="allreduce", root=0):
@@ -241,14 +241,92 @@ def test_identify_block_by_block_gives_what_whole_arrays_give():
         (blocks.nearest[0], 1 + 699, p * 700 - 1)
 
 
+def _held_outputs(xs, name, options, op, cuts, collective, root=0):
+    """Every holding rank's output from the order's block evaluator, fed the reference
+    vector cut at ``cuts``: a reduction's operands, or a data movement's data."""
+    from refcoll.verify.evaluators import DATA_MOVEMENT, rank_blockwise
+    from refcoll.verify.oracle import spans_held
+
+    p, n = len(xs), xs[0].size
+    cols = np.stack(xs).reshape(p, -1)
+    data = cols.reshape(-1) if collective == "allgather" else cols[root]
+    fold = rank_blockwise(collective, p, n, cols.dtype.itemsize, algorithm=name, op=op,
+                          root=root, **options)
+    spans = spans_held(collective, p, n, root)
+    total = p * n if collective == "allgather" else n
+    bounds = [0, *sorted({c for c in cuts if 0 < c < total}), total]
+    held = {r: [np.empty(0, cols.dtype)] for r in spans}
+    for lo, hi in zip(bounds, bounds[1:]):
+        predicted = fold(data[lo:hi] if collective in DATA_MOVEMENT else cols[:, lo:hi], lo)
+        for r, span in spans.items():
+            a, b = max(lo, span.start), min(hi, span.stop)
+            if a < b:
+                held[r].append(predicted[r][a - lo:b - lo])
+    return {r: np.concatenate(parts) for r, parts in held.items()}
+
+
+@pytest.mark.parametrize("p", [3, 4, 5, 8])
+def test_every_reduce_scatter_allgather_and_broadcast_order_block_by_block(p):
+    # check --algorithm, --identify and oracle of these collectives read their files a
+    # block at a time (evaluators.rank_blockwise): every candidate order, cut anywhere
+    # (across the chunks the ranks hold), against the algorithm run on the whole buffer.
+    for dtype, op, kind, n in [("float32", "sum", "adversarial", 301),
+                               ("bfloat16", "avg", "random", 37), ("float32", "prod", "random", 9),
+                               ("int32", "sum", "exact", 40), ("float16", "max", "random", 3)]:
+        xs = make_inputs(kind, dtype, n, p, op=op, seed=p)
+        for collective in ("reduce_scatter", "allgather", "broadcast"):
+            total = p * n if collective == "allgather" else n
+            for name, options in candidate_orders(collective, p):
+                want = expected_outputs(collective, xs, algorithm=name, op=op, root=p - 1,
+                                        **options)
+                got = _held_outputs(xs, name, options, op, (1, 5, total // 3 + 1, total - 2),
+                                    collective, root=p - 1)
+                assert all(same_bits(got[r], np.asarray(want[r]).reshape(-1))
+                           for r in range(p)), (collective, name, options, dtype, op)
+
+
+def test_identify_block_by_block_of_the_other_collectives_gives_what_whole_arrays_give():
+    from refcoll.verify.identify import identify_blocks
+
+    p, n = 5, 203
+    xs = make_inputs("adversarial", np.dtype(np.float32), n, p, seed=7)
+    for collective, truth in (("reduce_scatter", "bruck"), ("reduce_scatter", "rabenseifner"),
+                              ("reduce_scatter", "ring"), ("allgather", "ring"),
+                              ("broadcast", "tree")):
+        outputs = expected_outputs(collective, xs, algorithm=truth, root=3)
+        whole = identify(xs, outputs, collective=collective, root=3, known=[])
+        blocks = identify_blocks(xs, outputs, collective=collective, root=3, known=[],
+                                 budget=8 * p * 4 * 31)  # 31 elements a block
+        assert truth in blocks.matches == whole.matches and blocks.untried == []
+        assert [(c.label, c.differing, c.total, c.ulps) for c in blocks.candidates] == \
+            [(c.label, c.differing, c.total, c.ulps) for c in whole.candidates], collective
+    outputs = expected_outputs("reduce_scatter", xs, algorithm="bruck")
+    outputs[1] = outputs[1].copy()
+    outputs[1][7] = np.nextafter(outputs[1][7], np.float32(np.inf))  # rank 1 alone, 1 ulp
+    outputs[4] = outputs[4][:-1]  # of another size: every element differs
+    whole = identify(xs, outputs, collective="reduce_scatter", known=[])
+    blocks = identify_blocks(xs, outputs, collective="reduce_scatter", known=[], budget=999)
+    assert not blocks.matches and blocks.nearest == whole.nearest
+    assert blocks.nearest[0] == "bruck" and blocks.nearest[1] == 1 + outputs[4].size
+
+
 def test_every_orders_rank_blocks_are_its_algorithm_on_the_golden_vectors():
     checked = 0
     for v in vectors.plan():
-        if v.collective != "allreduce" or v.algorithm == "auto":
+        if v.algorithm == "auto":
             continue
         inputs = [np.asarray(x).reshape(-1) for x in v.inputs()]
         n = inputs[0].size
-        if not n:
+        if v.collective in ("reduce_scatter", "allgather", "broadcast"):
+            options = dict(v.options)
+            root = options.pop("root", 0)
+            got = _held_outputs(inputs, v.algorithm, options, v.op or "sum",
+                                (3, n // 2 + 1), v.collective, root=root)
+            assert all(same_bits(got[r], np.asarray(w).reshape(-1))
+                       for r, w in enumerate(v.run(v.inputs()))), v.filename
+            checked += 1
+            continue
+        if v.collective != "allreduce" or not n:
             continue
         got = _blockwise_outputs(inputs, v.algorithm, dict(v.options), v.op or "sum",
                                  cuts=(3, n // 2 + 1))

@@ -92,6 +92,14 @@ def test_order_free_inputs_say_they_cannot_tell():
     assert "cannot tell orders apart" in "\n".join(result.summary())
 
 
+def test_a_data_movement_says_no_inputs_can_tell_its_orders_apart():
+    inputs = make_inputs("adversarial", "float32", COUNT, 4)
+    result = identify(inputs, _predict("allgather", inputs, "bruck", {}),
+                      collective="allgather", known=[])
+    text = "\n".join(result.summary())
+    assert result.indistinct and "moves the data unchanged" in text and "adversarial" not in text
+
+
 def test_library_facts_name_the_library():
     inputs = make_inputs("adversarial", "float32", COUNT, 4)
     outputs = _predict("allreduce", inputs, "ring", {})

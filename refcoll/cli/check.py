@@ -17,13 +17,21 @@ from ..core.bits import same_bits
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.evaluators import ELEMENTWISE_COLLECTIVES, rank_blockwise
+from ..verify.evaluators import DATA_MOVEMENT, rank_blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
-from ..verify.identify import identify as identify_order
 from ..verify.identify import identify_blocks
 from ..verify.inputs import make_input
-from ..verify.oracle import BLOCK_BYTES, block_length, check_outputs, expected_outputs, stacked
+from ..verify.oracle import (
+    BLOCK_BYTES,
+    block_length,
+    check_outputs,
+    expected_outputs,
+    moved,
+    reference_blocks,
+    spans_held,
+    stacked,
+)
 from ..verify.rankfiles import (
     Streamed,
     files_dtype,
@@ -112,8 +120,9 @@ def _collective_options(f):
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
-    An all-reduce, and a reduce by naive or tree, is written block by block, in
-    bounded memory; any other is simulated on whole arrays. IN_DIR has at most 4096
+    Every algorithm of every collective is written block by block, in bounded memory,
+    but for a few reductions (auto, hierarchical on unequal nodes, the switch's int
+    mode), which are simulated on whole arrays. IN_DIR has at most 4096
     ranks. OUT_DIR must not be IN_DIR (compared by what they resolve to, links
     followed); each file is written to a temporary name and renamed into place, so a
     link in OUT_DIR is replaced, never written through.
@@ -129,15 +138,17 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     x = inputs[0]
     fold = rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
                           algorithm=algorithm, op=get_op(op).name, root=root)
-    if fold is not None:  # an all-reduce or reduce: predicted and written block by block
+    if fold is not None:  # predicted and written block by block
         require_memory(STREAMED_BYTES, f"predicting {algorithm} {collective}",
                        "predict fewer or smaller inputs")
-        holders = [root] if collective == "reduce" else range(len(inputs))
-        require_disk(out_dir, len(holders) * x.size * x.dtype.itemsize,
-                     f"writing {len(holders)} expected output{'s' * (len(holders) > 1)}",
+        held = [len(span) for span in spans_held(collective, len(inputs), x.size,
+                                                 root).values()]
+        require_disk(out_dir, sum(held) * x.dtype.itemsize,
+                     f"writing {len(held)} expected output{'s' * (len(held) > 1)}",
                      "predict fewer or smaller inputs")
-        write_world(out_dir, _streamed_outputs(inputs, fold, out_dir, holders), meta=meta)
-        click.echo(f"wrote {len(holders)} expected outputs of {algorithm} {collective} to "
+        write_world(out_dir, _streamed_outputs(inputs, fold, out_dir, collective, root),
+                    meta=meta)
+        click.echo(f"wrote {len(held)} expected outputs of {algorithm} {collective} to "
                    f"{out_dir}")
         return
     require_memory(rank_file_bytes(in_dir), f"reading the rank files of {in_dir}",
@@ -184,9 +195,10 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     them (spec/orders.md), or the nearest. With --inputs, the inputs are
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
     --sample K then judges K elements of each output. The files are read block by
-    block, in bounded memory whatever their size, an all-reduce's or a reduce's
-    --algorithm and --identify predicted block by block too (other collectives'
-    simulate whole arrays, and ask for that memory first). Exit 0 conforming, 1 not
+    block, in bounded memory whatever their size, and --algorithm and --identify
+    predict block by block too (but for auto, hierarchical on unequal nodes and the
+    switch's int mode, which simulate whole arrays and ask for that memory first).
+    Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).
     """
@@ -212,7 +224,7 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     blocks = algorithm and rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
                                           algorithm=algorithm, op=op) is not None
     # the simulator runs on whole arrays where no block evaluator gives an algorithm's results
-    whole = (identify and collective not in ELEMENTWISE_COLLECTIVES) or (algorithm and not blocks)
+    whole = algorithm and not blocks
     if whole:
         require_memory(_whole_bytes(inputs, outputs, collective), f"simulating {len(inputs)} "
                        "ranks' whole inputs (--algorithm, --identify)", advice)
@@ -225,49 +237,68 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
         report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
         found = None
-        if identify and collective in ELEMENTWISE_COLLECTIVES:  # every order, block by block
+        if identify:  # every order, block by block
             found = identify_blocks(inputs, outputs, collective=collective, op=op, root=root,
                                     budget=IDENTIFY_BYTES)
-        elif identify:
-            found = identify_order(inputs, outputs, collective=collective, op=op, root=root)
     _print_report(report, collective, algorithm, found)
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})
     sys.exit(0 if report.conforming else 1)
 
 
-def _streamed_outputs(inputs: list, fold, out_dir, holders) -> list:
-    """Return every rank's output (None for a rank not in ``holders``) of a collective
-    that ``fold`` gives block by block: the first holder's made from the inputs' blocks;
-    another holder's a copy of that file when every block of its result was the first's
-    (as an all-reduce's usually is), else made from the inputs' blocks in turn."""
+def _streamed_outputs(inputs: list, fold, out_dir, collective: str, root: int) -> list:
+    """Return every rank's output (None for a rank without one) of a collective that
+    ``fold`` gives block by block (:func:`~refcoll.verify.evaluators.rank_blockwise`): each
+    holder's made from the inputs' blocks over the elements it holds. Where every
+    holder holds the whole vector (all-reduce, all-gather, broadcast), another holder's
+    is a copy of the first's file when every block of its result was the first's (as
+    it usually is), else made in turn."""
     x, p = inputs[0], len(inputs)
+    spans = spans_held(collective, p, x.size, root)
     length = block_length(p, x.dtype.itemsize)
-    head, *rest = holders
-    same = [True] * p  # whether rank r's blocks so far are the first holder's bits
+    head, *rest = spans
+    whole = collective in ("allreduce", "allgather", "broadcast")
+    same = [whole] * p  # whether rank r's blocks so far are the first holder's bits
+    shape = {"allgather": (p, *x.shape), "reduce_scatter": None}.get(collective, x.shape)
+
+    last = {}  # the last block's results: a reduce-scatter's next rank holds more of it
+
+    def predicted(lo: int, hi: int, q: int) -> list:
+        if (lo, hi) not in last:
+            last.clear()
+            last[lo, hi] = fold(moved(collective, inputs, lo, hi, q, x.size, root)
+                                if collective in DATA_MOVEMENT
+                                else stacked(inputs, lo, hi, x.dtype), lo)
+        return last[lo, hi]
 
     def made(r: int):
+        span = spans[r]
+
         def blocks():
             try:
-                for lo in range(0, x.size, length):
-                    results = fold(stacked(inputs, lo, min(x.size, lo + length), x.dtype), lo)
+                for lo, hi, q in reference_blocks(collective, p, x.size, length):
+                    a, b = max(lo, span.start), min(hi, span.stop)
+                    if a >= b:
+                        continue
+                    results = predicted(lo, hi, q)
                     if r == head:
-                        for q in rest:
-                            same[q] = same[q] and same_bits(results[q], results[head])
-                    yield results[r]
+                        for other in rest:
+                            same[other] = same[other] and same_bits(results[other],
+                                                                    results[head])
+                    yield results[r][a - lo:b - lo]
             finally:
                 for f in inputs:
                     f.close()
-        return Streamed(x.dtype, x.shape, blocks)
+        return Streamed(x.dtype, shape or (len(span),), blocks)
 
     first = os.path.join(out_dir, f"rank{head}.npy")
 
     def copy_or_made(r: int):
-        return lambda: Streamed(x.dtype, x.shape, source=first) if same[r] else made(r)
+        return lambda: Streamed(x.dtype, shape, source=first) if same[r] else made(r)
     outputs = [None] * p
     outputs[head] = made(head)
     for r in rest:
-        outputs[r] = copy_or_made(r)
+        outputs[r] = copy_or_made(r) if whole else made(r)
     return outputs
 
 

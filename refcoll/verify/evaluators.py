@@ -22,7 +22,11 @@ combine an element's operands in the same order wherever it lies
 (:data:`ELEMENTWISE`): the block is run alone. The ring folds each chunk where the
 block cuts it; the double binary tree's halves and the two-level all-reduce's
 shards are laid out or folded as the whole buffer's are. The same tests hold each
-to the algorithm run on the whole buffer, cut anywhere.
+to the algorithm run on the whole buffer, cut anywhere. A reduce-scatter's rank
+holds its chunk of the reduced vector: the ring's is its all-reduce's, naive and
+recursive-halving folds run a block alone, and Bruck's, which combines chunk ``c``
+over the ranks turned by ``c``, runs each chunk's part with its ranks turned. An
+all-gather or a broadcast moves the data, which every algorithm leaves as it is.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from ..core.ops import get_op
 __all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
            "hierarchical_evaluator", "ring_blocks", "ELEMENTWISE",
            "ELEMENTWISE_COLLECTIVES", "RANK_BLOCKS", "rank_blockwise", "dbtree_blocks",
-           "hierarchical_blocks"]
+           "hierarchical_blocks", "scatter_blocks", "SCATTER_ALONE", "SCATTER_TURNED",
+           "SCATTER_BLOCKS",
+           "DATA_MOVEMENT"]
 
 
 def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
@@ -296,13 +302,105 @@ RANK_BLOCKS: dict[str, Callable] = {
     "ring": _ring_rank_blocks, "dbtree": dbtree_blocks, "hierarchical": hierarchical_blocks}
 
 
+#: Reduce-scatter algorithms that combine every element in one order, wherever it lies
+#: (a naive fold; recursive halving): a block of columns run alone, its ranks' outputs
+#: side by side, gives those columns' results.
+SCATTER_ALONE = ("naive", "rabenseifner")
+
+#: Reduce-scatter algorithms that combine chunk ``c`` as they combine chunk 0, over the
+#: ranks turned by ``c`` (Bruck's doubling halves, in the cyclic order ``c+1, ..., c``).
+SCATTER_TURNED = ("bruck",)
+
+#: The collectives that move data: every algorithm's output is the inputs' bits.
+DATA_MOVEMENT = ("allgather", "broadcast")
+
+
+def _scatter_alone(name: str, p: int, op: str, options: dict) -> Callable:
+    def fold(cols: np.ndarray, first: int) -> list:
+        outputs = simulate("reduce_scatter", list(cols), algorithm=name, op=op,
+                           **options).outputs
+        values = np.concatenate([np.asarray(out).reshape(-1) for out in outputs])
+        return [values] * p
+    return fold
+
+
+def _scatter_turned(name: str, p: int, n: int, op: str, options: dict) -> Callable:
+    """A block is cut into pieces of at most ``m`` elements, each within one chunk; a
+    window of ``p`` equal chunks of ``m`` takes ``p`` pieces, piece ``j`` (of chunk ``c``)
+    in its chunk ``j`` with window rank ``r`` holding rank ``r + c - j``'s elements, so
+    that chunk ``j`` is combined as chunk ``c`` is: window rank ``j``'s output is then
+    piece ``j``'s result. ``m`` is chosen so that a block usually fills one window (one
+    run of about twice the block's size, whatever the chunks it meets)."""
+    bounds = chunk_bounds(n, p)
+
+    def fold(cols: np.ndarray, first: int) -> list:
+        k = cols.shape[1]
+        values = np.empty(k, cols.dtype)
+        m = max(1, -(-k // max(1, p // 2)))
+        pieces = [(c, a, min(a + m, b))
+                  for c, (lo, hi) in enumerate(bounds)
+                  for b in (min(hi - first, k),)
+                  for a in range(max(lo - first, 0), b, m)]
+        for w in range(0, len(pieces), p):
+            window = np.zeros((p, p * m), cols.dtype)
+            for j, (c, a, b) in enumerate(pieces[w:w + p]):
+                window[:, j * m:j * m + b - a] = cols[(np.arange(p) + c - j) % p, a:b]
+            outputs = simulate("reduce_scatter", list(window), algorithm=name, op=op,
+                               **options).outputs
+            for (_, a, b), out in zip(pieces[w:w + p], outputs):
+                values[a:b] = np.asarray(out).reshape(-1)[:b - a]
+        return [values] * p
+    return fold
+
+
+def _scatter_ring(name: str, p: int, n: int, itemsize: int, op: str, options: dict):
+    ring = ring_blocks("allreduce", p, n, itemsize, op=op, **options)
+    return lambda cols, first: [ring(cols, first)] * p
+
+
+#: Every reduce-scatter's block evaluator, by algorithm name: ``fn(name, p, n, itemsize,
+#: op, options)`` returns ``fold(cols, first)``.
+SCATTER_BLOCKS: dict[str, Callable] = {
+    "ring": _scatter_ring,
+    **{name: lambda name, p, n, itemsize, op, options: _scatter_alone(name, p, op, options)
+       for name in SCATTER_ALONE},
+    **{name: lambda name, p, n, itemsize, op, options: _scatter_turned(name, p, n, op, options)
+       for name in SCATTER_TURNED}}
+
+
+def scatter_blocks(p: int, n: int, itemsize: int, *, algorithm: str, op="sum", **options):
+    """Return ``fold(cols, first)``: a reduce-scatter's reduced vector for a block, or None.
+
+    ``cols`` is every rank's input elements ``first ..`` (the reduced vector's, ``n``
+    long); each rank's output is its chunk of that vector, so the fold gives the
+    block's values, for every rank alike. The ring's reduce-scatter keeps its chunk
+    of the ring all-reduce (:func:`ring_blocks`); :data:`SCATTER_ALONE` and
+    :data:`SCATTER_TURNED` run the algorithm itself on a block's worth of elements.
+    """
+    fn = SCATTER_BLOCKS.get(algorithm)
+    return None if fn is None else fn(algorithm, p, n, itemsize, op, options)
+
+
 def rank_blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",
                    root: int = 0, **options):
     """Return ``algorithm``'s every-rank block evaluator for this buffer, or None.
 
-    All-reduces, and the reduces of :data:`ELEMENTWISE` algorithms (to ``root``: a
-    rank without an output is None in the fold's list).
+    ``fold(cols, first)`` gives, for a block of the reference vector from element
+    ``first`` (the reduced vector; an all-gather's is every input in rank order),
+    every rank's elements there: a list of ``p`` arrays, None for a rank without an
+    output (a reduce's non-roots). A reduction's ``cols`` are every rank's operands
+    (``(p, k)``); a data movement's (:data:`DATA_MOVEMENT`) the block of the data
+    itself, which every algorithm hands every rank unchanged. A reduce-scatter's rank
+    holds its chunk of the vector (:func:`scatter_blocks`). Every all-reduce, the
+    reduces of :data:`ELEMENTWISE` algorithms, and every reduce-scatter, all-gather
+    and broadcast algorithm have one.
     """
+    if collective in DATA_MOVEMENT:
+        if algorithm not in algorithms.names(collective):
+            return None
+        return lambda cols, first: [cols] * p
+    if collective == "reduce_scatter":
+        return scatter_blocks(p, n, itemsize, algorithm=algorithm, op=op, **options)
     fn = RANK_BLOCKS.get(algorithm)
     return None if fn is None else fn(collective, p, n, itemsize, op=op, root=root, **options)
 

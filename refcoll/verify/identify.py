@@ -39,8 +39,17 @@ from ..core.bits import differing, same_bits
 from ..core.errors import UsageError
 from ..core.ops import is_float
 from ..core.reading import number, read_json
-from .evaluators import evaluate, rank_blockwise
-from .oracle import BLOCK_BYTES, expected_outputs, stacked
+from .evaluators import DATA_MOVEMENT, evaluate, rank_blockwise
+from .oracle import (
+    BLOCK_BYTES,
+    expected_outputs,
+    flat_operand,
+    held_parts,
+    moved,
+    reference_blocks,
+    spans_held,
+    stacked,
+)
 
 __all__ = ["Candidate", "Identification", "identify", "identify_blocks", "order_label",
            "candidate_orders",
@@ -164,6 +173,10 @@ class Identification:
         """Return the lines ``refcoll check --identify`` prints."""
         lines = [f"orders tried: {len(self.candidates)} for {self.collective} {self.op} at "
                  f"p = {self.p}"]
+        if self.indistinct and self.collective in DATA_MOVEMENT:
+            lines.append("every order refcoll knows gives these bits: each moves the data "
+                         "unchanged, so no inputs can tell them apart")
+            return lines
         if self.indistinct:
             lines.append("every order refcoll knows gives these bits: the inputs cannot tell "
                          "orders apart (use floats from `refcoll gen-inputs --kind adversarial`)")
@@ -348,25 +361,28 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
 def identify_blocks(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
                     root: int = 0, budget: int = BLOCK_BYTES,
                     known: list[dict] | None = None) -> Identification:
-    """:func:`identify` for an all-reduce or a reduce, reading inputs and outputs a block
-    at a time.
+    """:func:`identify`, reading inputs and outputs a block at a time.
 
     ``inputs`` and ``outputs`` may be files read block by block, so memory does not
-    grow with the count (``refcoll check --identify`` reads an all-reduce's or a
-    reduce's files this way). Each order with a block evaluator
-    (:data:`~refcoll.verify.evaluators.RANK_BLOCKS`) is tried on every block in turn,
-    with the same figures as :func:`identify` (differing elements, ulps, matches;
-    the digests that group orders are taken block by block). An order without
-    one is named in ``untried``. About ``budget`` bytes of blocks are held at once.
+    grow with the count (``refcoll check --identify`` reads its files this way).
+    Each order with a block evaluator
+    (:func:`~refcoll.verify.evaluators.rank_blockwise`) is tried on every block of the
+    reference vector in turn, on each rank's part of it, with the same figures as
+    :func:`identify` (differing elements, ulps, matches; the digests that group
+    orders are taken block by block). An order without one is named in
+    ``untried``. About ``budget`` bytes of blocks are held at once.
 
     Raises:
         UsageError: no rank holds an output to compare.
     """
     p, ranks = len(inputs), _holding(inputs, outputs)
     n, dtype = int(inputs[0].size), inputs[0].dtype
+    spans = spans_held(collective, p, n, root)
     # an output of another size differs in every element, as identify counts it
-    misfit = sum(int(outputs[r].size) for r in ranks if outputs[r].size != n)
-    ranks = [r for r in ranks if outputs[r].size == n]
+    misfit = sum(int(outputs[r].size) for r in ranks if outputs[r].size != len(spans[r]))
+    spans = {r: spans[r] for r in ranks if outputs[r].size == len(spans[r])}
+    outputs = {r: flat_operand(outputs[r]) for r in spans}
+    inputs = [flat_operand(x) for x in inputs]
     result = Identification(collective, op, p)
     tried = []
     for name, options in candidate_orders(collective, p):
@@ -382,11 +398,16 @@ def identify_blocks(inputs, outputs, *, collective: str = "allreduce", op: str =
                                     0), fold, hashlib.blake2b(digest_size=16)))
     # the inputs, the outputs, and each order's outputs and the simulator's copies of a block
     length = max(1, budget // (8 * p * dtype.itemsize))
-    for lo in range(0, n if ranks else 0, length):
-        hi = min(n, lo + length)
-        cols = stacked(inputs, lo, hi, dtype)
-        got = dict(zip(ranks, stacked([outputs[r] for r in ranks], lo, hi, dtype)))
-        same_got = {r: same_bits(got[r], got[ranks[0]]) for r in ranks[1:]}
+    moves = collective in DATA_MOVEMENT
+    for lo, hi, q in reference_blocks(collective, p, n, length) if spans else ():
+        parts = held_parts(lo, hi, outputs, spans)
+        if not parts:
+            continue  # (elements only an output of another size would hold)
+        cols = (moved(collective, inputs, lo, hi, q, n, root) if moves
+                else stacked(inputs, lo, hi, dtype))
+        here = [r for r, *_ in parts]
+        got = {r: np.asarray(part) for r, _, _, _, part in parts}
+        same_got = {r: same_bits(got[r], got[here[0]]) for r in here[1:]}
         for entry in list(tried):
             candidate, fold, digest = entry
             try:
@@ -394,7 +415,8 @@ def identify_blocks(inputs, outputs, *, collective: str = "allreduce", op: str =
             except UsageError:
                 tried.remove(entry)  # an order this p or count does not admit, as identify
                 continue
-            diff, total, ulps = _compare(ranks, got, predicted, same_got, digest)
+            mine = {r: predicted[r][a - lo:b - lo] for r, _, a, b, _ in parts}
+            diff, total, ulps = _compare(here, got, mine, same_got, digest)
             candidate.differing += diff
             candidate.total += total
             candidate.ulps = max(candidate.ulps, ulps)

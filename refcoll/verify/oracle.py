@@ -57,7 +57,9 @@ from .npy import NpyFile
 from .screen import estimate
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
-           "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps"]
+           "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps", "stacked",
+           "reference_blocks", "spans_held", "moved", "held_parts", "block_length",
+           "flat_operand"]
 
 
 def fold(op, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -212,13 +214,41 @@ def _lazy(x) -> bool:
     return hasattr(x, "read") and hasattr(x, "whole")
 
 
-def _flat(x):
+def flat_operand(x):
     """Return an array flat (a lazy one stays itself: it is read block by block)."""
     return x if _lazy(x) else np.asarray(x).reshape(-1)
 
 
 def _read(x, lo: int, hi: int) -> np.ndarray:
     return x.read(lo, hi) if _lazy(x) else x[lo:hi]
+
+
+def spans_held(collective: str, p: int, n: int, root: int) -> dict:
+    """Return rank -> the elements of the reference vector its output holds (a range),
+    for the ranks with an output (an all-gather's vector is every input in rank order)."""
+    parts = _parts(collective, p, n, root)
+    total = p * n if collective == "allgather" else n
+    return {r: range(total)[parts[r]] for r in sorted(parts)}
+
+
+def moved(collective: str, inputs, lo: int, hi: int, q: int, n: int, root: int):
+    """Return reference elements ``lo .. hi-1`` of a data movement: the input they are
+    (an all-gather's input ``q``, a broadcast's root's)."""
+    source, base = (q, q * n) if collective == "allgather" else (root, 0)
+    return _read(inputs[source], lo - base, hi - base)
+
+
+def held_parts(lo: int, hi: int, outputs: dict, spans: dict) -> list:
+    """Return each rank's part of reference elements ``lo .. hi-1``, as
+    ``(rank, offset, a, b, got)``: its output's elements from ``offset``, which are the
+    reference's ``a .. b-1`` (``outputs``: rank -> its flat output, or file)."""
+    parts = []
+    for r, span in spans.items():
+        a, b = max(lo, span.start), min(hi, span.stop)
+        if a < b:
+            parts.append((r, a - span.start, a, b, _read(outputs[r], a - span.start,
+                                                           b - span.start)))
+    return parts
 
 
 def stacked(xs, lo: int, hi: int, dtype) -> np.ndarray:
@@ -232,7 +262,7 @@ def stacked(xs, lo: int, hi: int, dtype) -> np.ndarray:
     return cols
 
 
-def _blocks(collective: str, p: int, n: int, length: int):
+def reference_blocks(collective: str, p: int, n: int, length: int):
     """Yield ``(lo, hi, q)``: blocks of the reference vector, each within one input ``q``
     (allgather's vector is every input in rank order; the others are ``n`` long)."""
     for q in range(p if collective == "allgather" else 1):
@@ -308,8 +338,7 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     if not report.findings[-1].passed:
         return report
     ranks = sorted(parts)
-    total = p * n if collective == "allgather" else n
-    spans = {r: range(total)[parts[r]] for r in ranks}  # the reference elements r holds
+    spans = spans_held(collective, p, n, root)  # the reference elements each rank holds
     name = reduction.name if reduction else None
     judge = _Judge(collective, name, reduction, p, n, dtype, ranks)
     if algorithm is not None:
@@ -322,10 +351,10 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
                                          op=name or "sum", root=root)
             judge.oracle = (ExactCheck(), [None if x is None else np.asarray(x).reshape(-1)
                                            for x in predicted])
-    flat_in = [_flat(x) for x in inputs]
-    got_files = {r: _flat(outputs[r]) for r in ranks}
+    flat_in = [flat_operand(x) for x in inputs]
+    got_files = {r: flat_operand(outputs[r]) for r in ranks}
     files = [x for x in [*flat_in, *got_files.values()] if isinstance(x, NpyFile)]
-    blocks = list(_blocks(collective, p, n, block_length(p, dtype.itemsize, budget)))
+    blocks = list(reference_blocks(collective, p, n, block_length(p, dtype.itemsize, budget)))
 
     def read(block):
         return judge.read(*block, flat_in, got_files, spans, root)
@@ -369,17 +398,8 @@ class _Judge:
         if self.name is not None:  # a reduction
             cols, want = stacked(inputs, lo, hi, self.dtype), None
         else:
-            cols = None
-            source, base = (q, q * self.n) if self.collective == "allgather" else (root, 0)
-            want = _read(inputs[source], lo - base, hi - base)
-        parts = []
-        for r in self.ranks:
-            span = spans[r]
-            a, b = max(lo, span.start), min(hi, span.stop)
-            if a < b:
-                parts.append((r, a - span.start, a, b, _read(got_files[r], a - span.start,
-                                                             b - span.start)))
-        return cols, want, parts
+            cols, want = None, moved(self.collective, inputs, lo, hi, q, self.n, root)
+        return cols, want, held_parts(lo, hi, got_files, spans)
 
     def block(self, lo, hi, q, data) -> None:
         """Judge reference elements ``lo .. hi-1`` (:meth:`read`'s ``data``) on every rank
@@ -391,8 +411,8 @@ class _Judge:
             if self.exact_inputs:
                 self.exact_inputs = _sums_are_exact(cols)
         block_predicted = None
-        if self.oracle is not None and callable(self.oracle[1]):
-            block_predicted = self.oracle[1](cols, lo)  # every rank's
+        if self.oracle is not None and callable(self.oracle[1]):  # every rank's
+            block_predicted = self.oracle[1](want if cols is None else cols, lo)
         # every rank's differing elements still to analyse fit in the first rank's summary
         room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
         head, head_got, head_summaries = self.ranks[0], None, None
