@@ -249,8 +249,8 @@ def test_more_rank_files_than_a_world_may_have_are_refused_at_once(tmp_path, dea
 
 def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path, deadline):
     """Beside smaller ranks, its header is refused against theirs; where every rank is
-    that large, a whole-array command refuses it by the memory it needs, and an
-    all-reduce's oracle, which streams, by the disk its outputs need (each before
+    that large, a whole-array command (auto's oracle) refuses it by the memory it
+    needs, and an oracle that streams by the disk its outputs need (each before
     reading an element)."""
     in_dir, out_dir = good_case(tmp_path)
     count = 1 << 40  # 4 TiB of float32, on no disk blocks
@@ -283,6 +283,8 @@ def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path,
                 tmp_path / "predicted", needles=["writing 1 expected output needs about"])
         refused(tmp_path, "oracle", "--algorithm", "ring", "--collective", "reduce_scatter",
                 in_dir, tmp_path / "predicted",
+                needles=["writing 4 expected outputs needs about 4.0 TiB of disk"])
+        refused(tmp_path, "oracle", "--algorithm", "auto", in_dir, tmp_path / "predicted",
                 needles=["reading the rank files", "needs about", "TiB"])
     finally:
         for r in range(P):
