@@ -15,7 +15,10 @@ MiB) of:
 * **fitted, other node count**: ``--fit`` on another table of the same system
   (same source, another node count), judged on this one.
 
-Then the same pooled over every table. Nothing here is tuned: the description
+The measured time of a size is the faster of the table's out-of-place and
+in-place columns (:attr:`refcoll.model.nccl_tests.Row.measured`): both time the
+same all-reduce, and noise only adds time. Then the same pooled over every
+table. Nothing here is tuned: the description
 is what the source says, and the model's constants are NCCL's and the
 standards' (:mod:`refcoll.model.systems`).
 """

@@ -85,6 +85,19 @@ def test_old_formats_and_launcher_prefixes_are_read(prefix):
     assert table.rows[2].time == pytest.approx(28815e-6)  # nccl-tests prints no decimals
 
 
+def test_the_measured_time_is_the_faster_of_the_two_columns():
+    # nccl-tests times the same all-reduce out of place, then in place; a stall only adds
+    # time, so the model is held to the faster (a published row: 68.52 us against 24.70)
+    table = parse_table("8 2 float sum -1 68.52 0.00 0.00 0 24.70 0.00 0.00 0\n"
+                        "16 4 float sum -1 24.96 0.00 0.00 0 24.99 0.00 0.00 0")
+    assert [r.measured for r in table.rows] == pytest.approx([24.70e-6, 24.96e-6])
+    row = compare(table, System(**system_preset("dgx-h100"))).rows[0]
+    assert row["measured_us"] == pytest.approx(24.70) and row["out_of_place_us"] == \
+        pytest.approx(68.52) and row["ratio"] == pytest.approx(row["predicted_us"] / 24.70)
+    assert parse_table("8 2 float sum 35.84 0.00 0.00 0").rows[0].measured == \
+        pytest.approx(35.84e-6)  # one column: that one
+
+
 @pytest.mark.parametrize("text", ["", "no table here\n", "# size count\n", "8 2 float sum x y z"])
 def test_a_log_without_rows_is_a_usage_error(text):
     with pytest.raises(UsageError, match="no all_reduce_perf row"):

@@ -219,7 +219,8 @@ def _print_fit(saved: dict) -> None:
 
 def _print_compare(result) -> None:
     click.echo("")
-    click.echo(f"# {result.table.name}: measured (out of place) beside predicted")
+    click.echo(f"# {result.table.name}: measured (the faster of out of place and in place) "
+               "beside predicted")
     click.echo(f"# {'size':>12} {'measured':>10} {'predicted':>10} {'ratio':>6} "
                f"{'busbw':>7} {'busbw':>7}  algorithm")
     click.echo(f"# {'(B)':>12} {'(us)':>10} {'(us)':>10} {'':>6} {'meas':>7} {'pred':>7}")

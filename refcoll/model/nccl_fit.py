@@ -66,8 +66,8 @@ def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | Non
         s = replace(shaped, fitted=dict(fitted))
         for r in table.rows:
             run = predict(s, r.size, algorithm)
-            if run is not None and r.time > 0:
-                total += math.log(run.seconds / r.time) ** 2
+            if run is not None and r.measured > 0:
+                total += math.log(run.seconds / r.measured) ** 2
     return total
 
 
@@ -135,7 +135,7 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
         for r in t.rows:
             run = predict(s, r.size, algorithm)
             if run is not None:
-                pairs.append((r.size, run.seconds, r.time))
+                pairs.append((r.size, run.seconds, r.measured))
     errors = band_errors(pairs)
     return {"refcoll_fit": 1,
             "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
