@@ -167,7 +167,7 @@ def test_the_rings_blocks_are_its_algorithm_block_by_block(p):
                 got = np.concatenate(blocks) if blocks else np.empty(0, xs[0].dtype)
                 assert same_bits(got, want.reshape(-1)), (dtype, op, options, length)
     assert ring_blocks("reduce_scatter", p, 10, 4) is None
-    assert rank_blockwise("reduce_scatter", p, 10, 4, algorithm="auto") is None
+    assert rank_blockwise("reduce_scatter", p, 10, 4, algorithm="tree") is None  # none such
 
 
 def _blockwise_outputs(xs, name, options, op, cuts, collective="allreduce", root=0):
@@ -283,6 +283,30 @@ def test_every_reduce_scatter_allgather_and_broadcast_order_block_by_block(p):
                                     collective, root=p - 1)
                 assert all(same_bits(got[r], np.asarray(want[r]).reshape(-1))
                            for r in range(p)), (collective, name, options, dtype, op)
+
+
+def test_autos_blocks_are_those_of_what_it_picks_as_the_simulator_runs_it(monkeypatch):
+    # check and oracle --algorithm auto of a reduction read block by block too: auto's pick
+    # in the oracle's simulator depends on the collective, p, count and width alone (and on
+    # REFCOLL_ALGO), so the picked algorithm's blocks are auto's, across the sizes where
+    # the pick changes.
+    from refcoll.verify.evaluators import rank_blockwise
+
+    for p, n in [(2, 7), (3, 1000), (4, 5000), (5, 40000), (8, 300000), (16, 100)]:
+        xs = make_inputs("adversarial", "float32", n, p, seed=p)
+        for collective in ("allreduce", "reduce", "reduce_scatter"):
+            want = expected_outputs(collective, xs, algorithm="auto", root=p - 1)
+            got = _held_outputs(xs, "auto", {}, "sum", (n // 3, n // 2 + 1), collective,
+                                root=p - 1)
+            assert all(same_bits(got[r], np.asarray(want[r]).reshape(-1)) for r in got), \
+                (p, n, collective)
+    monkeypatch.setenv("REFCOLL_ALGO", "ring")
+    xs = make_inputs("adversarial", "float32", 300, 5, seed=1)
+    got = _held_outputs(xs, "auto", {}, "sum", (100,), "allreduce")
+    assert all(same_bits(got[r], expected_outputs("allreduce", xs, algorithm="ring")[r])
+               for r in got)
+    monkeypatch.setenv("REFCOLL_TUNING_FILE", "tuning.json")  # its rules: the simulator's
+    assert rank_blockwise("allreduce", 5, 300, 4, algorithm="auto") is None
 
 
 def test_identify_block_by_block_of_the_other_collectives_gives_what_whole_arrays_give():

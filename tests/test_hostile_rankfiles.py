@@ -249,9 +249,9 @@ def test_more_rank_files_than_a_world_may_have_are_refused_at_once(tmp_path, dea
 
 def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path, deadline):
     """Beside smaller ranks, its header is refused against theirs; where every rank is
-    that large, a whole-array command (auto's oracle) refuses it by the memory it
-    needs, and an oracle that streams by the disk its outputs need (each before
-    reading an element)."""
+    that large, a whole-array command (auto's oracle under a tuning file) refuses it by
+    the memory it needs, and an oracle that streams by the disk its outputs need (each
+    before reading an element)."""
     in_dir, out_dir = good_case(tmp_path)
     count = 1 << 40  # 4 TiB of float32, on no disk blocks
     head = io.BytesIO()
@@ -284,8 +284,10 @@ def test_a_sparse_file_larger_than_memory_is_refused_before_it_is_read(tmp_path,
         refused(tmp_path, "oracle", "--algorithm", "ring", "--collective", "reduce_scatter",
                 in_dir, tmp_path / "predicted",
                 needles=["writing 4 expected outputs needs about 4.0 TiB of disk"])
-        refused(tmp_path, "oracle", "--algorithm", "auto", in_dir, tmp_path / "predicted",
-                needles=["reading the rank files", "needs about", "TiB"])
+        with pytest.MonkeyPatch.context() as m:  # auto under a tuning file's rules: simulated
+            m.setenv("REFCOLL_TUNING_FILE", str(tmp_path / "tuning.json"))
+            refused(tmp_path, "oracle", "--algorithm", "auto", in_dir, tmp_path / "predicted",
+                    needles=["reading the rank files", "needs about", "TiB"])
     finally:
         for r in range(P):
             (in_dir / f"rank{r}.npy").unlink(missing_ok=True)

@@ -121,8 +121,8 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
     Every algorithm of every collective is written block by block, in bounded memory,
-    but for a few reductions (auto, hierarchical on unequal nodes, the switch's int
-    mode), which are simulated on whole arrays. IN_DIR has at most 4096
+    but for a few reductions (auto under a tuning file, hierarchical on unequal nodes,
+    the switch's int mode), which are simulated on whole arrays. IN_DIR has at most 4096
     ranks. OUT_DIR must not be IN_DIR (compared by what they resolve to, links
     followed); each file is written to a temporary name and renamed into place, so a
     link in OUT_DIR is replaced, never written through.
@@ -196,8 +196,9 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     refcoll's formula of (seed, rank, index), made here (give OUT_DIR alone);
     --sample K then judges K elements of each output. The files are read block by
     block, in bounded memory whatever their size, and --algorithm and --identify
-    predict block by block too (but for auto, hierarchical on unequal nodes and the
-    switch's int mode, which simulate whole arrays and ask for that memory first).
+    predict block by block too (but for auto under a tuning file, hierarchical on
+    unequal nodes and the switch's int mode, which simulate whole arrays and ask for
+    that memory first).
     Exit 0 conforming, 1 not
     conforming, 2 the files cannot be judged (with the file and the reason: see
     refcoll.verify.rankfiles).

@@ -38,7 +38,10 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.ring import ring_order, ring_walk
 from ..algorithms.switch_tree import PACKET, RADIX, SLOTS, switch_levels
+from ..calls.auto import algo_filter, choose
 from ..calls.collectives import simulate
+from ..calls.tuned import tuning_path
+from ..core.calibration import DEFAULT
 from ..core.chunking import check_split, chunk_bounds
 from ..core.ops import get_op
 
@@ -381,6 +384,21 @@ def scatter_blocks(p: int, n: int, itemsize: int, *, algorithm: str, op="sum", *
     return None if fn is None else fn(algorithm, p, n, itemsize, op, options)
 
 
+def _chosen_blocks(collective: str, p: int, n: int, itemsize: int, *, op="sum", root: int = 0,
+                   **options):
+    """``auto``'s block evaluator: that of the algorithm it runs for this call.
+
+    The oracle's simulator resolves ``auto`` at the deterministic calibration, on one
+    node, over the candidates ``REFCOLL_ALGO`` leaves (:func:`refcoll.calls.auto.choose`),
+    so the pick depends on the collective, ``p``, the count and the width alone; a
+    tuning file's rules (``REFCOLL_TUNING_FILE``) are left to the simulator.
+    """
+    if options or tuning_path():
+        return None
+    name = choose(collective, p, n, itemsize, DEFAULT, algo_filter().allowed(collective))
+    return rank_blockwise(collective, p, n, itemsize, algorithm=name, op=op, root=root)
+
+
 def rank_blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm: str, op="sum",
                    root: int = 0, **options):
     """Return ``algorithm``'s every-rank block evaluator for this buffer, or None.
@@ -392,13 +410,16 @@ def rank_blockwise(collective: str, p: int, n: int, itemsize: int, *, algorithm:
     (``(p, k)``); a data movement's (:data:`DATA_MOVEMENT`) the block of the data
     itself, which every algorithm hands every rank unchanged. A reduce-scatter's rank
     holds its chunk of the vector (:func:`scatter_blocks`). Every all-reduce, the
-    reduces of :data:`ELEMENTWISE` algorithms, and every reduce-scatter, all-gather
-    and broadcast algorithm have one.
+    reduces of :data:`ELEMENTWISE` algorithms, every reduce-scatter, all-gather and
+    broadcast algorithm, and ``auto`` where what it picks has one
+    (:func:`_chosen_blocks`) have one.
     """
     if collective in DATA_MOVEMENT:
         if algorithm not in algorithms.names(collective):
             return None
         return lambda cols, first: [cols] * p
+    if algorithm in algorithms.names(collective) and algorithms.get(algorithm).chooses:
+        return _chosen_blocks(collective, p, n, itemsize, op=op, root=root, **options)
     if collective == "reduce_scatter":
         return scatter_blocks(p, n, itemsize, algorithm=algorithm, op=op, **options)
     fn = RANK_BLOCKS.get(algorithm)
