@@ -198,10 +198,8 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     block, in bounded memory whatever their size, and --algorithm and --identify
     predict block by block too (but for auto under a tuning file, hierarchical on
     unequal nodes and the switch's int mode, which simulate whole arrays and ask for
-    that memory first).
-    Exit 0 conforming, 1 not
-    conforming, 2 the files cannot be judged (with the file and the reason: see
-    refcoll.verify.rankfiles).
+    that memory first). Exit 0 conforming, 1 not conforming, 2 the files cannot be
+    judged (with the file and the reason: see refcoll.verify.rankfiles).
     """
     in_dir, out_dir = _folders(folders, formula)
     check_output_paths(json=json_file)

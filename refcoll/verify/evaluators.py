@@ -49,8 +49,7 @@ __all__ = ["EVALUATORS", "evaluate", "switch_evaluator", "ring_evaluator",
            "hierarchical_evaluator", "ring_blocks", "ELEMENTWISE",
            "ELEMENTWISE_COLLECTIVES", "RANK_BLOCKS", "rank_blockwise", "dbtree_blocks",
            "hierarchical_blocks", "scatter_blocks", "SCATTER_ALONE", "SCATTER_TURNED",
-           "SCATTER_BLOCKS",
-           "DATA_MOVEMENT"]
+           "SCATTER_BLOCKS", "DATA_MOVEMENT"]
 
 
 def switch_evaluator(collective: str, inputs, *, op="sum", radix: int = RADIX,
@@ -318,7 +317,7 @@ SCATTER_TURNED = ("bruck",)
 DATA_MOVEMENT = ("allgather", "broadcast")
 
 
-def _scatter_alone(name: str, p: int, op: str, options: dict) -> Callable:
+def _scatter_alone(name: str, p: int, n: int, itemsize: int, op: str, options: dict):
     def fold(cols: np.ndarray, first: int) -> list:
         outputs = simulate("reduce_scatter", list(cols), algorithm=name, op=op,
                            **options).outputs
@@ -327,7 +326,7 @@ def _scatter_alone(name: str, p: int, op: str, options: dict) -> Callable:
     return fold
 
 
-def _scatter_turned(name: str, p: int, n: int, op: str, options: dict) -> Callable:
+def _scatter_turned(name: str, p: int, n: int, itemsize: int, op: str, options: dict):
     """A block is cut into pieces of at most ``m`` elements, each within one chunk; a
     window of ``p`` equal chunks of ``m`` takes ``p`` pieces, piece ``j`` (of chunk ``c``)
     in its chunk ``j`` with window rank ``r`` holding rank ``r + c - j``'s elements, so
@@ -363,12 +362,9 @@ def _scatter_ring(name: str, p: int, n: int, itemsize: int, op: str, options: di
 
 #: Every reduce-scatter's block evaluator, by algorithm name: ``fn(name, p, n, itemsize,
 #: op, options)`` returns ``fold(cols, first)``.
-SCATTER_BLOCKS: dict[str, Callable] = {
-    "ring": _scatter_ring,
-    **{name: lambda name, p, n, itemsize, op, options: _scatter_alone(name, p, op, options)
-       for name in SCATTER_ALONE},
-    **{name: lambda name, p, n, itemsize, op, options: _scatter_turned(name, p, n, op, options)
-       for name in SCATTER_TURNED}}
+SCATTER_BLOCKS: dict[str, Callable] = {"ring": _scatter_ring,
+                                        **dict.fromkeys(SCATTER_ALONE, _scatter_alone),
+                                        **dict.fromkeys(SCATTER_TURNED, _scatter_turned)}
 
 
 def scatter_blocks(p: int, n: int, itemsize: int, *, algorithm: str, op="sum", **options):
