@@ -3,6 +3,7 @@ the kinds do what they say, and `refcoll check --inputs` (with `--sample`) judge
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -142,6 +143,33 @@ def test_check_judges_against_the_formula_whole_and_sampled(tmp_path):
         assert res.exit_code == 1 and "verdict: not conforming" in res.output, res.output
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_every_collective_is_judged_sampled_against_the_formula(tmp_path, collective):
+    # --sample reads K elements of each output: a reduce-scatter's K of each rank's chunk,
+    # an all-gather's every copy of the K sampled input elements, a reduce's root's alone;
+    # element 0 of every output is always among them.
+    from refcoll.verify.oracle import expected_outputs
+
+    spec, p, root = "adversarial:seed=3,p=5,count=3001", 5, 2
+    outs = expected_outputs(collective, inputs("adversarial", np.float32, p, 3001, seed=3),
+                            algorithm="naive", root=root)
+    write_world(tmp_path / "out", outs)
+    outs[root].reshape(-1)[0] += np.float32(1e9)  # far outside any bound, on one rank
+    write_world(tmp_path / "bad", outs)
+    run = CliRunner().invoke
+    for folder, code in (("out", 0), ("bad", 1)):
+        res = run(main, ["check", "--inputs", spec, "--collective", collective, "--root",
+                         str(root), "--sample", "40", str(tmp_path / folder),
+                         "--json", str(tmp_path / f"{folder}.json")])
+        assert res.exit_code == code, (folder, res.output)
+    sampled = json.loads((tmp_path / "out.json").read_text())["sampled"]
+    if collective == "reduce_scatter":  # 40 of each rank's chunk of 600 or 601
+        assert sorted(sampled) == [str(r) for r in range(p)] and \
+            all(len(v) == 40 and v[0] == 0 for v in sampled.values())
+    else:
+        assert len(sampled) == 40 and sampled[0] == 0 and sampled[-1] == 3000
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--sample", "5", "x", "y"], "--inputs"),
     (["--inputs", "exact:seed=1,p=2,count=3"], "OUT_DIR alone"),
@@ -149,6 +177,10 @@ def test_check_judges_against_the_formula_whole_and_sampled(tmp_path):
     (["onlyone"], "IN_DIR and OUT_DIR"),
     (["--inputs", "exact:seed=1,p=4,count=3001", "--sample", "5", "--identify", "OUT"],
      "--identify"),
+    (["--inputs", "exact:seed=1,p=4,count=3", "--sample", "5", "--collective",
+      "reduce_scatter", "OUT"], "count >= p=4"),
+    (["--inputs", "exact:seed=1,p=4,count=30", "--sample", "5", "--collective", "broadcast",
+      "--root", "4", "OUT"], "--root 4 is not one of the 4 ranks"),
 ])
 def test_check_refuses_what_the_formula_cannot_judge(tmp_path, args, needle):
     res = CliRunner().invoke(main, ["check", *[str(tmp_path / a) if a in ("OUT",) else a

@@ -11,9 +11,11 @@ import os
 import sys
 
 import click
+import numpy as np
 
 from .. import algorithms
 from ..core.bits import same_bits
+from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
@@ -179,8 +181,9 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
               help="Judge against refcoll's formula inputs (spec/inputs.md: exact or "
                    "adversarial), made here, instead of IN_DIR's files: give OUT_DIR alone.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="K",
-              help="With --inputs, an all-reduce: judge K elements of every rank's output "
-                   "(the first, the last and K-2 drawn), reading nothing else of the files.")
+              help="With --inputs: judge K elements of every rank's output (the first, "
+                   "the last and K-2 drawn; a reduce-scatter's K of each chunk), reading "
+                   "nothing else of the files.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write the whole report as JSON.")
 @click.argument("folders", nargs=-1, type=click.Path(), metavar="[IN_DIR] OUT_DIR")
@@ -210,7 +213,8 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
         algorithms.implementation(algorithm, collective)
     op = get_op(op).name
     if sample is not None:
-        _check_sample(formula, sample, op, collective, algorithm, identify, out_dir, json_file)
+        _check_sample(formula, sample, op, collective, root, algorithm, identify, out_dir,
+                      json_file)
         return
     if formula is not None:
         inputs, outputs = _formula_case(formula, out_dir, collective=collective, root=root,
@@ -328,41 +332,74 @@ def _whole_bytes(inputs, outputs, collective: str) -> int:
         collective, len(inputs), x.size, x.dtype.itemsize)
 
 
+def _check_root(root: int, p: int) -> None:
+    """Refuse a ``--root`` that is not one of the ``p`` ranks of ``--inputs``."""
+    if root >= p:
+        raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
+
+
 def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op: str):
     """Return (inputs by formula, OUT_DIR's outputs) for --inputs, both read block by block."""
     kind, seed, p, count = parse_spec(formula)
     if p > MAX_SIMULATED_RANKS:
         raise UsageError(f"--inputs p={p}: refcoll judges whole outputs of at most "
                          f"{MAX_SIMULATED_RANKS} ranks; --sample K judges more")
-    if root >= p:
-        raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
+    _check_root(root, p)
     dtype = files_dtype(out_dir)
     inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]
     return inputs, load_outputs(out_dir, inputs, collective=collective, root=root, op=op,
                                 lazy=True)
 
 
-def _check_sample(formula, k: int, op: str, collective: str, algorithm, identify, out_dir,
-                  json_file) -> None:
-    """Judge ``k`` elements of every rank's all-reduce output against the formula; exit."""
+def _check_sample(formula, k: int, op: str, collective: str, root: int, algorithm, identify,
+                  out_dir, json_file) -> None:
+    """Judge ``k`` elements of every rank's output against the formula; exit."""
     if formula is None:
         raise UsageError("--sample K judges outputs against --inputs KIND:seed=S,p=P,count=N")
-    if collective != "allreduce" or algorithm or identify:
-        raise UsageError("--sample judges an all-reduce's elements on their own: no "
-                         "--collective, --algorithm or --identify with it (orders depend on "
-                         "every element's place)")
+    if algorithm or identify:
+        raise UsageError("--sample judges elements on their own: no --algorithm or --identify "
+                         "with it (orders depend on every element's place)")
     kind, seed, p, count = parse_spec(formula)
+    _check_root(root, p)
+    where, asked = _sampled(collective, p, count, k, root, seed)
     dtype = files_dtype(out_dir)
-    where = sample_indices(count, k, seed=seed)
     inputs = [formula_values(kind, dtype, p, r, where, seed=seed) for r in range(p)]
-    outputs = read_elements(out_dir, p, where, dtype)
-    report = check_outputs(inputs, outputs, collective="allreduce", op=op)
+    outputs = read_elements(out_dir, p, asked, dtype)
+    report = check_outputs(inputs, outputs, collective=collective, op=op, root=root)
     click.echo(f"refcoll check: sampled {where.size} of {count} elements of each of {p} ranks' "
-               f"outputs (--inputs {formula}); an element below is its place among the "
+               f"inputs (--inputs {formula}); an element below is its place among the "
                f"sampled ones, which --json lists")
     _print_report(report, collective, None)
-    write_json(json_file, {**report.to_json(), "sampled": where.tolist()})
+    sampled = ({str(r): a.tolist() for r, a in asked.items()} if collective == "reduce_scatter"
+               else where.tolist())
+    write_json(json_file, {**report.to_json(), "sampled": sampled})
     sys.exit(0 if report.conforming else 1)
+
+
+def _sampled(collective: str, p: int, count: int, k: int, root: int, seed: int) -> tuple:
+    """Return the inputs' sampled elements and ``{rank: elements of its output to read}``:
+    a smaller call of the same collective, whose outputs are the real ones' there.
+
+    A reduce-scatter samples the same number of elements of each rank's chunk (the
+    inputs' elements are every rank's, chunk after chunk, so the smaller call's equal
+    chunks are the real ones' samples); an all-gather reads each rank's copy of every
+    input at the sampled elements; a reduce reads the root's output alone.
+    """
+    if collective == "reduce_scatter":
+        bounds = chunk_bounds(count, p)
+        each = min([k] + [hi - lo for lo, hi in bounds])
+        if count and not each:
+            raise UsageError(f"--sample of a reduce-scatter samples every rank's chunk alike: "
+                             f"count={count} leaves rank {p - 1} none (give count >= p={p})")
+        asked = {r: sample_indices(hi - lo, each, seed=seed) for r, (lo, hi) in enumerate(bounds)}
+        return np.concatenate([lo + asked[r] for r, (lo, _) in enumerate(bounds)]), asked
+    where = sample_indices(count, k, seed=seed)
+    if collective == "allgather":
+        return where, dict.fromkeys(range(p), np.concatenate([q * count + where
+                                                              for q in range(p)]))
+    if collective == "reduce":
+        return where, {root: where}
+    return where, dict.fromkeys(range(p), where)
 
 
 def _refuse_report_over_case(json_file: str | None, *folders: str) -> None:

@@ -571,12 +571,14 @@ def files_dtype(directory) -> np.dtype:
     return dt
 
 
-def read_elements(directory, p: int, indices: np.ndarray, dtype) -> list[np.ndarray]:
+def read_elements(directory, p: int, indices, dtype) -> list:
     """Return elements ``indices`` (sorted) of each of ``p`` ranks' flat files, read alone.
 
-    Each file must be a plain C-order array of ``dtype`` (or its bits); only its
-    header and the asked elements are read (one seek each), so a checker samples a
-    file of any size in the time of ``len(indices)`` reads.
+    ``indices``: one array for every rank, or ``{rank: array}`` for some ranks (the
+    others' entries are None and their files are not read). Each file must be a
+    plain C-order array of ``dtype`` (or its bits); only its header and the asked
+    elements are read (one seek each), so a checker samples a file of any size in
+    the time of ``len(indices)`` reads.
 
     Raises:
         UsageError: a missing file, another dtype, an index past the file's end.
@@ -585,10 +587,11 @@ def read_elements(directory, p: int, indices: np.ndarray, dtype) -> list[np.ndar
     files = _rank_files(path)
     want = get_dtype(dtype)
     store = stored_dtype(want)
-    out = []
-    for r in range(p):
+    asked = indices if isinstance(indices, dict) else dict.fromkeys(range(p), indices)
+    out = [None] * p
+    for r, indices in sorted(asked.items()):
         if r not in files:
-            raise UsageError(f"{path / f'rank{r}.npy'}: missing; every one of the {p} ranks "
+            raise UsageError(f"{path / f'rank{r}.npy'}: missing; rank {r} of the {p} "
                              "has an output")
         f = files[r]
         with reading.open_regular(f, what="rank file") as fh:
@@ -608,5 +611,5 @@ def read_elements(directory, p: int, indices: np.ndarray, dtype) -> list[np.ndar
                 got = fh.readinto(view_[k * dt.itemsize:(k + 1) * dt.itemsize])
                 if got != dt.itemsize:
                     raise UsageError(f"{f}: ends before element {i}")
-        out.append(np.frombuffer(bytes(raw), dtype=dt).view(want).copy())
+        out[r] = np.frombuffer(bytes(raw), dtype=dt).view(want).copy()
     return out
