@@ -366,9 +366,13 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     inputs = [formula_values(kind, dtype, p, r, where, seed=seed) for r in range(p)]
     outputs = read_elements(out_dir, p, asked, dtype)
     report = check_outputs(inputs, outputs, collective=collective, op=op, root=root)
-    click.echo(f"refcoll check: sampled {where.size} of {count} elements of each of {p} ranks' "
-               f"inputs (--inputs {formula}); an element below is its place among the "
-               f"sampled ones, which --json lists")
+    what = {"reduce_scatter": f"{len(asked[0])} elements of each of {p} ranks' chunks of "
+                              f"{count}",
+            "allgather": f"{where.size} of {count} elements of each of {p} ranks' inputs, in "
+                         "every output"}.get(collective, f"{where.size} of {count} elements of "
+                                                        f"each of {p} ranks' outputs")
+    click.echo(f"refcoll check: sampled {what} (--inputs {formula}); an element below is its "
+               f"place among the sampled ones, which --json lists")
     _print_report(report, collective, None)
     sampled = ({str(r): a.tolist() for r, a in asked.items()} if collective == "reduce_scatter"
                else where.tolist())
