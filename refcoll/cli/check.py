@@ -366,11 +366,11 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     inputs = [formula_values(kind, dtype, p, r, where, seed=seed) for r in range(p)]
     outputs = read_elements(out_dir, p, asked, dtype)
     report = check_outputs(inputs, outputs, collective=collective, op=op, root=root)
-    what = {"reduce_scatter": f"{len(asked[0])} elements of each of {p} ranks' chunks of "
-                              f"{count}",
-            "allgather": f"{where.size} of {count} elements of each of {p} ranks' inputs, in "
-                         "every output"}.get(collective, f"{where.size} of {count} elements of "
-                                                        f"each of {p} ranks' outputs")
+    what = f"{where.size} of {count} elements of each of {p} ranks' outputs"
+    if collective == "reduce_scatter":
+        what = f"{where.size // p} elements of each of {p} ranks' chunks of {count}"
+    elif collective == "allgather":
+        what = f"{where.size} of {count} elements of each of {p} ranks' inputs, in every output"
     click.echo(f"refcoll check: sampled {what} (--inputs {formula}); an element below is its "
                f"place among the sampled ones, which --json lists")
     _print_report(report, collective, None)
