@@ -336,7 +336,7 @@ class _Host:
 _HOST = _Host()
 
 #: The torch dtypes NumPy reads as they are (the others travel as their bits: as_array).
-_PLAIN = frozenset(getattr(torch, name) for name in DTYPES) - set(_bits_types())
+_PLAIN = frozenset(getattr(torch, name, None) for name in DTYPES) - set(_bits_types()) - {None}
 
 
 class _Elements:
