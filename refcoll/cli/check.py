@@ -19,7 +19,7 @@ from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
-from ..verify.evaluators import DATA_MOVEMENT, rank_blockwise
+from ..verify.evaluators import rank_blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify_blocks
@@ -27,12 +27,11 @@ from ..verify.inputs import make_input
 from ..verify.oracle import (
     BLOCK_BYTES,
     block_length,
+    block_operands,
     check_outputs,
     expected_outputs,
-    moved,
     reference_blocks,
     spans_held,
-    stacked,
 )
 from ..verify.rankfiles import (
     Streamed,
@@ -269,9 +268,8 @@ def _streamed_outputs(inputs: list, fold, out_dir, collective: str, root: int) -
     def predicted(lo: int, hi: int, q: int) -> list:
         if (lo, hi) not in last:
             last.clear()
-            last[lo, hi] = fold(moved(collective, inputs, lo, hi, q, x.size, root)
-                                if collective in DATA_MOVEMENT
-                                else stacked(inputs, lo, hi, x.dtype), lo)
+            last[lo, hi] = fold(block_operands(collective, inputs, lo, hi, q, x.size, root,
+                                               x.dtype), lo)
         return last[lo, hi]
 
     def made(r: int):

@@ -64,7 +64,7 @@ import torch.distributed as dist
 from ..calls import collectives as calls
 from ..core.errors import MismatchError, UsageError, WrongResult
 from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
-from ..verify.checksums import block_size, checksums, judge_sums
+from ..verify.checksums import block_elements, block_size, checksums, judge_sums
 from ..verify.oracle import check_outputs
 from .tensors import _bits_types, as_array, flat, reduction
 from .work import submit
@@ -306,8 +306,7 @@ def _right_together(samples: list, exchanged: list, p: int) -> set:
                                   for _, sums in summed], axis=2)
             outs = np.concatenate([sums[:, sums.shape[1] // 2:].reshape(p, 3, -1)
                                    for _, sums in summed], axis=2)
-            full = np.concatenate([np.minimum(b, s.n - b * np.arange(-(-s.n // b)))
-                                   for s, _ in summed])
+            full = np.concatenate([block_elements(s.n, b) for s, _ in summed])
             if judge_sums(ins, outs, p=p, dtype=dtype, op=op, b=b, n=None, full=full):
                 continue
         right.update(id(sample) for sample, _ in members)

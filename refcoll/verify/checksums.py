@@ -54,7 +54,7 @@ from .formula import bits
 from .ieee import gamma
 
 __all__ = ["WEIGHTS", "SMALLEST_BLOCK", "LARGEST_BLOCK", "block_size", "weights", "checksums",
-           "judge_sums", "smallest_caught", "BadBlock"]
+           "judge_sums", "smallest_caught", "BadBlock", "block_elements"]
 
 #: The stream of the weights (past every rank's and the formula's shared streams).
 WEIGHTS = 0xFFFFFFFF00000010
@@ -152,8 +152,8 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
     if factor is not None:
         want = want * float(factor)
         allowed = allowed + u * f * scale  # each input rounded once when scaled
-    if full is None:  # elements in each block
-        full = np.minimum(b, n - b * np.arange(want.size))
+    if full is None:
+        full = block_elements(n, b)
     if op == "avg":
         want, scale, allowed = want / p, scale / p, (gamma(p, u) * f * scale / p
                                                      + 2.0 * full * _tiny(dtype))
@@ -173,6 +173,11 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
             bad.append(BadBlock(r, j, b, b * j + int(full[j]), float(row[0, j]), float(want[j]),
                                 float(allowed[j])))
     return bad
+
+
+def block_elements(n: int, b: int) -> np.ndarray:
+    """Return the elements of each block of ``b`` of ``n`` (the last may hold fewer)."""
+    return np.minimum(b, n - b * np.arange(-(-n // b)))
 
 
 def smallest_caught(p: int, dtype, mean: float = 1.0) -> float:

@@ -39,7 +39,7 @@ from ..core.ops import (
     is_integer,
     unit_roundoff,
 )
-from .evaluators import rank_blockwise
+from .evaluators import DATA_MOVEMENT, rank_blockwise
 from .findings import (
     BOUND_ALONE,
     BoundCheck,
@@ -58,7 +58,7 @@ from .screen import estimate
 
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
            "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps", "stacked",
-           "reference_blocks", "spans_held", "moved", "held_parts", "block_length",
+           "reference_blocks", "spans_held", "block_operands", "held_parts", "block_length",
            "flat_operand"]
 
 
@@ -231,9 +231,13 @@ def spans_held(collective: str, p: int, n: int, root: int) -> dict:
     return {r: range(total)[parts[r]] for r in sorted(parts)}
 
 
-def moved(collective: str, inputs, lo: int, hi: int, q: int, n: int, root: int):
-    """Return reference elements ``lo .. hi-1`` of a data movement: the input they are
-    (an all-gather's input ``q``, a broadcast's root's)."""
+def block_operands(collective: str, inputs, lo: int, hi: int, q: int, n: int, root: int,
+                   dtype) -> np.ndarray:
+    """Return what reference elements ``lo .. hi-1`` are made from: a reduction's
+    operands, every rank's (``(p, hi - lo)``), or a data movement's elements, the input
+    they are (an all-gather's input ``q``, a broadcast's root's)."""
+    if collective not in DATA_MOVEMENT:
+        return stacked(inputs, lo, hi, dtype)
     source, base = (q, q * n) if collective == "allgather" else (root, 0)
     return _read(inputs[source], lo - base, hi - base)
 
@@ -395,10 +399,8 @@ class _Judge:
         """Read what judging reference elements ``lo .. hi-1`` takes: the operands (a
         reduction's ``(p, hi - lo)`` block) or the one input the outputs must equal, and
         each rank's part of the block as ``(rank, offset, a, b, got)``."""
-        if self.name is not None:  # a reduction
-            cols, want = stacked(inputs, lo, hi, self.dtype), None
-        else:
-            cols, want = None, moved(self.collective, inputs, lo, hi, q, self.n, root)
+        data = block_operands(self.collective, inputs, lo, hi, q, self.n, root, self.dtype)
+        cols, want = (data, None) if self.name is not None else (None, data)
         return cols, want, held_parts(lo, hi, got_files, spans)
 
     def block(self, lo, hi, q, data) -> None:

@@ -592,7 +592,7 @@ def read_elements(directory, p: int, indices, dtype) -> list:
     for r, indices in sorted(asked.items()):
         if r not in files:
             raise UsageError(f"{path / f'rank{r}.npy'}: missing; rank {r} of the {p} "
-                             "has an output")
+                             "ranks has an output")
         f = files[r]
         with reading.open_regular(f, what="rank file") as fh:
             shape, fortran, dt, offset = npy_header(fh, f)
