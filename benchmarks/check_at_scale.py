@@ -7,12 +7,14 @@ inputs, ``adversarial`` by default) and their all-reduce (the naive fold: a
 conforming result), block by block, so the benchmark itself never holds a rank's
 array. Then, interleaved ``--samples`` times:
 
-* ``read``: every input and output file read once with NumPy (``np.fromfile``
-  into one reused buffer): the floor of any judge that reads the files;
+* ``read``: every input and output file read once into one reused NumPy buffer
+  (``readinto``): the floor of any judge that reads the files;
+* ``np.load``: every file read once by NumPy's own reader, a new array each (its
+  pages faulted in as it is filled), as a script that loads the ranks' files would;
 * ``check``: ``refcoll check IN OUT`` in a child process, its peak resident
   memory (Linux's ``VmHWM`` of the process), its exit status (0: conforming).
 
-It prints the medians and the ratio check/read (with ``--wrong I``, the last rank's
+It prints the medians and the ratios of the check to both reads (with ``--wrong I``, the last rank's
 output element ``I`` is made wrong, and the check's report is printed once: it must
 exit 1). Both read from the page cache
 when the files fit in memory (they are read once before timing); say so when
@@ -67,6 +69,15 @@ def write_world(folder: Path, p: int, count: int, kind: str, dtype: str,
             out.tofile(files[p + r])
     for fh in files:
         fh.close()
+
+
+def load_once(folder: Path) -> float:
+    """Return the seconds to ``np.load`` every rank file of ``folder/in`` and ``folder/out``."""
+    start = time.perf_counter()
+    for sub in ("in", "out"):
+        for f in sorted((folder / sub).iterdir()):
+            np.load(f)
+    return time.perf_counter() - start
 
 
 def read_once(folder: Path, buffer: np.ndarray) -> float:
@@ -129,10 +140,11 @@ def main() -> int:
     data = 2 * args.p * args.count * np.dtype(args.dtype).itemsize
     buffer = np.empty(1 << 24, dtype=np.uint8)
     read_once(args.dir, buffer)  # the page cache, as both runs then see it
-    reads, checks, peaks = [], [], []
+    reads, loads, checks, peaks = [], [], [], []
     expected = 0 if args.wrong is None else 1
     for sample in range(args.samples):
         reads.append(read_once(args.dir, buffer))
+        loads.append(load_once(args.dir))
         seconds, peak, status, report = check_once(args.dir)
         if status != expected or (sample == 0 and expected):
             print(report)
@@ -141,12 +153,14 @@ def main() -> int:
             return 1
         checks.append(seconds)
         peaks.append(peak)
-    read, check = statistics.median(reads), statistics.median(checks)
+    read, load = statistics.median(reads), statistics.median(loads)
+    check = statistics.median(checks)
     print(f"p = {args.p}, {args.count} x {args.dtype} a rank: {data / 2**30:.2f} GiB of inputs "
           f"and outputs; load average {os.getloadavg()[0]:.1f}")
-    print(f"read once with NumPy: {read:.2f} s ({data / read / 2**30:.2f} GiB/s)")
-    print(f"refcoll check:        {check:.2f} s ({check / read:.2f}x the read), peak "
-          f"{max(peaks) / 2**20:.0f} MiB resident")
+    print(f"read once into a buffer: {read:.2f} s ({data / read / 2**30:.2f} GiB/s)")
+    print(f"np.load of every file:   {load:.2f} s ({data / load / 2**30:.2f} GiB/s)")
+    print(f"refcoll check:           {check:.2f} s ({check / read:.2f}x the read into a buffer, "
+          f"{check / load:.2f}x np.load), peak {max(peaks) / 2**20:.0f} MiB resident")
     if not args.keep and made:
         shutil.rmtree(args.dir)
     return 0
