@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from refcoll.core.errors import UsageError
 from refcoll.verify.checksums import block_size, checksums, judge_sums, smallest_caught
 from refcoll.verify.formula import FormulaInput
 from refcoll.verify.ieee import judge_float, reference
@@ -174,6 +175,22 @@ def test_a_big_endian_or_fortran_file_is_read_in_blocks_as_numpy_reads_it(tmp_pa
         f.read(50, 55, out=into)
         assert np.array_equal(into, x.reshape(-1)[50:55])
         f.close()
+
+
+@pytest.mark.parametrize("layout", ["c", "big-endian", "fortran"])
+def test_a_sample_of_a_file_is_its_elements_at_those_places(tmp_path, layout):
+    # far apart (a read each), close together (one span), and spans cut at their limit
+    x = np.arange(3 * 300_000, dtype=np.float64).reshape(3, 300_000)
+    stored = {"c": x, "big-endian": x.astype(">f8"), "fortran": np.asfortranarray(x)}[layout]
+    np.save(tmp_path / "a.npy", stored)
+    f = NpyFile(tmp_path / "a.npy", lambda path: open(path, "rb"))
+    flat = x.reshape(-1)
+    for where in ([0], [3, 4, 9, 700, 100_000, flat.size - 1], range(0, flat.size, 3), []):
+        where = np.asarray(list(where), dtype=np.int64)
+        assert np.array_equal(f.take(where), flat[where])
+    with pytest.raises(UsageError, match=f"holds {flat.size} elements; element {flat.size} "):
+        f.take(np.array([5, flat.size]))
+    f.close()
 
 
 def _at_scale(tmp_path, *args) -> tuple[str, int]:

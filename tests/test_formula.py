@@ -112,6 +112,17 @@ def test_samples_are_distinct_sorted_and_hold_the_ends():
     assert sample_indices(5, 64).tolist() == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("count, k", [(3, 2), (4, 3), (1003, 1002), (100003, 100000),
+                                      (100003, 1000), (201, 199), (2**62, 50)])
+def test_a_sample_is_k_elements_spread_over_the_whole_array(count, k):
+    where = sample_indices(count, k, seed=7)
+    assert where.size == k and np.all(np.diff(where) > 0)  # k of them, however close to count
+    assert where[0] == 0 and where[-1] == count - 1
+    if k >= 50 and 2 * k < count:  # drawn, not every element: as many above the middle
+        above = np.count_nonzero(where > count // 2) / k
+        assert 0.35 < above < 0.65, above
+
+
 @pytest.mark.parametrize("text", ["exact", "exact:seed=1,p=0,count=3", "gauss:seed=1,p=2,count=3",
                                   "exact:p=2,seed=1,count=3"])
 def test_a_bad_spec_is_a_usage_error(text):
@@ -186,3 +197,60 @@ def test_check_refuses_what_the_formula_cannot_judge(tmp_path, args, needle):
     res = CliRunner().invoke(main, ["check", *[str(tmp_path / a) if a in ("OUT",) else a
                                                for a in args]])
     assert res.exit_code == 2 and needle in res.output, res.output
+
+
+def _sampled_check(folder, spec: str, k: int, *more) -> tuple[int, str]:
+    res = CliRunner().invoke(main, ["check", "--inputs", spec, "--sample", str(k), *more,
+                                    str(folder)])
+    return res.exit_code, res.output
+
+
+def test_a_reduce_scatter_of_uneven_chunks_is_sampled_alike_near_their_size(tmp_path):
+    # chunks of 201 and 200 elements: 199 of each, the same number on every rank
+    ins = inputs("exact", np.float32, 5, 1003, seed=11)
+    write_world(tmp_path / "out", expected_outputs("reduce_scatter", ins, algorithm="ring"))
+    for k in (199, 1000):
+        code, out = _sampled_check(tmp_path / "out", "exact:seed=11,p=5,count=1003", k,
+                                   "--collective", "reduce_scatter")
+        assert code == 0, out
+        assert f"sampled {min(k, 200)} elements of each of 5 ranks' chunks" in out, out
+
+
+def test_a_sample_judges_the_outputs_shapes_and_folder_as_the_full_check(tmp_path):
+    spec = "exact:seed=7,p=4,count=1003"
+    outs = expected_outputs("allreduce", inputs("exact", np.float32, 4, 1003, seed=7),
+                            algorithm="ring")
+    longer = [np.concatenate([o, o[:5]]) if r == 1 else o for r, o in enumerate(outs)]
+    write_world(tmp_path / "longer", longer)
+    write_world(tmp_path / "more", outs + [outs[0]])
+    write_world(tmp_path / "out", outs)
+    cases = [("longer", spec, 1, "rank 1: float32 shaped (1008,), expected float32 shaped"),
+             ("out", "exact:seed=7,p=4,count=1000", 1, "shaped (1003,), expected"),
+             ("out", "exact:seed=7,p=4,count=0", 1, "shapes and dtypes"),
+             ("more", spec, 2, "says p = 5, but the inputs have 4 ranks"),
+             ("out", "exact:seed=7,p=99999999999999999999,count=10", 2, "says p = 4")]
+    for folder, text, want, needle in cases:
+        for k in ([] if want == 2 and "99999" in text else [None]) + [50]:
+            args = ["check", "--inputs", text, str(tmp_path / folder)]
+            res = CliRunner().invoke(main, args + (["--sample", str(k)] if k else []))
+            assert res.exit_code == want and needle in res.output, (folder, text, k, res.output)
+
+
+def test_a_sample_reaches_the_end_of_the_outputs(tmp_path):
+    # every rank's last quarter off by one: the sample must see it, as the full check does
+    outs = expected_outputs("allreduce", inputs("exact", np.float32, 4, 100003, seed=7),
+                            algorithm="ring")
+    for o in outs:
+        o[75000:100002] += 1
+    write_world(tmp_path / "bad", outs)
+    code, out = _sampled_check(tmp_path / "bad", "exact:seed=7,p=4,count=100003", 400)
+    assert code == 1 and "verdict: not conforming" in out, out
+
+
+def test_a_reduce_sample_says_it_read_the_root_alone(tmp_path):
+    outs = expected_outputs("reduce", inputs("exact", np.float32, 4, 1003, seed=7),
+                            algorithm="naive", root=2)
+    write_world(tmp_path / "out", outs)
+    code, out = _sampled_check(tmp_path / "out", "exact:seed=7,p=4,count=1003", 50,
+                               "--collective", "reduce", "--root", "2")
+    assert code == 0 and "50 of 1003 elements of the root's output (rank 2, of 4)" in out, out

@@ -17,7 +17,7 @@ from .. import algorithms
 from ..core.bits import same_bits
 from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
-from ..core.ops import get_dtype, get_op
+from ..core.ops import dtype_name, get_dtype, get_op
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
 from ..verify.formula import FormulaInput, parse_spec, sample_indices
@@ -26,11 +26,13 @@ from ..verify.identify import identify_blocks
 from ..verify.inputs import make_input
 from ..verify.oracle import (
     BLOCK_BYTES,
+    CheckReport,
     block_length,
     block_operands,
     check_outputs,
     expected_outputs,
     reference_blocks,
+    shapes_judged,
     spans_held,
 )
 from ..verify.rankfiles import (
@@ -345,13 +347,19 @@ def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op:
     _check_root(root, p)
     dtype = files_dtype(out_dir)
     inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]
-    return inputs, load_outputs(out_dir, inputs, collective=collective, root=root, op=op,
+    return inputs, load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op,
                                 lazy=True)
 
 
 def _check_sample(formula, k: int, op: str, collective: str, root: int, algorithm, identify,
                   out_dir, json_file) -> None:
-    """Judge ``k`` elements of every rank's output against the formula; exit."""
+    """Judge ``k`` elements of every rank's output against the formula; exit.
+
+    The output folder is held to the full check's rules first (its listing,
+    ``meta.json``, each file's header: the same exit 2), and each output's dtype and
+    shape to the collective's (exit 1 when wrong, as the full check), so only the
+    values are sampled.
+    """
     if formula is None:
         raise UsageError("--sample K judges outputs against --inputs KIND:seed=S,p=P,count=N")
     if algorithm or identify:
@@ -359,18 +367,30 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
                          "with it (orders depend on every element's place)")
     kind, seed, p, count = parse_spec(formula)
     _check_root(root, p)
-    where, asked = _sampled(collective, p, count, k, root, seed)
+    each = _sample_size(collective, p, count, k)
     dtype = files_dtype(out_dir)
+    files = load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op, lazy=True)
+    shapes = shapes_judged(collective, p, (count,), root, files, dtype)
+    if not shapes.passed:
+        for f in files:
+            if f is not None:
+                f.close()
+        reduces = collective in ("allreduce", "reduce_scatter", "reduce")
+        report = CheckReport(collective, get_op(op).name if reduces else "-", None, p, count,
+                             dtype_name(dtype), [shapes])
+        _print_report(report, collective, None)
+        write_json(json_file, report.to_json())
+        sys.exit(1)
+    readers = {"allgather": p * p, "reduce": 1, "reduce_scatter": 1}.get(collective, p)
+    require_memory(each * (48 + p * 24 + readers * (dtype.itemsize + 16)),
+                   f"--sample {k} of {p} ranks", "sample fewer elements")
+    where, asked = _sampled(collective, p, count, each, root, seed)
     inputs = [formula_values(kind, dtype, p, r, where, seed=seed) for r in range(p)]
-    outputs = read_elements(out_dir, p, asked, dtype)
+    outputs = read_elements(files, asked)
     report = check_outputs(inputs, outputs, collective=collective, op=op, root=root)
-    what = f"{where.size} of {count} elements of each of {p} ranks' outputs"
-    if collective == "reduce_scatter":
-        what = f"{where.size // p} elements of each of {p} ranks' chunks of {count}"
-    elif collective == "allgather":
-        what = f"{where.size} of {count} elements of each of {p} ranks' inputs, in every output"
-    click.echo(f"refcoll check: sampled {what} (--inputs {formula}); an element below is its "
-               f"place among the sampled ones, which --json lists")
+    click.echo(f"refcoll check: sampled {_sample_text(collective, p, count, where, root)} "
+               f"(--inputs {formula}); an element below is its place among the sampled ones, "
+               "which --json lists")
     _print_report(report, collective, None)
     sampled = ({str(r): a.tolist() for r, a in asked.items()} if collective == "reduce_scatter"
                else where.tolist())
@@ -378,24 +398,44 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     sys.exit(0 if report.conforming else 1)
 
 
-def _sampled(collective: str, p: int, count: int, k: int, root: int, seed: int) -> tuple:
+def _sample_size(collective: str, p: int, count: int, k: int) -> int:
+    """Return how many elements of each output (a reduce-scatter: of each rank's chunk)
+    ``--sample k`` judges: ``k``, or all of them where there are fewer."""
+    if collective != "reduce_scatter":
+        return min(k, count)
+    smallest = min(hi - lo for lo, hi in chunk_bounds(count, p)) if count else 0
+    if count and not smallest:
+        raise UsageError(f"--sample of a reduce-scatter samples every rank's chunk alike: "
+                         f"count={count} leaves rank {p - 1} none (give count >= p={p})")
+    return min(k, smallest)
+
+
+def _sample_text(collective: str, p: int, count: int, where, root: int) -> str:
+    """What the sample was, for its report's first line."""
+    if collective == "reduce_scatter":
+        return f"{where.size // p} elements of each of {p} ranks' chunks of {count}"
+    if collective == "allgather":
+        return f"{where.size} of {count} elements of each of {p} ranks' inputs, in every output"
+    if collective == "reduce":
+        return f"{where.size} of {count} elements of the root's output (rank {root}, of {p})"
+    return f"{where.size} of {count} elements of each of {p} ranks' outputs"
+
+
+def _sampled(collective: str, p: int, count: int, each: int, root: int, seed: int) -> tuple:
     """Return the inputs' sampled elements and ``{rank: elements of its output to read}``:
     a smaller call of the same collective, whose outputs are the real ones' there.
 
-    A reduce-scatter samples the same number of elements of each rank's chunk (the
-    inputs' elements are every rank's, chunk after chunk, so the smaller call's equal
-    chunks are the real ones' samples); an all-gather reads each rank's copy of every
-    input at the sampled elements; a reduce reads the root's output alone.
+    ``each``: :func:`_sample_size`'s. A reduce-scatter samples ``each`` elements of
+    each rank's chunk (the inputs' elements are every rank's, chunk after chunk, so
+    the smaller call's equal chunks are the real ones' samples); an all-gather reads
+    each rank's copy of every input at the sampled elements; a reduce reads the
+    root's output alone.
     """
     if collective == "reduce_scatter":
         bounds = chunk_bounds(count, p)
-        each = min([k] + [hi - lo for lo, hi in bounds])
-        if count and not each:
-            raise UsageError(f"--sample of a reduce-scatter samples every rank's chunk alike: "
-                             f"count={count} leaves rank {p - 1} none (give count >= p={p})")
         asked = {r: sample_indices(hi - lo, each, seed=seed) for r, (lo, hi) in enumerate(bounds)}
         return np.concatenate([lo + asked[r] for r, (lo, _) in enumerate(bounds)]), asked
-    where = sample_indices(count, k, seed=seed)
+    where = sample_indices(count, each, seed=seed)
     if collective == "allgather":
         return where, dict.fromkeys(range(p), np.concatenate([q * count + where
                                                               for q in range(p)]))

@@ -158,16 +158,35 @@ def parse_spec(text: str) -> tuple[str, int, int, int]:
 
 
 def sample_indices(count: int, k: int, *, seed: int = 0) -> np.ndarray:
-    """Return ``k`` distinct element indices to judge (the first and last always among them).
+    """Return ``min(k, count)`` distinct element indices to judge, sorted: the first and
+    the last, and the others drawn uniformly from between them.
 
-    Drawn from :data:`STREAM_SAMPLE`, so every checker of the same run samples
-    the same elements; sorted.
+    Drawn from :data:`STREAM_SAMPLE` (the same for every checker of the same run): the
+    draw ``j`` is ``1 + bits(seed, STREAM_SAMPLE, j) % (count - 2)``, and the first
+    ``k - 2`` distinct draws are kept, in the order drawn, so each is as likely as any
+    other element to be judged. When ``k - 2`` is more than half of the elements
+    between, those with the ``k - 2`` smallest ``bits(seed, STREAM_SAMPLE, i)`` are
+    taken instead (``k`` distinct draws would take too many).
     """
-    if count == 0 or k <= 0:
+    if count <= 0 or k <= 0:
         return np.zeros(0, dtype=np.int64)
     if k >= count:
         return np.arange(count, dtype=np.int64)
-    drawn = (bits(seed, STREAM_SAMPLE, np.arange(2 * k, dtype=_U64))
-             % _U64(count)).astype(np.int64)
-    middle = np.unique(drawn[(drawn != 0) & (drawn != count - 1)])[:max(k - 2, 0)]
-    return np.unique(np.concatenate(([0, count - 1], middle)))[:k]
+    ends = np.array([0, count - 1][:k], dtype=np.int64)
+    inner, want = count - 2, k - 2
+    if want <= 0:
+        return np.unique(ends)
+    if 2 * want > inner:  # dense: rank every element between by its draw
+        keys = bits(seed, STREAM_SAMPLE, np.arange(inner, dtype=_U64))
+        middle = 1 + np.argpartition(keys, want - 1)[:want]
+    else:
+        drawn, made = np.zeros(0, dtype=np.int64), 0
+        while True:
+            more = bits(seed, STREAM_SAMPLE, np.arange(made, made + 2 * want, dtype=_U64))
+            drawn = np.concatenate([drawn, 1 + (more % _U64(inner)).astype(np.int64)])
+            made += 2 * want
+            values_, first = np.unique(drawn, return_index=True)
+            if values_.size >= want:
+                break
+        middle = values_[np.argsort(first)[:want]]  # the first distinct draws, in draw order
+    return np.sort(np.concatenate([ends, middle]))

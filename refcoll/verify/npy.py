@@ -29,6 +29,11 @@ from ..core.errors import UsageError, reason, shown
 
 __all__ = ["MAX_NPY_HEADER", "read_npy", "npy_header", "stored_dtype", "NpyFile"]
 
+#: Elements of a sample closer than this many bytes are read as one span (:meth:`NpyFile.take`).
+_SPAN_GAP = 4096
+#: The most bytes :meth:`NpyFile.take` reads as one span.
+_SPAN_MAX = 1 << 20
+
 #: The longest ``.npy`` header refcoll reads (NumPy writes a few hundred bytes, and its
 #: own reader stops at this length too).
 MAX_NPY_HEADER = 10_000
@@ -263,9 +268,54 @@ class NpyFile:
             return out
         return into.view(self.dtype)
 
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Return the elements at ``indices`` (sorted places in C order, as :meth:`read`'s)
+        as ``dtype``, each read alone: elements a page or more apart cost one seek and read
+        each, closer ones are read as one span, so a sample of a file of any size costs
+        about one read an element.
+
+        Raises:
+            UsageError: an index past the array's end, or a file that ends early.
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and not 0 <= int(indices[0]) <= int(indices[-1]) < self.size:
+            raise UsageError(f"{self.name}: holds {self.size} elements; element "
+                             f"{int(indices[-1])} was asked for")
+        places = indices
+        if self._fortran and self.ndim > 1:  # the file holds the array in Fortran order
+            places = np.ravel_multi_index(np.unravel_index(indices, self.shape), self.shape,
+                                          order="F")
+        order = np.argsort(places, kind="stable")
+        ranked = places[order]
+        width = self.stored.itemsize
+        out = np.empty(indices.size, dtype=self.stored)
+        fh = self._handle()
+        for run in _runs(ranked.tolist(), width):
+            first, last = int(ranked[run.start]), int(ranked[run.stop - 1])
+            span = np.empty((last - first + 1) * width, dtype=np.uint8)
+            fh.seek(self._offset + first * width)
+            _fill(fh, span, self.name, first * width)
+            out[order[run]] = span.view(self.stored)[ranked[run] - first]
+        return _native(out).view(self.dtype)
+
     def whole(self) -> np.ndarray:
         """Return the whole array in its shape, as ``dtype`` (the file is closed after)."""
         try:
             return self.read().reshape(self.shape)
         finally:
             self.close()
+
+
+def _runs(places: list, width: int) -> list:
+    """Split sorted ``places`` into runs read as one span each: a run ends where the next
+    place is more than :data:`_SPAN_GAP` bytes on, or its span would pass
+    :data:`_SPAN_MAX`. Returns each run's positions in ``places`` (a slice)."""
+    runs, start = [], 0
+    for j in range(1, len(places)):
+        if ((places[j] - places[j - 1]) * width > _SPAN_GAP
+                or (places[j] - places[start] + 1) * width > _SPAN_MAX):
+            runs.append(slice(start, j))
+            start = j
+    if places:
+        runs.append(slice(start, len(places)))
+    return runs

@@ -59,7 +59,7 @@ from .screen import estimate
 __all__ = ["fold", "exact_reduce", "error_bound", "gamma", "bound_violations", "violations",
            "check_outputs", "CheckReport", "Finding", "expected_outputs", "ulps", "stacked",
            "reference_blocks", "spans_held", "block_operands", "held_parts", "block_length",
-           "flat_operand"]
+           "shapes_judged", "flat_operand"]
 
 
 def fold(op, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -192,6 +192,13 @@ def _shapes(collective: str, p: int, shape: tuple, parts: dict) -> dict:
     if collective == "reduce_scatter":
         return {r: [(len(range(n)[sl]),)] for r, sl in parts.items()}
     return {r: [shape] for r in parts}
+
+
+def shapes_judged(collective: str, p: int, shape: tuple, root: int, outputs, dtype) -> Finding:
+    """Return :func:`check_outputs`' first finding: each rank's output (an array or a
+    file's header) of ``dtype`` and the shape the collective gives for inputs of ``shape``."""
+    parts = _parts(collective, p, math.prod(shape), root)
+    return shape_finding(_shapes(collective, p, tuple(shape), parts), outputs, dtype)
 
 
 #: The bytes one block of :func:`check_outputs` holds: every rank's operands and
@@ -337,8 +344,7 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     report = CheckReport(collective, reduction.name if reduction else "-", algorithm, p, n,
                          dtype_name(dtype))
     parts = _parts(collective, p, n, root)
-    report.findings.append(shape_finding(_shapes(collective, p, inputs[0].shape, parts),
-                                         outputs, dtype))
+    report.findings.append(shapes_judged(collective, p, inputs[0].shape, root, outputs, dtype))
     if not report.findings[-1].passed:
         return report
     ranks = sorted(parts)

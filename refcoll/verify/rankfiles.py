@@ -483,18 +483,14 @@ def _check_output_meta(path: Path, meta: dict, *, p: int, dtype: np.dtype, colle
                          f"with --op {meta['op']}")
 
 
-def load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None,
+def load_outputs(out_dir, p: int, dtype, *, collective: str, root: int, op: str | None,
                  lazy: bool = False) -> list:
-    """Read ``out_dir``'s outputs for ``inputs`` (:func:`load_case`'s rules), None where none."""
-    return _load_outputs(out_dir, inputs, collective=collective, root=root, op=op, lazy=lazy)
-
-
-def _load_outputs(out_dir, inputs: list, *, collective: str, root: int, op: str | None,
-                  lazy: bool = False) -> list:
+    """Read ``out_dir``'s outputs for ``p`` ranks' inputs of ``dtype`` (:func:`load_case`'s
+    rules), None where none. The folder's listing and ``meta.json`` are judged first, so a
+    ``p`` past the files there is refused before anything is made for each rank."""
     path = _folder(out_dir, "output")
     meta = read_meta(path)
     files = _rank_files(path)
-    p, dtype = len(inputs), inputs[0].dtype
     _check_output_meta(path, meta, p=p, dtype=dtype, collective=collective, root=root, op=op)
     if files and next(reversed(files)) >= p:
         beyond = next(r for r in files if r >= p)
@@ -547,8 +543,8 @@ def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int 
         raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
     if out_dir is None:
         return inputs, None, meta
-    return inputs, _load_outputs(out_dir, inputs, collective=collective, root=root, op=op,
-                                 lazy=lazy), meta
+    return inputs, load_outputs(out_dir, p, inputs[0].dtype, collective=collective, root=root,
+                                op=op, lazy=lazy), meta
 
 
 # ---------------------------------------------------------------- without reading it all
@@ -571,45 +567,14 @@ def files_dtype(directory) -> np.dtype:
     return dt
 
 
-def read_elements(directory, p: int, indices, dtype) -> list:
-    """Return elements ``indices`` (sorted) of each of ``p`` ranks' flat files, read alone.
-
-    ``indices``: one array for every rank, or ``{rank: array}`` for some ranks (the
-    others' entries are None and their files are not read). Each file must be a
-    plain C-order array of ``dtype`` (or its bits); only its header and the asked
-    elements are read (one seek each), so a checker samples a file of any size in
-    the time of ``len(indices)`` reads.
-
-    Raises:
-        UsageError: a missing file, another dtype, an index past the file's end.
-    """
-    path = _folder(directory, "output")
-    files = _rank_files(path)
-    want = get_dtype(dtype)
-    store = stored_dtype(want)
-    asked = indices if isinstance(indices, dict) else dict.fromkeys(range(p), indices)
-    out = [None] * p
+def read_elements(outputs: list, asked: dict) -> list:
+    """Return elements ``asked[r]`` (sorted) of each rank ``r``'s output file, read alone
+    (:meth:`~refcoll.verify.npy.NpyFile.take`); None for the ranks not asked. Each file
+    is closed after."""
+    out = [None] * len(outputs)
     for r, indices in sorted(asked.items()):
-        if r not in files:
-            raise UsageError(f"{path / f'rank{r}.npy'}: missing; rank {r} of the {p} "
-                             "ranks has an output")
-        f = files[r]
-        with reading.open_regular(f, what="rank file") as fh:
-            shape, fortran, dt, offset = npy_header(fh, f)
-            if dt not in (want, store) or (fortran and len(shape) > 1):
-                raise UsageError(f"{f}: holds {dtype_name(dt)}"
-                                 f"{' in Fortran order' if fortran else ''}, expected "
-                                 f"{dtype_name(want)} in C order")
-            n = math.prod(shape)
-            if indices.size and int(indices[-1]) >= n:
-                raise UsageError(f"{f}: holds {n} elements; element {int(indices[-1])} was "
-                                 "asked for")
-            raw = bytearray(indices.size * dt.itemsize)
-            view_ = memoryview(raw)
-            for k, i in enumerate(indices.tolist()):
-                fh.seek(offset + i * dt.itemsize)
-                got = fh.readinto(view_[k * dt.itemsize:(k + 1) * dt.itemsize])
-                if got != dt.itemsize:
-                    raise UsageError(f"{f}: ends before element {i}")
-        out[r] = np.frombuffer(bytes(raw), dtype=dt).view(want).copy()
+        try:
+            out[r] = outputs[r].take(indices)
+        finally:
+            outputs[r].close()
     return out
