@@ -11,12 +11,13 @@ from refcoll.verify.evaluators import RANK_BLOCKS
 from refcoll.verify.identify import (
     candidate_orders,
     identify,
+    identify_blocks,
     known_orders,
     order_label,
     ulp_distance,
 )
 from refcoll.verify.inputs import make_inputs
-from refcoll.verify.oracle import expected_outputs
+from refcoll.verify.oracle import check_outputs, expected_outputs
 
 COUNT = 203  # not a multiple of 3, 4 or 5: uneven chunks
 
@@ -213,3 +214,22 @@ def test_the_library_facts_ship_with_the_package():
     facts = known_orders()
     assert facts, "refcoll/verify/known_orders.json is missing or empty"
     assert all({"library", "collective", "p", "matches"} <= set(f) for f in facts)
+
+
+def test_a_nan_of_either_payload_is_the_order_s_nan():
+    # Which of two NaNs an addition returns is the machine's choice, not the order's:
+    # NumPy's vector loop and its scalar tail pick differently, so the last element of
+    # a 17-element run and the same element judged alone get different NaN bits.
+    nans = np.array([0x7FC00001, 0xFFC00002], dtype=np.uint32).view(np.float32)
+    xs = [np.ones(17, np.float32), np.ones(17, np.float32)]
+    xs[0][-1], xs[1][-1] = nans
+    outs = expected_outputs("allreduce", xs, algorithm="naive")
+    alone = expected_outputs("allreduce", [x[-1:] for x in xs], algorithm="naive")
+    assert np.isnan(outs[0][-1]) and np.isnan(alone[0][0])
+    found = identify_blocks(xs, outs, budget=40)  # blocks of a few elements
+    assert "naive" in found.matches, found.summary()
+    report = check_outputs(xs, outs, algorithm="naive", budget=40)
+    assert report.conforming, report.findings
+    moved = [o.copy() for o in outs]
+    moved[1][3] = nans[0]  # a NaN where the order gives a number is still wrong
+    assert not check_outputs(xs, moved, algorithm="naive", budget=40).conforming

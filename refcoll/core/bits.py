@@ -66,9 +66,22 @@ def complement(expected: np.ndarray) -> np.ndarray:
     return np.invert(_words(expected)).view(expected.dtype)
 
 
-def differing(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Return the flat indices at which same-sized ``got`` and ``want`` differ in any bit."""
-    return np.flatnonzero(_words(got) != _words(want))
+def differing(got: np.ndarray, want: np.ndarray, *, nans_alike: bool = False) -> np.ndarray:
+    """Return the flat indices at which same-sized ``got`` and ``want`` differ in any bit.
+
+    ``nans_alike``: a NaN matches any NaN. IEEE 754 leaves which operand's NaN an
+    arithmetic operation returns, and its sign, to the machine (NumPy's vector and
+    scalar loops may pick differently, by where an element falls), so the bits of a
+    reduction's NaN are no part of its order.
+    """
+    found = np.flatnonzero(_words(got) != _words(want))
+    if nans_alike and found.size:
+        have, expected = got.reshape(-1)[found], want.reshape(-1)[found]
+        try:
+            found = found[~(np.isnan(have) & np.isnan(expected))]
+        except TypeError:  # integers: no NaN
+            pass
+    return found
 
 
 def first_difference(got: np.ndarray, want: np.ndarray) -> str:

@@ -184,13 +184,20 @@ class _PerRank:
 
 
 class ExactCheck(_PerRank):
-    """Integers and data movement, bit for bit against the fold (or the data moved)."""
+    """Integers and data movement, bit for bit against the fold (or the data moved).
+
+    ``nans_alike``: a NaN matches any NaN (:func:`~refcoll.core.bits.differing`), for a
+    float reduction judged against an order's prediction.
+    """
 
     label = "exact (integers, min/max, data movement)"
 
-    @staticmethod
-    def summarize(got: np.ndarray, want: np.ndarray):
-        diff = differing_elements(got, want) if want.size else ()
+    def __init__(self, nans_alike: bool = False):
+        super().__init__()
+        self.nans_alike = nans_alike
+
+    def summarize(self, got: np.ndarray, want: np.ndarray):
+        diff = differing_elements(got, want, nans_alike=self.nans_alike) if want.size else ()
         if not len(diff):
             return None
         i = int(diff[0])

@@ -285,7 +285,8 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict, digest) -> 
     """Return ``(differing, elements, ulps)`` of one candidate against the judged, and add
     its predicted bits to ``digest``.
 
-    A rank whose predicted and judged outputs both hold the first rank's bits (an
+    A NaN matches any NaN (which one an operation returns is the machine's, not the
+    order's). A rank whose predicted and judged outputs both hold the first rank's bits (an
     all-reduce's, usually) is counted from the first rank's comparison, and stands
     in the digest as a mark rather than its bytes: the same figures, one
     comparison instead of ``p``.
@@ -304,7 +305,7 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict, digest) -> 
             if want.size != got[r].size:
                 d, t, u = got[r].size, got[r].size, 0
             else:
-                where = differing(got[r], want) if want.size else ()
+                where = differing(got[r], want, nans_alike=True) if want.size else ()
                 d, t = len(where), want.size
                 u = ulp_distance(got[r][where], want[where]) if len(where) else 0
             if r == ranks[0]:
