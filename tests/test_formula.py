@@ -254,3 +254,26 @@ def test_a_reduce_sample_says_it_read_the_root_alone(tmp_path):
     code, out = _sampled_check(tmp_path / "out", "exact:seed=7,p=4,count=1003", 50,
                                "--collective", "reduce", "--root", "2")
     assert code == 0 and "50 of 1003 elements of the root's output (rank 2, of 4)" in out, out
+
+
+@pytest.mark.parametrize("kind, dtype", [("adversarial", "float32"), ("exact", "bfloat16"),
+                                         ("exact", "int32")])
+def test_gen_inputs_formula_writes_what_check_inputs_makes_again(tmp_path, kind, dtype):
+    from refcoll.verify.rankfiles import load_case
+
+    res = CliRunner().invoke(main, ["gen-inputs", "-p", "3", "--count", "1001", "--kind", kind,
+                                    "--dtype", dtype, "--seed", "5", "--formula",
+                                    str(tmp_path / "in")])
+    assert res.exit_code == 0 and f"--inputs {kind}:seed=5,p=3,count=1001" in res.output
+    written, _, meta = load_case(tmp_path / "in")
+    made = inputs(kind, dtype, 3, 1001, seed=5)
+    assert all(w.tobytes() == m.tobytes() for w, m in zip(written, made))
+    assert meta["inputs"] == f"{kind}:seed=5,p=3,count=1001"
+
+
+def test_gen_inputs_formula_refuses_what_the_formula_does_not_make(tmp_path):
+    for more in (["--kind", "random"], ["--kind", "exact", "--op", "max"]):
+        res = CliRunner().invoke(main, ["gen-inputs", "-p", "2", "--count", "4", *more,
+                                        "--formula", str(tmp_path / "x")])
+        assert res.exit_code == 2 and "--formula makes the kinds" in res.output, res.output
+        assert not (tmp_path / "x").exists()

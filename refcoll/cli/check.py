@@ -20,7 +20,7 @@ from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype, get_op
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
-from ..verify.formula import FormulaInput, parse_spec, sample_indices
+from ..verify.formula import FORMULA_KINDS, FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify_blocks
 from ..verify.inputs import make_input
@@ -73,16 +73,25 @@ _KINDS = ["exact", "random", "adversarial"]
 @click.option("--op", default="sum", show_default=True,
               help="The op the inputs are made exact for.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--formula", is_flag=True,
+              help="Write refcoll's formula inputs (spec/inputs.md; exact or adversarial, for "
+                   "sum or avg): those `check --inputs KIND:seed=S,p=P,count=N` makes again.")
 @click.argument("directory", type=click.Path())
 @reports_errors
-def gen_inputs(p, count, dtype, kind, op, seed, directory):
+def gen_inputs(p, count, dtype, kind, op, seed, formula, directory):
     """Write rank<r>.npy inputs for P ranks (and meta.json) into DIRECTORY.
 
     exact: float results exact in any order (nccl-tests' verifiable inputs);
     random: normal values; adversarial: cancelling large values that expose the
     reduction order. bfloat16 and float8 are stored as their integer bits. -p is at
     most 4096, as for `refcoll simulate`: the oracle runs every rank as a thread.
+    These kinds are drawn from NumPy's generator; with --formula they are the
+    formula's instead, element i of rank r a function of (seed, r, i), which `check
+    --inputs` and a library's own test can make again without the files.
     """
+    if formula and (kind not in FORMULA_KINDS or get_op(op).name not in ("sum", "avg")):
+        raise UsageError(f"--formula makes the kinds {' and '.join(FORMULA_KINDS)} for sum or "
+                         f"avg, not --kind {kind} --op {op}")
     if p > MAX_SIMULATED_RANKS:
         raise UsageError(f"-p {p}: refcoll's oracle runs every rank as a thread of one "
                          f"process, so a world has at most {MAX_SIMULATED_RANKS} ranks; give "
@@ -98,11 +107,16 @@ def gen_inputs(p, count, dtype, kind, op, seed, directory):
     require_disk(directory, p * count * dt.itemsize, what, advice)
 
     def maker(r):
+        if formula:
+            return FormulaInput(kind, dt, p, r, count, seed=seed).whole
         return lambda: make_input(kind, dt, count, r, p, op=reduction.name, seed=seed)
+    meta = {"count": count, "kind": kind, "op": reduction.name, "seed": seed}
+    if formula:
+        meta["inputs"] = f"{kind}:seed={seed},p={p},count={count}"
     with out_of_memory_is_usage(what, advice):
-        write_world(directory, [maker(r) for r in range(p)],
-                    meta={"count": count, "kind": kind, "op": reduction.name, "seed": seed})
-    click.echo(f"wrote {p} inputs of {count} x {dtype} ({kind}) to {directory}")
+        write_world(directory, [maker(r) for r in range(p)], meta=meta)
+    made = f"{kind}, as --inputs {meta['inputs']}" if formula else kind
+    click.echo(f"wrote {p} inputs of {count} x {dtype} ({made}) to {directory}")
 
 
 def _collective_options(f):
