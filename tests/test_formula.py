@@ -272,8 +272,10 @@ def test_gen_inputs_formula_writes_what_check_inputs_makes_again(tmp_path, kind,
 
 
 def test_gen_inputs_formula_refuses_what_the_formula_does_not_make(tmp_path):
-    for more in (["--kind", "random"], ["--kind", "exact", "--op", "max"]):
+    for more, needle in ((["--kind", "random"], "--formula makes the kinds"),
+                         (["--kind", "exact", "--op", "max"], "--formula makes the kinds"),
+                         (["--kind", "adversarial", "--dtype", "int32"], "use exact")):
         res = CliRunner().invoke(main, ["gen-inputs", "-p", "2", "--count", "4", *more,
                                         "--formula", str(tmp_path / "x")])
-        assert res.exit_code == 2 and "--formula makes the kinds" in res.output, res.output
+        assert res.exit_code == 2 and needle in res.output, res.output
         assert not (tmp_path / "x").exists()
