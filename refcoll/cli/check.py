@@ -17,7 +17,7 @@ from .. import algorithms
 from ..core.bits import same_bits
 from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
-from ..core.ops import dtype_name, get_dtype, get_op
+from ..core.ops import get_dtype, get_op
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
 from ..verify.formula import FORMULA_KINDS, FormulaInput, parse_spec, sample_indices
@@ -26,7 +26,6 @@ from ..verify.identify import identify_blocks
 from ..verify.inputs import make_input
 from ..verify.oracle import (
     BLOCK_BYTES,
-    CheckReport,
     block_length,
     block_operands,
     check_outputs,
@@ -386,14 +385,11 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     each = _sample_size(collective, p, count, k)
     dtype = files_dtype(out_dir)
     files = load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op, lazy=True)
-    shapes = shapes_judged(collective, p, (count,), root, files, dtype)
-    if not shapes.passed:
-        for f in files:
-            if f is not None:
-                f.close()
-        reduces = collective in ("allreduce", "reduce_scatter", "reduce")
-        report = CheckReport(collective, get_op(op).name if reduces else "-", None, p, count,
-                             dtype_name(dtype), [shapes])
+    if not shapes_judged(collective, p, (count,), root, files, dtype).passed:
+        # the full check's report, which stops at the shapes: no element is read
+        report = check_outputs([FormulaInput(kind, dtype, p, r, count, seed=seed)
+                                for r in range(p)], files, collective=collective, op=op,
+                               root=root)
         _print_report(report, collective, None)
         write_json(json_file, report.to_json())
         sys.exit(1)
