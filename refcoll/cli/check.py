@@ -88,10 +88,11 @@ def gen_inputs(p, count, dtype, kind, op, seed, formula, directory):
     formula's instead, element i of rank r a function of (seed, r, i), which `check
     --inputs` and a library's own test can make again without the files.
     """
-    if formula and (kind not in FORMULA_KINDS or get_op(op).name not in ("sum", "avg")):
-        raise UsageError(f"--formula makes the kinds {' and '.join(FORMULA_KINDS)} for sum or "
-                         f"avg, not --kind {kind} --op {op}")
-    if formula:  # one element first: a kind the dtype cannot take is refused before any file
+    if formula:
+        if kind not in FORMULA_KINDS or get_op(op).name not in ("sum", "avg"):
+            raise UsageError(f"--formula makes the kinds {' and '.join(FORMULA_KINDS)} for sum "
+                             f"or avg, not --kind {kind} --op {op}")
+        # one element first: a kind the dtype cannot take is refused before any file
         FormulaInput(kind, get_dtype(dtype), p, 0, 1, seed=seed).read()
     if p > MAX_SIMULATED_RANKS:
         raise UsageError(f"-p {p}: refcoll's oracle runs every rank as a thread of one "
