@@ -126,9 +126,47 @@ def test_every_stored_table_has_its_source_beside_it_and_reads():
 def test_sweep_sizes_are_all_reduce_perfs():
     assert sweep_sizes(8, 8 << 30, 2) == [8 << k for k in range(31)]
     assert sweep_sizes(1024, 4096, 2, step=1024) == [1024, 2048, 3072, 4096]
-    for bad in ((0, 8, 2), (16, 8, 2), (8, 64, 1)):
+    # whole elements, as all_reduce_perf rounds each size down (count = size / width)
+    assert sweep_sizes(6, 48, 2, width=4) == [4, 12, 24, 48]
+    assert sweep_sizes(3, 5, 2, step=1, width=2) == [2, 4]
+    for bad in ((0, 8, 2), (16, 8, 2), (8, 64, 1), (8, 1 << 63, 2)):
         with pytest.raises(UsageError):
             sweep_sizes(*bad)
+    with pytest.raises(UsageError, match="less than one element"):
+        sweep_sizes(1, 8, 2, width=4)
+
+
+def test_rows_that_cannot_be_used_are_left_out_and_said():
+    good = "1024 256 float sum -1 20.00 0.05 0.09 0 19.00 0.05 0.09 0"
+    table = parse_table("\n".join([
+        good,
+        "2048 512 float sum -1 nan 0.05 0.09 0 19.00 0.05 0.09 0",  # not a number
+        "4096 1024 float sum -1 0.00 0.05 0.09 0 19.00 0.05 0.09 0",  # no time
+        "8192 2000 float sum -1 20.00 0.05 0.09 0 19.00 0.05 0.09 0",  # count is not size
+        "16384 4096 float sum -1 30.00 0.5 0.9 0 0.00 0.5 0.9 0",  # in-place time of 0
+        "32768 8192 float sum -1 40.00 0.8 1.6 3 40.00 0.8 1.6 0",  # #wrong
+        "65536 16384 float sum -1 50.0",  # a cut line
+    ]), "log")
+    assert [r.size for r in table.rows] == [1024, 16384, 32768]
+    assert table.rows[1].in_place_time is None
+    assert table.rows[1].measured == pytest.approx(30e-6)
+    notes = "\n".join(table.notes)
+    for line in (2, 3, 4, 7):
+        assert f"line {line} left out" in notes, notes
+    assert "line 5 (size 16384): its in-place" in notes and "#wrong 3" in notes
+    with pytest.raises(UsageError, match="time 1e-310 us"):
+        parse_table("1024 256 float sum -1 1e-310 0 0 0 1e-310 0 0 0", "sub")
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("# Collective test starting: all_gather_perf\n1048576 32768 float none -1 30.10 34.84 "
+     "30.48 0 29.50 35.54 31.10 0", "all_gather_perf"),
+    ("1048576 32768 float none -1 30.10 34.84 30.48 0 29.50 35.54 31.10 0", "redop none"),
+    ("1048576 262144 float sum 0 30.10 34.84 30.48 0 29.50 35.54 31.10 0", "root 0"),
+])
+def test_another_collectives_log_is_refused(text, needle):
+    with pytest.raises(UsageError, match=needle):
+        parse_table(text, "log")
 
 
 # -------------------------------------------------------------------- what NCCL runs
@@ -257,6 +295,44 @@ def test_a_fit_file_round_trips_and_hostile_ones_are_refused(tmp_path):
         read_fit(str(path))
 
 
+def test_a_fit_learns_no_constant_its_tables_cannot_show_and_no_rate_above_the_line():
+    system = System()  # one H100 node
+    small = parse_table(perf_text(replace(system, fitted={"intra_latency": 3e-6}),
+                                  sweep_sizes(8, 4096, 2)))
+    learnt = fit(system, [small])
+    assert learnt["intra_rate"] == system.intra_rate()  # bandwidth never counts at 4 KiB
+    assert learnt["intra_latency"] == pytest.approx(3e-6, rel=0.05)
+    assert fit_to_json(system, learnt, [small])["unlearnt"] == ["intra_rate"]
+    fast = parse_table(perf_text(replace(system, fitted={"intra_rate": 2e12}),
+                                 sweep_sizes(1 << 20, 1 << 30, 2)))
+    assert fit(system, [fast])["intra_rate"] <= system.intra_line()
+
+
+def test_a_fit_that_prices_no_row_and_a_log_too_long_to_fit_are_refused():
+    table = parse_table(perf_text(H100_TWO, sweep_sizes(8, 1 << 20, 2)))
+    with pytest.raises(UsageError, match="no size can be priced as NVLS"):
+        fit(H100_TWO, [table], "NVLS")
+    rows = "\n".join(f"{4 * k} {k} float sum -1 {20 + k * 1e-3:.3f} 0 0 0"
+                     for k in range(1, 600))
+    with pytest.raises(UsageError, match="599 sizes to fit"):
+        fit(H100_TWO, [parse_table(rows)])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("channels", 0), ("channels", -4), ("channels", 10 ** 9), ("nodes", 1.5),
+    ("nodes", True), ("intra_bw", -1e9), ("p2p", "no"), ("nvls", "false"),
+    ("gpus_per_node", 10 ** 18), ("nics", 10 ** 6), ("nic_bw", -5.0), ("generation", [1]),
+])
+def test_a_crafted_fit_files_system_is_refused_naming_the_field(tmp_path, field, value):
+    table = parse_table(perf_text(H100_TWO, sweep_sizes(8, 1 << 30, 4)))
+    saved = fit_to_json(H100_TWO, fit(H100_TWO, [table]), [table])
+    saved["system"][field] = value
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(saved))
+    with pytest.raises(UsageError, match=f"system field {field} "):
+        read_fit(str(path))
+
+
 # ------------------------------------------------------------------------------- the CLI
 
 def run(args, **kw):
@@ -302,6 +378,8 @@ def test_a_system_preset_alone_sweeps_and_with_a_model_gives_the_step_report():
     assert res.exit_code == 0, res.output
     assert "4 nodes × 8 GPUs" in res.output and "intra 450 GB/s" in res.output
     assert "inter 50 GB/s" in res.output and "8 NICs per node" in res.output
+    res = run(["--preset", "dgx-h100", "--params", "1e9", "--no-search"])  # one node, as swept
+    assert res.exit_code == 0 and "1 node × 8 GPUs" in res.output, res.output
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -314,12 +392,57 @@ def test_a_system_preset_alone_sweeps_and_with_a_model_gives_the_step_report():
     (["--preset", "seed", "--sweep"], "not a system"),
     (["--params", "1e9", "--inter-transport", "efa"], "--inter-transport"),
     (["--sweep", "-b", "1.5K"], "-b"),
+    (["--preset", "dgx-h100", "--nodes", "2", "--sweep", "--algorithm", "NVLS"], "cannot run"),
+    (["--preset", "dgx-h100", "--nodes", "2", "--algorithm", "CollNet"], "--in-network"),
+    (["--preset", "dgx-h100", "--gpus-per-node", "1"], "at least 2 GPUs"),
+    (["--preset", "dgx-h100", "--channels", "100000"], "--channels"),
+    (["--preset", "dgx-h100", "--nodes", "1e9"], "--nodes"),
+    (["--preset", "dgx-h100", "--spine-bw", "1GB/s", "--no-rail"], "--rail, --spine-bw"),
+    (["--preset", "dgx-h100", "--sweep", "--params", "1e9"], "step report"),
+    (["--preset", "dgx-h100", "-e", "99999999999999999999999T"], "2**63"),
 ])
 def test_bad_sweep_arguments_are_one_line_and_exit_2(args, needle):
     res = run(args)
     assert res.exit_code == 2, res.output
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def test_no_output_overwrites_an_input_and_from_fit_keeps_its_hardware(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text((DATA / "ib-ndr-2x8-h100-gjaion-default.txt").read_text())
+    (tmp_path / "link.txt").symlink_to(log)
+    for args in (["--fit", str(log), "--save-fit", str(log)],
+                 ["--compare", str(log), "--json", str(tmp_path / "link.txt")],
+                 ["--fit", str(log), "--save-fit", "x.json", "--json", "x.json"]):
+        res = run(["--preset", "dgx-h100", "--nodes", "2", *args])
+        assert res.exit_code == 2 and "is the file of" in res.stderr, res.output
+    assert log.read_text().startswith("# nThread")  # untouched
+    saved = tmp_path / "fit.json"
+    assert run(["--preset", "dgx-h100", "--nodes", "2", "--fit", str(log), "--save-fit",
+                str(saved)]).exit_code == 0
+    for other in (["--preset", "p4d"], ["--inter-transport", "efa"], ["--gpu-arch", "ampere"]):
+        res = run(["--from-fit", str(saved), "-e", "1K", *other])
+        assert res.exit_code == 2 and "fitted on" in res.stderr, res.output
+
+
+def test_the_latencies_given_bound_every_step_of_the_sweep():
+    quick = run(["--preset", "dgx-h100", "-b", "1M", "-e", "1M"])
+    slow = run(["--preset", "dgx-h100", "-b", "1M", "-e", "1M", "--intra-latency", "1ms"])
+    assert quick.exit_code == 0 and slow.exit_code == 0, slow.output
+    time = [float(r.output.strip().splitlines()[-1].split()[5]) for r in (quick, slow)]
+    assert time[0] < 100 and time[1] >= 2000  # NVLS: two steps through the switch
+
+
+def test_the_json_has_no_number_json_cannot_hold(tmp_path):
+    out = tmp_path / "c.json"
+    log = tmp_path / "log.txt"
+    log.write_text("1024 256 float sum -1 20.0 0.05 0.09 0 19.0 0.05 0.09 0\n")
+    res = run(["--preset", "dgx-h100", "--compare", str(log), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "NaN" not in text and "Infinity" not in text  # empty bands are null
+    assert json.loads(text)["compare"]["errors"]["64 KiB - 64 MiB"]["error"] is None
 
 
 # --------------------------------------------------------------------------- the benchmark

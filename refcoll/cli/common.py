@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import shutil
 import sys
@@ -124,6 +125,27 @@ def check_output_paths(**paths: str | None) -> None:
             raise UsageError(f"{flag} {exc}") from None
 
 
+def check_not_inputs(outputs: dict, inputs: dict) -> None:
+    """Refuse an output file that is one of the command's input files, or another output.
+
+    ``outputs`` and ``inputs`` map an option (``--json``, ``--compare``) to a path, a
+    list of paths, or None. Writing the report over the log it was computed from
+    would lose the log.
+    """
+    def pairs(named):
+        for option, value in named.items():
+            for path in ([value] if isinstance(value, str) else list(value or ())):
+                if path:
+                    yield option, path
+
+    seen = list(pairs(inputs))
+    for option, path in pairs(outputs):
+        for other, taken in seen:
+            if writing.same_place(path, taken):
+                raise UsageError(f"{option} {path}: is the file of {other}; write it elsewhere")
+        seen.append((option, path))
+
+
 def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:
     """Check the output paths on rank 0 of an MPI job, the rank that writes them.
 
@@ -173,7 +195,19 @@ def write_json(path: str | None, payload: dict) -> None:
     ``path`` is replaced, never written through.
     """
     if path:
-        writing.write_json(path, payload, default=str)
+        writing.write_json(path, _finite(payload), default=str, allow_nan=False)
+
+
+def _finite(value):
+    """Return ``value`` with every float that is not finite as None (JSON's null): NaN and
+    Infinity are not JSON, and other readers (jq, browsers) refuse them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # ----------------------------------------------------------------------------- parsing

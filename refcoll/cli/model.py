@@ -20,7 +20,14 @@ from ..model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS,
 from ..model.systems import SYSTEM_PRESETS
 from ..transport.mpi import MPITransport
 from . import launch
-from .common import check_output_paths, main, reports_errors, split_list, write_json
+from .common import (
+    check_not_inputs,
+    check_output_paths,
+    main,
+    reports_errors,
+    split_list,
+    write_json,
+)
 from .model_sweep import SWEEP_OPTIONS, run_sweep, wants_sweep
 
 __all__ = ["model"]
@@ -195,6 +202,10 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
     if back_to_back and not calibrate:
         raise UsageError("--back-to-back times the all-reduces of --calibrate: give both")
     opts = dict(locals())
+    check_not_inputs({"--json": json_file, "--plot": plot_file, "--save-fit": save_fit},
+                     {"--compare": compare_log, "--fit": fit_logs, "--from-fit": fit_file,
+                      "--layers": layers_file, "--topology": topology_file,
+                      "--from-calibration": calibration_file})
     if wants_sweep(opts):
         check_output_paths(json=json_file, plot=plot_file, save_fit=save_fit)
         run_sweep(opts)

@@ -22,7 +22,7 @@ import click
 
 from ..core.errors import UsageError
 from ..core.plot import figure, require_matplotlib, save
-from ..core.units import parse_bandwidth, parse_count, parse_size
+from ..core.units import parse_bandwidth, parse_count, parse_duration, parse_size
 from ..model.cluster import MODELLED
 from ..model.nccl_fit import fit, fit_to_json, read_fit
 from ..model.nccl_run import NCCL_ALGORITHMS, NCCL_VERSION
@@ -31,6 +31,7 @@ from ..model.nccl_tests import (
     DTYPE_BYTES,
     compare,
     predicted_rows,
+    price,
     read_table,
     sweep_sizes,
     table_lines,
@@ -47,6 +48,13 @@ SWEEP_OPTIONS = ("sweep", "minbytes", "maxbytes", "stepfactor", "stepbytes", "da
                  "intra_transport", "inter_transport", "nvls", "p2p", "pcie_gen")
 
 
+#: The options only the step report reads: refused in nccl-tests' view, which has no use
+#: for them (the latencies are both's: a step of the sweep takes at least that long).
+STEP_OPTIONS = ("rail", "spine_bw", "reduce_bw", "params", "layers_file", "bytes_per_element",
+                "forward", "backward", "inter", "compressor", "pattern", "buckets",
+                "bucket_size", "search", "topology_file", "calibration_file", "calibrate",
+                "nprocs", "sizes", "back_to_back")
+
 def wants_sweep(opts: dict) -> bool:
     """Return whether the command asks for the nccl-tests view rather than the step report."""
     return bool(opts["sweep"] or opts["compare_log"] or opts["fit_logs"] or opts["fit_file"]
@@ -60,9 +68,21 @@ def _given(name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
+#: The options that describe the hardware a fit was made on: with ``--from-fit`` they
+#: would change what its constants mean (``--nodes`` and the rest stay free).
+_FITTED_HARDWARE = ("preset", "gpu_arch", "intra_transport", "inter_transport", "intra_bw",
+                    "inter_bw", "nics_per_node", "pcie_gen", "p2p", "intra_quoted",
+                    "inter_quoted", "bidirectional")
+
+
 def _base(opts: dict) -> System | None:
     """Return the system of ``--from-fit`` or a system ``--preset``, or None."""
     if opts["fit_file"]:
+        clash = [f"--{name.replace('_', '-')}" for name in _FITTED_HARDWARE if _given(name)]
+        if clash:
+            raise UsageError(f"--from-fit {opts['fit_file']} prices the hardware it was "
+                             f"fitted on; {', '.join(clash)} would change what its constants "
+                             "mean: fit that hardware's own tables (--fit)")
         return read_fit(opts["fit_file"])
     if opts["preset"] is None:
         return None
@@ -115,6 +135,10 @@ def _system(opts: dict) -> System:
             fields[name] = opts[name]
     if opts["in_network"]:
         fields["collnet"] = True
+    for name, key in (("intra_latency", "intra_alpha"), ("inter_latency", "inter_alpha")):
+        if _given(name):  # a step takes at least this long on that link
+            fields[key] = parse_duration(opts[name], name=f"--{name.replace('_', '-')}",
+                                         unit=True)
     if "nic_bw" in fields and "nics" not in fields and (base is None or not base.nics):
         fields["nics"] = fields.get("gpus_per_node", base.gpus_per_node if base else 8)
     return System(**fields) if base is None else replace(base, **fields)
@@ -139,28 +163,82 @@ def _algorithms(text: str | None) -> list[str | None]:
     return out
 
 
-def run_sweep(opts: dict) -> None:
-    """Carry out ``--sweep``, ``--compare`` and ``--fit`` (after the output paths were checked)."""
+def _refuse_strays(opts: dict) -> None:
+    """Refuse what the nccl-tests view cannot do, before anything is read."""
     if opts["fit_logs"] and not opts["save_fit"]:
         raise UsageError("--fit learns constants for a file: give --save-fit FILE (what "
                          "--from-fit reads)")
     if opts["save_fit"] and not opts["fit_logs"]:
         raise UsageError("--save-fit writes what --fit learns: give --fit LOG")
+    stray = [f"--{name.replace('_', '-')}" for name in STEP_OPTIONS if _given(name)]
+    if stray:
+        raise UsageError(f"{', '.join(stray)} belong to the step report (--params or "
+                         "--layers, without --sweep, --compare or --fit), not to nccl-tests' "
+                         "view")
     if opts["datatype"] not in DTYPE_BYTES:
         raise UsageError(f"unknown --datatype {opts['datatype']!r}: choose "
                          f"{', '.join(DTYPE_BYTES)}")
-    if not (opts["sweep"] or opts["compare_log"] or opts["fit_logs"]):
-        opts = {**opts, "sweep": True}  # a system alone: its sweep
     if opts["plot_file"]:
         require_matplotlib()
+
+
+def _runnable(system: System, asked: list) -> None:
+    """Refuse a system without an all-reduce, or an algorithm it cannot run."""
+    if system.ranks < 2:
+        raise UsageError(f"{system.describe()}: an all-reduce needs at least 2 GPUs (--nodes, "
+                         "--gpus-per-node)")
+    for algorithm in asked[1:]:
+        if price(system, 1 << 20, algorithm) is None:
+            raise UsageError(f"--algorithm {algorithm} cannot run on {system.describe()}"
+                             + (" (CollNet needs --in-network and more than one node)"
+                                if algorithm.lower().startswith("collnet") else ""))
+
+
+def _sizes(opts: dict) -> list[int]:
+    """Return the sweep's sizes (``-b -e -f -i -d``), as all_reduce_perf makes them."""
+    factor = parse_count(opts["stepfactor"], name="-f/--stepfactor")
+    step = parse_size(opts["stepbytes"], name="-i/--stepbytes", whole=True)
+    if _given("stepfactor") and factor > 1:
+        step = 0  # as all_reduce_perf: a factor above 1 wins over -i
+    return sweep_sizes(parse_size(opts["minbytes"], name="-b/--minbytes", whole=True),
+                       parse_size(opts["maxbytes"], name="-e/--maxbytes", whole=True),
+                       factor, step, width=DTYPE_BYTES[opts["datatype"]])
+
+
+def _measured(opts: dict, system: System):
+    """Return the ``--compare`` log, refused if it ran on another rank count (a table
+    without ``# Rank`` lines is taken as described), or None."""
+    if not opts["compare_log"]:
+        return None
+    table = read_table(opts["compare_log"])
+    if table.ranks not in (None, system.ranks):
+        raise UsageError(f"{opts['compare_log']} ran on {table.ranks} ranks; the system "
+                         f"described has {system.ranks} ({system.nodes} nodes × "
+                         f"{system.gpus_per_node}): say --nodes and --gpus-per-node")
+    return table
+
+
+def run_sweep(opts: dict) -> None:
+    """Carry out ``--sweep``, ``--compare`` and ``--fit`` (after the output paths were checked).
+
+    Everything that can be refused is refused before the first line is printed.
+    """
+    _refuse_strays(opts)
+    if not (opts["sweep"] or opts["compare_log"] or opts["fit_logs"]):
+        opts = {**opts, "sweep": True}  # a system alone: its sweep
     system = _system(opts)
     asked = _algorithms(opts["algorithm"])
+    _runnable(system, asked)
+    told = asked[1] if len(asked) > 1 else None  # what the tables ran, when told
+    sizes = _sizes(opts) if opts["sweep"] else []
+    tables = [read_table(path) for path in opts["fit_logs"]]
+    measured_table = _measured(opts, system)
     report: dict = {"system": system.describe(), "nccl_constants": NCCL_VERSION}
-    if opts["fit_logs"]:
-        tables = [read_table(path) for path in opts["fit_logs"]]
-        ran = asked[1] if len(asked) > 1 else None  # what the tables ran, when told
-        fitted = fit(system, tables, ran)
-        saved = fit_to_json(system, fitted, tables, ran)
+    if tables:
+        for table in tables:
+            _print_notes(table)
+        fitted = fit(system, tables, told)
+        saved = fit_to_json(system, fitted, tables, told)
         write_json(opts["save_fit"], saved)
         system = replace(system, fitted=fitted)
         _print_fit(saved)
@@ -169,11 +247,7 @@ def run_sweep(opts: dict) -> None:
     for note in system.unknowns():
         click.echo(f"not expressed: {note}")
     curves = []
-    if opts["sweep"]:
-        sizes = sweep_sizes(parse_size(opts["minbytes"], name="-b/--minbytes", whole=True),
-                            parse_size(opts["maxbytes"], name="-e/--maxbytes", whole=True),
-                            parse_count(opts["stepfactor"], name="-f/--stepfactor"),
-                            parse_size(opts["stepbytes"], name="-i/--stepbytes", whole=True))
+    if sizes:
         report["rows"] = []
         for algorithm in asked:
             rows = predicted_rows(system, sizes, algorithm, opts["datatype"])
@@ -185,17 +259,10 @@ def run_sweep(opts: dict) -> None:
             for line in table_lines(rows, system.ranks):
                 click.echo(line)
     measured = None
-    if opts["compare_log"]:
-        table = read_table(opts["compare_log"])
-        ranks = table.ranks  # its "# Rank" lines; a table without them is taken as described
-        if ranks and ranks != system.ranks:
-            raise UsageError(f"{opts['compare_log']} ran on {ranks} ranks; the system "
-                             f"described has {system.ranks} ({system.nodes} nodes × "
-                             f"{system.gpus_per_node}): say --nodes and --gpus-per-node")
-        result = compare(table, system, asked[1] if len(asked) > 1 else None)
-        report["compare"] = result.to_json()
-        measured = result
-        _print_compare(result)
+    if measured_table is not None:
+        measured = compare(measured_table, system, told)
+        report["compare"] = measured.to_json()
+        _print_compare(measured)
     if opts["plot_file"]:
         _plot(opts["plot_file"], system, curves, measured)
     write_json(opts["json_file"], report)
@@ -211,16 +278,24 @@ def _print_fit(saved: dict) -> None:
         parts += [f"NICs at {100 * fitted['nic_efficiency']:.0f}% of line rate",
                   f"+{fitted['net_latency'] * 1e6:.2f} us per network step"]
     click.echo(f"fit on {len(saved['logs'])} table(s): " + ", ".join(parts))
+    for name in saved["unlearnt"]:
+        click.echo(f"not learnt: {name} (no size of the tables depends on it): as described")
     errors = saved["errors"]
     click.echo("fit error per band: " + "; ".join(
         f"{name} {'-' if errors[name] is None else f'{100 * errors[name]:.0f}%'}"
         for name, _, _ in BANDS))
 
 
+def _print_notes(table) -> None:
+    for note in table.notes:
+        click.echo(f"# {table.name}: {note}")
+
+
 def _print_compare(result) -> None:
     click.echo("")
     click.echo(f"# {result.table.name}: measured (the faster of out of place and in place) "
                "beside predicted")
+    _print_notes(result.table)
     click.echo(f"# {'size':>12} {'measured':>10} {'predicted':>10} {'ratio':>6} "
                f"{'busbw':>7} {'busbw':>7}  algorithm")
     click.echo(f"# {'(B)':>12} {'(us)':>10} {'(us)':>10} {'':>6} {'meas':>7} {'pred':>7}")

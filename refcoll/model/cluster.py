@@ -45,7 +45,7 @@ from ..core.errors import UsageError
 from ..core.reading import loads_json
 from .buckets import MAX_BUCKETS, bucket_limit, buckets_for_size, buckets_of, check_buckets
 from .channels import CHANNELLED
-from .systems import GPU_ARCHS
+from .systems import GPU_ARCHS, MAX_CHANNELS, MAX_GPUS, MAX_NICS
 
 __all__ = [
     "ALGORITHMS",
@@ -80,16 +80,6 @@ MODELLED = ALGORITHMS + tuple(CHANNELLED)
 INTER_ALGORITHMS = tuple(a.name for a in algorithms.REGISTRY.values()
                          if a.price is not None and a.across_nodes)
 
-#: The most GPUs (nodes × GPUs per node) the model prices: Rabenseifner's exact
-#: counts on a number of ranks that is not a power of two take time quadratic in it.
-MAX_GPUS = 16384
-
-
-#: The most channels: NCCL's ``MAXCHANNELS`` (src/include/device.h, NCCL 2.30).
-MAX_CHANNELS = 64
-
-#: The most NICs per node the model takes.
-MAX_NICS = 64
 
 #: The compressed collective patterns (``--pattern``), those of ``refcoll.compressors.patterns``.
 PATTERNS = tuple(_PATTERN_FUNCTIONS)

@@ -14,9 +14,16 @@ measured curves. The fitted constants:
 They minimise the squared ``ln(predicted / measured)`` over every row of every
 table given (each table's own node count), by coordinate descent in the
 logarithm of each constant: golden-section search on one at a time, a few
-rounds, each bracketed by physical limits. The model's form (NCCL's algorithm
-choice, its per-hop constants) is not fitted, so a fit made on one node count
-predicts another, and refcoll's own algorithms, from the same constants.
+rounds, each bracketed by physical limits (a link carries at most its line
+rate). The model's form (NCCL's algorithm choice, its per-hop constants) is not
+fitted, so a fit made on one node count predicts another, and refcoll's own
+algorithms, from the same constants.
+
+A constant that no row depends on (a bandwidth, where every size is too small
+for bandwidth to count; a latency, where every size is large) cannot be learnt
+from the tables: it keeps its described value, and :func:`fit` names it in
+``unlearnt``. Rows of one size are taken once (the faster: a stall only ever
+adds time), and at most :data:`MAX_FIT_SIZES` sizes are fitted.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from .nccl_run import predict
 from .nccl_tests import Table, band_errors
 from .systems import System
 
-__all__ = ["FITTED", "fit", "fit_to_json", "read_fit", "MAX_FIT_BYTES"]
+__all__ = ["FITTED", "fit", "fit_to_json", "read_fit", "MAX_FIT_BYTES", "MAX_FIT_SIZES",
+           "unlearnt"]
 
 #: The constants a fit may learn, and the bounds of each (the first two in the unit of the
 #: constant: bytes/s, seconds, a fraction).
@@ -44,20 +52,60 @@ FITTED = {
 #: A fit file larger than this is refused.
 MAX_FIT_BYTES = 1 << 20
 
+#: The most sizes (over every table) one fit takes: each costs about 0.1 s of search.
+MAX_FIT_SIZES = 512
+
+#: A constant is learnt only where moving it (a rate halved, a latency raised by 10 us)
+#: moves some row's prediction by at least this fraction.
+_SENSITIVE = 0.01
+
 _ROUNDS, _GOLDEN_STEPS = 4, 40
 
 
 def _shaped(system: System, tables: list[Table]) -> list[tuple[Table, System]]:
     """Return each table beside ``system`` at its rank count (its ``# Rank`` lines, else
-    ``system``'s), refusing a count that is not whole nodes."""
+    ``system``'s), refusing a count that is not whole nodes; each size once."""
     shaped = []
     for t in tables:
         ranks = t.ranks or system.ranks
         if ranks % system.gpus_per_node:
             raise UsageError(f"{t.name}: {ranks} ranks are not whole nodes of "
                              f"{system.gpus_per_node} GPUs (--gpus-per-node)")
-        shaped.append((t, system.with_shape(ranks // system.gpus_per_node)))
+        fastest: dict = {}
+        for r in t.rows:
+            if r.size not in fastest or r.measured < fastest[r.size].measured:
+                fastest[r.size] = r
+        rows = tuple(fastest[size] for size in sorted(fastest))
+        shaped.append((replace(t, rows=rows), system.with_shape(ranks // system.gpus_per_node)))
+    sizes = sum(len(t.rows) for t, _ in shaped)
+    if sizes > MAX_FIT_SIZES:
+        raise UsageError(f"{', '.join(t.name for t in tables)}: {sizes} sizes to fit; give at "
+                         f"most {MAX_FIT_SIZES} (nccl-tests' -b 8 -e 8G -f 2 is 31)")
     return shaped
+
+
+def _predictions(tables, fitted: dict, algorithm: str | None) -> list[float]:
+    """Return the predicted seconds of every row the model prices, in order."""
+    out = []
+    for table, shaped in tables:
+        s = replace(shaped, fitted=dict(fitted))
+        for r in table.rows:
+            run = predict(s, r.size, algorithm)
+            if run is not None and r.measured > 0:
+                out.append(run.seconds)
+    return out
+
+
+def unlearnt(tables, fitted: dict, algorithm: str | None) -> list[str]:
+    """Return the constants of ``fitted`` on which no row's prediction depends."""
+    here = _predictions(tables, fitted, algorithm)
+    out = []
+    for name, value in fitted.items():
+        moved = value + 10e-6 if name.endswith("latency") else value / 2
+        there = _predictions(tables, {**fitted, name: moved}, algorithm)
+        if all(abs(b / a - 1) < _SENSITIVE for a, b in zip(here, there)):
+            out.append(name)
+    return out
 
 
 def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | None) -> float:
@@ -100,6 +148,10 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
     spans more than one node.
     """
     shaped = _shaped(system, tables)
+    if not _predictions(shaped, {}, algorithm):
+        raise UsageError(f"{', '.join(t.name for t in tables)}: no size can be priced "
+                         f"{'as ' + algorithm if algorithm else ''} on "
+                         f"{system.describe()}, so nothing can be fitted")
     # A node's own constants are learnt from single-node tables, the network's from the
     # others: a table of several nodes alone cannot tell a slow NVLink from a slow NIC.
     names = []
@@ -115,6 +167,8 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
     for _ in range(_ROUNDS):
         for name in names:
             low, high = FITTED[name]
+            if name == "intra_rate":
+                high = min(high, system.intra_line())  # no link carries more than its line
             if name.endswith("latency"):  # search the latency itself, from 0
                 fitted[name] = _golden(lambda v, n=name: _loss(
                     shaped, {**fitted, n: v}, algorithm), low, high)
@@ -123,6 +177,10 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
                     shaped, {**fitted, n: math.exp(v)}, algorithm),
                     math.log(low), math.log(high))
                 fitted[name] = math.exp(best)
+    described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0,
+                 "nic_efficiency": system.net.efficiency, "net_latency": system.net.latency}
+    for name in unlearnt(shaped, fitted, algorithm):
+        fitted[name] = described[name]  # no row says what it is: as described
     return fitted
 
 
@@ -138,6 +196,7 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
                 pairs.append((r.size, run.seconds, r.measured))
     errors = band_errors(pairs)
     return {"refcoll_fit": 1,
+            "unlearnt": unlearnt(_shaped(system, tables), fitted, algorithm),
             "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
                        "intra": system.intra, "intra_bw": system.intra_bw,
                        "pcie_gen": system.pcie_gen, "p2p": system.p2p, "nvls": system.nvls,
@@ -171,6 +230,12 @@ def read_fit(path: str) -> System:
     if set(fields) - allowed:
         raise UsageError(f"{path}: unknown system fields {sorted(set(fields) - allowed)}")
     try:
-        return System(**fields, fitted=clean)
+        system = System(**fields, fitted=clean)
     except TypeError as exc:
         raise UsageError(f"{path}: bad system fields ({exc})") from None
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    if clean.get("intra_rate", 0.0) > system.intra_line():
+        raise UsageError(f"{path}: fitted intra_rate {clean['intra_rate']:g} B/s is more than "
+                         f"the link's line rate, {system.intra_line():g} B/s")
+    return system

@@ -187,7 +187,7 @@ def _nvls_rate(system: System, channels: int, per_node: int) -> float:
 def _nvls(system: System, channels: int, nbytes: int) -> Run | None:
     if not system.has_nvls or system.nodes > 1:
         return None
-    lat = 1e-6 * _NVLS_NVLINK_LAT + system.intra_latency()
+    lat = max(1e-6 * _NVLS_NVLINK_LAT, 2 * system.intra_alpha) + system.intra_latency()
     return _run("NVLS", 2, channels, lat, _nvls_rate(system, channels, system.ranks), nbytes,
                 "nvlink", system.ranks)
 
@@ -200,8 +200,9 @@ def _nvls_tree(system: System, channels: int, nbytes: int) -> Run | None:
     net = system.nic_rate() / _tree_net_factor(n)
     if net < algbw:
         algbw, limit = net, "network"
-    lat = (1e-6 * _NVLS_NVLINK_LAT + system.intra_latency()
-           + 2 * _log2i(n) * (1e-6 * _NVLSTREE_NET_LAT + system.net_latency()))
+    lat = (max(1e-6 * _NVLS_NVLINK_LAT, 2 * system.intra_alpha) + system.intra_latency()
+           + 2 * _log2i(n) * (max(1e-6 * _NVLSTREE_NET_LAT, system.inter_alpha)
+                              + system.net_latency()))
     return _run("NVLSTree", 2, channels, lat, algbw, nbytes, limit, system.ranks)
 
 
@@ -212,8 +213,9 @@ def _collnet(system: System, channels: int, nbytes: int) -> Run | None:
     algbw, limit = system.intra_rate() * _COLLNET_FACTOR, "nvlink"
     if system.nic_rate() * _COLLNET_FACTOR < algbw:
         algbw, limit = system.nic_rate() * _COLLNET_FACTOR, "network"
-    lat = (1e-6 * (2 * (min(1, g - 1) * _COLLNET_NVLINK_LAT + (g - 1) * _COLLNET_PER_RANK)
-                   + _COLLNET_NET_LAT) + system.net_latency())
+    lat = (2 * min(1, g - 1) * max(1e-6 * _COLLNET_NVLINK_LAT, system.intra_alpha)
+           + 1e-6 * (2 * (g - 1) * _COLLNET_PER_RANK)
+           + max(1e-6 * _COLLNET_NET_LAT, 2 * system.inter_alpha) + system.net_latency())
     return _run("CollNet", 2, channels, lat, algbw, nbytes, limit, system.ranks)
 
 

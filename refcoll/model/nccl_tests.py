@@ -71,33 +71,97 @@ class Row:
 
 @dataclass(frozen=True)
 class Table:
-    """An ``all_reduce_perf`` output: its rows and what its header says."""
+    """An ``all_reduce_perf`` output: its rows and what its header says.
+
+    ``notes``: the lines that looked like rows but were not used, and the rows
+    used with something to say (``#wrong`` above 0), each naming its line.
+    """
 
     rows: tuple[Row, ...]
     ranks: int | None  # the "# Rank N" lines counted, or None when the header has none
     name: str = ""
+    notes: tuple[str, ...] = ()
 
 
 _ROW = re.compile(r"^\s*(?:\[[^\]]*\]<stdout>:|\d+:)?\s*(\d+)\s+(\d+)\s+([A-Za-z_0-9]+)\s+"
                   r"([A-Za-z_]+)\s+(.*)$")
 _RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group")
+_TEST = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+
+#: The reductions an all-reduce row names (nccl-tests' ``-o``).
+_REDOPS = ("sum", "prod", "min", "max", "avg", "mulsum")
+
+#: The least time a row may give: no collective completes within a nanosecond, and
+#: nccl-tests prints times to 0.01 us.
+_LEAST_TIME = 1e-9
 
 
-def _number(text: str) -> float:
+def _time(text: str) -> float:
+    """Return a time column in seconds; ValueError where it is no measured time."""
+    value = float(text) * 1e-6
+    if not math.isfinite(value) or value < _LEAST_TIME:
+        raise ValueError(f"time {text} us")
+    return value
+
+
+def _rate(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value < 0:
-        raise ValueError(text)
-    return value
+        raise ValueError(f"bandwidth {text}")
+    return value * 1e9
+
+
+def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
+    """Return the row of a line that looks like one, and a note on it; ValueError with the
+    reason where it is not an all-reduce row that can be used."""
+    size, count, dtype, redop, rest = m.groups()
+    fields = rest.split()
+    if fields and fields[0] == "-1":
+        fields = fields[1:]  # the root column: -1 for an all-reduce
+    elif len(fields) in (5, 9) and re.fullmatch(r"\d+", fields[0]):
+        raise ValueError(f"root {fields[0]}: a reduce's or broadcast's row, not an all-reduce's")
+    if redop not in _REDOPS:
+        raise ValueError(f"redop {redop}: not an all-reduce's row (all_gather_perf and "
+                         "others print none)")
+    width = DTYPE_BYTES.get(dtype)
+    if width is None:
+        raise ValueError(f"type {dtype}: not one of nccl-tests' ({', '.join(DTYPE_BYTES)})")
+    if int(count) * width != int(size):
+        raise ValueError(f"{count} elements of {dtype} are not {size} bytes")
+    if len(fields) < 4:
+        raise ValueError("fewer columns than time, algbw, busbw and #wrong")
+    time, algbw, busbw = _time(fields[0]), _rate(fields[1]), _rate(fields[2])
+    note, in_place = None, None
+    if len(fields) >= 8 and fields[4] != "N/A":
+        try:
+            in_place = _time(fields[4])
+        except ValueError as exc:
+            note = f"its in-place {exc} is not used"
+    wrong = [f for f in (fields[3], fields[7] if len(fields) >= 8 else "0")
+             if re.fullmatch(r"\d+", f) and int(f) > 0]
+    if wrong:
+        note = (f"#wrong {'/'.join(wrong)}: the library's results were wrong at this size; "
+                "its time is used")
+    return Row(int(size), int(count), dtype, redop, time, algbw, busbw, in_place), note
 
 
 def parse_table(text: str, name: str = "log") -> Table:
     """Return the all-reduce rows of an ``all_reduce_perf`` output.
 
+    A line that looks like a row but cannot be used (a number that is not one, a
+    time of 0, a count that is not the size, a cut line) is left out, and said in
+    :attr:`Table.notes`.
+
     Raises:
-        UsageError: no row could be read (naming ``name``).
+        UsageError: the output is another collective's (``all_gather_perf``...), or
+            no row could be read (naming ``name``).
     """
-    rows, ranks = [], set()
-    for line in text.splitlines():
+    rows, ranks, notes = [], set(), []
+    for number, line in enumerate(text.splitlines(), 1):
+        test = _TEST.search(line)
+        if test and test.group(1) != "all_reduce_perf":
+            raise UsageError(f"{name} line {number}: {test.group(1)}'s output; the model "
+                             "prices all-reduce (all_reduce_perf)")
         rank = _RANK.search(line)
         if rank:
             ranks.add(int(rank.group(1)))
@@ -105,25 +169,19 @@ def parse_table(text: str, name: str = "log") -> Table:
         m = _ROW.match(line)
         if not m or line.lstrip().startswith("#"):
             continue
-        size, count, dtype, redop, rest = m.groups()
-        fields = rest.split()
-        if fields and (fields[0] == "-1" or (len(fields) in (5, 9)
-                                             and re.fullmatch(r"\d+", fields[0]))):
-            fields = fields[1:]  # the root column (-1 for an all-reduce)
         try:
-            out = [_number(f) for f in fields[:3]]
-            inplace = (_number(fields[4]) if len(fields) >= 8 and fields[4] != "N/A"
-                       else None)
-        except (ValueError, IndexError):
+            row, note = _row(line, m)
+        except ValueError as exc:
+            notes.append(f"line {number} left out: {exc}")
             continue
-        if len(fields) < 4 or out[0] <= 0:
-            continue
-        rows.append(Row(int(size), int(count), dtype, redop, out[0] * 1e-6, out[1] * 1e9,
-                        out[2] * 1e9, None if inplace is None else inplace * 1e-6))
+        rows.append(row)
+        if note:
+            notes.append(f"line {number} (size {row.size}): {note}")
     if not rows:
+        detail = f" ({notes[0]})" if notes else ""
         raise UsageError(f"{name}: no all_reduce_perf row found (size count type redop "
-                         "[root] time algbw busbw #wrong ...)")
-    return Table(tuple(rows), len(ranks) or None, name)
+                         f"[root] time algbw busbw #wrong ...){detail}")
+    return Table(tuple(rows), len(ranks) or None, name, tuple(notes))
 
 
 def read_table(path: str) -> Table:
@@ -132,20 +190,37 @@ def read_table(path: str) -> Table:
                                  what="all_reduce_perf output"), str(path))
 
 
-def sweep_sizes(begin: int, end: int, factor: int = 2, step: int = 0) -> list[int]:
-    """Return nccl-tests' sizes: ``-b begin -e end -f factor`` (or ``-i step``)."""
+#: The most sizes one sweep prints.
+MAX_SWEEP_SIZES = 4096
+
+
+def sweep_sizes(begin: int, end: int, factor: int = 2, step: int = 0,
+                width: int = 1) -> list[int]:
+    """Return nccl-tests' sizes: ``-b begin -e end -f factor`` (or ``-i step``).
+
+    As ``all_reduce_perf`` prints them: each is rounded down to whole elements of
+    ``width`` bytes (``-b 6`` of float is 4 bytes, 1 element), the sizes that round
+    to the same one printed once.
+    """
     if begin < 1 or end < begin:
         raise UsageError(f"sweep sizes: -b {begin} must be at least 1 and at most -e {end}")
+    if end > (1 << 63) - 1:
+        raise UsageError(f"sweep sizes: -e {end} is past the largest size (2**63 - 1 bytes)")
     if step > 0:
-        if (end - begin) // step > 4096:
-            raise UsageError("sweep sizes: -i makes more than 4096 sizes")
-        return list(range(begin, end + 1, step))
-    if factor < 2:
+        if (end - begin) // step >= MAX_SWEEP_SIZES:
+            raise UsageError(f"sweep sizes: -i makes more than {MAX_SWEEP_SIZES} sizes")
+        raw = range(begin, end + 1, step)
+    elif factor < 2:
         raise UsageError(f"sweep sizes: -f {factor} must be at least 2 (or give -i)")
-    sizes, size = [], begin
-    while size <= end:
-        sizes.append(size)
-        size *= factor
+    else:
+        raw, size = [], begin
+        while size <= end:
+            raw.append(size)
+            size *= factor
+    sizes = sorted({size - size % width for size in raw})
+    if sizes and sizes[0] == 0:
+        raise UsageError(f"sweep sizes: -b {begin} is less than one element ({width} bytes); "
+                         f"give -b {width} or more")
     return sizes
 
 
@@ -256,6 +331,7 @@ class Comparison:
 
     def to_json(self) -> dict:
         return {"log": self.table.name, "system": self.system.describe(), "rows": self.rows,
+                "notes": list(self.table.notes),
                 "errors": {k: {"error": (None if math.isnan(e) else e), "sizes": n}
                            for k, (e, n) in self.errors.items()},
                 "within_30_percent": self.within}

@@ -49,14 +49,15 @@ def preset_values(name: str) -> dict:
     """Return the option values of the preset ``name``; an unknown one is a UsageError.
 
     A system preset (:data:`~refcoll.model.systems.SYSTEM_PRESETS`: ``dgx-h100``...)
-    gives its GPUs per node, links and generation; the nodes and the model are the
-    options'.
+    gives its GPUs per node, links and generation, on one node as its sweep prices it
+    (``--nodes`` says how many); the model is the options'.
     """
     if name in SYSTEM_PRESETS:
         system = System(**system_preset(name))
         line = (system.gen.nvlink_links * system.gen.nvlink_line if system.nvlink
                 else PCIE_GBPS[system.pcie_gen])  # per GPU and direction, as quoted
-        values = {"gpus_per_node": str(system.gpus_per_node), "gpu_arch": system.generation,
+        values = {"nodes": "1", "gpus_per_node": str(system.gpus_per_node),
+                  "gpu_arch": system.generation,
                   "intra_bw": f"{line / 1e9:.6g}GB/s", "bidirectional": False}
         if system.nics:
             values.update(inter_bw=f"{system.nic_bw / 1e9:.6g}GB/s",

@@ -17,13 +17,25 @@ Bandwidths here are per direction, bytes per second; latencies seconds.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 from ..core.errors import UsageError
 
 __all__ = ["Generation", "GENERATIONS", "Transport", "TRANSPORTS", "INTRA_KINDS", "System",
            "SYSTEM_PRESETS", "system_preset", "PCIE_GBPS", "as_system",
-           "GPU_ARCHS"]
+           "GPU_ARCHS", "MAX_GPUS", "MAX_CHANNELS", "MAX_NICS"]
+
+#: The most GPUs (nodes × GPUs per node) the model prices: Rabenseifner's exact
+#: counts on a number of ranks that is not a power of two take time quadratic in it.
+MAX_GPUS = 16384
+
+#: The most channels: NCCL's ``MAXCHANNELS`` (src/include/device.h, NCCL 2.30).
+MAX_CHANNELS = 64
+
+#: The most NICs per node the model takes.
+MAX_NICS = 64
 
 
 @dataclass(frozen=True)
@@ -188,6 +200,7 @@ class System:
     fitted: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        self._check_types()
         if self.generation not in GENERATIONS:
             raise UsageError(f"unknown GPU generation {self.generation!r}: choose "
                              f"{', '.join(GENERATIONS)}")
@@ -204,6 +217,48 @@ class System:
         if self.nodes > 1 and (self.nics < 1 or self.nic_bw <= 0):
             raise UsageError(f"{self.nodes} nodes need their NICs: give --inter-bw (each NIC's "
                              "line rate) and --nics-per-node")
+        if self.ranks > MAX_GPUS:
+            raise UsageError(f"{self.nodes} nodes × {self.gpus_per_node} GPUs: give at most "
+                             f"{MAX_GPUS:,} GPUs in all (--nodes × --gpus-per-node)")
+
+    def _check_types(self) -> None:
+        """Refuse a field of the wrong kind or out of range, naming it (a fit file's
+        system, or options, say any of them)."""
+        def whole(name, low, high, optional=False):
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                    or not low <= value <= high):
+                raise UsageError(f"{_field(name)} = {value!r}: give a whole number from "
+                                 f"{low} to {high}")
+
+        def rate(name, optional=False, zero=False):
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                    or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
+                raise UsageError(f"{_field(name)} = {value!r}: give a finite number "
+                                 f"{'>= 0' if zero else '> 0'}")
+
+        whole("nodes", 1, MAX_GPUS)
+        whole("gpus_per_node", 1, MAX_GPUS)
+        whole("nics", 0, MAX_NICS)
+        whole("channels", 1, MAX_CHANNELS, optional=True)
+        rate("intra_bw", optional=True)
+        rate("nic_bw", zero=True)
+        rate("intra_alpha", zero=True)
+        rate("inter_alpha", zero=True)
+        for name in ("p2p", "nvls", "collnet"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{_field(name)} = {getattr(self, name)!r}: give true or "
+                                 "false")
+        for name in ("generation", "intra", "transport"):
+            if not isinstance(getattr(self, name), str):
+                raise UsageError(f"{_field(name)} = {getattr(self, name)!r}: give a name")
+        if isinstance(self.pcie_gen, bool) or not isinstance(self.pcie_gen, numbers.Integral):
+            raise UsageError(f"{_field('pcie_gen')} = {self.pcie_gen!r}: choose 3, 4 or 5")
 
     @property
     def ranks(self) -> int:
@@ -223,6 +278,13 @@ class System:
 
     # ---------------------------------------------------------------- what it carries
 
+    def intra_line(self) -> float:
+        """Return the intra-node link's line rate per GPU and direction, bytes/s: what no
+        measurement of it can exceed (:mod:`refcoll.model.nccl_fit` bounds its fit by it)."""
+        if self.intra in ("nvswitch", "nvlink"):
+            return self.intra_bw or self.gen.nvlink_links * self.gen.nvlink_line
+        return self.intra_bw or PCIE_GBPS[self.pcie_gen]
+
     def intra_rate(self) -> float:
         """Return what one GPU's intra-node link carries per direction in bulk, bytes/s.
 
@@ -233,12 +295,9 @@ class System:
         """
         if "intra_rate" in self.fitted:
             return self.fitted["intra_rate"]
-        gen = self.gen
         if self.intra in ("nvswitch", "nvlink"):
-            line = self.intra_bw or gen.nvlink_links * gen.nvlink_line
-            return line * gen.nvlink_achieved / gen.nvlink_line
-        line = self.intra_bw or PCIE_GBPS[self.pcie_gen]
-        return line * PCIE_ACHIEVED * (1.0 if self.p2p else 0.5)
+            return self.intra_line() * self.gen.nvlink_achieved / self.gen.nvlink_line
+        return self.intra_line() * PCIE_ACHIEVED * (1.0 if self.p2p else 0.5)
 
     def nic_rate(self) -> float:
         """Return a node's NICs' bulk rate per direction, all together, bytes/s."""
@@ -268,14 +327,16 @@ class System:
 
         One ring per NIC doubled across nodes (NCCL's search gives a channel per
         NIC and duplicates the rings); inside an NVLink node, one per NVLink link
-        (12 on Ampere, 18 on Hopper), at most 32 (NCCL's ``MAXCHANNELS``); PCIe, 2.
+        (12 on Ampere, 18 on Hopper), at most :data:`MAX_CHANNELS` (NCCL's ``MAXCHANNELS``);
+        PCIe, 2.
         """
         if self.channels is not None:
             return self.channels
         if self.nodes > 1:
-            return max(2, 2 * self.nics)
+            return max(2, min(MAX_CHANNELS, 2 * self.nics))
         if self.nvlink:
-            return max(2, min(32, self.gen.nvlink_links - self.gen.nvlink_links % 2))
+            return max(2, min(MAX_CHANNELS,
+                              self.gen.nvlink_links - self.gen.nvlink_links % 2))
         return 2
 
     def describe(self) -> str:
@@ -305,6 +366,19 @@ class System:
             notes.append("PCIe through host memory: the host's memory and root-port bandwidth "
                          "is not described; half the PCIe rate is priced (fit it: --fit)")
         return notes
+
+
+#: The options that set a :class:`System`'s fields, named in its refusals.
+_OPTIONS = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "nics": "--nics-per-node",
+            "channels": "--channels", "intra_bw": "--intra-bw", "nic_bw": "--inter-bw",
+            "intra_alpha": "--intra-latency", "inter_alpha": "--inter-latency", "p2p": "--p2p",
+            "nvls": "--nvls", "collnet": "--in-network", "generation": "--gpu-arch",
+            "intra": "--intra-transport", "transport": "--inter-transport",
+            "pcie_gen": "--pcie-gen"}
+
+
+def _field(name: str) -> str:
+    return f"system field {name} ({_OPTIONS[name]})"
 
 
 def as_system(cluster) -> System:
