@@ -218,3 +218,32 @@ def test_gen_inputs_still_creates_a_missing_folder(tmp_path):
     res = invoke("gen-inputs", "-p", 2, "--count", 4, tmp_path / "a" / "b")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "a" / "b" / "rank1.npy").exists()
+
+
+def test_arguments_problem_names_the_option_whose_value_differs():
+    from refcoll.cli.launch import arguments_problem
+
+    same = ["bench", "-b", "64", "-d", "float"]
+    assert arguments_problem([same, list(same), list(same)]) is None
+    problem = arguments_problem([same, same, ["bench", "-b", "64", "-d", "double"]])
+    assert "rank 2 has '-d double' where rank 0 has '-d float'" in problem, problem
+    problem = arguments_problem([same, same + ["--json", "x.json"]])
+    assert "rank 1 has '--json x.json' where rank 0 has 'nothing'" in problem, problem
+
+
+def test_a_job_whose_ranks_were_given_other_arguments_stops_before_any_work():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["REFCOLL_TIMEOUT"] = "60"
+    bench = [sys.executable, "-m", "refcoll", "bench", "-b", "64", "-e", "64", "-w", "0",
+             "-i", "1", "--against", "none"]
+    res = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "1", *bench,
+                          "-d", "float", ":", "-n", "1", *bench, "-d", "double"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "rank 1 has '-d double' where rank 0 has '-d float'" in res.stderr, res.stderr
+    assert "#wrong" not in res.stdout and "Traceback" not in res.stderr

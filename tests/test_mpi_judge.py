@@ -3,7 +3,9 @@
 On MPICH the battery passes and each float order is named; a library that saturates
 its 8-bit sums (as Open MPI does) is reported, naming the dtypes, not hidden; under
 Open MPI itself (``REFCOLL_OPENMPI_PYTHON``, as CI builds it) the run exits 1 naming
-int8 and int16; what does not apply to the MPI library's calls is refused at once.
+int8 and int16; what does not apply to the MPI library's calls is refused at once; no
+order is named for a class with a failed case; ranks given different arguments, and a rank
+that never starts MPI, end the job with a reason, never a wait for ever.
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ def test_open_mpis_saturating_sums_fail_naming_int8_and_int16():
     (["--device", "gpu"], "--device gpu"),
     (["--collective", "broadcast", "--inplace", "no"], "in place only"),
     (["--collective", "alltoall"], "alltoall"),
+    (["--collective", "allreduce", "--op", "avg"], "average op"),  # known without MPI
+    (["--collective", "allreduce", "--dtype", "bfloat16"], "no bfloat16 type"),
+    (["--collective", "allreduce", "--op", ""], "no op is selected"),
 ])
 def test_what_does_not_apply_to_mpis_calls_is_refused_at_once(args, needle, monkeypatch):
     for name in list(os.environ):  # not inside a job: the refusal comes before any mpiexec
@@ -136,3 +141,68 @@ def test_what_does_not_apply_to_mpis_calls_is_refused_at_once(args, needle, monk
     res = CliRunner().invoke(main, ["verify", "--backend", "mpi", "-n", "2", *args])
     assert res.exit_code == 2, res.output
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+FAILING_FLOAT = textwrap.dedent("""
+    import json
+    from refcoll.baselines.mpi_judge import MPIJudge
+
+    class Off(MPIJudge):
+        # An MPI whose float sums of 5003 random elements are wrong in one element.
+        def _call(self, case, mine):
+            out, x = super()._call(case, mine)
+            if case.count == 5003 and case.kind == "random" and out is not None:
+                out[0] *= 4
+            return out, x
+
+    judge = Off()
+    report = judge.run(judge.cases(collectives=["allreduce"], ops=["sum"], dtypes=["float32"],
+                                   sizes=[1, 5003]))
+    if judge.rank == 0:
+        print(json.dumps({"failed": report.failed, "same_bits": report.same_bits}))
+""")
+
+
+def _mpiexec(*args, timeout=120, env=None):
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    return subprocess.run([mpiexec, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or _env())
+
+
+def test_an_order_is_named_only_where_every_case_of_its_class_passed(tmp_path):
+    script = tmp_path / "off.py"
+    script.write_text(FAILING_FLOAT)
+    res = _mpiexec("-n", "3", sys.executable, str(script))
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    # The cases of one element passed and every order gives their bits; the 5003 ones
+    # failed: no order is the library's.
+    assert found["failed"] >= 1 and found["same_bits"]["allreduce sum float32"] == []
+
+
+def test_ranks_given_different_arguments_are_refused_on_every_rank():
+    base = [sys.executable, "-m", "refcoll", "verify", "--backend", "mpi", "--collective",
+            "allreduce", "--op", "sum", "--dtype", "float32", "--sizes", "5003"]
+    res = _mpiexec("-n", "1", *base, "--seed", "0", ":", "-n", "1", *base, "--seed", "1")
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "rank 1 has '--seed 1' where rank 0 has '--seed 0'" in res.stderr, res.stderr
+    assert "failed" not in res.stdout  # nothing was judged, MPI was not blamed
+
+
+def test_a_rank_that_never_starts_mpi_ends_the_job_by_the_deadline():
+    base = [sys.executable, "-m", "refcoll", "verify", "--backend", "mpi", "--collective",
+            "allreduce", "--sizes", "3"]
+    env = dict(_env(), REFCOLL_TIMEOUT="5")
+    res = _mpiexec("-n", "1", *base, "--dtype", "int8", ":", "-n", "1", *base, "--dtype", "foo",
+                   env=env)
+    assert res.returncode != 0
+    assert "unknown dtype 'foo'" in res.stderr  # the rank that stopped says why
+    assert "MPI did not start within 5 s (REFCOLL_TIMEOUT)" in res.stderr, res.stderr
+
+
+def test_the_library_version_keeps_no_nul(monkeypatch):
+    from refcoll.transport.deadline import mpi, mpi_library_version
+
+    monkeypatch.setattr(mpi(), "Get_library_version",
+                        lambda: "Open MPI v5.0.11, package: Open MPI  2026\x00\n more")
+    assert mpi_library_version() == "Open MPI v5.0.11, package: Open MPI 2026"

@@ -27,12 +27,14 @@ import numpy as np
 
 from ..core.chunking import chunk_bounds
 from ..core.ops import DTYPES
+from ..transport.deadline import bounded_barrier, mpi_library_version
 from ..transport.mpi import MPITransport
 from ..verify.conformance.cases import Case
 from ..verify.conformance.library import LibraryJudge, LibraryReport
 from .mpi import BASELINES, mpi_unavailable
 
-__all__ = ["MPI_CALLS", "IN_PLACE_ONLY", "MPIJudge", "library_name", "judge_mpi"]
+__all__ = ["MPI_CALLS", "IN_PLACE_ONLY", "MPIJudge", "library_name", "judge_mpi",
+           "known_refusal"]
 
 #: refcoll's name of each collective -> the MPI function judged.
 MPI_CALLS = dict(BASELINES)
@@ -45,9 +47,7 @@ _EXCHANGE = "refcoll verify --backend mpi"
 
 def library_name() -> str:
     """Return the MPI library's name: ``MPICH``, ``Open MPI``, or its first word."""
-    from mpi4py import MPI
-
-    text = MPI.Get_library_version()
+    text = mpi_library_version()
     for name in ("Open MPI", "MPICH", "Intel(R) MPI", "MVAPICH", "Cray MPICH"):
         if name in text:
             return name
@@ -66,9 +66,11 @@ class MPIJudge(LibraryJudge):
 
         comm = MPI.COMM_WORLD if comm is None else comm
         self.comm = comm
-        version = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+        version = mpi_library_version()
+        # The control transport duplicates comm by the deadline (MPI_Comm_idup): a rank
+        # that never comes is a timeout, not a wait for ever.
         super().__init__(rank=comm.Get_rank(), size=comm.Get_size(),
-                         ctl=MPITransport(comm.Dup(), collective=_EXCHANGE), library="mpi",
+                         ctl=MPITransport(comm, collective=_EXCHANGE), library="mpi",
                          version=version, backend=library_name(), launcher="mpiexec")
 
     def refusal_errors(self) -> tuple:
@@ -77,14 +79,15 @@ class MPIJudge(LibraryJudge):
         return (MPI.Exception,)  # the library's own refusal; anything else is a defect
 
     def refusal(self, collective: str, op: str | None, dtype: str) -> str | None:
-        if op == "avg":
-            return "MPI has no average op (MPI_SUM, then divide)"
-        return mpi_unavailable(collective, dtype)
+        return known_refusal(op, dtype) or mpi_unavailable(collective, dtype)
 
     def _call(self, case: Case, mine: np.ndarray):
         """Run the MPI library's collective of ``case`` on this rank's input."""
         from mpi4py import MPI
 
+        # Every rank is here before the library's blocking call, or the barrier times out:
+        # a rank that died or left is named, not waited for ever.
+        bounded_barrier(self.ctl.comm, f"{_EXCHANGE} (before {self.calls[case.collective]})")
         x = np.array(mine, dtype=DTYPES[case.dtype], copy=True)
         mtype = MPI.Datatype.fromcode(x.dtype.char)  # predefined: MPI's ops apply
         op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(case.op)
@@ -125,6 +128,17 @@ class MPIJudge(LibraryJudge):
                 comm.Reduce(mine_buf, None, op=op, root=case.root)
                 out = None
         return out, x
+
+
+def known_refusal(op: str | None, dtype: str) -> str | None:
+    """Return why no MPI library runs ``op`` on ``dtype``, known without starting MPI: MPI
+    has no average op, and no type for the dtypes NumPy gets from ml_dtypes (bfloat16,
+    float8), whose MPI type codes no library defines."""
+    if op == "avg":
+        return "MPI has no average op (MPI_SUM, then divide)"
+    if DTYPES[dtype].isbuiltin != 1:
+        return f"MPI has no {dtype} type"
+    return None
 
 
 def _pattern(count: int, dtype) -> np.ndarray:

@@ -27,7 +27,7 @@ from ..core.ops import dtype_name, get_dtype, get_op
 from ..core.topology import machine_of
 from ..transport import cuda_aware
 from ..transport.base import default_timeout
-from ..transport.deadline import bounded_barrier
+from ..transport.deadline import bounded_barrier, mpi_library_version
 from .config import (
     array_module,
     baseline_name,
@@ -167,7 +167,7 @@ def bench_header(comm, config) -> dict:
         "machine": {"node": platform.node(), "arch": platform.machine(),
                     "system": platform.platform(), "cpus": os.cpu_count(),
                     "processor": MPI.Get_processor_name()},
-        "mpi": {"library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+        "mpi": {"library": mpi_library_version(),
                 "standard": "%d.%d" % MPI.Get_version(),
                 "algorithm": forced,
                 "forced_env": forced_env},

@@ -40,6 +40,7 @@ from ..core.errors import UsageError
 from ..core.reading import number, read_json
 from ..core.topology import machine_of
 from ..core.writing import locked, write_json
+from ..transport.deadline import mpi_library_version
 from .agree import allgather_records, pack, unpack
 
 __all__ = ["Calibration", "CalibrationKey", "DEFAULT", "LOAD_LIMIT", "measure", "cache_path",
@@ -384,7 +385,7 @@ def _key_of(t) -> CalibrationKey:
         name, cores = unpack(row)
         hosts.setdefault(name, []).append(int(cores))
         machines.setdefault(machine_of(name), []).append(int(cores))
-    library = " ".join(MPI.Get_library_version().split("\n")[0].split())
+    library = mpi_library_version()
     return CalibrationKey(
         host=unpack(everyone[0])[0] or platform.node(),
         library=library,

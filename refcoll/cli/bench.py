@@ -169,7 +169,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
 
 
 def _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt="refcoll") -> None:
-    from mpi4py import MPI
+    MPI = launch.start_mpi("refcoll bench")
 
     world = MPI.COMM_WORLD
     lead = world.rank == 0

@@ -68,7 +68,7 @@ def calibrate(nprocs, force, json_file):
 
 
 def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
-    from mpi4py import MPI
+    MPI = launch.start_mpi("refcoll calibrate")
 
     t = MPITransport(MPI.COMM_WORLD, collective="refcoll calibrate")
     if t.size < 2:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 
 import click
@@ -115,9 +117,14 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
         filters = _library_filters("mpi", mpi_judge.MPI_CALLS, algorithm, collective, op,
                                    dtype, sizes, inplace, compressors)
         if not launch.in_mpi_job():  # an empty selection fails here, before mpiexec
-            build_library_cases(nprocs, "mpi", mpi_judge.MPI_CALLS, mpi_judge.IN_PLACE_ONLY,
-                                allow_empty=False, **filters)
+            cases = build_library_cases(nprocs, "mpi", mpi_judge.MPI_CALLS,
+                                        mpi_judge.IN_PLACE_ONLY, allow_empty=False, **filters)
+            reasons = {mpi_judge.known_refusal(c.op, c.dtype) for c in cases}
+            if None not in reasons:
+                raise UsageError("no MPI library runs any of the selected cases: "
+                                 + "; ".join(sorted(reasons)))
             relaunch(nprocs)
+        launch.start_mpi("refcoll verify --backend mpi")
         return _verify_library_in_world(mpi_judge.MPIJudge, nprocs, filters, seed,
                                         json_file)  # exits
     verify_session.device_namespace(device)
@@ -187,17 +194,25 @@ def _verify_library_in_world(make_judge, nprocs, filters, seed, json_file) -> No
     judge = make_judge()
     lead = judge.rank == 0
     problem = None
+    cases = judge.cases(**filters)
     if lead:
         try:
             check_output_paths(json=json_file)
+            require_memory(max((_judging_bytes(judge, c) for c in cases), default=0),
+                           "judging the largest case on rank 0", "select smaller --sizes")
         except UsageError as exc:
             problem = str(exc)
+    # Every rank's arguments beside rank 0's: a digest to compare, the words to say how.
+    words = launch.invoked_arguments()
+    digest = hashlib.sha256(json.dumps(words).encode()).hexdigest()
+    given = judge.gather({"digest": digest, "words": "\x1f".join(words)})
+    if lead and problem is None and any(g["digest"] != digest for g in given):
+        problem = launch.arguments_problem([g["words"].split("\x1f") for g in given])
     problem = judge.share({"problem": problem})["problem"]
     if problem is not None:
         if lead:
             raise UsageError(problem)
         sys.exit(2)
-    cases = judge.cases(**filters)
     width = max(23, 1 + max(len(call) for call in judge.calls.values()))
     if lead:
         if nprocs != judge.size:
@@ -243,6 +258,15 @@ def _verify_library_in_world(make_judge, nprocs, filters, seed, json_file) -> No
     sys.exit(0 if report.failed == 0 else 1)
 
 
+def _judging_bytes(judge, case) -> int:
+    """Return about what rank 0 holds to judge ``case``: every rank's input and result
+    (several copies: the records, the oracle's and an order's simulated run) and the
+    float64 reference of the exact sums."""
+    itemsize = DTYPES[case.dtype].itemsize
+    results = sum(judge.output_count(case, r) for r in range(judge.size))
+    return 4 * itemsize * (judge.size * case.count + results) + 32 * case.count
+
+
 def _parse_sizes(sizes: str | None) -> list[int] | None:
     if sizes is None:
         return None
@@ -256,7 +280,7 @@ def _parse_sizes(sizes: str | None) -> list[int] | None:
 
 
 def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") -> None:
-    from mpi4py import MPI
+    MPI = launch.start_mpi("refcoll verify")
 
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll verify", json=json_file)
     session = verify_session.VerifySession(MPI.COMM_WORLD, selection, device=device)

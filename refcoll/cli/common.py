@@ -147,11 +147,13 @@ def check_not_inputs(outputs: dict, inputs: dict) -> None:
 
 
 def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:
-    """Check the output paths on rank 0 of an MPI job, the rank that writes them.
+    """Check the output paths on rank 0 of an MPI job, the rank that writes them, and that
+    every rank was given rank 0's arguments.
 
     Another node may lack the folder, so only rank 0 looks; a bounded
     ``MPI_Ibarrier`` and a broadcast of its verdict make a bad path exit 2 on
-    every rank, with rank 0 saying why, once.
+    every rank, with rank 0 saying why, once. Arguments that differ between the
+    ranks (:func:`~refcoll.cli.launch.arguments_problem`) are refused the same way.
     """
     problem = None
     if world.Get_rank() == 0:
@@ -159,8 +161,10 @@ def check_output_paths_on_lead(world, what: str, **paths: str | None) -> None:
             check_output_paths(**paths)
         except UsageError as exc:
             problem = str(exc)
-    bounded_barrier(world, f"{what} (checking the output paths)")
+    bounded_barrier(world, f"{what} (checking the output paths and arguments)")
     problem = world.bcast(problem, root=0)
+    if problem is None:
+        problem = launch.arguments_problem(world.allgather(launch.invoked_arguments()))
     if problem is not None:
         if world.Get_rank() == 0:
             raise UsageError(problem)

@@ -9,9 +9,12 @@ processes, such as switches) and notes once when ``-n`` was overruled.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +29,8 @@ from ..transport.base import default_timeout
 
 __all__ = ["in_mpi_job", "in_torchrun", "find_mpiexec", "mpiexec_command", "INSTALL_HINT",
            "relaunch", "check_environment", "workers_env", "data_ranks", "remember_arguments",
-           "WORKERS_VARIABLE", "BROKEN_PIPE"]
+           "invoked_arguments", "arguments_problem", "start_mpi", "WORKERS_VARIABLE",
+           "BROKEN_PIPE"]
 
 #: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
 BROKEN_PIPE = 141
@@ -111,6 +115,38 @@ def remember_arguments(args: list[str]) -> None:
     _invoked_args = list(args)
 
 
+def invoked_arguments() -> list[str]:
+    """Return the arguments ``refcoll`` was called with (after the program's name)."""
+    return list(_invoked_args)
+
+
+def arguments_problem(arguments: list) -> str | None:
+    """Return what differs between the ranks' arguments (``arguments[r]``: rank r's, a list
+    of words), or None when every rank was given rank 0's.
+
+    A job whose ranks were given different arguments (an MPMD command line, a script
+    that builds them per host) would run other cases, sizes or inputs on each rank:
+    every such job is refused, on every rank, before anything runs.
+    """
+    first = list(arguments[0])
+    for rank, words in enumerate(arguments[1:], 1):
+        words = list(words)
+        if words == first:
+            continue
+        parts = []
+        matcher = difflib.SequenceMatcher(a=first, b=words, autojunk=False)
+        for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+            if tag == "equal":
+                continue
+            if a0 and b0 and first[a0 - 1].startswith("-"):  # the option whose value differs
+                a0, b0 = a0 - 1, b0 - 1
+            parts.append(f"rank {rank} has {' '.join(words[b0:b1]) or 'nothing'!r} where "
+                         f"rank 0 has {' '.join(first[a0:a1]) or 'nothing'!r}")
+        return ("the ranks were given different arguments: " + "; ".join(parts[:3])
+                + ": give every rank the same command")
+    return None
+
+
 def check_environment() -> None:
     """Refuse, before starting any process, a ``REFCOLL_*`` setting every rank would refuse."""
     default_timeout()
@@ -145,6 +181,44 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
 
 
 # ------------------------------------------------------------------------ in the world
+
+def start_mpi(what: str):
+    """Return mpi4py's MPI module, initialising MPI by the deadline; else end this rank.
+
+    ``MPI_Init`` waits for every rank of the job, and a rank that never calls it (it
+    stopped on an error in its arguments or files, one another node did not see)
+    leaves the others there for ever, holding the GIL, so no thread of this process
+    can time out. A small watcher process, forked before, waits for word that MPI
+    started; past ``REFCOLL_TIMEOUT`` it says why on stderr and ends this rank,
+    which ends the job.
+    """
+    if "mpi4py.MPI" in sys.modules:  # started already
+        from mpi4py import MPI
+
+        return MPI
+    seconds = default_timeout()
+    read_end, write_end = os.pipe()
+    watcher = os.fork()
+    if watcher == 0:  # the watcher: a word (or the end of its parent) within the deadline
+        try:
+            os.close(write_end)
+            ready, _, _ = select.select([read_end], [], [], seconds)
+            if not ready:
+                os.write(2, (f"refcoll: error: {what}: MPI did not start within {seconds:g} s "
+                             "(REFCOLL_TIMEOUT): a rank of this job never started it; it may "
+                             "have stopped on an error (see its message)\n").encode())
+                os.kill(os.getppid(), signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    try:
+        from mpi4py import MPI
+    finally:
+        os.write(write_end, b"k")
+        os.close(write_end)
+        os.waitpid(watcher, 0)
+    return MPI
+
 
 def data_ranks(world, nprocs: int) -> int:
     """Return how many ranks of ``world`` hold data; say once when ``-n`` was overruled.

@@ -18,6 +18,7 @@ from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
 from ..model import BANDWIDTH_UNITS, CALIBRATE_LIMIT, MAX_BUCKETS, MAX_CHANNELS, MAX_GPUS
 from ..model.systems import SYSTEM_PRESETS
+from ..transport.deadline import mpi_library_version
 from ..transport.mpi import MPITransport
 from . import launch
 from .common import (
@@ -257,7 +258,7 @@ def _calibrate(nprocs, algorithm, sizes, back_to_back, json_file) -> None:
              or list(m.CALIBRATE_DEFAULT))
     if not launch.in_mpi_job():
         launch.relaunch(nprocs)
-    from mpi4py import MPI
+    MPI = launch.start_mpi("refcoll model --calibrate")
 
     t = MPITransport(MPI.COMM_WORLD, collective="refcoll model --calibrate")
     launch.data_ranks(t, nprocs)  # says so when the job's size overrules -n
@@ -265,7 +266,7 @@ def _calibrate(nprocs, algorithm, sizes, back_to_back, json_file) -> None:
         raise UsageError("--calibrate needs at least 2 processes to measure messages")
     result = m.compare_with_measurement(t, names, byte_sizes, back_to_back=back_to_back)
     if t.rank == 0:
-        library = MPI.Get_library_version().splitlines()[0].strip()
+        library = mpi_library_version()
         write_json(json_file, {"ranks": t.size, "cores": os.cpu_count(), "library": library,
                                **result.to_json()})
         _print_calibration(result, library)

@@ -126,7 +126,7 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
 
 
 def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
-    from mpi4py import MPI
+    MPI = launch.start_mpi("refcoll train")
 
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
     t = as_transport(MPI.COMM_WORLD, "refcoll train")
@@ -188,7 +188,7 @@ def _overlap(nprocs, compressors, json_file, plot_file, config: OverlapConfig) -
         require_matplotlib()
     if not launch.in_mpi_job():
         relaunch(nprocs, env={name: "1" for name in _BLAS_THREADS if name not in os.environ})
-    from mpi4py import MPI
+    MPI = launch.start_mpi("refcoll train")
 
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
     t = as_transport(MPI.COMM_WORLD, "refcoll train")

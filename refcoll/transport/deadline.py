@@ -30,7 +30,8 @@ from ..core.errors import CollectiveTimeout
 from .base import default_timeout
 
 __all__ = ["abort_on_timeout", "TIMEOUT_STATUS", "timed_out", "abort_job", "wait_by_deadline",
-           "duplicate", "bounded_barrier", "watchdog", "POLLS_BEFORE_YIELD", "mpi"]
+           "duplicate", "bounded_barrier", "watchdog", "POLLS_BEFORE_YIELD", "mpi",
+           "mpi_library_version"]
 
 
 @functools.cache
@@ -39,6 +40,13 @@ def mpi():
     from mpi4py import MPI
 
     return MPI
+
+
+def mpi_library_version() -> str:
+    """Return the first line of ``MPI_Get_library_version``'s text, its spaces collapsed and
+    without the NUL bytes some libraries end it with (Open MPI's)."""
+    lines = mpi().Get_library_version().replace("\x00", "").strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""
 
 
 #: Polls of a wait before each further poll yields the CPU. With a core per rank

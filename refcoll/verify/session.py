@@ -29,6 +29,7 @@ from ..core import xp as xp_module
 from ..core.ops import DTYPES, get_dtype
 from ..transport import cuda_aware
 from ..transport import device as devices
+from ..transport.deadline import mpi_library_version
 from ..transport.mpi import MPITransport
 from .conformance import build_cases, group_rows, run_battery
 from .conformance.outstanding import run_outstanding
@@ -48,9 +49,7 @@ def device_namespace(device: str):
 
 def mpi_library() -> str:
     """Return the first line of the MPI library's version string."""
-    from mpi4py import MPI
-
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return mpi_library_version()
 
 
 def _no_extra_ranks(nprocs: int, filters: dict) -> int:

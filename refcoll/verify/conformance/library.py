@@ -82,6 +82,8 @@ def _why_no_case(p, colls, op_names, dtype_names, size_list, modes, calls,
                                        ("size", size_list), ("mode", modes)) if not chosen]
     if p < 1 or empty:
         return f"at least 1 rank and one {empty[0] if empty else 'rank'} are needed"
+    if not op_names:
+        return "no op is selected; name at least one, or all"
     if True not in modes and all(c in in_place_only for c in colls):
         return (f"{', '.join(calls[c] for c in in_place_only)} work in place only, so "
                 "--inplace no leaves nothing of them: use --inplace both")
@@ -213,6 +215,11 @@ class LibraryJudge:
         with self.ctl.call(self.exchange):
             return bcast_report(self.ctl, obj)
 
+    def gather(self, obj) -> list | None:
+        """Return every rank's small JSON object on rank 0 (None on the others)."""
+        with self.ctl.call(self.exchange):
+            return gather_reports(self.ctl, obj)
+
     # ------------------------------------------------------------ the hooks
 
     def input(self, case: Case, rank: int, seed: int) -> np.ndarray:
@@ -340,6 +347,8 @@ class LibraryJudge:
                 report.results.append(result)
                 group.append(result)
                 name = f"{case.collective} {case.op} {case.dtype}"
+                if same is None and ordered(case) and not result.passed:
+                    same = []  # a failed case's bits are no order's
                 if same is not None:  # the orders that match every case of the class so far
                     report.same_bits[name] = [o for o in report.same_bits.get(name, same)
                                               if o in same]
