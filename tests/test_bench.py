@@ -203,6 +203,25 @@ def test_plot_without_matplotlib_exits_2(monkeypatch):
     assert "pip install 'refcoll[plot]'" in res.output
 
 
+def test_the_plot_draws_each_dtype_and_op_as_the_table_prints_it(monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib draws the plot (the plot extra)")
+    from refcoll.bench import report
+
+    drawn = []
+    monkeypatch.setattr(report, "save", lambda fig, path, **kw: drawn.append(fig))
+    rows = [{"algorithm": "ring", "size": size, "busbw": busbw, "dtype": dtype, "op": "sum",
+             "root": -1, "baselines": {"mpi": {"baseline": "MPI_Allreduce", "busbw": 1.0}}}
+            for dtype, busbw in (("float32", 2.0), ("int8", 3.0)) for size in (1024, 4096)]
+    report.plot(rows, "unused.png")
+    lines = {line.get_label(): list(line.get_ydata()) for line in drawn[0].axes[0].get_lines()}
+    assert lines == {"ring (float32 sum)": [2.0, 2.0], "ring (int8 sum)": [3.0, 3.0],
+                     "MPI_Allreduce (float32 sum)": [1.0, 1.0],
+                     "MPI_Allreduce (int8 sum)": [1.0, 1.0]}
+    report.plot(rows[:2], "unused.png")  # one dtype and op: the names alone
+    assert {line.get_label() for line in drawn[1].axes[0].get_lines()} == {"ring",
+                                                                           "MPI_Allreduce"}
+
+
 @needs_mpi
 def test_a_real_sweep_reports_every_size_and_algorithm(tmp_path, monkeypatch):
     monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))  # auto's calibration, kept out of $HOME

@@ -247,3 +247,42 @@ def test_a_job_whose_ranks_were_given_other_arguments_stops_before_any_work():
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "rank 1 has '-d double' where rank 0 has '-d float'" in res.stderr, res.stderr
     assert "#wrong" not in res.stdout and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["bench", "-n", "2", "-b", "256M", "-e", "1T", "-f", "4"], ["needs about", "lower -e"]),
+    (["bench", "-n", "2", "-e", "64", "--json", "same.out", "--plot", "same.out"],
+     ["--plot same.out: is the file of --json"]),
+    (["bench", "-n", "2", "-e", "64", "--json", ""], ["--json '': give a file name"]),
+])
+def test_bench_refuses_what_it_could_not_finish_before_mpiexec(no_launch, monkeypatch, args,
+                                                                 fragments):
+    monkeypatch.setattr("refcoll.cli.launch.relaunch",
+                        lambda *a, **k: pytest.fail("relaunched although the usage was bad"))
+    monkeypatch.setattr(common, "available_memory", lambda: (16 << 30, "available (test)"))
+    one_line_error(invoke(*args), *fragments)
+
+
+def test_a_ledger_only_simulation_counts_its_ledger_against_memory(monkeypatch):
+    monkeypatch.setattr(common, "available_memory", lambda: (8 << 30, "available (test)"))
+    # a ring of 4096 ranks sends 2p(p-1) = 33.5M messages: about 16 GiB of ledger
+    one_line_error(invoke("simulate", "--algorithm", "ring", "-p", "4096", "--count", "1",
+                          "--ledger-only"), "needs about 16.", "lower --count or -p")
+    assert simulation.simulation_case("ring", 64, 1).memory_bytes() < 8 << 20
+
+
+def test_a_switch_without_room_for_its_ranks_is_refused_not_run_on_fewer():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["REFCOLL_TIMEOUT"] = "60"
+    res = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "2",
+                          sys.executable, "-m", "refcoll", "bench", "-b", "1K", "-e", "1K",
+                          "-w", "0", "-i", "1", "--algorithm", "switch,ring"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "--algorithm switch needs 1 more ranks" in res.stderr, res.stderr
+    assert "Avg bus bandwidth" not in res.stdout  # no row ran on fewer data ranks

@@ -342,17 +342,31 @@ def write_csv(rows: Sequence[dict], path: str) -> None:
 def plot(rows: Sequence[dict], path: str, *, title: str = "") -> None:
     """Draw busbw against size, log-log, one line per algorithm and baseline, to ``path``.
 
+    Where the run has several dtypes, ops or roots, each is a line of its own (the
+    algorithm's name followed by them), as each is a row of its own in the table.
+
     Raises:
         UsageError: matplotlib is not installed (it is in the ``plot`` extra).
     """
     lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
     base_names = set()
+    variants = {(row.get("dtype"), row.get("op"), row.get("root")) for row in rows}
+
+    def label(name: str, row: dict) -> str:
+        if len(variants) == 1:
+            return name
+        parts = [row.get("dtype"), row.get("op")]
+        if row.get("root") not in (None, -1):
+            parts.append(f"root {row['root']}")
+        return f"{name} ({' '.join(str(p) for p in parts if p)})"
+
     for row in rows:
-        lines[row["algorithm"]].append((row["size"], row["busbw"]))
+        lines[label(row["algorithm"], row)].append((row["size"], row["busbw"]))
         for entry in (row.get("baselines") or {}).values():
-            base_names.add(entry["baseline"])
-            if all(size != row["size"] for size, _ in lines[entry["baseline"]]):
-                lines[entry["baseline"]].append((row["size"], entry["busbw"]))
+            name = label(entry["baseline"], row)
+            base_names.add(name)
+            if all(size != row["size"] for size, _ in lines[name]):
+                lines[name].append((row["size"], entry["busbw"]))
     fig = figure(figsize=(8, 5))  # no pyplot: no global state
     ax = fig.subplots()
     for name, points in lines.items():

@@ -46,7 +46,7 @@ from .config import (
     variants,
 )
 from .data import Data, base_call, base_in_place, make_data, our_call, our_in_place
-from .options import algorithm_options, registry_name
+from .options import algorithm_options, extra_ranks, registry_name
 from .replay import Replay, node_options, schedule
 from .rows import make_row, reduce_items, wire_bytes
 from .tuning import NcclLog
@@ -151,6 +151,14 @@ class _Groups:
             raise UsageError(f"{self.workers} data ranks do not fit a world of {world.size}")
         self.layout = {name: case_ranks(registry_name(name), self.workers, world.size, {})
                        for name in config.algorithms}
+        for name, (data, _) in self.layout.items():
+            if data != self.workers:  # every row is on the same data ranks as its baseline
+                extra = extra_ranks([name], self.workers)
+                raise UsageError(
+                    f"--algorithm {name} needs {extra} more ranks (switch processes) beside "
+                    f"the {self.workers} data ranks, and this job has {world.size}: start "
+                    f"{self.workers + extra} with REFCOLL_WORKERS={self.workers}, or let "
+                    f"refcoll start them (refcoll bench -n {self.workers}, outside mpiexec)")
         self._comms: dict[int, Any] = {}
         for total in sorted({self.workers} | {total for _, total in self.layout.values()}):
             color = 0 if world.rank < total else MPI.UNDEFINED

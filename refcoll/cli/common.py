@@ -104,12 +104,17 @@ def check_output_paths(**paths: str | None) -> None:
     ``paths`` maps an option's name (``json``, ``csv``, ``plot``) to its path or
     None. A missing folder, a folder in the file's place or a folder without
     write permission is a :class:`~refcoll.core.errors.UsageError` naming the option,
-    so a long run never ends in an error it could have given at the start.
+    so a long run never ends in an error it could have given at the start, and so
+    is one path given to two options (the second file would replace the first).
     """
+    check_not_inputs({f"--{option.replace('_', '-')}": path for option, path in paths.items()},
+                     {})
     for option, path in paths.items():
-        if not path:
+        if path is None:
             continue
         flag = f"--{option.replace('_', '-')}"
+        if not str(path).strip():
+            raise UsageError(f"{flag} {path!r}: give a file name")
         folder = os.path.dirname(os.path.abspath(path))
         if os.path.isdir(path):
             raise UsageError(f"{flag} {path}: is a folder; give a file name")
