@@ -286,3 +286,22 @@ def test_a_switch_without_room_for_its_ranks_is_refused_not_run_on_fewer():
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "--algorithm switch needs 1 more ranks" in res.stderr, res.stderr
     assert "Avg bus bandwidth" not in res.stdout  # no row ran on fewer data ranks
+
+
+def test_the_jobs_size_is_noted_only_against_an_n_that_was_given():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["REFCOLL_TIMEOUT"] = "60"
+    base = [str(Path(sys.executable).parent / "mpiexec"), "-n", "3", sys.executable, "-m",
+            "refcoll", "verify", "--backend", "mpi", "--collective", "allgather", "--dtype",
+            "int8", "--sizes", "3"]
+    quiet = subprocess.run(base, capture_output=True, text=True, timeout=120, env=env)
+    told = subprocess.run(base + ["-n", "2"], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert quiet.returncode == 0 and told.returncode == 0, quiet.stderr + told.stderr
+    assert "ignored" not in quiet.stderr
+    assert "using it (-n 2 ignored)" in told.stderr, told.stderr

@@ -220,6 +220,13 @@ def start_mpi(what: str):
     return MPI
 
 
+def n_given() -> bool:
+    """Return whether the command was given ``-n`` (not left at its default)."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("nprocs") if ctx is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def data_ranks(world, nprocs: int) -> int:
     """Return how many ranks of ``world`` hold data; say once when ``-n`` was overruled.
 
@@ -239,7 +246,7 @@ def data_ranks(world, nprocs: int) -> int:
         raise UsageError(f"{WORKERS_VARIABLE}={setting} is not a number of ranks") from None
     if not 1 <= workers <= size:
         raise UsageError(f"{WORKERS_VARIABLE}={workers} does not fit a world of {size} ranks")
-    if world.rank == 0 and setting is None and nprocs != size:
+    if world.rank == 0 and setting is None and nprocs != size and n_given():
         click.echo(f"refcoll: note: already inside an MPI job of {size} processes; "
                    f"using it (-n {nprocs} ignored)", err=True)
     return workers
