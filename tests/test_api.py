@@ -135,3 +135,8 @@ def test_a_world_runs_once():
 def test_auto_refuses_algorithm_options():
     with pytest.raises(UsageError, match="auto' takes no algorithm options"):
         run(2, lambda t: refcoll.allreduce(np.zeros(4), t, algorithm="auto", segment=3))
+
+
+def test_simulate_takes_no_out_since_every_rank_would_share_it():
+    with pytest.raises(UsageError, match="takes no out="):
+        refcoll.simulate("allreduce", [np.ones(4)] * 3, algorithm="tree", out=np.empty(4))

@@ -99,6 +99,8 @@ def _in_place(collective: str, flat, result, rank: int, size: int) -> tuple:
 
 def flat_input(x, t, xp=None) -> np.ndarray:
     """Return ``x`` as a flat, C-contiguous, native-byte-order array of a supported dtype."""
+    if x is None:
+        raise UsageError(f"rank {t.rank}: the input is None; pass an array")
     xp = xp or array_namespace(x)
     arr = xp.asarray(x)
     try:

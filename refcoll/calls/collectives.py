@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import algorithms
 from ..core.errors import UsageError
-from ..core.xp import array_namespace
+from ..core.xp import array_namespace, is_device_array
 from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
 from ..transport.ledger_only import LedgerWorld
@@ -37,7 +37,7 @@ from ..transport.sim import SimWorld
 from ..transport.torch import is_process_group, torch_transport_for
 from . import debug, progress
 from .agree import agree
-from .args import Call, checked
+from .args import Call, checked, shared_errors
 from .plans import Plan
 from .progress import Handle, busy_engine
 
@@ -153,8 +153,8 @@ def _in_issue_order(comm_at: int):
 def _call(collective: str, x, comm, *, op=None, root=None, algorithm, out, validate, options):
     """Find the transport that carries ``x`` over ``comm`` and check the call's arguments there."""
     t = as_transport(comm, collective)
-    if x.__class__ is not np.ndarray:  # a device array may travel another way
-        t = device_for(t, x)
+    if x.__class__ is not np.ndarray and is_device_array(x):  # it may travel another way
+        t = device_for(t, x)  # (anything else, None too, is judged by checked, every rank)
     return checked(t, comm, collective, x, op=op, root=root, algorithm=algorithm, out=out,
                    validate=validate, options=options)
 
@@ -178,7 +178,17 @@ def run(call: Call, implementation=None):
 
 
 def _init(call) -> Plan:
-    """Make a plan of ``call``: agree on it once (unless ``validate=False``), choose, record."""
+    """Make a plan of ``call``: agree on it once (unless ``validate=False``), choose, record.
+
+    A plan runs on the input's own memory (``MPI_Allreduce_init``'s buffers), so an
+    input the call would copy (not C-contiguous) is refused, on every rank.
+    """
+    with shared_errors(call.t, call.validate, call.collective):
+        if not call.x.flags.c_contiguous:
+            raise ValueError(f"rank {call.t.rank}: a plan runs on the input's own memory, and "
+                             "this one is not C-contiguous (a strided view or Fortran order), "
+                             "so each run would see a stale copy; pass "
+                             "np.ascontiguousarray(x) and write into that")
     with call.t.call(call.collective):
         if call.validate:
             agree(call.t, **call.fields())
@@ -397,6 +407,9 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     algorithms.implementation(algorithm, collective)
     if len(inputs) < 1:
         raise UsageError("simulate needs at least one rank's input")
+    if "out" in options:  # one buffer would be every simulated rank's
+        raise UsageError("simulate returns each rank's output (SimResult.outputs); it takes "
+                         "no out=")
     fn = COLLECTIVE_FUNCTIONS[collective]
     # The ledger should show the algorithm's messages only, so argument agreement
     # (one small allgather) is off unless asked for.

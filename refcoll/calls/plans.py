@@ -58,7 +58,7 @@ from ..core.errors import UsageError
 from ..transport.base import transport_cache
 from ..transport.recorder import compile_steps, done, landed, record, run_steps, start
 from . import debug
-from .args import Call
+from .args import Call, check_overlap
 from .progress import (
     BUSY,
     Handle,
@@ -252,6 +252,15 @@ class Plan:
         if shapes != self._shapes or self.collective != "allreduce":
             raise UsageError(f"rank {self.t.rank}: rebind() takes buffers of the plan's shapes "
                              f"and dtypes ({self._shapes}), for an all-reduce")
+        # The checks the call made of the first buffers: the plan runs on their memory.
+        for name, buf, written in (("x", x, out is x), ("out", out, True)):
+            if buf is not None and not (buf.flags.c_contiguous
+                                        and (buf.flags.writeable or not written)):
+                raise UsageError(f"rank {self.t.rank}: rebind() needs a C-contiguous {name}"
+                                 f"{' it can write' if written else ''}: the plan runs on its "
+                                 "memory")
+        if out is not None and out is not x:
+            check_overlap(x.reshape(-1), out.reshape(-1), (x, out), self.t, "all-reduce")
         call = self.call
         self.call = call.on(x.reshape(-1), out.reshape(-1) if out is not None else call.result)
         self.call.x, self.call.out = x, out
@@ -442,8 +451,8 @@ class InFlight:
     def on_thread(self) -> bool:
         return False
 
-    def advance(self) -> None:
-        """Go on as far as the run can without waiting (``test()``)."""
+    def advance(self, whole: bool = False, through: Handle | None = None) -> None:
+        """Go on as far as the run can without waiting (``test()``; the engines' signature)."""
         lock = self.plan._lock
         if not self.done and lock.acquire(blocking=False):
             try:

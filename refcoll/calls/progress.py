@@ -141,9 +141,15 @@ class Handle:
         return f"<refcoll.Handle {self.collective} {state}>"
 
     def test(self) -> bool:
-        """Return whether the call has completed (advancing a schedule engine); never raises."""
+        """Return whether the call has completed (advancing a schedule engine); never raises.
+
+        On a schedule engine, a call that cannot step runs whole here once it is next
+        (:meth:`ScheduleEngine.advance`'s ``through``): repeated tests complete every
+        call, as MPI's progress rule asks of ``MPI_Test``, and a ``while not test()``
+        loop ends.
+        """
         if not self._done.is_set():
-            self._engine.advance()
+            self._engine.advance(through=self)
         return self._done.is_set()
 
     def is_completed(self) -> bool:
@@ -267,7 +273,7 @@ class ThreadEngine:
         """
         return self._running and threading.get_ident() == self._runner
 
-    def advance(self) -> None:
+    def advance(self, whole: bool = False, through: Handle | None = None) -> None:
         """Nothing to do: the thread advances by itself."""
 
     def drive(self, handle: Handle, timeout: float | None) -> None:
@@ -361,11 +367,12 @@ class ScheduleEngine:
     """A communicator's calls as a state machine, advanced by ``test``, ``wait`` and new calls.
 
     A call that can run as a schedule (``handle._job`` with a ``step()`` method:
-    see :func:`refcoll.calls.nonblocking.scheduled`) starts its exchanges one
-    step at a time, whenever the engine is advanced; issuing and ``test()``
-    never wait. Any other call (the first of its kind on the communicator, a
-    compressed one, another collective) runs whole, blocking, and only from
-    ``wait()``: the calls queued behind it wait with it.
+    a recorded plan's run, :class:`Steps`) starts its exchanges one
+    step at a time, whenever the engine is advanced; issuing never waits, nor
+    does ``test()`` for such a call. Any other call (the first of its kind on the
+    communicator, a compressed one, another collective) runs whole, blocking, from
+    ``wait()`` or from a ``test()`` that finds it next (MPI's progress rule: tests
+    repeated complete the call): the calls queued behind it wait with it.
     """
 
     kind = "schedule"
@@ -390,20 +397,23 @@ class ScheduleEngine:
         """Return whether the caller is inside this engine's advance (running one of its calls)."""
         return self._advancing
 
-    def advance(self, whole: bool = False) -> None:
-        """Move the queue as far as it goes without waiting (``whole``: run whole calls too)."""
+    def advance(self, whole: bool = False, through: Handle | None = None) -> None:
+        """Move the queue as far as it goes without waiting (``whole``: run whole calls too;
+        ``through``: run whole the calls that cannot step, up to and including that one)."""
         if self._advancing:
             return  # a call this engine runs is making a call of its own
         self._advancing = True
         try:
+            reached = through is None
             while self._queue:
                 head = self._queue[0]
-                if not _step(head, whole):
+                if not _step(head, whole or not reached):
                     return
                 self._queue.popleft()
                 self.outstanding -= 1
                 if self.outstanding == 0:
                     _count_busy(-1)
+                reached = reached or head is through
         finally:
             self._advancing = False
 

@@ -40,7 +40,7 @@ from ..calls.auto import resolve
 from ..calls.collectives import as_transport, device_for
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_op
-from ..core.xp import array_namespace
+from ..core.xp import array_namespace, is_device_array
 from ..transport.sim import SimWorld
 from .base import Compressor, CompressorState, ErrorFeedback, check_float, parse
 from .patterns import PATTERNS
@@ -128,7 +128,9 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
     """
 
     xp = array_namespace(x)
-    t = device_for(as_transport(comm, "compressed allreduce"), x)
+    t = as_transport(comm, "compressed allreduce")
+    if is_device_array(x):  # (anything else, None too, is judged below, on every rank)
+        t = device_for(t, x)
     with shared_errors(t, validate, "compressed_allreduce"):
         try:
             comp = _resolve(compressor)
@@ -171,7 +173,8 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
             agree(t, collective="compressed_allreduce", algorithm=algorithm, op=op,
                   dtype=dtype_name(flat.dtype), count=flat.size,
                   compressor=comp.spec(),
-                  options=sorted(options.items()) + [("pattern", chosen), ("seed", state.seed)])
+                  options=sorted(options.items()) + [("pattern", chosen), ("seed", state.seed),
+                                                     ("shape", list(arr.shape))])
     if algorithms.get(algorithm).chooses:
         # auto: one choice for every payload array of the call, by the dense tensor's size,
         # so that an oracle resolving the same way predicts the same schedule.

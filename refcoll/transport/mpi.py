@@ -122,34 +122,45 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
         ``polls``: how many times the caller already polled them (counted towards the yield).
         """
         MPI = _mpi()
-        self._ops += 1
-        statuses = self._statuses
-        if self.revoked is not None and self._calls > self._revoked_at:
-            self._withdraw(reqs)
-            self._check_revoked()
-        if self.timeout is None:
-            MPI.Request.Waitall(reqs, statuses)
-            return
-        if MPI.Request.Testall(reqs, statuses):
-            return
-        deadline = time.monotonic() + self.timeout
-        patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
-        while not MPI.Request.Testall(reqs, statuses):
-            polls += 1
-            if polls % NOTICE_POLLS == 0 and self._stopped():  # a peer gave up on this call
+        try:
+            self._ops += 1
+            statuses = self._statuses
+            if self.revoked is not None and self._calls > self._revoked_at:
                 self._withdraw(reqs)
                 self._check_revoked()
-            if patient and polls > PATIENT_POLLS:
-                time.sleep(PATIENT_SLEEP)  # a progress thread: leave the core to the computation
-            elif polls > POLLS_BEFORE_YIELD:
-                os.sched_yield()  # let an oversubscribed peer run
-            if time.monotonic() > deadline:
-                timed_out(
-                    f"rank {self.rank}: {self.current_call or 'point-to-point'} timed out after "
-                    f"{self.timeout:g} s at its exchange {self._ops} of this call, still waiting "
-                    f"{waiting_for()}; that rank may be dead, slow, or in a different call "
-                    "(set REFCOLL_TIMEOUT to wait longer)"
-                )
+            if self.timeout is None:
+                MPI.Request.Waitall(reqs, statuses)
+                return
+            if MPI.Request.Testall(reqs, statuses):
+                return
+            deadline = time.monotonic() + self.timeout
+            patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
+            while not MPI.Request.Testall(reqs, statuses):
+                polls += 1
+                if polls % NOTICE_POLLS == 0 and self._stopped():  # a peer gave up on this call
+                    self._withdraw(reqs)
+                    self._check_revoked()
+                if patient and polls > PATIENT_POLLS:
+                    time.sleep(PATIENT_SLEEP)  # a progress thread: leave the core to the work
+                elif polls > POLLS_BEFORE_YIELD:
+                    os.sched_yield()  # let an oversubscribed peer run
+                if time.monotonic() > deadline:
+                    timed_out(
+                        f"rank {self.rank}: {self.current_call or 'point-to-point'} timed out "
+                        f"after {self.timeout:g} s at its exchange {self._ops} of this call, "
+                        f"still waiting {waiting_for()}; that rank may be dead, slow, or in a "
+                        "different call (set REFCOLL_TIMEOUT to wait longer)"
+                    )
+        except MPI.Exception as exc:  # a receive shorter than the message that came
+            codes = [exc.Get_error_class()]
+            if codes[0] == MPI.ERR_IN_STATUS:  # Testall's: each request's own, in its status
+                codes = [MPI.Get_error_class(s.Get_error()) for s in self._statuses]
+            if MPI.ERR_TRUNCATE not in codes:
+                raise
+            raise RefcollError(
+                f"rank {self.rank}: a message came longer than the buffer, waiting "
+                f"{waiting_for()}; the ranks disagree on the message size (different counts "
+                "or dtypes?)") from None
 
     def _check_count(self, nbytes: int, source: int) -> None:
         """Check the byte count of the receive the last wait completed (its first request)."""

@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 
 import refcoll
-from refcoll.core.errors import CollectiveTimeout, MismatchError, PeerFailure, UsageError
+from refcoll.core.errors import (
+    CollectiveTimeout,
+    MismatchError,
+    PeerFailure,
+    RefcollError,
+    UsageError,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -400,3 +406,64 @@ def test_a_scheduled_iallreduce_meets_a_blocking_call_in_the_same_signature_exch
         assert refcoll.iallreduce(np.ones(16, np.float32), t).wait()[0] == t.size
         assert refcoll.allreduce(np.ones(17, np.float32), t)[0] == t.size
     _assert_keeps_nothing(t)
+
+
+def test_none_on_one_rank_is_named_on_every_rank_and_the_next_call_is_right():
+    t = _transport()
+    last = t.size - 1
+    x = None if (t.rank == last and t.size > 1) else np.full(4, 10.0)
+    if t.size > 1:
+        with pytest.raises(UsageError, match=f"rank {last}: the input is None"):
+            refcoll.allreduce(x, t)
+    assert refcoll.allreduce(np.full(4, 1.0), t)[0] == t.size  # no call is off by one
+
+
+def test_a_plan_on_memory_it_would_copy_is_refused_on_every_rank():
+    t = _transport()
+    last = t.size - 1
+    big = np.zeros(8)
+    x = big[::2] if (t.rank == last and t.size > 1) else np.zeros(4)
+    if t.size > 1:
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            refcoll.allreduce_init(x, t)
+    plan = refcoll.allreduce_init(np.ones(4), t)
+    assert plan()[0] == t.size
+    a = np.ones((2, 2))
+    in_place = refcoll.allreduce_init(a, t, out=a)
+    with pytest.raises(UsageError, match="C-contiguous x"):
+        in_place.rebind(np.asfortranarray(np.ones((2, 2))))  # a copy would be reduced
+    apart = refcoll.allreduce_init(np.ones(8), t, out=np.empty(8))
+    buf = np.ones(12)
+    with pytest.raises(ValueError, match="overlap"):
+        apart.rebind(buf[:8], out=buf[4:12])
+    assert apart()[0] == t.size  # the plan kept its buffers
+
+
+def test_a_message_longer_than_the_buffer_is_named_not_an_mpi_exception():
+    from mpi4py import MPI
+
+    from refcoll.transport.mpi import MPITransport
+
+    world = _world()
+    pair = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+    if pair == MPI.COMM_NULL or pair.Get_size() < 2:
+        return  # one sendrecv between two ranks: each sees the other's size at once
+    t = MPITransport(pair, timeout=60)
+    count = 999 if t.rank == 1 else 1000
+    # validate=False: no agreement, so the sizes meet only in the transfer
+    with pytest.raises(RefcollError, match=r"longer than the buffer|expected 8000 B"):
+        refcoll.allreduce(np.ones(count), t, algorithm="recursive_doubling", validate=False)
+
+
+def test_a_compressed_all_reduce_of_other_shapes_is_a_mismatch_on_every_rank():
+    from refcoll.compressors import parse
+
+    t = _transport()
+    if t.size < 2:
+        return
+    comp = parse("powersgd:rank=2")  # its factors depend on the matrix's shape
+    shape = (6, 4) if t.rank == t.size - 1 else (4, 6)
+    with pytest.raises(MismatchError, match="shape"):
+        refcoll.compressed_allreduce(np.ones(shape, np.float32), t, compressor=comp,
+                                     state=comp.new_state(seed=1, rank=t.rank))
+    assert refcoll.allreduce(np.ones(3), t)[0] == t.size

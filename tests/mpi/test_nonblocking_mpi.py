@@ -95,3 +95,17 @@ def test_a_mismatch_is_raised_from_wait_on_every_rank(kind):
         assert isinstance(h.exception(), MismatchError)
     # The communicator is still usable after the failed call.
     assert refcoll.iallreduce(np.ones(3), t).wait()[0] == t.size
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_loop_of_tests_completes_every_call(kind):
+    # MPI's progress rule: MPI_Test called again and again completes the request. The
+    # schedule engine runs a call it cannot step whole once a test finds it next.
+    t = _transport(kind)
+    for i in range(3):  # first calls (run whole) and repeated ones alike
+        h = refcoll.iallreduce(np.full(4, float(t.rank + i)), t, algorithm="ring")
+        deadline = time.monotonic() + 120  # a bound against a hang, not a timing assertion
+        while not h.test() and time.monotonic() < deadline:
+            pass
+        assert h.test(), f"call {i} never completed under test()"
+        assert h.wait()[0] == sum(r + i for r in range(t.size))
