@@ -301,12 +301,19 @@ class Plan:
     def abandon(self) -> None:
         """After a run that failed partway: never start its requests again (they may be running).
 
-        A recorded plan refuses its later runs.
+        A recorded plan refuses its later runs, and revokes its transport: the run's
+        messages still in flight carry the persistent tags every plan on it shares, so a
+        new plan there could take them as its own data. Its peers learn it at their next
+        wait (``PeerFailure``); ``comm.Dup()`` gives a fresh communicator.
         """
         if self._program is not None:
             self._broken = (f"rank {self.t.rank}: run {self.runs + 1} of this {self.collective} "
                             "plan failed partway; its requests may still be running: make a "
-                            "new plan")
+                            "new plan on a fresh communicator (comm.Dup())")
+            revoke = getattr(self.t, "revoke", None)
+            if revoke is not None:
+                revoke(f"rank {self.t.rank}: run {self.runs + 1} of a {self.collective} plan "
+                       "failed partway, leaving messages in flight")
 
     # ------------------------------------------------------- recording, checks
 

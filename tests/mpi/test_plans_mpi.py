@@ -351,3 +351,26 @@ def test_freed_plans_leave_no_persistent_request():
     for plan in alive:
         plan.free()
     assert len(t._persistent) == before
+
+
+def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_new_plan():
+    from refcoll.core.errors import CollectiveTimeout
+    from refcoll.transport.mpi import MPITransport
+
+    t = MPITransport(_world(), timeout=2)  # its own communicator: the world's stays usable
+    if t.size < 2:
+        return
+    x = np.full(4, 100.0 * (t.rank + 1))
+    first = refcoll.allreduce_init(x, t)
+    if t.rank != t.size - 1:  # the last rank never runs it: the others' sends stay in flight
+        with pytest.raises((CollectiveTimeout, PeerFailure)):
+            first()
+    # A new plan on the same transport would share the persistent tags of those messages:
+    # the ranks that failed revoked it and refuse at once; the last rank, which never ran
+    # the failed plan, learns it from their notice or by its deadline, never by reducing
+    # those messages as its data.
+    with pytest.raises((PeerFailure, CollectiveTimeout)) as caught:
+        refcoll.allreduce_init(np.full(4, 1.0), t)()
+    if t.rank != t.size - 1:
+        assert caught.type is PeerFailure and "failed partway" in str(caught.value)
+    assert refcoll.allreduce(np.ones(3), _world())[0] == t.size  # the world is untouched
