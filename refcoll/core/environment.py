@@ -133,7 +133,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "REFCOLL_WATCH_SAMPLE", "64",
         "Elements judged per call in watch mode, the same on every rank, drawn afresh for each "
-        "call.",
+        "call: 1 to 65536.",
         ("refcoll.torch.watch",)),
     Variable(
         "REFCOLL_WATCH_ACTION", "`raise`",
@@ -142,8 +142,8 @@ VARIABLES: tuple[Variable, ...] = (
         ("refcoll.torch.watch",)),
     Variable(
         "REFCOLL_WATCH_BATCH", "1",
-        "Calls whose samples travel in one exchange in watch mode; a wrong call is raised from "
-        "the wait of the call that closes its batch.",
+        "Calls whose samples travel in one exchange in watch mode (1 to 4096); a wrong call is "
+        "raised from the wait of the call that closes its batch.",
         ("refcoll.torch.watch",)),
     Variable(
         "REFCOLL_WATCH_CHECKSUMS", "on",

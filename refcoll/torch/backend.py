@@ -70,7 +70,7 @@ from ..core.errors import UsageError
 from ..transport.base import default_timeout
 from ..transport.torch import TorchTransport
 from . import exchange
-from .tensors import as_array, flat, reduction
+from .tensors import as_array, flat, premultiplier, reduction
 from .watch import watched_from_env
 from .work import submit
 
@@ -250,6 +250,7 @@ class RefcollGroup(dist.ProcessGroup):
         def job(t):
             with shared_errors(t, True, name):
                 op, factor = reduction(opts.reduceOp)
+                _linear_on_complex(op, any(x.is_complex() for x in tensors))
             for x in self._arrays(t, name, tensors):
                 if factor is not None:
                     x *= x.dtype.type(factor)
@@ -263,7 +264,8 @@ class RefcollGroup(dist.ProcessGroup):
         def job(t):
             for out, pieces in zip(outputs, input_lists):
                 whole = torch.cat([flat(piece) for piece in pieces])
-                self._reduce_scatter(t, flat(out), whole, opts, copied=True)
+                self._reduce_scatter(t, flat(out), whole, opts, copied=True,
+                                     complex_=any(piece.is_complex() for piece in pieces))
         return self._submit("reduce_scatter", outputs, job)
 
     @_watchable("reduce_scatter_single")
@@ -271,7 +273,8 @@ class RefcollGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
 
         def job(t):
-            self._reduce_scatter(t, flat(output), flat(input), opts, copied=False)
+            self._reduce_scatter(t, flat(output), flat(input), opts, copied=False,
+                                 complex_=input.is_complex())
         return self._submit("reduce_scatter", [output], job, [output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -282,16 +285,20 @@ class RefcollGroup(dist.ProcessGroup):
 
         def job(t):
             for out, x in zip(outputs, inputs):
-                self._reduce_scatter(t, flat(out), flat(x), opts, copied=False)
+                self._reduce_scatter(t, flat(out), flat(x), opts, copied=False,
+                                     complex_=x.is_complex())
         return self._submit("reduce_scatter", outputs, job, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def _reduce_scatter(self, t, out: torch.Tensor, whole: torch.Tensor, opts, *, copied: bool):
+    def _reduce_scatter(self, t, out: torch.Tensor, whole: torch.Tensor, opts, *, copied: bool,
+                        complex_: bool = False):
         with shared_errors(t, True, "reduce_scatter"):
             op, factor = reduction(opts.reduceOp)
+            _linear_on_complex(op, complex_)
             if factor is not None:
-                whole = whole * factor if not copied else whole.mul_(factor)
+                scale = premultiplier(factor, whole)
+                whole = whole * scale if not copied else whole.mul_(scale)
             x, o = (as_array(a, t, what) for a, what in ((whole, "the input"), (out, "out=")))
         calls.reduce_scatter(x, t, op=op, algorithm=self.algorithms["reduce_scatter"], out=o)
 
@@ -432,6 +439,16 @@ class RefcollGroup(dist.ProcessGroup):
 
     def _library(self, tensors):
         return self.transport(tensors)._raw
+
+
+def _linear_on_complex(op: str, complex_: bool) -> None:
+    """Refuse an op other than a sum or average on complex tensors: refcoll reduces their
+    real and imaginary parts as floats, elementwise, which is the complex result only for
+    the ops that are linear (SUM, AVG, PREMUL_SUM). Gloo refuses complex reductions."""
+    if complex_ and op not in ("sum", "avg"):
+        raise ValueError(f"reduce op {op} on a complex tensor: refcoll reduces the real and "
+                         "imaginary parts apart, which is the complex result of SUM, AVG and "
+                         "PREMUL_SUM only")
 
 
 def _readable(t, tensors, what: str = "the input", error: str = "") -> tuple[list, str]:

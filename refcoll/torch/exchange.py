@@ -57,6 +57,8 @@ def gather(t, x: np.ndarray | None, root: int, outs: list | None, error: str = "
     with t.call("gather"):
         if not error and t.rank == root and len(outs) != t.size:
             error = f"rank {root}: gather needs one output per rank ({t.size}), got {len(outs)}"
+        if not error and t.rank == root:
+            error = _unlike("gather", "output", outs, x)
         _agree_movement(t, "gather", x, root, error)
         if t.rank != root:
             t.send(x, root)
@@ -73,6 +75,8 @@ def scatter(t, ins: list | None, root: int, out: np.ndarray | None, error: str =
     with t.call("scatter"):
         if not error and t.rank == root and len(ins) != t.size:
             error = f"rank {root}: scatter needs one input per rank ({t.size}), got {len(ins)}"
+        if not error and t.rank == root:
+            error = _unlike("scatter", "input", ins, out)
         _agree_movement(t, "scatter", out, root, error)
         if t.rank != root:
             t.recv(out, root)
@@ -82,6 +86,16 @@ def scatter(t, ins: list | None, root: int, out: np.ndarray | None, error: str =
                 out[...] = ins[dest]
             else:
                 t.send(ins[dest], dest)
+
+
+def _unlike(name: str, what: str, pieces: list, mine) -> str:
+    """Return the root's objection to a piece of ``pieces`` that is not ``mine``'s size and
+    dtype (every rank's own tensor is agreed on: the root's pieces must be like them)."""
+    for r, piece in enumerate(pieces):
+        if piece.size != mine.size or piece.dtype != mine.dtype:
+            return (f"{name}: the root's {what} for rank {r} holds {piece.size} x {piece.dtype}, "
+                    f"every rank's own tensor {mine.size} x {mine.dtype}")
+    return ""
 
 
 def _pieces_record(t, ins: list, outs: list, error: str) -> np.ndarray:

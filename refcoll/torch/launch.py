@@ -75,7 +75,7 @@ def _master_port() -> int:
     text = os.environ.get("MASTER_PORT", "").strip()
     if not text:
         return 0
-    if not text.isdigit() or int(text) > 65535:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
         raise UsageError(f"MASTER_PORT={text[:40]!r} is not a TCP port: give a number from 1 "
                          "to 65535, or leave it unset for any free port")
     return int(text)

@@ -150,20 +150,38 @@ def reduction(op) -> tuple[str, object]:
     return _OPS[name], factor
 
 
+def premultiplier(factor: float, tensor):
+    """Return PREMUL_SUM's ``factor`` as a 0-d tensor of ``tensor``'s dtype: ``x * f`` is then
+    one rounding of ``x`` times the factor rounded to the dtype, as NumPy's ``x *
+    x.dtype.type(f)`` and NCCL's premultiply are (torch's ``x * f`` of a Python float
+    rounds ``x · f`` instead, another result in float16 and bfloat16)."""
+    torch = _torch()
+    dtype = tensor.dtype
+    if dtype.is_complex:  # a complex tensor's parts are scaled by the real factor
+        dtype = torch.float32 if dtype == torch.complex64 else torch.float64
+    return torch.tensor(factor, dtype=dtype, device=tensor.device)
+
+
 #: torch's reduction kinds met so far, but PREMUL_SUM (whose factor is the call's).
 _REDUCTIONS: dict = {}
 
 
 def flat(tensor):
-    """Return a contiguous tensor's elements as one dimension (a complex tensor as its reals).
+    """Return a contiguous tensor's elements as one dimension (a complex tensor as its reals):
+    a view of its memory, so what is written there lands in the tensor.
 
     Raises:
-        ValueError: a sparse tensor (refcoll reduces dense ones).
+        ValueError: a sparse tensor (refcoll reduces dense ones), or one that is not
+            contiguous (a flat view of it would be a copy, and the result would be lost).
     """
     if tensor.layout != _torch().strided:
         raise ValueError(f"a {str(tensor.layout).removeprefix('torch.')} tensor: refcoll "
                          "reduces dense tensors (tensor.to_dense(); Gloo's backend has a "
                          "sparse all-reduce)")
+    if not tensor.is_contiguous():
+        raise ValueError(f"a tensor that is not contiguous (strides {tensor.stride()} for "
+                         f"shape {tuple(tensor.shape)}): refcoll works on its memory; pass "
+                         "tensor.contiguous() and copy the result back")
     if tensor.is_complex():
         tensor = _torch().view_as_real(tensor)
     return tensor.reshape(-1)

@@ -66,7 +66,7 @@ from ..core.errors import MismatchError, UsageError, WrongResult
 from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
 from ..verify.checksums import block_elements, block_size, checksums, judge_sums
 from ..verify.oracle import check_outputs
-from .tensors import _bits_types, as_array, flat, reduction
+from .tensors import _bits_types, as_array, flat, premultiplier, reduction
 from .work import submit
 
 __all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
@@ -115,23 +115,34 @@ def make_backend(name: str, store, rank: int, size: int, timeout):
     return plugin.creator_fn(prefix, rank, size, timeout)
 
 
+#: The most elements a call's sample may hold, and calls a batch: a rank's record of a
+#: call holds ``(p + 1)`` times the sample, and a batch's records travel as one message.
+MAX_SAMPLE, MAX_BATCH = 1 << 16, 1 << 12
+
+
+def _whole(text: str, most: int) -> bool:
+    """Return whether ``text`` is a whole number from 1 to ``most`` (ASCII digits only)."""
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= most
+
+
 def watched_from_env(store, rank: int, size: int, timeout):
     """Return the :class:`Watch` that ``REFCOLL_WATCH`` asks for, or ``None``."""
     name = os.environ.get("REFCOLL_WATCH", "").strip()
     if not name:
         return None
     text = os.environ.get("REFCOLL_WATCH_SAMPLE", "").strip() or str(DEFAULT_SAMPLE)
-    if not text.isdigit() or int(text) < 1:
+    if not _whole(text, MAX_SAMPLE):
         raise UsageError(f"REFCOLL_WATCH_SAMPLE={text!r}: give the elements to judge per call, "
-                         "a whole number of at least 1")
+                         f"a whole number from 1 to {MAX_SAMPLE} (every element is judged by "
+                         "the block checksums already)")
     action = os.environ.get("REFCOLL_WATCH_ACTION", "raise").strip().lower() or "raise"
     if action not in ("raise", "log"):
         raise UsageError(f"REFCOLL_WATCH_ACTION={action!r}: use raise (a WrongResult on every "
                          "rank) or log (a log line, and training goes on)")
     batch = os.environ.get("REFCOLL_WATCH_BATCH", "").strip() or "1"
-    if not batch.isdigit() or int(batch) < 1:
+    if not _whole(batch, MAX_BATCH):
         raise UsageError(f"REFCOLL_WATCH_BATCH={batch!r}: give the calls whose samples travel "
-                         "together, a whole number of at least 1")
+                         f"together, a whole number from 1 to {MAX_BATCH}")
     sums = os.environ.get("REFCOLL_WATCH_CHECKSUMS", "").strip().lower() or "on"
     if sums not in ("on", "off"):
         raise UsageError(f"REFCOLL_WATCH_CHECKSUMS={sums!r}: use on (every element, by block "
@@ -161,16 +172,17 @@ def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
     if method in ("allreduce", "allreduce_coalesced", "reduce"):
         tensors = args[0]
         for tensor in tensors if factor is not None else ():
-            tensor.mul_(factor)
+            tensor.mul_(premultiplier(factor, tensor))
         outs = tensors if method != "reduce" or rank == opts.rootRank else []
         args = (tensors, summed)
     elif method == "reduce_scatter_single":
         outs, x = [args[0]], args[1]
-        args = (args[0], x if factor is None else x * factor, summed)
+        args = (args[0], x if factor is None else x * premultiplier(factor, x), summed)
     else:  # reduce_scatter: lists
         outs, pieces = args[0], args[1]
         if factor is not None:
-            pieces = [[piece * factor for piece in row] for row in pieces]
+            pieces = [[piece * premultiplier(factor, piece) for piece in row]
+                      for row in pieces]
         args = (outs, pieces, summed)
 
     def finish() -> None:
@@ -382,6 +394,7 @@ class _Sample:
         self.sums_in: np.ndarray | None = None
         self.sums_out: np.ndarray | None = None
         self.read_sums = None
+        self.failed = False  # the watched call raised: nothing of it is judged
 
     def sums(self) -> np.ndarray:
         """This rank's checksums as one float64 row (empty without them)."""
@@ -438,17 +451,20 @@ class Watch:
         def job(t):
             try:
                 work.wait()  # the watched library's own error, if it has one, is the call's
+                if finish is not None:
+                    finish()
+                if sample is not None:
+                    sample.after = sample.read_after()
+                    if sample.read_sums is not None:
+                        sample.sums_out = sample.read_sums()
             except BaseException:
                 batch.clear()  # nothing of this batch is judged (the ranks see the error)
+                if sample is not None:  # nor this call, in the batch a later call closes
+                    sample.failed = True
                 raise
-            if finish is not None:
-                finish()
-            if sample is not None:
-                sample.after = sample.read_after()
-                if sample.read_sums is not None:
-                    sample.sums_out = sample.read_sums()
-            if batch:
-                self._judge(t, batch)
+            judged = [s for s in batch if not s.failed]
+            if judged:
+                self._judge(t, judged)
 
         name = sample.collective if sample is not None else method
         return submit(f"watch {name}", refcoll_group._cpu, job, result)

@@ -264,3 +264,54 @@ def test_ddp_trains_on_the_refcoll_group(world):
         u = 2.0 ** -24
         bound = 2 * (p + 1) * u / (1 - (p + 1) * u) * scale  # the summation, DDP's 1/p
         assert bool(((q.grad.double() - exact).abs() <= bound).all())
+
+
+def test_a_tensor_that_is_not_contiguous_is_refused_not_left_unchanged(world):
+    # a flat view of it would be a copy: the result would land there and be lost
+    x = (torch.arange(8, dtype=torch.float32).reshape(2, 4) + 1).t()
+    with pytest.raises(ValueError, match="not contiguous"):
+        dist.all_reduce(x)
+    with pytest.raises(ValueError, match="not contiguous"):
+        dist.broadcast(x, src=0)
+    y = x.contiguous()
+    dist.all_reduce(y)
+    assert y.tolist() == (x * world.size()).tolist()
+
+
+def test_complex_ops_other_than_sums_are_refused_on_every_rank(world):
+    x = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    for op in (dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX):
+        with pytest.raises(ValueError, match="on a complex tensor"):
+            dist.reduce(x.clone(), dst=0, op=op)
+    with pytest.raises(ValueError, match="on a complex tensor"):
+        dist.reduce_scatter_tensor(torch.zeros(1, dtype=torch.complex64),
+                                   torch.ones(world.size(), dtype=torch.complex64),
+                                   op=dist.ReduceOp.PRODUCT)
+    y = x.clone()
+    dist.all_reduce(y)  # a sum is the complex sum
+    assert y.tolist() == (x * world.size()).tolist()
+
+
+def test_premul_sum_rounds_the_factor_to_the_dtype_in_every_call(ring):
+    p, r = dist.get_world_size(), dist.get_rank()
+    x = torch.linspace(-3, 7, 10 * p, dtype=torch.float16) + r
+    factor = dist._make_nccl_premul_sum(0.1)
+    whole = x.clone()
+    dist.all_reduce(whole, op=factor)
+    part = torch.empty(10, dtype=torch.float16)
+    dist.reduce_scatter_tensor(part, x.clone(), op=factor)
+    # each input times fl16(0.1), one rounding: the same products in both calls (at 2 ranks,
+    # one order of the sum, so the same bits; more ranks may sum in other orders)
+    if p == 2:
+        assert part.tolist() == whole[10 * r:10 * (r + 1)].tolist()
+
+
+def test_gather_and_scatter_pieces_unlike_the_ranks_tensors_are_refused(world):
+    p, r = world.size(), world.rank()
+    root = p - 1
+    pieces = [torch.empty(2) for _ in range(p)] if r == root else None
+    with pytest.raises(ValueError, match="the root's output for rank 0 holds 2"):
+        dist.gather(torch.ones(4), pieces, dst=root)
+    ins = [torch.ones(4) for _ in range(p)] if r == root else None
+    with pytest.raises(ValueError, match="the root's input for rank 0 holds 4"):
+        dist.scatter(torch.empty(2), ins, src=root)

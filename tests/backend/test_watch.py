@@ -208,8 +208,9 @@ def test_no_false_alarm_over_many_calls_on_gloo(world):
 def test_watch_settings_are_checked_when_the_group_is_made(world):
     with pytest.raises(UsageError, match="not a backend torch knows"):
         watching("nosuch")
-    with pytest.raises(UsageError, match="REFCOLL_WATCH_SAMPLE"):
-        watching("gloo", REFCOLL_WATCH_SAMPLE=0)
+    for bad in (0, 1 << 17, "²"):  # "²" is a digit to str.isdigit, not to int()
+        with pytest.raises(UsageError, match="REFCOLL_WATCH_SAMPLE"):
+            watching("gloo", REFCOLL_WATCH_SAMPLE=bad)
     with pytest.raises(UsageError, match="cannot watch itself"):
         watching("refcoll")
 
@@ -238,3 +239,26 @@ def test_samples_batched_are_judged_together_naming_the_wrong_call(world):
     with pytest.raises(WrongResult, match=r"call 2, 10 elements sampled .* element 5"):
         dist.all_reduce(torch.arange(10, dtype=torch.float32), group=group)
     assert group.watched.calls == 3 and not group.watched.pending
+
+
+def test_no_false_alarm_on_premul_sum_in_half_precision_nor_on_strided_tensors(world):
+    group = watching("gloo")
+    for dtype in (torch.float16, torch.bfloat16):  # FSDP2's reduce_dtype with a divide factor
+        t = torch.linspace(-3, 7, 100, dtype=dtype) + world.rank()
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.1), group=group)
+    strided = (torch.arange(8, dtype=torch.float32).reshape(2, 4) + 1).t()
+    dist.all_reduce(strided, group=group)  # Gloo reduces it; the call goes unjudged
+    assert strided.tolist() == ((torch.arange(8.0).reshape(2, 4) + 1).t()
+                                * world.size()).tolist()
+    assert not group.watched.findings
+
+
+def test_a_watched_call_that_fails_leaves_its_batch_judged_without_it(world):
+    group = watching("gloo", REFCOLL_WATCH_BATCH=3)
+    with pytest.raises(RuntimeError):  # Gloo cannot store an average in an int32 tensor
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG, group=group)
+    for _ in range(3):
+        t = torch.ones(4)
+        dist.all_reduce(t, group=group)
+        assert t.tolist() == [float(world.size())] * 4
+    assert not group.watched.findings
