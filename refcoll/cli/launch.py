@@ -182,6 +182,10 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
 
 # ------------------------------------------------------------------------ in the world
 
+#: The longest wait ``select`` takes (a deadline beyond it is as good as none: a year).
+_LONGEST_SELECT = 365 * 24 * 3600.0
+
+
 def start_mpi(what: str):
     """Return mpi4py's MPI module, initialising MPI by the deadline; else end this rank.
 
@@ -192,22 +196,23 @@ def start_mpi(what: str):
     started; past ``REFCOLL_TIMEOUT`` it says why on stderr and ends this rank,
     which ends the job.
     """
-    if "mpi4py.MPI" in sys.modules:  # started already
+    seconds = default_timeout()
+    if "mpi4py.MPI" in sys.modules or seconds is None:  # started already, or no deadline
         from mpi4py import MPI
 
         return MPI
-    seconds = default_timeout()
+    parent = os.getpid()
     read_end, write_end = os.pipe()
     watcher = os.fork()
     if watcher == 0:  # the watcher: a word (or the end of its parent) within the deadline
         try:
             os.close(write_end)
-            ready, _, _ = select.select([read_end], [], [], seconds)
-            if not ready:
+            ready, _, _ = select.select([read_end], [], [], min(seconds, _LONGEST_SELECT))
+            if not ready and os.getppid() == parent:  # never another process, once orphaned
                 os.write(2, (f"refcoll: error: {what}: MPI did not start within {seconds:g} s "
                              "(REFCOLL_TIMEOUT): a rank of this job never started it; it may "
                              "have stopped on an error (see its message)\n").encode())
-                os.kill(os.getppid(), signal.SIGKILL)
+                os.kill(parent, signal.SIGKILL)
         finally:
             os._exit(0)
     os.close(read_end)
