@@ -140,3 +140,9 @@ def test_auto_refuses_algorithm_options():
 def test_simulate_takes_no_out_since_every_rank_would_share_it():
     with pytest.raises(UsageError, match="takes no out="):
         refcoll.simulate("allreduce", [np.ones(4)] * 3, algorithm="tree", out=np.empty(4))
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_a_rooted_call_given_no_root_is_refused_not_rooted_at_zero(collective):
+    with pytest.raises(UsageError, match="root None is not a rank"):
+        refcoll.simulate(collective, [np.ones(3)] * 2, algorithm="naive", root=None)

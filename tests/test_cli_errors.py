@@ -305,3 +305,7 @@ def test_the_jobs_size_is_noted_only_against_an_n_that_was_given():
     assert quiet.returncode == 0 and told.returncode == 0, quiet.stderr + told.stderr
     assert "ignored" not in quiet.stderr
     assert "using it (-n 2 ignored)" in told.stderr, told.stderr
+
+
+def test_a_process_count_no_machine_could_start_is_refused(no_launch):
+    one_line_error(invoke("verify", "-n", "1000000"), "-n 1000000", "at most 4096")

@@ -46,7 +46,7 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
     """
     xp = np if x.__class__ is np.ndarray else array_namespace(x)  # a NumPy array: no look-up
     with shared_errors(t, validate, collective):
-        if root is not None:
+        if root is not None or collective in ("broadcast", "reduce"):  # root=None: no rank
             check_root(root, t)
         # The registry's and the ops' tables first; their functions name what is wrong.
         reduction = None if op is None else (OPS.get(op) if op.__class__ is str else None

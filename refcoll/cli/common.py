@@ -233,19 +233,29 @@ def split_list(value: str | None, choices, what: str) -> list[str] | None:
     return items
 
 
+#: The most processes ``-n`` starts on this machine; a larger job is started with the
+#: user's own ``mpiexec`` (and a hostfile), where ``-n`` is not read.
+MAX_PROCESSES = 4096
+
+
 def require_processes(nprocs: int, *, minimum: int = 1, flag: str = "-n") -> None:
-    """Refuse a process count below ``minimum`` (``-n 0``, ``-n -1``) with a plain reason.
+    """Refuse a process count below ``minimum`` (``-n 0``, ``-n -1``) or above
+    :data:`MAX_PROCESSES` with a plain reason.
 
     Every command with ``-n`` calls it first, inside an MPI job too (where ``-n``
     is otherwise ignored): a count that no launch could use is bad usage, not
     something a collective should discover.
 
     Raises:
-        UsageError: ``nprocs < minimum``.
+        UsageError: ``nprocs < minimum`` or ``nprocs > MAX_PROCESSES``.
     """
     if nprocs < minimum:
         raise UsageError(f"{flag} {nprocs}: the number of MPI processes to start must be at "
                          f"least {minimum}; give {flag} {minimum} or more")
+    if nprocs > MAX_PROCESSES:
+        raise UsageError(f"{flag} {nprocs}: refcoll starts at most {MAX_PROCESSES} processes "
+                         "on this machine; start a larger job with your own mpiexec (and a "
+                         "hostfile)")
 
 
 # ------------------------------------------------------------------------------ memory

@@ -137,7 +137,8 @@ class OverlapConfig:
                              "(or give --synthetic)")
         if not self.bucket_mbs or not all(0 < b < math.inf for b in
                                           (*self.bucket_mbs, self.first_bucket_mb)):
-            raise UsageError(f"--bucket-mb must be positive, got {self.bucket_mbs}")
+            raise UsageError("--bucket-mb must be positive and finite, got "
+                             + ", ".join(f"{b:g}" for b in self.bucket_mbs))
         if self.backward not in ("numpy", "sleep") or self.warmup < 0:
             raise UsageError(f"backward {self.backward!r}, warmup {self.warmup}: give numpy or "
                              "sleep, and a warmup of at least 0 steps")
