@@ -215,7 +215,7 @@ def _verify_library_in_world(make_judge, nprocs, filters, seed, json_file) -> No
         sys.exit(2)
     width = max(23, 1 + max(len(call) for call in judge.calls.values()))
     if lead:
-        if nprocs != judge.size and launch.n_given():
+        if nprocs != judge.size and launch.given("nprocs"):
             click.echo(f"refcoll: note: already inside a {judge.launcher} job of {judge.size} "
                        f"processes; using it (-n {nprocs} ignored)", err=True)
         where = f"torch {judge.version}, {judge.backend} on {judge.device}" \

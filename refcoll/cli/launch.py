@@ -29,7 +29,7 @@ from ..transport.base import default_timeout
 
 __all__ = ["in_mpi_job", "in_torchrun", "find_mpiexec", "mpiexec_command", "INSTALL_HINT",
            "relaunch", "check_environment", "workers_env", "data_ranks", "remember_arguments",
-           "invoked_arguments", "arguments_problem", "start_mpi", "WORKERS_VARIABLE",
+           "invoked_arguments", "arguments_problem", "start_mpi", "given", "WORKERS_VARIABLE",
            "BROKEN_PIPE"]
 
 #: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
@@ -225,10 +225,11 @@ def start_mpi(what: str):
     return MPI
 
 
-def n_given() -> bool:
-    """Return whether the command was given ``-n`` (not left at its default)."""
+def given(name: str = "nprocs") -> bool:
+    """Return whether the running command was given option ``name`` (click's parameter name;
+    ``nprocs`` is ``-n``), not left at its default."""
     ctx = click.get_current_context(silent=True)
-    source = ctx.get_parameter_source("nprocs") if ctx is not None else None
+    source = ctx.get_parameter_source(name) if ctx is not None else None
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
@@ -251,7 +252,7 @@ def data_ranks(world, nprocs: int) -> int:
         raise UsageError(f"{WORKERS_VARIABLE}={setting} is not a number of ranks") from None
     if not 1 <= workers <= size:
         raise UsageError(f"{WORKERS_VARIABLE}={workers} does not fit a world of {size} ranks")
-    if world.rank == 0 and setting is None and nprocs != size and n_given():
+    if world.rank == 0 and setting is None and nprocs != size and given("nprocs"):
         click.echo(f"refcoll: note: already inside an MPI job of {size} processes; "
                    f"using it (-n {nprocs} ignored)", err=True)
     return workers

@@ -39,6 +39,7 @@ from ..model.nccl_tests import (
 from ..model.request import quoted_links
 from ..model.systems import SYSTEM_PRESETS, System, system_preset
 from .common import write_json
+from .launch import given
 
 __all__ = ["SWEEP_OPTIONS", "run_sweep", "wants_sweep"]
 
@@ -62,12 +63,6 @@ def wants_sweep(opts: dict) -> bool:
                     and not opts["layers_file"] and not opts["calibrate"]))
 
 
-def _given(name: str) -> bool:
-    """Return whether option ``name`` was given (not left at its default)."""
-    source = click.get_current_context().get_parameter_source(name)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-
 #: The options that describe the hardware a fit was made on: with ``--from-fit`` they
 #: would change what its constants mean (``--nodes`` and the rest stay free).
 _FITTED_HARDWARE = ("preset", "gpu_arch", "intra_transport", "inter_transport", "intra_bw",
@@ -78,7 +73,7 @@ _FITTED_HARDWARE = ("preset", "gpu_arch", "intra_transport", "inter_transport", 
 def _base(opts: dict) -> System | None:
     """Return the system of ``--from-fit`` or a system ``--preset``, or None."""
     if opts["fit_file"]:
-        clash = [f"--{name.replace('_', '-')}" for name in _FITTED_HARDWARE if _given(name)]
+        clash = [f"--{name.replace('_', '-')}" for name in _FITTED_HARDWARE if given(name)]
         if clash:
             raise UsageError(f"--from-fit {opts['fit_file']} prices the hardware it was "
                              f"fitted on; {', '.join(clash)} would change what its constants "
@@ -125,18 +120,18 @@ def _system(opts: dict) -> System:
     """Return the system the options (over the preset, over a fit file) describe."""
     base = _base(opts)
     fields = {**_counts(opts), **_links(opts)}
-    if base is None or _given("gpu_arch"):
+    if base is None or given("gpu_arch"):
         fields["generation"] = opts["gpu_arch"]
     for name, key in (("intra_transport", "intra"), ("inter_transport", "transport")):
         if opts[name] is not None:
             fields[key] = opts[name]
     for name in ("nvls", "p2p"):
-        if base is None or _given(name):
+        if base is None or given(name):
             fields[name] = opts[name]
     if opts["in_network"]:
         fields["collnet"] = True
     for name, key in (("intra_latency", "intra_alpha"), ("inter_latency", "inter_alpha")):
-        if _given(name):  # a step takes at least this long on that link
+        if given(name):  # a step takes at least this long on that link
             fields[key] = parse_duration(opts[name], name=f"--{name.replace('_', '-')}",
                                          unit=True)
     if "nic_bw" in fields and "nics" not in fields and (base is None or not base.nics):
@@ -170,7 +165,7 @@ def _refuse_strays(opts: dict) -> None:
                          "--from-fit reads)")
     if opts["save_fit"] and not opts["fit_logs"]:
         raise UsageError("--save-fit writes what --fit learns: give --fit LOG")
-    stray = [f"--{name.replace('_', '-')}" for name in STEP_OPTIONS if _given(name)]
+    stray = [f"--{name.replace('_', '-')}" for name in STEP_OPTIONS if given(name)]
     if stray:
         raise UsageError(f"{', '.join(stray)} belong to the step report (--params or "
                          "--layers, without --sweep, --compare or --fit), not to nccl-tests' "
@@ -198,7 +193,7 @@ def _sizes(opts: dict) -> list[int]:
     """Return the sweep's sizes (``-b -e -f -i -d``), as all_reduce_perf makes them."""
     factor = parse_count(opts["stepfactor"], name="-f/--stepfactor")
     step = parse_size(opts["stepbytes"], name="-i/--stepbytes", whole=True)
-    if _given("stepfactor") and factor > 1:
+    if given("stepfactor") and factor > 1:
         step = 0  # as all_reduce_perf: a factor above 1 wins over -i
     return sweep_sizes(parse_size(opts["minbytes"], name="-b/--minbytes", whole=True),
                        parse_size(opts["maxbytes"], name="-e/--maxbytes", whole=True),

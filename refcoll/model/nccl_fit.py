@@ -86,14 +86,7 @@ def _shaped(system: System, tables: list[Table]) -> list[tuple[Table, System]]:
 
 def _predictions(tables, fitted: dict, algorithm: str | None) -> list[float]:
     """Return the predicted seconds of every row the model prices, in order."""
-    out = []
-    for table, shaped in tables:
-        s = replace(shaped, fitted=dict(fitted))
-        for r in table.rows:
-            run = predict(s, r.size, algorithm)
-            if run is not None and r.measured > 0:
-                out.append(run.seconds)
-    return out
+    return [p for _, p, _ in _priced(tables, fitted, algorithm)]
 
 
 def unlearnt(tables, fitted: dict, algorithm: str | None) -> list[str]:
@@ -108,15 +101,22 @@ def unlearnt(tables, fitted: dict, algorithm: str | None) -> list[str]:
     return out
 
 
-def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | None) -> float:
-    total = 0.0
+def _priced(tables: list[tuple[Table, System]], fitted: dict,
+            algorithm: str | None) -> list[tuple[int, float, float]]:
+    """Return ``(size, predicted, measured)`` seconds of every row the model prices, in order,
+    each table on its own shape with the constants ``fitted``."""
+    out = []
     for table, shaped in tables:
         s = replace(shaped, fitted=dict(fitted))
         for r in table.rows:
             run = predict(s, r.size, algorithm)
             if run is not None and r.measured > 0:
-                total += math.log(run.seconds / r.measured) ** 2
-    return total
+                out.append((r.size, run.seconds, r.measured))
+    return out
+
+
+def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | None) -> float:
+    return sum(math.log(p / m) ** 2 for _, p, m in _priced(tables, fitted, algorithm))
 
 
 def _golden(f, low: float, high: float) -> float:
@@ -187,16 +187,10 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
 def fit_to_json(system: System, fitted: dict, tables: list[Table],
                 algorithm: str | None = None) -> dict:
     """Return what ``--fit`` writes: the system, the constants, and the fit's own errors."""
-    pairs = []
-    for t, shaped in _shaped(system, tables):
-        s = replace(shaped, fitted=dict(fitted))
-        for r in t.rows:
-            run = predict(s, r.size, algorithm)
-            if run is not None:
-                pairs.append((r.size, run.seconds, r.measured))
-    errors = band_errors(pairs)
+    shaped = _shaped(system, tables)
+    errors = band_errors(_priced(shaped, fitted, algorithm))
     return {"refcoll_fit": 1,
-            "unlearnt": unlearnt(_shaped(system, tables), fitted, algorithm),
+            "unlearnt": unlearnt(shaped, fitted, algorithm),
             "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
                        "intra": system.intra, "intra_bw": system.intra_bw,
                        "pcie_gen": system.pcie_gen, "p2p": system.p2p, "nvls": system.nvls,
