@@ -105,6 +105,27 @@ def test_block_arguments_round_trip():
                                       "ranks_per_node": 4, "layout": "list"})]
 
 
+@pytest.mark.parametrize(("words", "says"), [
+    ([], "give --write or --check"),
+    (["step_table"], "no algorithm: give algorithm=NAME"),
+    (["step_table", "algorithm=ring", "n=4"], "no p: give p="),
+    (["step_table", "algorithm=ring", "p=100000", "n=4"], "p=100000: give p= a whole number"),
+    (["step_table", "algorithm=ring", "p=4", "n=99999999999"], "n=99999999999: give n="),
+    (["step_table", "algorithm=ring", "p=4", "n=-1"], "n=-1: give n="),
+    (["step_table", "algorithm=ring", "p=x", "n=4"], "p='x': give p="),
+    (["step_table", "ring"], "'ring': a block's arguments are key=value pairs"),
+    (["reduction_tree", "algorithm=ring", "p=4", "n=4", "op=max"], "op: the symbolic run sets"),
+    (["step_table", "algorithm=ring", "p=4", "n=4", "x=1"], "x: the symbolic run sets"),
+])
+def test_a_block_it_cannot_draw_is_refused_at_once(words, says):
+    """A block too large to read, without its arguments, or setting what the symbolic run
+    sets (``op=``: it would be ignored) is bad usage, refused before any run."""
+    result = CliRunner().invoke(spec_command, words)
+    assert result.exit_code == 2, result.output
+    assert says in result.output, result.output
+    assert "Traceback" not in result.output
+
+
 # ------------------------------------------------- the documented orders
 
 @pytest.mark.parametrize("p", range(1, 7))

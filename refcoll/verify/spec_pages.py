@@ -149,15 +149,48 @@ def _reduction_tree_markdown(run: Trace) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(kind: str, *, algorithm: str, p: int, n: int,
+#: The largest block drawn: a page's table is read by eye (the spec's reach p = 9, n = 9).
+MAX_BLOCK_RANKS, MAX_BLOCK_COUNT = 64, 256
+
+#: What the symbolic run sets itself, so no block may: :func:`refcoll.simulate`'s own keywords.
+_RESERVED = ("op", "inputs", "timeout", "record_payloads", "moves_data", "calibration",
+             "validate", "x", "comm", "out")
+
+
+def _check_block(kind: str, algorithm, p, n, options: dict) -> None:
+    """Refuse a block the pages could not hold: its kind, size or a keyword the run sets."""
+    if kind not in KINDS:
+        raise UsageError(f"unknown block kind {kind!r}: choose {' or '.join(KINDS)}")
+    if not isinstance(algorithm, str):
+        given = "no algorithm" if algorithm is None else f"algorithm={algorithm!r}"
+        raise UsageError(f"{given}: give algorithm=NAME (refcoll list names them)")
+    for name, value, top in (("p", p, MAX_BLOCK_RANKS), ("n", n, MAX_BLOCK_COUNT)):
+        low = 1 if name == "p" else 0
+        if type(value) is not int or not low <= value <= top:
+            given = f"no {name}" if value is None else f"{name}={value!r}"
+            raise UsageError(f"{given}: give {name}= a whole number from {low} to {top} "
+                             "(a generated block is read by eye)")
+    reserved = sorted(set(options) & set(_RESERVED))
+    if reserved:
+        raise UsageError(f"{', '.join(reserved)}: the symbolic run sets "
+                         f"{'this' if len(reserved) == 1 else 'these'} itself; drop "
+                         f"{'it' if len(reserved) == 1 else 'them'}")
+
+
+def render_markdown(kind: str, *, algorithm=None, p=None, n=None,
                     collective: str = "allreduce", layout: str = "grid", **options) -> str:
-    """Return the markdown body of one generated block (without its markers)."""
+    """Return the markdown body of one generated block (without its markers).
+
+    Raises:
+        UsageError: an unknown kind, no algorithm, ``p`` or ``n`` missing or beyond
+            :data:`MAX_BLOCK_RANKS` and :data:`MAX_BLOCK_COUNT`, or a keyword the run
+            sets itself (``op=``...).
+    """
+    _check_block(kind, algorithm, p, n, options)
     run = trace(algorithm, p, n, collective=collective, **options)
     if kind == "step_table":
         return _step_table_markdown(run, layout)
-    if kind == "reduction_tree":
-        return _reduction_tree_markdown(run)
-    raise ValueError(f"unknown block kind {kind!r}: choose step_table or reduction_tree")
+    return _reduction_tree_markdown(run)
 
 
 # ------------------------------------------------------------------------ pages
@@ -179,7 +212,13 @@ def _value(text: str):
 
 def block_arguments(args: str) -> dict:
     """Return the ``key=value`` pairs of a block's opening marker as keyword arguments."""
-    return {key: _value(value) for key, value in (pair.split("=", 1) for pair in args.split())}
+    words = args.split()
+    pairs = [word.partition("=") for word in words]
+    bad = [word for word, (key, eq, _) in zip(words, pairs) if not (eq and key)]
+    if bad:
+        raise UsageError(f"{bad[0]!r}: a block's arguments are key=value pairs "
+                         "(algorithm=ring p=4 n=4)")
+    return {key: _value(value) for key, _, value in pairs}
 
 
 def regenerate(text: str) -> str:
