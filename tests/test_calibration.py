@@ -186,7 +186,7 @@ def test_a_measurement_beside_another_job_is_not_saved(tmp_path):
     # than cores whatever the machine, so the measurement must not be kept.
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(CORES)]
     try:
-        reports, stderr = run_report(tmp_path, 2, REFCOLL_CALIBRATION="measure")
+        reports, stderr = run_report(tmp_path, 2)  # nothing cached: it measures, to save
     finally:
         for hog in hogs:
             hog.kill()
@@ -297,3 +297,107 @@ def test_list_shows_the_calibration_in_force_with_its_age_and_key(tmp_path, monk
     monkeypatch.setenv("REFCOLL_CALIBRATION", "default")
     res = CliRunner().invoke(main, ["list"])
     assert "REFCOLL_CALIBRATION=default" in res.output and "(fixed defaults" in res.output
+
+
+QUIET_CALIBRATE = textwrap.dedent("""
+    import sys
+    import refcoll.calls.calibration as calibration
+    calibration.runnable_tasks = lambda: 1  # a quiet machine: the save is what is judged
+    from refcoll.cli import main
+    sys.argv = ["refcoll", "calibrate", *sys.argv[1:]]
+    main()
+""")
+
+
+@needs_mpi
+def test_calibrate_says_not_saved_when_the_cache_could_not_be_kept(tmp_path):
+    """An unreadable cache is left as it is: the command says the calibration was not
+    saved and exits 1, its JSON says so, rather than claiming it saved (the load probe is
+    faked quiet, so the machine's load decides nothing here)."""
+    script = tmp_path / "calibrate.py"
+    script.write_text(QUIET_CALIBRATE)
+    cache = tmp_path / "cache" / "calibration.json"
+    cache.parent.mkdir()
+    cache.write_text('{"x": ')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env.update(REFCOLL_CACHE=str(cache.parent), REFCOLL_TIMEOUT="60")
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script), "--force", "--json",
+                          str(tmp_path / "cal.json")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "not saved: the cache" in res.stderr and "cannot be read" in res.stderr
+    assert "saved in" not in res.stdout and "measured for this job only" in res.stdout
+    report = json.loads((tmp_path / "cal.json").read_text())
+    assert report["saved"] is False and "cannot be read" in report["why_not_saved"]
+    assert cache.read_text() == '{"x": '  # left as it was
+
+
+def test_calibrate_refuses_to_write_its_json_over_the_cache(tmp_path):
+    cache = tmp_path / "calibration.json"
+    cache.write_text("{}")
+    env = dict(os.environ, REFCOLL_CACHE=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "refcoll", "calibrate", "--json", str(cache)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "is the file of the calibration cache" in res.stderr
+    assert cache.read_text() == "{}"
+
+
+ONE_RANK = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from mpi4py import MPI
+    import refcoll
+    from refcoll.calls import auto
+    from refcoll.calls.collectives import as_transport
+
+    alone = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank)  # a communicator of one rank
+    refcoll.allreduce(np.ones(4, np.float32), alone, algorithm="auto")
+    cal = auto.calibration_for(as_transport(alone))
+    assert "no peer to measure" in cal.source, cal.source  # every rank, as rank 0 shows
+    if MPI.COMM_WORLD.rank == 0:
+        print(json.dumps({"alpha": cal.alpha, "beta": cal.beta, "source": cal.source}))
+""")
+
+
+@needs_mpi
+def test_a_one_rank_communicator_measures_and_saves_nothing(tmp_path):
+    """A rank alone has no peer to ping: it takes the defaults and caches no fake
+    measurement that later jobs would take as this machine's."""
+    script = tmp_path / "one.py"
+    script.write_text(ONE_RANK)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "REFCOLL_CALIBRATION"))}
+    env.update(REFCOLL_CACHE=str(tmp_path / "cache"), REFCOLL_TIMEOUT="60")
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for line in res.stdout.splitlines():
+        got = json.loads(line)
+        assert (got["alpha"], got["beta"]) == (tuning.DEFAULT.alpha, tuning.DEFAULT.beta)
+        assert "no peer to measure" in got["source"]
+    assert not cache_file(tmp_path).exists()
+
+
+@needs_mpi
+def test_the_measure_mode_neither_reads_nor_writes_the_cache(tmp_path):
+    """REFCOLL_CALIBRATION=measure measures for this job, ignoring the cache, as documented:
+    an entry planted under the job's key is neither used nor replaced."""
+    reports, _ = run_report(tmp_path, 2, REFCOLL_CALIBRATION="measure")
+    key = reports[0]["key"]
+    planted = json.dumps({key: {"alpha": 1.0, "beta": 1e-12, "gamma": 1e-12, "measured_at": 0,
+                                "load": 0.5}})
+    cache_file(tmp_path).parent.mkdir(exist_ok=True)
+    cache_file(tmp_path).write_text(planted)
+    reports, _ = run_report(tmp_path, 2, REFCOLL_CALIBRATION="measure")
+    assert reports[0]["alpha"] != 1.0 and "neither read nor written" in reports[0]["source"]
+    assert cache_file(tmp_path).read_text() == planted
+
+
+def test_a_cached_date_in_the_future_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
+    host = __import__("platform").node()
+    key = f"{host}|lib|ranks_per_node=2|oversubscribed=no"
+    (tmp_path / "calibration.json").write_text(json.dumps({
+        key: {"alpha": 7e-6, "beta": 1e-10, "gamma": 2e-10, "measured_at": 1e300}}))
+    assert calibration_module.cached_calibrations() == []

@@ -82,11 +82,16 @@ def test_an_unknown_level_is_an_error_at_every_call_until_fixed(monkeypatch):
     debug.reset()
     try:
         for _ in range(2):
+            assert not debug.enabled()  # traces nothing; the call's argument check refuses it
             with pytest.raises(UsageError, match=r"REFCOLL_DEBUG='LOUD' is not a debug level: "
                                                  r"use INFO"):
-                debug.enabled()
+                debug.check_level()
+            with pytest.raises(UsageError, match=r"REFCOLL_DEBUG='LOUD'"):
+                refcoll.simulate("allreduce", [np.ones(4, np.float32)] * 2, algorithm="ring",
+                                 validate=True)
         monkeypatch.setenv("REFCOLL_DEBUG", "INFO")  # read again while it was wrong
         assert debug.enabled() and debug.level() == "INFO"
+        debug.check_level()
     finally:
         monkeypatch.delenv("REFCOLL_DEBUG")
         debug.reset()
@@ -307,6 +312,24 @@ def test_under_mpiexec_each_rank_writes_its_own_file(tmp_path):
                    for c in calls[:3])
         assert calls[3]["root"] == "1"
         assert int(calls[3]["sent" if rank == 1 else "received"]) >= 4096 * 4
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_under_mpiexec_one_ranks_unknown_level_is_every_ranks_error(tmp_path):
+    """Only rank 0 is given a bad level: rank 1 raises it too, from the call's argument
+    check, rather than waiting for rank 0 until the deadline."""
+    script = tmp_path / "trace.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "REFCOLL_"))}
+    env.update(REFCOLL_CALIBRATION="default", REFCOLL_TIMEOUT="120")
+    res = subprocess.run([MPIEXEC, "-n", "1", "env", "REFCOLL_DEBUG=VERBOSE", sys.executable,
+                          str(script), "8", ":", "-n", "1", sys.executable, str(script), "8"],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode != 0
+    assert "rank 0 could not run allreduce: UsageError: rank 0: REFCOLL_DEBUG='VERBOSE'" in \
+        res.stderr, res.stderr[-3000:]
+    assert "CollectiveTimeout" not in res.stderr
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install 'refcoll[mpi]'")

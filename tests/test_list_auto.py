@@ -140,3 +140,26 @@ def test_widths_come_from_the_contents():
     assert lines == ["  p | from 4 B    | then         | then",
                      "  2 | a           |              |",
                      "128 | a_long_name | b ≥ 35.2 KiB | c ≥ 387 KiB"]
+
+
+def test_a_tuning_file_is_named_beside_the_table_it_overrides(tmp_path, monkeypatch):
+    """auto follows REFCOLL_TUNING_FILE where its tables apply: list says so, and a file it
+    cannot read is refused before anything is printed."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"version": 1, "tables": [
+        {"collective": "allreduce", "ranks": 2, "nodes": 1, "per_node": 2,
+         "rules": [{"bytes": 1024, "algorithm": "tree", "time_us": 1.0},
+                   {"bytes": 4096, "algorithm": "ring", "time_us": 2.0}]}]}))
+    monkeypatch.setenv("REFCOLL_TUNING_FILE", str(path))
+    out = tmp_path / "list.json"
+    res = CliRunner().invoke(main, ["list", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"REFCOLL_TUNING_FILE={path}: where one of its tables applies" in res.output
+    assert "allreduce on 2 ranks (1 nodes x 2): 2 rules, for calls of 512 to 8192 B" in \
+        res.output
+    tuning = json.loads(out.read_text())["auto"]["tuning"]
+    assert tuning["file"] == str(path) and tuning["tables"][0]["reach_bytes"] == [512, 8192]
+    monkeypatch.setenv("REFCOLL_TUNING_FILE", str(tmp_path / "absent.json"))
+    res = CliRunner().invoke(main, ["list"])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    assert "algorithms:" not in res.output

@@ -32,6 +32,7 @@ from refcoll.algorithms.tree import (
     tree_reduce_cost,
 )
 from refcoll.core.chunking import chunk_bounds
+from refcoll.core.errors import UsageError
 from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld
 from refcoll.verify.conformance import LARGE_SIZE, build_cases, run_battery
@@ -60,9 +61,10 @@ def test_segments_cover_the_buffer_in_order_each_at_most_segment(n, segment):
     assert max(sizes) - min(sizes) <= 1 and (segment is None or max(sizes) <= segment)
 
 
-def test_a_segment_below_one_is_refused():
-    with pytest.raises(ValueError, match="segment"):
-        segment_bounds(10, 0)
+@pytest.mark.parametrize("segment", [0, -4, "abc", 2.5, True])
+def test_a_segment_that_is_no_positive_count_is_a_usage_error(segment):
+    with pytest.raises(UsageError, match="segment must be a positive element count"):
+        segment_bounds(10, segment)
 
 
 # ------------------------------------------------------------------- binomial shape

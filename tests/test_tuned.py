@@ -70,6 +70,15 @@ def test_a_table_is_for_its_nodes():
     (document(table([(1024, "ring(segment=4)")])), "the rule at 1024 B"),  # not its option
     (document(table([(1024, "auto")])), "auto cannot run"),
     (document(table([(1024, "switch")])), "auto cannot run"),
+    # values the run would refuse, refused when the file is read: the rule is named
+    (document(table([(1024, "tree(segment=0)")])),
+     r"the rule at 1024 B \(tree\(segment=0\)\): segment must be a positive"),
+    (document(table([(1024, "tree(segment=abc)")])), "segment must be a positive"),
+    (document(table([(1024, "hierarchical(pipeline=0)")])), "pipeline must be a positive"),
+    (document(table([(1024, "hierarchical(ranks_per_node=0)")])), "ranks_per_node must be"),
+    (document(table([(1024, "ring(direction=bogus)")])), "direction must be one of"),
+    (document(table([(1024, "ring"), (1024, "tree")])), "two rules at 1024 B"),
+    (json.dumps({"version": 99, "tables": []}), "version 99; this refcoll reads version 1"),
 ])
 def test_a_file_auto_cannot_follow_is_a_usage_error_naming_it(text, said):
     with pytest.raises(UsageError, match=said) as info:
@@ -101,8 +110,39 @@ def test_tune_keeps_each_sizes_fastest_algorithm_that_auto_may_run():
         [(1024, "hierarchical(pipeline=2)"), (4096, "ring")]
     tuning = tuned.parse(json.dumps(doc))
     assert tuning.choice("allreduce", 4, NodeShape(2, 2), 1024) == ("hierarchical", {"pipeline": 2})
-    with pytest.raises(UsageError, match="no timed algorithm"):
+    with pytest.raises(UsageError, match="no row auto may take"):
         tuned.from_bench([("b.json", report([(1024, "auto", 5.0, 0)]))])
+
+
+def test_tune_leaves_out_rows_wrong_in_place_or_never_checked():
+    """bench -c 0 times without judging (wrong: null), and a row may be right out of place
+    but wrong in place: neither is a rule auto should follow."""
+    rows = report([(1024, "ring", 30.0, 0), (1024, "naive", 5.0, None),
+                   (4096, "ring", 50.0, 0), (4096, "tree", 10.0, 0)])
+    rows["rows"][3]["inplace_wrong"] = 2
+    (only,) = tuned.from_bench([("b.json", rows)])["tables"]
+    assert [(r["bytes"], r["algorithm"]) for r in only["rules"]] == [(1024, "ring"),
+                                                                      (4096, "ring")]
+    with pytest.raises(UsageError, match=r"1 failed a check; 1 were not checked \(bench -c 0\)"):
+        tuned.from_bench([("b.json", report([(1024, "ring", 5.0, 1),
+                                             (4096, "ring", 5.0, None)]))])
+
+
+def test_an_exclusion_leaves_a_rule_of_an_algorithm_auto_never_picks(tmp_path, monkeypatch):
+    """REFCOLL_ALGO=^ring excludes ring alone: a rule naming naive or hierarchical (which
+    auto never picks by itself) still stands, as a listed algorithm does."""
+    path = tmp_path / "t.json"
+    path.write_text(document(table([(256, "naive")], ranks=2)))
+    monkeypatch.setenv(tuned.TUNING_ENV, str(path))
+    monkeypatch.setenv("REFCOLL_ALGO", "^ring")
+    seen = []
+    from refcoll.transport import SimWorld
+    SimWorld(2).run(lambda t: seen.append(resolve_with_options(t, "allreduce", 64, 4)))
+    assert seen == [("naive", {}), ("naive", {})]
+    monkeypatch.setenv("REFCOLL_ALGO", "^naive")
+    seen.clear()
+    SimWorld(2).run(lambda t: seen.append(resolve_with_options(t, "allreduce", 64, 4)[0]))
+    assert "naive" not in seen
 
 
 def test_sweeps_of_one_layout_make_one_table_and_a_later_size_stands():
@@ -175,6 +215,31 @@ def test_bench_tune_and_auto_under_mpi(tmp_path, monkeypatch):
               "none", "-w", "1", "-i", "1")
     assert bad.returncode == 2 and "the tuning file (REFCOLL_TUNING_FILE) does not exist" in \
         bad.stdout + bad.stderr
+
+
+def test_tune_refuses_to_write_over_its_own_report(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(report([(1024, "ring", 30.0, 0)])))
+    before = path.read_text()
+    for output in (str(path), str(tmp_path / "." / "b.json")):
+        res = cli("tune", str(path), "-o", output)
+        assert res.returncode == 2 and "is the file of BENCH_JSON" in res.stderr, res.stderr
+    assert path.read_text() == before
+
+
+def test_simulate_prices_what_auto_ran_under_a_tuning_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(document(table([(4096, "tree(segment=256)")], ranks=2)))
+    env = dict(__import__("os").environ, **{tuned.TUNING_ENV: str(path)})
+    res = cli("simulate", "--algorithm", "auto", "-p", "2", "--count", "1024", "--json",
+              str(tmp_path / "s.json"), env=env)
+    assert res.returncode == 0, res.stderr
+    assert "auto ran: tree(segment=256)" in res.stdout
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert got["chosen"] == "tree(segment=256)"
+    ledger = dict(got["ledger"], reduced=got["ledger"]["max_rank_reduced"])
+    assert got["cost"] == {k: ledger[k] for k in got["cost"]}  # the ledger's own counts
+    assert got["cost"]["rounds"] == 8  # tree in 4 segments; the model's pick would differ
 
 
 def test_tune_refuses_what_it_cannot_read(tmp_path):

@@ -77,24 +77,23 @@ def _inter_implementation(inter: str):
     return found
 
 
-def _check_ranks_per_node(t, ranks_per_node, level: str = "node") -> None:
+def _check_options(ranks_per_node, inter, pipeline, level, where: str = ""):
+    """Refuse options no run could take (``where`` names the rank: ``rank 2: ``); return
+    ``inter``'s all-reduce. The run and the cost formula check alike."""
     if level not in LEVELS:
-        raise UsageError(f"rank {t.rank}: level must be one of {', '.join(LEVELS)} (the "
+        raise UsageError(f"{where}level must be one of {', '.join(LEVELS)} (the "
                          f"groups of the two levels), got {level!r}")
-    if level != "node":
-        if ranks_per_node is not None:
-            raise UsageError(f"rank {t.rank}: level={level!r} groups the ranks by the "
-                             "topology file's racks; ranks_per_node groups consecutive ranks "
-                             "as nodes: give one of them")
-        return
-    if ranks_per_node is None:
-        if not hasattr(getattr(t, "records", t), "split_node"):  # a plan's recorder: its transport
-            raise UsageError(f"rank {t.rank}: {type(t).__name__} cannot find nodes "
-                             "(no split_node): pass ranks_per_node=k")
-        return
-    if not _positive(ranks_per_node):
-        raise UsageError(f"rank {t.rank}: ranks_per_node must be a positive integer, "
+    if level != "node" and ranks_per_node is not None:
+        raise UsageError(f"{where}level={level!r} groups the ranks by the "
+                         "topology file's racks; ranks_per_node groups consecutive ranks "
+                         "as nodes: give one of them")
+    if ranks_per_node is not None and not _positive(ranks_per_node):
+        raise UsageError(f"{where}ranks_per_node must be a positive integer, "
                          f"got {ranks_per_node!r}")
+    if not _positive(pipeline):
+        raise UsageError(f"{where}pipeline must be a positive integer (segments), "
+                         f"got {pipeline!r}")
+    return _inter_implementation(inter)
 
 
 def _positive(value) -> bool:
@@ -151,11 +150,11 @@ def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
       positive integer (segments beyond n are empty).
     Spec: spec/hierarchical.md
     """
-    _check_ranks_per_node(t, ranks_per_node, level)
-    if not _positive(pipeline):
-        raise UsageError(f"rank {t.rank}: pipeline must be a positive integer (segments), "
-                         f"got {pipeline!r}")
-    inter_allreduce = _inter_implementation(inter)
+    inter_allreduce = _check_options(ranks_per_node, inter, pipeline, level, f"rank {t.rank}: ")
+    if level == "node" and ranks_per_node is None and not hasattr(
+            getattr(t, "records", t), "split_node"):  # a plan's recorder: its transport
+        raise UsageError(f"rank {t.rank}: {type(t).__name__} cannot find nodes "
+                         "(no split_node): pass ranks_per_node=k")
     if t.size == 1:
         copy_into(out, x)
         return
@@ -280,6 +279,7 @@ def hierarchical_allreduce_cost(p: int, n: int, itemsize: int, *, ranks_per_node
     unequal nodes, ``rounds``) are upper bounds. ``dbtree`` breaks (1) and (3): its
     counts here are estimates.
     """
+    _check_options(ranks_per_node, inter, pipeline, level)
     if p == 1:
         return ZERO
     parts = [_segment_cost(p, m, itemsize, ranks_per_node, inter)

@@ -53,6 +53,7 @@ import numpy as np
 
 from ..core.chunking import chunk_bounds
 from ..core.cost import ZERO, Cost
+from ..core.errors import UsageError
 from ._util import copy_into, workspace
 from .knomial import (
     FIRSTS,
@@ -96,8 +97,9 @@ def segment_bounds(n: int, segment: int | None) -> list[tuple[int, int]]:
     element, the longer ones first. ``segment=None``: one piece. ``n == 0``: no
     pieces at all (nothing moves).
     """
-    if segment is not None and segment < 1:
-        raise ValueError(f"segment must be a positive element count or None, got {segment}")
+    if segment is not None and (isinstance(segment, bool) or not isinstance(
+            segment, (int, np.integer)) or segment < 1):
+        raise UsageError(f"segment must be a positive element count or None, got {segment!r}")
     if n == 0:
         return []
     if segment is None:

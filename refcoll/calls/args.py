@@ -28,6 +28,7 @@ from ..core.ops import (
     get_op,
 )
 from ..core.xp import array_namespace, check_device_dtype, is_device_array
+from . import debug
 from .agree import agree, agree_key
 from .auto import resolve_with_options
 
@@ -46,6 +47,8 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
     """
     xp = np if x.__class__ is np.ndarray else array_namespace(x)  # a NumPy array: no look-up
     with shared_errors(t, validate, collective):
+        if debug.ON[0] is None:  # REFCOLL_DEBUG not read yet, or no level: every rank's error
+            debug.check_level()
         if root is not None or collective in ("broadcast", "reduce"):  # root=None: no rank
             check_root(root, t)
         # The registry's and the ops' tables first; their functions name what is wrong.

@@ -18,7 +18,7 @@ one rank's typo is an error on all of them.
   on every transport, never a timing, so its choice (and so the bits of every
   float result) depends only on the collective, p, count and dtype. The
   simulator always works so.
-* ``measure``: measure now, ignoring the cache (and save, as ``cache`` does).
+* ``measure``: measure now, for this job: the cache is neither read nor written.
 
 Across nodes (the ranks' hosts differ) the calibration is two-level: α and β
 inside a node and across nodes, measured by :func:`~refcoll.calls.calibration.measure`,
@@ -123,6 +123,12 @@ class AlgoFilter:
         if exclude:
             return [n for n in pool if n not in names]
         return [n for n in algorithms.names(collective) if n in names]
+
+    def permits(self, collective: str, name: str) -> bool:
+        """Return whether ``REFCOLL_ALGO`` leaves ``name`` to ``collective`` (a tuning file's
+        rule may name one auto never picks by itself, as a listed algorithm may)."""
+        rule = self._rule(collective)
+        return rule is None or (name in rule[0]) != rule[1]
 
     def _rule(self, collective: str):
         chosen = None
@@ -252,7 +258,7 @@ def _agreed_settings(t) -> _AutoSettings:
             raise UsageError(f"rank {t.rank}: {error}")
         tuning = agreed_tuning(t, tuning_path())
         calibration = (DEFAULT if mode == "default"
-                       else calibrate(t, force=mode == "measure")[0])
+                       else calibrate(t, force=mode == "measure", save=mode != "measure")[0])
     if not calibration.two_level:  # one level measured: the topology's links price the other
         calibration = replace(calibration, **inter_levels(topology, t.hosts))
     calibration = replace(calibration, **rack_levels(topology, t.hosts))  # the racks' uplinks
@@ -299,8 +305,9 @@ def resolve_with_options(t, collective: str, count: int, itemsize: int) -> tuple
         pool = settings.allowed.allowed(collective)
         explicit = settings.allowed._rule(collective) is not None
         whole = count * itemsize * (t.size if collective == "allgather" else 1)  # bench's size
+        left = [n for n in algorithms.names(collective) if settings.allowed.permits(collective, n)]
         found = settings.tuning and settings.tuning.choice(collective, t.size, settings.shape,
-                                                           whole, pool if explicit else None)
+                                                           whole, left if explicit else None)
         if found:
             settings.tuned.add(key)
         elif _two_level(collective, settings.calibration, settings.shape):

@@ -143,6 +143,10 @@ _RECORD_FIELDS = (("alpha", False, 0.0, 3600.0), ("beta", False, 0.0, 1.0),
                   ("per_node", True, 0, 1 << 24))
 
 
+#: How far in the future a cached ``measured_at`` may lie (another host's clock), seconds.
+_CLOCK_SLACK = 86400.0
+
+
 def _from_record(key: str, record) -> Calibration | None:
     """Return the calibration of one cache entry, or None (said once) where it is not one.
 
@@ -159,8 +163,10 @@ def _from_record(key: str, record) -> Calibration | None:
         values = {name: number(record.get(name, 0), where=f"{where}: {name}", integer=whole,
                                least=least, most=most)
                   for name, whole, least, most in _RECORD_FIELDS}
+        latest = {"measured_at": time.time() + _CLOCK_SLACK, "load": None}  # not in the future
         extra = {name: (None if record.get(name) is None else
-                        float(number(record[name], where=f"{where}: {name}", least=0)))
+                        float(number(record[name], where=f"{where}: {name}", least=0,
+                                     most=latest[name])))
                  for name in ("measured_at", "load")}
     except UsageError as exc:
         _warn_once(f"{exc}; the entry is ignored")
@@ -175,12 +181,13 @@ def _load(key: str) -> Calibration | None:
     return None if record is None else _from_record(key, record)
 
 
-def _save(key: str, calibration: Calibration) -> None:
-    """Add ``calibration`` to the cache under ``key``, keeping every other job's entries.
+def _save(key: str, calibration: Calibration) -> str | None:
+    """Add ``calibration`` to the cache under ``key``, keeping every other job's entries;
+    return None, or why it was not saved.
 
     Under the cache's lock: read it, add the entry, replace the file (a temporary
     renamed over it). A cache that cannot be read is not overwritten; a cache that
-    cannot be written only costs a measurement next time; both are said on stderr.
+    cannot be written only costs a measurement next time.
     """
     path = cache_path()
     entry = {"alpha": calibration.alpha, "beta": calibration.beta, "gamma": calibration.gamma,
@@ -191,14 +198,13 @@ def _save(key: str, calibration: Calibration) -> None:
         with locked(path):
             data = _read_cache()
             if data is None:
-                print(f"refcoll: note: the calibration was not saved: the cache {path} cannot "
-                      "be read (said above) and is left as it is", file=sys.stderr)
-                return
+                return (f"the cache {path} cannot be read (said above) and is left as it is; "
+                        "remove it to keep calibrations again")
             data[key] = entry
             write_json(path, data, allow_nan=False)
     except (OSError, UsageError, ValueError) as exc:  # a read-only home; a number not finite
-        print(f"refcoll: note: could not save the calibration in {path}: {exc}",
-              file=sys.stderr)
+        return f"the cache {path} could not be written: {exc}"
+    return None
 
 
 def cached_calibrations(host: str | None = None) -> list[Calibration]:
@@ -365,6 +371,9 @@ def _levels(values) -> dict:
 #: Bytes of one rank's record in the exchange that finds the key: host name and cores.
 _HOST_RECORD = 256
 
+#: Bytes of rank 0's word on whether it saved the calibration (empty: it did).
+_WHY_RECORD = 1024
+
 
 def _key_of(t) -> CalibrationKey:
     """Return ``t``'s :class:`CalibrationKey`, the same on every rank (collective on ``t``).
@@ -414,10 +423,16 @@ def calibrate(t, *, force: bool = False, save: bool = True,
 
     Collective on an MPI transport. Rank 0 reads the cache under ``t``'s key;
     without an entry (or with ``force``) the ranks measure, and rank 0 saves
-    the result unless :func:`_why_not_saved` objects (the reason comes back
-    on rank 0, None elsewhere, and with ``announce`` goes to stderr).
+    the result unless :func:`_why_not_saved` objects or the cache cannot be
+    written (the reason comes back on rank 0, None elsewhere, and with
+    ``announce`` goes to stderr). ``save=False`` (with ``force``:
+    ``REFCOLL_CALIBRATION=measure``) neither reads nor writes the cache. A
+    one-rank ``t`` has no peer to measure: it gets :data:`DEFAULT`, saved nowhere.
     """
     key = _key_of(t)
+    if t.size < 2:  # no peer: nothing to measure, and nothing worth keeping
+        return replace(DEFAULT, key=key.text(),
+                       source="the defaults (one rank: there is no peer to measure)"), None
     found, kind = None, 0.0
     if t.rank == 0 and not force:
         found, kind = _load(key.text()), 1.0
@@ -437,20 +452,27 @@ def calibrate(t, *, force: bool = False, save: bool = True,
                            load=float(record[5]) if record[5] >= 0 else None,
                            **_levels(record[6:10])), None
     calibration = replace(measure(t), key=key.text())
+    if not save:
+        return replace(calibration, source="measured for this job (the cache is neither read "
+                                           "nor written)"), None
     why = _why_not_saved(key, calibration)
-    if why is None and save:
+    if why is None:  # rank 0 keeps the cache; every rank learns whether it could
+        said = np.zeros(_WHY_RECORD, dtype=np.uint8)
         if t.rank == 0:
-            _save(key.text(), calibration)
-        calibration = replace(calibration, source=f"measured, saved in {cache_path()}")
-    if t.rank == 0:
-        if why is not None and announce:
-            print(f"refcoll: note: auto's calibration was measured for this job only and not "
-                  f"saved: {why}", file=sys.stderr, flush=True)
-    if why is not None:
-        calibration = replace(calibration, source=f"measured for this job only ({why})")
-        if t.rank == 0:
-            _THIS_JOB[key.text()] = calibration  # other communicators of this job reuse it
-    return calibration, why if t.rank == 0 else None
+            text = _save(key.text(), calibration) or ""
+            said = pack([text, text[:_WHY_RECORD // 2] + "..."], _WHY_RECORD)
+        naive_broadcast(t, said, root=0)
+        why = unpack(said) or None
+        if why is None:
+            return replace(calibration, source=f"measured, saved in {cache_path()}"), None
+    calibration = replace(calibration, source=f"measured for this job only ({why})")
+    if t.rank != 0:
+        return calibration, None
+    if announce:
+        print(f"refcoll: note: auto's calibration was measured for this job only and not "
+              f"saved: {why}", file=sys.stderr, flush=True)
+    _THIS_JOB[key.text()] = calibration  # other communicators of this job reuse it
+    return calibration, why
 
 
 #: Measurements this process took and could not save, by key: a second

@@ -26,13 +26,10 @@ Environment, read once per process (:func:`reset` reads it again):
 * ``REFCOLL_DEBUG``: NCCL's levels, in any case. ``INFO`` and ``TRACE``: a line
   per call; ``VERSION``, ``WARN`` and ``ABORT``: nothing per call; unset or empty:
   nothing. Any other value is a :class:`~refcoll.core.errors.UsageError` at the
-  first collective call (and every later one), raised by each rank from its own
-  environment before it sends anything. ``mpiexec`` gives every rank the same
-  environment, so every rank raises it and none waits for another. Tracing
-  needs no agreement (one rank may trace alone), so in a job whose ranks were
-  given different values only the ranks with a bad one raise, and the others
-  stop at the transport's deadline (``REFCOLL_TIMEOUT``) with a timeout that
-  names the rank they waited for.
+  first collective call (and every later one), raised where the call checks its
+  arguments (:func:`check_level`): like a bad argument, one rank's bad value is
+  every rank's error, before any data moves (a call with ``validate=False`` raises
+  it on that rank alone). Tracing itself needs no agreement: one rank may trace alone.
 * ``REFCOLL_DEBUG_FILE``: write the lines to this file instead of stderr, as
   ``NCCL_DEBUG_FILE`` does: ``%h`` is the host name, ``%p`` the process id and
   (refcoll's addition) ``%r`` the rank, ``%%`` a percent sign. ``trace.%h.%r``
@@ -63,8 +60,8 @@ from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_op
 from .auto import prediction
 
-__all__ = ["ON", "LEVELS", "TRACING_LEVELS", "enabled", "reset", "level", "traced", "tracing",
-           "begin", "Span", "call_fields", "line", "expand_path", "NAMES"]
+__all__ = ["ON", "LEVELS", "TRACING_LEVELS", "enabled", "check_level", "reset", "level",
+           "traced", "tracing", "begin", "Span", "call_fields", "line", "expand_path", "NAMES"]
 
 R = TypeVar("R")
 
@@ -84,6 +81,8 @@ _LEVEL_ENV, _FILE_ENV = "REFCOLL_DEBUG", "REFCOLL_DEBUG_FILE"
 _on: list = [None]
 #: The same, public: a call reads ``ON[0]`` in place, calling nothing, once it is read.
 ON = _on
+#: ``[message]``: why the last value read is no level (None: it is one, or none was read).
+_problem: list = [None]
 _settings: dict = {"level": None, "file": None}
 _lock = threading.Lock()
 _files: dict = {}  # expanded path -> open file (or sys.stderr where it could not be opened)
@@ -97,13 +96,27 @@ _depth = threading.local()  # calls being traced on this thread (inner calls wri
 def enabled() -> bool:
     """Return whether ``REFCOLL_DEBUG`` asks for a line per call (read once, then cached).
 
-    Raises:
-        UsageError: ``REFCOLL_DEBUG`` is not one of :data:`LEVELS`; the
-            environment is read again, and the error raised again, at every
-            call until it names a level.
+    A value that is not one of :data:`LEVELS` traces nothing here: the call's own argument
+    check refuses it (:func:`check_level`), on every rank, and the environment is read
+    again at every call until it names a level.
     """
     on = _on[0]
     return _read() if on is None else on
+
+
+def check_level() -> None:
+    """Refuse a ``REFCOLL_DEBUG`` that names no level (nothing, once it is read and good).
+
+    Called where a collective checks its arguments, so that one rank's bad value is
+    every rank's error (:func:`refcoll.calls.args.shared_errors`), as a bad argument is.
+
+    Raises:
+        UsageError: ``REFCOLL_DEBUG`` is not one of :data:`LEVELS`.
+    """
+    if _on[0] is None and _problem[0] is None:
+        _read()
+    if _problem[0] is not None:
+        raise UsageError(_problem[0])
 
 
 def level() -> str | None:
@@ -120,7 +133,7 @@ def reset() -> None:
                 fh.close()
         _files.clear()
         _settings.update(level=None, file=None)
-        _on[0] = None
+        _on[0] = _problem[0] = None
 
 
 def _read() -> bool:
@@ -129,9 +142,11 @@ def _read() -> bool:
     if name and name not in LEVELS:
         where = _process_rank()
         prefix = "" if where is None else f"rank {where}: "
-        raise UsageError(f"{prefix}{_LEVEL_ENV}={value!r} is not a debug level: use INFO (a line "
-                         f"per collective call, as NCCL_DEBUG=INFO), TRACE (the same), WARN, "
-                         f"VERSION or ABORT (nothing per call), or leave it unset")
+        _problem[0] = (f"{prefix}{_LEVEL_ENV}={value!r} is not a debug level: use INFO (a line "
+                       f"per collective call, as NCCL_DEBUG=INFO), TRACE (the same), WARN, "
+                       f"VERSION or ABORT (nothing per call), or leave it unset")
+        return False  # _on stays None: read again at the next call
+    _problem[0] = None
     _settings.update(level=name or None, file=os.environ.get(_FILE_ENV) or None)
     _on[0] = on = name in TRACING_LEVELS
     return on

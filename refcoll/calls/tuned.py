@@ -62,6 +62,10 @@ MOST_BYTES = 1 << 62
 #: The most ranks (and nodes, and ranks per node) a table or a bench report may name.
 MOST_RANKS = 1 << 24
 
+#: A rule's option values are checked by pricing it (its cost formula refuses what its
+#: run would) on tables of at most this many ranks; larger ones are checked as they run.
+_PRICED_RANKS = 1024
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -162,11 +166,16 @@ def _table(where: str, entry) -> Table:
         rule = _fields(at, rule, "a rule")
         if "bytes" not in rule or "algorithm" not in rule:
             raise UsageError(f"{at}: a rule needs bytes and algorithm")
+        time_us = rule.get("time_us")
         rules.append(Rule(number(rule["bytes"], where=f"{at}.bytes", integer=True, least=1,
                                  most=MOST_BYTES),
                           _string(f"{at}.algorithm", rule["algorithm"]),
-                          float(number(rule.get("time_us") or 0.0, where=f"{at}.time_us",
-                                       least=0))))
+                          0.0 if time_us is None else
+                          float(number(time_us, where=f"{at}.time_us", least=0))))
+    sizes = [r.nbytes for r in rules]
+    if len(set(sizes)) < len(sizes):
+        twice = next(size for size in sizes if sizes.count(size) > 1)
+        raise UsageError(f"{where}: two rules at {twice} B; a table has one rule a size")
     dtype, origin = entry.get("dtype", ""), entry.get("from", "")
     return Table(collective, ranks, nodes, per_node,
                  tuple(sorted(rules, key=lambda r: r.nbytes)),
@@ -186,21 +195,32 @@ def parse(text: str, path: str = "") -> Tuning:
     if not isinstance(data, dict) or "tables" not in data:
         raise UsageError(f"{where} is not a refcoll tuning file: it must be an object with "
                          "tables; write it with refcoll tune")
+    if data.get("version", 1) != 1:
+        raise UsageError(f"{where}: version {json.dumps(data['version'])[:20]}; this refcoll "
+                         "reads version 1 (write the file again with refcoll tune)")
     tables = [_table(f"{where}: tables[{i}]", entry)
               for i, entry in enumerate(_list(f"{where}: tables", data["tables"], "tables"))]
+    checked: set = set()  # (collective, ranks, spelled algorithm) priced already
     for table in tables:
         if not table.rules:
             raise UsageError(f"{where}: a table of {table.collective} on {table.ranks} ranks "
                              "has no rule")
         for rule in table.rules:
             try:
-                name, _ = check_spelled(rule.algorithm, table.collective)
+                name, options = check_spelled(rule.algorithm, table.collective)
+                algo = algorithms.get(name)
+                if algo.workers is not None or not algo.pinnable:
+                    raise UsageError(f"it names {name}, which auto cannot run (it needs "
+                                     "processes beyond the data ranks, or it is auto)")
+                priced = (table.collective, table.ranks, rule.algorithm)
+                if (options and priced not in checked and table.ranks <= _PRICED_RANKS
+                        and table.collective in algo.costs):
+                    # the cost formula checks the options' values as the run would
+                    algo.costs[table.collective](table.ranks, 1, 4, **options)
+                    checked.add(priced)
             except UsageError as exc:
-                raise UsageError(f"{where}: the rule at {rule.nbytes} B: {exc}") from None
-            if algorithms.get(name).workers is not None or not algorithms.get(name).pinnable:
-                raise UsageError(f"{where}: the rule at {rule.nbytes} B names {name}, which "
-                                 "auto cannot run (it needs processes beyond the data ranks, "
-                                 "or it is auto)")
+                raise UsageError(f"{where}: the rule at {rule.nbytes} B "
+                                 f"({rule.algorithm}): {exc}") from None
     return Tuning(tuple(tables), path)
 
 
@@ -308,7 +328,8 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
 
     For each report, at each size, the algorithm with the least out-of-place time
     among those it ran that ``auto`` may run (not ``auto`` itself, none that needs
-    processes beyond the data ranks), every check passed. Reports of the same
+    processes beyond the data ranks), every check passed: a row wrong out of place
+    or in place, or never checked (``bench -c 0``), is left out. Reports of the same
     collective and layout make one table (two sweeps of sizes); where both
     measured a size, the later report's rule stands. A report whose fields are not
     what bench writes (:func:`_report`) is a :class:`UsageError` naming the first.
@@ -319,8 +340,15 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
         header = report["header"]
         counts = {h: hosts.count(h) for h in hosts}
         best: dict[int, tuple[float, str]] = {}
+        failed = unchecked = 0
         for row in rows:
-            if row.get("wrong") or not row.get("time_us"):
+            if not row.get("time_us"):
+                continue
+            if row.get("wrong") is None:  # bench -c 0: timed, never judged
+                unchecked += 1
+                continue
+            if row["wrong"] or row.get("inplace_wrong"):  # out of place or in place
+                failed += 1
                 continue
             try:
                 algo, options = check_spelled(row["algorithm"], collective)
@@ -332,8 +360,11 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
             if found is None or row["time_us"] < found[0]:
                 best[row["size"]] = (row["time_us"], spell(algo, options))
         if not best:
-            raise UsageError(f"{name} holds no timed algorithm that auto may run (bench one or "
-                             "more by name, not only auto)")
+            why = [f"{failed} failed a check" if failed else "",
+                   f"{unchecked} were not checked (bench -c 0)" if unchecked else ""]
+            why = "; ".join(w for w in why if w) or "bench one or more by name, not only auto"
+            raise UsageError(f"{name} holds no row auto may take: a timed algorithm auto may "
+                             f"run whose every check passed ({why})")
         key = (collective, len(hosts), len(counts), max(counts.values()))
         dtype = header.get("dtype", "")
         entry = tables.setdefault(key, {"collective": collective, "ranks": len(hosts),

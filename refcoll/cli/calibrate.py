@@ -11,7 +11,7 @@ from ..calls.auto import calibrate as measure_and_save
 from ..core.errors import UsageError
 from ..transport.mpi import MPITransport
 from . import launch
-from .common import check_output_paths, main, reports_errors, write_json
+from .common import check_not_inputs, check_output_paths, main, reports_errors, write_json
 from .launch import relaunch
 
 __all__ = ["calibrate", "describe", "as_json"]
@@ -61,6 +61,7 @@ def calibrate(nprocs, force, json_file):
     not saved: the command then exits 1 and says why. Without --force, a
     calibration already cached under this key is shown, not measured again.
     """
+    check_not_inputs({"--json": json_file}, {"the calibration cache": str(cache_path())})
     check_output_paths(json=json_file)
     if not launch.in_mpi_job():
         relaunch(nprocs)

@@ -372,6 +372,8 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, l
     predicted = report.predicted
     click.echo(f"refcoll simulate: {algorithm} {collective}, p={p}, n={count} x {dtype} "
                f"({count * case.itemsize} B per rank), op={case.op}")
+    if report.chosen is not None:
+        click.echo(f"auto ran: {report.chosen}")
     if predicted is not None:
         click.echo(f"cost: {predicted.formula}")
     click.echo(f"{'quantity':<20} {'ledger':>14} {'cost formula':>14}")

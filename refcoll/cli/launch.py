@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 
 from ..calls.auto import algo_filter, calibration_mode
-from ..calls.debug import enabled as debug_enabled
+from ..calls.debug import check_level as debug_check_level
 from ..core.errors import UsageError
 from ..core.processes import python
 from ..transport.base import default_timeout
@@ -152,7 +152,7 @@ def check_environment() -> None:
     default_timeout()
     calibration_mode()
     algo_filter()
-    debug_enabled()  # REFCOLL_DEBUG: a level it does not know
+    debug_check_level()  # REFCOLL_DEBUG: a level it does not know
 
 
 def workers_env(workers: int) -> dict[str, str]:

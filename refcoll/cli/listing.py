@@ -10,6 +10,8 @@ table (``NCCL_DEBUG_SUBSYS=TUNING``) the same way, per algorithm and size.
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from .. import algorithms
@@ -25,6 +27,8 @@ from ..calls.auto import (
     choice_table,
     current_calibration,
 )
+from ..calls.tuned import REACH, TUNING_ENV, Table, tuning_path
+from ..calls.tuned import read as read_tuning
 from ..core.ops import DTYPES, OPS, supports
 from ..core.units import human_bytes
 from ..transport import cuda_aware
@@ -40,6 +44,15 @@ SEPARATOR = " | "
 _TABLE_DTYPE = "float32"
 
 
+def _tuned_json(table: Table) -> dict:
+    """Return one tuning table as ``list --json`` writes it: its layout, rules and reach."""
+    low, high = table.rules[0].nbytes, table.rules[-1].nbytes
+    return {"collective": table.collective, "ranks": table.ranks, "nodes": table.nodes,
+            "per_node": table.per_node,
+            "rules": [{"bytes": r.nbytes, "algorithm": r.algorithm} for r in table.rules],
+            "reach_bytes": [max(1, math.ceil(low / REACH)), int(high * REACH)]}
+
+
 @main.command("list")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False),
               help="Write the listing as JSON.")
@@ -53,6 +66,7 @@ def list_(json_file):
     buffers would travel (directly through a CUDA-aware MPI, or staged
     through host memory) and why.
     """
+    tuning = read_tuning(tuning_path()) if tuning_path() else None  # refused before any output
     payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
     click.echo("algorithms:")
     for algo in algorithms.REGISTRY.values():
@@ -76,7 +90,10 @@ def list_(json_file):
                        "table": {"dtype": _TABLE_DTYPE, "itemsize": itemsize,
                                  "ps": list(TABLE_PS), "largest_bytes": TABLE_LARGEST,
                                  "collectives": table}}
-    steering = [f"REFCOLL_CALIBRATION={mode}" if mode != "cache" else "from the cache",
+    payload["auto"]["tuning"] = None if tuning is None else {
+        "file": tuning.path, "tables": [_tuned_json(t) for t in tuning.tables]}
+    cached_here = "from the cache" if calibration.key else "nothing cached: the defaults"
+    steering = [f"REFCOLL_CALIBRATION={mode}" if mode != "cache" else cached_here,
                 f"REFCOLL_ALGO={allowed.text}" if allowed.text else ""]
     click.echo(f"auto's calibration in force ({'; '.join(filter(None, steering))}):")
     click.echo(f"  {describe(calibration)}")
@@ -101,6 +118,14 @@ def list_(json_file):
     single = [c for c in algorithms.COLLECTIVES if c not in table and allowed.allowed(c)]
     if single:
         click.echo("  " + "; ".join(f"{c}: always {allowed.allowed(c)[0]}" for c in single))
+    if tuning is not None:
+        click.echo(f"  {TUNING_ENV}={tuning.path}: where one of its tables applies, auto runs "
+                   "the rule measured fastest instead of the table above:")
+        for t in tuning.tables:
+            row = _tuned_json(t)
+            click.echo(f"    {t.collective} on {t.ranks} ranks ({t.nodes} nodes x {t.per_node}): "
+                       f"{len(t.rules)} rules, for calls of {row['reach_bytes'][0]} to "
+                       f"{row['reach_bytes'][1]} B (bench's size: the whole array)")
     click.echo("ops:    " + ", ".join(OPS))
     click.echo("dtypes:")
     for name, dt in DTYPES.items():

@@ -8,7 +8,7 @@ import click
 
 from ..calls.tuned import TUNING_ENV, from_bench, parse, read_report
 from ..core.writing import write_text
-from .common import check_output_paths, main, reports_errors
+from .common import check_not_inputs, check_output_paths, main, reports_errors
 
 __all__ = ["tune"]
 
@@ -31,6 +31,7 @@ def tune(reports, output):
     file that is not a regular file of JSON or not a bench report (a row that is not
     an object, lacks its algorithm or size, or holds a number out of range).
     """
+    check_not_inputs({"--output": output}, {"BENCH_JSON": list(reports)})
     check_output_paths(output=output)
     document = from_bench([(path, read_report(path)) for path in reports])
     text = json.dumps(document, indent=1) + "\n"

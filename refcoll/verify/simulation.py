@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from .. import algorithms
 from ..algorithms._nodes import node_traffic as measured_node_traffic
+from ..algorithms.spelling import spell
 from ..calls import collectives
+from ..calls.auto import resolve_with_options
 from ..core.cost import Cost
 from ..core.errors import UsageError
 from ..core.ops import check_supported, get_dtype, get_op
@@ -182,6 +184,8 @@ class SimulationReport:
         predicted: the cost formula's counts, or None for a collective without one.
         node: the split by node, when the case has a node size.
         ranks: every rank of the simulated world, switches after the data ranks.
+        chosen: what ``auto`` ran (spelled with its options, ``tree(segment=8)``), whose
+            cost ``predicted`` is; None for a named algorithm.
     """
 
     case: SimulationCase
@@ -189,6 +193,7 @@ class SimulationReport:
     predicted: Cost | None
     node: NodeTraffic | None
     ranks: tuple[RankTraffic, ...]
+    chosen: str | None = None
 
     def comparison(self) -> list[tuple[str, int, int | None]]:
         """Return ``(label, ledger count, formula count or None)`` for each of :data:`COMPARED`."""
@@ -199,7 +204,8 @@ class SimulationReport:
     def to_json(self) -> dict:
         """Return the report as ``refcoll simulate --json`` writes it."""
         c = self.case
-        return {"algorithm": c.algorithm, "collective": c.collective, "p": c.p, "count": c.count,
+        return {"algorithm": c.algorithm, "chosen": self.chosen, "collective": c.collective,
+                "p": c.p, "count": c.count,
                 "dtype": c.dtype, "op": c.op, "ledger": self.ledger.summary(),
                 "cost": self.predicted.counts() if self.predicted is not None else None,
                 "formula": self.predicted.formula if self.predicted is not None else None,
@@ -217,15 +223,20 @@ def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> Simulati
                                   moves_data=moves_data, **case.options)
     ledger = result.ledger
     shape = (case.p, case.count, case.itemsize)
-    predicted = (algo.costs[case.collective](*shape, **case.cost_options)
+    options, chosen = case.cost_options, None
+    if algo.chooses:  # price what auto ran: a tuning file's rule, or the model's choice
+        name, options = resolve_with_options(result.world.transports()[0], case.collective,
+                                             case.count, case.itemsize)
+        algo, chosen = algorithms.get(name), spell(name, options)
+    predicted = (algo.costs[case.collective](*shape, **options)
                  if case.collective in algo.costs else None)
     node = None
     if case.ranks_per_node is not None:
         intra, inter = measured_node_traffic(ledger, case.ranks_per_node)
-        want = (tuple(algo.node_traffic(*shape, **case.cost_options))
+        want = (tuple(algo.node_traffic(*shape, **options))
                 if algo.node_traffic is not None else None)
         node = NodeTraffic(case.ranks_per_node, intra, inter, want)
     sent, received, msgs = ledger.bytes_sent(), ledger.bytes_received(), ledger.messages_sent()
     ranks = tuple(RankTraffic(r, msgs.get(r, 0), sent.get(r, 0), received.get(r, 0), r >= case.p)
                   for r in range(result.world.size))
-    return SimulationReport(case, ledger, predicted, node, ranks)
+    return SimulationReport(case, ledger, predicted, node, ranks, chosen)
