@@ -35,6 +35,7 @@ def test_backend_suite(launcher, p):
 
 # ------------------------------------------------------------- serial tests
 
+from refcoll.calls.auto import AlgoFilter  # noqa: E402
 from refcoll.core.errors import UsageError  # noqa: E402
 from refcoll.torch.backend import COLLECTIVES, algorithms_from_env  # noqa: E402
 
@@ -54,8 +55,18 @@ def test_refcoll_algo_one_name_or_one_per_collective():
     assert ring["allreduce"] == ring["allgather"] == ring["reduce_scatter"] == "ring"
     assert ring["broadcast"] == ring["reduce"] == "auto"  # no ring broadcast: auto
     assert algorithms_from_env("allreduce=tree, broadcast=tree")["broadcast"] == "tree"
-    for bad, words in [("nosuch", "no collective has"), ("gather=ring", "not a collective"),
-                       ("broadcast=ring", "not an algorithm of broadcast")]:
+    # one grammar with auto's: the colon form pins alike, and a list leaves auto to choose
+    # (auto then reads the same value without refusing it)
+    both = [algorithms_from_env(v) for v in ("allreduce=ring,allgather=bruck",
+                                              "allreduce:ring;allgather:bruck")]
+    assert both[0] == both[1] == dict(dict.fromkeys(COLLECTIVES, "auto"), allreduce="ring",
+                                      allgather="bruck")
+    assert AlgoFilter.parse("allreduce=ring,allgather=bruck").allowed("allgather") == ["bruck"]
+    assert algorithms_from_env("allreduce:ring,tree")["allreduce"] == "auto"
+    for bad, words in [("nosuch", "unknown algorithm 'nosuch'"),
+                       ("gather=ring", "unknown collective 'gather'"),
+                       ("broadcast=ring", "ring does not implement broadcast"),
+                       ("allreduce=ring;allgather:bruck", "not both")]:
         with pytest.raises(UsageError, match=words):
             algorithms_from_env(bad)
 

@@ -103,7 +103,8 @@ class AlgoFilter:
     """What ``REFCOLL_ALGO`` lets auto pick, per collective (as ``NCCL_ALGO``).
 
     Grammar: ``[collective:]list[;[collective:]list...]``, where ``list`` is
-    ``a,b,...`` (pick only among these) or ``^a,b,...`` (never these). A part
+    ``a,b,...`` (pick only among these) or ``^a,b,...`` (never these); one algorithm
+    per collective may also be written ``allreduce=ring,allgather=bruck``. A part
     without a collective applies to every collective that one of its algorithms
     implements; a part naming a collective overrides it there. A listed
     algorithm may be one auto never picks by itself (``naive``,
@@ -123,6 +124,15 @@ class AlgoFilter:
         if exclude:
             return [n for n in pool if n not in names]
         return [n for n in algorithms.names(collective) if n in names]
+
+    def pinned(self, collective: str) -> str | None:
+        """Return the one algorithm named for ``collective`` (``allreduce:ring``,
+        ``ring``), or None where the value names several, excludes, or says nothing."""
+        rule = self._rule(collective)
+        if rule is None or rule[1]:
+            return None
+        left = self.allowed(collective)
+        return left[0] if len(left) == 1 else None
 
     def permits(self, collective: str, name: str) -> bool:
         """Return whether ``REFCOLL_ALGO`` leaves ``name`` to ``collective`` (a tuning file's
@@ -147,7 +157,7 @@ class AlgoFilter:
             return cls()
         known = [n for n, algo in algorithms.REGISTRY.items() if algo.pinnable]
         rules = []
-        for part in filter(None, (p.strip() for p in text.split(";"))):
+        for part in filter(None, (p.strip() for p in _colon_form(text).split(";"))):
             coll, _, spec = part.rpartition(":")
             coll = coll.strip() or None
             if coll is not None and coll not in algorithms.COLLECTIVES:
@@ -175,6 +185,19 @@ class AlgoFilter:
                 raise UsageError(f"REFCOLL_ALGO={text!r} leaves auto no algorithm for {coll} "
                                  f"(its candidates: {', '.join(candidates(coll))})")
         return parsed
+
+
+def _colon_form(text: str) -> str:
+    """Return ``REFCOLL_ALGO``'s one-per-collective form, ``allreduce=ring,allgather=bruck``
+    (the torch backend's, documented there), as ``allreduce:ring;allgather:bruck``."""
+    if "=" not in text:
+        return text
+    pairs = [part.partition("=") for part in text.split(",")]
+    if ":" in text or ";" in text or any(not eq for _, eq, _ in pairs):
+        raise UsageError(f"REFCOLL_ALGO={text!r}: write one algorithm per collective as "
+                         "allreduce=ring,allgather=bruck, or lists as allreduce:ring,tree;"
+                         "allgather:bruck; not both")
+    return ";".join(f"{coll.strip()}:{name.strip()}" for coll, _, name in pairs)
 
 
 def algo_filter() -> AlgoFilter:

@@ -63,10 +63,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..algorithms import registry
 from ..calls import collectives as calls
 from ..calls.args import shared_errors
-from ..core.errors import UsageError
+from ..calls.auto import AlgoFilter
 from ..transport.base import default_timeout
 from ..transport.torch import TorchTransport
 from . import exchange
@@ -89,33 +88,17 @@ def register() -> None:
 
 
 def algorithms_from_env(value: str | None = None) -> dict:
-    """Return ``{collective: algorithm}`` from ``REFCOLL_ALGO`` (``value``); UsageError if unknown.
+    """Return ``{collective: algorithm}`` from ``REFCOLL_ALGO`` (``value``); UsageError if bad.
 
-    ``ring``: ring wherever a collective has it, ``auto`` elsewhere;
-    ``allreduce=ring,broadcast=tree``: per collective, ``auto`` for the rest.
+    The variable is ``auto``'s (:class:`~refcoll.calls.auto.AlgoFilter`): where it leaves a
+    collective one algorithm, the group runs that one; elsewhere ``auto``, which the
+    same value then steers. ``ring``: ring wherever a collective has it;
+    ``allreduce=ring,broadcast=tree`` (or ``allreduce:ring;broadcast:tree``): per
+    collective; ``^tree`` or ``allreduce:ring,tree``: ``auto``, choosing among those left.
     """
-    text = (os.environ.get("REFCOLL_ALGO", "") if value is None else value).strip()
-    chosen = dict.fromkeys(COLLECTIVES, "auto")
-    if not text:
-        return chosen
-    if "=" not in text:
-        name = text.lower()
-        having = [c for c in COLLECTIVES if name in registry.names(c)]
-        if not having:
-            raise UsageError(f"REFCOLL_ALGO={text!r}: no collective has an algorithm of that "
-                             f"name; known: {', '.join(registry.names())}")
-        chosen.update(dict.fromkeys(having, name))
-        return chosen
-    for part in text.split(","):
-        collective, _, name = (s.strip().lower() for s in part.partition("="))
-        if collective not in COLLECTIVES:
-            raise UsageError(f"REFCOLL_ALGO: {collective!r} is not a collective whose algorithm "
-                             f"refcoll chooses; use {', '.join(COLLECTIVES)}")
-        if name not in registry.names(collective):
-            raise UsageError(f"REFCOLL_ALGO: {name!r} is not an algorithm of {collective}; use "
-                             f"{', '.join(registry.names(collective))}")
-        chosen[collective] = name
-    return chosen
+    text = os.environ.get("REFCOLL_ALGO", "") if value is None else value
+    chosen = AlgoFilter.parse(text)
+    return {collective: chosen.pinned(collective) or "auto" for collective in COLLECTIVES}
 
 
 def _timeout(group_timeout: datetime.timedelta) -> float | None:
