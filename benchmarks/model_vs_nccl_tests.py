@@ -1,7 +1,7 @@
 """The cluster model against published nccl-tests ``all_reduce_perf`` tables.
 
 Run: python benchmarks/model_vs_nccl_tests.py [--data benchmarks/data/nccl_tests]
-     [--json FILE] [--plot FOLDER]
+     [--json FILE] [--plot FILE]
 
 Each table in ``--data`` is ``<id>.txt`` (the output as published) beside
 ``<id>.json`` (its source: address, commit or date, and the system as the

@@ -286,6 +286,7 @@ def test_a_switch_without_room_for_its_ranks_is_refused_not_run_on_fewer():
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "--algorithm switch needs 1 more ranks" in res.stderr, res.stderr
     assert "Avg bus bandwidth" not in res.stdout  # no row ran on fewer data ranks
+    assert "# refcoll bench" not in res.stdout  # refused before the header, as documented
 
 
 def test_the_jobs_size_is_noted_only_against_an_n_that_was_given():

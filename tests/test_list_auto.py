@@ -163,3 +163,11 @@ def test_a_tuning_file_is_named_beside_the_table_it_overrides(tmp_path, monkeypa
     res = CliRunner().invoke(main, ["list"])
     assert res.exit_code == 2 and "does not exist" in res.output
     assert "algorithms:" not in res.output
+
+
+@pytest.mark.parametrize("path,says", [("/dev/null", "--json /dev/null: is not a regular file"),
+                                       ("/nonexistent/x.json", "folder /nonexistent does not")])
+def test_a_json_path_it_cannot_write_is_refused_before_the_listing(path, says):
+    res = CliRunner().invoke(main, ["list", "--json", path])
+    assert res.exit_code == 2 and says in res.output, res.output
+    assert "algorithms:" not in res.output

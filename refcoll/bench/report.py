@@ -24,7 +24,7 @@ from ..core.plot import figure, save
 from . import nccl_tests
 from .config import LIBRARIES, ROW_FIELDS, BenchConfig, check_config
 from .header import bench_header
-from .run import run_bench
+from .run import check_room, run_bench
 
 __all__ = [
     "bench_header",
@@ -416,6 +416,7 @@ def run_report(comm, config: BenchConfig, *, line: Callable[[str], None] | None 
     # Before the header is printed: a root outside the data ranks (known only here,
     # inside the job) is refused on every rank with no table begun.
     check_config(config, config.workers or comm.size)
+    check_room(config, comm.size)
     show = line if line is not None else (lambda text: None)
     header = bench_header(comm, config)
     show(format_header(header, fmt))

@@ -51,7 +51,7 @@ from .replay import Replay, node_options, schedule
 from .rows import make_row, reduce_items, wire_bytes
 from .tuning import NcclLog
 
-__all__ = ["run_bench"]
+__all__ = ["check_room", "run_bench"]
 
 #: The names the tests reach for, kept from before the buffers had a module of their own.
 _Data, _make_data = Data, make_data
@@ -139,6 +139,25 @@ class _Compressed:
 
 # -------------------------------------------------------------------- the run
 
+def check_room(config: BenchConfig, size: int) -> dict:
+    """Return each algorithm's ``(data ranks, ranks)`` in a job of ``size`` ranks; refuse,
+    alike on every rank, an algorithm whose switch processes the job has no ranks for."""
+    workers = config.workers or size
+    if not 1 <= workers <= size:
+        raise UsageError(f"{workers} data ranks do not fit a world of {size}")
+    layout = {name: case_ranks(registry_name(name), workers, size, {})
+              for name in config.algorithms}
+    for name, (data, _) in layout.items():
+        if data != workers:  # every row is on the same data ranks as its baseline
+            extra = extra_ranks([name], workers)
+            raise UsageError(
+                f"--algorithm {name} needs {extra} more ranks (switch processes) beside "
+                f"the {workers} data ranks, and this job has {size}: start "
+                f"{workers + extra} with REFCOLL_WORKERS={workers}, or let "
+                f"refcoll start them (refcoll bench -n {workers}, outside mpiexec)")
+    return layout
+
+
 class _Groups:
     """The communicators of a run: the data ranks, and data ranks plus switches per algorithm."""
 
@@ -147,18 +166,7 @@ class _Groups:
 
         self.world = world
         self.workers = config.workers or world.size
-        if not 1 <= self.workers <= world.size:
-            raise UsageError(f"{self.workers} data ranks do not fit a world of {world.size}")
-        self.layout = {name: case_ranks(registry_name(name), self.workers, world.size, {})
-                       for name in config.algorithms}
-        for name, (data, _) in self.layout.items():
-            if data != self.workers:  # every row is on the same data ranks as its baseline
-                extra = extra_ranks([name], self.workers)
-                raise UsageError(
-                    f"--algorithm {name} needs {extra} more ranks (switch processes) beside "
-                    f"the {self.workers} data ranks, and this job has {world.size}: start "
-                    f"{self.workers + extra} with REFCOLL_WORKERS={self.workers}, or let "
-                    f"refcoll start them (refcoll bench -n {self.workers}, outside mpiexec)")
+        self.layout = check_room(config, world.size)
         self._comms: dict[int, Any] = {}
         for total in sorted({self.workers} | {total for _, total in self.layout.values()}):
             color = 0 if world.rank < total else MPI.UNDEFINED

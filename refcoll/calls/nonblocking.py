@@ -4,9 +4,10 @@
     ...                      # compute: the call progresses meanwhile
     grad_sum = h.wait()      # bit-identical to refcoll.allreduce(grad, comm, algorithm="ring")
 
-Each takes exactly the blocking call's arguments (the compressed all-reduce
-included) and returns at once, after finding the communicator's transport (its
-first call ``MPI_Comm_idup``s, in the caller's thread and order). The call itself
+Each takes exactly the blocking call's arguments (a compressed all-reduce is
+:func:`refcoll.compressed_allreduce`'s, blocking, or a DDP hook's) and returns at
+once, after finding the communicator's transport (its first call
+``MPI_Comm_idup``s, in the caller's thread and order). The call itself
 runs on the communicator's progress engine (:mod:`refcoll.calls.progress`), in
 issue order: on the schedule engine each runs whole, as the blocking call it is,
 when the engine reaches it (a plan's :meth:`~refcoll.calls.plans.Plan.start`

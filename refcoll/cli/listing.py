@@ -33,7 +33,7 @@ from ..core.ops import DTYPES, OPS, supports
 from ..core.units import human_bytes
 from ..transport import cuda_aware
 from .calibrate import as_json, describe
-from .common import main, reports_errors, write_json
+from .common import check_output_paths, main, reports_errors, write_json
 
 __all__ = ["list_", "table_lines", "SEPARATOR"]
 
@@ -66,6 +66,7 @@ def list_(json_file):
     buffers would travel (directly through a CUDA-aware MPI, or staged
     through host memory) and why.
     """
+    check_output_paths(json=json_file)
     tuning = read_tuning(tuning_path()) if tuning_path() else None  # refused before any output
     payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
     click.echo("algorithms:")
