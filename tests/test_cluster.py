@@ -88,10 +88,34 @@ def test_a_shaped_link_carries_no_more_than_its_rate(untouched_host):
         rows = {row["node"]: row for row in measure_links(cluster, nbytes=4 << 20)}
     # a token bucket is an upper bound whatever the load; how close it comes is the machine's
     assert rows[2]["bits_per_s"] <= 1.15 * 100e6
-    assert rows[2]["asked_bits_per_s"] == 100e6 and rows[1]["asked_bits_per_s"] == 1e9
+    # node 1's only peer is the slow node: what its path was asked to carry is that link's
+    assert rows[2]["asked_bits_per_s"] == rows[1]["asked_bits_per_s"] == 100e6
+    assert (rows[2]["limit"], rows[1]["limit"]) == ("node 2's link", "node 2's link")
+    assert rows[1]["bits_per_s"] <= 1.15 * 100e6
+    assert "asked 100 Mbit/s (node 2's link)" in format_links([rows[1]])[0]
+    assert "asked 100 Mbit/s;" in format_links([rows[2]])[0]  # its own: not named
     # both ways at once, each way is held to the rate as well: node 2's link shapes both
     assert len(rows[2]["both_ways_bits_per_s"]) == BOTH_WAYS
     assert all(0 < rate <= 1.15 * 100e6 for rate in rows[2]["both_ways_bits_per_s"])
+
+
+def test_a_link_is_held_to_the_slowest_link_on_its_path():
+    """Across racks a stream takes the uplink: 2 nodes, 100 Mbit/s each, a rack each,
+    oversubscribed 4: the uplinks run at 25 Mbit/s, and that is what the check holds it to.
+    Each stream carries 2 s of it; a link too slow to check in MOST_SECONDS is refused."""
+    from refcoll.cluster.check import MOST_SECONDS, path_rate, stream_bytes
+    from refcoll.core.errors import UsageError
+
+    racks = Cluster(nodes=2, ranks_per_node=1, link="100mbit", racks=2, oversubscription=4)
+    assert path_rate(racks, 1, 2) == (25e6, "the racks' uplink")
+    assert stream_bytes(25e6) == 25e6 / 8 * 2 and stream_bytes(1e12) == 16 << 20
+    assert stream_bytes(1e3) == 4 << 10
+    slow = Cluster(nodes=2, ranks_per_node=1, link="5kbit")
+    with pytest.raises(UsageError, match=rf"would take up to \d+ s at 5000 bit/s \(more than "
+                                         rf"{MOST_SECONDS:.0f} s\)"):
+        measure_links(slow)
+    with pytest.raises(UsageError, match="has one node: there is no link between nodes"):
+        measure_links(Cluster(nodes=1, ranks_per_node=1))
 
 
 def test_a_link_line_shows_both_ways_as_median_and_range():
@@ -116,14 +140,20 @@ class _Links:
     def rate(self, i):
         return "1mbit" if i == 2 else "100mbit"
 
+    def rack_of(self, i):
+        return 1
+
 
 class _Server:
     """A stand-in for the server's process: ready at once; every one started is kept."""
 
     started: list[_Server] = []
 
+    said = "ready\n"
+
     def __init__(self, *args, **kwargs):
-        self.stdout, self.killed = io.StringIO("ready\n"), False
+        self.stdout, self.killed = io.StringIO(self.said), False
+        self.stderr = io.StringIO("Traceback ...\nOSError: [Errno 98] Address already in use\n")
         _Server.started.append(self)
 
     def kill(self):
@@ -149,13 +179,29 @@ def test_a_link_measurement_that_fails_is_one_error_not_a_traceback(monkeypatch,
     monkeypatch.setattr(check.subprocess, "run", client)
     with pytest.raises(refcoll.RefcollError) as err:
         measure_link(_Links(), 1, 2, nbytes=1 << 20, both_ways=3)
-    # the slower link (1 Mbit/s) sets the time allowed: 4 x the 4 streams' bits at its rate
-    assert allowed == [pytest.approx(60 + 4 * (1 << 20) * 8 * 4 / 1e6)]
+    # the slower link (1 Mbit/s) sets the time allowed: 4 x the 4 streams' and the 200
+    # ping-pongs' bits at its rate
+    assert allowed == [pytest.approx(60 + 4 * ((1 << 20) * 4 + 200 * 2 * 100) * 8 / 1e6)]
     message = str(err.value)
     assert message.startswith("cluster check: the streams between node 1 and node 2")
     assert (f"took over {allowed[0]:.0f} s" in message if outcome == "timeout"
             else message.endswith("failed (exit 1): ConnectionRefusedError"))
     assert [server.killed for server in _Server.started] == [True]  # none left behind
+
+
+def test_a_receiver_that_cannot_listen_is_said_at_once(monkeypatch):
+    """A receiver that never says "ready" (its port taken) is one error naming why, at once,
+    not a client that waits and then fails with a reset connection."""
+    from refcoll.cluster import check
+
+    monkeypatch.setattr(_Server, "started", [])
+    monkeypatch.setattr(_Server, "said", "")
+    monkeypatch.setattr(check.subprocess, "Popen", _Server)
+    monkeypatch.setattr(check.subprocess, "run", lambda *a, **k: pytest.fail("client started"))
+    with pytest.raises(refcoll.RefcollError, match="the receiver on node 2 did not start: "
+                                                   r"OSError: \[Errno 98\] Address already"):
+        measure_link(_Links(), 1, 2, nbytes=1 << 20)
+    assert [server.killed for server in _Server.started] == [True]
 
 
 @needs_root
@@ -253,6 +299,28 @@ def test_the_command_line(untouched_host, tmp_path):
     prefix = second.stdout.split()[1].rstrip(":")
     status = _cli("status", env=env)
     assert f"cluster {prefix}: 2 nodes x 1 ranks, link 100mbit, complete" in status.stdout
+    # options after COMMAND are its own, as mpiexec's are
+    echo = _cli("run", sys.executable, "-c", "import sys; print(sys.argv[1:])", "-n", "1",
+                env=env)
+    assert echo.returncode == 0 and echo.stdout.count("['-n', '1']") == 2, echo.stderr
+    delayed = _cli("up", "--nodes", "2", "--ranks-per-node", "1", "--delay", "50us", env=env)
+    if delayed.returncode == 0:  # this kernel has netem: it replaced the cluster
+        prefix = delayed.stdout.split()[1].rstrip(":")
+    else:  # the cluster that was up is left as it was: the new one is built first
+        assert delayed.returncode == 2 and "netem" in delayed.stderr
+        status = _cli("status", env=env)
+        assert f"cluster {prefix}: 2 nodes x 1 ranks, link 100mbit, complete" in status.stdout
+    # a killed check takes its measuring processes with it
+    check = subprocess.Popen([sys.executable, "-m", "refcoll", "cluster", "check"], cwd=ROOT,
+                             env={**os.environ, **env}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    while not any(emulate._run("ip", "netns", "pids", f"{prefix}-n{i}", check=False).stdout
+                  for i in (1, 2)) and check.poll() is None:
+        pass  # until a measuring process runs in a node (or the check is over)
+    check.terminate()
+    check.wait(timeout=120)
+    assert not any(emulate._run("ip", "netns", "pids", f"{prefix}-n{i}", check=False).stdout
+                   for i in (1, 2))
     assert _cli("down", env=env).returncode == 0
     assert not [ns for ns in emulate._namespaces() if ns.startswith(prefix)]
     assert not list((tmp_path / "state").glob("*.json"))

@@ -85,6 +85,7 @@ def acts(monkeypatch):
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     monkeypatch.setattr(emulate, "_run", run)
+    monkeypatch.setattr(emulate, "missing_capability", lambda: None)  # judged apart
     monkeypatch.setattr(emulate.os, "kill", lambda pid, sig: done.append(("kill", pid, sig)))
     monkeypatch.setattr(emulate.shutil, "rmtree",
                         lambda path, **kw: done.append(("rmtree", str(path))))
@@ -258,8 +259,92 @@ def test_a_state_without_a_spec_can_be_removed_but_not_run_on(state_dir, acts):
 
 def test_run_uses_only_a_trusted_state(state_dir, acts):
     put(state_dir, "rcabc123.json", state_of("rcabc123"), mode=0o666)
-    one_line_exit_2(cli("cluster", "run", "--", "true"), "no cluster is up")
+    for command in (["run", "--", "true"], ["check"]):  # the file is named, not "no cluster"
+        one_line_exit_2(cli("cluster", *command), "rcabc123.json", "is writable by others",
+                        "refcoll runs on no cluster while it is there")
     assert destructive(acts) == []
+
+
+def test_an_untrusted_state_file_says_how_to_remove_its_cluster_by_hand(state_dir, acts):
+    """down refuses the file; its advice names the cluster's namespaces that exist (by the
+    file's name, of its own pattern only) and its files, so the cluster is not stranded."""
+    put(state_dir, "rcabc123.json", "prefix = rcabc123")
+    said = one_line_exit_2(cli("cluster", "down"), "not valid JSON",
+                           "if it is refcoll's cluster rcabc123, look at it, then remove it by "
+                           "hand: ip netns del rcabc123-n1; rm -r /etc/netns/rcabc123-n1; rm "
+                           f"{state_dir}/rcabc123.json {state_dir}/rcabc123.topo.json")
+    assert "rcabc123-evil" not in said and "hostvpn" not in said
+    assert destructive(acts) == []
+
+
+def test_down_that_cannot_delete_a_namespace_keeps_the_state_file(state_dir, monkeypatch):
+    """Without the privilege to delete namespaces, down used to say "removed", exit 0 and
+    drop the state file, leaving namespaces nothing could find again."""
+    def run(*argv, check=True):
+        if argv[1:3] == ("netns", "list"):
+            return subprocess.CompletedProcess(argv, 0, "rcabc123-hub\nrcabc123-n1\n", "")
+        if argv[1:3] == ("netns", "del"):
+            return subprocess.CompletedProcess(argv, 1, "", "Cannot remove namespace file: "
+                                               "Operation not permitted\n")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(emulate, "_run", run)
+    monkeypatch.setattr(emulate, "missing_capability", lambda: None)
+    monkeypatch.setattr(emulate.os, "kill", lambda pid, sig: None)
+    path = put(state_dir, "rcabc123.json", state_of("rcabc123", detached=True))
+    one_line_exit_2(cli("cluster", "down"), "cluster rcabc123: could not delete rcabc123-hub "
+                    "(Cannot remove namespace file: Operation not permitted)",
+                    "its state file", "is kept: run refcoll cluster down again as root")
+    assert path.exists()
+    monkeypatch.setattr(emulate, "missing_capability", lambda: "no CAP_NET_ADMIN here")
+    one_line_exit_2(cli("cluster", "down"), "no CAP_NET_ADMIN here")
+    assert path.exists()
+
+
+def test_status_calls_a_cluster_whose_build_was_killed_incomplete(state_dir, acts):
+    """A build killed halfway lists only the namespaces it made; its spec says the rest."""
+    put(state_dir, "rcabc123.json", state_of("rcabc123", nodes=2, made=["rcabc123-hub"]))
+    res = cli("cluster", "status")
+    assert res.exit_code == 0 and "INCOMPLETE (refcoll cluster down)" in res.stdout, res.output
+
+
+def test_run_refuses_more_processes_than_the_cluster_has_ranks(state_dir, acts):
+    put(state_dir, "rcabc123.json", state_of("rcabc123", nodes=1, detached=True))
+    one_line_exit_2(cli("cluster", "run", "-n", "5", "--", "true"),
+                    "-n 5: cluster rcabc123 has 1 ranks (1 nodes); give -n 1 or fewer")
+    assert destructive(acts) == []
+
+
+def test_a_held_cluster_is_not_reported_as_none(state_dir, acts):
+    me, started = os.getpid(), cluster_state.start_time(os.getpid())
+    put(state_dir, "rcaaaaa1.json", state_of("rcaaaaa1", owner=me, owner_start=started))
+    res = cli("cluster", "down")
+    assert res.exit_code == 0 and res.stdout == "no cluster removed\n", res.output
+    assert "left cluster rcaaaaa1" in res.stderr
+
+
+def test_a_relative_or_linked_cluster_folder_is_refused_before_anything_is_made(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="is not an absolute path"):
+        cluster_state.check_folder(Path("clusters"), create=True)
+    assert not (tmp_path / "clusters").exists()
+    # another user's link, in a folder of root's: it would choose where root writes
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "planted"
+    link.symlink_to(target)
+    os.lchown(link, 65534, 65534)
+    with pytest.raises(UsageError, match=r"passes through .*planted, a link of user 65534"):
+        cluster_state.check_folder(link / "new" / "clusters", create=True)
+    assert not (target / "new").exists()
+    # a folder others may write, above folders still to be made: refused before making them
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(UsageError, match="which is writable by others"):
+        cluster_state.check_folder(shared / "new" / "deeper", create=True)
+    assert not (shared / "new").exists()
 
 
 @pytest.mark.parametrize("content", ["[" * 100 + "]" * 100, '{"nodes": NaN}', '{"nodes": 7}',

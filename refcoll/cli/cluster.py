@@ -84,6 +84,7 @@ def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversu
                                node_links=_per_node(node_links, "--node-link", "2=100mbit"),
                                node_ranks={n: int(c) for n, c in ranks.items()}, delay=delay,
                                racks=racks, oversubscription=oversubscription)
+    _cleanup_on_signals()  # a kill unwinds through the build's own cleanup
     made = emulate.up(spec, force=force)
     _left(force)
     click.echo(f"cluster {made.prefix}: {nodes} nodes x {ranks_per_node} ranks, links {link}"
@@ -93,7 +94,7 @@ def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversu
     for node in made.describe()["nodes"]:
         click.echo(f"  node {node['node']}: host {node['host']}, {node['address']}, rack "
                    f"{node['rack']}, link {node['link']}, {node['ranks']} ranks")
-    click.echo(f"topology: {made.state_file}")
+    click.echo(f"topology: {made.topology_file} (REFCOLL_TOPO_FILE); state: {made.state_file}")
 
 
 @cluster.command()
@@ -103,7 +104,9 @@ def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversu
 def down(force):
     """Remove the cluster: its processes, namespaces and files (a running job's is left)."""
     gone = emulate.down(force=force)
-    click.echo(f"removed {', '.join(gone)}" if gone else "no cluster was up")
+    held = [] if force else emulate.live_clusters()
+    click.echo(f"removed {', '.join(gone)}" if gone else
+               "no cluster removed" if held else "no cluster was up")
     _left(force)
 
 
@@ -134,8 +137,12 @@ def status(as_json):
 
 
 def _the_cluster() -> emulate.Cluster:
-    """The cluster ``up`` made (else the first there is), from a state file refcoll trusts."""
-    states = emulate.clusters()
+    """The cluster ``up`` made (else the first there is), from a state file refcoll trusts;
+    a state file it cannot trust is named, not taken for no cluster."""
+    states, bad = emulate.scanned()
+    if bad:
+        raise UsageError(f"{bad[0]}; refcoll runs on no cluster while it is there "
+                         "(refcoll cluster status names it)")
     if not states:
         raise UsageError("no cluster is up: refcoll cluster up first")
     states = [state for state in states if "spec" in state]  # the others: only removable
@@ -145,7 +152,15 @@ def _the_cluster() -> emulate.Cluster:
     return emulate.attach((detached or states)[0])
 
 
-@cluster.command(context_settings={"ignore_unknown_options": True})
+def _cleanup_on_signals() -> None:
+    """Make SIGTERM and SIGHUP unwind as Ctrl-C does, so that what a command started in the
+    namespaces is removed when it is killed or its terminal closes."""
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+        signal.signal(sig, lambda *_, code=code: sys.exit(code))
+
+
+@cluster.command(context_settings={"ignore_unknown_options": True,
+                                   "allow_interspersed_args": False})
 @click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None,
               help="Processes (default: every rank of every node).")
 @click.option("--launcher", type=click.Choice(launch.LAUNCHERS), default="mpich",
@@ -155,9 +170,14 @@ def _the_cluster() -> emulate.Cluster:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
 def run(nprocs, launcher, command):
-    """Run COMMAND on the ranks across the nodes."""
+    """Run COMMAND on the ranks across the nodes (options after COMMAND are its own)."""
     made = _the_cluster()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run's cleanup on a kill
+    ranks = sum(made.spec.ranks(i) for i in range(1, made.spec.nodes + 1))
+    if nprocs is not None and nprocs > ranks:
+        raise UsageError(f"-n {nprocs}: cluster {made.prefix} has {ranks} ranks "
+                         f"({made.spec.nodes} nodes); give -n {ranks} or fewer, or bring it "
+                         "up with more --ranks-per-node")
+    _cleanup_on_signals()  # run's cleanup on a kill or a hang-up
     code = made.run(list(command), nprocs, launcher=launcher).returncode
     sent = sum(tx for tx, _ in made.last_traffic.values())
     click.echo(f"# cluster {made.prefix}: bytes sent over the nodes' links: " + ", ".join(
@@ -171,5 +191,7 @@ def run(nprocs, launcher, command):
 def check():
     """Measure each link's rate, one way and both ways at once, and its round trip (a TCP
     socket), beside what was asked."""
-    for line in format_links(measure_links(_the_cluster())):
+    made = _the_cluster()
+    _cleanup_on_signals()  # the measuring processes go with a killed check
+    for line in format_links(measure_links(made)):
         click.echo(line)

@@ -1,11 +1,15 @@
 """Check the emulation before trusting it: each link's rate and round trip, measured.
 
 A plain TCP socket between two nodes' namespaces: the round trip is the median of
-200 one-byte ping-pongs, the rate a 16 MiB stream (its time to the receiver's
-acknowledgement). Node ``i`` is measured against the fastest other node, so the
-figure is its own link's (a transfer is bounded by the slower of the two).
+200 one-byte ping-pongs, the rate a stream of 2 s of the path's rate (4 KiB to
+16 MiB: :func:`stream_bytes`), timed to the receiver's acknowledgement. Node ``i``
+is measured against the fastest other node of its rack, so the figure is its own
+link's where it can be; what it is held to is the slowest link on the path
+(:func:`path_rate`: the peer's, or the racks' uplink), which the line names. A
+check that would take more than :data:`MOST_SECONDS` (a link of a few kbit/s) is
+refused before it starts.
 
-Then the two nodes stream 16 MiB to each other at once, :data:`BOTH_WAYS` times:
+Then the two nodes stream as much to each other at once, :data:`BOTH_WAYS` times:
 an all-reduce sends and receives at once, and then each direction's data shares
 the link with the acknowledgements of the other's, which wait in the same queue.
 That rate, not the one-way stream's, is the most an all-reduce across the link
@@ -18,11 +22,12 @@ import json
 import statistics
 import subprocess
 
-from ..core.errors import RefcollError
+from ..core.errors import RefcollError, UsageError
 from ..core.processes import python
 from .emulate import Cluster, parse_rate
 
-__all__ = ["measure_link", "measure_links", "format_links", "BOTH_WAYS"]
+__all__ = ["measure_link", "measure_links", "format_links", "path_rate", "stream_bytes",
+           "BOTH_WAYS", "MOST_SECONDS"]
 
 #: Streams both ways at once after the one-way stream; each is timed on its own.
 BOTH_WAYS = 3
@@ -75,22 +80,62 @@ print(json.dumps({"rtt_s": statistics.median(rtts), "bits_per_s": one_way,
 """
 
 
-def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int = 16 << 20,
+def path_rate(cluster: Cluster, i: int, peer: int) -> tuple[float, str]:
+    """Return the rate of the slowest link between nodes ``i`` and ``peer`` (bits/s) and
+    which it is: ``node i``'s, ``node peer``'s, or the racks' uplink (one stream takes a
+    whole uplink; between racks it crosses two of the same rate)."""
+    limits = [(parse_rate(cluster.rate(i)), f"node {i}'s link"),
+              (parse_rate(cluster.rate(peer)), f"node {peer}'s link")]
+    if cluster.rack_of(i) != cluster.rack_of(peer):
+        uplinks = cluster.topology().uplinks
+        limits.append((min(uplinks[cluster.rack_of(i)], uplinks[cluster.rack_of(peer)]),
+                       "the racks' uplink"))
+    return min(limits, key=lambda limit: limit[0])
+
+
+#: The longest a check may take for one link (a few kbit/s would take hours): refused first.
+MOST_SECONDS = 300.0
+
+#: Seconds of the path's rate each stream carries (so a slow link is measured briefly), and
+#: its bounds in bytes.
+_STREAM_SECONDS, _LEAST_BYTES, _MOST_BYTES = 2.0, 4 << 10, 16 << 20
+
+#: What the 200 one-byte ping-pongs put on the wire, about (headers included), bytes.
+_PING_BYTES = 200 * 2 * 100
+
+
+def stream_bytes(rate: float) -> int:
+    """Return the bytes each timed stream carries on a path of ``rate`` bits/s."""
+    return int(min(max(rate / 8 * _STREAM_SECONDS, _LEAST_BYTES), _MOST_BYTES))
+
+
+def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int | None = None,
                  port: int = 47123, both_ways: int = BOTH_WAYS) -> dict:
     """Return node ``i``'s round trip to ``peer``, the rate of a stream from ``i`` to it, and
     the rate each way of ``both_ways`` pairs of streams between them at once (a list).
 
-    Raises :class:`~refcoll.core.errors.RefcollError` with the client's last words where
-    the measurement fails or outlasts 4 times what the slower link asked for allows.
+    ``nbytes`` (default :func:`stream_bytes` of the path's rate) a stream. Raises
+    :class:`~refcoll.core.errors.RefcollError` with the last words of the side that failed
+    where the measurement fails or outlasts 4 times what the path's slowest link allows;
+    :class:`~refcoll.core.errors.UsageError`, before anything runs, where that would be
+    more than :data:`MOST_SECONDS`.
     """
-    slower = min(parse_rate(cluster.rate(i)), parse_rate(cluster.rate(peer)))
-    allowed = 60 + 4 * nbytes * 8 * (1 + both_ways) / slower
+    slower, _ = path_rate(cluster, i, peer)
+    nbytes = stream_bytes(slower) if nbytes is None else nbytes
+    allowed = 60 + 4 * (nbytes * (1 + both_ways) + _PING_BYTES) * 8 / slower
     what = f"cluster check: the streams between node {i} and node {peer}"
+    if allowed > MOST_SECONDS:
+        raise UsageError(f"{what} would take up to {allowed:.0f} s at {slower:.0f} bit/s "
+                         f"(more than {MOST_SECONDS:.0f} s): check links of at least "
+                         f"{_least_rate(both_ways) / 1e3:.0f} kbit/s")
     server = subprocess.Popen(["ip", "netns", "exec", cluster.node_ns(peer),
                                *python("-c", _SERVER, str(port), str(nbytes), str(both_ways))],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        server.stdout.readline()  # "ready"
+        if server.stdout.readline().strip() != "ready":  # it could not listen: say why, now
+            server.kill()
+            said = (server.stderr.read().strip().splitlines() or ["no output"])[-1]
+            raise RefcollError(f"{what}: the receiver on node {peer} did not start: {said}")
         try:
             res = subprocess.run(["ip", "netns", "exec", cluster.node_ns(i),
                                   *python("-c", _CLIENT, cluster.address(peer), str(port),
@@ -108,18 +153,30 @@ def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int = 16 << 20,
         server.wait()
 
 
-def measure_links(cluster: Cluster, nbytes: int = 16 << 20) -> list[dict]:
-    """Return, per node, the rate and round trip measured beside what was asked for."""
+def _least_rate(both_ways: int) -> float:
+    """Return the slowest path (bits/s) a check finishes within :data:`MOST_SECONDS`."""
+    return 4 * (_LEAST_BYTES * (1 + both_ways) + _PING_BYTES) * 8 / (MOST_SECONDS - 60)
+
+
+def measure_links(cluster: Cluster, nbytes: int | None = None) -> list[dict]:
+    """Return, per node, the rate and round trip measured beside what the path between it and
+    its peer was asked to carry (its slowest link: :func:`path_rate`).
+
+    Raises:
+        UsageError: a cluster of one node, which has no link between nodes.
+    """
     nodes = range(1, cluster.spec.nodes + 1)
+    if len(nodes) < 2:
+        raise UsageError(f"cluster {cluster.prefix} has one node: there is no link between "
+                         "nodes to measure (refcoll cluster up --nodes 2 or more)")
     rows = []
     for i in nodes:
         others = [j for j in nodes if j != i]
-        if not others:
-            break
         # the fastest peer in the same rack: the node's own link, not an uplink
         peer = max(others, key=lambda j: (cluster.rack_of(j) == cluster.rack_of(i),
                                           parse_rate(cluster.rate(j))))
-        rows.append({"node": i, "peer": peer, "asked_bits_per_s": parse_rate(cluster.rate(i)),
+        asked, limit = path_rate(cluster, i, peer)
+        rows.append({"node": i, "peer": peer, "asked_bits_per_s": asked, "limit": limit,
                      "delay": cluster.spec.delay, **measure_link(cluster, i, peer, nbytes)})
     return rows
 
@@ -130,8 +187,10 @@ def format_links(rows: list[dict]) -> list[str]:
     for row in rows:
         asked, got = row["asked_bits_per_s"], row["bits_per_s"]
         delay = f", delay {row['delay']} asked" if row["delay"] else ""
+        own = row.get("limit", "").startswith(f"node {row['node']}'")
+        limit = "" if own or "limit" not in row else f" ({row['limit']})"
         lines.append(f"node {row['node']} (to node {row['peer']}): asked {asked / 1e6:.0f} Mbit/s"
-                     f"{delay}; measured {got / 1e6:.0f} Mbit/s ({got / asked:.0%})"
+                     f"{limit}{delay}; measured {got / 1e6:.0f} Mbit/s ({got / asked:.0%})"
                      f"{_both_ways(row['both_ways_bits_per_s'], asked)}, round trip "
                      f"{row['rtt_s'] * 1e6:.0f} us")
     return lines

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import secrets
 import shlex
 import shutil
@@ -71,13 +72,14 @@ from .state import (
     start_time,
 )
 
-__all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters", "attach",
+__all__ = ["Cluster", "ClusterSpec", "ClusterError", "up", "down", "status", "clusters", "scanned",
+           "attach",
            "bucket_bytes", "live_clusters", "machine_of", "missing_capability", "parse_rate",
            "remove_stale", "topology_path", "STATE_DIR", "SUBNET", "NETNS_ETC", "MAX_NODES",
            "MAX_RANKS_PER_NODE", "MIN_RATE", "MAX_RATE", "MAX_OVERSUBSCRIPTION", "MAX_DELAY_S"]
 
 #: Where each cluster's state file lives (tmpfs: nothing survives a reboot).
-STATE_DIR = Path(os.environ.get("REFCOLL_CLUSTER_DIR", "/run/refcoll/clusters"))
+STATE_DIR = Path(os.environ.get("REFCOLL_CLUSTER_DIR") or "/run/refcoll/clusters")
 
 #: The nodes' addresses: ``10.203.R.N`` for node N of rack R (inside the namespaces only).
 SUBNET = "10.203"
@@ -379,9 +381,17 @@ def _remove(prefix: str, made: list[str]) -> None:
     names = [ns for ns in [*sorted(_namespaces()), *made] if ours(prefix, ns)]
     names = list(dict.fromkeys(names))
     _kill(names)
+    failed = []
     for ns in names:
-        _run("ip", "netns", "del", ns, check=False)
+        res = _run("ip", "netns", "del", ns, check=False)
+        if res.returncode != 0 and ns in _namespaces():
+            failed.append(f"{ns} ({_last_line(res.stderr) or f'exit {res.returncode}'})")
+            continue
         remove_etc(ns)
+    if failed:  # the state file stays, so that a later down can finish the job
+        raise ClusterError(f"cluster {prefix}: could not delete {', '.join(failed)}; its state "
+                           f"file {STATE_DIR / f'{prefix}.json'} is kept: run refcoll cluster "
+                           "down again as root")
     remove_file(STATE_DIR / f"{prefix}.json")
     remove_file(topology_path(prefix))
 
@@ -433,6 +443,12 @@ def clusters() -> list[dict]:
     return _scan()[0]
 
 
+def scanned() -> tuple[list[dict], list[str]]:
+    """Return the trusted clusters' states and, for each state file refcoll cannot trust,
+    why not (``run`` and ``check`` name it rather than saying no cluster is up)."""
+    return _scan()
+
+
 def remove_stale() -> list[str]:
     """Remove the clusters whose owner is gone; return their prefixes.
 
@@ -455,9 +471,24 @@ def _removable(force: bool) -> list[dict]:
     """
     good, bad = _scan()
     if bad:
-        raise UsageError(f"{bad[0]}; refcoll removes no cluster while it is there (look at it, "
-                         "and remove it by hand)")
+        raise UsageError(f"{bad[0]}; refcoll removes no cluster while it is there: "
+                         + _by_hand(bad[0]))
     return [state for state in good if force or not owned(state)]
+
+
+def _by_hand(problem: str) -> str:
+    """Say how to remove, by hand, the cluster a state file refcoll cannot trust names: its
+    namespaces that exist (by the file's name), their ``/etc/netns`` folders, its files."""
+    found = re.match(r"(.*/)?(rc[0-9a-f]{6})\.json: ", problem)
+    if not found:
+        return "look at it, and remove it by hand"
+    prefix = found.group(2)
+    names = sorted(ns for ns in _namespaces() if ours(prefix, ns))
+    steps = [f"ip netns del {' '.join(names)}"] if names else []
+    steps += [f"rm -r {' '.join(str(NETNS_ETC / ns) for ns in names)}"] if names else []
+    steps.append(f"rm {STATE_DIR / f'{prefix}.json'} {topology_path(prefix)}")
+    return ("if it is refcoll's cluster " + prefix + ", look at it, then remove it by hand: "
+            + "; ".join(steps))
 
 
 def live_clusters() -> list[dict]:
@@ -479,16 +510,20 @@ def up(spec: ClusterSpec, *, force: bool = False) -> Cluster:
     why = missing_capability()
     if why:
         raise ClusterError(why)
-    for state in _removable(force):
-        _remove(state["prefix"], state["namespaces"])
-    cluster = Cluster(spec).up()
+    old = _removable(force)  # an untrusted state file refuses before anything is built
+    cluster = Cluster(spec).up()  # built first: one that cannot be (no netem) leaves the old
     cluster._write_state(detached=True)
+    for state in old:
+        _remove(state["prefix"], state["namespaces"])
     return cluster
 
 
 def down(*, force: bool = False) -> list[str]:
     """Remove the detached clusters and those whose owner is gone (``refcoll cluster down``);
     with ``force``, those a running process holds too. Return their prefixes."""
+    why = missing_capability()
+    if why:
+        raise ClusterError(why)
     prefixes = []
     for state in _removable(force):
         _remove(state["prefix"], state["namespaces"])
@@ -501,9 +536,20 @@ def status() -> list[dict]:
     ``{"problem": ...}`` for each state file refcoll cannot trust."""
     good, bad = _scan()
     have = _namespaces() if good else set()
-    return ([dict(state, complete=all(ns in have for ns in state["namespaces"]),
-                  live=owned(state)) for state in good]
+    return ([dict(state, complete=all(ns in have for ns in _whole(state)), live=owned(state))
+             for state in good]
             + [{"problem": why} for why in bad])
+
+
+def _whole(state: dict) -> list[str]:
+    """Return the namespaces a complete cluster of ``state`` has: the hub and every node its
+    spec makes (a build killed halfway lists only those it made)."""
+    made = list(state["namespaces"])
+    if "spec" not in state:
+        return made
+    cluster = attach(state)
+    return [*made, cluster.hub,
+            *(cluster.node_ns(i) for i in range(1, cluster.spec.nodes + 1))]
 
 
 def attach(state: dict) -> Cluster:

@@ -140,13 +140,16 @@ def parse_rate(text) -> float:
     A rate outside :data:`MIN_RATE` to :data:`MAX_RATE` (1 kbit/s to 1 Tbit/s) is refused.
     """
     given = text
-    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kmgt]?)bit\s*", str(text).lower())
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kmgt]?)(?:bit|bps)\s*", str(text).lower())
     if m:
         text = f"{m.group(1)}{m.group(2).upper().replace('K', 'k')}bit/s"
     try:
         bits = 8 * parse_bandwidth(text, name="link rate")
-    except UsageError as exc:  # named as it was given, not as rewritten for the parser
-        raise UsageError(str(exc).replace(repr(text), repr(given), 1)) from None
+    except UsageError as exc:  # named as it was given, with a link's units
+        if "cannot read" not in str(exc):
+            raise UsageError(str(exc).replace(repr(text), repr(given), 1)) from None
+        raise UsageError(f"link rate {given!r:.40}: write it as tc does (1gbit, 100mbit, "
+                         "500kbit), or as 1Gbit/s or 1Gbps") from None
     if not MIN_RATE <= bits <= MAX_RATE:
         raise UsageError(f"link rate {given!r:.40}: an emulated link runs at 1kbit (1 kbit/s) "
                          f"to 1tbit (1 Tbit/s)")

@@ -68,15 +68,23 @@ def _unsafe(path, info: os.stat_result, *, sticky: bool = False) -> str | None:
 def check_folder(folder: Path, *, create: bool = False) -> Path | None:
     """Return the state folder, checked (None: it does not exist and ``create`` is False).
 
-    It must be a real folder (no link), owned by root or this user and writable by
-    no one else; the folders above it too, but for a sticky one such as ``/tmp``.
-    ``create`` makes it (and the folders above that are missing), mode 0755.
+    It must be an absolute path to a real folder (no link), owned by root or this user
+    and writable by no one else; the folders above it too, but for a sticky one such as
+    ``/tmp``, both along the path as given and where it resolves. A link on the way must
+    be root's or this user's (another user's link in a shared folder would choose where
+    root writes). ``create`` makes the missing folders (mode 0755) only after that.
 
     Raises:
-        UsageError: it, or a folder above, is not one refcoll may act on.
+        UsageError: it, or a folder or link above, is not one refcoll may act on.
     """
     folder = Path(folder)
     where = f"{folder}: the cluster folder (REFCOLL_CLUSTER_DIR)"
+    if not folder.is_absolute():
+        raise UsageError(f"{where} is not an absolute path; refcoll keeps cluster state in one "
+                         "folder whatever the current one (default /run/refcoll/clusters)")
+    why = _unsafe_path(folder)
+    if why:
+        raise UsageError(f"{where} {why}; refcoll acts on no cluster state there")
     if create:
         missing = [p for p in [folder, *folder.parents] if not os.path.lexists(p)]
         for part in reversed(missing):
@@ -96,13 +104,33 @@ def check_folder(folder: Path, *, create: bool = False) -> Path | None:
                          "real folder")
     if not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{where} is not a folder")
-    why = _unsafe(folder, info)
-    for parent in Path(os.path.realpath(folder)).parents:
-        above = _unsafe(parent, os.stat(parent), sticky=True)
-        why = why or (above and f"is in {parent}, which {above}")
+    why = _unsafe(folder, info) or _unsafe_path(folder)
     if why:
         raise UsageError(f"{where} {why}; refcoll acts on no cluster state there")
     return folder
+
+
+def _unsafe_path(folder: Path) -> str | None:
+    """Why a folder above ``folder`` (as given, and as it resolves) or a link on the way is
+    not one refcoll may act through (None: every one may be)."""
+    for part in reversed(folder.parents):  # from / down, as given
+        try:
+            info = os.lstat(part)
+        except FileNotFoundError:
+            break  # the rest is made here, by root
+        if stat.S_ISLNK(info.st_mode):
+            if info.st_uid not in (0, os.geteuid()):
+                return f"passes through {part}, a link of user {info.st_uid}"
+            continue
+        above = _unsafe(part, info, sticky=True)
+        if above:
+            return f"is in {part}, which {above}"
+    for parent in Path(os.path.realpath(folder)).parents:
+        if os.path.lexists(parent):
+            above = _unsafe(parent, os.stat(parent), sticky=True)
+            if above:
+                return f"is in {parent}, which {above}"
+    return None
 
 
 def read_state(path: Path, check=None) -> dict:
