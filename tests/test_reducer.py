@@ -40,13 +40,15 @@ def blocking_reference(t, red, grads, algorithm, scale=True):
     """Return the gradients a blocking all-reduce of each of ``red``'s buckets gives.
 
     Each bucket is the concatenation of its gradients in bucket order, each times
-    fl(1/p) in the bucket's dtype (DDP's copy_grad_to_bucket) when ``scale``.
+    fl(1/p) when ``scale``, as torch computes it (DDP's copy_grad_to_bucket): in the
+    bucket's dtype, or in float32 for a 16-bit float, rounded once to the dtype.
     """
     out = [None] * len(grads)
     for b in red.buckets:
-        factor = b.dtype.type(1.0 / t.size)
-        parts = [(grads[i] * factor if scale else grads[i]).astype(b.dtype).reshape(-1)
-                 for i in b.params]
+        half = b.dtype.itemsize == 2
+        factor = (np.float32 if half else b.dtype.type)(1.0 / t.size)
+        parts = [((grads[i].astype(np.float32) if half else grads[i]) * factor if scale
+                  else grads[i]).astype(b.dtype).reshape(-1) for i in b.params]
         summed = refcoll.allreduce(np.concatenate(parts), t, algorithm=algorithm)
         for i, off in zip(b.params, b.offsets):
             out[i] = summed[off:off + grads[i].size].reshape(grads[i].shape)
@@ -252,6 +254,50 @@ def test_a_mixed_dtype_model_with_auto_is_bit_identical_too():
     for got, want in results:
         assert [g.dtype for g in got] == [np.dtype(d) for d in dtypes]
         assert all(same_bits(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_the_scaled_copy_is_torchs_tensor_times_a_scalar_to_the_bit(dtype):
+    """DDP's copy_grad_to_bucket is at::mul_out(view, grad, 1/p): torch computes a 16-bit
+    float times a double in float32. At p = 3 a third of float16 elements differ from a
+    product by the factor rounded to float16; the slot must hold torch's bits."""
+    torch = pytest.importorskip("torch", reason="torch is the reference here")
+    dt = refcoll.DTYPES[dtype]
+    shapes = [(10000,), (1,)]  # one bucket: it is not launched until both are ready
+
+    def body(t):
+        red = Reducer([(s, dt) for s in shapes], t, algorithm="ring")
+        assert len(red.buckets) == 1
+        grad, other = gradients(shapes, t.rank, dtypes=[dt, dt])
+        red.ready(0, grad)
+        slot = red._views[0].copy()  # as copied in, before the bucket's all-reduce
+        red.ready(1, other)
+        red.finalize()
+        return grad, slot
+
+    for grad, slot in run(3, body):
+        half = dt.itemsize == 2  # torch takes a 16-bit float's bits through int16
+        tensor = (torch.from_numpy(grad.view(np.int16)).view(getattr(torch, dtype)) if half
+                  else torch.from_numpy(grad))
+        want = torch.mul(tensor, 1.0 / 3)
+        want = want.view(torch.int16).numpy() if half else want.numpy()
+        assert np.array_equal(slot.view(want.dtype), want)
+
+
+def test_a_transposed_view_of_its_own_slot_is_copied_not_taken_as_the_slot():
+    """A square parameter's slot seen transposed has the slot's address and shape; taken for
+    the slot, its memory (the untransposed gradient) was reduced: a silent transpose."""
+    shapes = [(4, 4)]
+
+    def body(t):
+        red = Reducer(shapes, t, algorithm="ring")
+        grad = np.arange(16, dtype=np.float32).reshape(4, 4) * (t.rank + 1)
+        red.gradient(0).T[...] = grad  # the slot holds grad transposed
+        red.ready(0, red.gradient(0).T)  # which, seen transposed, is grad
+        return red.finalize()[0]
+
+    for got in run(2, body):
+        assert np.array_equal(got, np.arange(16, dtype=np.float32).reshape(4, 4) * 1.5)
 
 
 @pytest.mark.parametrize("p,differ", [(2, False), (3, True), (4, False)])

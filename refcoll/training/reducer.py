@@ -301,16 +301,23 @@ class Reducer:
         return self._views[i]
 
     def _fill(self, i: int, grad) -> None:
-        """Put a gradient in its slot: copied times ``fl(1/p)`` (DDP's ``copy_grad_to_bucket``),
+        """Put a gradient in its slot: copied times ``1/p`` (DDP's ``copy_grad_to_bucket``: the
+        factor rounded to the dtype, float32 for 16-bit floats, as torch's opmath computes),
         or, written in the slot itself, divided by ``p`` there (DDP's ``div_``: other bits
         for ``p`` not a power of two); undivided for a hook or a compressor."""
         view = self._views[i]
         scaled = self.hook is None and self.compressor is None
         if grad is view or (isinstance(grad, np.ndarray) and grad.size
-                            and address(grad) == address(view) and grad.shape == view.shape):
+                            and address(grad) == address(view) and grad.shape == view.shape
+                            and grad.strides == view.strides):  # the slot, not a view of it
             self._divide[i] = scaled  # on the progress thread, just before the bucket's sum
         elif scaled:
-            np.multiply(grad, view.dtype.type(1.0 / self.size), out=view)
+            if view.dtype.itemsize == 2 and is_float(view.dtype):
+                # torch computes a 16-bit float times a scalar in float32 (its opmath type):
+                # the factor is float32's 1/p, the product rounded once, to the bucket's dtype
+                np.multiply(grad, np.float32(1.0 / self.size), out=view, casting="unsafe")
+            else:
+                np.multiply(grad, view.dtype.type(1.0 / self.size), out=view)
         else:  # a hook gets undivided gradients, as in DDP
             np.copyto(view, grad)
 
