@@ -162,6 +162,21 @@ def test_topk_exact_with_ties_to_lower_index(seed, k):
     assert np.array_equal(idx, _reference_topk(x, k))
 
 
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "threshold:threshold=0.8"])
+def test_a_non_finite_gradient_stays_non_finite(spec):
+    """A sparsifier that dropped NaN (comparisons with NaN are false) hid an overflow from
+    AMP's GradScaler: NaN now counts as the largest magnitude, infinity as large."""
+    c = parse(spec)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = _data((1000,), seed=5)
+        x[[17, 500]] = bad
+        out = c.decompress(c.compress(x, c.new_state()))
+        kept = out[[17, 500]]
+        assert np.array_equal(kept, x[[17, 500]], equal_nan=True), (spec, bad, kept)
+    assert np.array_equal(topk_indices(np.abs(np.array([1.0, np.nan, 3.0, np.inf, 2.0])), 2),
+                          [1, 3])  # NaN and infinity above every number
+
+
 def test_topk_compressor_matches_full_sort():
     x = _data((37, 53), seed=4)
     x.reshape(-1)[::3] = 0.5  # a large tie class across the boundary

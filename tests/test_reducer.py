@@ -6,6 +6,7 @@ installed); every expected gradient is a blocking ``refcoll.allreduce`` of the
 same buckets.
 """
 
+import contextlib
 import math
 
 import numpy as np
@@ -655,3 +656,41 @@ def test_gradient_as_bucket_view_divides_in_place_and_returns_the_views(p):
         assert got == want and views
         assert (differing > 0) == (p == 3)  # 1/p is exact for p a power of two
     assert all(r[0] == results[0][0] for r in results)
+
+
+def test_one_ranks_bad_input_is_every_ranks_error_not_a_peers_wait():
+    """Three inputs raised on one rank only while its peers waited for the deadline: an
+    infinite bucket_cap_mb (a raw OverflowError), finalize() inside no_sync(), and a hook
+    whose result has the wrong size. Each is now agreed: the same error on every rank."""
+    shapes = [(3,), (4,)]
+
+    def infinite_cap(t):
+        Reducer(shapes, t, bucket_cap_mb=math.inf if t.rank == 0 else 25)
+
+    for said in errors_on_every_rank(2, infinite_cap, UsageError):
+        assert "rank 0: bucket_cap_mb must be a positive, finite number of MiB, got inf" in said
+
+    def finalize_inside_no_sync(t):
+        red = Reducer(shapes, t)
+        grads = gradients(shapes, t.rank)
+        with contextlib.ExitStack() as stack:
+            if t.rank == 0:
+                stack.enter_context(red.no_sync())
+            for i in reversed(range(len(shapes))):
+                red.ready(i, grads[i])
+            red.finalize()
+
+    for said in errors_on_every_rank(2, finalize_inside_no_sync, UsageError):
+        assert "rank 0: finalize() inside no_sync()" in said
+
+    def wrong_hook_on_one_rank(t):
+        def hook(bucket):
+            return bucket.buffer()[:-1] if t.rank == 1 else bucket.buffer()
+
+        red = Reducer(shapes, t, hook=hook)
+        for i, grad in reversed(list(enumerate(gradients(shapes, t.rank)))):
+            red.ready(i, grad)
+        red.finalize()
+
+    for said in errors_on_every_rank(2, wrong_hook_on_one_rank, UsageError):
+        assert "rank 1: the hook returned 6 elements for bucket 0, which holds 7" in said

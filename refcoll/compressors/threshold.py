@@ -1,7 +1,9 @@
 """Threshold sparsification (Strom 2015): send every element with ``|x| >= threshold``.
 
 The payload's size depends on the data. Indices ascending, int32 (int64 past
-``2**31 - 1`` elements), values in the tensor's dtype. Not linear, biased: use
+``2**31 - 1`` elements), values in the tensor's dtype; a NaN is kept (as
+:mod:`~refcoll.compressors.topk` keeps it), so an overflow stays visible after the
+all-reduce. Not linear, biased: use
 with error feedback, which carries the small elements until they grow.
 On CuPy arrays the same indices and values, found on the device.
 """
@@ -37,7 +39,8 @@ class Threshold(Compressor):
         check_float(x, self.name)
         xp = array_namespace(x)
         flat = x.reshape(-1)
-        idx = xp.flatnonzero(xp.abs(flat) >= self.threshold)
+        magnitude = xp.abs(flat)  # NaN is kept, as topk keeps it: an overflow stays visible
+        idx = xp.flatnonzero((magnitude >= self.threshold) | xp.isnan(magnitude))
         return self._payload(
             x, {"values": flat[idx], "indices": idx.astype(index_dtype(flat.size))}
         )

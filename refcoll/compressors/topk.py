@@ -8,7 +8,9 @@ Selection, not a sort: ``np.argpartition`` finds the k-th largest magnitude
 ``t`` in O(n); every element with ``|x| > t`` is kept, and the remaining places
 go to elements with ``|x| == t`` **in ascending index order**, so ties are broken
 by the lower index and the result is deterministic on every platform.
-The tensor must be finite (NaN has no magnitude order). Not linear: different
+A NaN counts as the largest magnitude (above infinity, as its bits are), so a
+gradient that overflowed stays non-finite after the all-reduce, for AMP's
+GradScaler to see and skip the step. Not linear: different
 ranks pick different indices, so payloads are gathered and summed after
 decompression. Biased: use with error feedback.
 
@@ -31,7 +33,8 @@ __all__ = ["TopK", "topk_indices", "select_by_bits", "scatter_values"]
 
 
 def topk_indices(magnitude, k: int):
-    """Return the ascending indices of the k largest entries, ties to the lower index."""
+    """Return the ascending indices of the k largest entries, ties to the lower index, NaN
+    the largest of all."""
     xp = array_namespace(magnitude)
     n = magnitude.size
     if k >= n:
@@ -39,7 +42,10 @@ def topk_indices(magnitude, k: int):
     if k == 0:
         return xp.arange(0)
     if xp is not np:
-        return select_by_bits(magnitude, k)
+        return select_by_bits(magnitude, k)  # a NaN's bits are above infinity's: the largest
+    nan = np.isnan(magnitude)
+    if nan.any():  # NaN counts as the largest magnitude, so a non-finite tensor stays so
+        magnitude = np.where(nan, np.inf, magnitude)
     boundary = magnitude[np.argpartition(magnitude, n - k)[n - k]]
     above = np.flatnonzero(magnitude > boundary)
     ties = np.flatnonzero(magnitude == boundary)[: k - above.size]

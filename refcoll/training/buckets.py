@@ -117,8 +117,8 @@ def parameters_of(spec) -> list[Parameter]:
 
 def cap_bytes(mb: float, what: str) -> int:
     """Return a cap given in MiB as bytes, as DDP does (``int(mb * _MB_TO_BYTES)``)."""
-    if isinstance(mb, bool) or not isinstance(mb, numbers.Real) or not mb > 0:
-        raise UsageError(f"{what} must be a positive number of MiB, got {mb!r}")
+    if isinstance(mb, bool) or not isinstance(mb, numbers.Real) or not 0 < mb < math.inf:
+        raise UsageError(f"{what} must be a positive, finite number of MiB, got {mb!r}")
     return int(mb * MIB)
 
 

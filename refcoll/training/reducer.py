@@ -82,6 +82,12 @@ _TWICE = (
     "ready only once\"); to add up several backward passes, call ready() inside no_sync()")
 
 
+#: The problem of a finalize() inside no_sync(), as the ranks agree on it.
+_IN_NO_SYNC = {"kind": "argument", "text": "finalize() inside no_sync(): nothing is reduced "
+               "inside no_sync(); leave the block, call ready(i, grad) for the step that "
+               "synchronises, then finalize()"}
+
+
 class Reducer:
     """DDP's gradient reducer: bucketed, overlapped all-reduces of gradients as they are ready.
 
@@ -377,12 +383,16 @@ class Reducer:
             UsageError: on every rank, when any rank has a parameter never ready,
                 one ready twice, or a bad argument to ``ready``; inside ``no_sync()``.
         """
-        if self._no_sync:
-            raise UsageError("finalize() inside no_sync(): nothing is reduced inside no_sync(); "
-                             "leave the block, call ready(i, grad) for the step that "
-                             "synchronises, then finalize()")
         if self._broken:
             raise UsageError(self._broken)
+        if self._no_sync:  # agreed, so that the ranks outside no_sync() do not wait
+            table = gather_json(self.control_transport, [_IN_NO_SYNC], size=256)
+            if all(problems == [_IN_NO_SYNC] for problems in table):
+                raise UsageError(self._describe(table))  # none reduced: the sums are kept
+            try:
+                self._fail(table)  # complete the others' calls, then raise
+            finally:
+                self._start_iteration()
         try:
             if self.find_unused:
                 self._mark_unused()
@@ -462,11 +472,19 @@ class Reducer:
         reduced = list(self._work)
         for b, result in zip(waiting, results):
             reduced[b] = result
+        wrong = [{"kind": "argument", "text": f"the hook returned {np.size(result)} elements "
+                  f"for bucket {b}, which holds {self._buckets[b].numel}"}
+                 for b, result in enumerate(reduced) if np.size(result) != self._buckets[b].numel]
+        if not self.rebuilt and not self.find_unused:
+            # the first iteration ends in a collective (the rebuild): agree on the results
+            # first, so that one rank's wrong hook is every rank's error, not a peer's wait
+            table = gather_json(self.control_transport, wrong, size=256)
+            if any(table):
+                raise UsageError(self._describe(table))
+        elif wrong:  # later: this rank's error, as DDP's check of a hook's result is
+            raise UsageError(f"Reducer.finalize(): {wrong[0]['text']}")
         for b, result in enumerate(reduced):
             flat = np.asarray(result).reshape(-1)
-            if flat.size != self._buckets[b].numel:
-                raise UsageError(f"the hook returned {flat.size} elements for bucket {b}, which "
-                                 f"holds {self._buckets[b].numel}")
             if address(flat) != address(self._buffers[b]):  # a hook's own result array
                 np.copyto(self._buffers[b], flat)
         used = results[-1] if self.find_unused else None
