@@ -25,9 +25,13 @@ def main() -> None:
     parser.add_argument("--simulate", type=int, metavar="P", help="simulate P ranks instead of MPI")
     parser.add_argument("--steps", type=int, default=400)
     args = parser.parse_args()
+    if args.simulate is not None and not 1 <= args.simulate <= 64:
+        parser.error(f"--simulate {args.simulate}: give 1 to 64 simulated ranks")
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: give at least 1")
     for spec in ("none", "ef(topk:ratio=0.01)"):
         config = TrainConfig(compressor=spec, steps=args.steps)
-        if args.simulate:
+        if args.simulate is not None:
             history = SimWorld(args.simulate).run(lambda t, config=config: train(t, config))[0]
             rank = 0
         else:

@@ -395,3 +395,12 @@ def test_parse_values():
 def test_parse_errors(spec, message):
     with pytest.raises(UsageError, match=message):
         parse(spec)
+
+
+def test_an_error_feedback_state_serves_one_tensor():
+    c = parse("ef(topk:ratio=0.5)")
+    state = c.new_state()
+    c.compress(_data((40,)), state)
+    with pytest.raises(UsageError, match=r"holds the residual of a float32 tensor of shape "
+                                         r"\(40,\), not of this float32 \(7,\) one"):
+        c.compress(_data((7,)), state)

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import mpiexec_path
+from conftest import ROOT, mpiexec_path
 
 from refcoll import SimWorld, UsageError
 from refcoll.cli import main
@@ -127,9 +127,27 @@ def test_train_under_mpi_reports_every_compressor(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+def test_a_batch_larger_than_a_shard_is_said_once_before_any_table():
+    res = subprocess.run([sys.executable, "-m", "refcoll", "train", "-n", "2", "--steps", "2",
+                          "--batch", "720"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("larger than a rank's shard of 719 training rows on 2 ranks") == 1
+    assert "refcoll train:" not in res.stdout and "epoch" not in res.stdout
+
+
 @pytest.mark.slow
 def test_topk_one_percent_with_error_feedback_stays_within_a_point_of_uncompressed():
     plain = run(4, steps=400)[0].final
     sparse = run(4, steps=400, compressor="ef(topk:ratio=0.01)")[0].final
     assert plain.test_accuracy - sparse.test_accuracy <= 0.01  # 98.33% and 97.77% measured
     assert sparse.ratio > 20
+
+
+@pytest.mark.parametrize("args,said", [(["--simulate", "0"], "give 1 to 64 simulated ranks"),
+                                       (["--steps", "0"], "--steps 0: give at least 1")])
+def test_the_example_refuses_what_it_cannot_run(args, said):
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "train_digits.py"), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr

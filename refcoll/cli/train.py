@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import click
 
@@ -12,7 +13,7 @@ from ..core.errors import UsageError
 from ..core.plot import require_matplotlib
 from ..core.units import human_bytes
 from ..training.overlap import OverlapConfig, parse_widths, plot_timeline, run_overlap
-from ..training.train import EXAMPLES_HINT, TrainConfig, plot_histories
+from ..training.train import EXAMPLES_HINT, TrainConfig, batch_problem, plot_histories
 from ..training.train import train as train_model
 from . import launch
 from .common import (
@@ -133,6 +134,11 @@ def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
     lead = t.rank == 0
     first = configs[0]
     launch.data_ranks(t, nprocs)  # notes, on rank 0, an -n the job's size overrules
+    problem = batch_problem(first.batch, t.size)  # every rank alike: said once, before output
+    if problem:
+        if lead:
+            raise UsageError(problem)
+        sys.exit(2)
     if lead:
         click.echo(f"refcoll train: {t.size} ranks, digits MLP 64-{first.hidden}-10, "
                    f"{first.steps} steps, batch {first.batch} per rank, lr {first.lr:g} "

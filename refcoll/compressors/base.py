@@ -339,8 +339,20 @@ class ErrorFeedback(Compressor):
 
     @staticmethod
     def corrected(x, residual):
-        """Return ``x + residual``, the tensor to compress (``x`` itself before any residual)."""
-        return x if residual is None else x + residual
+        """Return ``x + residual``, the tensor to compress (``x`` itself before any residual).
+
+        Raises:
+            UsageError: the residual is another tensor's (its shape or dtype differ): a
+                state serves one tensor.
+        """
+        if residual is None:
+            return x
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise UsageError(f"this error-feedback state holds the residual of a "
+                             f"{residual.dtype} tensor of shape {residual.shape}, not of this "
+                             f"{x.dtype} {x.shape} one: keep one state per tensor "
+                             "(compressor.new_state(...) for each)")
+        return x + residual
 
     @staticmethod
     def new_residual(corrected, approximation):

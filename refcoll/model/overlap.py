@@ -17,7 +17,6 @@ model prices, so ``refcoll model`` can be given the machine's own link.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -67,8 +66,10 @@ def fit_link(measured: dict[int, float], ranks: int, algorithm: str) -> tuple[fl
     ``ranks`` ranks of one node. Each size's α rounds and β bytes are the
     model's own (:func:`~refcoll.model.pricing.allreduce_estimate`,
     reduction free), fitted by least squares on the relative error. When the
-    fit gives a negative α or a β that is not positive, α is 0 and β the
-    median of seconds per byte. One rank, or nothing measured: ``(0, 1e-12)``.
+    fit gives a negative α or a β that is not positive (a small message timed
+    slower than a large one: noise), the better of the two one-term fits, α
+    alone or β alone, in the same least squares. One rank, or nothing
+    measured: ``(0, 1e-12)``.
     """
     rows = []  # (α rounds, β bytes, seconds) of each size
     for nbytes, seconds in measured.items():
@@ -79,9 +80,15 @@ def fit_link(measured: dict[int, float], ranks: int, algorithm: str) -> tuple[fl
         return 0.0, 1e-12
     scaled = np.array([[r / s, b / s] for r, b, s in rows], float)
     alpha, beta = np.linalg.lstsq(scaled, np.ones(len(rows)), rcond=None)[0]
-    if alpha < 0 or beta <= 0:
-        alpha, beta = 0.0, statistics.median(s / b for _, b, s in rows)
+    if alpha < 0 or beta <= 0:  # the best fit on the boundary: one of the two terms alone
+        alpha, beta = min(((0.0, _alone(scaled[:, 1])), (_alone(scaled[:, 0]), 0.0)),
+                          key=lambda fit: float(np.sum((scaled @ np.array(fit) - 1) ** 2)))
     return float(alpha), float(max(beta, 1e-15))
+
+
+def _alone(column: np.ndarray) -> float:
+    """Return the least-squares factor ``c`` of ``c · column ≈ 1`` (relative error), ≥ 0."""
+    return max(float(column.sum() / (column @ column)), 0.0)
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,9 @@ def refcoll_hook(state: HookState, bucket):
 
     Returns a ``torch.futures.Future`` that completes with the bucket's buffer
     holding the average, or with the call's error (every rank's, as refcoll
-    raises it) for DDP's ``wait()`` to raise.
+    raises it) for DDP's ``wait()`` to raise: raised from a ``then`` callback, as
+    torch's own hooks chain theirs, since DDP reads a future given an exception
+    with ``set_exception`` as its result ("Unable to cast ... to Tensor").
     """
     import torch
 
@@ -230,10 +232,15 @@ def refcoll_hook(state: HookState, bucket):
     index = bucket.index()
     layout = bucket_layout(bucket)
     t = torch_transport_for(state.group)
-    future = torch.futures.Future()
+    done = torch.futures.Future()
+    failure: list[BaseException] = []
 
     def job(t):
         try:
+            if buffer.layout != torch.strided:  # every rank's model alike: each raises it
+                raise UsageError(f"rank {t.rank}: bucket {index} holds a {buffer.layout} "
+                                 "gradient (Embedding(sparse=True)?): refcoll's hook reduces "
+                                 "dense buckets; use sparse=False, or DDP's own all-reduce")
             x = as_array(buffer, t, f"bucket {index}")
             if x.size != sum(math.prod(shape) for _, shape in layout):
                 raise UsageError(f"rank {t.rank}: bucket {index} holds {x.size} elements, its "
@@ -250,9 +257,15 @@ def refcoll_hook(state: HookState, bucket):
                     state.last.clear()
                 state.last[index] = (before, x.copy())
         except BaseException as exc:  # noqa: BLE001 - DDP raises it from the future
-            future.set_exception(exc)
+            failure.append(exc)
+            done.set_result(None)
             raise
-        future.set_result(buffer)
+        done.set_result(None)
+
+    def outcome(_):
+        if failure:
+            raise failure[0]
+        return buffer
 
     issue("allreduce", t, job)
-    return future
+    return done.then(outcome)

@@ -255,6 +255,10 @@ class Reducer:
                 not 0 <= i < len(self.params):
             return f"ready({i!r}, grad): no such parameter; indices run 0..{len(self.params) - 1}"
         p = self.params[i]
+        if type(grad).__module__.partition(".")[0] == "torch":
+            return (f"ready({i}, grad): the gradient is a {type(grad).__name__} of torch; the "
+                    "Reducer takes NumPy arrays (grad.numpy()); for torch models use DDP with "
+                    "refcoll.torch.comm_hook")
         shape, dtype = tuple(np.shape(grad)), getattr(grad, "dtype", None)
         if shape != p.shape:
             return f"ready({i}, grad): the gradient has shape {shape}, {p.describe()} has {p.shape}"

@@ -56,6 +56,7 @@ __all__ = [
     "History",
     "ReplicaDivergence",
     "load_digits_split",
+    "batch_problem",
     "init_params",
     "loss_and_grads",
     "accuracy",
@@ -203,6 +204,16 @@ def _record_dict(record: EpochRecord) -> dict:
             "ratio": record.ratio if math.isfinite(record.ratio) else None}
 
 
+def batch_problem(batch: int, ranks: int, train_rows: int | None = None) -> str | None:
+    """Return why ``batch`` rows per rank cannot make one step on ``ranks`` ranks (None: they
+    can); ``train_rows``: the training split's rows (default: read the data)."""
+    rows = len(load_digits_split()[1]) if train_rows is None else train_rows
+    if rows // ranks // batch == 0:
+        return (f"--batch {batch} is larger than a rank's shard of {rows // ranks} training "
+                f"rows on {ranks} ranks")
+    return None
+
+
 def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Return ``(X_train, y_train, X_test, y_test)``: digits scaled to [0, 1], float32.
 
@@ -286,10 +297,10 @@ def train(comm, config: TrainConfig,
     t = as_transport(comm)
     compressor = config.make_compressor()
     x_train, y_train, x_test, y_test = load_digits_split()
+    problem = batch_problem(config.batch, t.size, len(y_train))
+    if problem:
+        raise UsageError(problem)
     steps_per_epoch = len(y_train) // t.size // config.batch
-    if steps_per_epoch == 0:
-        raise UsageError(f"--batch {config.batch} is larger than a rank's shard of "
-                         f"{len(y_train) // t.size} training rows on {t.size} ranks")
     x_shard, y_shard = _shard(x_train, y_train, t.rank, t.size)
     params = init_params(x_train.shape[1], config.hidden, config.seed)
     velocity = {name: np.zeros_like(w) for name, w in params.items()}

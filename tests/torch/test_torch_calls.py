@@ -212,3 +212,28 @@ def test_ddp_compressed_hooks_train_and_carry_state_across_the_rebuild(transport
     else:  # PowerSGD: a state per parameter, whatever bucket it is in
         assert state.layouts == 0 and len(state._tensors) == len(list(ddp.parameters()))
     assert state.sent > 0 or p == 1
+
+
+def test_a_hooks_error_reaches_ddp_named_on_every_rank(transport):
+    """Ranks whose hooks name other algorithms: every rank's backward raises refcoll's
+    MismatchError by its name and message (a future given an exception read as a result
+    used to give "Unable to cast ... to Tensor")."""
+    r = transport.rank
+    ddp = DDP(_model())
+    ddp.register_comm_hook(*rt.comm_hook(algorithm="ring" if r == 0 else "tree"))
+    with pytest.raises(RuntimeError) as caught:
+        _backward(ddp, r, 0)
+    said = str(caught.value)
+    assert "MismatchError: ranks called allreduce with different arguments" in said, said
+    assert "Unable to cast" not in said
+
+
+def test_a_sparse_gradient_is_refused_by_name_not_as_a_strided_buffer(transport):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
+    ddp = DDP(model)
+    ddp.register_comm_hook(*rt.comm_hook(algorithm="ring"))
+    with pytest.raises(RuntimeError) as caught:
+        ddp(torch.tensor([1, 2, 3])).sum().backward()
+    said = str(caught.value)
+    assert "holds a torch.sparse_coo gradient" in said and "strides" not in said, said
