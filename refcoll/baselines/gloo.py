@@ -187,8 +187,9 @@ def backend_group(workers: int, algorithm: str, timeout: float | None = None):
     from ..torch import backend
 
     backend.register()
-    chosen = ",".join(f"{c}={algorithm}" for c in backend.COLLECTIVES
-                      if algorithm in registry.names(c))
+    chooses = algorithm in registry.REGISTRY and registry.get(algorithm).chooses
+    chosen = "" if chooses else ",".join(
+        f"{c}={algorithm}" for c in backend.COLLECTIVES if algorithm in registry.names(c))
     with mock.patch.dict(os.environ, {"REFCOLL_ALGO": chosen}):  # restored after, as it was
         os.environ.pop("REFCOLL_WATCH", None)  # the group runs refcoll's algorithms, unwatched
         group = dist.new_group(list(range(workers)), backend="refcoll")

@@ -30,9 +30,11 @@ a job on refcoll's progress engine, in issue order; the ``Work`` torch gets back
 
 **Environment**, read by each rank when a group is made:
 
-* ``REFCOLL_ALGO``: the algorithm, ``auto`` by default. One name (``ring``)
-  applies to every collective that has it, the others stay ``auto``;
-  ``allreduce=ring,allgather=bruck`` chooses per collective.
+* ``REFCOLL_ALGO``: the algorithm, ``auto`` by default, in ``auto``'s grammar
+  (:class:`~refcoll.calls.auto.AlgoFilter`). One name (``ring``) applies to every
+  collective that has it, the others stay ``auto``; ``allreduce=ring,allgather=bruck``
+  (or ``allreduce:ring;allgather:bruck``) chooses per collective; a list or an
+  exclusion leaves ``auto`` to choose within it.
 * ``REFCOLL_WATCH=gloo|nccl|<a registered backend>``: watch mode
   (:mod:`refcoll.torch.watch`): that backend does the collectives and refcoll
   judges a sample of every result. ``REFCOLL_WATCH_SAMPLE`` (64) elements per
