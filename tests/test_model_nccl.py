@@ -419,3 +419,72 @@ def test_nccl_launches_a_small_buffer_on_fewer_channels_after_it_has_picked():
         if picked.channels < system.channel_count():  # then it streams at its share
             assert picked.seconds > picked.tuned
 
+
+
+# ------------------------------------------------------------ review: NCCL's baseline, bounded
+
+def _nccl(cluster, count=1_000_000_000):
+    return seconds(cluster, "nccl", count)
+
+
+def test_nccls_baseline_is_held_to_the_spine_without_rails():
+    """--no-rail --spine-bw 10GB/s: each node sends 2·7/8 of 4 GB through 10 GB/s, at least
+    700 ms; NCCL's baseline priced 40 ms, as if every NIC had its own rail."""
+    spine = seed(rail=False, spine_bw=10 * GB)
+    assert _nccl(spine) >= 2 * 7 / 8 * 4e9 / (10 * GB)
+    assert _nccl(seed()) < _nccl(spine)
+
+
+def test_nccl_on_fewer_channels_than_nics_is_never_faster():
+    """Each channel crosses on one NIC: 1 channel of 8 NICs uses one. The baseline got
+    faster from 2 channels to 1 (NVLS kept its whole rate on its one channel)."""
+    times = [_nccl(seed(nodes=2, nics=8, channels=c)) for c in (1, 2, 8, 16)]
+    assert times == sorted(times, reverse=True), times
+    one_nic = 4e9 / (25 * GB)  # the 2-node tree sends the buffer once, on one NIC
+    assert times[0] >= one_nic
+
+
+def test_nccls_tree_pays_its_protocols_lines_on_the_network():
+    """LL carries 4 bytes of data in each 8-byte line, on the network too: a network-bound
+    Tree/LL cannot beat twice the buffer over the NIC (it used to price Simple's rate)."""
+    from refcoll.model.nccl_run import runs
+    from refcoll.model.systems import as_system
+
+    slow = seed(nodes=2, inter_bw=1.25 * GB, nics=1)
+    ll = [r for r in runs(as_system(slow), 1 << 30) if r.name == "Tree/LL"]
+    assert ll and ll[0].algbw <= 0.5 * 1.25 * GB  # the wire's half of the NIC's rate
+
+
+def test_the_json_search_rows_carry_their_speed_up(tmp_path):
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(main, ["model", "--preset", "seed", "--compressor", "fp16",
+                                    "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    base = data["stack"][0]["step"]
+    for row in data["search"]:
+        assert row["speedup"] == pytest.approx(base / row["step"])
+    assert data["best"]["speedup"] == pytest.approx(base / data["best"]["step"])
+    assert any(row["speedup"] != 1.0 for row in data["search"])
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--params", "1e308"], "a model needs 1 to 1e+15 parameters"),
+    (["--intra-bw", "1e-300B/s"], "--intra-bw '1e-300B/s': give 1 B/s to 1 EB/s"),
+    (["--reduce-bw", "1e-300B/s"], "--reduce-bw '1e-300B/s': give 1 B/s to 1 EB/s"),
+    (["--forward", "1e308"], "--forward '1e308': at most 1e+07 s"),
+    (["--calibrate", "-n", "100000"], "-n 100000: refcoll starts at most 4096 processes"),
+])
+def test_numbers_no_float_can_price_are_refused(args, said):
+    res = CliRunner().invoke(main, ["model", "--preset", "seed", *args])
+    assert res.exit_code == 2 and said in res.stderr and "Traceback" not in res.output, \
+        res.output
+
+
+def test_a_preset_the_step_report_cannot_express_says_so():
+    for preset, nodes, said in (("p4d", "2", "not expressed: p4d's NICs are efa"),
+                                ("pcie-no-p2p", "1", "not expressed: pcie-no-p2p's GPUs talk "
+                                                     "through host memory")):
+        res = CliRunner().invoke(main, ["model", "--preset", preset, "--nodes", nodes,
+                                        "--params", "1e8", "--no-search"])
+        assert res.exit_code == 0 and said in res.output, res.output

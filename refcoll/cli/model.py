@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -12,7 +13,7 @@ from click.core import ParameterSource
 from .. import model as m
 from ..core.errors import UsageError
 from ..core.reading import MAX_JSON_BYTES, read_text
-from ..core.topology import model_options
+from ..core.topology import model_notes, model_options
 from ..core.topology import read as read_topology
 from ..core.units import human_bytes as _bytes
 from ..core.units import human_time as _time
@@ -26,6 +27,7 @@ from .common import (
     check_output_paths,
     main,
     reports_errors,
+    require_processes,
     split_list,
     write_json,
 )
@@ -237,8 +239,11 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
     described = {}  # what the files describe; the preset's below, options given above both
     if calibration_file is not None:
         described.update(m.calibration_options(calibration_file))
+    notes = []  # what of the system the step report could not express
     if topology_file is not None:
-        described.update(model_options(read_topology(topology_file)))
+        topology = read_topology(topology_file)
+        described.update(model_options(topology))
+        notes += model_notes(topology)
     if preset is not None:
         described = {**m.preset_values(preset), **described}
     ctx = click.get_current_context()
@@ -248,12 +253,15 @@ def model(nodes, gpus_per_node, intra_bw, inter_bw, nics_per_node, channels, rai
             given[name] = value
     result = m.ModelRequest(layers_text=layers_text, search=search, **given,
                             layers_name=f"{layers_file} (--layers)").plan()
+    notes += m.preset_notes(preset) if preset is not None else []
+    result = dataclasses.replace(result, notes=result.notes + tuple(notes))
     write_json(json_file, result.to_json())  # first: a reader that leaves early loses no file
     _print_plan(result)  # click.echo flushes each line, so a closed pipe is met in here
 
 
 def _calibrate(nprocs, algorithm, sizes, back_to_back, json_file) -> None:
     nprocs, byte_sizes = m.calibration_request(nprocs, sizes)
+    require_processes(nprocs, minimum=2)  # at most MAX_PROCESSES, as every -n
     names = (split_list(algorithm, m.calibration_choices(), "algorithm")
              or list(m.CALIBRATE_DEFAULT))
     if not launch.in_mpi_job():

@@ -37,8 +37,8 @@ from .reading import number, read_json
 from .writing import write_json
 
 __all__ = ["Topology", "NodeLink", "TOPO_ENV", "read", "from_env", "inter_levels", "rack_levels",
-           "model_options", "DEFAULT_LATENCY", "MIN_BITS_PER_S", "MAX_BITS_PER_S", "MAX_LATENCY_S",
-           "MAX_NODES", "MAX_RANKS", "machine_of"]
+           "model_options", "model_notes", "DEFAULT_LATENCY", "MIN_BITS_PER_S",
+           "MAX_BITS_PER_S", "MAX_LATENCY_S", "MAX_NODES", "MAX_RANKS", "machine_of"]
 
 #: The environment variable that names the topology file, as ``NCCL_TOPO_FILE`` does.
 TOPO_ENV = "REFCOLL_TOPO_FILE"
@@ -294,6 +294,21 @@ def model_options(topology: Topology) -> dict:
                     for rack, rate in topology.uplinks.items())
         options.update(rail=False, spine_bw=f"{share / 8!r}B/s")
     return options
+
+
+def model_notes(topology: Topology) -> list[str]:
+    """Return what :func:`model_options` flattens of an uneven topology: the step report
+    prices every node alike, as the one with the most ranks on the slowest link."""
+    ranks = sorted({n.ranks for n in topology.nodes})
+    rates = sorted({n.link_bits_per_s for n in topology.nodes if n.link_bits_per_s > 0})
+    notes = []
+    if len(ranks) > 1:
+        notes.append(f"not expressed: the topology's nodes hold {ranks[0]} to {ranks[-1]} "
+                     f"ranks; every node is priced with {ranks[-1]}")
+    if len(rates) > 1:
+        notes.append(f"not expressed: the topology's node links run at {rates[0] / 1e9:g} to "
+                     f"{rates[-1] / 1e9:g} Gbit/s; every node is priced on the slowest")
+    return notes
 
 
 def machine_of(host: str) -> str:

@@ -36,6 +36,10 @@ __all__ = [
     "format_size",
     "human_bytes",
     "human_time",
+    "counted",
+    "MIN_BANDWIDTH",
+    "MAX_BANDWIDTH",
+    "MAX_DURATION",
 ]
 
 # A number, or the words float() reads as non-finite, so they are refused by name.
@@ -186,13 +190,19 @@ def parse_sizes(text: str, *, name: str = "sizes", largest: int | None = None) -
 
 # -------------------------------------------------------------------- bandwidths, times
 
+#: The rates and times any command takes: beyond them a product of sizes and times
+#: overflows a float (1e-300 B/s gave times of inf that tied with finite ones).
+MIN_BANDWIDTH, MAX_BANDWIDTH, MAX_DURATION = 1.0, 1e18, 1e7
+
+
 def parse_bandwidth(text: str, *, name: str = "bandwidth", zero: bool = False) -> float:
     """Return bytes per second from ``300GB/s``, ``200Gb/s``, ``200Gbit/s``, ``1e9B/s``.
 
     ``B`` is bytes and ``b`` or ``bit`` bits; ``k M G T`` are powers of 1000 and
     ``Ki Mi Gi Ti`` of 1024. A number without a unit is refused (``600`` is
     more likely 600 GB/s than 600 B/s), but ``0`` where ``zero`` allows it (a
-    free reduction). Otherwise the bandwidth must be positive and finite.
+    free reduction). Otherwise the bandwidth must be positive and finite, from
+    :data:`MIN_BANDWIDTH` (1 B/s) to :data:`MAX_BANDWIDTH` (1 EB/s).
     ``name`` (an option, ``--intra-bw``) is what messages call it.
     """
     example = "300GB/s or 200Gb/s"
@@ -209,7 +219,11 @@ def parse_bandwidth(text: str, *, name: str = "bandwidth", zero: bool = False) -
         raise UsageError(f"{name} {text!r}: a bandwidth needs a unit: add one, e.g. "
                          f"{text.strip()}GB/s (units: {BANDWIDTH_UNITS})")
     value *= _BANDWIDTH_SCALE[m.group(2) or ""]
-    return value / 8 if m.group(3) != "B" else value
+    value = value / 8 if m.group(3) != "B" else value
+    if value and not MIN_BANDWIDTH <= value <= MAX_BANDWIDTH:
+        raise UsageError(f"{name} {text!r}: give 1 B/s to 1 EB/s (a rate outside them makes "
+                         f"times no number can hold); e.g. {example}")
+    return value
 
 
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}
@@ -219,7 +233,8 @@ def parse_duration(text: str, *, name: str = "duration", unit: bool = False) -> 
     """Return seconds from ``2us``, ``2µs``, ``500ns``, ``50ms``, ``1s`` or ``0.05`` (seconds).
 
     With ``unit`` a number needs its unit (a latency of ``5`` is more likely
-    5 µs than 5 s), but for ``0``. The time must be finite and not negative.
+    5 µs than 5 s), but for ``0``. The time must be finite, not negative and at
+    most :data:`MAX_DURATION`.
     ``name`` (an option, ``--inter-latency``) is what messages call it.
     """
     example = "5us, 500ns or 0" if unit else "50ms, 0.1s or 0.05 (seconds)"
@@ -231,7 +246,11 @@ def parse_duration(text: str, *, name: str = "duration", unit: bool = False) -> 
     if unit and m.group(2) is None and value != 0:
         raise UsageError(f"{name} {text!r}: a time needs a unit: add one, e.g. "
                          f"{text.strip()}us (units: ns, us, µs, ms, s)")
-    return value * _SECONDS[m.group(2)]
+    value *= _SECONDS[m.group(2)]
+    if value > MAX_DURATION:
+        raise UsageError(f"{name} {text!r}: at most {MAX_DURATION:g} s (four months); "
+                         f"give e.g. {example}")
+    return value
 
 
 # --------------------------------------------------------------------------- humanisers
@@ -246,6 +265,11 @@ def human_bytes(nbytes: float, digits: str = ".3g", *, binary: bool = False) -> 
         if nbytes >= scale:
             return f"{nbytes / scale:{digits}} {unit}"
     return f"{nbytes:.0f} B"
+
+
+def counted(n: int, noun: str) -> str:
+    """Return ``n`` and ``noun`` in the number it takes: ``1 channel``, ``2 channels``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def human_time(seconds: float) -> str:

@@ -110,6 +110,7 @@ from .request import (
     ModelRequest,
     calibration_options,
     calibration_request,
+    preset_notes,
     preset_values,
     quoted_links,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "PRESETS",
     "QUOTED",
     "PATTERNS",
+    "preset_notes",
     "preset_values",
     "NcclTime",
     "nccl_times",

@@ -46,6 +46,7 @@ from ..algorithms.ring import ring_allgather_cost, ring_price, ring_reduce_scatt
 from ..algorithms.tree import tree_price
 from ..core.chunking import max_chunk
 from ..core.cost import Cost
+from ..core.units import counted
 from .nccl_run import busbw_factor, predict
 from .phases import Phase, price_phase
 from .systems import as_system
@@ -156,8 +157,9 @@ def _nccl(cluster, count: int, itemsize: int) -> list[Phase]:
     run = predict(as_system(cluster), nbytes) if cluster.gpus > 1 else None
     if run is None:
         return [Phase("one GPU: nothing to send", "local", 0, 0, 0, 0.0)]
-    return [Phase(f"NCCL {run.name} on {run.channels} channels, {run.limit}-bound", "slowest",
-                  1, int(nbytes * busbw_factor(cluster.gpus)), 0, run.seconds, run.latency)]
+    return [Phase(f"NCCL {run.name} on {counted(run.channels, 'channel')}, {run.limit}-bound",
+                  "slowest", 1, int(nbytes * busbw_factor(cluster.gpus)), 0, run.seconds,
+                  run.latency)]
 
 
 #: The channelled collectives, by the name ``--algorithm`` takes.

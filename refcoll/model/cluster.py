@@ -260,6 +260,10 @@ class Cluster:
 
 # ----------------------------------------------------------------------------- workload
 
+#: The most parameters a modelled gradient may have: the times of more overflow a float.
+MAX_PARAMS = 10 ** 15
+
+
 @dataclass(frozen=True)
 class Workload:
     """The model's gradient and the compute around it.
@@ -286,6 +290,9 @@ class Workload:
                              f"(float16, float32, float64), got {self.bytes_per_element}")
         if any(any(d < 0 for d in s) for s in self.shapes) or self.elements < 1:
             raise UsageError("the model needs at least one parameter, and no negative dimension")
+        if self.elements > MAX_PARAMS:
+            raise UsageError(f"the model has {self.elements:.3g} parameters; give at most "
+                             f"{MAX_PARAMS:.0e} (a thousand times the largest trained)")
         if not all(math.isfinite(v) and v >= 0 for v in (self.forward, self.backward)):
             raise UsageError(f"forward and backward times must be finite and not negative, "
                              f"got {self.forward:g} and {self.backward:g} s")
@@ -296,8 +303,8 @@ class Workload:
         if not math.isfinite(params):
             raise UsageError(f"a model needs a finite parameter count, got {params:g}")
         count = int(round(params))
-        if count < 1:
-            raise UsageError(f"a model needs at least one parameter, got {params:g}")
+        if not 1 <= count <= MAX_PARAMS:
+            raise UsageError(f"a model needs 1 to {MAX_PARAMS:.0e} parameters, got {params:g}")
         return cls(shapes=((count,),), layered=False, **kwargs)
 
     @property

@@ -129,6 +129,19 @@ def _hop(system: System, algorithm: str, proto: int) -> tuple[float, float]:
             max(1e-6 * inter, system.inter_alpha) + system.net_latency())
 
 
+#: The data in each byte a protocol puts on the wire: LL's 8-byte lines carry 4, LL128's
+#: 128-byte lines 120 (NCCL's ``src/device/prims_ll*.h``), Simple all of it.
+_WIRE = (0.5, 120.0 / 128.0, 1.0)
+
+
+def _net_rate(system: System, channels: int) -> float:
+    """Return what a node's NICs carry for a run on ``channels`` channels: each channel
+    crosses on one NIC (NCCL gives each ring a NIC), so fewer channels leave NICs idle."""
+    if not system.nics:
+        return system.nic_rate()
+    return system.nic_rate() * min(1.0, channels / system.nics)
+
+
 def _tree_net_factor(nodes: int) -> float:
     """Return the buffers a node sends over its NICs in NCCL's double binary tree."""
     return 1.0 if nodes == 2 else 2.0
@@ -137,8 +150,8 @@ def _tree_net_factor(nodes: int) -> float:
 def _ring(system: System, proto: int, channels: int, arch: int, nbytes: int) -> Run | None:
     p, n = system.ranks, system.nodes
     bus, limit = system.intra_rate(), ("nvlink" if system.nvlink else "pcie")
-    if n > 1 and system.nic_rate() < bus:
-        bus, limit = system.nic_rate(), "network"
+    if n > 1 and _net_rate(system, channels) < bus:
+        bus, limit = _net_rate(system, channels), "network"
     if proto == 0:
         bus, limit = (bus * 0.5, limit) if bus * 0.5 < _ll_max(system, arch) else (
             _ll_max(system, arch), "protocol")
@@ -166,8 +179,9 @@ def _tree(system: System, proto: int, channels: int, arch: int, nbytes: int) -> 
         bus = min(bus * (7.0 / 9.0 if n == 1 else 120.0 / 128.0),
                   channels * 1e9 * _PER_CH_MAX_TREE_LL128[arch][column])
     algbw = bus * 0.5
-    if n > 1 and system.nic_rate() / _tree_net_factor(n) < algbw:
-        algbw, limit = system.nic_rate() / _tree_net_factor(n), "network"
+    net = _net_rate(system, channels) * _WIRE[proto] / _tree_net_factor(n)
+    if n > 1 and net < algbw:  # the protocol's lines cross the network too
+        algbw, limit = net, "network"
     log_size = _log2i(nbytes >> 6) if nbytes >> 6 else -1
     if 0 <= log_size < len(_TREE_CORRECTION[proto]):
         algbw *= _TREE_CORRECTION[proto][log_size]
@@ -180,7 +194,7 @@ def _nvls_rate(system: System, channels: int, per_node: int) -> float:
     """Return NVLS's algorithm bandwidth inside a node: each GPU sends and receives
     ``(g+1)/g`` of the buffer, at nvlsEfficiency of its NVLink rate on ``(C-1)/C`` of the
     channels (NCCL keeps one for the switch's multicast)."""
-    share = (channels - 1) / channels if channels > 1 else 1.0
+    share = (channels - 1) / channels  # one channel: none left for the data, no NVLS
     return system.intra_rate() * system.gen.nvls * share * per_node / (per_node + 1)
 
 
@@ -197,7 +211,7 @@ def _nvls_tree(system: System, channels: int, nbytes: int) -> Run | None:
     if not system.has_nvls or n == 1:
         return None
     algbw, limit = _nvls_rate(system, channels, system.gpus_per_node), "nvlink"
-    net = system.nic_rate() / _tree_net_factor(n)
+    net = _net_rate(system, channels) / _tree_net_factor(n)
     if net < algbw:
         algbw, limit = net, "network"
     lat = (max(1e-6 * _NVLS_NVLINK_LAT, 2 * system.intra_alpha) + system.intra_latency()
@@ -211,8 +225,8 @@ def _collnet(system: System, channels: int, nbytes: int) -> Run | None:
         return None
     g = system.gpus_per_node
     algbw, limit = system.intra_rate() * _COLLNET_FACTOR, "nvlink"
-    if system.nic_rate() * _COLLNET_FACTOR < algbw:
-        algbw, limit = system.nic_rate() * _COLLNET_FACTOR, "network"
+    if _net_rate(system, channels) * _COLLNET_FACTOR < algbw:
+        algbw, limit = _net_rate(system, channels) * _COLLNET_FACTOR, "network"
     lat = (2 * min(1, g - 1) * max(1e-6 * _COLLNET_NVLINK_LAT, system.intra_alpha)
            + 1e-6 * (2 * (g - 1) * _COLLNET_PER_RANK)
            + max(1e-6 * _COLLNET_NET_LAT, 2 * system.inter_alpha) + system.net_latency())

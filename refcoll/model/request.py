@@ -29,7 +29,7 @@ from .search import plan_and_search
 from .stack import Plan, plan
 from .systems import PCIE_GBPS, SYSTEM_PRESETS, System, system_preset
 
-__all__ = ["QUOTED", "PRESETS", "preset_values", "quoted_links", "ModelRequest",
+__all__ = ["QUOTED", "PRESETS", "preset_values", "preset_notes", "quoted_links", "ModelRequest",
            "calibration_request"]
 
 #: How a bandwidth may be quoted: the words the options take, and what they mean.
@@ -56,6 +56,8 @@ def preset_values(name: str) -> dict:
         system = System(**system_preset(name))
         line = (system.gen.nvlink_links * system.gen.nvlink_line if system.nvlink
                 else PCIE_GBPS[system.pcie_gen])  # per GPU and direction, as quoted
+        if system.intra == "pcie" and not system.p2p:
+            line /= 2  # through host memory: each byte crosses the root port twice
         values = {"nodes": "1", "gpus_per_node": str(system.gpus_per_node),
                   "gpu_arch": system.generation,
                   "intra_bw": f"{line / 1e9:.6g}GB/s", "bidirectional": False}
@@ -67,6 +69,24 @@ def preset_values(name: str) -> dict:
         raise UsageError(f"unknown preset {name!r} (--preset): choose "
                          f"{', '.join(sorted(PRESETS) + sorted(SYSTEM_PRESETS))}")
     return dict(PRESETS[name])
+
+
+def preset_notes(name: str) -> list[str]:
+    """Return what the step report cannot express of system preset ``name`` (its sweep can):
+    a transport other than InfiniBand, PCIe through host memory."""
+    if name not in SYSTEM_PRESETS:
+        return []
+    system = System(**system_preset(name))
+    notes = []
+    if system.nics and system.transport != "ib":
+        notes.append(f"not expressed: {name}'s NICs are {system.transport}; the step report "
+                     "prices them as InfiniBand at their line rate (refcoll model --preset "
+                     f"{name} --sweep prices {system.transport}'s floor and achieved fraction)")
+    if system.intra == "pcie" and not system.p2p:
+        notes.append(f"not expressed: {name}'s GPUs talk through host memory (no PCIe P2P); "
+                     "the step report prices half the PCIe rate as their link (--sweep "
+                     "prices the host path)")
+    return notes
 
 
 def _quoted(text: str | None, option: str) -> bool | None:
@@ -279,8 +299,11 @@ def calibration_options(path) -> dict:
     per_byte = {"intra_bw": fields["beta"], "inter_bw": fields["inter_beta"],
                 "reduce_bw": fields["gamma_per_byte"]}
     for option, value in per_byte.items():
+        name = {"intra_bw": "beta", "inter_bw": "inter_beta"}.get(option, "gamma_per_byte")
+        if value == 0 and option != "reduce_bw":  # a free reduction is a rate; a free link not
+            raise UsageError(f"{where}: {name}: 0 s/B, a link of no cost per byte: the "
+                             "calibration measured none (noise); measure it again")
         if 0 < value < _LEAST_PER_BYTE:
-            name = {"intra_bw": "beta", "inter_bw": "inter_beta"}.get(option, "gamma_per_byte")
             raise UsageError(f"{where}: {name}: must be 0 or at least {_LEAST_PER_BYTE:g} s/B "
                              f"(1 EB/s), not {value!r}")
     return {"nodes": str(fields["nodes"]), "gpus_per_node": str(fields["per_node"]),

@@ -16,7 +16,7 @@ from ..core.units import human_bytes, human_time
 from .cluster import Cluster, Options, Workload, bucket_limit, buckets_of
 from .overlap import StepTime
 from .pricing import estimate_name
-from .stack import Plan, bucket_estimate, candidates_for, plan, step_time
+from .stack import Plan, bucket_estimate, candidates_for, plan, stacked, step_time
 from .verdict import allreduce_verdict, distinct_times, step_text, why
 
 __all__ = ["DDP_BUCKET", "bucket_ladder", "search_stacks", "verdict", "stack_verdict",
@@ -116,5 +116,9 @@ def plan_and_search(cluster: Cluster, workload: Workload, options: Options) -> P
     """Return :func:`~refcoll.model.stack.plan` with the search and the verdict."""
     result = plan(cluster, workload, options)
     rows, best = search_stacks(cluster, workload, options)
-    result = replace(result, search=rows, best=best)
+    base = result.stack[0]  # each row's speed-up over the baseline, gain over the row before
+    priced = tuple(stacked(row, row.label, base, previous)
+                   for row, previous in zip(rows, (base, *rows)))
+    best = priced[[row is best for row in rows].index(True)]
+    result = replace(result, search=priced, best=best)
     return replace(result, verdict=verdict(result, best))

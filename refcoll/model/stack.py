@@ -122,7 +122,8 @@ def _fastest(rows: list[tuple[StepTime, str]]) -> tuple[StepTime, str]:
     return min(rows, key=lambda pair: (pair[0].step, pair[0].comm))
 
 
-def _stacked(row: StepTime, label: str, baseline: StepTime, previous: StepTime) -> StepTime:
+def stacked(row: StepTime, label: str, baseline: StepTime, previous: StepTime) -> StepTime:
+    """Return ``row`` labelled, with its speed-up over ``baseline`` and gain over ``previous``."""
     return replace(row, label=label, speedup=baseline.step / row.step if row.step else 1.0,
                    gain=previous.step / row.step if row.step else 1.0)
 
@@ -180,7 +181,7 @@ def plan(cluster: Cluster, workload: Workload, options: Options) -> Plan:
     rows, notes = [baseline], []
     topology, _ = _fastest([(step_time(cluster, workload, a, **kw), a)
                             for a in options.algorithms])
-    rows.append(_stacked(topology, "+topology", baseline, rows[-1]))
+    rows.append(stacked(topology, "+topology", baseline, rows[-1]))
     if topology.step > baseline.step:
         notes.append(f"+topology makes the step slower: the fastest algorithm chosen "
                      f"({topology.algorithm}, {human_time(topology.comm)}) is slower than "
@@ -196,14 +197,14 @@ def plan(cluster: Cluster, workload: Workload, options: Options) -> Plan:
         compressed = compressed_estimate(cluster, with_comp.compressor, workload.shapes,
                                          workload.dtype, algorithm, pattern=options.pattern,
                                          layered=workload.layered, **kw)
-        rows.append(_stacked(with_comp, "+compression", baseline, rows[-1]))
+        rows.append(stacked(with_comp, "+compression", baseline, rows[-1]))
         if with_comp.comm > topology.comm:
             notes.append(_slower_note(cluster, compressed, topology, with_comp))
     if options.buckets > 1:
         overlapped, _ = _fastest([(step_time(cluster, workload, a, buckets=options.buckets,
                                              **comp_kw, **kw), a)
                                   for a in candidates_for(options, comp_kw.get("compressor"))])
-        rows.append(_stacked(overlapped, "+overlap", baseline, rows[-1]))
+        rows.append(stacked(overlapped, "+overlap", baseline, rows[-1]))
         if overlapped.step > rows[-2].step:
             notes.append(f"{overlapped.buckets} buckets make the step slower: each bucket's "
                          f"collective pays all its rounds' latency again "

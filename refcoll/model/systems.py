@@ -383,14 +383,17 @@ def _field(name: str) -> str:
 
 def as_system(cluster) -> System:
     """Return the :class:`System` of a step report's :class:`~refcoll.model.cluster.Cluster`:
-    NVSwitch nodes of its GPU generation, its NICs on InfiniBand, its links' line rates
-    and latencies."""
+    NVSwitch nodes of its GPU generation, its NICs on InfiniBand (each at most its share
+    of the spine without rails), its links' line rates and latencies, and its channels
+    (one per NIC unless given, as the step report's own schedules take them)."""
     nodes = cluster.nodes
+    nic_bw = 1.0 / cluster.nic_beta() if nodes > 1 else 0.0
+    if nodes > 1 and cluster.spine_beta():  # no rails: the spine's share per node, NIC by NIC
+        nic_bw = min(nic_bw, 1.0 / cluster.spine_beta() / cluster.nic_count)
     return System(nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                   generation=cluster.gpu_arch, intra="nvswitch",
                   intra_bw=1.0 / cluster.link("intra")[1],
-                  nics=cluster.nic_count if nodes > 1 else 0,
-                  nic_bw=1.0 / cluster.nic_beta() if nodes > 1 else 0.0,
+                  nics=cluster.nic_count if nodes > 1 else 0, nic_bw=nic_bw,
                   collnet=cluster.in_network, channels=cluster.channel_count,
                   intra_alpha=cluster.intra_latency, inter_alpha=cluster.inter_latency)
 

@@ -7,7 +7,7 @@ and reducing data (the rest); the larger names the reason, with what makes it
 
 from __future__ import annotations
 
-from ..core.units import human_bytes, human_time
+from ..core.units import counted, human_bytes, human_time
 from .channels import CHANNELLED
 from .phases import Estimate
 
@@ -77,8 +77,9 @@ def why(cluster, w: Estimate, r: Estimate) -> str:
     data_w, data_r = distinct_times(w.seconds - w.latency, r.seconds - r.latency)
     text = f"the gap is in moving and reducing data ({data_w} against {data_r})"
     if sw["slowest"] > sw["intra"] + sw["inter"] and sr["intra"] and sr["inter"]:
-        channels = (f"its {cluster.channel_count} channels cross on {cluster.nic_count} NICs "
-                    f"per node and " if w.algorithm in CHANNELLED else "its steps ")
+        channels = (f"its {counted(cluster.channel_count, 'channel')} cross on "
+                    f"{counted(cluster.nic_count, 'NIC')} per node and "
+                    if w.algorithm in CHANNELLED else "its steps ")
         return (f"{text}: {channels}keep NVLink and the NICs busy at once, where {r.algorithm} "
                 f"runs {human_time(sr['intra'])} of intra-node phases with the NICs idle and "
                 f"{human_time(sr['inter'])} across nodes one after the other")
@@ -91,8 +92,9 @@ def why(cluster, w: Estimate, r: Estimate) -> str:
                 f"{human_bytes(r.bytes)}{also}")
     if w.algorithm in CHANNELLED and r.algorithm not in CHANNELLED and sr["slowest"] and not (
             sr["intra"] or sr["inter"]):
-        return (f"{text}: its {cluster.channel_count} channels cross every node boundary on "
-                f"{min(cluster.channel_count, cluster.nic_count)} NICs at once, where "
+        return (f"{text}: its {counted(cluster.channel_count, 'channel')} cross every node "
+                f"boundary on {counted(min(cluster.channel_count, cluster.nic_count), 'NIC')} "
+                f"at once, where "
                 f"{r.algorithm} runs one schedule, each of its steps waiting for one NIC")
     net_w, net_r = sw["inter"] + sw["slowest"], sr["inter"] + sr["slowest"]
     if net_w < net_r:
