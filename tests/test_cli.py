@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import mpiexec_path
 
+import refcoll.cli as cli
 from refcoll import algorithms
 from refcoll.cli import main
 
@@ -126,3 +127,19 @@ def test_relaunch_runs_the_command_it_was_given(monkeypatch):
     assert res.exit_code == 0
     assert seen["cmd"][-7:] == ["-m", "refcoll", "verify", "-n", "3", "--algorithm", "ring"]
     assert seen["cmd"][:3] == ["mpiexec", "-n", "3"]
+
+
+@pytest.mark.parametrize("status,exit_code", [(0, 0), (1, 1), (2, 2), (3, 3), (9, 3), (-9, 3),
+                                              (137, 3)])
+def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, exit_code):
+    """mpiexec ending with a killed rank's status exited 1, the status of a check that failed:
+    nothing was judged, so it is 3, as a timeout is."""
+    monkeypatch.setattr(cli.subprocess, "run",
+                        lambda cmd, env=None: type("Done", (), {"returncode": status})())
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
+    monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
+    res = CliRunner().invoke(main, ["verify", "-n", "2", "--algorithm", "ring"])
+    assert res.exit_code == exit_code, res.output
+    if exit_code == 3 and status != 3:
+        assert f"exited with status {status}: a rank died" in res.stderr

@@ -195,4 +195,4 @@ def test_the_command_line_says_what_openmpi_lacks_in_one_line(tmp_path):
     finally:
         assert cli("down").returncode == 0
     assert res.returncode == 2, res.stderr
-    assert res.stderr.strip().count("\n") == 0 and "the cluster has 2 slots" in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "has 2 ranks (2 nodes); give -n 2" in res.stderr

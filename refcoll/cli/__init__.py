@@ -6,8 +6,9 @@ MPI jobs is :mod:`.launch`'s; the commands register themselves on :data:`main`
 when their modules are imported below.
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or environment (with a
-one-line reason), 3 a collective timed out; 141 when the reader of stdout went
-away (``refcoll model ... | head``).
+one-line reason), 3 a collective timed out or a rank died (the launcher ended the
+job: a killed rank is a fault, not a failed check); 141 when the reader of stdout
+went away (``refcoll model ... | head``).
 """
 
 from __future__ import annotations

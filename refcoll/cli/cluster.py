@@ -172,7 +172,7 @@ def _cleanup_on_signals() -> None:
 def run(nprocs, launcher, command):
     """Run COMMAND on the ranks across the nodes (options after COMMAND are its own)."""
     made = _the_cluster()
-    ranks = sum(made.spec.ranks(i) for i in range(1, made.spec.nodes + 1))
+    ranks = made.spec.total_ranks
     if nprocs is not None and nprocs > ranks:
         raise UsageError(f"-n {nprocs}: cluster {made.prefix} has {ranks} ranks "
                          f"({made.spec.nodes} nodes); give -n {ranks} or fewer, or bring it "

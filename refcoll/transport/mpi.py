@@ -145,12 +145,13 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
                 elif polls > POLLS_BEFORE_YIELD:
                     os.sched_yield()  # let an oversubscribed peer run
                 if time.monotonic() > deadline:
-                    timed_out(
+                    message = (
                         f"rank {self.rank}: {self.current_call or 'point-to-point'} timed out "
                         f"after {self.timeout:g} s at its exchange {self._ops} of this call, "
                         f"still waiting {waiting_for()}; that rank may be dead, slow, or in a "
-                        "different call (set REFCOLL_TIMEOUT to wait longer)"
-                    )
+                        "different call (set REFCOLL_TIMEOUT to wait longer)")
+                    self._give_up(reqs, message)  # nothing left to complete behind our back
+                    timed_out(message)
         except MPI.Exception as exc:  # a receive shorter than the message that came
             codes = [exc.Get_error_class()]
             if codes[0] == MPI.ERR_IN_STATUS:  # Testall's: each request's own, in its status

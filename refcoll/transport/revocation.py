@@ -25,6 +25,9 @@ __all__ = ["Revocable", "NOTICE_BYTES", "NOTICE_POLLS"]
 #: Bytes of a revocation notice (:meth:`Revocable.revoke`): UTF-8 text, zero-padded.
 NOTICE_BYTES = 512
 
+#: Tests of a cancelled request before it is taken as one MPI cannot cancel (matched).
+CANCEL_POLLS = 1000
+
 #: Polls of a wait between two looks for a revocation notice (an MPI_Iprobe: made at
 #: every poll, it slowed the battery by a third with more ranks than cores).
 NOTICE_POLLS = 64
@@ -44,13 +47,28 @@ class Revocable:
         self._revoked_at = 0  # the call revoked: calls before it still complete
         self._notice, self._notice_status = np.zeros(NOTICE_BYTES, np.uint8), mpi().Status()
         self._notices_sent: list = []
+        self._stranded: list = []  # requests of timed-out calls MPI could not cancel
 
-    def revoke(self, reason: str) -> None:
+    def _give_up(self, reqs: list, reason: str) -> None:
+        """Leave nothing of a call that timed out to complete behind this rank's back.
+
+        Its requests still waiting are withdrawn (:meth:`_withdraw`: cancelled, or kept
+        with their buffers), so no late message lands in, and no late send reads from,
+        memory the program has freed and reused. The
+        transport is revoked from this very call on (:meth:`revoke`): a late peer's wait
+        in it raises :class:`~refcoll.core.errors.PeerFailure` instead of completing with
+        what this rank writes next, and no later call takes the call's late messages.
+        """
+        self._withdraw(reqs)
+        self.revoke(reason, this_call=True)
+
+    def revoke(self, reason: str, *, this_call: bool = False) -> None:
         """Tell every other rank that this rank cannot go on with this transport's calls.
 
         ULFM's ``MPI_Comm_revoke``: a notice of ``reason`` goes to every other
-        rank; a peer waiting in this rank's next call (the one it refuses) or a
-        later one, for a message this rank will never send, reads it and raises
+        rank; a peer waiting in this rank's next call (the one it refuses; with
+        ``this_call``, the call this rank is in, which timed out) or a later one,
+        for a message this rank will never send, reads it and raises
         :class:`~refcoll.core.errors.PeerFailure` at once. From that call on
         every exchange on the transport, here and there, raises: what was in
         flight cannot be told apart from what is new. A peer still finishing an
@@ -58,12 +76,12 @@ class Revocable:
         """
         if self.revoked is not None:
             return
-        self.revoked, self._revoked_at = reason, self._calls
+        self.revoked, self._revoked_at = reason, self._calls - (1 if this_call else 0)
         if self.size == 1:
             return
         MPI = mpi()
         text = np.zeros(NOTICE_BYTES, np.uint8)
-        data = f"{self._calls} {reason}".encode()[:NOTICE_BYTES]
+        data = f"{self._revoked_at} {reason}".encode()[:NOTICE_BYTES]
         text[:len(data)] = np.frombuffer(data, np.uint8)
         self._notices_sent.extend(self.comm.Isend([text, MPI.BYTE], peer, self._notice_tag)
                                   for peer in range(self.size) if peer != self.rank)
@@ -107,13 +125,19 @@ class Revocable:
                 sent.Free()
         self._notices_sent = []
 
-    @staticmethod
-    def _withdraw(reqs: list) -> None:
-        """Cancel the receives among ``reqs`` that are still waiting: their call is abandoned."""
+    def _withdraw(self, reqs: list) -> None:
+        """Cancel the requests among ``reqs`` still waiting (``MPI_Cancel``, sends too): their
+        call is abandoned. One MPI cannot cancel at once (a send already matched, whose
+        peer does not take it) is not waited for, which could be for ever: it is kept, and
+        its buffer with it, as long as the transport lives (:attr:`_stranded`), so MPI
+        never writes into or reads from memory the program has freed and reused."""
+        MPI = mpi()
         for req in reqs:
             try:
-                if not req.Test():
-                    req.Cancel()
-                    req.Wait()
-            except mpi().Exception:
-                pass  # completed in error, or a send: it completes on its own
+                if req.Test():
+                    continue
+                req.Cancel()
+                if not any(req.Test() for _ in range(CANCEL_POLLS)):
+                    self._stranded.append(req)  # the request keeps its buffer alive
+            except MPI.Exception:
+                self._stranded.append(req)  # completed in error, or unknown: kept

@@ -151,6 +151,47 @@ def test_a_stalled_peer_is_a_timeout_naming_the_wait_not_a_hang():
             comm.send(None, dest=t.size - 1, tag=77)
 
 
+def test_a_late_peer_meets_a_revoked_call_not_the_next_data_of_one_that_gave_up():
+    """Rank 1 stalls in the middle of an all-reduce past the others' deadline. The ranks
+    that gave up cancel what they had posted and revoke the transport: rank 1, once it
+    comes, raises PeerFailure (it used to complete with the data rank 0 wrote next into
+    its buffer), and no late message lands in rank 0's arrays after its timeout."""
+    import time
+
+    from refcoll.transport.mpi import MPITransport
+
+    comm = _world()
+    if comm.size < 2:
+        return
+    t = MPITransport(comm, timeout=1.0)  # its own communicator: the world stays usable
+    x = np.full(1 << 16, float(t.rank + 1), np.float32)
+    refcoll.allreduce(x.copy(), t, algorithm="ring")  # every rank past setup
+    if t.rank == 1:
+        sendrecv, calls = t.sendrecv, [0]
+
+        def stalled(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 2:  # in the middle of the ring, after its first exchange
+                comm.recv(source=0, tag=78)  # until rank 0 has given up and written anew
+            return sendrecv(*args, **kwargs)
+
+        t.sendrecv = stalled
+    if t.rank == 1:
+        with pytest.raises(PeerFailure, match="revoked the communicator: rank .*timed out"):
+            refcoll.allreduce(x, t, algorithm="ring", out=x)
+    else:
+        with pytest.raises((CollectiveTimeout, PeerFailure)):
+            refcoll.allreduce(x, t, algorithm="ring", out=x)
+        x[:] = 7.0  # this rank's next step, in the buffer the failed call received into
+        if t.rank == 0:
+            comm.send(None, dest=1, tag=78)
+        for _ in range(20):  # the library progresses: nothing of the failed call may land
+            comm.Iprobe()
+            time.sleep(0.05)
+        assert np.all(x == 7.0)
+    comm.Barrier()
+
+
 @pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("in_place", [True, False], ids=["in place", "out of place"])
 def test_the_same_buffers_again_give_fresh_sums_into_out(validate, in_place):

@@ -371,6 +371,8 @@ def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_n
     # those messages as its data.
     with pytest.raises((PeerFailure, CollectiveTimeout)) as caught:
         refcoll.allreduce_init(np.full(4, 1.0), t)()
-    if t.rank != t.size - 1:
-        assert caught.type is PeerFailure and "failed partway" in str(caught.value)
+    if t.rank != t.size - 1:  # revoked by the run's timeout, the first reason given
+        said = str(caught.value)
+        assert caught.type is PeerFailure and "cannot complete" in said
+        assert "timed out" in said or "failed partway" in said, said
     assert refcoll.allreduce(np.ones(3), _world())[0] == t.size  # the world is untouched
