@@ -82,3 +82,21 @@ def test_python_m_refcoll_torch_runs_a_script_with_the_backend_registered(tmp_pa
     res = subprocess.run([sys.executable, "-m", "refcoll.torch", str(tmp_path / "absent.py")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2 and "no such script" in res.stderr
+
+
+def test_a_peer_gone_when_a_message_is_posted_is_a_peer_failure():
+    """gloo raises as a send or receive is posted to a peer that closed the connection, not
+    only as it is waited for: that was a raw RuntimeError out of refcoll's call."""
+    from refcoll.core.errors import PeerFailure
+    from refcoll.transport.torch import TorchTransport
+
+    t = TorchTransport.__new__(TorchTransport)  # no group: only the posting is judged
+    t.rank, t.backend, t._ops, t.timeout, t.current_call = 1, "gloo", 0, 5.0, "allreduce"
+
+    def post():
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:45678")
+
+    with pytest.raises(PeerFailure, match=r"rank 1: allreduce over torch \(gloo\) failed at "
+                                          r"its exchange 1 of this call, waiting to send 8 B "
+                                          r"to rank 0: '\[pair.cc:553\] Connection closed"):
+        t._posted(lambda: "to send 8 B to rank 0", post)

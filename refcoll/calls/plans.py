@@ -496,6 +496,7 @@ class InFlight:
             return
         plan = self.plan
         t, program = plan.t, plan._program
+        named, t.current_call = t.current_call, plan.collective  # what a timeout names
         try:
             if wait:  # the rest, as plan() runs it
                 run_steps(t, program, self.index, self.posted)
@@ -520,6 +521,8 @@ class InFlight:
         except BaseException as exc:  # noqa: BLE001 - raised again from wait()
             plan.abandon()
             self.error = exc
+        finally:
+            t.current_call = named
         self.done = True
         in_flight(plan._slots, self, started=False)
         if self._handle is not None:

@@ -212,36 +212,50 @@ class TorchTransport(TransportBase):
                              tag=wire)
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
-        work = self._isend(buf, dest, self._wire(tag))
-        self._finish([work], lambda: f"to send {buf.nbytes} B to rank {dest} ({tag_text(tag)})")
+        what = lambda: f"to send {buf.nbytes} B to rank {dest} ({tag_text(tag)})"  # noqa: E731
+        self._finish(self._posted(what, lambda: [self._isend(buf, dest, self._wire(tag))]), what)
         self.traffic.add(buf.nbytes, -1)
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
-        work = self._irecv(buf, source, self._wire(tag))
-        self._finish([work], lambda: f"to receive {buf.nbytes} B from rank {source} "
-                                    f"({tag_text(tag)})")
+        what = lambda: (f"to receive {buf.nbytes} B from rank {source} "  # noqa: E731
+                        f"({tag_text(tag)})")
+        self._finish(self._posted(what, lambda: [self._irecv(buf, source, self._wire(tag))]),
+                     what)
         self.traffic.add(-1, buf.nbytes)
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
         wire = self._wire(tag)
+        what = lambda: (f"to receive {recvbuf.nbytes} B from rank {source} and send "  # noqa: E731
+                        f"{sendbuf.nbytes} B to rank {dest} ({tag_text(tag)})")
+        self._finish(self._posted(what, lambda: self._pair(sendbuf, dest, recvbuf, source, wire)),
+                     what)
+        self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
+
+    def _pair(self, sendbuf, dest: int, recvbuf, source: int, wire: int) -> list:
+        """Post a receive and a send at once (in one group call for NCCL)."""
         if self.nccl and self._raw is not None:  # one NCCL group call, on the group itself
             self._raw._group_start()
             try:
-                works = [self._irecv(recvbuf, source, wire), self._isend(sendbuf, dest, wire)]
+                return [self._irecv(recvbuf, source, wire), self._isend(sendbuf, dest, wire)]
             finally:
                 self._raw._group_end()
-        elif self.nccl:  # NCCL needs the pair in one group call, or the ranks deadlock
+        if self.nccl:  # NCCL needs the pair in one group call, or the ranks deadlock
             dist = _dist()
-            works = dist.batch_isend_irecv([
+            return dist.batch_isend_irecv([
                 dist.P2POp(dist.irecv, self.tensor(recvbuf), group=self.group,
                            group_peer=self._peers[source], tag=wire),
                 dist.P2POp(dist.isend, self.tensor(sendbuf), group=self.group,
                            group_peer=self._peers[dest], tag=wire)])
-        else:
-            works = [self._irecv(recvbuf, source, wire), self._isend(sendbuf, dest, wire)]
-        self._finish(works, lambda: f"to receive {recvbuf.nbytes} B from rank {source} and send "
-                                    f"{sendbuf.nbytes} B to rank {dest} ({tag_text(tag)})")
-        self.traffic.add(sendbuf.nbytes, recvbuf.nbytes)
+        return [self._irecv(recvbuf, source, wire), self._isend(sendbuf, dest, wire)]
+
+    def _posted(self, waiting_for, post) -> list:
+        """Return the works ``post()`` posts; a peer already gone (gloo raises as the work is
+        posted, not only as it is waited for) is refcoll's error, as in :meth:`_finish`."""
+        try:
+            return post()
+        except RuntimeError as exc:
+            self._ops += 1
+            self._failed(exc, waiting_for)
 
     def _finish(self, works: list, waiting_for) -> None:
         """Wait for ``works`` by the deadline; a timeout or a lost peer is refcoll's error."""

@@ -376,3 +376,19 @@ def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_n
         assert caught.type is PeerFailure and "cannot complete" in said
         assert "timed out" in said or "failed partway" in said, said
     assert refcoll.allreduce(np.ones(3), _world())[0] == t.size  # the world is untouched
+
+
+def test_a_started_run_that_times_out_names_its_collective():
+    """start() then wait(): the wait ran the plan's exchanges outside any call, so its
+    timeout said "point-to-point timed out"; it names the plan's collective."""
+    from refcoll.core.errors import CollectiveTimeout
+    from refcoll.transport.mpi import MPITransport
+
+    t = MPITransport(_world(), timeout=1)  # its own communicator: revoked by the timeout
+    if t.size < 2:
+        return
+    plan = refcoll.allreduce_init(np.ones(4), t)
+    if t.rank == 0:  # the others never start it
+        with pytest.raises(CollectiveTimeout, match="rank 0: allreduce timed out after 1 s"):
+            plan.start().wait()
+    _world().Barrier()
