@@ -145,11 +145,13 @@ def parse_rate(text) -> float:
         text = f"{m.group(1)}{m.group(2).upper().replace('K', 'k')}bit/s"
     try:
         bits = 8 * parse_bandwidth(text, name="link rate")
-    except UsageError as exc:  # named as it was given, with a link's units
-        if "cannot read" not in str(exc):
+    except UsageError as exc:  # named as it was given, with a link's units and range
+        if "cannot read" in str(exc):
+            raise UsageError(f"link rate {given!r:.40}: write it as tc does (1gbit, 100mbit, "
+                             "500kbit), or as 1Gbit/s or 1Gbps") from None
+        if "1 EB/s" not in str(exc):  # beyond any rate: beyond a link's too, said below
             raise UsageError(str(exc).replace(repr(text), repr(given), 1)) from None
-        raise UsageError(f"link rate {given!r:.40}: write it as tc does (1gbit, 100mbit, "
-                         "500kbit), or as 1Gbit/s or 1Gbps") from None
+        bits = 0.0
     if not MIN_RATE <= bits <= MAX_RATE:
         raise UsageError(f"link rate {given!r:.40}: an emulated link runs at 1kbit (1 kbit/s) "
                          f"to 1tbit (1 Tbit/s)")
