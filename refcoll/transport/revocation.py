@@ -54,10 +54,10 @@ class Revocable:
 
         Its requests still waiting are withdrawn (:meth:`_withdraw`: cancelled, or kept
         with their buffers), so no late message lands in, and no late send reads from,
-        memory the program has freed and reused. The
-        transport is revoked from this very call on (:meth:`revoke`): a late peer's wait
-        in it raises :class:`~refcoll.core.errors.PeerFailure` instead of completing with
-        what this rank writes next, and no later call takes the call's late messages.
+        memory the program has freed and reused. The transport is revoked from this
+        very call on (:meth:`revoke`): a late peer's wait in it raises
+        :class:`~refcoll.core.errors.PeerFailure` instead of completing with what this
+        rank writes next, and no later call takes the call's late messages.
         """
         self._withdraw(reqs)
         self.revoke(reason, this_call=True)
