@@ -19,7 +19,14 @@ import time
 
 from ..core.errors import RefcollError
 from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout, tag_text
-from .deadline import POLLS_BEFORE_YIELD, bounded_barrier, duplicate, mpi, timed_out
+from .deadline import (
+    POLLS_BEFORE_YIELD,
+    abort_on_timeout,
+    bounded_barrier,
+    duplicate,
+    mpi,
+    timed_out,
+)
 from .hosts import exchange_hosts, hosts_of_split, peer_name
 from .persistent import PERSISTENT_EPOCHS, PersistentEpochs
 from .revocation import NOTICE_POLLS, Revocable
@@ -150,7 +157,8 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
                         f"after {self.timeout:g} s at its exchange {self._ops} of this call, "
                         f"still waiting {waiting_for()}; that rank may be dead, slow, or in a "
                         "different call (set REFCOLL_TIMEOUT to wait longer)")
-                    self._give_up(reqs, message)  # nothing left to complete behind our back
+                    if not abort_on_timeout():  # the job goes on: nothing left behind it
+                        self._give_up(reqs, message)
                     timed_out(message)
         except MPI.Exception as exc:  # a receive shorter than the message that came
             codes = [exc.Get_error_class()]
