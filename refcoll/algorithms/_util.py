@@ -6,7 +6,7 @@ import numpy as np
 
 from ..transport.base import transport_cache
 
-__all__ = ["workspace", "copy_into", "same_memory", "view", "receive_into"]
+__all__ = ["workspace", "copy_into", "same_memory", "view", "receive_into", "is_count"]
 
 
 def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
@@ -58,3 +58,8 @@ def receive_into(target: np.ndarray, scratch: np.ndarray, *reading: np.ndarray) 
         if np.may_share_memory(target, buf):
             return scratch
     return target
+
+
+def is_count(value) -> bool:
+    """Return whether an option's value is a whole number (a Python or NumPy int, no bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

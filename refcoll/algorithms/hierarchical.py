@@ -42,7 +42,7 @@ from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
 from ._nodes import LEVELS, NodeLayout, node_layout, node_sizes, node_traffic
 from ._pipeline import run_pipelined
-from ._util import copy_into, view, workspace
+from ._util import copy_into, is_count, view, workspace
 from .naive import naive_broadcast, naive_broadcast_cost, naive_reduce, naive_reduce_cost
 from .registry import REGISTRY, Algorithm, LinkCost, get, implementation, over_racks, register
 from .ring import (
@@ -97,8 +97,7 @@ def _check_options(ranks_per_node, inter, pipeline, level, where: str = ""):
 
 
 def _positive(value) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, np.integer))
-            and value >= 1)
+    return is_count(value) and value >= 1
 
 
 def hierarchical_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
+from ._util import is_count
 
 __all__ = ["RADIX", "PACKET", "SLOTS", "MODES", "is_count", "check_radix", "switch_levels",
            "switch_count", "switch_workers", "switch_links", "packet_count", "packet_bounds",
@@ -28,10 +29,6 @@ PACKET = 256
 SLOTS = 8
 #: ``float``: SHARP, reduce in the buffer's dtype; ``int``: SwitchML, int32 fixed point.
 MODES = ("float", "int")
-
-
-def is_count(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def check_radix(radix) -> int:

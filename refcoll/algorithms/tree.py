@@ -54,7 +54,7 @@ import numpy as np
 from ..core.chunking import chunk_bounds
 from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
-from ._util import copy_into, workspace
+from ._util import copy_into, is_count, workspace
 from .knomial import (
     FIRSTS,
     SHAPES,
@@ -97,8 +97,7 @@ def segment_bounds(n: int, segment: int | None) -> list[tuple[int, int]]:
     element, the longer ones first. ``segment=None``: one piece. ``n == 0``: no
     pieces at all (nothing moves).
     """
-    if segment is not None and (isinstance(segment, bool) or not isinstance(
-            segment, (int, np.integer)) or segment < 1):
+    if segment is not None and (not is_count(segment) or segment < 1):
         raise UsageError(f"segment must be a positive element count or None, got {segment!r}")
     if n == 0:
         return []

@@ -88,11 +88,16 @@ class Table:
     dtype: str = ""
     origin: str = ""
 
+    def reach(self) -> tuple[float, float]:
+        """Return the least and most bytes of a call the table applies to: :data:`REACH`
+        beyond the sizes measured, each way."""
+        return self.rules[0].nbytes / REACH, self.rules[-1].nbytes * REACH
+
     def rule(self, nbytes: int) -> Rule | None:
         """Return the rule nearest ``nbytes`` on a log scale (the smaller on a tie), or None
-        beyond :data:`REACH` of the sizes measured."""
-        low, high = self.rules[0].nbytes, self.rules[-1].nbytes
-        if nbytes < low / REACH or nbytes > high * REACH:
+        beyond :meth:`reach`."""
+        low, high = self.reach()
+        if nbytes < low or nbytes > high:
             return None
         size = max(nbytes, 1)
         return min(self.rules, key=lambda r: (abs(math.log(size / r.nbytes)), r.nbytes))

@@ -174,10 +174,10 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
         raise UsageError(f"could not start {cmd[0]}: {exc}") from None
     if code == BROKEN_PIPE:
         sys.exit(code)  # the reader went away: nothing to say
-    if code not in (0, 1, 2, 3):  # a rank killed, or the launcher failing: a fault, as a
+    if code not in (0, 1, 2, 3):  # a rank killed, or the launcher failing
         click.echo(f"refcoll: error: {cmd[0]} exited with status {code}: a rank died or "
                    "the launcher failed; nothing was judged", err=True)
-        code = 3  # timeout is, never a failed check (1)
+        code = 3  # a fault, as a timeout is; never a failed check (1)
     sys.exit(code)
 
 

@@ -27,7 +27,7 @@ from ..calls.auto import (
     choice_table,
     current_calibration,
 )
-from ..calls.tuned import REACH, TUNING_ENV, Table, tuning_path
+from ..calls.tuned import TUNING_ENV, Table, tuning_path
 from ..calls.tuned import read as read_tuning
 from ..core.ops import DTYPES, OPS, supports
 from ..core.units import human_bytes
@@ -46,11 +46,11 @@ _TABLE_DTYPE = "float32"
 
 def _tuned_json(table: Table) -> dict:
     """Return one tuning table as ``list --json`` writes it: its layout, rules and reach."""
-    low, high = table.rules[0].nbytes, table.rules[-1].nbytes
+    low, high = table.reach()
     return {"collective": table.collective, "ranks": table.ranks, "nodes": table.nodes,
             "per_node": table.per_node,
             "rules": [{"bytes": r.nbytes, "algorithm": r.algorithm} for r in table.rules],
-            "reach_bytes": [max(1, math.ceil(low / REACH)), int(high * REACH)]}
+            "reach_bytes": [max(1, math.ceil(low)), int(high)]}
 
 
 @main.command("list")

@@ -122,7 +122,7 @@ def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int | None = None,
     """
     slower, _ = path_rate(cluster, i, peer)
     nbytes = stream_bytes(slower) if nbytes is None else nbytes
-    allowed = 60 + 4 * (nbytes * (1 + both_ways) + _PING_BYTES) * 8 / slower
+    allowed = 60 + 4 * _wire_bits(nbytes, both_ways) / slower
     what = f"cluster check: the streams between node {i} and node {peer}"
     if allowed > MOST_SECONDS:
         raise UsageError(f"{what} would take up to {allowed:.0f} s at {slower:.0f} bit/s "
@@ -153,9 +153,14 @@ def measure_link(cluster: Cluster, i: int, peer: int, nbytes: int | None = None,
         server.wait()
 
 
+def _wire_bits(nbytes: int, both_ways: int) -> int:
+    """Return the bits one check of a link puts on it: its streams and its ping-pongs."""
+    return (nbytes * (1 + both_ways) + _PING_BYTES) * 8
+
+
 def _least_rate(both_ways: int) -> float:
     """Return the slowest path (bits/s) a check finishes within :data:`MOST_SECONDS`."""
-    return 4 * (_LEAST_BYTES * (1 + both_ways) + _PING_BYTES) * 8 / (MOST_SECONDS - 60)
+    return 4 * _wire_bits(_LEAST_BYTES, both_ways) / (MOST_SECONDS - 60)
 
 
 def measure_links(cluster: Cluster, nbytes: int | None = None) -> list[dict]:

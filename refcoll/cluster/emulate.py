@@ -433,20 +433,15 @@ def _check_spec(state: dict, where: str) -> None:
         raise UsageError(f"{where}: its nodes are not those its spec makes")
 
 
-def _scan() -> tuple[list[dict], list[str]]:
-    """Return the trusted clusters' states and, for each other state file, why not."""
+def scanned() -> tuple[list[dict], list[str]]:
+    """Return the trusted clusters' states and, for each state file refcoll cannot trust,
+    why not (``run`` and ``check`` name it rather than saying no cluster is up)."""
     return scan(STATE_DIR, _check_spec)
 
 
 def clusters() -> list[dict]:
     """Return the state of every cluster whose state file refcoll can trust."""
-    return _scan()[0]
-
-
-def scanned() -> tuple[list[dict], list[str]]:
-    """Return the trusted clusters' states and, for each state file refcoll cannot trust,
-    why not (``run`` and ``check`` name it rather than saying no cluster is up)."""
-    return _scan()
+    return scanned()[0]
 
 
 def remove_stale() -> list[str]:
@@ -469,7 +464,7 @@ def _removable(force: bool) -> list[dict]:
     Raises:
         UsageError: a state file refcoll cannot trust is there; nothing is removed.
     """
-    good, bad = _scan()
+    good, bad = scanned()
     if bad:
         raise UsageError(f"{bad[0]}; refcoll removes no cluster while it is there: "
                          + _by_hand(bad[0]))
@@ -534,7 +529,7 @@ def down(*, force: bool = False) -> list[str]:
 def status() -> list[dict]:
     """Return each trusted cluster's state, with whether its namespaces all exist, and
     ``{"problem": ...}`` for each state file refcoll cannot trust."""
-    good, bad = _scan()
+    good, bad = scanned()
     have = _namespaces() if good else set()
     return ([dict(state, complete=all(ns in have for ns in _whole(state)), live=owned(state))
              for state in good]
