@@ -17,7 +17,9 @@ of ``--block`` steps so that both see the same machine:
   small allgather over refcoll's own Gloo group).
 
 Each group's step time is the median over its steps (forward, backward with
-DDP's all-reduces, optimizer step), per rank, the larger of the ranks. Then,
+DDP's all-reduces, optimizer step), per rank, the larger of the ranks, and its
+CPU time per step (every thread of the process, the busier rank's): where the
+ranks share the cores, each watched call's work shows there first. Then,
 with ``--fsdp``, FSDP2 (``fully_shard`` per layer and on the root) trains the
 same model on a watched group for the same number of steps: its all-gathers
 and reduce-scatters (AVG, which watch mode gives Gloo as a SUM and a division)
@@ -73,6 +75,8 @@ def main() -> int:
         ddp = DDP(model, process_group=group, bucket_cap_mb=0.0004)
         runs[name] = (ddp, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), [])
 
+    cpu = {name: 0.0 for name in runs}  # this process's CPU time (every thread) per group
+
     def step(name: str, k: int) -> None:
         ddp, opt, times = runs[name]
         rows = torch.from_numpy(__import__("numpy").random.default_rng(k).integers(0, len(ys), 32))
@@ -85,14 +89,17 @@ def main() -> int:
     done = 0
     while done < args.steps:
         for name in ("gloo", "watch"):
+            began = time.process_time()
             for k in range(done, min(done + args.block, args.steps)):
                 step(name, k)
+            cpu[name] += time.process_time() - began
         done += args.block
     medians = {name: statistics.median(times[args.block:] or times)
                for name, (_, _, times) in runs.items()}
     every = [None] * p
-    dist.all_gather_object(every, medians)
-    worst = {name: max(m[name] for m in every) for name in medians}
+    dist.all_gather_object(every, (medians, cpu))
+    worst = {name: max(m[name] for m, _ in every) for name in medians}
+    busiest = {name: max(c[name] for _, c in every) / args.steps for name in cpu}
     ddp_judged, ddp_found = watched.watched.calls, len(watched.watched.findings)
     fsdp_line = ""
     if args.fsdp:
@@ -107,6 +114,9 @@ def main() -> int:
             print(f"note: {p} processes on {os.cpu_count()} cores: oversubscribed, suspect")
         print(f"  step time, median (largest rank): Gloo {1e6 * worst['gloo']:.0f} us, watched "
               f"{1e6 * worst['watch']:.0f} us: {ratio:.3f}x ({100 * (ratio - 1):+.1f}%)")
+        print(f"  CPU time per step, every thread (busiest rank): Gloo "
+              f"{1e6 * busiest['gloo']:.0f} us, watched {1e6 * busiest['watch']:.0f} us: "
+              f"{busiest['watch'] / busiest['gloo']:.3f}x")
         print(f"  DDP: {ddp_judged} all-reduces judged, {ddp_found} findings")
         if fsdp_line:
             print(fsdp_line)

@@ -46,13 +46,19 @@ been judged, and a wrong result is raised from that call's ``wait()``.
 judged when the ``n``-th completes (the batch's all-reduce sums of one dtype
 together, each call alone only where that fails): a wrong call is then named as
 ever but raised from the wait of the call that closes its batch, for a fraction
-of the cost (``benchmarks/watch_overhead.py``). Other
+of the cost (``benchmarks/watch_overhead.py``). The other calls of a batch
+need no exchange and so no job: where the library's work has a future and
+the tensors are on the CPU, their outputs are read by a callback on that
+future, on the library's thread, the moment the call is done, and the Work
+the program gets completes with it (:class:`~refcoll.torch.work.FutureWork`). Other
 calls (gather, scatter, all-to-all, barrier, point to point) are handed over
 unjudged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import re
@@ -67,7 +73,7 @@ from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
 from ..verify.checksums import block_elements, block_size, checksums, judge_sums
 from ..verify.oracle import check_outputs
 from .tensors import _bits_types, as_array, flat, premultiplier, reduction
-from .work import submit
+from .work import FutureWork, submit
 
 __all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
 
@@ -200,6 +206,9 @@ _GLOO_SUMS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter",
 #: The collectives judged, by the code their samples carry.
 _JUDGED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
+#: Each dtype's code in a sample record's header.
+_DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
+
 #: The header of a rank's sample record: what every rank must agree on.
 _HEADER = ("call", "collective", "dtype", "elements", "inputs sampled", "outputs sampled", "root",
            "checksums")
@@ -221,35 +230,34 @@ def _exchange(t, samples: list, k: int) -> list:
     """
     heads, values = 8 * len(_HEADER), (t.size + 1) * k * 8
     rows_of_sums = [sample.sums() for sample in samples]
-    spans = [heads + values + 8 * sums.size for sums in rows_of_sums]
-    record = np.zeros(sum(spans), np.uint8)
-    at = 0
-    for sample, sums, span in zip(samples, rows_of_sums, spans):
-        before, after = sample.before, sample.after
-        header = np.array([sample.number, _JUDGED.index(sample.collective),
-                           list(DTYPES).index(dtype_name(before.dtype)), sample.m, before.size,
-                           after.size, sample.root, sums.size], np.int64)
-        data = np.concatenate([before, after]).view(np.uint8)
-        record[at:at + heads] = header.view(np.uint8)
-        record[at + heads:at + heads + data.size] = data
-        record[at + heads + values:at + span] = sums.view(np.uint8)
-        at += span
+    header = np.array([[sample.number, _JUDGED.index(sample.collective),
+                        _DTYPE_CODE[dtype_name(sample.before.dtype)], sample.m,
+                        sample.before.size, sample.after.size, sample.root, sums.size]
+                       for sample, sums in zip(samples, rows_of_sums)], np.int64)
+    parts = []
+    for head, sample, sums in zip(header, samples, rows_of_sums):
+        data = np.concatenate([sample.before, sample.after]).view(np.uint8)
+        parts += [head.view(np.uint8), data, np.zeros(values - data.size, np.uint8),
+                  sums.view(np.uint8)]
+    record = np.concatenate(parts)
     table = calls.allgather(record, t, algorithm="rabenseifner",
                             validate=any(sums.size for sums in rows_of_sums))
-    out, at = [], 0
-    for sample, span in zip(samples, spans):
-        rows = table[:, at:at + span]
-        for field, column in zip(_HEADER, rows[:, :heads].copy().view(np.int64).T):
-            if (column != column[0]).any():
-                raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
-                                    ", ".join(f"rank {r} has {v}"
-                                              for r, v in enumerate(column.tolist())))
-        n = sample.before.size
-        data = rows[:, heads:heads + (n + sample.after.size) * sample.before.itemsize].copy()
-        data = data.view(sample.before.dtype)
-        sums = rows[:, heads + values:].copy().view(np.float64)
+    starts = np.cumsum([0] + [heads + values + 8 * sums.size for sums in rows_of_sums])
+    heads_of = np.stack([table[:, at:at + heads] for at in starts[:-1].tolist()], axis=1)
+    differ = np.flatnonzero((heads_of != heads_of[:1]).any(axis=(0, 2)))  # calls, by rank 0's
+    if differ.size:
+        columns = heads_of[:, differ[0]].copy().view(np.int64).T
+        field, column = next((f, c) for f, c in zip(_HEADER, columns) if (c != c[0]).any())
+        raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
+                            ", ".join(f"rank {r} has {v}" for r, v in enumerate(column.tolist())))
+    out = []
+    for sample, at, mine in zip(samples, starts[:-1].tolist(), rows_of_sums):
+        n, dtype = sample.before.size, sample.before.dtype
+        data = table[:, at + heads:at + heads + (n + sample.after.size) * dtype.itemsize]
+        data = data.copy().view(dtype)
+        at += heads + values
+        sums = table[:, at:at + 8 * mine.size].copy().view(np.float64)
         out.append(([row[:n] for row in data], [row[n:] for row in data], sums))
-        at += span
     return out
 
 
@@ -325,11 +333,43 @@ def _right_together(samples: list, exchanged: list, p: int) -> set:
     return right
 
 
-def _host(tensor: torch.Tensor) -> np.ndarray:
-    """Return a tensor's elements as a flat NumPy array of refcoll's dtype (CPU: no copy)."""
-    x = flat(tensor).detach()
-    if x.dtype in _PLAIN and x.device.type == "cpu" and x.is_contiguous():
-        return np.from_dlpack(x)  # (a call's path: as_array's checks, for the types it passes)
+def _read(sample: "_Sample | None", finish, result: list, wait) -> list:
+    """Once the library's call is done (``wait()`` raises its error, if it had one): run
+    ``finish`` and read the outputs' sample and checksums; return the call's ``result``."""
+    try:
+        wait()  # the watched library's own error, if it has one, is the call's
+        if finish is not None:
+            finish()
+        if sample is not None:
+            sample.after = sample.read_after()
+            if sample.read_sums is not None:
+                sample.sums_out = sample.read_sums()
+    except BaseException:
+        if sample is not None:  # nothing of this call is judged
+            sample.failed = True
+        raise
+    return result
+
+
+def _on_cpu(result: list) -> bool:
+    """Return whether every tensor of a call's ``result`` (lists of them) is on the CPU."""
+    return all(_on_cpu(r) if isinstance(r, list) else r.device.type == "cpu" for r in result)
+
+
+def _has_future(work) -> bool:
+    """Return whether a library's ``work`` has a future (a third party's may not)."""
+    try:
+        work.get_future()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    """Return a flat tensor's elements as a NumPy array of refcoll's dtype (CPU: no copy)."""
+    x = x.detach()
+    if x.dtype in _PLAIN and x.device.type == "cpu":
+        return x.numpy()  # (a call's path: as_array's checks, for the types it passes)
     return as_array(x.cpu().contiguous(), _HOST)
 
 
@@ -354,8 +394,8 @@ class _Elements:
     """A tensor's sampled elements, read when asked: the same slice ``idx`` of each of
     ``rows`` equal parts of it (an all-gather's output: one part per rank).
 
-    A CPU tensor is read through a NumPy view of its memory (DLPack, made once: no
-    copy but the elements read); another device's by indexing there and copying the
+    A CPU tensor is read through a NumPy view of its memory (made once: no copy
+    but the elements read); another device's by indexing there and copying the
     few elements to the host.
     """
 
@@ -395,6 +435,7 @@ class _Sample:
         self.sums_out: np.ndarray | None = None
         self.read_sums = None
         self.failed = False  # the watched call raised: nothing of it is judged
+        self.done = None  # its FutureWork, where its outputs are read on completion
 
     def sums(self) -> np.ndarray:
         """This rank's checksums as one float64 row (empty without them)."""
@@ -442,32 +483,42 @@ class Watch:
         work = self._method(method)(*args, **kwargs)
         if sample is None and finish is None:
             return work
-        batch = []
-        if sample is not None:
-            self.pending.append(sample)
-            if len(self.pending) >= self.batch:  # taken now: later calls' samples wait
-                batch, self.pending = self.pending, []
-
-        def job(t):
-            try:
-                work.wait()  # the watched library's own error, if it has one, is the call's
-                if finish is not None:
-                    finish()
-                if sample is not None:
-                    sample.after = sample.read_after()
-                    if sample.read_sums is not None:
-                        sample.sums_out = sample.read_sums()
-            except BaseException:
-                batch.clear()  # nothing of this batch is judged (the ranks see the error)
-                if sample is not None:  # nor this call, in the batch a later call closes
-                    sample.failed = True
-                raise
-            judged = [s for s in batch if not s.failed]
-            if judged:
-                self._judge(t, judged)
-
+        batch = self._take(sample)
+        read = functools.partial(_read, sample, finish, result)
+        done = None
+        if _on_cpu(result) and _has_future(work):
+            # Read on the library's thread the moment it completes the call: a call that
+            # closes no batch then costs no hand-off to refcoll's progress engine.
+            done = FutureWork(work, lambda future: read(future.value))
+            if sample is not None:
+                sample.done = done
+            if not batch:
+                return done
+        wait = functools.partial(read, work.wait) if done is None else done.wait
         name = sample.collective if sample is not None else method
-        return submit(f"watch {name}", refcoll_group._cpu, job, result)
+        return submit(f"watch {name}", refcoll_group._cpu,
+                      functools.partial(self._close, wait, batch), result)
+
+    def _take(self, sample: "_Sample | None") -> list:
+        """Queue ``sample`` for judging; return the batch it closes (empty: none)."""
+        if sample is None:
+            return []
+        self.pending.append(sample)
+        if len(self.pending) < self.batch:
+            return []
+        batch, self.pending = self.pending, []  # taken now: later calls' samples wait
+        return batch
+
+    def _close(self, wait, batch: list, t) -> None:
+        """A call's job on the progress engine: wait for it, then judge the batch it closes."""
+        wait()  # its error: nothing of the batch is judged (the ranks see the error)
+        for earlier in batch[:-1]:  # each read when its own call completed
+            if earlier.done is not None:
+                with contextlib.suppress(Exception):  # raised from that call's own wait
+                    earlier.done.wait()
+        judged = [s for s in batch if not s.failed]
+        if judged:
+            self._judge(t, judged)
 
     def _method(self, name: str):
         """The watched group's method for torch 2.13's ``name``, or its older name."""
@@ -552,7 +603,8 @@ class Watch:
             return  # (integers are exact: the sampled check sees their bits)
         b = block_size(self.size, pieces[0].dtype)
         sample.b, sample.n = b, pieces[0].size
-        sample.sums_in = np.stack([checksums(a, b) for a in pieces])
+        sample.sums_in = checksums(pieces[0], b)[None] if len(pieces) == 1 else \
+            np.stack([checksums(a, b) for a in pieces])
         sample.read_sums = lambda: checksums(out.rows()[0], b)
 
     # ------------------------------------------------------------- judging

@@ -10,6 +10,11 @@ engine, so an error is raised from ``wait()`` as refcoll raised it (a
 future's exception: its ``wait()`` returns ``True``.) Code that waits on the
 future instead (DDP's reducer, a comm hook's ``then``) gets the same
 exception from ``value()``.
+
+:class:`FutureWork` is the other kind: another library's call with a step of
+refcoll's chained on its future (watch mode reads a result the moment the
+library completes it, on the library's own thread), for calls that need no
+collective of refcoll's and so no place on the progress engine.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch.distributed as dist
 
 from ..calls.nonblocking import issue
 
-__all__ = ["RefcollWork", "submit"]
+__all__ = ["RefcollWork", "FutureWork", "submit"]
 
 
 class RefcollWork(dist.Work):
@@ -62,6 +67,64 @@ class RefcollWork(dist.Work):
 
     def __repr__(self) -> str:
         return f"<RefcollWork {self._handle!r}>"
+
+
+class FutureWork(dist.Work):
+    """Another library's call ``work``, completed once ``then(future)`` has run on its future.
+
+    ``then`` runs when the library completes the call, on the library's thread
+    (its future's callback), and what it returns is the future's value. Its error,
+    or the library's, is raised from :meth:`wait` as it was raised (a torch future
+    would wrap it in a ``RuntimeError``).
+    """
+
+    def __init__(self, work, then):
+        super().__init__()
+        self._work, self._error = work, None
+
+        def run(future):
+            try:
+                return then(future)
+            except BaseException as error:
+                self._error = error
+                raise
+        self._future = work.get_future().then(run)
+
+    def wait(self, timeout=None) -> bool:
+        """Wait for the call and its step (``timeout``: the library's); raise their error."""
+        self._work.wait() if timeout is None else self._work.wait(timeout)
+        try:
+            self._future.wait()
+        except BaseException:
+            if self._error is not None:
+                raise self._error from None
+            raise
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self.exception() is None
+
+    def exception(self):
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except BaseException as error:
+            return self._error if self._error is not None else error
+        return None
+
+    def get_future(self):
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._future.value()
+
+    def __repr__(self) -> str:
+        return f"<FutureWork of {self._work!r}>"
 
 
 def submit(name: str, t, job, value) -> RefcollWork:

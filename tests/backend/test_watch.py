@@ -83,8 +83,39 @@ def _done(value):
     return torch._C._distributed_c10d._create_work_from_future(future)
 
 
+class Futureless(dist.ProcessGroup):
+    """Gloo's all-reduce behind a Work with no future, as some third-party backends' are;
+    rank 0's element 5 is one more in the second call."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self.calls = 0
+
+    def allreduce(self, tensors, opts):
+        self.calls += 1
+        spoil = tensors[0] if self.calls == 2 and self.rank() == 0 else None
+        return _NoFuture(self.gloo.allreduce(tensors, opts), spoil)
+
+
+class _NoFuture(dist.Work):
+    """A call that completes in ``wait()`` and has no ``get_future``."""
+
+    def __init__(self, work, spoil):
+        super().__init__()
+        self.work, self.spoil = work, spoil
+
+    def wait(self, timeout=None):
+        self.work.wait()
+        if self.spoil is not None:
+            self.spoil.view(-1)[5] += 1
+            self.spoil = None
+        return True
+
+
 if "CORRUPTING" not in dist.Backend._plugins:
     dist.Backend.register_backend("corrupting", Corrupting, devices=["cpu"])
+    dist.Backend.register_backend("futureless", Futureless, devices=["cpu"])
 
 
 def watching(backend, corrupt="none:0:none", **env):
@@ -262,3 +293,28 @@ def test_a_watched_call_that_fails_leaves_its_batch_judged_without_it(world):
         dist.all_reduce(t, group=group)
         assert t.tolist() == [float(world.size())] * 4
     assert not group.watched.findings
+
+
+def test_a_buffer_reused_once_its_call_is_done_is_no_false_alarm(world):
+    """A batch's calls are read when each completes, before the program may reuse them."""
+    group = watching("gloo", REFCOLL_WATCH_BATCH=3)
+    for n in (100, 5000, 300):
+        t = torch.arange(n, dtype=torch.float32)
+        work = dist.all_reduce(t, group=group, async_op=True)
+        work.wait()
+        assert t[7].item() == 7 * world.size()
+        t.fill_(-7.0)  # reused at once: the sample and the checksums were taken already
+    assert group.watched.calls == 3 and not group.watched.pending
+    assert not group.watched.findings
+
+
+def test_a_library_work_without_a_future_is_judged_all_the_same(world):
+    """Without a future to read it from, each call is read by a job on the progress engine."""
+    group = watching("futureless", REFCOLL_WATCH_BATCH=2)
+    p = world.size()
+    t = torch.arange(40, dtype=torch.float32)
+    dist.all_reduce(t, group=group)  # call 1: right; its sample waits for call 2
+    assert t[5].item() == 5 * p
+    t = torch.arange(40, dtype=torch.float32)
+    with pytest.raises(WrongResult, match=r"call 2, 40 elements sampled .* element 5"):
+        dist.all_reduce(t, group=group)
