@@ -143,3 +143,13 @@ def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, exi
     assert res.exit_code == exit_code, res.output
     if exit_code == 3 and status != 3:
         assert f"exited with status {status}: a rank died" in res.stderr
+
+
+def test_ctrl_c_ends_a_command_with_status_130(monkeypatch):
+    def interrupted(**paths):
+        raise KeyboardInterrupt  # as Ctrl-C arrives in the middle of the command's work
+
+    monkeypatch.setattr("refcoll.cli.listing.check_output_paths", interrupted)
+    res = CliRunner().invoke(main, ["list"])
+    assert res.exit_code == 130, res.output
+    assert "refcoll: interrupted" in res.output and "Aborted" not in res.output

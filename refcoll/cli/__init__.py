@@ -8,7 +8,7 @@ when their modules are imported below.
 Exit codes: 0 success, 1 a check failed, 2 bad usage or environment (with a
 one-line reason), 3 a collective timed out or a rank died (the launcher ended the
 job: a killed rank is a fault, not a failed check); 141 when the reader of stdout
-went away (``refcoll model ... | head``).
+went away (``refcoll model ... | head``); 130 when Ctrl-C ended it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 # Re-exported: tests patch ``refcoll.cli.subprocess.run`` to see what relaunch starts.
 import subprocess  # noqa: F401
 
-from . import bench, calibrate, check, cluster, commands, listing, model, spec, train, tune  # noqa: F401  (each registers on main)  # noqa: F401
+from . import bench, calibrate, check, cluster, commands, listing, model, spec, train, tune  # noqa: F401  (each registers on main)
 from .common import (
     BROKEN_PIPE,
     check_output_paths,

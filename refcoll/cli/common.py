@@ -36,6 +36,9 @@ __all__ = ["main", "reports_errors", "check_output_paths", "check_output_paths_o
 #: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
 BROKEN_PIPE = launch.BROKEN_PIPE
 
+#: The status of a command that Ctrl-C (SIGINT) ended: 128 + 2, as a shell reports it.
+INTERRUPTED = 130
+
 
 class _Main(click.Group):
     """The ``refcoll`` group; it keeps its arguments so a command can re-run itself."""
@@ -43,6 +46,14 @@ class _Main(click.Group):
     def main(self, args=None, *rest, **kwargs):
         launch.remember_arguments(list(args) if args is not None else sys.argv[1:])
         return super().main(args, *rest, **kwargs)
+
+    def invoke(self, ctx):
+        """Run the command; Ctrl-C ends it with 130 (128 + SIGINT), as a shell reports it."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("refcoll: interrupted", err=True)
+            sys.exit(INTERRUPTED)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
