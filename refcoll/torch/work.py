@@ -92,7 +92,7 @@ class FutureWork(dist.Work):
 
     def wait(self, timeout=None) -> bool:
         """Wait for the call and its step (``timeout``: the library's); raise their error."""
-        self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._work.wait(timeout) if timeout else self._work.wait()  # torch's 0: no timeout
         try:
             self._future.wait()
         except BaseException:
