@@ -213,6 +213,7 @@ class Plan:
         run = self._started
         if run.__class__ is InFlight:
             run.advance()
+            run.seen = run.seen or run.done
             return run.done
         return run is None or run.test()
 
@@ -352,8 +353,8 @@ class Plan:
     def _misuse(self, x, out, comm) -> str | None:
         """Return what breaks the plan's promise for this run, or None (refused at once if freed).
         """
-        if self._started is not None and _completed(self._started):
-            self._started = None  # completed through its handle: nothing left to wait for
+        if self._started is not None and _seen(self._started):
+            self._started = None  # a wait or test saw it complete: it may start again
         if (x is None and out is None and comm is None and not self.freed
                 and self._started is None and self._broken is None
                 and self._layout_now() == self._shapes):
@@ -420,12 +421,13 @@ class InFlight:
     the plan's lock.
     """
 
-    __slots__ = ("plan", "index", "posted", "done", "error", "_handle")
+    __slots__ = ("plan", "index", "posted", "done", "error", "_handle", "seen")
     kind = "in-flight"
 
     def __init__(self, plan: "Plan"):
         self.plan, self.index, self.posted = plan, 0, False
         self.done, self.error, self._handle = False, None, None
+        self.seen = False  # Plan.test() saw it complete (a wait through its handle: the handle's)
         in_flight(plan._slots, self, started=True)
         t = plan.t
         t.enter_call(plan.collective)  # the call's count and tag space, in issue order
@@ -538,6 +540,15 @@ class InFlight:
 def _completed(run) -> bool:
     """Return whether a run :meth:`Plan.start` began (an InFlight, or a Handle) has completed."""
     return run.done if run.__class__ is InFlight else run._done.is_set()
+
+
+def _seen(run) -> bool:
+    """Return whether the program saw a run complete: a ``wait()``, or a ``test()`` that said
+    so, on the plan or on its handle (``MPI_Start`` again is allowed only then). A run that
+    merely finished in the background is still started: a second ``start()`` is refused."""
+    if run.__class__ is InFlight:
+        return run.seen or (run._handle is not None and run._handle.seen)
+    return run.seen
 
 
 def _refuse(t, error: str, *, tell: bool) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ import weakref
 from ..core.errors import CollectiveTimeout, UsageError
 from ..transport.base import TransportBase, transport_cache
 from ..transport.recorder import Stepper
+
+_log = logging.getLogger("refcoll")
 
 __all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
            "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER", "POLL",
@@ -122,7 +125,7 @@ class Handle:
     """
 
     __slots__ = ("collective", "issued", "started", "finished", "cpu", "_engine", "_job",
-                 "_result", "_error", "_done", "_callbacks")
+                 "_result", "_error", "_done", "_callbacks", "seen")
 
     def __init__(self, collective: str, job, engine):
         self.collective = collective
@@ -135,6 +138,7 @@ class Handle:
         self.started = self.finished = None
         self.cpu = None  # CPU seconds the thread that ran the call spent in it
         self._callbacks = None
+        self.seen = False  # a wait() or test() saw it complete (MPI's rule: then inactive)
 
     def __repr__(self) -> str:
         state = "done" if self._done.is_set() else "pending"
@@ -150,7 +154,10 @@ class Handle:
         """
         if not self._done.is_set():
             self._engine.advance(through=self)
-        return self._done.is_set()
+        if self._done.is_set():
+            self.seen = True
+            return True
+        return False
 
     def is_completed(self) -> bool:
         """Return whether the call has completed, successfully or not (``torch``'s name)."""
@@ -172,6 +179,7 @@ class Handle:
         """
         if not self._done.is_set():
             self._engine.drive(self, timeout)
+        self.seen = True
         if self._error is not None:
             raise self._error
         return self._result
@@ -206,7 +214,10 @@ class Handle:
             self._done.set()
             callbacks, self._callbacks = self._callbacks, None
         for fn in callbacks or ():
-            fn(self)
+            try:
+                fn(self)
+            except Exception:  # as concurrent.futures does: logged, and the engine goes on
+                _log.exception("refcoll: a done callback of a %s call raised", self.collective)
 
 
 def not_done(handle: Handle, timeout: float) -> CollectiveTimeout:
@@ -285,6 +296,11 @@ class ThreadEngine:
         the progress thread and back. The order is kept: only the head of the
         queue is taken, and only when no call is running.
         """
+        if self.on_thread():  # a done callback, or a call's job, waiting for a later call
+            raise UsageError(f"rank {self.t.rank}: wait() for the {handle.collective} call from "
+                             "inside another call of the same communicator's progress engine (a "
+                             "done callback?) would wait for itself: wait for it after the "
+                             "callback returns")
         with self._cv:  # (a wait with a timeout must be able to give up: never run it here)
             mine = (timeout is None and not self._running and bool(self._queue)
                     and self._queue[0] is handle)
@@ -453,11 +469,11 @@ class Steps:
     def _step(self) -> bool:
         plan, t = self.plan, self.plan.t
         if self.steps is None:
+            with t.call(plan.collective):
+                pass  # the call's count, taken as it starts: a peer's revocation of it applies
             self.steps = Stepper(plan._schedule.steps)
         if not self.steps.advance():
             return False
-        with t.call(plan.collective):
-            pass  # the call's count, as a blocking run takes it
         plan.call.finish()
         plan.runs += 1
         self.result = plan.call.output()

@@ -160,16 +160,23 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
                     if not abort_on_timeout():  # the job goes on: nothing left behind it
                         self._give_up(reqs, message)
                     timed_out(message)
-        except MPI.Exception as exc:  # a receive shorter than the message that came
-            codes = [exc.Get_error_class()]
-            if codes[0] == MPI.ERR_IN_STATUS:  # Testall's: each request's own, in its status
-                codes = [MPI.Get_error_class(s.Get_error()) for s in self._statuses]
-            if MPI.ERR_TRUNCATE not in codes:
-                raise
-            raise RefcollError(
-                f"rank {self.rank}: a message came longer than the buffer, waiting "
-                f"{waiting_for()}; the ranks disagree on the message size (different counts "
-                "or dtypes?)") from None
+        except MPI.Exception as exc:
+            self._mpi_error(exc, waiting_for)
+
+    def _mpi_error(self, exc, waiting_for) -> None:
+        """Raise what MPI's error ``exc`` in a wait or test means: a receive shorter than the
+        message that came is the ranks' disagreement on a size (a RefcollError); anything
+        else as MPI raised it."""
+        MPI = _mpi()
+        codes = [exc.Get_error_class()]
+        if codes[0] == MPI.ERR_IN_STATUS:  # Testall's: each request's own, in its status
+            codes = [MPI.Get_error_class(s.Get_error()) for s in self._statuses]
+        if MPI.ERR_TRUNCATE not in codes:
+            raise exc
+        raise RefcollError(
+            f"rank {self.rank}: a message came longer than the buffer, waiting "
+            f"{waiting_for()}; the ranks disagree on the message size (different counts "
+            "or dtypes?)") from None
 
     def _check_count(self, nbytes: int, source: int) -> None:
         """Check the byte count of the receive the last wait completed (its first request)."""

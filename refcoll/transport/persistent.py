@@ -112,6 +112,7 @@ class PersistentExchange:
                           + [comm.Send_init(message(buf), peer, base + tag)
                              for buf, peer, tag in sends])
         self._buffers = [buf for buf, _, _ in (*sends, *recvs)]  # MPI writes and reads them
+        t._persistent_sends.update(id(req) for req in self._requests[len(recvs):])
         self._received = recvs[0][0].nbytes if recvs else -1
         self._source = recvs[0][1] if recvs else None
         self._sent = sends[0][0].nbytes if sends else -1
@@ -192,6 +193,7 @@ class PersistentExchange:
     def free(self) -> None:
         """Free the requests; a running one is freed once it completes (MPI's rule)."""
         for req in self._requests:
+            self._t._persistent_sends.discard(id(req))
             req.Free()
         self._requests = []
         _UNFREED.discard(self)

@@ -251,12 +251,15 @@ def run_steps(t, program: list, start: int = 0, posted: bool = False) -> None:
         else:
             raise RefcollError(f"rank {t.rank}: a freed persistent exchange was run ({what()})")
         if t.revoked is None:
-            for _ in _SPIN:
-                if testall(requests, statuses):
-                    t._ops += 1
-                    break
-            else:
-                t._finish(requests, what, polls=POLLS_BEFORE_YIELD)
+            try:
+                for _ in _SPIN:
+                    if testall(requests, statuses):
+                        t._ops += 1
+                        break
+                else:
+                    t._finish(requests, what, polls=POLLS_BEFORE_YIELD)
+            except MPI.Exception as exc:  # (_finish's own are translated already)
+                t._mpi_error(exc, what)
         else:
             t._finish(requests, what)
         if source is not None and statuses[0].Get_count(MPI.BYTE) != received:
@@ -271,7 +274,11 @@ def start(exchange: tuple) -> None:
 
 def done(t, exchange: tuple) -> bool:
     """Return whether a started exchange has completed (``MPI_Testall``); never wait."""
-    return (_MPI[0] or _load_mpi()).Request.Testall(exchange[0], t._statuses)
+    MPI = _MPI[0] or _load_mpi()
+    try:
+        return MPI.Request.Testall(exchange[0], t._statuses)
+    except MPI.Exception as exc:  # a message longer than its buffer: the ranks disagree
+        t._mpi_error(exc, exchange[4])
 
 
 def landed(t, exchange: tuple) -> None:

@@ -48,6 +48,7 @@ class Revocable:
         self._notice, self._notice_status = np.zeros(NOTICE_BYTES, np.uint8), mpi().Status()
         self._notices_sent: list = []
         self._stranded: list = []  # requests of timed-out calls MPI could not cancel
+        self._persistent_sends: set[int] = set()  # ids of live MPI_Send_init requests
 
     def _give_up(self, reqs: list, reason: str) -> None:
         """Leave nothing of a call that timed out to complete behind this rank's back.
@@ -130,11 +131,17 @@ class Revocable:
         call is abandoned. One MPI cannot cancel at once (a send already matched, whose
         peer does not take it) is not waited for, which could be for ever: it is kept, and
         its buffer with it, as long as the transport lives (:attr:`_stranded`), so MPI
-        never writes into or reads from memory the program has freed and reused."""
+        never writes into or reads from memory the program has freed and reused. A
+        persistent send (a plan's) is kept without being cancelled: MPICH 5 ends the
+        process (SIGSEGV) cancelling one that is past its eager size, and a send only
+        reads its buffer, which its plan holds."""
         MPI = mpi()
         for req in reqs:
             try:
                 if req.Test():
+                    continue
+                if id(req) in self._persistent_sends:
+                    self._stranded.append(req)
                     continue
                 req.Cancel()
                 if not any(req.Test() for _ in range(CANCEL_POLLS)):

@@ -109,3 +109,34 @@ def test_a_loop_of_tests_completes_every_call(kind):
             pass
         assert h.test(), f"call {i} never completed under test()"
         assert h.wait()[0] == sum(r + i for r in range(t.size))
+
+
+def test_waiting_in_a_done_callback_for_a_later_call_is_an_error_not_a_hang():
+    """The callback runs on the progress thread, which would wait for itself."""
+    from refcoll.core.errors import UsageError
+
+    t = _transport("thread")
+    if t.size < 2:
+        return
+    seen = []
+    ready = np.zeros(1)
+    if t.rank == 0:  # rank 1 registers its callback before rank 0 lets the call complete
+        t.comm.Recv(ready, source=1, tag=77)
+    first = refcoll.iallreduce(np.ones(1000), t)
+    second = refcoll.iallreduce(np.full(1000, 2.0), t)
+    first.add_done_callback(lambda h: seen.append(_raised(second.wait)))
+    if t.rank == 1:
+        t.comm.Send(ready, dest=0, tag=77)
+    assert first.wait()[0] == t.size and second.wait()[0] == 2.0 * t.size
+    if t.rank == 1:  # its callback ran on the progress thread: refused, not a hang
+        assert len(seen) == 1 and isinstance(seen[0], UsageError), seen
+        assert "would wait for itself" in str(seen[0])
+    t.free()
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - what the callback's wait raised, for the test
+        return exc
+    return None

@@ -353,14 +353,17 @@ def test_freed_plans_leave_no_persistent_request():
     assert len(t._persistent) == before
 
 
-def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_new_plan():
+@pytest.mark.parametrize("count", [4, 100_000])
+def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_new_plan(count):
+    """(100,000 elements: the timed-out sends are past MPICH's eager size, where cancelling
+    a persistent send ended the process with SIGSEGV: they are kept, not cancelled.)"""
     from refcoll.core.errors import CollectiveTimeout
     from refcoll.transport.mpi import MPITransport
 
     t = MPITransport(_world(), timeout=2)  # its own communicator: the world's stays usable
     if t.size < 2:
         return
-    x = np.full(4, 100.0 * (t.rank + 1))
+    x = np.full(count, 100.0 * (t.rank + 1))
     first = refcoll.allreduce_init(x, t)
     if t.rank != t.size - 1:  # the last rank never runs it: the others' sends stay in flight
         with pytest.raises((CollectiveTimeout, PeerFailure)):
@@ -392,3 +395,44 @@ def test_a_started_run_that_times_out_names_its_collective():
         with pytest.raises(CollectiveTimeout, match="rank 0: allreduce timed out after 1 s"):
             plan.start().wait()
     _world().Barrier()
+
+
+def test_a_run_that_finished_unseen_is_still_started_until_a_wait_or_test_sees_it():
+    """MPI's rule: a persistent request is active until MPI_Wait or a successful MPI_Test;
+    a run that merely finished in the background is no excuse for a second start."""
+    t = _own_transport("thread")
+    x = _values(100_000, np.float32, t.rank, 0)  # not a small run: it goes to the thread
+    plan = refcoll.allreduce_init(x, t)
+    plan.start()
+    plan.handle._done.wait()  # finished, by the progress thread; nobody saw it
+    with pytest.raises(UsageError, match="already started"):
+        plan.start()  # on every rank, whatever the timing
+    assert same_bits(plan.wait(), refcoll.allreduce(x, t))
+    plan.start()  # seen by wait(): it may start again
+    while not plan.test():  # and a test that says so is seen too
+        pass
+    plan.start()
+    plan.wait()
+    plan.free()
+    t.free()
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_refused_start_reaches_its_peers_in_the_run_on_either_engine(kind):
+    """The schedule engine counted a run's call only at its end, so a peer's revocation
+    of it was noticed at the deadline (CollectiveTimeout), not in the run (PeerFailure)."""
+    t = _own_transport(kind)
+    if t.size == 1:
+        pytest.skip("one rank: the refusal is its own")
+    x = _values(100_000, np.float32, t.rank, 0)
+    plan = refcoll.allreduce_init(x, t)
+    plan()
+    last = t.size - 1
+    if t.rank == last:
+        error = _outcome(lambda: plan.start(x=x.copy()).wait())
+    else:
+        error = _outcome(lambda: plan.start().wait())
+    assert isinstance(error, UsageError if t.rank == last else PeerFailure), error
+    assert f"rank {last}" in str(error)
+    plan.free()
+    t.free()
