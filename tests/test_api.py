@@ -146,3 +146,56 @@ def test_simulate_takes_no_out_since_every_rank_would_share_it():
 def test_a_rooted_call_given_no_root_is_refused_not_rooted_at_zero(collective):
     with pytest.raises(UsageError, match="root None is not a rank"):
         refcoll.simulate(collective, [np.ones(3)] * 2, algorithm="naive", root=None)
+
+
+def test_simulate_refuses_what_no_run_could_do_and_agrees_on_dtypes():
+    from refcoll.core.errors import MismatchError
+
+    x = [np.ones(4, np.float32)] * 3
+    with pytest.raises(UsageError, match="ledger-only world sends no data"):
+        refcoll.simulate("allreduce", x, algorithm="ring", validate=True, moves_data=False)
+    for bad in (-2, 0, 2.5):
+        with pytest.raises(UsageError, match="node_size must be a whole number"):
+            refcoll.simulate("allreduce", x, algorithm="hierarchical", node_size=bad)
+    for bad in (0, -1):
+        with pytest.raises(UsageError, match="timeout must be seconds > 0"):
+            refcoll.simulate("allreduce", x, algorithm="ring", timeout=bad)
+    # A validated real call refuses ranks of different dtypes; so does the simulator,
+    # which holds every input (it read an int32 rank's bytes as float32 before).
+    with pytest.raises(MismatchError, match="rank 0 has float32, rank 1 has int32"):
+        refcoll.simulate("allreduce", [np.ones(4, np.float32), np.ones(4, np.int32)],
+                         algorithm="ring")
+    # The switch's extra ranks are counted from its own options, not from validate=.
+    assert refcoll.simulate("allreduce", x, algorithm="switch",
+                            validate=True).outputs[0].tolist() == [3.0] * 4
+
+
+def test_switch_workers_inverts_switch_count_at_any_size():
+    from refcoll.algorithms.switch_tree import switch_count, switch_workers
+
+    for total in [*range(1, 600), 4095, 4096, 10**6 + 7]:
+        for radix in (2, 3, 16):
+            w = switch_workers(total, radix=radix)
+            assert w == 1 or w + switch_count(w, radix=radix) <= total
+            assert w + 1 + switch_count(w + 1, radix=radix) > total
+
+
+def test_simulate_cli_gives_auto_the_node_shape_and_ledger_only_no_inputs(tmp_path,
+                                                                          monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+    from refcoll.verify.simulation import simulation_case
+
+    monkeypatch.setenv("REFCOLL_ALGO", "hierarchical")
+    out = tmp_path / "s.json"
+    res = CliRunner().invoke(main, ["simulate", "--algorithm", "auto", "-p", "8", "--count",
+                                    "1000", "--ranks-per-node", "4", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    node = json.loads(out.read_text())["node_traffic"]
+    assert node["inter"] > 0 and node["predicted"] == [48000, 8000], node  # two nodes of 4
+    # Ledger-only runs need no inputs' memory: the ranks run one after another on zeros.
+    case = simulation_case("tree", 512, 1_000_000)
+    assert case.memory_bytes(moves_data=False) * 100 < case.memory_bytes()

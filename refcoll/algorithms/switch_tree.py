@@ -74,10 +74,14 @@ def switch_workers(total: int, *, radix: int = RADIX) -> int:
     radix = check_radix(radix)
     if total < 1:
         raise UsageError(f"a switch all-reduce needs at least one rank, got {total}")
-    workers = 1
-    while workers + 1 + switch_count(workers + 1, radix=radix) <= total:
-        workers += 1
-    return workers
+    fewest, most = 1, total  # W + switch_count(W) <= total holds at 1 (by fiat) and grows
+    while fewest < most:  # the largest W where it holds, by bisection: W + count(W) grows
+        middle = (fewest + most + 1) // 2
+        if middle + switch_count(middle, radix=radix) <= total:
+            fewest = middle
+        else:
+            most = middle - 1
+    return fewest
 
 
 def switch_links(rank: int, workers: int, *, radix: int = RADIX) -> tuple[int | None, list[int]]:

@@ -27,7 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import algorithms
-from ..core.errors import UsageError
+from ..algorithms._util import is_count
+from ..core.errors import MismatchError, UsageError
 from ..core.xp import array_namespace, is_device_array
 from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
@@ -369,6 +370,24 @@ class SimResult:
     world: SimWorld
 
 
+def _check_world(node_size, timeout) -> None:
+    """Refuse a node size or a timeout no simulated world can have."""
+    if node_size is not None and (not is_count(node_size) or node_size < 1):
+        raise UsageError(f"node_size must be a whole number of ranks >= 1 (or None: one "
+                         f"node), got {node_size!r}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise UsageError(f"timeout must be seconds > 0 (or None: REFCOLL_TIMEOUT's, if set, "
+                         f"else none), got {timeout!r}")
+
+
+def _same_dtypes(inputs: Sequence) -> None:
+    """Raise the MismatchError a validated call raises where the ranks' dtypes differ."""
+    dtypes = [getattr(x, "dtype", None) for x in inputs]
+    if any(d != dtypes[0] for d in dtypes):
+        raise MismatchError("dtype: " + ", ".join(f"rank {r} has {d}"
+                                                  for r, d in enumerate(dtypes)))
+
+
 def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
              timeout: float | None = None, record_payloads: bool = False,
              node_size: int | None = None, calibration=None, moves_data: bool = True,
@@ -410,11 +429,18 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     if "out" in options:  # one buffer would be every simulated rank's
         raise UsageError("simulate returns each rank's output (SimResult.outputs); it takes "
                          "no out=")
+    _check_world(node_size, timeout)
     fn = COLLECTIVE_FUNCTIONS[collective]
     # The ledger should show the algorithm's messages only, so argument agreement
     # (one small allgather) is off unless asked for.
     kwargs = dict(options, algorithm=algorithm)
     kwargs.setdefault("validate", False)
+    if kwargs["validate"] and not moves_data:
+        raise UsageError("simulate(validate=True, moves_data=False): the argument agreement "
+                         "reads what the ranks send, and a ledger-only world sends no data; "
+                         "drop one of them")
+    if not kwargs["validate"]:  # every input is here: the dtypes a real call agrees on
+        _same_dtypes(inputs)
     if collective not in ("allgather", "broadcast"):
         kwargs["op"] = op
     algo = algorithms.get(algorithm)
@@ -422,7 +448,9 @@ def simulate(collective: str, inputs: Sequence, *, algorithm: str, op="sum",
     args = [(x,) for x in inputs]
     if algo.extra_ranks is not None:  # ranks that hold no data get a template of the buffer
         template = array_namespace(inputs[0]).zeros_like(inputs[0])
-        args += [(template,)] * algo.extra_ranks(workers, **options)
+        own = algorithms.options(algorithm, collective)  # (not validate=, root=...)
+        args += [(template,)] * algo.extra_ranks(
+            workers, **{k: v for k, v in options.items() if k in own})
     world = (SimWorld if moves_data else LedgerWorld)(
         len(args), timeout=timeout, record_payloads=record_payloads, ranks_per_node=node_size,
         calibration=calibration)

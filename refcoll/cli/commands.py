@@ -365,7 +365,7 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, l
     case = simulation_case(algorithm, p, count, collective=collective, dtype=dtype, op=op,
                            root=root, ranks_per_node=ranks_per_node)
     what, advice = case.describe(), "lower --count or -p"
-    require_memory(case.memory_bytes(), what, advice)
+    require_memory(case.memory_bytes(moves_data=not ledger_only), what, advice)
     with out_of_memory_is_usage(what, advice), still_running(f"simulate {algorithm} -p {p}",
                                                              progress_note):
         report = run_simulation(case, moves_data=not ledger_only)

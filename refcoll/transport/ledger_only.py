@@ -13,7 +13,7 @@ only on each rank's program order), and a schedule that would deadlock is
 reported with the same wait-for cycle. With no thread per rank and no data, a
 ring over 1,024 ranks is two million records and their replay.
 
-It cannot run what needs data or company: ``split`` (hierarchical, dbtree) is
+It cannot run what needs data or company: ``split`` (hierarchical) is
 refused, and the outputs are not computed (:meth:`LedgerWorld.run` returns None
 for every rank). SimGrid's SMPI offers the same trade for large runs:
 ``SMPI_SHARED_MALLOC`` folds every rank's buffers onto one block, so the data is

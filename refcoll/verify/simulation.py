@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import algorithms
 from ..algorithms._nodes import node_traffic as measured_node_traffic
 from ..algorithms.spelling import spell
@@ -89,18 +91,19 @@ class SimulationCase:
         """Return the options the cost formula and the node prediction take (no root)."""
         return {k: v for k, v in self.options.items() if k != "root"}
 
-    def memory_bytes(self) -> int:
+    def memory_bytes(self, moves_data: bool = True) -> int:
         """Return the upper estimate of the memory the run allocates: the data
-        (:func:`simulation_bytes`) and the ledger, :data:`LEDGER_BYTES` for each message
-        the cost formula counts (a ring's ``2p(p-1)``: 16 GiB at 4096 ranks)."""
+        (:func:`simulation_bytes`; ledger-only, one rank's share: the ranks run one after
+        another on inputs never written) and the ledger, :data:`LEDGER_BYTES` for each
+        message the cost formula counts (a ring's ``2p(p-1)``: 16 GiB at 4096 ranks)."""
         algo = algorithms.get(self.algorithm)
         messages = 0
         if self.collective in algo.costs:
             shape = (self.p, self.count, self.itemsize)
             messages = algo.costs[self.collective](*shape, **self.cost_options).counts().get(
                 "messages", 0)
-        return simulation_bytes(self.collective, self.p, self.count, self.itemsize) + \
-            LEDGER_BYTES * messages
+        data = simulation_bytes(self.collective, self.p, self.count, self.itemsize)
+        return (data if moves_data else -(-data // self.p)) + LEDGER_BYTES * messages
 
     def describe(self) -> str:
         """Return what the run does, for messages: ``simulating allreduce on 4 ranks of ...``."""
@@ -218,9 +221,14 @@ def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> Simulati
     ``moves_data=False``: the ledger-only world (the same ledger, no data, no threads).
     """
     algo = algorithms.get(case.algorithm)
-    inputs = make_inputs("exact", get_dtype(case.dtype), case.count, case.p, op=case.op)
+    dtype = get_dtype(case.dtype)
+    if moves_data:
+        inputs = make_inputs("exact", dtype, case.count, case.p, op=case.op)
+    else:  # the schedule depends on sizes alone: zeros, whose pages are never touched
+        inputs = [np.zeros(case.count, dtype) for _ in range(case.p)]
     result = collectives.simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
-                                  moves_data=moves_data, **case.options)
+                                  moves_data=moves_data, node_size=case.ranks_per_node,
+                                  **case.options)
     ledger = result.ledger
     shape = (case.p, case.count, case.itemsize)
     options, chosen = case.cost_options, None
@@ -228,6 +236,8 @@ def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> Simulati
         name, options = resolve_with_options(result.world.transports()[0], case.collective,
                                              case.count, case.itemsize)
         algo, chosen = algorithms.get(name), spell(name, options)
+        if algo.node_option is not None and case.ranks_per_node is not None:
+            options = {algo.node_option: case.ranks_per_node, **options}  # the world's nodes
     predicted = (algo.costs[case.collective](*shape, **options)
                  if case.collective in algo.costs else None)
     node = None
