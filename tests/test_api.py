@@ -199,3 +199,14 @@ def test_simulate_cli_gives_auto_the_node_shape_and_ledger_only_no_inputs(tmp_pa
     # Ledger-only runs need no inputs' memory: the ranks run one after another on zeros.
     case = simulation_case("tree", 512, 1_000_000)
     assert case.memory_bytes(moves_data=False) * 100 < case.memory_bytes()
+
+
+def test_auto_prices_each_schedule_once_per_process_not_once_per_rank(monkeypatch):
+    """A simulated world's ranks each choose; the counts they price are kept."""
+    from refcoll.calls import auto
+
+    auto._cost_counts.cache_clear()
+    refcoll.simulate("allreduce", [np.ones(3, np.float32)] * 16, algorithm="auto",
+                     moves_data=False)
+    info = auto._cost_counts.cache_info()
+    assert info.misses <= len(auto.candidates("allreduce")) and info.hits >= info.misses, info

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from .. import algorithms
 from ..algorithms.registry import NodeShape
 from ..algorithms.spelling import spell
+from ..core.cost import Cost
 from ..core.errors import UsageError
 from ..core.topology import TOPO_ENV, inter_levels, rack_levels
 from ..core.topology import from_env as topology_from_env
@@ -351,12 +352,22 @@ def modelled_time(name: str, collective: str, p: int, count: int, itemsize: int,
     :meth:`~refcoll.algorithms.registry.Algorithm.flat_cost`: the same counts, without
     replaying a segmented schedule (dbtree) message by message.
     """
+    cost = _cost_counts(name, collective, p, count, itemsize)
+    if cost is None:
+        return None
+    return cost.time(calibration.alpha, calibration.beta, calibration.gamma)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _cost_counts(name: str, collective: str, p: int, count: int, itemsize: int) -> Cost | None:
+    """The counts :func:`modelled_time` prices (a pure function of its arguments, kept: a
+    simulated world's thousand ranks each choose, and a schedule's counts at p = 1024 take
+    tens of milliseconds)."""
     algo = algorithms.get(name)
     if collective not in algo.costs:
         return None
-    cost = (algo.flat_cost(p, count, itemsize) if collective == "allreduce"
+    return (algo.flat_cost(p, count, itemsize) if collective == "allreduce"
             else algo.costs[collective](p, count, itemsize))
-    return cost.time(calibration.alpha, calibration.beta, calibration.gamma)
 
 
 def _agreed_already(t) -> _AutoSettings | None:
