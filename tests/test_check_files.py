@@ -516,3 +516,45 @@ def test_worlds_that_would_not_fit_on_the_disk_are_refused_before_a_file_is_writ
     res = invoke("oracle", "--algorithm", "tree", tmp_path / "in", tmp_path / "out")
     assert res.exit_code == 2 and "writing 3 expected outputs needs about" in res.output
     assert not (tmp_path / "more").exists() and not (tmp_path / "out").exists()
+
+
+def test_identify_of_a_reduce_takes_the_roots_file_when_every_rank_wrote_one(tmp_path):
+    """Every MPI rank saves its receive buffer; a reduce's non-roots' hold nothing of it."""
+    assert invoke("gen-inputs", "-p", 4, "--count", 101, "--kind", "adversarial",
+                  tmp_path / "in").exit_code == 0
+    assert invoke("oracle", "--algorithm", "tree", "--collective", "reduce", tmp_path / "in",
+                  tmp_path / "out").exit_code == 0
+    for r in (1, 2, 3):
+        (tmp_path / "out" / f"rank{r}.npy").write_bytes(
+            (tmp_path / "in" / f"rank{r}.npy").read_bytes())
+    res = invoke("check", "--identify", "--collective", "reduce", tmp_path / "in",
+                 tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert "identify: matches tree" in res.output
+
+
+def test_a_product_every_order_gives_exactly_is_judged_bit_for_bit(tmp_path):
+    assert invoke("gen-inputs", "-p", 4, "--count", 1000, "--kind", "exact", "--op", "prod",
+                  tmp_path / "in").exit_code == 0
+    assert invoke("oracle", "--algorithm", "ring", "--op", "prod", tmp_path / "in",
+                  tmp_path / "out").exit_code == 0
+    right = invoke("check", "--op", "prod", tmp_path / "in", tmp_path / "out")
+    assert right.exit_code == 0 and "exact (a product every order gives exactly)" in right.output
+    for r in range(4):  # one ulp off, on every rank: within the bound, but no order gives it
+        path = tmp_path / "out" / f"rank{r}.npy"
+        a = np.load(path)
+        a[0] = np.nextafter(a[0], np.float32(0))
+        np.save(path, a)
+    wrong = invoke("check", "--op", "prod", tmp_path / "in", tmp_path / "out")
+    assert wrong.exit_code == 1, wrong.output
+    assert "verdict: not conforming" in wrong.output and "0xc0000000" in wrong.output
+
+
+def test_an_empty_folder_name_or_a_seed_past_64_bits_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("rank5.npy").write_text("precious")
+    assert_refused(invoke("gen-inputs", "-p", 2, "--count", 3, ""), "give a folder name")
+    assert Path("rank5.npy").read_text() == "precious"
+    res = invoke("gen-inputs", "-p", 2, "--count", 1, "--seed", 2**64, "--formula", "--kind",
+                 "exact", "g")
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output

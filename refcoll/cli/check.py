@@ -71,7 +71,8 @@ _KINDS = ["exact", "random", "adversarial"]
 @click.option("--kind", type=click.Choice(_KINDS), default="random", show_default=True)
 @click.option("--op", default="sum", show_default=True,
               help="The op the inputs are made exact for.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=0,
+              show_default=True, help="0 to 2**64 - 1.")
 @click.option("--formula", is_flag=True,
               help="Write refcoll's formula inputs (spec/inputs.md; exact or adversarial, for "
                    "sum or avg): those `check --inputs KIND:seed=S,p=P,count=N` makes again.")
@@ -358,8 +359,9 @@ def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op:
     """Return (inputs by formula, OUT_DIR's outputs) for --inputs, both read block by block."""
     kind, seed, p, count = parse_spec(formula)
     if p > MAX_SIMULATED_RANKS:
-        raise UsageError(f"--inputs p={p}: refcoll judges whole outputs of at most "
-                         f"{MAX_SIMULATED_RANKS} ranks; --sample K judges more")
+        raise UsageError(f"--inputs p={p}: refcoll judges the outputs of at most "
+                         f"{MAX_SIMULATED_RANKS} ranks (a reduce's root file, with --sample K, "
+                         "of any p)")
     _check_root(root, p)
     dtype = files_dtype(out_dir)
     inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]

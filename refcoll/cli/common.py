@@ -196,6 +196,8 @@ def check_output_directory(flag: str, path: str) -> None:
     Raises:
         UsageError: ``path`` is a file, or it or the folder above is not writable.
     """
+    if not str(path).strip():  # an unset $DIR in a script: never the current folder
+        raise UsageError(f"{flag} {path!r}: give a folder name (as mkdir '' refuses it)")
     target = os.path.abspath(path)
     if os.path.exists(target) and not os.path.isdir(target):
         raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder name")

@@ -192,9 +192,11 @@ class ExactCheck(_PerRank):
 
     label = "exact (integers, min/max, data movement)"
 
-    def __init__(self, nans_alike: bool = False):
+    def __init__(self, nans_alike: bool = False, label: str | None = None):
         super().__init__()
         self.nans_alike = nans_alike
+        if label is not None:
+            self.label = label
 
     def summarize(self, got: np.ndarray, want: np.ndarray):
         diff = differing_elements(got, want, nans_alike=self.nans_alike) if want.size else ()

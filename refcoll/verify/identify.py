@@ -314,9 +314,11 @@ def _compare(ranks: list[int], got: dict, predicted, same_got: dict, digest) -> 
     return diff, total, ulps
 
 
-def _holding(inputs, outputs) -> list[int]:
-    """Return the ranks that hold an output to compare (at least one must)."""
-    ranks = [r for r in range(len(inputs)) if r < len(outputs) and outputs[r] is not None]
+def _holding(inputs, outputs, collective: str, root: int) -> list[int]:
+    """Return the ranks that hold an output to compare (at least one must): a reduce's
+    root alone (what a non-root's receive buffer holds is not the collective's)."""
+    ranks = [r for r in range(len(inputs)) if r < len(outputs) and outputs[r] is not None
+             and (collective != "reduce" or r == root)]
     if not ranks:
         raise UsageError("no rank's output to identify the order of")
     return ranks
@@ -337,7 +339,7 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
     Raises:
         UsageError: no rank holds an output to compare.
     """
-    p, ranks = len(inputs), _holding(inputs, outputs)
+    p, ranks = len(inputs), _holding(inputs, outputs, collective, root)
     got = {r: np.asarray(outputs[r]).reshape(-1) for r in ranks}
     same_got = {r: same_bits(got[r], got[ranks[0]]) for r in ranks[1:]}
     result = Identification(collective, op, p)
@@ -375,7 +377,7 @@ def identify_blocks(inputs, outputs, *, collective: str = "allreduce", op: str =
     Raises:
         UsageError: no rank holds an output to compare.
     """
-    p, ranks = len(inputs), _holding(inputs, outputs)
+    p, ranks = len(inputs), _holding(inputs, outputs, collective, root)
     n, dtype = int(inputs[0].size), inputs[0].dtype
     spans = spans_held(collective, p, n, root)
     # an output of another size differs in every element, as identify counts it

@@ -379,7 +379,8 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     sizes = {r: len(spans[r]) for r in ranks}
     report.findings.extend(judge.findings(parts, sizes, algorithm))
     floats_ordered = is_float(dtype) and name in ("sum", "avg", "prod")
-    if floats_ordered and algorithm is None and not judge.exact_inputs and report.conforming:
+    if floats_ordered and algorithm is None and not judge.exact_inputs and report.conforming \
+            and judge.exact_product is None:
         report.notes.append(BOUND_ALONE)
     return report
 
@@ -400,6 +401,10 @@ class _Judge:
         self.exact_inputs = name in ("sum", "avg") and not is_integer(dtype)
         self.contribution = (ContributionCheck(reduction.divides, p, dtype)
                              if self.exact_inputs else None)
+        # A float product whose every partial product is exact (integer operands, small
+        # enough) has one result whatever the order: judged bit for bit, as exact sums are.
+        self.exact_product = (ExactCheck(label="exact (a product every order gives exactly)")
+                              if floats and name == "prod" else None)
         self.oracle = None
 
     def read(self, lo, hi, q, inputs, got_files, spans, root) -> tuple:
@@ -419,6 +424,8 @@ class _Judge:
             want, ref = self._reference(cols)
             if self.exact_inputs:
                 self.exact_inputs = _sums_are_exact(cols)
+            if self.exact_product is not None and not _products_are_exact(cols):
+                self.exact_product = None  # some order rounds: the bound alone judges
         block_predicted = None
         if self.oracle is not None and callable(self.oracle[1]):  # every rank's
             block_predicted = self.oracle[1](want if cols is None else cols, lo)
@@ -465,6 +472,9 @@ class _Judge:
             out["exact"] = self.exact.summarize(got, want)
         if self.exact_inputs:
             out["contribution"] = self.contribution.summarize(cols, got, room)
+        if self.exact_product is not None and got.size:
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                out["exact_product"] = self.exact_product.summarize(got, fold("prod", list(cols)))
         return out
 
     def _merge(self, r, offset, summaries: dict) -> None:
@@ -485,6 +495,8 @@ class _Judge:
             found.append(_oracle_finding(self.oracle[0], parts, algorithm))
         if self.exact_inputs:
             found.append(self.contribution.finding(parts))
+        if self.exact_product is not None:
+            found.append(self.exact_product.finding(parts, sizes))
         return found
 
 
@@ -499,6 +511,18 @@ def _oracle_finding(check: ExactCheck, parts, algorithm) -> Finding:
                    f"{expected}; {total} elements differ",
                    {"rank": r, "index": i, "value": value, "expected": expected,
                     "differ": total})
+
+
+def _products_are_exact(cols: np.ndarray) -> bool:
+    """Whether every partial product of the float operands ``cols`` (``(p, k)``) is exact:
+    integer-valued, and the product of their magnitudes (each at least 1; a zero makes
+    the product an exact zero) within the dtype's exact integers."""
+    stacked = cols.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if not np.all(stacked == np.round(stacked)):
+            return False
+        return bool(np.all(np.maximum(np.abs(stacked), 1.0).prod(axis=0)
+                           <= exact_integer_limit(cols.dtype)))
 
 
 def _sums_are_exact(cols: np.ndarray) -> bool:
