@@ -366,3 +366,27 @@ def test_a_decimal_size_is_run_as_written_and_said_to_differ_from_nccl_tests(mon
     assert res.output.splitlines() == [
         "refcoll: note: -e 1GB is 1,000,000,000 B (a power of 1000); nccl-tests reads 1GB as "
         "1,073,741,824 B: write 1G for that"]
+
+
+def test_bench_refuses_a_sweep_without_elements_and_bound_with_a_compressor():
+    from refcoll.bench.config import BenchConfig, check_config
+    from refcoll.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="holds an element of float32"):
+        check_config(BenchConfig(sizes=[3], algorithms=["ring"]), 2)
+    with pytest.raises(UsageError, match="16-byte words"):  # 8 B a rank of 3: no whole word
+        check_config(BenchConfig(sizes=[8, 32], algorithms=["ring"], collective="allgather"), 3)
+    check_config(BenchConfig(sizes=[3, 4], algorithms=["ring"]), 2)  # one size holds some
+    with pytest.raises(UsageError, match="does not run with --compressor"):
+        check_config(BenchConfig(sizes=[4096], algorithms=["ring"], compressor="fp16",
+                                 bound=True), 2)
+
+
+def test_the_backend_baseline_says_why_it_cannot_take_an_algorithms_options():
+    from refcoll.baselines.gloo import backend_unavailable
+
+    assert backend_unavailable("tree", "allreduce", "cpu") is None
+    assert "without the options of tree(segment=64)" in backend_unavailable(
+        "tree(segment=64)", "allreduce", "cpu")
+    assert "switch processes" in backend_unavailable("switch", "allreduce", "cpu")
+    assert "switch processes" not in backend_unavailable("bruck", "allreduce", "cpu")

@@ -210,3 +210,12 @@ def test_mpich_refuses_a_name_it_does_not_have(tmp_path):
     done = _mpich_job({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "Ring"}, tmp_path)
     assert done.returncode != 0 and "ok" not in done.stdout
     assert "Init" in done.stderr
+
+
+def test_an_algorithm_of_one_rank_count_is_known_by_name_and_number():
+    from refcoll.baselines.mpi_algorithms import ranks_needed
+
+    assert ranks_needed("openmpi", "allgather", "two_proc") == 2
+    assert ranks_needed("openmpi", "allgather", 6) == 2  # coll/tuned's number for it
+    assert ranks_needed("openmpi", "allgather", "ring") is None
+    assert ranks_needed("mpich", "allgather", "ring") is None

@@ -24,6 +24,7 @@ from unittest import mock
 import numpy as np
 
 from ..algorithms import registry
+from ..algorithms.spelling import unspell
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_dtype, get_op, is_integer
 from ..transport.deadline import bounded_barrier
@@ -170,9 +171,15 @@ def backend_unavailable(algorithm: str, collective: str, device: str) -> str | N
     """Return why torch's calls on a ``"refcoll"`` group cannot time ``algorithm`` (None: can)."""
     if device != "cpu":
         return "the refcoll backend's baseline runs on host buffers (--device cpu)"
-    if algorithm not in registry.names(collective) or registry.get(algorithm).workers is not None:
+    name, options = unspell(algorithm)
+    if name not in registry.names(collective):
+        return f"{algorithm} is not an algorithm the refcoll backend runs for {collective}"
+    if registry.get(name).workers is not None:
         return (f"{algorithm} is not an algorithm the refcoll backend runs for {collective} "
                 "(switch processes are ranks of their own)")
+    if options:
+        return (f"the refcoll backend runs {name} by its name (REFCOLL_ALGO), without the "
+                f"options of {algorithm}")
     return None
 
 

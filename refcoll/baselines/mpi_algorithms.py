@@ -290,6 +290,21 @@ def missing_env(env: dict) -> list[str]:
     return [key for key, value in env.items() if os.environ.get(key) != str(value)]
 
 
+#: Library algorithms that run on one count of ranks only: (library, collective, name) -> p.
+_EXACT_RANKS = {("openmpi", "allgather", "two_proc"): 2}
+
+
+def ranks_needed(library: str, collective: str, name) -> int | None:
+    """Return the one count of ranks the library's algorithm ``name`` runs on (None: any)."""
+    try:
+        value = _resolve(library, collective, name)
+    except UsageError:
+        return None
+    if library == "openmpi":
+        value = _NAMES[library][collective][int(value)]
+    return _EXACT_RANKS.get((library, collective, value))
+
+
 def counterpart(library: str, collective: str, name) -> str | None:
     """Return the refcoll algorithm whose counterpart library algorithm ``name`` is (or None)."""
     value = _resolve(library, collective, name)

@@ -325,6 +325,13 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         check_algorithm(name, config.collective)
     dt = get_dtype(config.dtype)
     check_supported(get_op(config.op), dt)
+    if workers is not None and not any(element_count(config.collective, size, dt.itemsize,
+                                                     workers) for size in config.sizes):
+        words = (" (each rank's chunk is whole 16-byte words, as nccl-tests cuts it)"
+                 if config.collective in ("reduce_scatter", "allgather") else "")
+        raise UsageError(f"no size from {config.sizes[0]} to {config.sizes[-1]} B holds an "
+                         f"element of {config.dtype} for {config.collective} on {workers} "
+                         f"ranks{words}: nothing would be measured; raise -b")
     if config.warmup < 0 or config.iters < 1 or config.agg < 1:
         raise UsageError(f"need warm-up >= 0, iterations >= 1 and aggregated calls >= 1, "
                          f"got -w {config.warmup} -i {config.iters} -m {config.agg}")
@@ -334,12 +341,16 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
     if config.average not in (0, 1, 2, 3):
         raise UsageError(f"-a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max) over ranks, as "
                          f"nccl-tests does; got {config.average}")
-    _check_libraries(config, libraries(config), dt)
+    _check_libraries(config, libraries(config), dt, workers)
     if config.compressor is not None:
         _check_compressor(config, dt)
+        if config.bound:
+            raise UsageError("--bound replays an algorithm's schedule on its full-width "
+                             "messages: it does not run with --compressor")
 
 
-def _check_libraries(config: BenchConfig, chosen: tuple[str, ...], dt) -> None:
+def _check_libraries(config: BenchConfig, chosen: tuple[str, ...], dt,
+                     workers: int | None = None) -> None:
     """Raise :class:`UsageError` for baseline libraries ``chosen`` that cannot run ``config``."""
     if config.nccl_algo or config.nccl_proto:
         nccl_log.nccl_env(config.nccl_algo, config.nccl_proto)  # names NCCL lacks: refused
@@ -348,6 +359,13 @@ def _check_libraries(config: BenchConfig, chosen: tuple[str, ...], dt) -> None:
                              "with --against nccl")
     if mpi_algorithm(config) is not None:
         forced_mpi_env(config)  # a name the MPI library lacks: refused, naming its own
+        if workers is not None:
+            needs = mpi_algorithms.ranks_needed(mpi_algorithms.installed_library(),
+                                                config.collective, mpi_algorithm(config))
+            if needs is not None and needs != workers:
+                raise UsageError(f"--against mpi:{mpi_algorithm(config)} runs on exactly "
+                                 f"{needs} ranks, not {workers} (the MPI library "
+                                 "refuses it on any other count, refcoll's own calls too)")
     if "nccl" in chosen and config.device != "gpu":
         raise UsageError("--against nccl needs --device gpu (NCCL runs on GPUs)")
     if array_module(config.device) is not np and config.bound:
@@ -409,7 +427,7 @@ def libraries(config: BenchConfig) -> tuple[str, ...]:
         if name not in LIBRARIES:
             raise UsageError(f"unknown baseline {name!r}: {choices}")
     if len(set(names)) != len(names):
-        raise UsageError(f"--against {text} names a library twice")
+        raise UsageError(f"--against {config.against} names a library twice")
     names += ["backend"] if "gloo" in names and "backend" not in names else []
     return tuple(names)
 

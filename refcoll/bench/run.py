@@ -183,7 +183,7 @@ class _Groups:
         chosen = libraries(config)
         if "gloo" in chosen or "backend" in chosen:  # collective over the whole world, as
             self.gloo = gloo.gloo_group(world, self.workers, timeout)  # torch's groups are
-        if "backend" in chosen:
+        if "backend" in chosen and baseline_unavailable(config, "backend") is None:
             self.backend = gloo.backend_group(self.workers, registry_name(config.algorithms[0]),
                                               timeout)
         if "nccl" in libraries(config) and self._comms[self.workers] is not None:

@@ -276,7 +276,7 @@ def _parse_sizes(sizes: str | None) -> list[int] | None:
         raise UsageError(f"--sizes takes comma-separated element counts, got {sizes!r}") from None
     if any(v < 0 for v in values):
         raise UsageError("--sizes must be non-negative")
-    return values
+    return list(dict.fromkeys(values))  # each size once, in the order given
 
 
 def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") -> None:

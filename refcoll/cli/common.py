@@ -238,7 +238,7 @@ def split_list(value: str | None, choices, what: str) -> list[str] | None:
     """Parse ``a,b,c`` or ``all`` into a list checked against ``choices`` (None: all)."""
     if value is None or value.strip().lower() == "all":
         return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
+    items = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))  # once each
     unknown = [v for v in items if v not in choices]
     if unknown:
         raise UsageError(f"unknown {what} {', '.join(map(repr, unknown))}: choose from "
