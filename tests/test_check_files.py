@@ -396,7 +396,7 @@ def test_the_ring_oracle_and_check_run_block_by_block_as_the_simulator_does(tmp_
         f"rank{r}.npy" for r in range(5)]  # the larger world's stale files are gone
     res = invoke("oracle", "--algorithm", "tree", "--collective", "reduce", "--root", 3,
                  "--op", op, tmp_path / "in", tmp_path / "reduced")
-    assert res.exit_code == 0 and "wrote 1 expected outputs of tree reduce" in res.output
+    assert res.exit_code == 0 and "wrote 1 expected output of tree reduce" in res.output
     expected = expected_outputs("reduce", xs, algorithm="tree", op=op, root=3)[3]
     assert sorted(f.name for f in (tmp_path / "reduced").glob("rank*.npy")) == ["rank3.npy"]
     assert same_bits(np.load(tmp_path / "reduced" / "rank3.npy").view(expected.dtype), expected)

@@ -18,6 +18,7 @@ from ..core.bits import same_bits
 from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
 from ..core.ops import get_dtype, get_op
+from ..core.units import counted
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
 from ..verify.formula import FORMULA_KINDS, FormulaInput, parse_spec, sample_indices
@@ -168,8 +169,8 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
                      "predict fewer or smaller inputs")
         write_world(out_dir, _streamed_outputs(inputs, fold, out_dir, collective, root),
                     meta=meta)
-        click.echo(f"wrote {len(held)} expected outputs of {algorithm} {collective} to "
-                   f"{out_dir}")
+        click.echo(f"wrote {counted(len(held), 'expected output')} of {algorithm} "
+                   f"{collective} to {out_dir}")
         return
     require_memory(rank_file_bytes(in_dir), f"reading the rank files of {in_dir}",
                    "predict fewer or smaller inputs")
@@ -182,8 +183,9 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
         outputs = expected_outputs(collective, inputs, algorithm=algorithm, op=get_op(op).name,
                                    root=root)
     write_world(out_dir, outputs, meta=meta)
-    click.echo(f"wrote {sum(o is not None for o in outputs)} expected outputs of {algorithm} "
-               f"{collective} to {out_dir}")
+    held = sum(o is not None for o in outputs)
+    click.echo(f"wrote {counted(held, 'expected output')} of {algorithm} {collective} to "
+               f"{out_dir}")
 
 
 @main.command()
