@@ -153,3 +153,12 @@ def test_ctrl_c_ends_a_command_with_status_130(monkeypatch):
     res = CliRunner().invoke(main, ["list"])
     assert res.exit_code == 130, res.output
     assert "refcoll: interrupted" in res.output and "Aborted" not in res.output
+
+
+def test_simulate_refuses_a_root_for_a_collective_without_one():
+    res = CliRunner().invoke(main, ["simulate", "--algorithm", "ring", "-p", "4", "--count", "8",
+                                    "--root", "2"])
+    assert res.exit_code == 2 and "allreduce has no root" in res.output, res.output
+    res = invoke("simulate", "--algorithm", "tree", "--collective", "broadcast", "-p", "4",
+                 "--count", "8", "--root", "3")
+    assert res.exit_code == 0 and "op=none" in res.output

@@ -13,6 +13,7 @@ import sys
 import click
 
 from .. import algorithms
+from ..bench.config import reduces
 from ..compressors import conformance as compressed
 from ..core.errors import UsageError
 from ..core.ops import DTYPES, OPS
@@ -338,8 +339,8 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
 @click.option("--collective", default="allreduce", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True)
-@click.option("--root", type=int, default=0, show_default=True,
-              help="Root of broadcast and reduce.")
+@click.option("--root", type=int, default=None,
+              help="Root of broadcast and reduce (default 0).")
 @click.option("--ranks-per-node", "ranks_per_node", type=int, default=None,
               help="Consecutive ranks per node: report intra- and inter-node bytes "
                    "(and give an algorithm that takes a node shape this one).")
@@ -371,7 +372,8 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, l
         report = run_simulation(case, moves_data=not ledger_only)
     predicted = report.predicted
     click.echo(f"refcoll simulate: {algorithm} {collective}, p={p}, n={count} x {dtype} "
-               f"({count * case.itemsize} B per rank), op={case.op}")
+               f"({count * case.itemsize} B per rank), "
+               f"op={case.op if reduces(collective) else 'none'}")
     if report.chosen is not None:
         click.echo(f"auto ran: {report.chosen}")
     if predicted is not None:

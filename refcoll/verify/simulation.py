@@ -112,7 +112,7 @@ class SimulationCase:
 
 
 def simulation_case(algorithm: str, p: int, count: int, *, collective: str = "allreduce",
-                    dtype: str = "float32", op: str = "sum", root: int = 0,
+                    dtype: str = "float32", op: str = "sum", root: int | None = None,
                     ranks_per_node: int | None = None) -> SimulationCase:
     """Check a simulation's arguments and return its :class:`SimulationCase`.
 
@@ -140,6 +140,10 @@ def simulation_case(algorithm: str, p: int, count: int, *, collective: str = "al
     check_supported(reduction, dt)
     if ranks_per_node is not None and ranks_per_node < 1:
         raise UsageError(f"--ranks-per-node must be at least 1, got {ranks_per_node}")
+    if root is None:
+        root = 0
+    elif collective not in ROOTED:
+        raise UsageError(f"--root {root}: {collective} has no root (broadcast and reduce do)")
     options = {"root": root} if collective in ROOTED else {}
     if algo.node_option is not None and ranks_per_node is not None:
         options[algo.node_option] = ranks_per_node
