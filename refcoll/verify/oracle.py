@@ -521,8 +521,10 @@ def _products_are_exact(cols: np.ndarray) -> bool:
     with np.errstate(invalid="ignore", over="ignore"):
         if not np.all(stacked == np.round(stacked)):
             return False
+        # (below the limit, not at it: float64's own product of float64 operands may round
+        # up to 2**53 exactly, and a product every factor of which is >= 1 only grows)
         return bool(np.all(np.maximum(np.abs(stacked), 1.0).prod(axis=0)
-                           <= exact_integer_limit(cols.dtype)))
+                           < exact_integer_limit(cols.dtype)))
 
 
 def _sums_are_exact(cols: np.ndarray) -> bool:
