@@ -71,6 +71,17 @@ def _same(a, b) -> bool:
     return a is None and b is None or (a is not None and b is not None and same_bits(a, b))
 
 
+def _plan_run_once(t, count: int):
+    """Return ``(x, plan, last rank)``: an all-reduce plan of ``count`` values on ``t``, run
+    once (a refusal test's; it skips on one rank, whose refusal is its own)."""
+    if t.size == 1:
+        pytest.skip("one rank: the refusal is its own")
+    x = _values(count, np.float32, t.rank, 0)
+    plan = refcoll.allreduce_init(x, t)
+    plan()
+    return x, plan, t.size - 1
+
+
 def _outcome(fn):
     """Return ``fn()``'s error, or None."""
     try:
@@ -288,12 +299,7 @@ def _faulty(fault, plan, x):
 @pytest.mark.parametrize("fault", ["another x", "x reshaped in place", "freed"])
 def test_a_refused_start_on_the_last_rank_is_raised_on_every_rank_in_that_start(fault):
     t = _own_transport()
-    if t.size == 1:
-        pytest.skip("one rank: the refusal is its own")
-    x = _values(64, np.float32, t.rank, 0)
-    plan = refcoll.allreduce_init(x, t)
-    plan()
-    last = t.size - 1
+    x, plan, last = _plan_run_once(t, 64)
     error = _outcome(lambda: _faulty(fault, plan, x) if t.rank == last else plan())
     # The rank at fault is refused and revokes the transport: its peers, in the run, raise
     # PeerFailure naming it in that run (a CollectiveTimeout would mean they waited it out).
@@ -422,12 +428,7 @@ def test_a_refused_start_reaches_its_peers_in_the_run_on_either_engine(kind):
     """The schedule engine counted a run's call only at its end, so a peer's revocation
     of it was noticed at the deadline (CollectiveTimeout), not in the run (PeerFailure)."""
     t = _own_transport(kind)
-    if t.size == 1:
-        pytest.skip("one rank: the refusal is its own")
-    x = _values(100_000, np.float32, t.rank, 0)
-    plan = refcoll.allreduce_init(x, t)
-    plan()
-    last = t.size - 1
+    x, plan, last = _plan_run_once(t, 100_000)
     if t.rank == last:
         error = _outcome(lambda: plan.start(x=x.copy()).wait())
     else:
