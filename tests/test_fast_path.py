@@ -36,7 +36,7 @@ class _Recording:
     def __init__(self, rank: int, size: int):
         self.rank, self.size = rank, size
 
-    def persistent(self, sends, recvs):
+    def persistent(self, sends, recvs, what="persistent", slot=0):
         return ("exchange", [(b.nbytes, peer) for b, peer, _ in sends],
                 [(b.nbytes, peer) for b, peer, _ in recvs])
 

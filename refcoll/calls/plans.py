@@ -115,8 +115,14 @@ class Plan:
         self._schedule = self._program = None
         self._small = False  # a recording of small exchanges only (InFlight)
         self._divides = call.reduction is not None and call.reduction.divides
+        # Its own tag slot, where the transport has them (MPI): two plans started in
+        # different orders on different ranks then wait for their own messages, up to
+        # the deadline, instead of taking each other's data.
+        slot_of = getattr(t, "next_plan_slot", None)
+        self._slot = slot_of() if slot_of is not None else None
         self.recorded = (call.collective == "allreduce" and t.size > 1 and call.result is not None
                          and hasattr(t, "persistent") and replayable(t, name, options))
+        self._own_tags = self._slot is not None and not self.recorded  # the run's, not its record's
         if self.recorded:
             self._record()
         live_plans(t)[id(self)] = self
@@ -281,7 +287,7 @@ class Plan:
         t = self.t
         if error:
             _refuse(t, error, tell=self.validate)
-        t.enter_call(self.collective)
+        t.enter_call(self.collective, t.plan_tags(self._slot) if self._own_tags else None)
         try:
             if self._program is None:
                 call = self.call
@@ -300,16 +306,17 @@ class Plan:
         return self.out
 
     def abandon(self) -> None:
-        """After a run that failed partway: never start its requests again (they may be running).
+        """After a run that failed partway: never run it again (its messages may be in flight).
 
-        A recorded plan refuses its later runs, and revokes its transport: the run's
-        messages still in flight carry the persistent tags every plan on it shares, so a
-        new plan there could take them as its own data. Its peers learn it at their next
-        wait (``PeerFailure``); ``comm.Dup()`` gives a fresh communicator.
+        A plan with its own tags (recorded, or on MPI) refuses its later runs, and
+        revokes its transport: the run's messages still in flight carry the plan's
+        tags, so its next run, or a plan that comes to share its slot, could take them
+        as its own data. Its peers learn it at their next wait (``PeerFailure``);
+        ``comm.Dup()`` gives a fresh communicator.
         """
-        if self._program is not None:
+        if self._program is not None or self._own_tags:
             self._broken = (f"rank {self.t.rank}: run {self.runs + 1} of this {self.collective} "
-                            "plan failed partway; its requests may still be running: make a "
+                            "plan failed partway; its messages may still be in flight: make a "
                             "new plan on a fresh communicator (comm.Dup())")
             revoke = getattr(self.t, "revoke", None)
             if revoke is not None:
@@ -319,8 +326,10 @@ class Plan:
     # ------------------------------------------------------- recording, checks
 
     def _record(self) -> None:
-        """Record the all-reduce on the plan's buffers, in the transport's current tag slot."""
-        self._schedule = record(self.t, self.fn, *self.call.arguments(), **self.call.keywords())
+        """Record the all-reduce on the plan's buffers, in the plan's tag slot of the current
+        epoch."""
+        self._schedule = record(self.t, self.fn, *self.call.arguments(), slot=self._slot or 0,
+                                **self.call.keywords())
         self._program = compile_steps(self._schedule.steps)
         exchanges = [step for step in self._program if step.__class__ is tuple]
         self._small = all(max(step[1], step[3]) <= IN_FLIGHT_BYTES for step in exchanges)

@@ -204,10 +204,15 @@ class TransportBase:
         """Return the context of one collective call: its own tag space (nested calls share it)."""
         return _CallScope(self, name)
 
-    def enter_call(self, name: str) -> None:
-        """Begin collective ``name`` (:meth:`call`'s scope): a new tag slot, unless nested."""
+    def enter_call(self, name: str, tags: int | None = None) -> None:
+        """Begin collective ``name`` (:meth:`call`'s scope): a new tag slot, unless nested.
+
+        ``tags``: the first wire tag of the slot to use instead (a plan's own,
+        ``plan_tags``); the call is counted all the same.
+        """
         if self._depth == 0:
-            self._tag_base = (self._calls % self._tag_slots) * TAGS_PER_CALL
+            self._tag_base = (self._calls % self._tag_slots) * TAGS_PER_CALL if tags is None \
+                else tags
             self._calls += 1
             self._ops = 0
             self.current_call = name

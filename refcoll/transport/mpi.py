@@ -28,7 +28,7 @@ from .deadline import (
     timed_out,
 )
 from .hosts import exchange_hosts, hosts_of_split, peer_name
-from .persistent import PERSISTENT_EPOCHS, PersistentEpochs
+from .persistent import PersistentEpochs, persistent_layout
 from .revocation import NOTICE_POLLS, Revocable
 
 __all__ = ["MPITransport", "transport_for"]
@@ -81,14 +81,14 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
         self.thread_multiple = self.concurrent_phases = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         # The tag space, in slots of TAGS_PER_CALL (MPI guarantees TAG_UB >= 32767:
-        # 32 slots). Ordinary calls cycle through all the slots but the last few;
-        # persistent exchanges keep those for themselves, one epoch at a time
-        # (new_persistent_epoch). The last slot is the revocation notices' (revoke).
+        # 32 slots). Ordinary calls cycle through the first slots; persistent
+        # exchanges keep the later ones, a slot per plan, one epoch of them at a
+        # time (new_persistent_epoch). The last slot is the revocation notices' (revoke).
         slots = (int(tag_ub) + 1) // TAGS_PER_CALL - 1
-        epochs = max(1, min(PERSISTENT_EPOCHS, slots // 2))
-        self._tag_slots = max(1, slots - epochs)
-        self._init_persistent(epochs)
-        self._init_revocation(notice_tag=(self._tag_slots + epochs) * TAGS_PER_CALL)
+        epochs, plan_slots = persistent_layout(slots)
+        self._tag_slots = max(1, slots - epochs * plan_slots)
+        self._init_persistent(epochs, plan_slots)
+        self._init_revocation(notice_tag=(self._tag_slots + epochs * plan_slots) * TAGS_PER_CALL)
         # Reused by every wait: the first request's status (a receive's) is read after.
         self._statuses = [MPI.Status(), MPI.Status()]
 

@@ -4,10 +4,13 @@ A plan (:mod:`refcoll.calls.plans`, recorded by :mod:`refcoll.transport.recorder
 runs each of its exchanges as MPI persistent requests (``MPI_Send_init``,
 ``MPI_Recv_init``): a :class:`PersistentExchange`, made by the transport's
 :meth:`~PersistentEpochs.persistent`. Their tags live in slots no ordinary call
-uses, one slot (an epoch) at a time: when an argument agreement fails, every rank
-moves the exchanges made from then on to a fresh slot
-(:meth:`~PersistentEpochs.new_persistent_epoch`), so that a message the failed call
-left unmatched can never be taken by a later exchange.
+uses: each plan has its own slot (:meth:`~PersistentEpochs.next_plan_slot`, in the
+order every rank makes its plans), so two plans started in different orders on
+different ranks can never take each other's messages: their exchanges wait for
+their own, up to the deadline, instead of swapping data. The slots come one epoch
+at a time: when an argument agreement fails, every rank moves the exchanges made
+from then on to a fresh epoch (:meth:`~PersistentEpochs.new_persistent_epoch`), so
+that a message the failed call left unmatched can never be taken by a later exchange.
 
 Apart from the data path (:mod:`refcoll.transport.mpi`): an algorithm's send,
 receive and sendrecv are posted and waited once each, and a reader of an
@@ -23,12 +26,28 @@ from ..core.errors import RefcollError
 from .base import TAGS_PER_CALL
 from .deadline import duplicate, mpi, timed_out
 
-__all__ = ["PersistentEpochs", "PersistentExchange", "PERSISTENT_EPOCHS"]
+__all__ = ["PersistentEpochs", "PersistentExchange", "PERSISTENT_EPOCHS", "PLAN_SLOTS",
+           "persistent_layout"]
 
 
-#: Tag slots kept for persistent exchanges, used one epoch at a time
+#: Epochs of tag slots kept for persistent exchanges, used one at a time
 #: (:meth:`PersistentEpochs.new_persistent_epoch`).
 PERSISTENT_EPOCHS = 16
+#: Tag slots per epoch, one per plan: plan ``k`` of a transport uses slot ``k %
+#: PLAN_SLOTS`` (fewer where the library's ``MPI_TAG_UB`` leaves less room: MPI
+#: guarantees only 32 slots, and then every plan shares one).
+PLAN_SLOTS = 1024
+
+
+def persistent_layout(slots: int) -> tuple[int, int]:
+    """Return ``(epochs, plan slots per epoch)`` for a tag space of ``slots`` slots.
+
+    At most half the slots go to persistent exchanges; ordinary calls cycle
+    through the rest.
+    """
+    kept = slots // 2
+    epochs = max(1, min(PERSISTENT_EPOCHS, kept))
+    return epochs, max(1, min(PLAN_SLOTS, kept // epochs))
 
 
 class PersistentEpochs:
@@ -38,29 +57,46 @@ class PersistentEpochs:
     slots and deadline wait; :meth:`_init_persistent` sets its state.
     """
 
-    def _init_persistent(self, epochs: int) -> None:
-        """Keep ``epochs`` tag slots, after the ordinary calls', for persistent exchanges."""
-        self._epochs = epochs
+    def _init_persistent(self, epochs: int, plan_slots: int = 1) -> None:
+        """Keep ``epochs`` of ``plan_slots`` tag slots each, after the ordinary calls', for
+        persistent exchanges."""
+        self._epochs, self._plan_slots = epochs, plan_slots
         self._epoch = 0
-        self._persistent_tags = self._tag_slots * TAGS_PER_CALL
+        self._plans_made = 0
+        self._persistent_tags = self._tag_slots * TAGS_PER_CALL  # the current epoch's first
         # The communicator persistent exchanges are made on: this one, until every
         # reserved slot has had its epoch (then a duplicate, new_persistent_epoch).
         self._persistent_comm = self.comm
         self._persistent: list[PersistentExchange] = []
         self._abandoned, self._kept_comms = False, []  # see new_persistent_epoch
 
-    def persistent(self, sends, recvs, what: str = "persistent") -> "PersistentExchange":
+    def next_plan_slot(self) -> int:
+        """Return the number of the plan made now on this transport (0, 1, ...).
+
+        Every rank makes a communicator's plans in the same order (as MPI's
+        ``MPI_Allreduce_init`` requires), so a plan has the same number on
+        every rank, and its tags (:meth:`plan_tags`) are its own.
+        """
+        slot, self._plans_made = self._plans_made, self._plans_made + 1
+        return slot
+
+    def plan_tags(self, slot: int) -> int:
+        """Return the first wire tag of plan ``slot``'s tag slot in the current epoch."""
+        return self._persistent_tags + (slot % self._plan_slots) * TAGS_PER_CALL
+
+    def persistent(self, sends, recvs, what: str = "persistent",
+                   slot: int = 0) -> "PersistentExchange":
         """Return one exchange over fixed buffers, as MPI persistent requests.
 
         ``sends`` and ``recvs`` are lists of ``(buf, peer, tag)`` (at most one
         of each); calling the result runs the exchange, as :meth:`sendrecv`
         would, with the same deadline and byte-count check. The buffers must
-        stay alive and in place while it exists. Its tags live in a slot no
-        ordinary call uses; ranks must run their persistent exchanges in the
-        same order, as they run their calls. ``what`` names the exchange in a
-        timeout's message.
+        stay alive and in place while it exists. Its tags live in plan
+        ``slot``'s tag slot (:meth:`plan_tags`), which no ordinary call uses; the
+        ranks run a plan's exchanges in the same order. ``what`` names the
+        exchange in a timeout's message.
         """
-        exchange = PersistentExchange(self, sends, recvs, what)
+        exchange = PersistentExchange(self, sends, recvs, what, slot)
         self._persistent.append(exchange)
         return exchange
 
@@ -80,7 +116,7 @@ class PersistentEpochs:
         """
         self._abandoned = True
         self._epoch = (self._epoch + 1) % self._epochs
-        self._persistent_tags = (self._tag_slots + self._epoch) * TAGS_PER_CALL
+        self._persistent_tags = (self._tag_slots + self._epoch * self._plan_slots) * TAGS_PER_CALL
         if self._epoch == 0:
             old, self._persistent_comm = self._persistent_comm, duplicate(
                 self.comm, self.timeout, self.current_call)
@@ -96,10 +132,10 @@ class PersistentExchange:
     Made by :meth:`PersistentEpochs.persistent`.
     """
 
-    def __init__(self, t, sends, recvs, what: str = "persistent"):
+    def __init__(self, t, sends, recvs, what: str = "persistent", slot: int = 0):
         if len(sends) > 1 or len(recvs) > 1:
             raise ValueError("a persistent exchange holds at most one send and one receive")
-        base = t._persistent_tags
+        base = t.plan_tags(slot)
         for _, _, tag in (*sends, *recvs):
             if not 0 <= tag < TAGS_PER_CALL:
                 raise ValueError(f"tag {tag} out of range: algorithms use 0 <= tag < "

@@ -44,8 +44,10 @@ class Recorder:
     (``t.persistent``); each local reduction, ``t``'s own ``reduce_local``, bound.
     """
 
-    def __init__(self, t, steps: list | None = None):
+    def __init__(self, t, steps: list | None = None, slot: int = 0):
         self.rank, self.size = t.rank, t.size
+        self.slot = slot  # the plan's tag slot (its exchanges' tags: t.plan_tags)
+        self.what = f"plan #{slot + 1} of this communicator"  # named in a timeout
         self.steps: list[Callable[[], None]] = [] if steps is None else steps
         #: The transport this one records for: an algorithm that splits it (the
         #: hierarchical all-reduce, :func:`refcoll.algorithms.node_layout`) takes the
@@ -54,20 +56,21 @@ class Recorder:
 
     def sub(self, t) -> "Recorder":
         """Return a recorder of ``t`` (a transport split from this one's) into these steps."""
-        return Recorder(t, self.steps)
+        return Recorder(t, self.steps, self.slot)
 
     def call(self, name: str):
         """A collective's scope: nothing to record (the plan's run has its own)."""
         return contextlib.nullcontext()
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
-        self.steps.append(self.records.persistent([(buf, dest, tag)], []))
+        self.steps.append(self.records.persistent([(buf, dest, tag)], [], self.what, self.slot))
 
     def recv(self, buf, source: int, tag: int = 0) -> None:
-        self.steps.append(self.records.persistent([], [(buf, source, tag)]))
+        self.steps.append(self.records.persistent([], [(buf, source, tag)], self.what, self.slot))
 
     def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
-        self.steps.append(self.records.persistent([(sendbuf, dest, tag)], [(recvbuf, source, tag)]))
+        self.steps.append(self.records.persistent([(sendbuf, dest, tag)],
+                                                  [(recvbuf, source, tag)], self.what, self.slot))
 
     def reduce_local(self, op, a, b, out) -> None:
         self.steps.append(functools.partial(self.records.reduce_local, op, a, b, out))
@@ -157,14 +160,15 @@ def _exchange(comm, receives, sends, waitall) -> None:
                          + [comm.Isend(buf, dest) for buf, dest in sends])
 
 
-def record(t, fn: Callable, *args, **kwargs) -> Schedule:
+def record(t, fn: Callable, *args, slot: int = 0, **kwargs) -> Schedule:
     """Run ``fn(recorder, *args, **kwargs)`` over a :class:`Recorder` of ``t``; return its schedule.
 
     ``t`` must offer persistent exchanges (``t.persistent``, as
-    :class:`~refcoll.transport.mpi.MPITransport` does). The buffers ``fn`` is
-    given must stay alive and in place while the schedule exists.
+    :class:`~refcoll.transport.mpi.MPITransport` does), made in the tag slot of
+    plan ``slot``. The buffers ``fn`` is given must stay alive and in place while
+    the schedule exists.
     """
-    recorder = Recorder(t)
+    recorder = Recorder(t, slot=slot)
     fn(recorder, *args, **kwargs)
     return Schedule(recorder.steps)
 

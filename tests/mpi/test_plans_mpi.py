@@ -374,8 +374,9 @@ def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_n
     if t.rank != t.size - 1:  # the last rank never runs it: the others' sends stay in flight
         with pytest.raises((CollectiveTimeout, PeerFailure)):
             first()
-    # A new plan on the same transport would share the persistent tags of those messages:
-    # the ranks that failed revoked it and refuse at once; the last rank, which never ran
+    # A new plan on the same transport could come to share the tags of those messages
+    # (plans past the tag slots share them): the ranks that failed revoked it and refuse
+    # at once; the last rank, which never ran
     # the failed plan, learns it from their notice or by its deadline, never by reducing
     # those messages as its data.
     with pytest.raises((PeerFailure, CollectiveTimeout)) as caught:
@@ -384,6 +385,39 @@ def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_n
         said = str(caught.value)
         assert caught.type is PeerFailure and "cannot complete" in said
         assert "timed out" in said or "failed partway" in said, said
+    assert refcoll.allreduce(np.ones(3), _world())[0] == t.size  # the world is untouched
+
+
+# A recorded plan started and waited; a plan that runs its algorithm again, called.
+@pytest.mark.parametrize("collective, drive", [("allreduce", "start"), ("allgather", "call")])
+def test_plans_started_in_different_orders_time_out_rather_than_swap_their_data(
+        collective, drive):
+    """Each plan has its own tags: two plans of the same sizes, run in opposite orders on
+    rank 0 and on the others, each wait for their own messages (up to the deadline) where
+    they once took each other's data and returned a wrong result without a word."""
+    from refcoll.core.errors import CollectiveTimeout
+    from refcoll.transport.mpi import MPITransport
+
+    t = MPITransport(_world(), timeout=1)  # its own communicator: revoked by the timeouts
+    if t.size < 2:
+        return
+    make = getattr(refcoll, f"{collective}_init")
+    first = make(np.full(4, 1.0 + t.rank), t)
+    second = make(np.full(4, 100.0 + t.rank), t)
+    order = [first, second] if t.rank == 0 else [second, first]
+    with pytest.raises((CollectiveTimeout, PeerFailure)) as caught:
+        if drive == "start":
+            for plan in order:
+                plan.start()
+            for plan in order:
+                plan.wait()
+        else:
+            for plan in order:
+                plan()
+    assert "timed out" in str(caught.value)
+    assert "plan #" in str(caught.value) or collective != "allreduce"  # which plan waited
+    for plan in order:
+        plan.free()
     assert refcoll.allreduce(np.ones(3), _world())[0] == t.size  # the world is untouched
 
 
