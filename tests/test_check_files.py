@@ -343,6 +343,25 @@ def test_gen_inputs_over_a_larger_world_leaves_no_stale_ranks(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.parametrize("command", ["gen-inputs", "oracle"])
+def test_a_folder_of_rank_files_refcoll_did_not_write_is_refused_not_overwritten(tmp_path,
+                                                                                 command):
+    # A library's outputs (rank files, no meta.json): neither overwritten nor, beyond the
+    # new world's p, removed.
+    assert invoke("gen-inputs", "-p", 3, "--count", 5, tmp_path / "in").exit_code == 0
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    for r in range(5):
+        np.save(theirs / f"rank{r}.npy", np.full(5, r, np.float32))
+    before = {f.name: f.read_bytes() for f in theirs.iterdir()}
+    args = ["-p", 3, "--count", 5] if command == "gen-inputs" else [
+        "--algorithm", "ring", tmp_path / "in"]
+    res = invoke(command, *args, theirs)
+    assert res.exit_code == 2, res.output
+    assert "no meta.json" in res.output and "rank0.npy, rank1.npy, rank2.npy, ..." in res.output
+    assert {f.name: f.read_bytes() for f in theirs.iterdir()} == before
+
+
 def test_gen_inputs_makes_and_writes_one_rank_at_a_time(tmp_path, monkeypatch):
     # A world larger than memory is written rank by rank: each input is made when its
     # file is written and let go before the next is made; the files are make_inputs'.

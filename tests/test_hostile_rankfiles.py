@@ -341,6 +341,7 @@ def test_gen_inputs_replaces_links_and_removes_stale_ones_not_their_targets(tmp_
     (tmp_path / "g").mkdir()
     os.symlink(victim, tmp_path / "g" / "rank0.npy")
     os.symlink(victim, tmp_path / "g" / "rank9.npy")
+    os.symlink(victim, tmp_path / "g" / "meta.json")  # as if refcoll's world: not refused
     res, _ = invoke("gen-inputs", "-p", 2, "--count", 3, tmp_path / "g")
     assert res.exit_code == 0, res.output
     assert victim.read_text() == "precious"

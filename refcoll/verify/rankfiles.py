@@ -159,11 +159,14 @@ def write_world(directory, arrays, *, meta: dict | None = None) -> None:
     the rank files already in the folder that this world has no array for (a larger
     world's, or a non-root rank of an earlier all-reduce where a reduce is written):
     the folder then holds exactly this world, and its ``p`` stays true. A stale file
-    that is a link is removed itself, never what it points to.
+    that is a link is removed itself, never what it points to. A folder of rank files
+    without ``meta.json`` is someone else's (a library's outputs): it is refused, not
+    overwritten.
 
     Raises:
         UsageError: more than :data:`MAX_SIMULATED_RANKS` arrays, a folder where a file goes,
-            or a folder that cannot be created; nothing is changed then.
+            a folder that cannot be created, or rank files refcoll did not write; nothing
+            is changed then.
     """
     most = MAX_SIMULATED_RANKS
     if len(arrays) > most:
@@ -171,7 +174,15 @@ def write_world(directory, arrays, *, meta: dict | None = None) -> None:
                          f"writes (at most {most}: {_RANKS_WHY})")
     path = Path(directory)
     writing.make_folder(path)
-    stale = [f for r, f in _rank_files(path).items() if r >= len(arrays) or arrays[r] is None]
+    found = _rank_files(path)
+    if found and not os.path.lexists(path / "meta.json"):
+        names = ", ".join(f.name for _, f in sorted(found.items())[:3])
+        raise UsageError(f"{directory}: holds {len(found)} rank file(s) ({names}"
+                         f"{', ...' if len(found) > 3 else ''}) and no meta.json, so refcoll did "
+                         "not write them (a library's outputs?); it would overwrite or remove "
+                         "them: write into a new folder or one refcoll wrote, or remove them "
+                         "first")
+    stale = [f for r, f in found.items() if r >= len(arrays) or arrays[r] is None]
     _refuse_folders(stale + [path / f"rank{r}.npy" for r, a in enumerate(arrays)
                              if a is not None] + [path / "meta.json"])
     for f in stale:
