@@ -229,6 +229,18 @@ def test_no_check_prints_n_a_under_wrong_in_both_formats(header):
         assert row["wrong"] == row["ip_wrong"] == "N/A"
 
 
+@pytest.mark.parametrize("count", [0, 1, 5])
+def test_the_header_gives_the_check_count_as_nccl_tests_c_took_it(count):
+    from mpi4py import MPI
+
+    header = bench_header(MPI.COMM_SELF, BenchConfig(sizes=[8], algorithms=["ring"],
+                                                     check=count))
+    assert header["check"] is (count > 0) and header["validation"] == count
+    line = format_table(header, [_row(8, 1.0, 2.0, 0 if count else None)],
+                        "nccl-tests").splitlines()[1]
+    assert f" validation: {count} graph: 0 " in line
+
+
 def test_nccl_tests_format_moves_refcoll_columns_to_comments(header):
     text = format_table(header, [_row(8, 1.0, 2.0, 0, resolved=None)], "nccl-tests")
     lines = text.splitlines()

@@ -219,7 +219,8 @@ class BenchConfig:
         warmup, iters: untimed and timed iterations per size.
         agg: calls of each item back to back in a timed iteration, no barrier between
             them (nccl-tests' ``-m``); each is timed and checked on its own.
-        check: compare every iteration's result with the expected one.
+        check: compare every iteration's result with the expected one (0: not); the
+            count nccl-tests' ``-c N`` took, printed in its header as given.
         bound: also time each algorithm's transport bound.
         compressor: a compressor spec (all-reduce only), or None.
         workers: ranks that hold data (``None``: the whole communicator); the
@@ -249,7 +250,7 @@ class BenchConfig:
     warmup: int = 5
     iters: int = 20
     agg: int = 1
-    check: bool = True
+    check: int = 1
     bound: bool = False
     compressor: str | None = None
     workers: int | None = None
@@ -505,7 +506,8 @@ def baseline_checked(config: BenchConfig, library: str) -> bool:
     baseline sums) or NCCL (``ncclAvg`` may scale before summing, so its result
     need not be the oracle's); Gloo's average sums, then divides, as refcoll's does.
     """
-    return config.check and (get_op(config.op).name != "avg" or library in ("gloo", "backend"))
+    return bool(config.check) and (get_op(config.op).name != "avg"
+                                   or library in ("gloo", "backend"))
 
 
 def baseline_unavailable(config: BenchConfig, library: str | None = None) -> str | None:

@@ -201,7 +201,8 @@ def bench_header(comm, config) -> dict:
         "warmup": config.warmup,
         "iters": config.iters,
         "agg": config.agg,
-        "check": config.check,
+        "check": bool(config.check),
+        "validation": config.check,  # as -c gave it: nccl-tests' header prints it
         "bound": config.bound and config.compressor is None,
         "compressor": config.compressor,
         "validate": False,

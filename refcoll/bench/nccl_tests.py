@@ -111,7 +111,8 @@ def header_lines(header: dict, comments: Sequence[str]) -> list[str]:
         f"# Collective test starting: {program_name(header['collective'])}",
         f"# nThread 1 nGpus 1 minBytes {low} maxBytes {high} step: {factor}(factor) "
         f"warmup iters: {header['warmup']} iters: {header['iters']} agg iters: "
-        f"{header.get('agg', 1)} validation: {int(bool(header['check']))} graph: 0 unalign: 0",
+        f"{header.get('agg', 1)} validation: {header.get('validation', int(header['check']))} "
+        "graph: 0 unalign: 0",
         "#",
         "# Using devices",
     ]

@@ -145,7 +145,7 @@ def make_row(config: BenchConfig, groups, nbytes: int, name: str, resolved: str 
     size = count * dt.itemsize
     in_network = algorithms.get(registry_name(name)).workers is not None
     factor = bus_factor(config.collective, p, in_network=in_network)
-    judged = config.check and config.compressor is None
+    judged = bool(config.check) and config.compressor is None
     ours = _half(by_key[("ours", name)], size, factor, judged)
     mine = _half(by_key.get(("ours_ip", name)), size, factor, judged)
     row = dict.fromkeys(ROW_FIELDS)

@@ -272,7 +272,7 @@ def _run_size(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict
             timed = it >= config.warmup
             for item in items[k:] + items[:k]:  # a rotated order: no item always goes first
                 if item.comm is not None:
-                    item.run(timed, config.check, config.agg if timed else 1)
+                    item.run(timed, bool(config.check), config.agg if timed else 1)
             if step is not None:
                 step(it + 1)
     finally:

@@ -154,7 +154,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         sizes=size_sweep(low, high, stepfactor), sweep=(low, high, stepfactor),
         algorithms=names if names is not None else algorithms.names(collective),
         collective=collective, op=op, dtype=dtype, against=against, device=device,
-        warmup=warmup, iters=iters, agg=agg, check=bool(check), bound=bound, compressor=compressor,
+        warmup=warmup, iters=iters, agg=agg, check=check, bound=bound, compressor=compressor,
         root=root, average=average, nccl_algo=nccl_algo, nccl_proto=nccl_proto)
     check_config(config, None if launch.in_mpi_job() else nprocs)
     if not launch.in_mpi_job():  # the launcher speaks once, not every rank
