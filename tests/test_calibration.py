@@ -401,3 +401,20 @@ def test_a_cached_date_in_the_future_is_ignored(tmp_path, monkeypatch):
     (tmp_path / "calibration.json").write_text(json.dumps({
         key: {"alpha": 7e-6, "beta": 1e-10, "gamma": 2e-10, "measured_at": 1e300}}))
     assert calibration_module.cached_calibrations() == []
+
+
+@needs_mpi
+@pytest.mark.parametrize("json_file", ["/nonexistent/x.json", "r1.json"])
+def test_calibrate_ranks_given_different_arguments_exit_2_on_every_rank(tmp_path, json_file):
+    # Rank 1 alone was given --json: a path only it checked (before MPI started) left
+    # rank 0 waiting in MPI's start-up until REFCOLL_TIMEOUT; a path it could write was
+    # silently never written. Both are refused on every rank, once, before measuring.
+    base = [sys.executable, "-m", "refcoll", "calibrate"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env.update(REFCOLL_CACHE=str(tmp_path), REFCOLL_TIMEOUT="60")
+    res = subprocess.run([MPIEXEC, "-n", "1", *base, ":", "-n", "1", *base, "--json", json_file],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.count("refcoll: error:") == 1, res.stderr
+    assert f"rank 1 has '--json {json_file}' where rank 0 has 'nothing'" in res.stderr
+    assert not (tmp_path / "r1.json").exists() and "calibration:" not in res.stdout

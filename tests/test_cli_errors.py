@@ -37,6 +37,8 @@ def no_launch(monkeypatch):
     monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
     monkeypatch.setattr(commands, "relaunch", forbidden)
     monkeypatch.setattr("refcoll.cli.train.relaunch", forbidden)
+    monkeypatch.setattr("refcoll.cli.calibrate.relaunch", forbidden)
+    monkeypatch.setattr("refcoll.cli.launch.relaunch", forbidden)  # bench's
 
 
 @pytest.fixture
@@ -62,6 +64,12 @@ def test_a_process_count_below_one_is_refused_plainly(no_launch, command, n):
 def test_the_other_commands_with_n_refuse_it_too(no_launch, args):
     # Their own checks (refcoll/cli/bench.py, model.py) word it their way.
     one_line_error(invoke(*args), "-n", "at least", "0")
+
+
+@pytest.mark.parametrize("command", ["bench", "verify", "train", "calibrate"])
+def test_more_processes_than_refcoll_starts_is_refused_before_mpiexec(no_launch, command):
+    # calibrate had no upper bound: -n 5000 started 5000 ranks on the machine.
+    one_line_error(invoke(command, "-n", 5000), "-n 5000: refcoll starts at most 4096 processes")
 
 
 def test_require_processes_is_shared():

@@ -11,7 +11,15 @@ from ..calls.auto import calibrate as measure_and_save
 from ..core.errors import UsageError
 from ..transport.mpi import MPITransport
 from . import launch
-from .common import check_not_inputs, check_output_paths, main, reports_errors, write_json
+from .common import (
+    check_not_inputs,
+    check_output_paths,
+    check_output_paths_on_lead,
+    main,
+    reports_errors,
+    require_processes,
+    write_json,
+)
 from .launch import relaunch
 
 __all__ = ["calibrate", "describe", "as_json"]
@@ -61,15 +69,18 @@ def calibrate(nprocs, force, json_file):
     not saved: the command then exits 1 and says why. Without --force, a
     calibration already cached under this key is shown, not measured again.
     """
+    require_processes(nprocs, minimum=2)
     check_not_inputs({"--json": json_file}, {"the calibration cache": str(cache_path())})
-    check_output_paths(json=json_file)
     if not launch.in_mpi_job():
+        check_output_paths(json=json_file)
         relaunch(nprocs)
     _calibrate_in_world(nprocs, force, json_file)
 
 
 def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
     MPI = launch.start_mpi("refcoll calibrate")
+    # Only rank 0 writes --json, and every rank must have been given its arguments.
+    check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll calibrate", json=json_file)
 
     t = MPITransport(MPI.COMM_WORLD, collective="refcoll calibrate")
     if t.size < 2:
