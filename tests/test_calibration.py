@@ -262,9 +262,16 @@ def test_calibrate_command_saves_or_says_why_not(tmp_path):
     report = json.loads(out.read_text())
     assert report["calibration"]["key"].endswith("ranks_per_node=2|oversubscribed="
                                                  + ("yes" if CORES < 2 else "no"))
+    assert report["cached"] is False
     if report["saved"]:
         assert res.returncode == 0, res.stderr
         assert report["calibration"]["key"] in json.loads(cache_file(tmp_path).read_text())
+        # Again, without --force: the entry is shown, neither measured nor saved again.
+        res = subprocess.run([sys.executable, "-m", "refcoll", "calibrate", "-n", "2", "--json",
+                              str(out)], capture_output=True, text=True, timeout=120, env=env)
+        again = json.loads(out.read_text())
+        assert res.returncode == 0 and again["cached"] is True and again["saved"] is False
+        assert again["calibration"]["alpha"] == report["calibration"]["alpha"]
     else:
         assert res.returncode == 1 and "not saved" in res.stderr
         assert not cache_file(tmp_path).exists()

@@ -93,8 +93,10 @@ def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
     click.echo(f"key:         {calibration.key}")
     click.echo(f"calibration: {describe(calibration)}")
     click.echo(f"source:      {calibration.source}")
+    cached = calibration.source.startswith("cached in")  # shown, not measured: not saved now
     write_json(json_file, {"schema": "refcoll-calibration/1", "cache": str(cache_path()),
-                           "saved": why is None, "why_not_saved": why,
+                           "cached": cached, "saved": why is None and not cached,
+                           "why_not_saved": why,
                            "calibration": as_json(calibration)})
     if why is not None:
         click.echo(f"refcoll: error: not saved: {why}", err=True)
