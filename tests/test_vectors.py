@@ -195,3 +195,25 @@ def test_verify_names_a_missing_output_and_file(tmp_path, committed):
 def test_verify_passes_an_untouched_copy(tmp_path, committed):
     entry = _by_file(committed)["switch-allreduce-sum-bfloat16-p5-n37-random.npz"]
     assert verify(_copy_entry(tmp_path, entry)) == []
+
+
+def test_verify_reports_a_truncated_vector_and_goes_on_to_the_next(tmp_path, committed):
+    # A truncated file stopped the whole check at it (exit 2); it is one more mismatch.
+    entries = _by_file(committed)
+    cut = entries["ring-allreduce-sum-float32-p5-n37-random.npz"]
+    flipped = entries["switch-allreduce-sum-bfloat16-p5-n37-random.npz"]
+    directory = tmp_path / "two"
+    directory.mkdir()
+    data = (VECTORS / cut["file"]).read_bytes()
+    (directory / cut["file"]).write_bytes(data[:len(data) // 2])
+    arrays = _arrays(flipped)
+    arrays["output_1"].view(np.uint16)[3] ^= 1
+    np.savez(directory / flipped["file"], **arrays)
+    (directory / "manifest.json").write_text(json.dumps({"format": 1,
+                                                          "vectors": [cut, flipped]}))
+    problems = verify(directory)
+    assert problems[:2] == [f"{cut['file']}: sha256 differs from the manifest's",
+                            f"{cut['file']}: cannot be read: {directory / cut['file']}: not a "
+                            "readable .npz archive " + problems[1].split("archive ", 1)[1]]
+    assert problems[2] == f"{flipped['file']}: sha256 differs from the manifest's"
+    assert "rank 1 element 3" in problems[3] and len(problems) == 4
