@@ -71,7 +71,7 @@ def test_a_table_with_the_root_column_and_rank_lines_is_read_whole():
     assert big.in_place_time == big.time
 
 
-@pytest.mark.parametrize("prefix", ["", "[1,0]<stdout>:", "0: "])
+@pytest.mark.parametrize("prefix", ["", "[1,0]<stdout>:", "0: ", "[0] "])  # MPICH's -l too
 def test_old_formats_and_launcher_prefixes_are_read(prefix):
     rows = ["       8             2   float     sum    35.84    0.00    0.00  0e+00    35.26"
             "    0.00    0.00  0e+00",
@@ -350,7 +350,7 @@ def test_the_sweep_prints_nccl_tests_rows_and_writes_them(tmp_path):
     table = parse_table(first)
     assert [r.size for r in table.rows] == sweep_sizes(8, 1 << 30, 32)
     rows = json.loads(out.read_text())["rows"]
-    assert {r["asked"] for r in rows} == {"nccl", "Ring", "hierarchical"}
+    assert {r["asked"] for r in rows} == {"pick", "Ring", "hierarchical"}
     assert len(rows) == 3 * len(sweep_sizes(8, 1 << 30, 32))
     assert all(math.isfinite(r["busbw"]) and r["time_us"] > 0 for r in rows)
 
@@ -467,3 +467,63 @@ def test_one_node_needs_no_network_and_lists_no_nic():
     assert "intra 450 GB/s" in res.output and "no inter-node link (one node)" in res.output
     assert "network: one node, no NIC crossed" in res.output
     assert "NICs per node" not in res.output
+
+
+# ------------------------------------------------------------ what --compare and --fit say
+
+def test_compare_gives_the_measured_busbw_of_the_measured_time_and_each_size_once(tmp_path):
+    # The faster column is the in-place one at some sizes: its busbw was the out-of-place
+    # column's scaled by the time ratio (0.04 beside 0.02 predicted, at 256 B). A log
+    # holding a run twice counted each size twice.
+    log = DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt"
+    system = System(**system_preset("dgx-h100"), nodes=2)
+    once = compare(read_table(log), system)
+    faster_in_place = [r for r in once.rows if r["in_place_us"] is not None
+                       and r["in_place_us"] < r["out_of_place_us"]]
+    assert faster_in_place  # the case the old formula got wrong
+    for r in once.rows:
+        assert r["measured_busbw"] == pytest.approx(
+            r["size"] / (r["measured_us"] * 1e-6) * busbw_factor(16) / 1e9)
+    twice = tmp_path / "twice.txt"
+    twice.write_text(log.read_text() + log.read_text())
+    again = compare(read_table(twice), system)
+    assert again.rows == once.rows and again.within == once.within
+    assert again.errors == once.errors
+
+
+def test_a_log_that_does_not_say_its_ranks_is_noted_alone_and_refused_among_several(tmp_path):
+    four = DATA / "ib-ndr-4x8-h100-gjaion-default.txt"
+    res = CliRunner().invoke(main, ["model", "--preset", "dgx-h100", "--nodes", "4",
+                                    "--compare", str(four)])
+    assert res.exit_code == 0, res.output
+    assert "no '# Rank' lines say how many ranks ran: taken as the 32 described" in res.output
+    two = DATA / "ib-ndr-2x8-h100-gjaion-default.txt"
+    res = CliRunner().invoke(main, ["model", "--preset", "dgx-h100", "--fit", str(two),
+                                    "--fit", str(four), "--save-fit", str(tmp_path / "f.json")])
+    assert res.exit_code == 2 and "each table must say its own" in res.output, res.output
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_from_fit_says_which_algorithm_its_tables_ran(tmp_path):
+    log = DATA / "ib-ndr-2x8-h100-gjaion-ring-minctas24-qps2.txt"
+    fitted = tmp_path / "f.json"
+    res = run(["--preset", "dgx-h100", "--nodes", "2", "--algorithm", "Ring", "--fit", str(log),
+               "--save-fit", str(fitted)])
+    assert res.exit_code == 0, res.output
+    res = run(["--from-fit", str(fitted), "--compare", str(log)])
+    assert res.exit_code == 0 and "was fitted on tables that ran Ring" in res.output
+    res = run(["--from-fit", str(fitted), "--algorithm", "Ring", "--compare", str(log)])
+    assert res.exit_code == 0 and "fitted on tables" not in res.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--fit", "LOG", "--save-fit", "f.json", "--plot", "p.png"], "--plot draws the --sweep"),
+    (["--sweep", "--json", "-"], "not to standard output"),
+])
+def test_outputs_that_cannot_be_what_was_asked_are_refused(tmp_path, args, needle):
+    log = str(DATA / "ib-ndr-2x8-h100-gjaion-default.txt")
+    args = [log if a == "LOG" else str(tmp_path / a) if a.endswith((".json", ".png")) else a
+            for a in args]
+    res = CliRunner().invoke(main, ["model", "--preset", "dgx-h100", "--nodes", "2", *args])
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert list(tmp_path.iterdir()) == [] and not os.path.exists("-")

@@ -126,6 +126,9 @@ def check_output_paths(**paths: str | None) -> None:
         flag = f"--{option.replace('_', '-')}"
         if not str(path).strip():
             raise UsageError(f"{flag} {path!r}: give a file name")
+        if str(path) == "-":  # not standard output: that carries the report
+            raise UsageError(f"{flag} -: refcoll writes {flag} to a file, not to standard "
+                             "output (the report goes there); give a file name")
         folder = os.path.dirname(os.path.abspath(path))
         if os.path.isdir(path):
             raise UsageError(f"{flag} {path}: is a folder; give a file name")

@@ -24,7 +24,7 @@ from ..core.errors import UsageError
 from ..core.plot import figure, require_matplotlib, save
 from ..core.units import parse_bandwidth, parse_count, parse_duration, parse_size
 from ..model.cluster import MODELLED
-from ..model.nccl_fit import fit, fit_to_json, read_fit
+from ..model.nccl_fit import fit, fit_algorithm, fit_to_json, read_fit
 from ..model.nccl_run import NCCL_ALGORITHMS, NCCL_VERSION
 from ..model.nccl_tests import (
     BANDS,
@@ -174,6 +174,9 @@ def _refuse_strays(opts: dict) -> None:
         raise UsageError(f"unknown --datatype {opts['datatype']!r}: choose "
                          f"{', '.join(DTYPE_BYTES)}")
     if opts["plot_file"]:
+        if not (opts["sweep"] or opts["compare_log"]):
+            raise UsageError("--plot draws the --sweep and --compare curves: give one of them "
+                             "(a --fit alone has none to draw)")
         require_matplotlib()
 
 
@@ -206,6 +209,11 @@ def _measured(opts: dict, system: System):
     if not opts["compare_log"]:
         return None
     table = read_table(opts["compare_log"])
+    if table.ranks is None:
+        table = replace(table, notes=(*table.notes, (
+            f"no '# Rank' lines say how many ranks ran: taken as the {system.ranks} "
+            f"described ({system.nodes} nodes × {system.gpus_per_node}, --nodes, "
+            "--gpus-per-node)")))
     if table.ranks not in (None, system.ranks):
         raise UsageError(f"{opts['compare_log']} ran on {table.ranks} ranks; the system "
                          f"described has {system.ranks} ({system.nodes} nodes × "
@@ -218,9 +226,9 @@ def run_sweep(opts: dict) -> None:
 
     Everything that can be refused is refused before the first line is printed.
     """
-    _refuse_strays(opts)
     if not (opts["sweep"] or opts["compare_log"] or opts["fit_logs"]):
         opts = {**opts, "sweep": True}  # a system alone: its sweep
+    _refuse_strays(opts)
     system = _system(opts)
     asked = _algorithms(opts["algorithm"])
     _runnable(system, asked)
@@ -232,6 +240,9 @@ def run_sweep(opts: dict) -> None:
     if tables:
         for table in tables:
             _print_notes(table)
+            if table.ranks is None:  # alone (several must each say theirs: nccl_fit refuses)
+                click.echo(f"# {table.name}: no '# Rank' lines say how many ranks ran: taken "
+                           f"as the {system.ranks} described (--nodes, --gpus-per-node)")
         fitted = fit(system, tables, told)
         saved = fit_to_json(system, fitted, tables, told)
         write_json(opts["save_fit"], saved)
@@ -255,6 +266,11 @@ def run_sweep(opts: dict) -> None:
                 click.echo(line)
     measured = None
     if measured_table is not None:
+        ran = fit_algorithm(opts["fit_file"]) if opts["fit_file"] and told is None else None
+        if ran is not None:
+            click.echo(f"note: {opts['fit_file']} was fitted on tables that ran {ran}; this "
+                       f"log is priced as NCCL's own pick: say --algorithm {ran} if it ran "
+                       f"{ran} too")
         measured = compare(measured_table, system, told)
         report["compare"] = measured.to_json()
         _print_compare(measured)

@@ -34,11 +34,11 @@ from dataclasses import replace
 from ..core.errors import UsageError
 from ..core.reading import loads_json, read_text
 from .nccl_run import predict
-from .nccl_tests import Table, band_errors
+from .nccl_tests import Table, band_errors, each_size_once
 from .systems import System
 
-__all__ = ["FITTED", "fit", "fit_to_json", "read_fit", "MAX_FIT_BYTES", "MAX_FIT_SIZES",
-           "unlearnt"]
+__all__ = ["FITTED", "fit", "fit_algorithm", "fit_to_json", "read_fit", "MAX_FIT_BYTES",
+           "MAX_FIT_SIZES", "unlearnt"]
 
 #: The constants a fit may learn, and the bounds of each (the first two in the unit of the
 #: constant: bytes/s, seconds, a fraction).
@@ -64,18 +64,20 @@ _ROUNDS, _GOLDEN_STEPS = 4, 40
 
 def _shaped(system: System, tables: list[Table]) -> list[tuple[Table, System]]:
     """Return each table beside ``system`` at its rank count (its ``# Rank`` lines, else
-    ``system``'s), refusing a count that is not whole nodes; each size once."""
+    ``system``'s), refusing a count that is not whole nodes, and a table that does not
+    say its count among several; each size once."""
     shaped = []
+    unsaid = [t.name for t in tables if t.ranks is None]
+    if unsaid and len(tables) > 1:
+        raise UsageError(f"{', '.join(unsaid)}: no '# Rank' lines say how many ranks ran; "
+                         "fitted together, each table must say its own (fit it alone, with "
+                         "--nodes and --gpus-per-node)")
     for t in tables:
         ranks = t.ranks or system.ranks
         if ranks % system.gpus_per_node:
             raise UsageError(f"{t.name}: {ranks} ranks are not whole nodes of "
                              f"{system.gpus_per_node} GPUs (--gpus-per-node)")
-        fastest: dict = {}
-        for r in t.rows:
-            if r.size not in fastest or r.measured < fastest[r.size].measured:
-                fastest[r.size] = r
-        rows = tuple(fastest[size] for size in sorted(fastest))
+        rows = each_size_once(t.rows)
         shaped.append((replace(t, rows=rows), system.with_shape(ranks // system.gpus_per_node)))
     sizes = sum(len(t.rows) for t, _ in shaped)
     if sizes > MAX_FIT_SIZES:
@@ -202,12 +204,24 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
             "errors": {k: (None if math.isnan(e) else e) for k, (e, _) in errors.items()}}
 
 
-def read_fit(path: str) -> System:
-    """Return the fitted system a ``--fit`` file describes (``--from-fit``)."""
+def _fit_file(path: str) -> dict:
     data = loads_json(read_text(path, max_bytes=MAX_FIT_BYTES, what="fit file (--from-fit)"),
                       source=f"fit file {path}")
     if not isinstance(data, dict) or data.get("refcoll_fit") != 1:
         raise UsageError(f"{path}: not a refcoll model --fit file")
+    return data
+
+
+def fit_algorithm(path: str) -> str | None:
+    """Return the algorithm the tables of a ``--fit`` file ran (``--algorithm`` at the fit),
+    or None: NCCL's own pick."""
+    ran = _fit_file(path).get("algorithm")
+    return ran if isinstance(ran, str) and ran else None
+
+
+def read_fit(path: str) -> System:
+    """Return the fitted system a ``--fit`` file describes (``--from-fit``)."""
+    data = _fit_file(path)
     fields, fitted = data.get("system"), data.get("fitted")
     if not isinstance(fields, dict) or not isinstance(fitted, dict):
         raise UsageError(f"{path}: a fit file needs its system and fitted constants")

@@ -26,7 +26,8 @@ from .nccl_run import busbw_factor, predict
 from .pricing import allreduce_estimate
 from .systems import System
 
-__all__ = ["Row", "Table", "read_table", "parse_table", "sweep_sizes", "predicted_rows",
+__all__ = ["Row", "Table", "each_size_once", "read_table", "parse_table", "sweep_sizes",
+           "predicted_rows",
            "BANDS", "band_of", "band_errors", "compare", "Comparison", "MAX_LOG_BYTES",
            "table_lines", "DTYPE_BYTES", "price",
            "as_cluster"]
@@ -83,7 +84,7 @@ class Table:
     notes: tuple[str, ...] = ()
 
 
-_ROW = re.compile(r"^\s*(?:\[[^\]]*\]<stdout>:|\d+:)?\s*(\d+)\s+(\d+)\s+([A-Za-z_0-9]+)\s+"
+_ROW = re.compile(r"^\s*(?:\[[^\]]*\]<stdout>:|\[\d+\]|\d+:)?\s*(\d+)\s+(\d+)\s+([A-Za-z_0-9]+)\s+"
                   r"([A-Za-z_]+)\s+(.*)$")
 _RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group")
 _TEST = re.compile(r"#\s*Collective test starting:\s*(\S+)")
@@ -230,7 +231,8 @@ def predicted_rows(system: System, sizes, algorithm: str | None = None,
 
     Each: ``size`` (bytes), ``count``, ``type``, ``redop``, ``time_us``,
     ``algbw`` and ``busbw`` (GB/s), ``algorithm``, ``protocol``, ``channels``,
-    ``limit``, and ``asked`` (the ``--algorithm`` asked, or ``nccl``).
+    ``limit``, and ``asked`` (the ``--algorithm`` asked, or ``pick`` for NCCL's own
+    choice: ``nccl`` is refcoll's schedule of that name).
     """
     width, factor = DTYPE_BYTES[dtype], busbw_factor(system.ranks)
     out = []
@@ -243,7 +245,7 @@ def predicted_rows(system: System, sizes, algorithm: str | None = None,
         out.append({"size": size, "count": size // width, "type": dtype, "redop": "sum",
                     "time_us": seconds * 1e6, "algbw": algbw / 1e9,
                     "busbw": algbw * factor / 1e9, "algorithm": name, "protocol": protocol,
-                    "channels": channels, "limit": limit, "asked": algorithm or "nccl"})
+                    "channels": channels, "limit": limit, "asked": algorithm or "pick"})
     return out
 
 
@@ -337,15 +339,27 @@ class Comparison:
                 "within_30_percent": self.within}
 
 
+def each_size_once(rows) -> tuple[Row, ...]:
+    """Return ``rows`` with each size once, the fastest measured (a stall only ever adds
+    time), in order of size."""
+    fastest: dict = {}
+    for r in rows:
+        if r.size not in fastest or r.measured < fastest[r.size].measured:
+            fastest[r.size] = r
+    return tuple(fastest[size] for size in sorted(fastest))
+
+
 def compare(table: Table, system: System, algorithm: str | None = None) -> Comparison:
     """Return the model's prediction of every size of ``table`` beside its measurement.
 
     The measured time is :attr:`Row.measured`, the faster of the out-of-place and
-    in-place columns (both are kept beside it). Sizes below one element per rank are
-    skipped, as nccl-tests does not time them meaningfully.
+    in-place columns (both are kept beside it), and its busbw is computed from it.
+    A size the log holds twice (two runs in one file) is taken once, the faster
+    (:func:`each_size_once`). Sizes below one element per rank are skipped, as
+    nccl-tests does not time them meaningfully.
     """
     rows, pairs = [], []
-    for r in table.rows:
+    for r in each_size_once(table.rows):
         priced = price(system, r.size, algorithm, DTYPE_BYTES.get(r.dtype, 4))
         if priced is None:
             continue
@@ -354,7 +368,7 @@ def compare(table: Table, system: System, algorithm: str | None = None) -> Compa
                      "out_of_place_us": r.time * 1e6,
                      "in_place_us": None if r.in_place_time is None else r.in_place_time * 1e6,
                      "predicted_us": seconds * 1e6, "ratio": seconds / r.measured,
-                     "measured_busbw": r.busbw * r.time / r.measured / 1e9,
+                     "measured_busbw": r.size / r.measured * busbw_factor(system.ranks) / 1e9,
                      "predicted_busbw": r.size / seconds * busbw_factor(system.ranks) / 1e9,
                      "algorithm": name, "protocol": protocol})
         pairs.append((r.size, seconds, r.measured))
