@@ -527,3 +527,22 @@ def test_outputs_that_cannot_be_what_was_asked_are_refused(tmp_path, args, needl
     res = CliRunner().invoke(main, ["model", "--preset", "dgx-h100", "--nodes", "2", *args])
     assert res.exit_code == 2 and needle in res.output, res.output
     assert list(tmp_path.iterdir()) == [] and not os.path.exists("-")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--intra-transport", "pcie", "--nvls"], "NVLink SHARP needs NVSwitch nodes"),
+    (["--gpu-arch", "ampere", "--nvls"], "NVLink SHARP needs NVSwitch nodes"),
+    (["--no-p2p"], "--no-p2p says how PCIe GPUs reach each other"),
+    (["--nodes", "1", "--in-network"], "one node has no network to cross"),
+])
+def test_an_option_the_system_cannot_have_is_refused_not_dropped(args, needle):
+    res = CliRunner().invoke(main, ["model", "--preset", "dgx-h100", *args, "--sweep", "-b",
+                                    "8", "-e", "8"])
+    assert res.exit_code == 2 and needle in res.output, res.output
+
+
+def test_the_options_a_system_can_have_still_run():
+    for args in (["--intra-transport", "pcie", "--no-p2p", "--no-nvls"],
+                 ["--nodes", "2", "--in-network"], ["--nvls"]):
+        res = run(["--preset", "dgx-h100", *args, "--sweep", "-b", "8", "-e", "8"])
+        assert res.exit_code == 0, (args, res.output)

@@ -136,7 +136,23 @@ def _system(opts: dict) -> System:
                                          unit=True)
     if "nic_bw" in fields and "nics" not in fields and (base is None or not base.nics):
         fields["nics"] = fields.get("gpus_per_node", base.gpus_per_node if base else 8)
-    return System(**fields) if base is None else replace(base, **fields)
+    system = System(**fields) if base is None else replace(base, **fields)
+    _refuse_contradictions(opts, system)
+    return system
+
+
+def _refuse_contradictions(opts: dict, system: System) -> None:
+    """Refuse an option the system described cannot have, rather than drop it unsaid."""
+    if given("nvls") and opts["nvls"] and not system.has_nvls:
+        raise UsageError(f"--nvls: NVLink SHARP needs NVSwitch nodes of Hopper or later; "
+                         f"{system.describe()} has none")
+    if given("p2p") and system.intra != "pcie":
+        raise UsageError(f"--{'' if opts['p2p'] else 'no-'}p2p says how PCIe GPUs reach each "
+                         f"other (--intra-transport pcie); these GPUs are joined by "
+                         f"{system.intra}")
+    if opts["in_network"] and system.nodes < 2:
+        raise UsageError("--in-network: the network's switches reduce across nodes, and one "
+                         "node has no network to cross; give --nodes 2 or more")
 
 
 def _algorithms(text: str | None) -> list[str | None]:
