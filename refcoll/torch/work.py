@@ -8,8 +8,10 @@ engine, so an error is raised from ``wait()`` as refcoll raised it (a
 :class:`~refcoll.core.errors.MismatchError`...), as Gloo's work raises its own.
 (``_create_work_from_future``, the other way to make one, drops a failed
 future's exception: its ``wait()`` returns ``True``.) Code that waits on the
-future instead (DDP's reducer, a comm hook's ``then``) gets the same
-exception from ``value()``.
+future instead (DDP's reducer, a comm hook's ``then``) gets the error from
+``wait()`` and ``value()``: raised from a ``then`` callback, as torch's own
+hooks chain theirs (a future given it with ``set_exception`` crashes DDP's
+reducer, which reads it as a list of tensors).
 
 :class:`FutureWork` is the other kind: another library's call with a step of
 refcoll's chained on its future (watch mode reads a result the moment the
@@ -33,15 +35,21 @@ class RefcollWork(dist.Work):
     def __init__(self, handle, value):
         super().__init__()
         self._handle, self._value = handle, value
-        self._future = torch.futures.Future()
+        # The error reaches the future as a then callback's raise, never through
+        # set_exception: DDP's reducer reads a future given one as its value, a list of
+        # tensors, and ends the process with SIGSEGV (refcoll.torch.hooks does the same).
+        done = self._done_future = torch.futures.Future()
+        self._future = done.then(self._outcome)
         handle.add_done_callback(self._done)
 
     def _done(self, handle) -> None:
-        error = handle.exception()
+        self._done_future.set_result(None)
+
+    def _outcome(self, _):
+        error = self._handle.exception()
         if error is not None:
-            self._future.set_exception(error)
-        else:
-            self._future.set_result(self._value)
+            raise error
+        return self._value
 
     def wait(self, timeout=None) -> bool:
         """Wait for the call (``timeout``: a ``timedelta``); raise its error on this rank."""

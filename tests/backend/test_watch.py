@@ -70,6 +70,9 @@ class Corrupting(dist.ProcessGroup):
             output.view(-1)[-1] = -1
         return _done([output])
 
+    def allgather(self, outputs, inputs, opts):  # DDP's check of the parameters' shapes
+        return self.gloo.allgather(outputs, inputs, opts)
+
     def broadcast(self, tensors, opts):
         return self.gloo.broadcast(tensors, opts)
 
@@ -137,6 +140,22 @@ def test_a_corrupted_element_is_caught_at_the_first_wrong_call_on_every_rank(wor
     assert "watch: corrupting's allreduce sum of float32" in text and "call 3" in text
     assert "element 5" in text and "identical on every rank" in text
     assert "a conforming library returns a value in [" in text
+
+
+def test_a_wrong_gradient_under_ddp_is_raised_from_backward_not_a_crash(world):
+    # The Work's future was failed with set_exception, which DDP's reducer reads as a
+    # list of tensors: the process ended with SIGSEGV and said nothing.
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    group = watching("corrupting", "allreduce:1:element")
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Linear(40, 3), process_group=group)
+    torch.manual_seed(1 + world.rank())
+    loss = ddp(torch.randn(8, 40)).square().sum()
+    with pytest.raises(RuntimeError) as caught:
+        loss.backward()
+    text = str(caught.value)
+    assert "WrongResult: watch: corrupting's allreduce sum of float32" in text, text
 
 
 def test_a_missing_contribution_is_caught_in_a_large_call_by_its_sample(world):
