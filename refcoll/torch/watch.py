@@ -46,7 +46,9 @@ been judged, and a wrong result is raised from that call's ``wait()``.
 judged when the ``n``-th completes (the batch's all-reduce sums of one dtype
 together, each call alone only where that fails): a wrong call is then named as
 ever but raised from the wait of the call that closes its batch, for a fraction
-of the cost (``benchmarks/watch_overhead.py``). The other calls of a batch
+of the cost (``benchmarks/watch_overhead.py``); the last batch, which no call
+closes, is judged at ``destroy_process_group`` (:meth:`Watch.finish`), which
+also logs a wrong call no ``wait()`` raised. The other calls of a batch
 need no exchange and so no job: where the library's work has a future and
 the tensors are on the CPU, their outputs are read by a callback on that
 future, on the library's thread, the moment the call is done, and the Work
@@ -457,6 +459,17 @@ class _Sample:
         return len(range(*self.where.indices(self.m)))
 
 
+def _told(handle) -> bool:
+    """Return whether a judging job's outcome needs no telling: a wait saw it, or it is done
+    and found nothing."""
+    # (is_completed() would count as the program seeing it: MPI_Test's rule)
+    return handle._done.is_set() and (handle.seen or handle.exception() is None)
+
+
+def _nothing() -> None:
+    """A wait with nothing to wait for."""
+
+
 class Watch:
     """Watch mode of one ``"refcoll"`` group: the watched backend's group and the judging."""
 
@@ -469,6 +482,7 @@ class Watch:
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
         self.checksums = checksums  # every element, by block checksums (REFCOLL_WATCH_CHECKSUMS)
         self.size, self.rank = size, rank  # the group's ranks, and this one
+        self._judging: list = []  # the Works that judge a batch (finish reports unwaited ones)
 
     def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
@@ -496,8 +510,38 @@ class Watch:
                 return done
         wait = functools.partial(read, work.wait) if done is None else done.wait
         name = sample.collective if sample is not None else method
-        return submit(f"watch {name}", refcoll_group._cpu,
-                      functools.partial(self._close, wait, batch), result)
+        judging = submit(f"watch {name}", refcoll_group._cpu,
+                         functools.partial(self._close, wait, batch), result)
+        if batch:
+            self._keep(judging)
+        return judging
+
+    def _keep(self, work) -> None:
+        """Keep a judging Work for :meth:`finish`, letting go of those a wait saw or that
+        found nothing."""
+        if len(self._judging) >= 32:
+            self._judging = [w for w in self._judging if not _told(w._handle)]
+        self._judging.append(work)
+
+    def finish(self, refcoll_group) -> None:
+        """At ``destroy_process_group``: judge the calls of the last batch, which no call
+        closed, and log a wrong result that no ``wait()`` raised (its call never waited).
+
+        Raises:
+            WrongResult: in the last batch (``REFCOLL_WATCH_ACTION=raise``), on every rank.
+        """
+        batch, self.pending = self.pending, []
+        last = batch[-1].done if batch else None  # read when its call completed (else by
+        try:  # its own job); in issue order, after every judging job before it
+            submit("watch: the last batch", refcoll_group._cpu,
+                   functools.partial(self._close, last.wait if last else _nothing, batch),
+                   None).wait()
+        finally:
+            for work in self._judging:
+                error = None if _told(work._handle) else work._handle.exception()
+                if isinstance(error, WrongResult):
+                    _log.error("%s (no wait() raised it: its call was never waited for)", error)
+            self._judging = []
 
     def _take(self, sample: "_Sample | None") -> list:
         """Queue ``sample`` for judging; return the batch it closes (empty: none)."""

@@ -158,6 +158,30 @@ def test_a_wrong_gradient_under_ddp_is_raised_from_backward_not_a_crash(world):
     assert "WrongResult: watch: corrupting's allreduce sum of float32" in text, text
 
 
+def test_the_last_unclosed_batch_is_judged_when_its_group_is_destroyed(world):
+    # Calls 5 and 6 of batches of 4 closed no batch: call 5's wrong result went unseen.
+    group = watching("corrupting", "allreduce:5:element", REFCOLL_WATCH_BATCH=4)
+    works = [dist.all_reduce(torch.arange(40, dtype=torch.float32) * (world.rank() + 1),
+                             group=group, async_op=True) for _ in range(6)]
+    for work in works:
+        work.wait()  # batch 1-4 right; 5 and 6 wait for a batch that never closes
+    with pytest.raises(WrongResult, match="allreduce sum of float32 .*call 5"):
+        dist.destroy_process_group(group)
+
+
+def test_a_wrong_call_never_waited_for_is_logged_when_its_group_is_destroyed(world, caplog):
+    import logging
+
+    group = watching("corrupting", "allreduce:2:element")
+    works = [dist.all_reduce(torch.arange(40, dtype=torch.float32), group=group, async_op=True)
+             for _ in range(3)]
+    works[0].wait()  # the wrong call 2 is never waited for: no wait() raises it
+    with caplog.at_level(logging.ERROR, logger="refcoll.watch"):
+        dist.destroy_process_group(group)
+    logged = [r.getMessage() for r in caplog.records if r.name == "refcoll.watch"]
+    assert len(logged) == 1 and "call 2" in logged[0] and "never waited for" in logged[0]
+
+
 def test_a_missing_contribution_is_caught_in_a_large_call_by_its_sample(world):
     group = watching("corrupting", "allreduce:1:drop", REFCOLL_WATCH_SAMPLE=16)
     t = torch.ones(100_000) * (world.rank() + 1)
