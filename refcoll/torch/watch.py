@@ -478,7 +478,7 @@ class Watch:
         self.backend, self.group, self.sample, self.action = backend, group, sample, action
         self.batch = batch  # calls whose samples travel in one exchange (REFCOLL_WATCH_BATCH)
         self.pending: list[_Sample] = []  # sampled calls not yet judged, in issue order
-        self.calls = 0  # calls judged, the same count on every rank
+        self.calls = 0  # calls sampled (judged in batches), the same count on every rank
         self.findings: list[str] = []  # what REFCOLL_WATCH_ACTION=log logged
         self.checksums = checksums  # every element, by block checksums (REFCOLL_WATCH_CHECKSUMS)
         self.size, self.rank = size, rank  # the group's ranks, and this one
