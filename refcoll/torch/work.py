@@ -55,6 +55,9 @@ class RefcollWork(dist.Work):
         """Wait for the call (``timeout``: a ``timedelta``); raise its error on this rank."""
         seconds = None if timeout is None else timeout.total_seconds()
         self._handle.wait(seconds if seconds else None)  # torch passes 0 for "no timeout"
+        # The future completes from the handle's done callback, on the engine's thread,
+        # a moment after the handle: a caller reading get_future().value() next needs it.
+        self._future.wait()
         return True
 
     def is_completed(self) -> bool:

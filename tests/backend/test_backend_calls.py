@@ -162,6 +162,26 @@ def test_async_op_returns_a_work_that_completes_on_the_engine(ring):
     assert [f.value()[0].tolist() for f in futures] == [[float(k * p)] * 3 for k in range(4)]
 
 
+def test_a_waited_works_future_holds_its_value_however_late_its_callback(ring, monkeypatch):
+    # The future completes from the handle's done callback on the engine's thread; a
+    # wait() that returned before it did left get_future().value() failing torch's
+    # "completed()" assertion (seen at load 3). A late callback, forced here, is waited for.
+    import time
+
+    from refcoll.torch.work import RefcollWork
+
+    prompt = RefcollWork._done
+
+    def late(self, handle):
+        time.sleep(0.05)
+        prompt(self, handle)
+    monkeypatch.setattr(RefcollWork, "_done", late)
+    t = torch.ones(5)
+    work = dist.all_reduce(t, group=ring, async_op=True)
+    assert work.wait() is True
+    assert work.get_future().value()[0] is t and t[0].item() == ring.size()
+
+
 def test_mismatched_counts_are_a_mismatch_error_on_every_rank(world):
     r = world.rank()
     with pytest.raises(MismatchError, match="count: rank 0 has 4"):
