@@ -12,7 +12,10 @@ as CuPy's do where it matters to refcoll:
   the host side was pinned memory from :func:`cuda.alloc_pinned_memory`;
 * functions differ from NumPy's where CuPy's do (``unpackbits`` has no
   ``count``, ``repeat`` takes no array of repeats) and bfloat16 exists only
-  when ``stats.bfloat16`` says so (CuPy >= 14 with ml_dtypes); float8 never.
+  when ``stats.bfloat16`` says so (CuPy >= 14 with ml_dtypes); float8 never;
+* ``shares_memory`` (also as ``np.shares_memory``, which CuPy dispatches to its
+  own) counts in :data:`stats`: CuPy's exact test runs kernels over every
+  element and synchronises, where ``may_share_memory`` compares bounds alone.
 
 :func:`install` puts the module and its submodules (``cupy.cuda``,
 ``cupy.cuda.runtime``, ``cupy.cuda.nccl``, ``cupy.random``, ``cupy.linalg``)
@@ -48,6 +51,7 @@ class Stats:
     scalar_reads: int = 0
     pinned_allocations: int = 0
     stream_syncs: int = 0
+    exact_overlap_checks: int = 0
     device_count: int = 1
     device_in_use: int | None = None
     bfloat16: bool = False
@@ -251,6 +255,8 @@ class ndarray:  # noqa: N801 - CuPy's name
         return _wrap(raw)
 
     def __array_function__(self, func, kinds, args, kwargs):
+        if func is np.shares_memory:  # CuPy's own, with its cost
+            return shares_memory(*args, **kwargs)
         where = func.__name__
         return _wrap(func(*_unwrap(args, where), **_unwrap_kwargs(kwargs, where)))
 
@@ -322,6 +328,14 @@ def asnumpy(a, stream=None, order="C", out=None, *, blocking=True) -> np.ndarray
 def get_array_module(*args):
     """Return this module when any argument is a device array, else NumPy."""
     return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else np
+
+
+def shares_memory(a, b, max_work=None) -> bool:
+    """NumPy's exact answer, counted: CuPy's gathers every element's address on the device
+    (some 32 bytes each), sorts them and synchronises."""
+    stats.exact_overlap_checks += 1
+    return bool(np.shares_memory(_unwrap(a, "shares_memory"), _unwrap(b, "shares_memory"),
+                                 max_work=max_work))
 
 
 def unpackbits(a, axis=None, bitorder="big"):

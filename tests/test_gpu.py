@@ -29,13 +29,16 @@ import numpy as np
 import pytest
 from conftest import ROOT, mpiexec_path
 
+import refcoll
 from refcoll import algorithms
 from refcoll.baselines import nccl
 from refcoll.bench import throughput
 from refcoll.calls.collectives import simulate
+from refcoll.calls.progress import engine_for
 from refcoll.compressors import ErrorFeedback, parse
 from refcoll.compressors.topk import select_by_bits, topk_indices
 from refcoll.core import xp as xp_module
+from refcoll.core.chunking import chunk_slice
 from refcoll.core.errors import UsageError
 from refcoll.core.ops import get_op
 from refcoll.transport import SimWorld, cuda_aware
@@ -358,6 +361,185 @@ def test_device_transport_chooses_by_cuda_aware_and_is_cached(fake, monkeypatch)
         assert ledger.total_messages == 0, "simulated ranks share one process: no agreement"
         if kind is devices.StagingTransport:
             assert all(s.pool is c.pool for c, s in results), "a split reuses its parent's pool"
+
+
+# ------------------------------------------- the call layer on device arrays: plans, racks
+
+def _inputs(p: int, n: int, runs: int = 1) -> list[list[np.ndarray]]:
+    """Return ``runs`` rounds of one float32 input per rank."""
+    rng = np.random.default_rng([p, n, runs])
+    return [[rng.standard_normal(n).astype(np.float32) for _ in range(p)] for _ in range(runs)]
+
+
+@pytest.mark.parametrize("progress", ["thread", "schedule"])
+@pytest.mark.parametrize("name", ["ring", "rabenseifner"])
+def test_plans_and_nonblocking_calls_on_device_arrays_are_the_numpy_bits(device, monkeypatch,
+                                                                         name, progress):
+    """A plan on device arrays runs (``plan()``, ``start()``/``wait()``) in the wrapped
+    transport's calls, on its progress engine; so does a non-blocking call on the device
+    transport. Each run: the simulator's NumPy bits for what ``x`` holds then."""
+    monkeypatch.setenv("REFCOLL_PROGRESS", progress)
+    p, n, runs = 3, 1001, 4
+    rounds = _inputs(p, n, runs + 1)
+    want = [simulate("allreduce", xs, algorithm=name).outputs for xs in rounds]
+
+    def body(t):
+        x = device.asarray(rounds[0][t.rank])
+        plan = refcoll.allreduce_init(x, t, algorithm=name)
+        got = []
+        for k in range(runs):
+            x[...] = device.asarray(rounds[k][t.rank])
+            if k % 2:
+                plan.start()
+                got.append(device.asnumpy(plan.wait()))
+            else:
+                got.append(device.asnumpy(plan()))
+        assert engine_for(plan.t) is engine_for(t), "one engine: the communicator's issue order"
+        plan.free()
+        dt = devices.device_transport(t, x)
+        handle = refcoll.iallreduce(device.asarray(rounds[runs][t.rank]), dt, algorithm=name)
+        got.append(device.asnumpy(handle.wait()))
+        return type(plan.t), got
+
+    for rank, (kind, got) in enumerate(SimWorld(p, timeout=60).run(body)):
+        assert issubclass(kind, devices._DeviceTransport)
+        assert all(_same_bits(g, w[rank]) for g, w in zip(got, want))
+
+
+def test_a_plan_takes_a_view_of_its_own_device_buffer(device):
+    """``plan(x=...)`` accepts the plan's own device memory (a view of it), and refuses
+    another buffer on every rank, as on the host."""
+    p, n = 2, 64
+    (xs,) = _inputs(p, n)
+    want = simulate("allreduce", xs, algorithm="ring").outputs
+
+    def body(t):
+        x = device.asarray(xs[t.rank])
+        plan = refcoll.allreduce_init(x, t, algorithm="ring")
+        same = [device.asnumpy(plan(x=x[:])), device.asnumpy(plan(x=x.reshape(n)))]
+        with pytest.raises(UsageError, match="is not the buffer"):
+            plan(x=x.copy())
+        return same
+
+    for rank, same in enumerate(SimWorld(p, timeout=60).run(body)):
+        assert all(_same_bits(got, want[rank]) for got in same)
+
+
+def test_hierarchical_by_racks_on_device_arrays_is_the_numpy_bits(device, tmp_path,
+                                                                  monkeypatch):
+    """level="rack" reads the ranks' hosts through the device transport: the racks of the
+    topology file group the ranks as ``ranks_per_node`` does in the simulator."""
+    hosts = ["node0", "node1", "node2", "node3"]
+    topology = {"version": 1,
+                "nodes": [{"host": h, "rack": 1 + i // 2, "ranks": 1, "link_bits_per_s": 1e9}
+                          for i, h in enumerate(hosts)],
+                "racks": [{"rack": 1, "uplink_bits_per_s": 5e8},
+                          {"rack": 2, "uplink_bits_per_s": 5e8}]}
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(topology))
+    monkeypatch.setenv("REFCOLL_TOPO_FILE", str(path))
+    (xs,) = _inputs(len(hosts), 1001)
+    want = simulate("allreduce", xs, algorithm="hierarchical", ranks_per_node=2).outputs
+
+    def body(t):
+        t.hosts = hosts  # what MPI's host exchange gives its transport
+        x = device.asarray(xs[t.rank])
+        return device.asnumpy(refcoll.allreduce(x, t, algorithm="hierarchical", level="rack"))
+
+    outputs = SimWorld(len(hosts), timeout=60).run(body)
+    assert all(_same_bits(got, exp) for got, exp in zip(outputs, want))
+
+
+def test_overlap_checks_on_device_arrays_compare_bounds_only(fake):
+    """In-place layouts are recognised, a partial overlap refused on every rank, and the
+    checks never run CuPy's exact ``shares_memory`` (device memory per element, a sort)."""
+    p, k = 3, 40
+    n = p * k
+    (xs,) = _inputs(p, n)
+    scattered = simulate("reduce_scatter", xs, algorithm="ring").outputs
+    gathered = simulate("allgather", xs, algorithm="ring").outputs
+    summed = simulate("allreduce", xs, algorithm="ring").outputs
+
+    def body(t):
+        r = t.rank
+        x = fake.asarray(xs[r])
+        part = refcoll.reduce_scatter(x, t, out=x[chunk_slice(n, p, r)])  # NCCL's in place
+        rows = fake.empty((p, n), dtype=np.float32)
+        rows[r] = fake.asarray(xs[r])
+        everyone = refcoll.allgather(rows[r], t, out=rows)  # x as row r of out=
+        apart = refcoll.allgather(fake.asarray(xs[r]), t, out=fake.empty((p, n), np.float32))
+        y = fake.asarray(xs[r])
+        total = refcoll.allreduce(y, t, out=y)
+        both = fake.empty(n + 1, dtype=np.float32)
+        both[:n] = fake.asarray(xs[r])
+        with pytest.raises(ValueError, match="overlap"):
+            refcoll.allreduce(both[:n], t, out=both[1:])
+        return [fake.asnumpy(a) for a in (part, everyone, apart, total)]
+
+    fake.reset()
+    for rank, (part, everyone, apart, total) in enumerate(SimWorld(p, timeout=60).run(body)):
+        assert _same_bits(part, scattered[rank]) and _same_bits(total, summed[rank])
+        assert _same_bits(everyone, gathered[rank]) and _same_bits(apart, gathered[rank])
+    assert fake.stats.exact_overlap_checks == 0
+
+
+PLAN_SCRIPT = textwrap.dedent("""
+    import os
+    import sys
+    import numpy as np
+    import fake_cupy
+    sys.modules["cupy"] = fake_cupy
+    from mpi4py import MPI
+    import refcoll
+    comm = MPI.COMM_WORLD
+    rank = comm.rank
+
+    def values(k):
+        return (np.arange(1001, dtype=np.float32) * 0.37 + rank * 1.3 + k).astype(np.float32)
+
+    x = fake_cupy.asarray(values(0))
+    plan = refcoll.allreduce_init(x, comm, algorithm="ring")
+    for k in range(4):
+        x[...] = fake_cupy.asarray(values(k))
+        if k % 2:
+            plan.start()
+            got = plan.wait()
+        else:
+            got = plan(x=x[:]) if k else plan()
+        want = refcoll.allreduce(values(k), comm, algorithm="ring")
+        assert fake_cupy.asnumpy(got).tobytes() == want.tobytes(), k
+    kind = type(plan.t).__name__
+    plan.free()
+    # level="rack": this host's rack, from a topology file naming it
+    topology = sys.argv[1] % rank
+    with open(topology, "w") as f:
+        f.write('{"version": 1, "nodes": [{"host": "%s", "rack": 1, "ranks": %d, '
+                '"link_bits_per_s": 1e9}]}' % (MPI.Get_processor_name(), comm.size))
+    os.environ["REFCOLL_TOPO_FILE"] = topology
+    host = values(9)
+    racks = refcoll.allreduce(fake_cupy.asarray(host), comm, algorithm="hierarchical",
+                              level="rack")
+    want = refcoll.allreduce(host, comm, algorithm="hierarchical", level="rack")
+    assert fake_cupy.asnumpy(racks).tobytes() == want.tobytes()
+    lines = comm.gather(f"{kind} ok", root=0)
+    if rank == 0:
+        print("\\n".join(lines))
+""")
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_plans_and_racks_on_device_arrays_through_mpi(tmp_path):
+    """Under mpiexec: a plan on device arrays in its own tag slot, started, waited and
+    given a view of its buffer, and hierarchical by racks: the NumPy calls' bits."""
+    script = tmp_path / "plans.py"
+    script.write_text(PLAN_SCRIPT)
+    res = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script),
+                          str(tmp_path / "topo%d.json")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{TESTS}:{ROOT}",
+                              cuda_aware.CUDA_AWARE_ENV: "0"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split("\n")[:2] == ["StagingTransport ok"] * 2
 
 
 # ------------------------------------------------------------------------ compressors

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.xp import array_namespace, is_device_array
 from ..transport.base import transport_cache
 
-__all__ = ["workspace", "copy_into", "same_memory", "view", "receive_into", "is_count"]
+__all__ = ["workspace", "copy_into", "same_memory", "overlaps", "view", "receive_into",
+           "is_count"]
 
 
 def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
@@ -28,7 +30,22 @@ def workspace(t, count: int, dtype, slot: int = 0) -> np.ndarray:
 
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """Return whether two arrays are the same memory (an in-place call)."""
-    return a.size == b.size and (a.size == 0 or np.shares_memory(a, b))
+    return a.size == b.size and (a.size == 0 or overlaps(a, b))
+
+
+def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
+    """Return whether two arrays share memory, at a cost that does not grow with their size.
+
+    Host arrays: NumPy's exact answer. Device arrays: whether the byte ranges
+    ``[start, end)`` they span meet (``may_share_memory``, bounds alone), as
+    CuPy's exact ``shares_memory`` allocates some 32 bytes of device memory per
+    element, sorts them and synchronises. The buffers the calls and algorithms
+    compare are contiguous, where the two answers agree; of two interleaved
+    strided views, the bounds would say they overlap.
+    """
+    if a.__class__ is np.ndarray or not is_device_array(a):
+        return bool(np.shares_memory(a, b))
+    return bool(array_namespace(a).may_share_memory(a, b))
 
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:

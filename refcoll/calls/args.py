@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from .. import algorithms
+from ..algorithms._util import overlaps
 from ..algorithms.registry import REGISTRY
 from ..core.chunking import chunk_sizes, chunk_slice
 from ..core.errors import MismatchError, UsageError
@@ -27,7 +28,7 @@ from ..core.ops import (
     get_dtype,
     get_op,
 )
-from ..core.xp import array_namespace, check_device_dtype, is_device_array
+from ..core.xp import address, array_namespace, check_device_dtype
 from . import debug
 from .agree import agree, agree_key
 from .auto import resolve_with_options
@@ -82,7 +83,7 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
             result = flat_out(out, shape, flat.dtype, t, what, xp)
             if out is not None and out is not arr:  # out=x: the one in-place layout
                 check_overlap(flat, result, _in_place(collective, flat, result, rank, size), t,
-                              what, xp)
+                              what)
     return Call(t, comm, collective, algorithm, options, validate, reduction,
                 0 if root is None else root, arr, flat, result, out, shape, workers, algo, fn)
 
@@ -139,24 +140,18 @@ def flat_out(out, shape, dtype, t, what: str, xp=np) -> np.ndarray:
     return out.reshape(-1)
 
 
-def _address(a) -> int:
-    if a.__class__ is np.ndarray or not is_device_array(a):
-        return a.__array_interface__["data"][0]
-    return a.data.ptr
-
-
 def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
-    return _address(a) == _address(b) and a.nbytes == b.nbytes
+    return address(a) == address(b) and a.nbytes == b.nbytes
 
 
-def check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str,
-                  xp=None) -> None:
+def check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, what: str) -> None:
     """Refuse buffers that overlap other than in the one in-place layout ``allowed``.
 
     A partial overlap would let the algorithm overwrite input it has not read yet.
+    ``data`` and ``out`` are contiguous, so on a device the bounds of their bytes
+    answer (:func:`~refcoll.algorithms._util.overlaps`: no work on the device).
     """
-    xp = xp or array_namespace(data)
-    if (data.size and out.size and xp.shares_memory(data, out)
+    if (data.size and out.size and overlaps(data, out)
             and not _same_buffer(*allowed)):
         raise ValueError(f"rank {t.rank}: the input and out= of {what} overlap; pass disjoint "
                          "buffers, or the in-place layout the documentation gives")
@@ -300,7 +295,7 @@ class Call:
             flat, own = self.flat, self.result
         else:
             return
-        if flat.size and not array_namespace(flat).shares_memory(own, flat):
+        if flat.size and not overlaps(own, flat):  # both contiguous: bounds, on a device
             array_namespace(flat).copyto(own, flat)
 
     def finish(self) -> None:

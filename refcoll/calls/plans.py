@@ -51,10 +51,9 @@ import os
 import threading
 import time
 
-import numpy as np
-
 from .. import algorithms
 from ..core.errors import UsageError
+from ..core.xp import address, array_namespace
 from ..transport.base import transport_cache
 from ..transport.recorder import compile_steps, done, landed, record, run_steps, start
 from . import debug
@@ -575,10 +574,10 @@ def _refuse(t, error: str, *, tell: bool) -> None:
 
 
 def _same_buffer(a, b) -> bool:
-    """Return whether ``a`` is ``b``'s very memory, shape and dtype."""
-    return a is b or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-                      and a.shape == b.shape and a.dtype == b.dtype
-                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+    """Return whether ``a`` is ``b``'s very memory, shape and dtype (host or device arrays)."""
+    xp = array_namespace(b)
+    return a is b or (isinstance(a, xp.ndarray) and isinstance(b, xp.ndarray)
+                      and a.shape == b.shape and a.dtype == b.dtype and address(a) == address(b))
 
 
 # ------------------------------------------------------------ plans of a transport

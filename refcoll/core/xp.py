@@ -17,8 +17,8 @@ from .errors import UsageError
 from .ops import dtype_name
 
 __all__ = ["cupy_or_none", "gpu_unavailable_reason", "require_cupy", "array_namespace",
-           "is_device_array", "check_device_dtype", "device_supports", "synchronize", "to_host",
-           "device_generator"]
+           "is_device_array", "address", "check_device_dtype", "device_supports", "synchronize",
+           "to_host", "device_generator"]
 
 
 @functools.cache
@@ -74,6 +74,16 @@ def array_namespace(x):
 def is_device_array(x) -> bool:
     """Return whether ``x`` lives in device memory (a CuPy array)."""
     return array_namespace(x) is not np
+
+
+def address(a) -> int:
+    """Return the address of ``a``'s first element, in host or device memory.
+
+    (CuPy arrays have no ``__array_interface__``: their memory pointer says it.)
+    """
+    if a.__class__ is np.ndarray or not is_device_array(a):
+        return a.__array_interface__["data"][0]
+    return a.data.ptr
 
 
 def check_device_dtype(dtype, xp) -> None:

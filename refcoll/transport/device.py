@@ -68,21 +68,45 @@ class DeviceOp:
         getattr(self.xp, self.op.ufunc.__name__)(a, b, out=out)
 
 
+#: What the call layer reads off a transport that only some transports have, taken from
+#: the wrapped one where it has them: MPI's tag slots of plans (``next_plan_slot``,
+#: ``plan_tags``), revocation (``revoke``), the ranks' host names (``hosts``: a rack's
+#: ranks) and the thread level (``thread_multiple``: which progress engine runs).
+_FROM_INNER = frozenset({"next_plan_slot", "plan_tags", "revoke", "hosts", "thread_multiple"})
+
+
 class _DeviceTransport:
     """What both device transports share: everything but point-to-point goes to ``inner``.
 
-    ``array_module`` tells the algorithms' workspaces where to allocate.
+    ``array_module`` tells the algorithms' workspaces where to allocate. The
+    call's state is the wrapped transport's: its tag space (:meth:`call`,
+    :meth:`enter_call`, :meth:`leave_call`), counters, deadline names, and the
+    attributes in :data:`_FROM_INNER`, so a plan or a non-blocking call on
+    device arrays runs as it does on host arrays. Not forwarded, on purpose:
+    ``persistent`` (a recording binds MPI requests to host memory: a plan on
+    device arrays runs its algorithm again) and ``concurrent_phases`` (the
+    staging path's pinned buffers are shared by a transport and its splits).
     """
+
+    #: Phases of a pipelined algorithm run one after another (see the class's notes).
+    concurrent_phases = False
 
     def __init__(self, inner, xp):
         self.inner = inner
         self.array_module = xp
         self.rank = inner.rank
         self.size = inner.size
-        self.cache: dict[str, dict] = {}  # its own buffers: device arrays, not the host ones
+        # Its own buffers (device arrays, not the host ones), but the wrapped transport's
+        # progress engine: one communicator's calls, host and device, in one issue order.
+        self.cache: dict[str, dict] = {"progress": transport_cache(inner, "progress")}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"
+
+    def __getattr__(self, name: str):
+        if name in _FROM_INNER:  # the wrapped transport's, or AttributeError as it has none
+            return getattr(self.inner, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def traffic(self):
@@ -91,12 +115,39 @@ class _DeviceTransport:
 
     @property
     def current_call(self) -> str | None:
-        """Return the name of the collective call running, if any."""
+        """Return the name of the collective call running, if any (what a timeout names)."""
         return self.inner.current_call
+
+    @current_call.setter
+    def current_call(self, name: str | None) -> None:
+        self.inner.current_call = name
+
+    @property
+    def patient(self) -> bool:
+        """Whether a progress thread runs the wrapped transport's calls (its waits may sleep)."""
+        return getattr(self.inner, "patient", False)
+
+    @patient.setter
+    def patient(self, value: bool) -> None:
+        self.inner.patient = value
 
     def call(self, name: str):
         """Run one collective call in the wrapped transport's tag space."""
         return self.inner.call(name)
+
+    def enter_call(self, name: str, tags: int | None = None) -> None:
+        """Begin collective ``name`` in the wrapped transport's tag space (a plan's, ``tags``)."""
+        self.inner.enter_call(name, tags)
+
+    def leave_call(self) -> None:
+        """End the collective :meth:`enter_call` began."""
+        self.inner.leave_call()
+
+    def activity(self, delta: int) -> None:
+        """Note a thread starting or stopping work, as the wrapped transport counts it."""
+        activity = getattr(self.inner, "activity", None)
+        if activity is not None:
+            activity(delta)
 
     def unreceived(self) -> list[str]:
         """Return the messages sent to this rank and not received."""
