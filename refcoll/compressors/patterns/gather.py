@@ -24,7 +24,7 @@ import numpy as np
 
 from ...algorithms.ring import ring_allgather_steps
 from ...core.ops import get_op
-from ...core.xp import array_namespace
+from ...core.xp import address, array_namespace
 from ..base import Compressor, CompressorState, Payload
 
 __all__ = ["gather_pattern", "gather_payloads", "allgather_counts", "wire_counts", "serialise",
@@ -82,7 +82,10 @@ def deserialise(record: np.ndarray, sizes: np.ndarray, like: Payload) -> Payload
     for role, count in zip(sorted(like.arrays), sizes):
         ref = like.arrays[role]
         nbytes = int(count) * ref.dtype.itemsize
-        data = record[offset:offset + nbytes].view(ref.dtype)
+        data = record[offset:offset + nbytes]
+        if address(data) % ref.dtype.itemsize:  # packed behind a role of another width:
+            data = data.copy()  # an aligned copy (a device kernel faults on a misaligned load)
+        data = data.view(ref.dtype)
         offset += nbytes
         trailing = ref.shape[1:]
         arrays[role] = data.reshape((-1, *trailing) if trailing else (-1,))
