@@ -10,6 +10,7 @@ import pytest
 
 from refcoll.compressors import COMPRESSORS, ErrorFeedback, parse
 from refcoll.compressors.base import index_dtype
+from refcoll.compressors.collective import simulate_compressed
 from refcoll.compressors.powersgd import PowerSGD
 from refcoll.compressors.topk import topk_indices
 from refcoll.core.errors import UsageError
@@ -287,6 +288,48 @@ def test_powersgd_warm_start_and_shared_initial_q():
     assert errors[-1] <= errors[0] + 1e-12
 
 
+def _powersgd_steps(steps, spec="powersgd:rank=2"):
+    """Each step's result on rank 0 of a simulated 2-rank compressed average."""
+    res = simulate_compressed(spec, steps, op="avg", seed=1)
+    return [res.outputs[s][0] for s in range(len(steps))]
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=2", "ef(powersgd:rank=2)"])
+def test_powersgd_after_an_all_zero_gradient_starts_again_from_the_shared_seed(spec):
+    # An unused parameter's gradient is all zeros for a step: its Q = M^T P is then zero,
+    # and a zero warm start would make every later P = M Q zero, the tensor silenced.
+    rng = np.random.default_rng(0)
+    shape = (32, 16)
+    later = [[rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+             for _ in range(3)]
+    zero = [[np.zeros(shape, np.float32)] * 2]
+    after_zero = _powersgd_steps(zero + later, spec)
+    assert not after_zero[0].any()
+    # the zero step's Q is drawn again from the seed: what follows is a fresh start's, bits
+    fresh = _powersgd_steps(later, spec)
+    for got, want in zip(after_zero[1:], fresh):
+        assert np.abs(got).max() > 0.1
+        assert got.tobytes() == want.tobytes()
+
+
+def test_powersgd_does_not_depend_on_the_gradients_scale():
+    # The warm start is orthonormalised each step (step 0, as PyTorch's hook does), so a
+    # gradient scaled by a power of two gives the scaled result, bit for bit, step after
+    # step; before, a small gradient's P fell below eps and the result shrank each step.
+    rng = np.random.default_rng(3)
+    steps = [[rng.standard_normal((32, 16)).astype(np.float32) for _ in range(2)]
+             for _ in range(5)]
+    scale = np.float32(2.0 ** -40)
+    small = _powersgd_steps([[x * scale for x in step] for step in steps])
+    for got, want in zip(small, _powersgd_steps(steps)):
+        assert got.tobytes() == (want * scale).tobytes()
+
+
+def test_powersgd_refuses_a_negative_eps():
+    with pytest.raises(ValueError, match="eps"):
+        PowerSGD(eps=-1.0)
+
+
 # ---- sign, 1-bit, int8, casts ---------------------------------------------------------
 
 
@@ -347,6 +390,41 @@ def test_randomk_ranks_share_indices():
     b = c.decompress(c.compress(np.ones(100, np.float32), c.new_state(8, 3)))
     assert np.array_equal(a != 0, b != 0) and np.count_nonzero(a) == 10
     assert np.all(a[a != 0] == 10)  # scaled by n/k
+
+
+@pytest.mark.parametrize("ratio,n", [(1e-3, 10_000), (1e-5, 200_000)])
+def test_randomk_in_float16_scales_after_the_sum(ratio, n):
+    # n/k = 1000 takes a value of 100 past float16's 65504, and n/k = 100000 is itself past
+    # it: scaled before the sum, opposite ranks' values made inf - inf = NaN (and 0 * inf
+    # NaN) where the average is 0. Scaled after it, in float32, the result is 0, and a
+    # small value's average is the float32 path's, rounded once.
+    x = (np.random.default_rng(5).standard_normal(n) * 100).astype(np.float16)
+    opposite = simulate_compressed(f"randomk:ratio={ratio}", [[x, -x]], op="avg", seed=1)
+    assert not opposite.outputs[0][0].any()
+    small = (x / np.float16(1e4)).astype(np.float16)
+    half = simulate_compressed(f"randomk:ratio={ratio}", [[small, small]], op="avg", seed=1)
+    single = simulate_compressed(f"randomk:ratio={ratio}", [[small.astype(np.float32)] * 2],
+                                 op="avg", seed=1)
+    got = half.outputs[0][0]
+    assert np.isfinite(got).all() and np.count_nonzero(got) == round(ratio * n)
+    assert got.tobytes() == single.outputs[0][0].astype(np.float16).tobytes()
+
+
+@pytest.mark.parametrize("spec,wire", [("fp16", np.float16), ("bf16", ml_dtypes.bfloat16)])
+def test_a_cast_averages_as_pytorchs_compress_hooks_do(spec, wire):
+    # PyTorch's fp16_compress_hook and bf16_compress_hook divide each cast by p, then sum:
+    # the average of 40000 and 50000 is 45000, where a float16 sum (90000) would overflow.
+    # (Two ranks: one addition, in any order.)
+    rng = np.random.default_rng(9)
+    xs = [rng.uniform(3.5e4, 6e4, 64).astype(np.float32) for _ in range(2)]
+    got = simulate_compressed(spec, [xs], op="avg", seed=1).outputs[0][0]
+    want = xs[0].astype(wire) / wire(2) + xs[1].astype(wire) / wire(2)
+    assert np.isfinite(got).all()
+    assert got.tobytes() == want.astype(np.float32).tobytes()
+    # error feedback keeps what this rank's undivided cast lost
+    res = simulate_compressed(f"ef({spec})", [xs, xs], op="avg", seed=1)
+    assert np.isfinite(res.outputs[1][0]).all()
+    assert res.outputs[0][0].tobytes() == got.tobytes()
 
 
 def test_integer_tensor_refused():

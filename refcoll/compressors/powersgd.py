@@ -5,10 +5,19 @@ A tensor of shape ``(m, ...)`` is read as the matrix ``M`` of shape ``(m, n)``,
 previous step on this state (at first standard normal from the seed shared by
 all ranks, so every rank starts from the same ``Q``), Algorithm 1 of the paper:
 
+0. ``Q = orthogonalise(Q)``   (the warm start's scale is the last gradient's: drop it)
 1. ``P = M Q``
-2. ``P = orthogonalise(P)``   (Gram–Schmidt, each column divided by max(norm, eps))
+2. ``P = orthogonalise(P)``   (Gram–Schmidt, each column divided by its norm)
 3. ``Q = M^T P``               (kept in the state: the next step's warm start)
 4. decompress: ``M ≈ P Q^T``
+
+Step 0 is PyTorch's ``powerSGD_hook``'s too. Without it ``P``'s scale follows
+``|M|²``, and a small gradient's columns fall below ``eps`` and shrink the result
+step after step. A column of norm at most ``eps`` (0 by default) counts as zero:
+in ``P`` it stays zero (that direction of ``M`` is empty, so nothing is lost);
+in the warm start it is drawn again from the shared seed, since a zero ``Q``
+(after an all-zero gradient, such as an unused parameter's) would make every
+later ``P = M Q`` zero and silence the tensor for good.
 
 Wire: ``P`` and ``Q``, ``(m + n) · r`` elements in float32 (float64 for float64
 tensors). Vectors (``ndim < 2``) are sent uncompressed, and so is any matrix for
@@ -48,18 +57,27 @@ from .base import Compressor, Payload, Round, Rounds, check_float, compute_dtype
 __all__ = ["PowerSGD", "orthogonalise"]
 
 
-def orthogonalise(matrix, eps: float) -> None:
+def orthogonalise(matrix, eps: float = 0.0, fill=None) -> None:
     """Orthonormalise the columns of ``matrix`` in place (modified Gram–Schmidt).
 
-    A column is divided by ``max(norm, eps)``: a (numerically) zero column stays
-    near zero instead of dividing by zero, and any other column is not biased.
-    On the device the norm stays there (no read back per column).
+    A column whose norm (after the earlier columns are taken out of it) is at
+    most ``eps`` counts as zero: it becomes zero, or, given ``fill`` (a matrix of
+    the same shape), ``fill``'s column made orthonormal to the earlier ones.
+    Any other column is divided by its norm. On the device the norm stays there
+    (no read back per column).
     """
     xp = array_namespace(matrix)
     for i in range(matrix.shape[1]):
         column = matrix[:, i]
         norm = xp.linalg.norm(column)
-        column /= max(norm, eps) if xp is np else xp.maximum(norm, column.dtype.type(eps))
+        kept = norm > eps
+        column /= xp.where(kept, norm, 1)
+        if fill is None:
+            column *= kept
+        else:
+            done = matrix[:, :i]
+            seed = fill[:, i] - done @ (done.T @ fill[:, i])
+            column[...] = xp.where(kept, column, seed / xp.linalg.norm(seed))
         if i + 1 < matrix.shape[1]:
             rest = matrix[:, i + 1 :]
             rest -= xp.outer(column, column @ rest)
@@ -75,13 +93,15 @@ class PowerSGD(Compressor):
     matrices: ClassVar[bool] = True
     rank: int = 4
     min_rate: float = 2.0
-    eps: float = 1e-8
+    eps: float = 0.0
 
     def __post_init__(self):
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
         if self.min_rate < 0:
             raise ValueError(f"min_rate must be >= 0, got {self.min_rate}")
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
 
     def plan(self, shape: tuple) -> tuple[int, int, int] | None:
         """Return ``(m, n, r)`` for a tensor this compresses, or None when it goes whole."""
@@ -102,14 +122,16 @@ class PowerSGD(Compressor):
         return m * r, n * r
 
     def _start(self, x, state, plan):
-        """Return ``M`` in the compute dtype, the warm-start ``Q`` and its key in the memory."""
+        """Return ``M`` in the compute dtype, the orthonormal warm start ``Q`` (step 0) and
+        ``Q``'s key in the memory."""
         m, n, r = plan
         cd = compute_dtype(x.dtype)
         key = ("powersgd.q", m, n, r)
+        first = array_namespace(x).asarray(
+            state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd))
         q = state.memory.get(key)
-        if q is None:
-            q = array_namespace(x).asarray(
-                state.shared_rng(m, n, r).standard_normal((n, r)).astype(cd))
+        q = first if q is None else q.copy()  # the memory keeps the reduced Q as it came
+        orthogonalise(q, self.eps, fill=first)
         return x.reshape(m, n).astype(cd), q, key
 
     def compress(self, x, state) -> Payload:

@@ -3,8 +3,11 @@
 Every rank draws the same ``k = max(1, round(ratio * n))`` distinct indices,
 uniformly without replacement, from ``(seed, step)``, so only the values go on
 the wire and payloads from different ranks add up element for element (linear
-in a shared basis). Values are scaled by ``n / k``: each element is kept with
-probability ``k / n``, so ``E[decompress(compress(x))] = x`` (unbiased).
+in a shared basis). Decompression scales the values by ``n / k``: each element
+is kept with probability ``k / n``, so ``E[decompress(compress(x))] = x``
+(unbiased). The scale comes after the sum, in float32 (float64 for float64),
+rounded once: in float16 ``n / k`` times a value, or ``n / k`` itself, may pass
+65504 where the reduced result does not.
 
 On CuPy arrays the indices are still drawn on the host, from the same seed (k
 numbers, cheap next to the tensor), and copied to the device: the payload is
@@ -19,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core.xp import array_namespace
-from .base import Compressor, Payload, check_float, kept_count, register
+from .base import Compressor, Payload, check_float, compute_dtype, kept_count, register
 
 __all__ = ["RandomK"]
 
@@ -27,7 +30,7 @@ __all__ = ["RandomK"]
 @register
 @dataclass(frozen=True)
 class RandomK(Compressor):
-    """Keep k shared random elements scaled by n/k; ``ratio`` is k / n."""
+    """Keep k shared random elements (scaled by n/k when decompressed); ``ratio`` is k / n."""
 
     name: ClassVar[str] = "randomk"
     linear: ClassVar[bool] = True
@@ -49,7 +52,7 @@ class RandomK(Compressor):
         return np.sort(rng.choice(n, size=k, replace=False))
 
     def compress(self, x, state) -> Payload:
-        """Return the scaled values at this step's shared indices; advance the step."""
+        """Return the values at this step's shared indices (unscaled); advance the step."""
         check_float(x, self.name)
         xp = array_namespace(x)
         flat = x.reshape(-1)
@@ -57,14 +60,17 @@ class RandomK(Compressor):
         k = self.keeps(n)
         step, state.step = state.step, state.step + 1
         idx = xp.asarray(self.indices(n, k, state.seed, step))
-        values = flat[idx] * flat.dtype.type(n / k) if k else flat[idx]
-        return self._payload(x, {"values": values}, seed=state.seed, step=step, k=k)
+        return self._payload(x, {"values": flat[idx]}, seed=state.seed, step=step, k=k)
 
     def decompress(self, payload: Payload) -> np.ndarray:
-        """Return zeros with the values at the shared indices (not sent: redrawn)."""
+        """Return zeros with the values, scaled by ``n / k``, at the shared indices (redrawn)."""
         n = int(np.prod(payload.shape))
         m = payload.meta
-        xp = array_namespace(payload.arrays["values"])
+        values = payload.arrays["values"]
+        xp = array_namespace(values)
         out = xp.zeros(n, dtype=payload.dtype)
-        out[xp.asarray(self.indices(n, m["k"], m["seed"], m["step"]))] = payload.arrays["values"]
+        if m["k"]:
+            cd = compute_dtype(payload.dtype)
+            scaled = values.astype(cd) * cd.type(n / m["k"])
+            out[xp.asarray(self.indices(n, m["k"], m["seed"], m["step"]))] = scaled
         return out.reshape(payload.shape)
