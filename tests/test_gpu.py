@@ -406,6 +406,54 @@ def test_plans_and_nonblocking_calls_on_device_arrays_are_the_numpy_bits(device,
         assert all(_same_bits(g, w[rank]) for g, w in zip(got, want))
 
 
+class _NcclLike:
+    """A simulated rank's transport as the torch backend's NCCL group is: it moves device
+    memory itself (``moves_device_arrays``), and refuses host buffers, as
+    ``TorchTransport.tensor`` does on an NCCL group."""
+
+    def __init__(self, t):
+        self.t, self.moves_device_arrays = t, True
+
+    def __getattr__(self, name):
+        return getattr(self.t, name)
+
+    def _device(self, *bufs):
+        for buf in bufs:
+            if not xp_module.is_device_array(buf):
+                raise UsageError(f"rank {self.t.rank}: a CPU buffer on an NCCL group")
+
+    def send(self, buf, dest, tag=0):
+        self._device(buf)
+        self.t.send(buf, dest, tag)
+
+    def recv(self, buf, source, tag=0):
+        self._device(buf)
+        self.t.recv(buf, source, tag)
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
+        self._device(sendbuf, recvbuf)
+        self.t.sendrecv(sendbuf, dest, recvbuf, source, tag)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("name", ["ring", "recursive_doubling", "rabenseifner", "tree", "auto"])
+def test_device_arrays_over_a_library_that_moves_device_memory_only(device, name, validate):
+    """The torch backend's NCCL group takes device buffers only: the argument agreement's
+    host signatures go through device copies, and the algorithms' workspaces are device
+    arrays. In place (``out=x``, as the backend calls it): the simulator's NumPy bits."""
+    p, n = 3, 1001
+    (xs,) = _inputs(p, n)
+    want = simulate("allreduce", xs, algorithm=name).outputs
+
+    def body(t):
+        x = device.asarray(xs[t.rank])
+        refcoll.allreduce(x, _NcclLike(t), out=x, algorithm=name, validate=validate)
+        return device.asnumpy(x)
+
+    for rank, got in enumerate(SimWorld(p, timeout=60).run(body)):
+        assert _same_bits(got, want[rank])
+
+
 def test_a_plan_takes_a_view_of_its_own_device_buffer(device):
     """``plan(x=...)`` accepts the plan's own device memory (a view of it), and refuses
     another buffer on every rank, as on the host."""

@@ -39,8 +39,8 @@ from .cuda_aware import cuda_aware
 from .deadline import bounded_barrier
 from .sim import SimTransport
 
-__all__ = ["STAGING_CHUNK_BYTES", "DeviceOp", "PinnedPool", "DirectTransport", "StagingTransport",
-           "device_transport", "check_one_gpu_per_rank", "use_node_gpu"]
+__all__ = ["STAGING_CHUNK_BYTES", "DeviceOp", "PinnedPool", "DirectTransport", "LibraryTransport",
+           "StagingTransport", "device_transport", "check_one_gpu_per_rank", "use_node_gpu"]
 
 #: Largest message the staging path sends whole; longer ones go in chunks of this size.
 STAGING_CHUNK_BYTES = 4 << 20
@@ -201,6 +201,46 @@ class DirectTransport(_DeviceTransport):
 
     def _wrap(self, sub) -> "DirectTransport":
         return DirectTransport(sub, self.array_module)
+
+
+class LibraryTransport(DirectTransport):
+    """Device buffers straight to a library that moves device memory only: NCCL.
+
+    :class:`DirectTransport`'s device path, and its stream synchronisation. The
+    few host buffers the call layer sends (the argument agreement's signatures,
+    counts) go through device copies, since NCCL refuses host memory. The
+    algorithms' workspaces are device arrays (``array_module``).
+    """
+
+    def send(self, buf, dest: int, tag: int = 0) -> None:
+        """Send ``buf`` (host or device) to ``dest``."""
+        super().send(self._on_device(buf), dest, tag)
+
+    def recv(self, buf, source: int, tag: int = 0) -> None:
+        """Receive into ``buf`` (host or device) from ``source``."""
+        landing = self._on_device(buf, copy=False)
+        super().recv(landing, source, tag)
+        self._back(landing, buf)
+
+    def sendrecv(self, sendbuf, dest: int, recvbuf, source: int, tag: int = 0) -> None:
+        """Send to ``dest`` and receive from ``source`` at once."""
+        landing = self._on_device(recvbuf, copy=False)
+        super().sendrecv(self._on_device(sendbuf), dest, landing, source, tag)
+        self._back(landing, recvbuf)
+
+    def _on_device(self, buf, copy: bool = True):
+        """Return ``buf`` itself if on the device, else a device array of its bytes (or size)."""
+        if is_device_array(buf):
+            return buf
+        xp = self.array_module
+        return xp.asarray(buf) if copy else xp.empty(buf.shape, buf.dtype)
+
+    def _back(self, landing, buf) -> None:
+        if landing is not buf:  # a host buffer, received through the device
+            buf[...] = self.array_module.asnumpy(landing)
+
+    def _wrap(self, sub) -> "LibraryTransport":
+        return LibraryTransport(sub, self.array_module)
 
 
 class PinnedPool:
@@ -380,22 +420,25 @@ class StagingTransport(_DeviceTransport):
 def device_transport(t, x=None, *, agree: Callable[[Any, bool], bool] | None = None):
     """Return the transport that carries device arrays over ``t``: direct or staged.
 
-    ``x`` a host array (or ``t`` a device transport already, or one whose
-    library moves device memory itself, as NCCL does): ``t`` itself.
-    Otherwise :class:`DirectTransport` when :func:`cuda_aware` says so on every
-    rank, else :class:`StagingTransport`. Ranks must agree, since the two cut
-    long messages differently: ``agree(t, aware)`` returns whether every rank's
-    answer is yes (a collective the caller supplies, as this layer has none);
+    ``x`` a host array (or ``t`` a device transport already): ``t`` itself. A
+    ``t`` whose library moves device memory itself, and only that (NCCL):
+    :class:`LibraryTransport`. Otherwise :class:`DirectTransport` when
+    :func:`cuda_aware` says so on every rank, else :class:`StagingTransport`.
+    Ranks must agree, since the two cut long messages differently:
+    ``agree(t, aware)`` returns whether every rank's answer is yes (a collective
+    the caller supplies, as this layer has none);
     simulated ranks share a process and its answer. The result is kept in
     ``t``'s cache (:func:`~refcoll.transport.base.transport_cache`).
     """
-    if (isinstance(t, _DeviceTransport) or getattr(t, "moves_device_arrays", False)
-            or (x is not None and not is_device_array(x))):
+    if isinstance(t, _DeviceTransport) or (x is not None and not is_device_array(x)):
         return t
     cache = transport_cache(t, "device")
     if "transport" in cache:
         return cache["transport"]
     xp = array_namespace(x) if x is not None else require_cupy("a device transport")
+    if getattr(t, "moves_device_arrays", False):
+        cache["transport"] = LibraryTransport(t, xp)
+        return cache["transport"]
     aware, _ = cuda_aware()
     if t.size > 1 and not isinstance(t, SimTransport) and agree is not None:
         aware = agree(t, aware)
