@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -62,11 +63,17 @@ stats = Stats()
 _pinned: list[tuple[int, int, bytearray]] = []
 
 
+#: What CUDA keeps per host thread: the current device and stream.
+_current = threading.local()
+
+
 def reset(**settings) -> Stats:
-    """Forget every count and pinned buffer; apply ``settings`` (``device_count=0``...)."""
+    """Forget every count, pinned buffer and this thread's device and stream; apply
+    ``settings`` (``device_count=0``...)."""
     global stats
     stats = Stats(**settings)
     _pinned.clear()
+    _current.__dict__.clear()
     return stats
 
 
@@ -353,10 +360,19 @@ def repeat(a, repeats, axis=None):
 # -------------------------------------------------------------------------- cupy.cuda
 
 class Stream:
-    """A stream: work happens at once; synchronisations are counted."""
+    """A stream: work happens at once; synchronisations are counted. ``with`` makes it the
+    thread's current stream, as CuPy's does."""
 
     def __init__(self, null=False, non_blocking=False, ptr=0):
         self.ptr = 0 if null else id(self)
+
+    def __enter__(self) -> "Stream":
+        self._previous = _get_current_stream()
+        _current.stream = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _current.stream = self._previous
 
     def synchronize(self) -> None:
         stats.stream_syncs += 1
@@ -383,7 +399,7 @@ _null_stream = Stream(null=True)
 
 
 def _get_current_stream():
-    return _null_stream
+    return getattr(_current, "stream", _null_stream)
 
 
 def _get_elapsed_time(start: Event, stop: Event) -> float:
@@ -399,13 +415,22 @@ def _alloc_pinned_memory(size: int) -> bytearray:
 
 
 class Device:
-    """A device number; ``use`` makes it current."""
+    """A device number (``Device()``: the thread's current one); ``use`` makes it current
+    for the calling thread, as does ``with``."""
 
-    def __init__(self, device: int = 0):
-        self.id = device
+    def __init__(self, device: int | None = None):
+        self.id = getattr(_current, "device", 0) if device is None else device
 
     def use(self) -> None:
-        stats.device_in_use = self.id
+        _current.device = stats.device_in_use = self.id
+
+    def __enter__(self) -> "Device":
+        self._previous = Device()
+        self.use()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._previous.use()
 
 
 class CUDARuntimeError(RuntimeError):

@@ -454,6 +454,37 @@ def test_device_arrays_over_a_library_that_moves_device_memory_only(device, name
         assert _same_bits(got, want[rank])
 
 
+@pytest.mark.parametrize("progress", ["thread", "schedule"])
+def test_a_non_blocking_device_call_runs_on_the_callers_device_and_stream(fake, monkeypatch,
+                                                                         progress):
+    """CUDA's current device and stream belong to a host thread: a call the progress thread
+    runs must run on the caller's, or it allocates on device 0 and races the caller's
+    stream. Each rank here uses its own device and a stream of its own."""
+    monkeypatch.setenv("REFCOLL_PROGRESS", progress)
+    fake.reset(device_count=2)
+    seen = {}
+    real = refcoll.calls.nonblocking.allreduce
+
+    def spying(x, *args, comm, **kwargs):
+        seen[comm.rank] = (fake.cuda.Device().id, fake.cuda.get_current_stream())
+        return real(x, *args, comm=comm, **kwargs)
+
+    monkeypatch.setattr(refcoll.calls.nonblocking, "allreduce", spying)
+    (xs,) = _inputs(2, 64)
+    want = simulate("allreduce", xs, algorithm="ring").outputs
+
+    def body(t):
+        stream = fake.cuda.Stream(non_blocking=True)
+        with fake.cuda.Device(1 - t.rank), stream:
+            dt = devices.device_transport(t, fake.asarray(xs[t.rank]))
+            got = refcoll.iallreduce(fake.asarray(xs[t.rank]), dt, algorithm="ring").wait()
+            return fake.asnumpy(got), (1 - t.rank, stream)
+
+    for rank, (got, callers) in enumerate(SimWorld(2, timeout=60).run(body)):
+        assert _same_bits(got, want[rank])
+        assert seen[rank] == callers
+
+
 def test_a_plan_takes_a_view_of_its_own_device_buffer(device):
     """``plan(x=...)`` accepts the plan's own device memory (a view of it), and refuses
     another buffer on every rank, as on the host."""

@@ -29,7 +29,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms._util import is_count
 from ..core.errors import MismatchError, UsageError
-from ..core.xp import array_namespace, is_device_array
+from ..core.xp import array_namespace, is_device_array, on_callers_device
 from ..transport.base import Ledger, TransportBase
 from ..transport.device import device_transport
 from ..transport.ledger_only import LedgerWorld
@@ -141,7 +141,8 @@ def _in_issue_order(comm_at: int):
                         args = (*args[:comm_at], t, *args[comm_at + 1:])
                     else:
                         kwargs["comm"] = t
-                    job = functools.partial(traced, *args, **kwargs)
+                    job = on_callers_device(functools.partial(traced, *args, **kwargs),
+                                            args[0] if args else kwargs.get("x"))
                     return engine.submit(Handle(fn.__name__, job, engine)).wait()
             on = tracing_on[0]
             if on or (on is None and debug.enabled()):

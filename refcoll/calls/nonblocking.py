@@ -18,6 +18,7 @@ completes.
 
 from __future__ import annotations
 
+from ..core.xp import on_callers_device
 from .collectives import allgather, allreduce, as_transport, broadcast, reduce, reduce_scatter
 from .progress import Handle, engine_for, wait_all
 
@@ -33,7 +34,7 @@ def _issue(name: str, fn, x, comm, args: tuple, kwargs: dict) -> Handle:
     def job():
         return fn(x, *args, comm=t, **kwargs)
 
-    return engine.submit(Handle(name, job, engine))
+    return engine.submit(Handle(name, on_callers_device(job, x), engine))
 
 
 def issue(name: str, comm, job) -> Handle:

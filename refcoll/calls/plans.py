@@ -53,7 +53,7 @@ import time
 
 from .. import algorithms
 from ..core.errors import UsageError
-from ..core.xp import address, array_namespace
+from ..core.xp import address, array_namespace, on_callers_device
 from ..transport.base import transport_cache
 from ..transport.recorder import compile_steps, done, landed, record, run_steps, start
 from . import debug
@@ -145,7 +145,8 @@ class Plan:
         error = self._misuse(x, out, comm)
         engine = busy_engine(self.t) if any_busy() else None
         if engine is not None:  # non-blocking calls are outstanding: run behind them
-            return engine.submit(Handle(self.collective, lambda: self._run(error), engine)).wait()
+            job = on_callers_device(lambda: self._run(error), self.x)
+            return engine.submit(Handle(self.collective, job, engine)).wait()
         if debug.enabled():
             return debug.traced(self.t, self.collective, self._trace_fields(),
                                 lambda: self._run(error))
@@ -174,13 +175,12 @@ class Plan:
         engine = self._engine
         if engine is None:  # the communicator's engine, made on its first non-blocking call
             engine = self._engine = engine_for(self.t)
+        run = on_callers_device(lambda: self._run(error), self.x)  # maybe on another thread
         if engine.kind == "schedule":
-            job = Steps(self) if self._program is not None and error is None else (
-                lambda: self._run(error))
+            job = Steps(self) if self._program is not None and error is None else run
             self._started = engine.submit(Handle(self.collective, job, engine))
         else:  # queued for the thread; a wait() that finds it not yet taken runs it inline
-            self._started = engine.submit(
-                Handle(self.collective, lambda: self._run(error), engine), defer=True)
+            self._started = engine.submit(Handle(self.collective, run, engine), defer=True)
         return self
 
     @property

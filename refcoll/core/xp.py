@@ -18,7 +18,7 @@ from .ops import dtype_name
 
 __all__ = ["cupy_or_none", "gpu_unavailable_reason", "require_cupy", "array_namespace",
            "is_device_array", "address", "check_device_dtype", "device_supports", "synchronize",
-           "to_host", "device_generator"]
+           "to_host", "device_generator", "on_callers_device"]
 
 
 @functools.cache
@@ -84,6 +84,24 @@ def address(a) -> int:
     if a.__class__ is np.ndarray or not is_device_array(a):
         return a.__array_interface__["data"][0]
     return a.data.ptr
+
+
+def on_callers_device(job, x):
+    """Return ``job`` to run on another thread, on the caller's current device and stream.
+
+    CUDA's current device and CuPy's current stream belong to a host thread: a
+    progress thread would otherwise allocate on device 0 and queue kernels on its
+    own stream, racing the caller's. A host ``x``: ``job`` itself.
+    """
+    if not is_device_array(x):
+        return job
+    cuda = array_namespace(x).cuda
+    device, stream = cuda.Device(), cuda.get_current_stream()
+
+    def on_device():
+        with device, stream:
+            return job()
+    return on_device
 
 
 def check_device_dtype(dtype, xp) -> None:
