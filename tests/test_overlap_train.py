@@ -1,6 +1,7 @@
 """Training with overlap: the layered model's gradients, the reducer's replicas, the command."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -10,14 +11,15 @@ import pytest
 from click.testing import CliRunner
 from conftest import mpiexec_path
 
-from refcoll import SimWorld, UsageError
+from refcoll import MismatchError, RefcollError, SimWorld, UsageError
 from refcoll.cli import main
 from refcoll.model import Cluster, ModelRequest, allreduce_estimate, overlap
 from refcoll.model.overlap import fit_link, predict_step
+from refcoll.training import overlap as training_overlap
 from refcoll.training.mlp import backward, forward, init_layers, loss_and_grads, loss_gradient
 from refcoll.training.overlap import OverlapConfig, parse_widths, run_overlap
 from refcoll.training.reducer import Reducer
-from refcoll.training.train import init_params
+from refcoll.training.train import ReplicaDivergence, init_params
 from refcoll.training.train import loss_and_grads as two_layer_grads
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None,
@@ -37,6 +39,21 @@ def small_run(p=2, **settings):
                               "synthetic": True, "warmup": 1, "bucket_mbs": (0.004,),
                               "first_bucket_mb": 0.002, **settings})
     return config, SimWorld(p).run(lambda t: run_overlap(t, config))
+
+
+def outcomes(configs):
+    """Run ``run_overlap`` with rank r's config ``configs[r]``; return what each rank raised."""
+
+    def rank(t, config):
+        try:
+            run_overlap(t, config)
+        except Exception as exc:  # noqa: BLE001 - the test reads every rank's error
+            return exc
+        return None
+
+    # The timeout only bounds a failure: the simulator's split could wait for ranks that
+    # had raised already, for ever, when the ranks did not agree before the Reducer.
+    return SimWorld(len(configs), timeout=30).run(rank, args=[(c,) for c in configs])
 
 
 def test_the_gradient_is_the_derivative_of_the_loss():
@@ -217,3 +234,74 @@ def test_train_with_layers_under_mpi_writes_the_json_and_the_timeline(tmp_path):
     assert data["replicas_identical"] is True and data["test_accuracy"] is None
     assert "replicas bit-identical across variants: yes" in res.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ranks_given_different_settings_all_raise_at_once():
+    """Ranks given different --steps ran different numbers of steps and waited for each other
+    (a timeout under MPI): the settings are agreed first, and every rank names them."""
+    base = {"widths": (12, 48, 5), "batch": 8, "synthetic": True, "warmup": 1}
+    errors = outcomes([OverlapConfig(steps=4, **base), OverlapConfig(steps=5, **base)])
+    for exc in errors:
+        assert isinstance(exc, MismatchError), repr(exc)
+        assert "ranks called train with different arguments" in str(exc)
+        assert "steps=4" in str(exc) and "steps=5" in str(exc)
+
+
+def test_a_batch_that_one_shard_fits_is_refused_on_every_rank():
+    """3 ranks split 1438 rows into shards of 480, 479 and 479: a batch of 480 was accepted by
+    rank 0 alone, which then waited for the others. Every rank now refuses it, as train does."""
+    pytest.importorskip("sklearn", reason="needs scikit-learn: pip install 'refcoll[examples]'")
+    config = OverlapConfig(widths=(64, 16, 10), steps=2, batch=480)
+    for exc in outcomes([config] * 3):
+        assert isinstance(exc, UsageError), repr(exc)
+        assert "--batch 480 is larger than a rank's shard of 479 training rows on 3 ranks" in str(
+            exc)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow that makes the nan
+def test_a_diverging_run_is_an_error_on_every_rank():
+    config = OverlapConfig(widths=(12, 48, 40, 5), steps=4, batch=8, synthetic=True, warmup=1,
+                           lr=1e30, momentum=0.5)
+    for exc in outcomes([config] * 2):
+        assert isinstance(exc, RefcollError) and not isinstance(exc, UsageError), repr(exc)
+        assert "the training loss is nan at step 2: training diverged; lower --lr" in str(exc)
+
+
+def test_replicas_that_differ_between_variants_are_an_error(monkeypatch):
+    step = training_overlap._step
+
+    def drifting(t, rep, *args):  # the no-overlap replica drifts alike on every rank
+        record = step(t, rep, *args)
+        if rep.variant.name == "no_overlap":
+            rep.params[-1][0] += np.float32(1)
+        return record
+
+    monkeypatch.setattr(training_overlap, "_step", drifting)
+    config = OverlapConfig(widths=(12, 48, 5), steps=3, batch=8, synthetic=True, warmup=1)
+    for exc in outcomes([config] * 2):
+        assert isinstance(exc, ReplicaDivergence), repr(exc)
+        assert "the replicas of overlap, no_overlap differ after training" in str(exc)
+
+
+@needs_mpi
+def test_train_with_layers_refuses_a_batch_one_shard_fits_once_with_status_2():
+    res = subprocess.run(
+        [sys.executable, "-m", "refcoll", "train", "-n", "3", "--layers", "64,16,10",
+         "--batch", "480", "--steps", "2"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "REFCOLL_TIMEOUT": "10"})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count(
+        "refcoll: error: --batch 480 is larger than a rank's shard of 479 training rows on 3 "
+        "ranks") == 1, res.stderr
+    assert "refcoll train --layers:" not in res.stdout
+
+
+@needs_mpi
+def test_train_with_layers_exits_1_when_training_diverges():
+    res = subprocess.run(
+        [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "refcoll", "train", "-n", "2",
+         "--layers", "12,48,5", "--synthetic", "--steps", "3", "--batch", "8", "--lr", "1e30",
+         "--momentum", "0.5"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "REFCOLL_TIMEOUT": "10"})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "the training loss is nan at step 2: training diverged; lower --lr" in res.stderr

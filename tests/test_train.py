@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, mpiexec_path
 
-from refcoll import SimWorld, UsageError
+from refcoll import MismatchError, SimWorld, UsageError
 from refcoll.cli import main
 from refcoll.training.train import (
     ReplicaDivergence,
@@ -83,6 +83,26 @@ def test_diverged_replicas_are_reported_on_every_rank():
 
     messages = SimWorld(2).run(check)
     assert all(m and "replicas differ across ranks in the test" in m for m in messages)
+
+
+@pytest.mark.parametrize("second,error,said", [
+    ({"batch": 5000}, UsageError, "larger than a rank's shard of 719 training rows on 2 ranks"),
+    ({"steps": 4}, MismatchError, "ranks called train with different arguments"),
+])
+def test_ranks_given_different_settings_all_raise_at_once(second, error, said):
+    """The batch was checked before the ranks agreed on the config: rank 1 refused 5000 rows
+    while rank 0 went on and waited for it (a timeout under MPI). Now every rank raises."""
+
+    def rank(t, config):
+        try:
+            train(t, config)
+        except Exception as exc:  # noqa: BLE001 - the test reads every rank's error
+            return exc
+        return None
+
+    configs = [TrainConfig(steps=3), TrainConfig(**{"steps": 3, **second})]
+    for exc in SimWorld(2).run(rank, args=[(c,) for c in configs]):
+        assert isinstance(exc, error) and said in str(exc), repr(exc)
 
 
 def test_bad_settings_are_usage_errors():

@@ -82,7 +82,8 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
     run interleaved step by step: compute-only (no reduction: its replica
     learns from its own rank's gradient), overlap (buckets launched during
     backward) and no overlap (every bucket after backward), each with its own
-    replica; the two reducing replicas stay bit-identical. Rank 0 prints their
+    replica; the two reducing replicas stay bit-identical (checked: status 1
+    otherwise, as for a training loss that stops being finite). Rank 0 prints their
     medians (ms): step, compute (forward + backward), comm (the buckets'
     all-reduces), exposed (step minus the compute-only step), hidden (comm -
     exposed), the overlap model's predicted exposed time, and the `refcoll
@@ -134,11 +135,7 @@ def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
     lead = t.rank == 0
     first = configs[0]
     launch.data_ranks(t, nprocs)  # notes, on rank 0, an -n the job's size overrules
-    problem = batch_problem(first.batch, t.size)  # every rank alike: said once, before output
-    if problem:
-        if lead:
-            raise UsageError(problem)
-        sys.exit(2)
+    _refuse_batch(t, first.batch)
     if lead:
         click.echo(f"refcoll train: {t.size} ranks, digits MLP 64-{first.hidden}-10, "
                    f"{first.steps} steps, batch {first.batch} per rank, lr {first.lr:g} "
@@ -176,6 +173,19 @@ def _train_in_world(nprocs, configs, json_file, plot_file) -> None:
         click.echo(f"plot: {plot_file}")
 
 
+def _refuse_batch(t, batch: int) -> None:
+    """End every rank with status 2 if ``batch`` rows per rank cannot make one step.
+
+    :func:`~refcoll.training.train.batch_problem` gives every rank the same answer, so
+    every rank stops; rank 0 alone says why, once, before any output.
+    """
+    problem = batch_problem(batch, t.size)
+    if problem:
+        if t.rank == 0:
+            raise UsageError(problem)
+        sys.exit(2)
+
+
 #: One BLAS thread per rank unless the user says otherwise: ranks that each start a
 #: thread per core oversubscribe the cores, and the progress thread needs one too.
 _BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -199,6 +209,8 @@ def _overlap(nprocs, compressors, json_file, plot_file, config: OverlapConfig) -
     check_output_paths_on_lead(MPI.COMM_WORLD, "refcoll train", json=json_file, plot=plot_file)
     t = as_transport(MPI.COMM_WORLD, "refcoll train")
     launch.data_ranks(t, nprocs)
+    if not config.synthetic:  # synthetic data: batch · 8 rows per rank, whatever the batch
+        _refuse_batch(t, config.batch)
     c = config
     if t.rank == 0:
         click.echo(f"refcoll train --layers: {t.size} ranks, MLP {'-'.join(map(str, c.widths))}, "

@@ -60,7 +60,15 @@ from ..model import ALGORITHMS, ModelRequest
 from ..model.overlap import fit_link, predict_step
 from .mlp import backward, forward, init_layers, loss_and_grads, loss_gradient
 from .reducer import Reducer
-from .train import TrainConfig, check_replicas, load_digits_split
+from .train import (
+    ReplicaDivergence,
+    TrainConfig,
+    agree_settings,
+    batch_problem,
+    check_loss,
+    check_replicas,
+    load_digits_split,
+)
 
 __all__ = ["parse_widths", "OverlapConfig", "Variant", "OverlapResult", "run_overlap",
            "model_command", "measure_layer_backward", "plot_timeline"]
@@ -175,11 +183,10 @@ def _data(t, config: OverlapConfig):
         x = rng.standard_normal((rows, config.widths[0])).astype(np.float32)
         return x, rng.integers(0, config.widths[-1], rows), None, None
     x_train, y_train, x_test, y_test = load_digits_split()
-    x, y = x_train[t.rank::t.size], y_train[t.rank::t.size]
-    if len(y) < config.batch:
-        raise UsageError(f"--batch {config.batch} is larger than a rank's shard of {len(y)} "
-                         f"training rows on {t.size} ranks")
-    return x, y, x_test, y_test
+    problem = batch_problem(config.batch, t.size, len(y_train))  # every rank alike
+    if problem:
+        raise UsageError(problem)
+    return x_train[t.rank::t.size], y_train[t.rank::t.size], x_test, y_test
 
 
 def _batches(n_rows: int, config: OverlapConfig, rank: int):
@@ -328,12 +335,23 @@ def _summary(rep: _Replica, compute: list, blocking: dict, result: OverlapResult
 def run_overlap(comm, config: OverlapConfig) -> OverlapResult:
     """Train through the Reducer with each variant interleaved on ``comm``; return the figures.
 
+    Every rank raises the same error, none is left waiting.
+
     Raises:
-        UsageError: bad settings, or scikit-learn missing for the digits.
-        ReplicaDivergence: a training replica differs across ranks at the end.
+        UsageError: bad settings, or scikit-learn missing for the digits (on any rank).
+        MismatchError: the ranks were given different configs.
+        RefcollError: the training loss stopped being finite (lower ``lr``).
+        ReplicaDivergence: a training replica differs across ranks at the end, or the
+            reducing variants' replicas differ from each other.
     """
-    t = as_transport(comm)  # every rank passes the same config
-    (x, y, x_test, y_test), params = _data(t, config), init_layers(config.widths, config.seed)
+    t = as_transport(comm)
+    error = ""
+    try:
+        x, y, x_test, y_test = _data(t, config)
+    except UsageError as exc:
+        error = str(exc)
+    agree_settings(t, config, error)  # every rank raises, or none
+    params = init_layers(config.widths, config.seed)
     sleep = layer_seconds = None
     if config.backward == "sleep":  # the ranks' mean NumPy time, so they sleep alike
         mine = np.array(measure_layer_backward(params, x[:config.batch], y[:config.batch]))
@@ -360,9 +378,13 @@ def run_overlap(comm, config: OverlapConfig) -> OverlapResult:
             record = _step(t, rep, x[rows], y[rows], lr, config.momentum)
             if measured:
                 rep.records.append(record)
+            if rep is reps[1]:  # the first reducing replica's loss, every step
+                losses.append(record["loss"])
             for b in record["timeline"]:
                 blocking.setdefault(b["bytes"], [])
-        losses.append(reps[1].records[-1]["loss"] if reps[1].records else math.nan)
+    losses = allreduce(np.array(losses), t, op="avg", validate=False)  # the ranks' mean
+    for step, loss in enumerate(losses, 1):
+        check_loss(float(loss), step)  # the first step it stopped being finite
     medians = {n: float(statistics.median(s)) for n, s in blocking.items() if s}
     trained = [r for r in reps if r.reducer is not None]
     for rep in trained:
@@ -378,10 +400,13 @@ def run_overlap(comm, config: OverlapConfig) -> OverlapResult:
         row["vs_compute"] = row["step"] / rows["compute"]["step"]
         row["speedup"] = rows["no_overlap"]["step"] / row["step"]
     result.variants, result.params = rows, {r.variant.name: r.params for r in reps}
-    result.loss = float(allreduce(np.array([np.nanmean(losses[-10:])]), t, op="avg",
-                                  validate=False)[0])
+    result.loss = float(np.mean(losses[-10:]))
     result.identical = all(a.tobytes() == b.tobytes() for rep in trained[1:]
                            for a, b in zip(trained[0].params, rep.params))
+    if not result.identical:  # the same on every rank: check_replicas passed
+        raise ReplicaDivergence(
+            "the replicas of " + ", ".join(r.variant.name for r in trained) + " differ after "
+            "training: the Reducer averaged different gradients with and without overlap")
     if x_test is not None:
         logits = forward(trained[0].params, x_test)[-1]
         result.test_accuracy = float((logits.argmax(axis=1) == y_test).mean())

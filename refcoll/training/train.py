@@ -42,6 +42,7 @@ from typing import Callable
 import numpy as np
 
 from .. import algorithms
+from ..calls.agree import agree
 from ..calls.auto import resolve
 from ..calls.collectives import allreduce, as_transport
 from ..compressors import parse
@@ -57,6 +58,8 @@ __all__ = [
     "ReplicaDivergence",
     "load_digits_split",
     "batch_problem",
+    "agree_settings",
+    "check_loss",
     "init_params",
     "loss_and_grads",
     "accuracy",
@@ -214,6 +217,33 @@ def batch_problem(batch: int, ranks: int, train_rows: int | None = None) -> str 
     return None
 
 
+def agree_settings(t, config, error: str = "") -> None:
+    """Return once every rank of ``t`` holds the same ``config`` and none an ``error``.
+
+    One argument agreement (:func:`refcoll.calls.agree.agree`) before any step, so
+    ranks given different settings raise the same
+    :class:`~refcoll.core.errors.MismatchError` naming them, and a rank's own
+    objection (``error``: a batch its shard cannot fill, scikit-learn missing) is
+    every rank's: the others raise a :class:`~refcoll.core.errors.UsageError` naming
+    that rank, that rank its own. None is left waiting for the others.
+    """
+    with t.call("train"):
+        agree(t, collective="train", options=repr(config), error=error)
+    if error:
+        raise UsageError(error)
+
+
+def check_loss(loss: float, step: int) -> None:
+    """Raise :class:`~refcoll.core.errors.RefcollError` unless ``loss`` is finite.
+
+    ``loss``: the ranks' mean training loss at ``step``; the same on every rank, so
+    every rank raises or none.
+    """
+    if not math.isfinite(loss):
+        raise RefcollError(f"the training loss is {loss} at step {step}: training diverged; "
+                           "lower --lr")
+
+
 def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Return ``(X_train, y_train, X_test, y_test)``: digits scaled to [0, 1], float32.
 
@@ -290,16 +320,19 @@ def train(comm, config: TrainConfig,
         on_epoch: called on every rank with each epoch's record as it ends.
 
     Raises:
-        UsageError: bad settings, or scikit-learn missing.
+        UsageError: bad settings, or scikit-learn missing (on any rank).
+        MismatchError: the ranks were given different configs.
         ReplicaDivergence: the ranks' weights differ (checked every epoch).
         RefcollError: the loss stopped being finite (lower ``lr``).
     """
     t = as_transport(comm)
     compressor = config.make_compressor()
-    x_train, y_train, x_test, y_test = load_digits_split()
-    problem = batch_problem(config.batch, t.size, len(y_train))
-    if problem:
-        raise UsageError(problem)
+    try:
+        x_train, y_train, x_test, y_test = load_digits_split()
+        problem = batch_problem(config.batch, t.size, len(y_train)) or ""
+    except UsageError as exc:
+        problem = str(exc)
+    agree_settings(t, config, problem)  # every rank raises, or none
     steps_per_epoch = len(y_train) // t.size // config.batch
     x_shard, y_shard = _shard(x_train, y_train, t.rank, t.size)
     params = init_params(x_train.shape[1], config.hidden, config.seed)
@@ -360,9 +393,7 @@ def _end_epoch(t, params, losses, sent, dense, step, epoch, x_test, y_test) -> E
     totals = allreduce(np.array([sum(losses), len(losses)], np.float64), t, op="sum",
                        validate=False)
     loss = float(totals[0] / totals[1])
-    if not math.isfinite(loss):
-        raise RefcollError(f"the training loss is {loss} at step {step}: training diverged; "
-                           "lower --lr")
+    check_loss(loss, step)
     sent_by_all = allreduce(np.array([sent], np.int64), t, op="sum", validate=False)
     check_replicas(t, params, when=f"after step {step}")
     return EpochRecord(epoch=epoch, step=step, loss=loss,
