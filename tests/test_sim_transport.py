@@ -59,6 +59,19 @@ def test_waiting_on_a_finished_rank_is_reported():
         SimWorld(2).run(lonely)
 
 
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_split_waiting_on_a_finished_rank_is_reported(p):
+    # The deadlock detector read every waiting request's communicator, and a split's had
+    # none: an AttributeError, where the ranks waiting in the split should be named.
+    def alone(t):
+        if t.rank:
+            t.split(0, 0)
+
+    with pytest.raises(DeadlockError, match=r"rank 1 waits on a split waiting for ranks \[0\] "
+                                            r"\(that rank has finished\)"):
+        SimWorld(p).run(alone)
+
+
 def test_size_mismatch_is_an_error_not_a_silent_truncation():
     def mismatch(t):
         if t.rank == 0:

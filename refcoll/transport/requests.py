@@ -69,10 +69,10 @@ class SplitRequest:
     """One rank's part in a collective ``split``: done once every member arrived."""
 
     kind = "split"
-    __slots__ = ("rank", "rendezvous", "done", "waiter")
+    __slots__ = ("rank", "comm", "rendezvous", "done", "waiter")
 
-    def __init__(self, rank: int):
-        self.rank = rank
+    def __init__(self, rank: int, comm: int):
+        self.rank, self.comm = rank, comm  # the communicator being split
         self.rendezvous: dict = {}
         self.done = False
         self.waiter: Waiter | None = None

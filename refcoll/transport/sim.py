@@ -396,7 +396,7 @@ class SimWorld:
     def _split(self, t: "SimTransport", color, key) -> "SimTransport | None":
         ident = (t.comm, t._split_seq)
         t._split_seq += 1
-        req = SplitRequest(t.world_rank)
+        req = SplitRequest(t.world_rank, t.comm)
         with self._lock:
             rv = self._splits.setdefault(
                 ident, {"members": list(t.members), "arrived": {}, "result": None,
