@@ -83,6 +83,8 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "avg", "prod")
 SMALL_P = (2, 3, 5, 8, 16)
 LARGE_P = (33, 64)
+#: Large worlds that repeat 33's at twice the cost: with ``-m slow``.
+SLOW_P = (64,)
 #: Every combination at small p.
 FULL_GRID = tuple((kind, op, dtype) for kind in KINDS for op in OPS for dtype in DTYPES)
 #: Adversarial sums in every dtype (the tightness test needs them); one of each other kind and op.
@@ -130,7 +132,9 @@ def _cases() -> list:
             if collective not in algorithms.get(name).collectives:
                 continue
             for p in SMALL_P + (() if name == "auto" else LARGE_P):
-                cases.append(pytest.param(name, collective, p, id=f"{name}-{collective}-p{p}"))
+                marks = pytest.mark.slow if p in SLOW_P else ()
+                cases.append(pytest.param(name, collective, p, id=f"{name}-{collective}-p{p}",
+                                          marks=marks))
     return cases
 
 

@@ -38,18 +38,18 @@ def _run(launcher: str, p: int, *args: str, **env_vars):
                           env=env, cwd=ROOT)
 
 
-# Two processes under torchrun and four under mpiexec run by default (one process: in this
-# process, below), every size from 1 to 4 under both launchers with -m slow: they start the
-# same processes, which init_process_group reads either way.
+# Three processes under mpiexec run by default (one process: in this process, below), every
+# size from 1 to 4 under both launchers with -m slow: they start the same processes, which
+# init_process_group reads either way, and the backend's suite (test_torch_backend.py) runs
+# two under torchrun by default.
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("launcher,p", [("torchrun", 2), ("mpiexec", 3),
+@pytest.mark.parametrize("launcher,p", [("mpiexec", 3),
                                         *[pytest.param(launcher, p, marks=SLOW)
                                           for launcher in ("torchrun", "mpiexec")
                                           for p in range(1, 5)
-                                          if (launcher, p) not in (("torchrun", 2),
-                                                                   ("mpiexec", 3))]])
+                                          if (launcher, p) != ("mpiexec", 3)]])
 def test_torch_suite(launcher, p):
     res = _run(launcher, p, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "torch"))
