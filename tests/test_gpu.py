@@ -485,6 +485,27 @@ def test_a_non_blocking_device_call_runs_on_the_callers_device_and_stream(fake, 
         assert seen[rank] == callers
 
 
+def test_the_ddp_hooks_bucket_plan_follows_a_device_bucket_wrapped_anew(fake):
+    """The hook wraps DDP's bucket tensor anew each call: the plan's buffer is compared by
+    address, which a CuPy array gives through its memory pointer (it has no
+    ``__array_interface__``), so the second call keeps the plan and it runs."""
+    torch_hooks = pytest.importorskip("refcoll.torch.hooks")
+    (xs,) = _inputs(2, 6)
+    want = simulate("allreduce", xs, algorithm="ring", op="avg").outputs
+
+    def body(t):
+        t = _NcclLike(t)
+        state = torch_hooks.HookState(algorithm="ring")
+        layout = ((1, (6,)),)
+        x = fake.asarray(xs[t.rank])
+        first = torch_hooks.bucket_plan(state, x, layout, 0, t)
+        again = torch_hooks.bucket_plan(state, x.view(), layout, 0, t)
+        return again is first, fake.asnumpy(again())
+
+    for rank, (kept, got) in enumerate(SimWorld(2, timeout=60).run(body)):
+        assert kept and _same_bits(got, want[rank])
+
+
 def test_a_plan_takes_a_view_of_its_own_device_buffer(device):
     """``plan(x=...)`` accepts the plan's own device memory (a view of it), and refuses
     another buffer on every rank, as on the host."""

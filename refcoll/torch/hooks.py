@@ -39,7 +39,8 @@ from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..compressors.collective import compressed_allreduce
 from ..core.errors import UsageError
-from ..training.buckets import address, compress_each
+from ..core.xp import address
+from ..training.buckets import compress_each
 from ..transport.torch import torch_transport_for
 from .tensors import as_array
 

@@ -269,11 +269,6 @@ def first_difference(rows: list[dict]) -> str | None:
     return None
 
 
-def address(a: np.ndarray) -> int:
-    """Return the address of an array's first byte."""
-    return a.__array_interface__["data"][0]
-
-
 def same_dtype(dtype, wanted: np.dtype) -> bool:
     """Return whether ``dtype`` is the NumPy dtype ``wanted``."""
     try:

@@ -49,12 +49,12 @@ from ..calls.nonblocking import issue, wait_all
 from ..compressors import Compressor, parse
 from ..core.errors import MismatchError, RefcollError, UsageError
 from ..core.ops import is_float
+from ..core.xp import address
 from .buckets import (
     NAMED,
     BucketLayout,
     GradBucket,
     Parameter,
-    address,
     assign_buckets,
     bucket_plans,
     cap_bytes,
