@@ -151,10 +151,16 @@ def check_overlap(data: np.ndarray, out: np.ndarray, allowed: np.ndarray, t, wha
     ``data`` and ``out`` are contiguous, so on a device the bounds of their bytes
     answer (:func:`~refcoll.algorithms._util.overlaps`: no work on the device).
     """
-    if (data.size and out.size and overlaps(data, out)
+    if (data.size and out.size and _overlap(data, out)
             and not _same_buffer(*allowed)):
         raise ValueError(f"rank {t.rank}: the input and out= of {what} overlap; pass disjoint "
                          "buffers, or the in-place layout the documentation gives")
+
+
+def _overlap(a, b) -> bool:
+    """Return whether two contiguous arrays share memory (NumPy's answer for host arrays, in
+    place; on a device, the bounds of their bytes: :func:`~refcoll.algorithms._util.overlaps`)."""
+    return np.shares_memory(a, b) if a.__class__ is np.ndarray else overlaps(a, b)
 
 
 def shaped(flat: np.ndarray, out, shape) -> np.ndarray:
@@ -295,7 +301,7 @@ class Call:
             flat, own = self.flat, self.result
         else:
             return
-        if flat.size and not overlaps(own, flat):  # both contiguous: bounds, on a device
+        if flat.size and not _overlap(own, flat):
             array_namespace(flat).copyto(own, flat)
 
     def finish(self) -> None:
