@@ -179,7 +179,8 @@ def _tightness(name: str, p: int, kind: str = "adversarial", op: str = "sum") ->
     return max(_measure(name, "allreduce", p, kind, op, dtype)[1] for dtype in DTYPES)
 
 
-@pytest.mark.parametrize("p", SMALL_P + LARGE_P)
+@pytest.mark.parametrize("p", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_P else p
+                               for p in SMALL_P + LARGE_P])
 def test_adversarial_sums_reach_the_bound(p):
     names = [n for n in _algorithms() if n != "auto"]
     ratios = {name: _tightness(name, p) for name in names}

@@ -458,15 +458,14 @@ def test_bad_arguments_at_init_raise_the_blocking_calls_errors_on_every_rank(cas
 
 # ---- 6. under mpiexec -------------------------------------------------------------------
 
-# The MPI half (tests/mpi/test_plans_mpi.py) as one job: test_mpi.py runs it, with the rest of
-# tests/mpi, at 2 and 3 processes, and checks the same of its output; this is its own run.
+# The MPI half (tests/mpi/test_plans_mpi.py) as one job at 2 processes: test_mpi.py runs it,
+# with the rest of tests/mpi, at 3 (and at 2 with -m slow).
 SUITE = ("import sys, pytest\n"
          "sys.exit(pytest.main(['--with-mpi', '-q', '-p', 'no:cacheprovider', "
          "'tests/mpi/test_plans_mpi.py']))\n")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("p", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_the_mpi_half_passes_under_mpiexec(tmp_path, p):
     res = run_script(tmp_path, p, SUITE, env={"REFCOLL_TIMEOUT": "60"})
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
