@@ -275,3 +275,50 @@ def test_a_gathered_payloads_arrays_come_back_aligned(codes):
     for role, array in payload.arrays.items():
         assert back.arrays[role].flags.aligned, role
         assert back.arrays[role].tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=1.0", "threshold:threshold=0", "int8", "qsgd",
+                                  "terngrad", "sign", "onebit"])
+def test_a_float16_average_of_gathered_parts_does_not_overflow(spec):
+    # The parts were added in float16 and then divided: two gradients of 40000 averaged to
+    # inf. They now add in float32, divided once, rounded once.
+    xs = [np.full(8, 40000.0, np.float16) for _ in range(2)]
+    got = simulate_compressed(spec, [xs], op="avg", seed=1).outputs[0][0]
+    assert got.dtype == np.float16 and np.isfinite(got).all(), got
+    exact = {"topk:ratio=1.0", "threshold:threshold=0", "sign", "onebit"}  # 40000 whole
+    assert spec not in exact or (got == 40000).all(), got
+
+
+@pytest.mark.parametrize("spec,pattern", [("ef(topk:ratio=0.5)", None), ("ef(sign)", None),
+                                          ("ef(int8)", "allreduce"), ("ef(fp16)", None)])
+def test_one_ranks_state_of_another_tensor_is_every_ranks_error(spec, pattern):
+    # The residual's check ran inside the pattern, on that rank alone: the others waited.
+    comp = parse(spec)
+
+    def body(t):
+        state = comp.new_state(seed=0, rank=t.rank)
+        if t.rank == 0:
+            state.residual = np.zeros(3, np.float32)  # another tensor's residual
+        with pytest.raises(UsageError, match="holds the residual of a float32 tensor of "
+                                             r"shape \(3,\)") as raised:
+            compressed_allreduce(np.arange(8, dtype=np.float32), t, compressor=comp,
+                                 state=state, pattern=pattern)
+        return str(raised.value)
+
+    said = SimWorld(2, timeout=60).run(body)
+    assert said[0].startswith("rank 0: ") and said[1].startswith("rank 0 could not run")
+
+
+def test_ranks_whose_random_k_steps_differ_are_a_mismatch():
+    # Random-k draws its indices from (seed, step): a rank on another step decompressed
+    # with other indices, and every rank returned different bits without a word.
+    comp = parse("randomk:ratio=0.25")
+
+    def body(t):
+        state = comp.new_state(seed=0, rank=t.rank)
+        state.step = t.rank
+        with pytest.raises(MismatchError, match=r"\('step', 0\)\], rank 1 has .*\('step', 1\)"):
+            compressed_allreduce(np.arange(1, 9, dtype=np.float32), t, compressor=comp,
+                                 state=state)
+
+    SimWorld(2, timeout=60).run(body)

@@ -427,6 +427,20 @@ def test_a_cast_averages_as_pytorchs_compress_hooks_do(spec, wire):
     assert res.outputs[0][0].tobytes() == got.tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_threshold_compares_with_the_threshold_itself_not_its_rounding(dtype):
+    # 0.1 rounds down to 0.0999756 in float16: compared in float16, that value was kept.
+    c = parse("threshold:threshold=0.1")
+    below = np.array(0.1, dtype)  # the dtype's nearest value: below 0.1 in float16
+    x = np.array([below, np.nextafter(below, np.array(np.inf, dtype))], dtype)
+    kept = c.compress(x, c.new_state()).arrays["indices"].tolist()
+    assert kept == ([0, 1] if float(below) >= 0.1 else [1])
+    if dtype is np.float16:  # past float16's largest, 65504: only inf reaches it
+        huge = parse("threshold:threshold=65510")
+        y = np.array([65504, np.inf, 1], dtype)
+        assert huge.compress(y, huge.new_state()).arrays["indices"].tolist() == [1]
+
+
 def test_integer_tensor_refused():
     c = parse("topk")
     with pytest.raises(UsageError, match="floating"):

@@ -347,12 +347,17 @@ class ErrorFeedback(Compressor):
         """
         if residual is None:
             return x
-        if residual.shape != x.shape or residual.dtype != x.dtype:
+        ErrorFeedback.check_residual(residual, x)
+        return x + residual
+
+    @staticmethod
+    def check_residual(residual, x) -> None:
+        """Refuse a residual that is not ``x``'s: another tensor's (its shape or dtype differ)."""
+        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
             raise UsageError(f"this error-feedback state holds the residual of a "
                              f"{residual.dtype} tensor of shape {residual.shape}, not of this "
                              f"{x.dtype} {x.shape} one: keep one state per tensor "
                              "(compressor.new_state(...) for each)")
-        return x + residual
 
     @staticmethod
     def new_residual(corrected, approximation):

@@ -168,13 +168,19 @@ def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | N
         result = flat_out(out, arr.shape, arr.dtype, t, "compressed all-reduce", xp)
         if state is None:
             state = comp.new_state(rank=t.rank)
+        elif isinstance(comp, ErrorFeedback):  # another tensor's residual: every rank's error
+            try:
+                comp.check_residual(state.residual, arr)
+            except UsageError as exc:
+                raise UsageError(f"rank {t.rank}: {exc}") from None
     if validate:
         with t.call("compressed_allreduce"):
             agree(t, collective="compressed_allreduce", algorithm=algorithm, op=op,
                   dtype=dtype_name(flat.dtype), count=flat.size,
                   compressor=comp.spec(),
                   options=sorted(options.items()) + [("pattern", chosen), ("seed", state.seed),
-                                                     ("shape", list(arr.shape))])
+                                                     ("shape", list(arr.shape)),
+                                                     ("step", state.step)])
     if algorithms.get(algorithm).chooses:
         # auto: one choice for every payload array of the call, by the dense tensor's size,
         # so that an oracle resolving the same way predicts the same schedule.

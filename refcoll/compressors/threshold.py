@@ -22,6 +22,17 @@ from .topk import scatter_values
 __all__ = ["Threshold"]
 
 
+def not_below(threshold: float, dtype) -> np.generic:
+    """Return the least value of ``dtype`` not below ``threshold``: ``|x| >= it`` in ``dtype``
+    is then ``|x| >= threshold`` exactly. (A Python float compared with a float16 array is
+    rounded to float16 first, and 0.1 becomes 0.0999756: a value below it would be kept.)"""
+    with np.errstate(over="ignore"):  # past the dtype's range: inf, which only inf reaches
+        value = np.array(threshold, dtype=dtype)
+        if float(value) < threshold:
+            value = np.nextafter(value, np.array(np.inf, dtype=dtype))
+    return value[()]
+
+
 @register
 @dataclass(frozen=True)
 class Threshold(Compressor):
@@ -40,7 +51,8 @@ class Threshold(Compressor):
         xp = array_namespace(x)
         flat = x.reshape(-1)
         magnitude = xp.abs(flat)  # NaN is kept, as topk keeps it: an overflow stays visible
-        idx = xp.flatnonzero((magnitude >= self.threshold) | xp.isnan(magnitude))
+        at_least = not_below(self.threshold, flat.dtype)
+        idx = xp.flatnonzero((magnitude >= at_least) | xp.isnan(magnitude))
         return self._payload(
             x, {"values": flat[idx], "indices": idx.astype(index_dtype(flat.size))}
         )

@@ -25,7 +25,7 @@ import numpy as np
 from ...algorithms.ring import ring_allgather_steps
 from ...core.ops import get_op
 from ...core.xp import address, array_namespace
-from ..base import Compressor, CompressorState, Payload
+from ..base import Compressor, CompressorState, Payload, compute_dtype
 
 __all__ = ["gather_pattern", "gather_payloads", "allgather_counts", "wire_counts", "serialise",
            "deserialise", "sum_in_rank_order", "Tagged", "TAG_ALLTOALL"]
@@ -49,13 +49,21 @@ class Tagged:
 
 
 def sum_in_rank_order(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
-    """Return ``parts[0] + parts[1] + ...`` left to right in their dtype (``avg``: over len)."""
+    """Return ``parts[0] + parts[1] + ...`` left to right (``avg``: over len), in their dtype.
+
+    float16 and bfloat16 parts add in float32 (:func:`~refcoll.compressors.base.compute_dtype`)
+    and are rounded once, after ``avg``'s division: an average of large half-precision
+    gradients is finite where their half-precision sum is not (as PyTorch's hooks divide
+    first for the same reason). float32 and float64 add in their own dtype.
+    """
     add = get_op("sum")
-    acc = parts[0].copy()
+    dtype = parts[0].dtype
+    wide = compute_dtype(dtype)
+    acc = parts[0].astype(wide)  # a copy
     for part in parts[1:]:
-        add.apply(acc, part, acc)
+        add.apply(acc, part.astype(wide, copy=False), acc)
     get_op(op).finalize(acc.reshape(-1), len(parts))
-    return acc
+    return acc.astype(dtype, copy=False)
 
 
 def wire_counts(payload: Payload) -> np.ndarray:
