@@ -738,6 +738,11 @@ def test_selection_by_bits_is_topk_with_its_tie_rule(dtype):
         magnitude = np.abs(rng.choice(rng.standard_normal(distinct), n)).astype(dtype)
         for k in (1, 2, n // 3, n - 1):
             assert np.array_equal(select_by_bits(magnitude, k), topk_indices(magnitude, k)), (n, k)
+    # NaN above infinity on both paths (the host's took NaN for inf, and inf's lower index)
+    magnitude = np.array([np.inf, np.nan, 1, 2, np.nan], dtype)
+    for k in (1, 2, 3):
+        assert np.array_equal(topk_indices(magnitude, k), select_by_bits(magnitude, k)), k
+    assert topk_indices(magnitude, 1).tolist() == [1]
 
 
 def test_error_feedback_keeps_its_residual_on_the_device(fake):

@@ -43,9 +43,8 @@ def topk_indices(magnitude, k: int):
         return xp.arange(0)
     if xp is not np:
         return select_by_bits(magnitude, k)  # a NaN's bits are above infinity's: the largest
-    nan = np.isnan(magnitude)
-    if nan.any():  # NaN counts as the largest magnitude, so a non-finite tensor stays so
-        magnitude = np.where(nan, np.inf, magnitude)
+    if np.isnan(magnitude).any():  # NaN the largest, above inf, as its bits are: the device's
+        return select_by_bits(magnitude, k)  # order, so a non-finite tensor stays so
     boundary = magnitude[np.argpartition(magnitude, n - k)[n - k]]
     above = np.flatnonzero(magnitude > boundary)
     ties = np.flatnonzero(magnitude == boundary)[: k - above.size]
