@@ -621,6 +621,14 @@ PLAN_SCRIPT = textwrap.dedent("""
                               level="rack")
     want = refcoll.allreduce(host, comm, algorithm="hierarchical", level="rack")
     assert fake_cupy.asnumpy(racks).tobytes() == want.tobytes()
+    # host memory on rank 0, device memory on rank 1: a MismatchError on both, at a device
+    # transport's first call (a fresh communicator) and at a later one
+    for c in (comm.Dup(), comm):
+        try:
+            refcoll.allreduce(values(5) if rank == 0 else fake_cupy.asarray(values(5)), c)
+            raise AssertionError("no error")
+        except refcoll.MismatchError as exc:
+            assert "device" in str(exc), str(exc)
     lines = comm.gather(f"{kind} ok", root=0)
     if rank == 0:
         print("\\n".join(lines))
@@ -630,14 +638,16 @@ PLAN_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
 def test_plans_and_racks_on_device_arrays_through_mpi(tmp_path):
     """Under mpiexec: a plan on device arrays in its own tag slot, started, waited and
-    given a view of its buffer, and hierarchical by racks: the NumPy calls' bits."""
+    given a view of its buffer, and hierarchical by racks: the NumPy calls' bits. A call on
+    host memory on one rank and device memory on another: a MismatchError on both (it
+    waited for the deadline)."""
     script = tmp_path / "plans.py"
     script.write_text(PLAN_SCRIPT)
     res = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script),
                           str(tmp_path / "topo%d.json")],
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": f"{TESTS}:{ROOT}",
-                              cuda_aware.CUDA_AWARE_ENV: "0"})
+                              cuda_aware.CUDA_AWARE_ENV: "0", "REFCOLL_TIMEOUT": "30"})
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.split("\n")[:2] == ["StagingTransport ok"] * 2
 

@@ -250,16 +250,21 @@ class Call:
         self.fn = fn if fn is not None else algorithms.implementation(algorithm, collective)
 
     def fields(self) -> dict:
-        """Return what every rank must agree on for this call (:func:`argument_fields`)."""
+        """Return what every rank must agree on for this call (:func:`argument_fields`), and
+        on device memory, the path its messages take (``memory``: the transports cut them
+        differently)."""
+        memory = getattr(self.t, "memory", None)
+        options = self.options if memory is None else {**self.options, "memory": memory}
         return argument_fields(self.collective, self.algorithm, self.reduction, self.flat,
-                               self.options, self.root)
+                               options, self.root)
 
     def agree(self) -> None:
         """Agree on this call with the other ranks (:func:`~refcoll.calls.agree.agree_key`)."""
         options = self.options
         key = (self.collective, self.algorithm,
                "-" if self.reduction is None else self.reduction.name, self.flat.dtype,
-               self.flat.size, self.root, tuple(sorted(options.items())) if options else ())
+               self.flat.size, self.root, tuple(sorted(options.items())) if options else (),
+               getattr(self.t, "memory", None))
         agree_key(self.t, key, self.fields)
 
     def chosen(self) -> tuple:

@@ -104,7 +104,14 @@ def device_for(t, x=None):
     return device_transport(t, x, agree=_every_rank_aware)
 
 
+#: What a rank's first call on device memory agrees on before the path: a rank whose call
+#: is on host memory meets it in its own argument agreement, and every rank raises.
+FIRST_DEVICE_CALL = "a collective on device memory"
+
+
 def _every_rank_aware(t, aware: bool) -> bool:
+    with t.call(FIRST_DEVICE_CALL):
+        agree(t, collective=FIRST_DEVICE_CALL)
     return bool(allreduce(np.array([int(aware)], np.int8), t, op="min", algorithm="ring",
                           validate=False)[0])
 

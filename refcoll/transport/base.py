@@ -190,6 +190,9 @@ class TransportBase:
     #: Whether the library moves device (CUDA) buffers itself, as NCCL does: device
     #: arrays then need neither CUDA-aware MPI nor host staging.
     moves_device_arrays: bool = False
+    #: Where a call's arrays live and how its messages travel: None for host memory; a
+    #: device transport's path (:mod:`refcoll.transport.device`), which ranks agree on.
+    memory: str | None = None
 
     def __init__(self) -> None:
         self._calls = 0

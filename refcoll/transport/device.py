@@ -90,6 +90,8 @@ class _DeviceTransport:
 
     #: Phases of a pipelined algorithm run one after another (see the class's notes).
     concurrent_phases = False
+    #: The path device arrays take: what the ranks' argument agreement compares.
+    memory = "device"
 
     def __init__(self, inner, xp):
         self.inner = inner
@@ -180,6 +182,8 @@ class DirectTransport(_DeviceTransport):
     sent, or read one about to be overwritten, and MPI knows nothing of streams.
     """
 
+    memory = "device, sent as it is (CUDA-aware MPI)"
+
     def send(self, buf, dest: int, tag: int = 0) -> None:
         """Send ``buf`` (host or device) to ``dest``."""
         self._settle(buf)
@@ -211,6 +215,8 @@ class LibraryTransport(DirectTransport):
     counts) go through device copies, since NCCL refuses host memory. The
     algorithms' workspaces are device arrays (``array_module``).
     """
+
+    memory = "device, through a library that moves device memory (NCCL)"
 
     def send(self, buf, dest: int, tag: int = 0) -> None:
         """Send ``buf`` (host or device) to ``dest``."""
@@ -328,6 +334,8 @@ class StagingTransport(_DeviceTransport):
 
     Host buffers travel untouched (no copies), in the same pieces.
     """
+
+    memory = "device, staged through host memory"
 
     def __init__(self, inner, xp=None, *, chunk_bytes: int = STAGING_CHUNK_BYTES,
                  engine: _CopyEngine | None = None):
