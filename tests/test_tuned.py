@@ -7,6 +7,7 @@
 import json
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -145,6 +146,26 @@ def test_an_exclusion_leaves_a_rule_of_an_algorithm_auto_never_picks(tmp_path, m
     assert "naive" not in seen
 
 
+def test_an_algorithm_wrong_at_a_size_in_any_dtype_is_no_rule_there_and_0_b_rows_are_no_rows():
+    # bench -d float,int8: recursive doubling fast in float, wrong in int8 at 64 KiB. The
+    # rule would hold for every dtype, int8 too: ring stands. bench writes rows of 0 B
+    # (nccl-tests does: a size that holds no element a rank); tune refused the report.
+    rows = [(65536, "ring", 100.0, 0), (65536, "recursive_doubling", 84.0, 0),
+            (65536, "ring", 400.0, 0), (65536, "recursive_doubling", 426.0, 4),
+            (0, "ring", 0.5, 0), (1024, "recursive_doubling", 9.0, 0)]
+    (only,) = tuned.from_bench([("b.json", report(rows))])["tables"]
+    assert [(r["bytes"], r["algorithm"]) for r in only["rules"]] == [
+        (1024, "recursive_doubling"), (65536, "ring")]
+
+
+def test_a_second_table_for_a_layout_is_refused():
+    # choice() stops at the first table of a layout: a second's rules were never read
+    text = document(table([(1024, "ring")], ranks=2), table([(1 << 20, "naive")], ranks=2))
+    with pytest.raises(UsageError, match=r"tables\[0\] and tables\[1\] are both for "
+                                         "allreduce on 2 ranks, 1 nodes of 2"):
+        tuned.parse(text)
+
+
 def test_sweeps_of_one_layout_make_one_table_and_a_later_size_stands():
     small = report([(1024, "ring", 30.0, 0), (1024, "naive", 20.0, 0)])
     large = report([(1 << 20, "ring", 300.0, 0), (1024, "ring", 10.0, 0)])
@@ -155,6 +176,37 @@ def test_sweeps_of_one_layout_make_one_table_and_a_later_size_stands():
     assert [(r["bytes"], r["algorithm"]) for r in two["rules"]] == [
         (1024, "ring"), (1 << 20, "ring")]
     assert (one["nodes"], one["per_node"]) == (1, 4)
+
+
+class _OtherLibrary:
+    """A simulated rank seen as another library's (a torch process group's) ranks are: not
+    MPI, and not one process, so not the simulator."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __getattr__(self, name):
+        if name == "world":
+            raise AttributeError(name)
+        return getattr(self._t, name)
+
+
+def test_another_librarys_ranks_run_rank_0s_tuning_file(tmp_path, monkeypatch):
+    """Over a torch process group each rank read its own file: ranks whose hosts held
+    different files chose different algorithms (Gloo: a collective mismatch). Rank 0's file
+    now goes to the others, as under MPI."""
+    files = [tmp_path / f"rank{r}.json" for r in range(2)]
+    for path, algorithm in zip(files, ("ring", "recursive_doubling")):
+        path.write_text(document(table([(256, algorithm)], ranks=2)))
+    monkeypatch.setenv(tuned.TUNING_ENV, "tuning.json")  # the same path, another file a host
+    mine = threading.local()  # each simulated rank is a thread: its "host"
+    monkeypatch.setattr(tuned, "_text", lambda path: files[mine.rank].read_text())
+
+    def body(t):
+        mine.rank = t.rank
+        return resolve_with_options(_OtherLibrary(t), "allreduce", 64, 4)
+
+    assert refcoll.SimWorld(2).run(body) == [("ring", {}), ("ring", {})]
 
 
 def test_the_simulator_runs_what_the_file_names(tmp_path, monkeypatch):

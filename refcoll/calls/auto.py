@@ -264,10 +264,12 @@ def _settings(t) -> _AutoSettings:
 
 
 def _agreed_settings(t) -> _AutoSettings:
-    if not isinstance(t, MPITransport):  # the simulator: one process, one environment
-        preset = getattr(getattr(t, "world", None), "calibration", None)
-        return _AutoSettings(preset or DEFAULT, algo_filter(), shape_of(t),
-                             read_tuning(tuning_path()) if tuning_path() else None)
+    world = getattr(t, "world", None)
+    if world is not None:  # the simulator: one process, one environment
+        return _AutoSettings(getattr(world, "calibration", None) or DEFAULT, algo_filter(),
+                             shape_of(t), read_tuning(tuning_path()) if tuning_path() else None)
+    if not isinstance(t, MPITransport):
+        return _library_settings(t)
     error, mode, allowed, topology = None, "cache", AlgoFilter(), None
     try:
         mode, allowed, topology = calibration_mode(), algo_filter(), topology_from_env()
@@ -287,6 +289,24 @@ def _agreed_settings(t) -> _AutoSettings:
         calibration = replace(calibration, **inter_levels(topology, t.hosts))
     calibration = replace(calibration, **rack_levels(topology, t.hosts))  # the racks' uplinks
     return _AutoSettings(calibration, allowed, shape_of(t), tuning)
+
+
+def _library_settings(t) -> _AutoSettings:
+    """Another library's ranks (a torch process group): processes of their own, so the same
+    agreement as MPI's on ``REFCOLL_ALGO`` and the tuning file's path, and rank 0's tuning
+    file, sent to the others; the default calibration (measuring it needs MPI)."""
+    error, allowed = None, AlgoFilter()
+    try:
+        allowed = algo_filter()
+    except UsageError as exc:
+        error = str(exc)
+    with t.call("auto"):
+        agree(t, collective="auto", error=error or "",
+              options=[(name, os.environ.get(name, "")) for name in ("REFCOLL_ALGO", TUNING_ENV)])
+        if error:
+            raise UsageError(f"rank {t.rank}: {error}")
+        tuning = agreed_tuning(t, tuning_path())
+    return _AutoSettings(DEFAULT, allowed, shape_of(t), tuning)
 
 
 def calibration_for(t) -> Calibration:

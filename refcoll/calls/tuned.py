@@ -205,6 +205,15 @@ def parse(text: str, path: str = "") -> Tuning:
                          "reads version 1 (write the file again with refcoll tune)")
     tables = [_table(f"{where}: tables[{i}]", entry)
               for i, entry in enumerate(_list(f"{where}: tables", data["tables"], "tables"))]
+    layouts: dict = {}  # a second table for a layout would never be read: refused
+    for i, table in enumerate(tables):
+        layout = (table.collective, table.ranks, table.nodes, table.per_node)
+        if layout in layouts:
+            raise UsageError(f"{where}: tables[{layouts[layout]}] and tables[{i}] are both for "
+                             f"{table.collective} on {table.ranks} ranks, {table.nodes} nodes "
+                             f"of {table.per_node}; one table a layout (refcoll tune merges "
+                             "the reports of one layout)")
+        layouts[layout] = i
     checked: set = set()  # (collective, ranks, spelled algorithm) priced already
     for table in tables:
         if not table.rules:
@@ -291,7 +300,8 @@ def _report(name: str, report) -> tuple[str, list[str], list[dict]]:
     """Return a bench report's ``(collective, hosts of the data ranks, rows)``, every field checked.
 
     A row is kept for :func:`from_bench` only as what it claims to be: an object with an
-    algorithm (a string), a size (a whole number of 1 to :data:`MOST_BYTES` bytes) and,
+    algorithm (a string), a size (a whole number of 0 to :data:`MOST_BYTES` bytes: bench
+    writes rows of 0 B, as nccl-tests does, where a size holds no element a rank) and,
     where it was timed, a finite time not below 0; else one line names the row.
     """
     where = f"{name} (a refcoll bench --json report)"
@@ -321,7 +331,7 @@ def _report(name: str, report) -> tuple[str, list[str], list[dict]]:
             if key not in row:
                 raise UsageError(f"{at}: the row lacks {key}")
         _string(f"{at}.algorithm", row["algorithm"])
-        number(row["size"], where=f"{at}.size", integer=True, least=1, most=MOST_BYTES)
+        number(row["size"], where=f"{at}.size", integer=True, least=0, most=MOST_BYTES)
         if row.get("time_us") is not None:
             number(row["time_us"], where=f"{at}.time_us", least=0)
         rows.append(row)
@@ -333,8 +343,10 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
 
     For each report, at each size, the algorithm with the least out-of-place time
     among those it ran that ``auto`` may run (not ``auto`` itself, none that needs
-    processes beyond the data ranks), every check passed: a row wrong out of place
-    or in place, or never checked (``bench -c 0``), is left out. Reports of the same
+    processes beyond the data ranks), every check passed: a row never checked
+    (``bench -c 0``) is left out, and an algorithm with a row wrong at a size, out of
+    place or in place, in any dtype, op or root, is left out at that size (a rule
+    holds for every dtype). Rows of 0 B time nothing and are left out. Reports of the same
     collective and layout make one table (two sweeps of sizes); where both
     measured a size, the later report's rule stands. A report whose fields are not
     what bench writes (:func:`_report`) is a :class:`UsageError` naming the first.
@@ -346,24 +358,29 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
         counts = {h: hosts.count(h) for h in hosts}
         best: dict[int, tuple[float, str]] = {}
         failed = unchecked = 0
+        timed, wrong = [], set()  # (size, time, algorithm); (size, algorithm) found wrong
         for row in rows:
-            if not row.get("time_us"):
+            if not row.get("time_us") or not row["size"]:
                 continue
             if row.get("wrong") is None:  # bench -c 0: timed, never judged
                 unchecked += 1
                 continue
-            if row["wrong"] or row.get("inplace_wrong"):  # out of place or in place
-                failed += 1
-                continue
+            failing = bool(row["wrong"] or row.get("inplace_wrong"))  # out of place or in place
+            failed += failing
             try:
                 algo, options = check_spelled(row["algorithm"], collective)
             except UsageError:
                 continue  # auto, or a name this version does not know
             if algorithms.get(algo).workers is not None or not algorithms.get(algo).pinnable:
                 continue
-            found = best.get(row["size"])
-            if found is None or row["time_us"] < found[0]:
-                best[row["size"]] = (row["time_us"], spell(algo, options))
+            if failing:
+                wrong.add((row["size"], spell(algo, options)))
+            else:
+                timed.append((row["size"], row["time_us"], spell(algo, options)))
+        for size, time_us, spelled in timed:
+            found = best.get(size)
+            if (size, spelled) not in wrong and (found is None or time_us < found[0]):
+                best[size] = (time_us, spelled)
         if not best:
             why = [f"{failed} failed a check" if failed else "",
                    f"{unchecked} were not checked (bench -c 0)" if unchecked else ""]
