@@ -81,6 +81,20 @@ def sim_battery(p: int, *, nonblocking: bool = ALGORITHM_TWINS, **selection):
     return [r for r in results if not r.passed]
 
 
+def raised_on_each_rank(fn, args_per_rank, timeout=None) -> list:
+    """Run ``fn(t, *args_per_rank[r])`` on simulated rank ``r``; return what each raised (or
+    None), so a test reads every rank's error."""
+
+    def rank(t, *args):
+        try:
+            fn(t, *args)
+        except Exception as exc:  # noqa: BLE001 - the test reads every rank's error
+            return exc
+        return None
+
+    return SimWorld(len(args_per_rank), timeout=timeout).run(rank, args=args_per_rank)
+
+
 def failure_text(failures) -> str:
     return "\n".join(f"{r.case.id}: {r.reason}" for r in failures[:10])
 

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, mpiexec_path
+from conftest import ROOT, mpiexec_path, raised_on_each_rank
 
 from refcoll import MismatchError, SimWorld, UsageError
 from refcoll.cli import main
@@ -92,16 +92,8 @@ def test_diverged_replicas_are_reported_on_every_rank():
 def test_ranks_given_different_settings_all_raise_at_once(second, error, said):
     """The batch was checked before the ranks agreed on the config: rank 1 refused 5000 rows
     while rank 0 went on and waited for it (a timeout under MPI). Now every rank raises."""
-
-    def rank(t, config):
-        try:
-            train(t, config)
-        except Exception as exc:  # noqa: BLE001 - the test reads every rank's error
-            return exc
-        return None
-
     configs = [TrainConfig(steps=3), TrainConfig(**{"steps": 3, **second})]
-    for exc in SimWorld(2).run(rank, args=[(c,) for c in configs]):
+    for exc in raised_on_each_rank(train, [(c,) for c in configs]):
         assert isinstance(exc, error) and said in str(exc), repr(exc)
 
 
