@@ -59,6 +59,11 @@ def test_a_table_is_for_its_nodes():
     assert tuning.choice("allreduce", 4, NodeShape(2, 2), 1024) == ("recursive_doubling", {})
     assert tuning.choice("allreduce", 4, None, 1024) == ("naive", {})
     assert tuning.choice("allreduce", 4, NodeShape(4, 1), 1024) is None
+    # nodes without per_node: the ranks spread evenly, as one rank a node over the rest
+    spread = {k: v for k, v in table(RULES, ranks=5, nodes=2).items() if k != "per_node"}
+    assert tuned.parse(document(spread)).tables[0].per_node == 3
+    uneven = tuned.parse(document(table(RULES, ranks=5, nodes=2, per_node=3)))
+    assert uneven.choice("allreduce", 5, NodeShape(2, 3), 1024) == ("recursive_doubling", {})
 
 
 @pytest.mark.parametrize("text,said", [
@@ -80,6 +85,9 @@ def test_a_table_is_for_its_nodes():
     (document(table([(1024, "ring(direction=bogus)")])), "direction must be one of"),
     (document(table([(1024, "ring"), (1024, "tree")])), "two rules at 1024 B"),
     (json.dumps({"version": 99, "tables": []}), "version 99; this refcoll reads version 1"),
+    # a layout no run can have: the table would never apply, without a word
+    (document(table(RULES, nodes=2, per_node=1)), "4 ranks cannot lie on 2 node"),
+    (document(table(RULES, nodes=2, per_node=4)), "at most 4 rank"),
 ])
 def test_a_file_auto_cannot_follow_is_a_usage_error_naming_it(text, said):
     with pytest.raises(UsageError, match=said) as info:

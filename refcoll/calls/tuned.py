@@ -163,8 +163,13 @@ def _table(where: str, entry) -> Table:
                    most=MOST_RANKS)
     nodes = number(entry.get("nodes", 1), where=f"{where}.nodes", integer=True, least=1,
                    most=ranks)
-    per_node = number(entry.get("per_node", ranks), where=f"{where}.per_node", integer=True,
-                      least=1, most=ranks)
+    per_node = number(entry.get("per_node", -(-ranks // nodes)), where=f"{where}.per_node",
+                      integer=True, least=1, most=ranks)
+    if nodes * per_node < ranks or per_node > ranks - nodes + 1:
+        # per_node is the most ranks a node holds: every node holds at least one
+        raise UsageError(f"{where}: {ranks} ranks cannot lie on {nodes} node(s) of at most "
+                         f"{per_node} rank(s) each, at least one a node; per_node is the "
+                         "most ranks any node holds")
     rules = []
     for i, rule in enumerate(_list(f"{where}.rules", entry["rules"], "rules")):
         at = f"{where}.rules[{i}]"
