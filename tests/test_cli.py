@@ -1,6 +1,8 @@
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -129,13 +131,20 @@ def test_relaunch_runs_the_command_it_was_given(monkeypatch):
     assert seen["cmd"][:3] == ["mpiexec", "-n", "3"]
 
 
-@pytest.mark.parametrize("status,exit_code", [(0, 0), (1, 1), (2, 2), (3, 3), (9, 3), (-9, 3),
-                                              (137, 3)])
-def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, exit_code):
+@pytest.mark.parametrize("status,noted,exit_code", [
+    (0, False, 0), (1, True, 1), (2, True, 2), (3, False, 3), (9, False, 3), (-9, False, 3),
+    (137, False, 3),
+    # MPICH's mpiexec passes on SIGHUP's and SIGINT's numbers: no rank said 1 or 2 itself
+    (1, False, 3), (2, False, 3)])
+def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, noted, exit_code):
     """mpiexec ending with a killed rank's status exited 1, the status of a check that failed:
     nothing was judged, so it is 3, as a timeout is."""
-    monkeypatch.setattr(cli.subprocess, "run",
-                        lambda cmd, env=None: type("Done", (), {"returncode": status})())
+    def run(cmd, env=None):
+        if noted:  # a rank exited with this status itself, and noted it (note_exit)
+            (Path(env["REFCOLL_EXIT_NOTES"]) / "4242").write_text(str(status))
+        return type("Done", (), {"returncode": status})()
+
+    monkeypatch.setattr(cli.subprocess, "run", run)
     monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
     monkeypatch.setattr("refcoll.cli.launch._is_open_mpi", lambda launcher: False)
     monkeypatch.setenv("REFCOLL_MPIEXEC", "mpiexec")
@@ -143,6 +152,17 @@ def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, exi
     assert res.exit_code == exit_code, res.output
     if exit_code == 3 and status != 3:
         assert f"exited with status {status}: a rank died" in res.stderr
+
+
+@pytest.mark.parametrize("args,status", [(["check", "absent-in", "absent-out"], 2),
+                                         (["list"], 0)])
+def test_a_rank_notes_the_status_it_exits_with(monkeypatch, tmp_path, args, status):
+    """What relaunch reads to tell a rank's own status from a signal's number."""
+    monkeypatch.setenv("REFCOLL_EXIT_NOTES", str(tmp_path))
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == status, res.output
+    assert [f.read_text() for f in tmp_path.iterdir()] == [str(status)]
+    assert "REFCOLL_EXIT_NOTES" not in os.environ  # not passed on to what the rank starts
 
 
 def test_ctrl_c_ends_a_command_with_status_130(monkeypatch):

@@ -45,7 +45,14 @@ class _Main(click.Group):
 
     def main(self, args=None, *rest, **kwargs):
         launch.remember_arguments(list(args) if args is not None else sys.argv[1:])
-        return super().main(args, *rest, **kwargs)
+        try:
+            return super().main(args, *rest, **kwargs)
+        except SystemExit as exc:
+            launch.note_exit(exc.code)
+            raise
+        except BaseException:  # Python ends the process with status 1
+            launch.note_exit(1)
+            raise
 
     def invoke(self, ctx):
         """Run the command; Ctrl-C ends it with 130 (128 + SIGINT), as a shell reports it."""

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -30,7 +31,7 @@ from ..transport.base import default_timeout
 __all__ = ["in_mpi_job", "in_torchrun", "find_mpiexec", "mpiexec_command", "INSTALL_HINT",
            "relaunch", "check_environment", "workers_env", "data_ranks", "remember_arguments",
            "invoked_arguments", "arguments_problem", "start_mpi", "given", "WORKERS_VARIABLE",
-           "BROKEN_PIPE"]
+           "BROKEN_PIPE", "note_exit", "EXIT_NOTES"]
 
 #: The status of a process that SIGPIPE ended (128 + 13): what ``yes | head`` leaves.
 BROKEN_PIPE = 141
@@ -38,6 +39,9 @@ BROKEN_PIPE = 141
 #: How many ranks of the world hold data, set by :func:`relaunch` when helper
 #: processes (switches) are started beside them.
 WORKERS_VARIABLE = "REFCOLL_WORKERS"
+
+#: The folder where the ranks of a job :func:`relaunch` started note their exit status.
+EXIT_NOTES = "REFCOLL_EXIT_NOTES"
 
 INSTALL_HINT = ("install an MPI runtime with: pip install 'refcoll[mpi]' (the mpich wheel), "
                 "or point REFCOLL_MPIEXEC at your system's mpiexec")
@@ -107,12 +111,41 @@ def mpiexec_command(n: int, args: list[str], *, mpiexec: str | None = None) -> l
 # ------------------------------------------------------------------------- re-running
 
 _invoked_args: list[str] = []
+_exit_notes: list[str] = []  # the folder this rank notes its status in (relaunch's), if any
 
 
 def remember_arguments(args: list[str]) -> None:
-    """Keep the arguments ``refcoll`` was called with, for :func:`relaunch` to pass on."""
+    """Keep the arguments ``refcoll`` was called with, for :func:`relaunch` to pass on; take
+    the folder of exit notes out of the environment (a process this rank starts is not one
+    of the job's ranks)."""
     global _invoked_args
     _invoked_args = list(args)
+    folder = os.environ.pop(EXIT_NOTES, None)
+    _exit_notes[:] = [folder] if folder else []
+
+
+def note_exit(code) -> None:
+    """Note the status this rank exits with for the :func:`relaunch` that started it."""
+    if not _exit_notes:
+        return
+    status = code if isinstance(code, int) else (0 if code is None else 1)
+    try:
+        with open(os.path.join(_exit_notes[0], str(os.getpid())), "w", encoding="ascii") as f:
+            f.write(str(status))
+    except OSError:  # the folder went away: the command then reads the status as a death
+        pass
+
+
+def _noted(folder: str) -> set[int]:
+    """Return the statuses the job's ranks noted in ``folder``."""
+    found = set()
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name), encoding="ascii") as f:
+                found.add(int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def invoked_arguments() -> list[str]:
@@ -168,13 +201,19 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
     """
     check_environment()
     cmd = mpiexec_command(nprocs, _invoked_args)
-    try:
-        code = subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
-    except OSError as exc:
-        raise UsageError(f"could not start {cmd[0]}: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="refcoll-exit-") as notes:
+        try:
+            code = subprocess.run(cmd, env={**os.environ, **(env or {}),
+                                            EXIT_NOTES: notes}).returncode
+        except OSError as exc:
+            raise UsageError(f"could not start {cmd[0]}: {exc}") from None
+        # MPICH's mpiexec passes on a rank's signal as its status: SIGINT is 2, a usage
+        # error's, and SIGHUP 1, a failed check's. Those are the ranks' own only where one
+        # of them noted it. (3, SIGQUIT's, is a fault either way, as a timeout is.)
+        own = code in (0, 3, BROKEN_PIPE) or (code in (1, 2) and code in _noted(notes))
     if code == BROKEN_PIPE:
         sys.exit(code)  # the reader went away: nothing to say
-    if code not in (0, 1, 2, 3):  # a rank killed, or the launcher failing
+    if not own:  # a rank killed, or the launcher failing
         click.echo(f"refcoll: error: {cmd[0]} exited with status {code}: a rank died or "
                    "the launcher failed; nothing was judged", err=True)
         code = 3  # a fault, as a timeout is; never a failed check (1)

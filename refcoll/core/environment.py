@@ -126,6 +126,14 @@ VARIABLES: tuple[Variable, ...] = (
         set_by="`refcoll verify` and `refcoll bench` when they start `mpiexec` with extra "
                "ranks"),
     Variable(
+        "REFCOLL_EXIT_NOTES", "unset",
+        "A folder where each rank of a job a command started under `mpiexec` notes the "
+        "status it exits with, so that the command can tell a rank's own status 1 or 2 "
+        "from a rank a signal (SIGHUP, SIGINT) ended, whose status MPICH's mpiexec passes "
+        "on as the same number.",
+        ("refcoll.cli.launch",),
+        set_by="every command that re-runs itself under `mpiexec`"),
+    Variable(
         "REFCOLL_WATCH", "unset (the `refcoll` backend runs refcoll's algorithms)",
         "Watch mode of the `refcoll` torch backend: the named backend (`gloo`, `nccl`, any "
         "registered one) does every collective, and refcoll judges a sample of each result.",
