@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from refcoll.core.errors import UsageError
+from refcoll.core.ops import get_dtype
 from refcoll.verify.checksums import block_size, checksums, judge_sums, smallest_caught
 from refcoll.verify.formula import FormulaInput
 from refcoll.verify.ieee import judge_float, reference
@@ -257,6 +258,35 @@ def test_checksums_pass_every_conforming_order_and_catch_what_they_promise(dtype
     nan[i] = np.array(np.nan).astype(out.dtype)
     assert judge_sums(ins, np.stack([checksums(nan, b)] * p), p=p, dtype=xs[0].dtype, op=op,
                       b=b, n=n)
+
+
+@pytest.mark.parametrize("dtype,magnitude,factor", [
+    ("bfloat16", 1.0, 0.3),  # the factor rounded to the dtype is 2**-9 off: near the bound
+    ("float16", 6e-5, 0.1),  # products among the subnormals: off by half their spacing
+    ("float32", 1.0, 0.1)])
+def test_a_premultiplied_sum_as_libraries_compute_it_passes_and_one_percent_is_caught(
+        dtype, magnitude, factor):
+    """NCCL's PREMUL_SUM, Gloo's under watch mode and refcoll's multiply each input by the
+    factor rounded to the dtype, round the product, then sum: 2u of each input, and an
+    absolute half-spacing where a product is subnormal."""
+    p, n = 2, 8192
+    dt = get_dtype(dtype)
+    rng = np.random.default_rng(3)
+    xs = [((rng.random(n) + 1.0) * magnitude).astype(dt) for _ in range(p)]
+    if dtype == "bfloat16":  # the pair of [1, 2) whose premultiplied sum is furthest off
+        xs = [np.full(n, 1.6953125, dt), np.full(n, 1.8125, dt)]
+    f = dt.type(factor)
+    got = (xs[0] * f + xs[1] * f).astype(dt)  # each product and the sum rounded once
+    b = block_size(p, dt)
+    ins = np.stack([checksums(x, b) for x in xs])
+    assert judge_sums(ins, np.stack([checksums(got, b)] * p), p=p, dtype=dt, op="sum", b=b,
+                      n=n, factor=factor) == []
+    if dtype == "float32":  # a silent corruption of one element: caught in its block
+        spoiled = got.copy()
+        spoiled[4321] *= 1.01
+        bad = judge_sums(ins, np.stack([checksums(spoiled, b)] * p), p=p, dtype=dt, op="sum",
+                         b=b, n=n, factor=factor)
+        assert bad and bad[0].lo <= 4321 < bad[0].hi
 
 
 def test_a_float32_block_catches_one_percent_of_a_typical_element():

@@ -73,7 +73,10 @@ def test_refcoll_algo_one_name_or_one_per_collective():
 
 def test_python_m_refcoll_torch_runs_a_script_with_the_backend_registered(tmp_path):
     script = tmp_path / "s.py"
+    (tmp_path / "beside.py").write_text("WORD = 'refcoll'\n")  # the script's own module
     script.write_text("import sys, torch.distributed as dist\n"
+                      "from beside import WORD\n"
+                      "assert dist.Backend.REFCOLL == WORD\n"
                       "print(dist.Backend.REFCOLL, sys.argv[1:])\n")
     res = subprocess.run([sys.executable, "-m", "refcoll.torch", str(script), "--backend",
                           "refcoll"], capture_output=True, text=True, timeout=120, cwd=ROOT)

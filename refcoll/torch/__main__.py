@@ -31,6 +31,8 @@ def main(argv: list[str]) -> None:
             print(f"python -m refcoll.torch: no such script: {argv[0]}", file=sys.stderr)
             sys.exit(2)
         sys.argv = argv
+        # as `python SCRIPT` does: the script's folder first, so its own modules import
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
         runpy.run_path(argv[0], run_name="__main__")
 
 

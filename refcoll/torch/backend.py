@@ -220,8 +220,8 @@ class RefcollGroup(dist.ProcessGroup):
     @_watchable("allreduce")
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        return self._reducing("allreduce", tensors, opts, lambda x, t, **kw: calls.allreduce(
-            x, t, out=x, **kw))
+        return self._reducing("allreduce", tensors, opts, lambda x, out, t, **kw: calls.allreduce(
+            x, t, out=out, **kw))
 
     @_watchable("allreduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None):
@@ -231,20 +231,20 @@ class RefcollGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         root = opts.rootRank
-        return self._reducing("reduce", tensors, opts, lambda x, t, **kw: calls.reduce(
-            x, root, t, out=x if t.rank == root else None, **kw))
+        return self._reducing("reduce", tensors, opts, lambda x, out, t, **kw: calls.reduce(
+            x, root, t, out=out if t.rank == root else None, **kw))
 
     def _reducing(self, name: str, tensors, opts, call):
-        """Each tensor reduced in place by ``call(x, t, op=, algorithm=)``, PREMUL_SUM's factor
-        applied first: the Work of the all-reduce or the reduce."""
+        """Each tensor reduced in place by ``call(x, out, t, op=, algorithm=)``: the Work of the
+        all-reduce or the reduce. PREMUL_SUM's factor scales a copy of the input, so a call
+        refused by the agreement, or a reduce's non-root, leaves the tensor as it was."""
         def job(t):
             with shared_errors(t, True, name):
                 op, factor = reduction(opts.reduceOp)
                 _linear_on_complex(op, any(x.is_complex() for x in tensors))
             for x in self._arrays(t, name, tensors):
-                if factor is not None:
-                    x *= x.dtype.type(factor)
-                call(x, t, op=op, algorithm=self.algorithms[name])
+                source = x if factor is None else x * x.dtype.type(factor)
+                call(source, x, t, op=op, algorithm=self.algorithms[name])
         return self._submit(name, tensors, job)
 
     @_watchable("reduce_scatter")
@@ -253,8 +253,7 @@ class RefcollGroup(dist.ProcessGroup):
 
         def job(t):
             for out, pieces in zip(outputs, input_lists):
-                whole = torch.cat([flat(piece) for piece in pieces])
-                self._reduce_scatter(t, flat(out), whole, opts, copied=True,
+                self._reduce_scatter(t, out, pieces, opts,
                                      complex_=any(piece.is_complex() for piece in pieces))
         return self._submit("reduce_scatter", outputs, job)
 
@@ -263,8 +262,7 @@ class RefcollGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
 
         def job(t):
-            self._reduce_scatter(t, flat(output), flat(input), opts, copied=False,
-                                 complex_=input.is_complex())
+            self._reduce_scatter(t, output, input, opts, complex_=input.is_complex())
         return self._submit("reduce_scatter", [output], job, [output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -275,21 +273,23 @@ class RefcollGroup(dist.ProcessGroup):
 
         def job(t):
             for out, x in zip(outputs, inputs):
-                self._reduce_scatter(t, flat(out), flat(x), opts, copied=False,
-                                     complex_=x.is_complex())
+                self._reduce_scatter(t, out, x, opts, complex_=x.is_complex())
         return self._submit("reduce_scatter", outputs, job, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def _reduce_scatter(self, t, out: torch.Tensor, whole: torch.Tensor, opts, *, copied: bool,
-                        complex_: bool = False):
+    def _reduce_scatter(self, t, out: torch.Tensor, x, opts, *, complex_: bool = False):
+        """Reduce-scatter ``x`` (a tensor, or a list of the pieces, one a rank) into ``out``;
+        a tensor refused on one rank (not contiguous, sparse) is every rank's error."""
         with shared_errors(t, True, "reduce_scatter"):
             op, factor = reduction(opts.reduceOp)
             _linear_on_complex(op, complex_)
+            copied = isinstance(x, list)
+            whole = torch.cat([flat(piece) for piece in x]) if copied else flat(x)
             if factor is not None:
                 scale = premultiplier(factor, whole)
                 whole = whole * scale if not copied else whole.mul_(scale)
-            x, o = (as_array(a, t, what) for a, what in ((whole, "the input"), (out, "out=")))
+            x, o = as_array(whole, t, "the input"), as_array(flat(out), t, "out=")
         calls.reduce_scatter(x, t, op=op, algorithm=self.algorithms["reduce_scatter"], out=o)
 
     # ------------------------------------------------------ data movement
@@ -322,20 +322,28 @@ class RefcollGroup(dist.ProcessGroup):
         return self._submit("allgather", inputs, job, output_lists)
 
     def _allgather_lists(self, t, output_lists, inputs) -> None:
-        """``output_lists[j][r]``: rank ``r``'s ``inputs[j]``."""
+        """``output_lists[j][r]``: rank ``r``'s ``inputs[j]``; a tensor refused on one rank is
+        every rank's error, before the call."""
         for outs, x in zip(output_lists, inputs):
-            whole = torch.empty((self.size(), flat(x).numel()), dtype=flat(x).dtype,
-                                device=x.device)
+            with shared_errors(t, True, "allgather"):
+                mine = flat(x)
+                targets = [flat(out) for out in outs]
+                for r, target in enumerate(targets):
+                    if target.numel() != mine.numel():
+                        raise ValueError(f"rank {t.rank}: output {r} of the allgather has "
+                                         f"{target.numel()} elements, the input "
+                                         f"{mine.numel()}")
+            whole = torch.empty((self.size(), mine.numel()), dtype=mine.dtype, device=x.device)
             self._allgather(t, whole, x)
-            for r, out in enumerate(outs):
-                flat(out).copy_(whole[r])
+            for target, row in zip(targets, whole):
+                target.copy_(row)
 
     @_watchable("all_gather_single")
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
         opts = opts if opts is not None else dist.AllgatherOptions()
 
         def job(t):
-            self._allgather(t, flat(output), input)
+            self._allgather(t, output, input)
         return self._submit("allgather", [output], job, [output])
 
     _allgather_base = all_gather_single
@@ -344,7 +352,7 @@ class RefcollGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         def job(t):
             for out, x in zip(outputs, inputs):
-                self._allgather(t, flat(out), x)
+                self._allgather(t, out, x)
         return self._submit("allgather", outputs, job, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced

@@ -371,7 +371,9 @@ def _host(x: torch.Tensor) -> np.ndarray:
     """Return a flat tensor's elements as a NumPy array of refcoll's dtype (CPU: no copy)."""
     x = x.detach()
     if x.dtype in _PLAIN and x.device.type == "cpu":
-        return x.numpy()  # (a call's path: as_array's checks, for the types it passes)
+        # DLPack, not Tensor.numpy(), which would mark the program's storage as never
+        # resizable again: FSDP frees a gathered parameter with storage().resize_(0)
+        return np.from_dlpack(x)
     return as_array(x.cpu().contiguous(), _HOST)
 
 

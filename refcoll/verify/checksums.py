@@ -154,17 +154,19 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
     with np.errstate(over="ignore", invalid="ignore"):  # no element can reach overflow
         top = inputs[:, 2].sum(axis=0)  # at least every element's Σ_q |x_q|
         judged = np.isfinite(scale) & (f * top * (1 + gamma(p, u)) < _largest(dtype))
-    allowed = gamma(max(p - 1, 0), u) * f * scale
-    if factor is not None:
-        want = want * float(factor)
-        allowed = allowed + u * f * scale  # each input rounded once when scaled
     if full is None:
         full = block_elements(n, b)
+    scaled = 0.0
+    if factor is not None:
+        want = want * float(factor)
+        # Each input is multiplied by the factor rounded to the dtype, and the product
+        # rounded: 2u of it, and a product among the subnormals is off by up to half their
+        # spacing, whatever its size (the weights are below 2).
+        scaled = 2.0 * u * f * scale + p * full * _tiny(dtype)
+    allowed = gamma(max(p - 1, 0), u) * f * scale + scaled
     if op == "avg":
-        want, scale, allowed = want / p, scale / p, (gamma(p, u) * f * scale / p
-                                                     + 2.0 * full * _tiny(dtype))
-        if factor is not None:
-            allowed = allowed + u * f * scale
+        want, scale = want / p, scale / p
+        allowed = gamma(p, u) * f * scale + 2.0 * full * _tiny(dtype) + scaled / p
     # float64's own roundings: each dot product of b terms, p checksums summed
     with np.errstate(over="ignore", invalid="ignore"):
         rounding = gamma(b, _U64) * (f * scale + outputs[:, 1].max(axis=0)) \

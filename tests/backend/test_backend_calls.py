@@ -215,6 +215,41 @@ def test_a_sparse_tensor_is_refused_on_every_rank(world):
         dist.all_reduce(sparse)
 
 
+@pytest.mark.parametrize("call", ["all_gather_single", "reduce_scatter_single",
+                                  "reduce_scatter", "all_gather"])
+def test_a_tensor_not_contiguous_on_one_rank_is_refused_on_every_rank(world, call):
+    """Each rank's tensors are judged inside the shared check: rank 1's alone raised, and
+    rank 0 waited in the agreement for a call that never came."""
+    p, r = world.size(), world.rank()
+
+    def odd(n):  # rank 1's tensor: every other element of a larger one
+        return torch.zeros(2 * n)[::2] if r == 1 else torch.zeros(n)
+    with pytest.raises(ValueError, match="not contiguous"):
+        if call == "all_gather_single":
+            dist.all_gather_single(odd(4 * p), torch.ones(4))
+        elif call == "reduce_scatter_single":
+            dist.reduce_scatter_single(odd(4), torch.ones(4 * p))
+        elif call == "reduce_scatter":
+            dist.reduce_scatter(torch.zeros(4), [odd(4) for _ in range(p)])
+        else:
+            dist.all_gather([odd(4) for _ in range(p)], torch.ones(4))
+    ok = torch.ones(4)
+    dist.all_reduce(ok)  # the group goes on, in step
+    assert ok.tolist() == [float(p)] * 4
+
+
+def test_a_premultiplied_call_refused_leaves_the_tensor_and_a_reduce_its_non_roots(world):
+    p, r = world.size(), world.rank()
+    premul = dist._make_nccl_premul_sum(0.5)
+    t = torch.full((4 + (r == 1),), 8.0)
+    with pytest.raises(MismatchError, match="count"):
+        dist.all_reduce(t, op=premul)
+    assert t.tolist() == [8.0] * t.numel()  # not halved: a retry must not scale it twice
+    t = torch.full((4,), 3.0)
+    dist.reduce(t, 0, op=premul)
+    assert t.tolist() == ([1.5 * p] if r == 0 else [3.0]) * 4  # as SUM leaves non-roots
+
+
 def test_a_tensor_it_carried_can_still_be_freed_and_regrown(world):
     # as FSDP does with its parameters' storage: Tensor.numpy() would forbid it
     t = torch.ones(64)

@@ -351,6 +351,21 @@ def test_a_buffer_reused_once_its_call_is_done_is_no_false_alarm(world):
     assert not group.watched.findings
 
 
+def test_a_tensor_watched_can_still_be_freed_and_regrown(world):
+    """FSDP frees a gathered parameter with storage().resize_(0); reading a sample through
+    Tensor.numpy() made every such storage never resizable again."""
+    group = watching("gloo")
+    p, r = world.size(), world.rank()
+    summed, gathered = torch.ones(64), torch.ones(32 * p)
+    dist.all_reduce(summed, group=group)
+    dist.all_gather_single(gathered, gathered[r * 32:(r + 1) * 32], group=group)
+    for t in (summed, gathered):
+        size = t.untyped_storage().nbytes()
+        t.untyped_storage().resize_(0)
+        t.untyped_storage().resize_(size)
+    assert not group.watched.findings
+
+
 def test_a_library_work_without_a_future_is_judged_all_the_same(world):
     """Without a future to read it from, each call is read by a job on the progress engine."""
     group = watching("futureless", REFCOLL_WATCH_BATCH=2)
