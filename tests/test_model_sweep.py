@@ -121,6 +121,41 @@ def test_every_stored_table_has_its_source_beside_it_and_reads():
                 assert r.algbw == pytest.approx(r.size / r.time, rel=0.02), (txt.name, r.size)
 
 
+def test_a_long_blank_line_is_read_at_once_and_older_formats_count_their_ranks():
+    started = __import__("time").process_time()
+    with pytest.raises(UsageError, match="no all_reduce_perf row"):
+        parse_table(" " * 200_000 + "x\n" + "\t" * 200_000, "blank.txt")
+    assert __import__("time").process_time() - started < 30  # (two blank runs: days)
+    old = ("#   Rank  0 Pid  26 on worker-0 device  0 [0x10] NVIDIA A100-SXM4-40GB\n"
+           "#   Rank  1 Pid  27 on worker-0 device  1 [0x10] NVIDIA A100-SXM4-40GB\n"
+           "# Collective test starting: all_reduce_perf_mpi\n"
+           "1048576 262144 float sum -1 30.00 34.95 34.95 0 30.00 34.95 34.95 0\n")
+    table = parse_table(old, "old.txt")  # nccl-tests before 2.13, its MPI build's name
+    assert table.ranks == 2 and [r.size for r in table.rows] == [1048576]
+
+
+def test_a_log_whose_rows_say_another_rank_count_is_refused():
+    sixteen = perf_text(H100_TWO, sweep_sizes(1 << 20, 1 << 30, 4), ranks=False)
+    eight = perf_text(H100_TWO.with_shape(1), sweep_sizes(1 << 20, 1 << 30, 4), ranks=False)
+    assert compare(parse_table(sixteen), H100_TWO).rows  # its rows' busbw/algbw: 16 ranks
+    for text, said in ((eight, "8 ranks"), (sixteen + eight, "8 ranks")):
+        with pytest.raises(UsageError, match=f"busbw/algbw 1.750, which is {said}"):
+            compare(parse_table(text, "log"), H100_TWO)
+        with pytest.raises(UsageError, match="1.750"):
+            fit(H100_TWO, [parse_table(text, "log")])
+    # sendrecv_perf before it printed its name: busbw is algbw, no all-reduce of 16 ranks
+    sendrecv = "1048576 262144 float sum -1 30.00 34.95 34.95 0 30.00 34.95 34.95 0\n"
+    with pytest.raises(UsageError, match="1.000, which is 2 ranks"):
+        compare(parse_table(sendrecv, "sendrecv"), H100_TWO)
+
+
+def test_a_size_of_0_bytes_is_neither_compared_nor_fitted():
+    zero = "0 0 float sum -1 24.00 0.00 0.00 0 24.00 0.00 0.00 0\n"
+    text = perf_text(H100_TWO, sweep_sizes(8, 1 << 28, 4))
+    assert 0 not in [r["size"] for r in compare(parse_table(zero + text), H100_TWO).rows]
+    assert fit(H100_TWO, [parse_table(zero + text)]) == fit(H100_TWO, [parse_table(text)])
+
+
 # ------------------------------------------------------------------------- sweep sizes
 
 def test_sweep_sizes_are_all_reduce_perfs():
@@ -318,6 +353,40 @@ def test_a_fit_that_prices_no_row_and_a_log_too_long_to_fit_are_refused():
         fit(H100_TWO, [parse_table(rows)])
 
 
+def test_a_fit_file_holds_the_latencies_and_keeps_an_earlier_fits_constants(tmp_path):
+    node = System()
+    one = parse_table(perf_text(replace(node, fitted={"intra_rate": 3e11}),
+                                sweep_sizes(8, 1 << 30, 4)))
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(fit_to_json(node, fit(node, [one]), [one])))
+    base = replace(read_fit(str(path)), nodes=2, nics=4, nic_bw=12.5 * GB, transport="efa",
+                   inter_alpha=2e-6)
+    two = parse_table(perf_text(replace(base, fitted={**base.fitted, "nic_efficiency": 0.6}),
+                                sweep_sizes(8, 8 << 30, 2)))
+    both = fit(base, [two])  # the network learnt on top of the node's own
+    assert both["intra_rate"] == base.fitted["intra_rate"]
+    assert both["nic_efficiency"] == pytest.approx(0.6, rel=0.05)
+    path.write_text(json.dumps(fit_to_json(base, both, [two])))
+    assert read_fit(str(path)).inter_alpha == 2e-6  # priced as it was fitted
+
+
+@pytest.mark.parametrize("field, value", [
+    ("intra_bw", 1e-300), ("nic_bw", 1e300), ("inter_alpha", 1e308), ("generation", None)])
+def test_a_fit_file_outside_the_options_bounds_or_lacking_a_field_is_refused(tmp_path, field,
+                                                                              value):
+    table = parse_table(perf_text(H100_TWO, sweep_sizes(8, 1 << 30, 4)))
+    saved = fit_to_json(H100_TWO, fit(H100_TWO, [table]), [table])
+    if value is None:
+        del saved["system"][field]
+    else:
+        saved["system"][field] = value
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(saved))
+    with pytest.raises(UsageError, match="lacks generation" if value is None else
+                       f"system field {field} = .* is outside"):
+        read_fit(str(path))
+
+
 @pytest.mark.parametrize("field, value", [
     ("channels", 0), ("channels", -4), ("channels", 10 ** 9), ("nodes", 1.5),
     ("nodes", True), ("intra_bw", -1e9), ("p2p", "no"), ("nvls", "false"),
@@ -400,12 +469,31 @@ def test_a_system_preset_alone_sweeps_and_with_a_model_gives_the_step_report():
     (["--preset", "dgx-h100", "--spine-bw", "1GB/s", "--no-rail"], "--rail, --spine-bw"),
     (["--preset", "dgx-h100", "--sweep", "--params", "1e9"], "step report"),
     (["--preset", "dgx-h100", "-e", "99999999999999999999999T"], "2**63"),
+    # --fit learns what NCCL ran, by NCCL's name; a log ran one algorithm
+    (["--preset", "dgx-h100", "--nodes", "2", "--fit", str(DATA / "ib-ndr-2x8-h100-gjaion-"
+      "default.txt"), "--save-fit", "x.json", "--algorithm", "ring"], "refcoll's own schedule"),
+    (["--preset", "dgx-h100", "--nodes", "2", "--compare", str(DATA / "ib-ndr-2x8-h100-"
+      "gjaion-default.txt"), "--algorithm", "Ring,Tree"], "one algorithm"),
 ])
 def test_bad_sweep_arguments_are_one_line_and_exit_2(args, needle):
     res = run(args)
     assert res.exit_code == 2, res.output
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def test_a_fit_of_one_node_prices_nodes_joined_by_a_network_given_then(tmp_path):
+    saved = tmp_path / "node.json"
+    assert run(["--preset", "pcie-no-p2p", "--gpus-per-node", "8", "--fit",
+                str(DATA / "rtx4090-8gpu-pcie-nop2p-blog-chlc.txt"), "--save-fit",
+                str(saved)]).exit_code == 0
+    res = run(["--from-fit", str(saved), "--nodes", "2", "--inter-bw", "100Gb/s",
+               "--nics-per-node", "1", "--inter-quoted", "unidirectional", "--sweep",
+               "-b", "1MB", "-e", "4M"])
+    assert res.exit_code == 0, res.output
+    assert "2 nodes × 8" in res.output and "     4000000 " in res.output
+    # -b 1MB is 10^6 B here, 2^20 to nccl-tests: said, once
+    assert res.stderr.count("nccl-tests reads 1MB as 1,048,576 B") == 1
 
 
 def test_no_output_overwrites_an_input_and_from_fit_keeps_its_hardware(tmp_path):

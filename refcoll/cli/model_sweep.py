@@ -38,6 +38,7 @@ from ..model.nccl_tests import (
 )
 from ..model.request import quoted_links
 from ..model.systems import SYSTEM_PRESETS, System, system_preset
+from .bench import decimal_size_note
 from .common import write_json
 from .launch import given
 
@@ -70,15 +71,23 @@ _FITTED_HARDWARE = ("preset", "gpu_arch", "intra_transport", "inter_transport", 
                     "inter_quoted", "bidirectional")
 
 
+#: The options that describe a network: free with ``--from-fit`` of a fit that learnt
+#: nothing of one (one node's tables), so its nodes can be priced joined by a network.
+_NETWORK = ("inter_transport", "inter_bw", "nics_per_node", "inter_quoted")
+
+
 def _base(opts: dict) -> System | None:
     """Return the system of ``--from-fit`` or a system ``--preset``, or None."""
     if opts["fit_file"]:
-        clash = [f"--{name.replace('_', '-')}" for name in _FITTED_HARDWARE if given(name)]
+        base = read_fit(opts["fit_file"])
+        networked = base.nics or {"nic_efficiency", "net_latency"} & set(base.fitted)
+        clash = [f"--{name.replace('_', '-')}" for name in _FITTED_HARDWARE
+                 if given(name) and (networked or name not in _NETWORK)]
         if clash:
             raise UsageError(f"--from-fit {opts['fit_file']} prices the hardware it was "
                              f"fitted on; {', '.join(clash)} would change what its constants "
                              "mean: fit that hardware's own tables (--fit)")
-        return read_fit(opts["fit_file"])
+        return base
     if opts["preset"] is None:
         return None
     if opts["preset"] not in SYSTEM_PRESETS:
@@ -189,6 +198,14 @@ def _refuse_strays(opts: dict) -> None:
     if opts["datatype"] not in DTYPE_BYTES:
         raise UsageError(f"unknown --datatype {opts['datatype']!r}: choose "
                          f"{', '.join(DTYPE_BYTES)}")
+    named = [a for a in _algorithms(opts["algorithm"]) if a is not None]
+    if (opts["fit_logs"] or opts["compare_log"]) and len(named) > 1:
+        raise UsageError(f"--algorithm {opts['algorithm']}: --fit and --compare take what the "
+                         "logs ran, one algorithm (NCCL_ALGO); a --sweep alone prices several")
+    if opts["fit_logs"] and named and named[0] in MODELLED:
+        raise UsageError(f"--algorithm {named[0]} is refcoll's own schedule; --fit learns from "
+                         "what NCCL ran: give NCCL's name ("
+                         f"{', '.join(NCCL_ALGORITHMS)}, as NCCL_ALGO spells it)")
     if opts["plot_file"]:
         if not (opts["sweep"] or opts["compare_log"]):
             raise UsageError("--plot draws the --sweep and --compare curves: give one of them "
@@ -214,6 +231,10 @@ def _sizes(opts: dict) -> list[int]:
     step = parse_size(opts["stepbytes"], name="-i/--stepbytes", whole=True)
     if given("stepfactor") and factor > 1:
         step = 0  # as all_reduce_perf: a factor above 1 wins over -i
+    for option, name in (("-b", "minbytes"), ("-e", "maxbytes"), ("-i", "stepbytes")):
+        note = decimal_size_note(option, opts[name]) if given(name) else None
+        if note:
+            click.echo(f"refcoll: note: {note}", err=True)
     return sweep_sizes(parse_size(opts["minbytes"], name="-b/--minbytes", whole=True),
                        parse_size(opts["maxbytes"], name="-e/--maxbytes", whole=True),
                        factor, step, width=DTYPE_BYTES[opts["datatype"]])

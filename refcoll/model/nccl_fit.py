@@ -33,8 +33,9 @@ from dataclasses import replace
 
 from ..core.errors import UsageError
 from ..core.reading import loads_json, read_text
+from ..core.units import MAX_BANDWIDTH, MAX_DURATION, MIN_BANDWIDTH
 from .nccl_run import predict
-from .nccl_tests import Table, band_errors, each_size_once
+from .nccl_tests import Table, band_errors, check_ranks, each_size_once
 from .systems import System
 
 __all__ = ["FITTED", "fit", "fit_algorithm", "fit_to_json", "read_fit", "MAX_FIT_BYTES",
@@ -77,6 +78,7 @@ def _shaped(system: System, tables: list[Table]) -> list[tuple[Table, System]]:
         if ranks % system.gpus_per_node:
             raise UsageError(f"{t.name}: {ranks} ranks are not whole nodes of "
                              f"{system.gpus_per_node} GPUs (--gpus-per-node)")
+        check_ranks(t, ranks)
         rows = each_size_once(t.rows)
         shaped.append((replace(t, rows=rows), system.with_shape(ranks // system.gpus_per_node)))
     sizes = sum(len(t.rows) for t, _ in shaped)
@@ -147,7 +149,8 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
     ``system`` with its own rank count (the table's ``# Rank`` lines, or
     ``system``'s when it has none), so tables of several node counts
     of one system fit together. Network constants are fitted only when a table
-    spans more than one node.
+    spans more than one node. Constants ``system`` was fitted with before
+    (``--from-fit``) and not fitted again here are kept.
     """
     shaped = _shaped(system, tables)
     if not _predictions(shaped, {}, algorithm):
@@ -161,7 +164,8 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
         names += ["intra_rate", "intra_latency"]
     if any(s.nodes > 1 for _, s in shaped):
         names += ["nic_efficiency", "net_latency"]
-    fitted = {}
+    base = dict(system.fitted)  # an earlier fit's: kept where this one learns nothing
+    fitted = dict(base)
     if "intra_rate" in names:
         fitted.update(intra_rate=system.intra_rate(), intra_latency=0.0)
     if "nic_efficiency" in names:
@@ -182,7 +186,7 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
     described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0,
                  "nic_efficiency": system.net.efficiency, "net_latency": system.net.latency}
     for name in unlearnt(shaped, fitted, algorithm):
-        fitted[name] = described[name]  # no row says what it is: as described
+        fitted[name] = base.get(name, described[name])  # no row says what it is
     return fitted
 
 
@@ -198,10 +202,17 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
                        "pcie_gen": system.pcie_gen, "p2p": system.p2p, "nvls": system.nvls,
                        "nics": system.nics, "nic_bw": system.nic_bw,
                        "transport": system.transport, "collnet": system.collnet,
-                       "channels": system.channels, "nodes": system.nodes},
+                       "channels": system.channels, "nodes": system.nodes,
+                       "intra_alpha": system.intra_alpha, "inter_alpha": system.inter_alpha},
             "fitted": fitted,
             "logs": [t.name for t in tables], "algorithm": algorithm,
             "errors": {k: (None if math.isnan(e) else e) for k, (e, _) in errors.items()}}
+
+
+#: The system fields a fit file must name: every one :func:`fit_to_json` writes, but the
+#: latencies a file from before they were saved lacks (0 then, as they were priced).
+_SAVED = frozenset({"gpus_per_node", "generation", "intra", "intra_bw", "pcie_gen", "p2p",
+                    "nvls", "nics", "nic_bw", "transport", "collnet", "channels", "nodes"})
 
 
 def _fit_file(path: str) -> dict:
@@ -237,6 +248,19 @@ def read_fit(path: str) -> System:
     allowed = set(System.__dataclass_fields__) - {"fitted"}
     if set(fields) - allowed:
         raise UsageError(f"{path}: unknown system fields {sorted(set(fields) - allowed)}")
+    missing = sorted(_SAVED - set(fields))
+    if missing:  # a default in their place would price other hardware without a word
+        raise UsageError(f"{path}: the system lacks {', '.join(missing)}; a fit file names "
+                         "every field of the hardware it was fitted on (refcoll model --fit "
+                         "writes them)")
+    for name, high in (("intra_bw", MAX_BANDWIDTH), ("nic_bw", MAX_BANDWIDTH),
+                       ("intra_alpha", MAX_DURATION), ("inter_alpha", MAX_DURATION)):
+        value = fields.get(name)  # the bounds the options have (beyond them, times of inf)
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (value > high or (name.endswith("bw") and 0 < value < MIN_BANDWIDTH))):
+            low = MIN_BANDWIDTH if name.endswith("bw") else 0.0
+            raise UsageError(f"{path}: system field {name} = {value!r} is outside "
+                             f"[{low:g}, {high:g}]")
     try:
         system = System(**fields, fitted=clean)
     except TypeError as exc:

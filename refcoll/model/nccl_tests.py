@@ -30,7 +30,7 @@ __all__ = ["Row", "Table", "each_size_once", "read_table", "parse_table", "sweep
            "predicted_rows",
            "BANDS", "band_of", "band_errors", "compare", "Comparison", "MAX_LOG_BYTES",
            "table_lines", "DTYPE_BYTES", "price",
-           "as_cluster"]
+           "as_cluster", "check_ranks", "MAX_COMPARE_SIZES"]
 
 #: A log larger than this is refused (nccl-tests' output is a few KiB a size).
 MAX_LOG_BYTES = 8 << 20
@@ -84,10 +84,18 @@ class Table:
     notes: tuple[str, ...] = ()
 
 
-_ROW = re.compile(r"^\s*(?:\[[^\]]*\]<stdout>:|\[\d+\]|\d+:)?\s*(\d+)\s+(\d+)\s+([A-Za-z_0-9]+)\s+"
-                  r"([A-Za-z_]+)\s+(.*)$")
-_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group")
+# (The launcher's tag takes its own blanks: two runs of blanks side by side would be tried
+# at every split where a long blank line fails to match.)
+_ROW = re.compile(r"^\s*(?:(?:\[[^\]]*\]<stdout>:|\[\d+\]|\d+:)\s*)?(\d+)\s+(\d+)\s+"
+                  r"([A-Za-z_0-9]+)\s+([A-Za-z_]+)\s+(.*)$")
+# "#  Rank  0 Group  0 Pid ..." (nccl-tests 2.13 and later), "#   Rank  0 Pid ..." before
+_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid")
 _TEST = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+# all_reduce_perf, all_reduce_perf_mpi (nccl-tests' MPI build: NAME_SUFFIX=_mpi), ...exe
+_ALL_REDUCE_PERF = re.compile(r"all_reduce_perf(?:_\w+)?(?:\.exe)?")
+
+#: The longest line read as a row (a row is about 150 characters; a longer line is not one).
+_LONGEST_ROW = 1024
 
 #: The reductions an all-reduce row names (nccl-tests' ``-o``).
 _REDOPS = ("sum", "prod", "min", "max", "avg", "mulsum")
@@ -159,8 +167,10 @@ def parse_table(text: str, name: str = "log") -> Table:
     """
     rows, ranks, notes = [], set(), []
     for number, line in enumerate(text.splitlines(), 1):
+        if len(line) > _LONGEST_ROW:
+            continue
         test = _TEST.search(line)
-        if test and test.group(1) != "all_reduce_perf":
+        if test and not _ALL_REDUCE_PERF.fullmatch(test.group(1)):
             raise UsageError(f"{name} line {number}: {test.group(1)}'s output; the model "
                              "prices all-reduce (all_reduce_perf)")
         rank = _RANK.search(line)
@@ -341,12 +351,49 @@ class Comparison:
 
 def each_size_once(rows) -> tuple[Row, ...]:
     """Return ``rows`` with each size once, the fastest measured (a stall only ever adds
-    time), in order of size."""
+    time), in order of size; a size of 0 bytes (what ``-b 0`` or ``-b 1`` prints: a call
+    with no data, its time the launch alone) is left out."""
     fastest: dict = {}
     for r in rows:
+        if r.size == 0:
+            continue
         if r.size not in fastest or r.measured < fastest[r.size].measured:
             fastest[r.size] = r
     return tuple(fastest[size] for size in sorted(fastest))
+
+
+#: The most sizes ``--compare`` prices (at thousands of ranks a refcoll schedule takes
+#: seconds a size).
+MAX_COMPARE_SIZES = 512
+
+#: How far a row's busbw / algbw may be from ``2(p-1)/p``: each is printed to 0.01 GB/s,
+#: and only rows of at least 1 GB/s are read, so rounding moves it by 1 % at most.
+_BUS_TOLERANCE = 0.02
+
+
+def check_ranks(table: Table, ranks: int) -> None:
+    """Refuse a table whose rows were measured on another rank count than ``ranks``.
+
+    ``all_reduce_perf`` prints ``busbw = algbw · 2(p-1)/p``, so each row says its rank
+    count wherever it prints enough digits (algbw of at least 1 GB/s): another
+    collective's output (``sendrecv_perf``'s busbw is its algbw), a log of another
+    node count, or two runs of different sizes in one file. The factor tells ``p`` from
+    ``2p`` up to about 25 ranks; beyond, the rows' ``# Rank`` lines are its word.
+    """
+    factor = busbw_factor(ranks)
+    for r in table.rows:
+        if r.algbw < 1e9 or r.size == 0:
+            continue
+        said = r.busbw / r.algbw
+        if abs(said - factor) > _BUS_TOLERANCE * factor:
+            implied = 2.0 / (2.0 - said) if said < 2.0 else math.inf
+            more = (f"{implied:.0f} ranks" if 1 <= implied < 1e6 else
+                    "no all-reduce of any rank count")
+            raise UsageError(f"{table.name}: the row of {r.size} B has busbw/algbw "
+                             f"{said:.3f}, which is {more}; an all-reduce on the {ranks} "
+                             f"ranks described has {factor:.3f} (another collective's "
+                             "output, another node count, or two runs in one file): say "
+                             "--nodes and --gpus-per-node, or give one all_reduce_perf run")
 
 
 def compare(table: Table, system: System, algorithm: str | None = None) -> Comparison:
@@ -354,12 +401,18 @@ def compare(table: Table, system: System, algorithm: str | None = None) -> Compa
 
     The measured time is :attr:`Row.measured`, the faster of the out-of-place and
     in-place columns (both are kept beside it), and its busbw is computed from it.
-    A size the log holds twice (two runs in one file) is taken once, the faster
-    (:func:`each_size_once`). Sizes below one element per rank are skipped, as
-    nccl-tests does not time them meaningfully.
+    A size the log holds twice (two runs in one file) is taken once, the faster, and a
+    size of 0 bytes not at all (:func:`each_size_once`). A log whose rows say another rank
+    count (:func:`check_ranks`), or with more than :data:`MAX_COMPARE_SIZES` sizes, is
+    refused.
     """
+    check_ranks(table, system.ranks)
+    sizes = each_size_once(table.rows)
+    if len(sizes) > MAX_COMPARE_SIZES:
+        raise UsageError(f"{table.name}: {len(sizes)} sizes to price; give at most "
+                         f"{MAX_COMPARE_SIZES} (nccl-tests' -b 8 -e 8G -f 2 is 31)")
     rows, pairs = [], []
-    for r in each_size_once(table.rows):
+    for r in sizes:
         priced = price(system, r.size, algorithm, DTYPE_BYTES.get(r.dtype, 4))
         if priced is None:
             continue
