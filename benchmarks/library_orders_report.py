@@ -177,8 +177,8 @@ def report(args, libraries: dict) -> None:
     if failed:
         lines += ["## Variants that did not run", "", *failed, ""]
     Path(args.spec).write_text("\n".join(lines))
-    known = [{k: e[k] for k in ("library", "variant", "description", "collective", "p", "op",
-                                "dtype", "matches")}
+    known = [{**{k: e[k] for k in ("library", "variant", "description", "collective", "p",
+                                   "op", "dtype", "count", "matches")}, "root": 0}
              for e in entries if e["matches"] and not e["every"]
              and not any("fell back" in n for n in e["notes"])]
     Path(args.known).write_text(json.dumps(known, indent=1) + "\n")

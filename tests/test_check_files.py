@@ -239,6 +239,10 @@ OUTPUT_CASES = {
     "meta-collective-differs": (_meta("out", collective="reduce_scatter"), "meta.json",
                                 "reduce_scatter"),
     "meta-op-differs": (_meta("out", op="max"), "meta.json", "--op max"),
+    # a name no option takes: refused as such, never advised as --op sun or --collective
+    "meta-op-unknown": (_meta("out", op="sun"), "meta.json", "unknown op 'sun'"),
+    "meta-collective-unknown": (_meta("out", collective="AllReduce"), "meta.json",
+                                "is not one of allreduce"),
 }
 
 
@@ -251,6 +255,31 @@ def test_outputs_that_do_not_fit_the_inputs_are_refused(tmp_path, case):
     if "as-float32" in case:
         needles.append("float32")
     assert_refused(invoke("check", in_dir, out_dir), *needles)
+
+
+def test_a_meta_json_op_in_capitals_and_big_endian_outputs_are_judged(tmp_path):
+    """The options read SUM as sum, and so does meta.json now (it was refused with advice to
+    give --op SUM, refused the same way); --inputs read a big-endian file's dtype as its
+    bytes' (>f4), not its values' (float32)."""
+    in_dir, out_dir = good_case(tmp_path)
+    meta = json.loads((out_dir / "meta.json").read_text())
+    (out_dir / "meta.json").write_text(json.dumps({**meta, "op": "SUM"}))
+    res = invoke("check", in_dir, out_dir)
+    assert res.exit_code == 0 and "verdict: conforming" in res.stdout, res.output
+    formula = tmp_path / "formula"
+    assert invoke("gen-inputs", "-p", 3, "--count", 100, "--kind", "adversarial", "--seed", 4,
+                  "--formula", formula / "in").exit_code == 0
+    assert invoke("oracle", "--algorithm", "ring", formula / "in", formula / "out").exit_code == 0
+    for r in range(3):
+        f = formula / "out" / f"rank{r}.npy"
+        np.save(f, np.load(f).astype(">f4"))
+    (formula / "out" / "meta.json").unlink()
+    res = invoke("check", "--inputs", "adversarial:seed=4,p=3,count=100", formula / "out")
+    assert res.exit_code == 0 and "verdict: conforming" in res.stdout, res.output
+    for r in range(3):  # a dtype refcoll does not judge: the file is named
+        np.save(formula / "out" / f"rank{r}.npy", np.ones(100, bool))
+    assert_refused(invoke("check", "--inputs", "adversarial:seed=4,p=3,count=100",
+                          formula / "out"), formula / "out" / "rank0.npy", "dtype bool")
 
 
 def test_reduce_needs_only_the_roots_output(tmp_path):

@@ -176,6 +176,32 @@ def test_a_big_endian_or_fortran_file_is_read_in_blocks_as_numpy_reads_it(tmp_pa
         f.read(50, 55, out=into)
         assert np.array_equal(into, x.reshape(-1)[50:55])
         f.close()
+        assert np.array_equal(f.whole(), x)
+
+
+def test_a_fortran_file_is_judged_block_by_block_never_whole(tmp_path, monkeypatch):
+    """A Fortran file's blocks were read from the whole array, held until the process ended:
+    memory grew with the files' total size."""
+    import refcoll.verify.npy as npy
+
+    rng = np.random.default_rng(4)
+    xs = [rng.integers(-100, 100, (40, 70)).astype(np.float32) for _ in range(3)]
+    total = (xs[0] + xs[1]) + xs[2]
+    for sub, arrays in (("in", xs), ("out", [total] * 3)):
+        (tmp_path / sub).mkdir()
+        for r, a in enumerate(arrays):
+            np.save(tmp_path / sub / f"rank{r}.npy", np.asfortranarray(a))
+    monkeypatch.setattr(npy, "read_npy", lambda *a, **k: pytest.fail("read whole"))
+    def judged():
+        ins, outs, _ = load_case(tmp_path / "in", tmp_path / "out", lazy=True)
+        return check_outputs(ins, outs, budget=3000)  # blocks of a few rows
+    assert judged().conforming
+    spoiled = total.copy()
+    spoiled[33, 9] += 1
+    np.save(tmp_path / "out" / "rank2.npy", np.asfortranarray(spoiled))
+    report = judged()
+    assert not report.conforming
+    assert "rank 2's output element 2319" in " ".join(f.detail for f in report.findings)
 
 
 @pytest.mark.parametrize("layout", ["c", "big-endian", "fortran"])

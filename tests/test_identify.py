@@ -114,6 +114,27 @@ def test_library_facts_name_the_library():
                for line in result.summary())
 
 
+def test_library_facts_hold_at_their_root_and_say_the_count_they_were_recorded_at():
+    """MPICH's reduce at root 1 is not its reduce at root 0 (recorded): it was named all the
+    same, and a fact recorded at one count named at another as though a library chose the
+    same algorithm at every size."""
+    inputs = make_inputs("adversarial", "float32", COUNT, 3)
+    fact = {"library": "Lib 1.0", "description": "Lib's reduce", "collective": "reduce",
+            "p": 3, "op": "sum", "dtype": "float32", "matches": ["tree"]}
+    at_0 = _predict("reduce", inputs, "tree", {}, root=0)
+    assert identify(inputs, at_0, collective="reduce", known=[fact]).libraries == {
+        "tree": ["Lib's reduce (Lib 1.0)"]}  # no root recorded: root 0
+    at_1 = _predict("reduce", inputs, "tree", {}, root=1)
+    for known in ([fact], [{**fact, "root": 0}]):
+        assert identify(inputs, at_1, collective="reduce", root=1, known=known).libraries == {}
+    elsewhere = {**fact, "collective": "allreduce", "count": 10007}
+    ring = identify(inputs, _predict("allreduce", inputs, "tree", {}), known=[elsewhere])
+    assert ring.libraries["tree"] == ["Lib's reduce (Lib 1.0), as recorded at 10007 elements"]
+    blocks = identify_blocks(inputs, _predict("allreduce", inputs, "tree", {}),
+                             known=[elsewhere])
+    assert blocks.libraries == ring.libraries
+
+
 def test_only_ranks_with_an_output_are_compared():
     inputs = make_inputs("adversarial", "float32", COUNT, 3)
     outputs = _predict("reduce", inputs, "tree", {}, root=2)
@@ -134,6 +155,14 @@ def test_ulp_distance_counts_representable_values():
     assert ulp_distance(np.array([0.0]), np.array([-0.0])) == 0
     assert ulp_distance(np.array([1.0]), np.array([np.nan])) > 2 ** 60
     assert ulp_distance(np.array([3], np.int32), np.array([-4], np.int32)) == 7
+    # 64-bit: exactly (an int64 difference overflowed, and float64's rounded 63 bits)
+    big = np.array([2 ** 63 - 1, 2 ** 62], np.int64)
+    assert ulp_distance(big, np.array([-2 ** 63, -2 ** 62], np.int64)) == 2 ** 64 - 1
+    assert ulp_distance(np.array([2 ** 64 - 1], np.uint64), np.array([0], np.uint64)) == \
+        2 ** 64 - 1
+    assert ulp_distance(np.array([1.0]), np.array([np.nextafter(1.0, 2.0)])) == 1
+    largest = np.finfo(np.float64).max
+    assert ulp_distance(np.array([largest]), np.array([-largest])) == 2 * (0x7FEF_FFFF_FFFF_FFFF)
 
 
 def test_known_orders_file_is_a_list_or_refused(tmp_path):

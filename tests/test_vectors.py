@@ -177,7 +177,7 @@ def test_verify_names_a_flipped_bit(tmp_path, committed):
     problems = verify(directory)
     assert problems[0] == f"{entry['file']}: sha256 differs from the manifest's"
     assert len(problems) == 2
-    assert "rank 3 element 7" in problems[1] and "1 elements differ" in problems[1]
+    assert "rank 3 element 7" in problems[1] and "1 element differs" in problems[1]
 
 
 def test_verify_names_a_missing_output_and_file(tmp_path, committed):

@@ -116,4 +116,4 @@ def first_bit_difference(have: np.ndarray, want: np.ndarray, *,
     bits_have, bits_want = _words(have), _words(want)
     return (f"element {i} is {have.reshape(-1)[i]!r} (0x{int(bits_have[i]):x}), {reference} "
             f"gives {want.reshape(-1)[i]!r} (0x{int(bits_want[i]):x}); "
-            f"{len(differs)} elements differ")
+            f"{len(differs)} element{' differs' if len(differs) == 1 else 's differ'}")

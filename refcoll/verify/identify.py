@@ -37,7 +37,7 @@ import numpy as np
 from .. import algorithms
 from ..core.bits import differing, same_bits
 from ..core.errors import UsageError
-from ..core.ops import is_float
+from ..core.ops import dtype_name, is_float
 from ..core.reading import number, read_json
 from .evaluators import DATA_MOVEMENT, evaluate, rank_blockwise
 from .oracle import (
@@ -90,24 +90,35 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
     a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
     if a.size == 0:
         return 0
-    if not is_float(a.dtype):
-        return int(np.max(np.abs(a.astype(np.int64) - b.astype(np.int64)), initial=0))
+    if not is_float(a.dtype):  # onto one unsigned line in order: 64-bit distances are exact
+        return _largest_gap(*(_ordered(v) for v in (a, b)))
     width = 8 * a.dtype.itemsize
     with np.errstate(invalid="ignore"):
         nan = np.isnan(a.astype(np.float64)) != np.isnan(b.astype(np.float64))
     if nan.any():
         return 1 << width
-    mask = np.int64((1 << (width - 1)) - 1)
+    mask = np.uint64((1 << (width - 1)) - 1)
 
-    def split(v):  # magnitude bits and sign of each float, as int64
-        i = np.ascontiguousarray(v).view(f"int{width}").astype(np.int64)
-        return i & mask, i < 0
+    def split(v):  # magnitude bits and sign of each float, as uint64
+        i = np.ascontiguousarray(v).view(f"uint{width}").astype(np.uint64)
+        return i & mask, i > mask
 
     (ma, sa), (mb, sb) = split(a), split(b)
-    # Same sign: the magnitudes' distance; opposite signs: both distances to zero.
-    dist = np.where(sa == sb, np.abs(ma.astype(np.float64) - mb.astype(np.float64)),
-                    ma.astype(np.float64) + mb.astype(np.float64))
-    return int(np.max(dist, initial=0))
+    same = sa == sb  # same sign: the magnitudes' distance; opposite: both distances to zero
+    return max(_largest_gap(ma[same], mb[same]),
+               int(np.max(ma[~same] + mb[~same], initial=0)))  # (at most 2**64 - 2)
+
+
+def _ordered(v: np.ndarray) -> np.ndarray:
+    """Return integers as uint64 in the same order (signed ones shifted by 2**63)."""
+    if v.dtype.kind == "u":
+        return v.astype(np.uint64)
+    return v.astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)
+
+
+def _largest_gap(a: np.ndarray, b: np.ndarray) -> int:
+    """Return the largest ``|a - b|`` of two uint64 arrays, exactly."""
+    return int(np.max(np.where(a >= b, a - b, b - a), initial=0))
 
 
 @dataclass
@@ -235,6 +246,9 @@ def _known_entry(entry, where: str) -> dict:
     if "p" not in entry:
         raise UsageError(f"{where}: has no p")
     number(entry["p"], where=f"{where}: p", least=1, integer=True)
+    for key in ("count", "root"):  # where it was recorded (absent: root 0, any count)
+        if key in entry:
+            number(entry[key], where=f"{where}: {key}", least=0, integer=True)
     matches = entry.get("matches", [])
     if not isinstance(matches, list):
         raise UsageError(f"{where}: matches must be a list of orders' names")
@@ -262,19 +276,34 @@ def known_orders(path: Path | None = None) -> list[dict]:
     return [_known_entry(entry, f"{f}: entry {i}") for i, entry in enumerate(data)]
 
 
-def _libraries(collective: str, op: str, p: int, labels: list[str], known: list[dict]) -> dict:
-    """Map each matched label to the library orders recorded as equal to it here."""
+def _libraries(collective: str, op: str, p: int, labels: list[str], known: list[dict], *,
+               root: int = 0, count: int | None = None, dtype=None) -> dict:
+    """Map each matched label to the library orders recorded as equal to it here.
+
+    A fact of a rooted collective is named only at its root (0 where the entry says
+    none): at another root a library's order is another. One recorded at another count
+    or dtype is named with them, since a library may choose another algorithm by size.
+    """
     named: dict[str, list[str]] = {}
     for entry in known:
         if entry.get("collective") != collective or entry.get("p") != p:
             continue
         if entry.get("op", op) != op:
             continue
+        if collective in ("reduce", "broadcast") and entry.get("root", 0) != root:
+            continue
+        recorded = []
+        if count is not None and entry.get("count", count) != count:
+            recorded.append(f"{entry['count']} elements")
+        if dtype is not None and entry.get("dtype", dtype_name(dtype)) != dtype_name(dtype):
+            recorded.append(entry["dtype"])
         for label in labels:
             if label in entry.get("matches", ()):
                 text = entry.get("description") or entry.get("variant", "?")
                 if entry.get("library") and entry["library"] not in text:
                     text = f"{text} ({entry['library']})"
+                if recorded:  # a library may choose another algorithm at another size
+                    text = f"{text}, as recorded at {' of '.join(recorded)}"
                 named.setdefault(label, [])
                 if text not in named[label]:
                     named[label].append(text)
@@ -356,7 +385,9 @@ def identify(inputs, outputs, *, collective: str = "allreduce", op: str = "sum",
         result.candidates.append(Candidate(order_label(name, options), name, options, diff,
                                            total, ulps, digest.hexdigest()))
     result.libraries = _libraries(collective, op, p, result.matches,
-                                  known_orders() if known is None else known)
+                                  known_orders() if known is None else known, root=root,
+                                  count=int(np.asarray(inputs[0]).size),
+                                  dtype=np.asarray(inputs[0]).dtype)
     return result
 
 
@@ -424,5 +455,6 @@ def identify_blocks(inputs, outputs, *, collective: str = "allreduce", op: str =
         candidate.digest = digest.hexdigest()
         result.candidates.append(candidate)
     result.libraries = _libraries(collective, op, p, result.matches,
-                                  known_orders() if known is None else known)
+                                  known_orders() if known is None else known, root=root,
+                                  count=n, dtype=dtype)
     return result

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.errors import UsageError, reason, shown
 
-__all__ = ["MAX_NPY_HEADER", "read_npy", "npy_header", "stored_dtype", "NpyFile"]
+__all__ = ["MAX_NPY_HEADER", "read_npy", "npy_header", "stored_dtype", "native_dtype", "NpyFile"]
 
 #: Elements of a sample closer than this many bytes are read as one span (:meth:`NpyFile.take`).
 _SPAN_GAP = 4096
@@ -150,10 +150,15 @@ def _fill(fh, view: np.ndarray, f, start: int = 0) -> None:
         got += n
 
 
+def native_dtype(dt: np.dtype) -> np.dtype:
+    """Return ``dt`` in this machine's byte order (``>f4`` is ``float32`` here)."""
+    return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
+
+
 def _native(arr: np.ndarray) -> np.ndarray:
     """Return ``arr`` in this machine's byte order (the same values)."""
     if arr.dtype.byteorder not in ("=", "|"):
-        return arr.astype(arr.dtype.newbyteorder("="))
+        return arr.astype(native_dtype(arr.dtype))
     return arr
 
 
@@ -209,11 +214,10 @@ class NpyFile:
             self._size = os.fstat(fh.fileno()).st_size
             self.shape, self._fortran, self.stored, self._offset = _checked_header(
                 fh, f, self._size)
-        self.dtype = self.stored.newbyteorder("=") if self.stored.byteorder not in ("=", "|") \
-            else self.stored
+        self.dtype = native_dtype(self.stored)
         self.size = math.prod(self.shape)
         self.ndim = len(self.shape)
-        self._whole = self._fh = None
+        self._fh = None
 
     def _handle(self):
         """Return the open file, opening it (and closing the least recently read) if need be."""
@@ -247,11 +251,8 @@ class NpyFile:
         """Return elements ``lo .. hi-1`` (C order, flat; all by default) as ``dtype``,
         read into ``out`` (``hi - lo`` elements of ``dtype``) when given."""
         hi = self.size if hi is None else hi
-        if self._fortran and self.ndim > 1:  # C order is not the file's: read it whole once
-            if self._whole is None:
-                with self._opener(self.name) as fh:
-                    self._whole = read_npy(fh, self.name, size=self._size).reshape(-1)
-            block = self._whole[lo:hi].view(self.dtype)
+        if self._fortran and self.ndim > 1:  # C order is not the file's: the block's elements
+            block = self.take(np.arange(lo, hi, dtype=np.int64))  # gathered, span by span
             if out is None:
                 return block
             out[...] = block
@@ -290,7 +291,7 @@ class NpyFile:
         width = self.stored.itemsize
         out = np.empty(indices.size, dtype=self.stored)
         fh = self._handle()
-        for run in _runs(ranked.tolist(), width):
+        for run in _runs(ranked, width):
             first, last = int(ranked[run.start]), int(ranked[run.stop - 1])
             span = np.empty((last - first + 1) * width, dtype=np.uint8)
             fh.seek(self._offset + first * width)
@@ -301,21 +302,25 @@ class NpyFile:
     def whole(self) -> np.ndarray:
         """Return the whole array in its shape, as ``dtype`` (the file is closed after)."""
         try:
+            if self._fortran and self.ndim > 1:  # read in the file's order, in one pass
+                with self._opener(self.name) as fh:
+                    return read_npy(fh, self.name, size=self._size).view(self.dtype)
             return self.read().reshape(self.shape)
         finally:
             self.close()
 
 
-def _runs(places: list, width: int) -> list:
+def _runs(places: np.ndarray, width: int) -> list:
     """Split sorted ``places`` into runs read as one span each: a run ends where the next
     place is more than :data:`_SPAN_GAP` bytes on, or its span would pass
     :data:`_SPAN_MAX`. Returns each run's positions in ``places`` (a slice)."""
-    runs, start = [], 0
-    for j in range(1, len(places)):
-        if ((places[j] - places[j - 1]) * width > _SPAN_GAP
-                or (places[j] - places[start] + 1) * width > _SPAN_MAX):
-            runs.append(slice(start, j))
-            start = j
-    if places:
-        runs.append(slice(start, len(places)))
+    places = np.asarray(places, dtype=np.int64)
+    cuts = (np.flatnonzero(np.diff(places) * width > _SPAN_GAP) + 1).tolist()
+    widest = _SPAN_MAX // width  # a run's last place is less than this past its first
+    runs = []
+    for a, b in zip([0, *cuts], [*cuts, places.size]):  # no gap within: split by span
+        while a < b:
+            stop = a + int(np.searchsorted(places[a:b], places[a] + widest, side="left"))
+            runs.append(slice(a, stop))
+            a = stop
     return runs

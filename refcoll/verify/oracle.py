@@ -508,7 +508,7 @@ def _oracle_finding(check: ExactCheck, parts, algorithm) -> Finding:
     i, value, expected = check.first[r]
     total = sum(check.count.values())
     return Finding(label, False, f"{where(r, i, parts[r])} is {value}, {algorithm} gives "
-                   f"{expected}; {total} elements differ",
+                   f"{expected}; {total} element{' differs' if total == 1 else 's differ'}",
                    {"rank": r, "index": i, "value": value, "expected": expected,
                     "differ": total})
 

@@ -44,11 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..algorithms import COLLECTIVES
 from ..core import reading, writing
 from ..core.errors import UsageError, shown
-from ..core.ops import dtype_name, get_dtype
+from ..core.ops import dtype_name, get_dtype, get_op
 from ..transport.sim import MAX_SIMULATED_RANKS
-from .npy import NpyFile, npy_header, read_npy, stored_dtype
+from .npy import NpyFile, native_dtype, npy_header, read_npy, stored_dtype
 
 __all__ = ["MAX_META_BYTES", "read_meta", "rank_file_bytes", "read_rank_files",
            "write_rank_files", "write_world", "load_case", "load_outputs", "files_dtype",
@@ -333,6 +334,14 @@ def read_meta(directory) -> dict:
     _count_field(meta, "root", f, 0, "a rank, 0 or more")
     for key in ("collective", "op"):
         _name_field(meta, key, f, "a name")
+    if "op" in meta:  # as the options read it: SUM is sum
+        try:
+            meta["op"] = get_op(meta["op"]).name
+        except UsageError as exc:
+            raise UsageError(f"{f}: {exc}") from None
+    if "collective" in meta and meta["collective"] not in COLLECTIVES:
+        raise UsageError(f"{f}: collective {shown(meta['collective'])} is not one of "
+                         f"{', '.join(COLLECTIVES)}")
     return meta
 
 
@@ -575,6 +584,11 @@ def files_dtype(directory) -> np.dtype:
     first = files[next(iter(files))]
     with reading.open_regular(first, what="rank file") as fh:
         _, _, dt, _ = npy_header(fh, first)
+    dt = native_dtype(dt)  # as NpyFile reads it: a big-endian file's values, not its bytes
+    try:
+        get_dtype(dt)  # one refcoll judges, or the file is named
+    except UsageError as exc:
+        raise UsageError(f"{first}: {exc}") from None
     return dt
 
 
