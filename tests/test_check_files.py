@@ -282,6 +282,21 @@ def test_a_meta_json_op_in_capitals_and_big_endian_outputs_are_judged(tmp_path):
                           formula / "out"), formula / "out" / "rank0.npy", "dtype bool")
 
 
+def test_an_op_the_dtype_has_not_is_refused_by_gen_inputs_oracle_and_check(tmp_path):
+    """float8 has no prod or avg: simulate refused them, these three made and judged them."""
+    assert invoke("gen-inputs", "-p", 3, "--count", 5, "--dtype", "float8_e5m2", "--kind",
+                  "exact", tmp_path / "in").exit_code == 0
+    assert_refused(invoke("gen-inputs", "-p", 3, "--count", 5, "--dtype", "float8_e5m2",
+                          "--op", "prod", tmp_path / "prod"), "not supported on float8_e5m2")
+    assert_refused(invoke("oracle", "--algorithm", "ring", "--op", "avg", tmp_path / "in",
+                          tmp_path / "out"), "not supported on float8_e5m2")
+    assert invoke("oracle", "--algorithm", "ring", tmp_path / "in", tmp_path / "out"
+                  ).exit_code == 0
+    (tmp_path / "out" / "meta.json").unlink()
+    assert_refused(invoke("check", "--op", "prod", tmp_path / "in", tmp_path / "out"),
+                   "not supported on float8_e5m2")
+
+
 def test_reduce_needs_only_the_roots_output(tmp_path):
     in_dir, out_dir = good_case(tmp_path, collective="reduce", root=2)
     assert sorted(f.name for f in out_dir.glob("rank*.npy")) == ["rank2.npy"]

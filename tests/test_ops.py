@@ -34,6 +34,19 @@ def test_integer_avg_truncates_toward_zero(dtype):
     assert extreme.tolist() == [-(-int(np.iinfo(dtype).min) // 3), int(np.iinfo(dtype).max) // 3]
 
 
+def test_integer_avg_over_more_ranks_than_the_type_holds_divides_the_wrapped_sum():
+    """At p = 128 an int8 sum may wrap to -128, and -128 / 128 is -1: it was taken as 0."""
+    buf = np.array([-128, 127, -127, 0], np.int8)
+    OPS["avg"].finalize(buf, 128)
+    assert buf.tolist() == [-1, 0, 0, 0]
+    buf = np.array([-128, 127], np.int8)
+    OPS["avg"].finalize(buf, 129)
+    assert buf.tolist() == [0, 0]
+    wide = np.array([255, 3], np.uint8)
+    OPS["avg"].finalize(wide, 300)
+    assert wide.tolist() == [0, 0]
+
+
 def test_unsigned_avg_and_float_avg():
     buf = np.array([255, 7, 6], dtype=np.uint8)
     OPS["avg"].finalize(buf, 2)

@@ -206,6 +206,23 @@ def test_the_ledger_only_ring_at_a_thousand_ranks():
     assert_ledger_is_the_cost(world, "ring", p, 1)
 
 
+def test_the_ledger_only_world_holds_one_ranks_transport_at_a_time():
+    """Each rank's transport kept its workspaces until the replay: bruck's allgather at
+    p = 512 held a gigabyte that the memory refusal never counted."""
+    import weakref
+
+    earlier = []
+
+    def ring(t):
+        assert all(ref() is None for ref in earlier)  # the ranks before have let go
+        earlier.append(weakref.ref(t))
+        t.sendrecv(np.zeros(4), (t.rank + 1) % t.size, np.zeros(4), (t.rank - 1) % t.size)
+
+    world = LedgerWorld(5)
+    world.run(ring)
+    assert world.ledger.counts()["messages"] == 5
+
+
 def failure(world_class, p, body):
     with pytest.raises(RefcollError) as caught:
         world_class(p).run(body)

@@ -192,6 +192,17 @@ def test_verify_names_a_missing_output_and_file(tmp_path, committed):
     assert verify(tmp_path / "one") == [f"{entry['file']}: missing"]
 
 
+@pytest.mark.parametrize("option", ["algorithm", "inputs", "moves_data", "timeout", "warp"])
+def test_a_manifest_option_the_algorithm_does_not_take_is_refused(tmp_path, committed, option):
+    """simulate's own keywords reached it twice: a traceback, or another run in silence."""
+    from refcoll.core.errors import UsageError
+
+    entry = _by_file(committed)["ring-allreduce-sum-float32-p5-n37-random.npz"]
+    directory = _copy_entry(tmp_path, {**entry, "options": {option: 0}})
+    with pytest.raises(UsageError, match=f"does not take the option {option}"):
+        verify(directory)
+
+
 def test_verify_passes_an_untouched_copy(tmp_path, committed):
     entry = _by_file(committed)["switch-allreduce-sum-bfloat16-p5-n37-random.npz"]
     assert verify(_copy_entry(tmp_path, entry)) == []

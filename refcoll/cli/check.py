@@ -17,7 +17,7 @@ from .. import algorithms
 from ..core.bits import same_bits
 from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
-from ..core.ops import get_dtype, get_op
+from ..core.ops import check_supported, get_dtype, get_op
 from ..core.units import counted
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
@@ -103,6 +103,7 @@ def gen_inputs(p, count, dtype, kind, op, seed, formula, directory):
     check_output_directory("DIRECTORY", directory)
     dt = get_dtype(dtype)
     reduction = get_op(op)
+    check_supported(reduction, dt)  # inputs for an op the dtype has not: refused, as a run is
     what = f"generating {p} inputs of {count} x {dtype}"
     advice = "lower --count or -p"
     # One rank's input at a time is made and written, beside its generator's draws (the
@@ -132,6 +133,12 @@ def _collective_options(f):
     return f
 
 
+def _supported(op, collective: str, dtype) -> None:
+    """Refuse a reduction the dtype has not (float8's prod and avg), as every run does."""
+    if collective in ("allreduce", "reduce_scatter", "reduce"):
+        check_supported(get_op(op), dtype)
+
+
 @main.command()
 @click.option("--algorithm", required=True, help="The algorithm whose results to predict.")
 @_collective_options
@@ -157,6 +164,7 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
             "root": root}
     inputs, _, _ = load_case(in_dir, collective=collective, root=root, lazy=True)
     x = inputs[0]
+    _supported(op, collective, x.dtype)
     fold = rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
                           algorithm=algorithm, op=get_op(op).name, root=root)
     if fold is not None:  # predicted and written block by block
@@ -244,6 +252,7 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
                                        op=op, lazy=True)
     advice = "judge fewer or smaller outputs"
     x = inputs[0]
+    _supported(op, collective, x.dtype)
     blocks = algorithm and rank_blockwise(collective, len(inputs), x.size, x.dtype.itemsize,
                                           algorithm=algorithm, op=op) is not None
     # the simulator runs on whole arrays where no block evaluator gives an algorithm's results

@@ -94,8 +94,9 @@ class Op:
         if not self.divides or buf.size == 0:
             return
         if is_integer(buf.dtype):
-            if p > np.iinfo(buf.dtype).max:
-                buf[...] = 0  # every |sum| < p: truncation gives 0
+            if p > np.iinfo(buf.dtype).max:  # p does not fit the type: divide in int64
+                wide = buf.astype(np.int64)  # (|sum| <= p: 0, or -1 where a signed sum is
+                buf[...] = np.sign(wide) * (np.abs(wide) // p)  # the least value, p = -min)
             else:
                 _trunc_divide(buf, p)
         elif buf.dtype == np.float64:

@@ -135,9 +135,11 @@ class LedgerWorld:
         self._ran = True
         ops = []
         with collector_paused():
-            for t in self.transports():
-                fn(t, *(args[t.rank] if args is not None else ()))
+            for rank in range(self.size):  # one rank's transport (and workspaces) at a time
+                t = LedgerTransport(self, rank)
+                fn(t, *(args[rank] if args is not None else ()))
                 ops.append(t.ops)
+                del t  # its records are kept; the buffers it cached are not
             _Replay(self.ledger, ops).run()
         return [None] * self.size
 

@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+from .. import algorithms
 from ..core import reading
 from ..core.errors import UsageError, shown
 from ..transport.sim import MAX_SIMULATED_RANKS
@@ -107,6 +108,11 @@ def _checked_entry(entry, where: str) -> dict:
     _whole(entry, "extra_ranks", where, optional=True)
     _whole(entry, "root", where, most=entry["p"] - 1, optional=True)
     _options(entry.get("options"), where)
+    try:  # the algorithm's own options (and the root): no keyword of the simulator's
+        algorithms.check_options(entry["algorithm"], entry["collective"],
+                                 {k: v for k, v in entry["options"].items() if k != "root"})
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     digest = entry.get("sha256")
     if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
         raise UsageError(f"{where}: sha256 must be 64 lower-case hex digits, not "

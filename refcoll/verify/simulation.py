@@ -50,11 +50,12 @@ def simulation_bytes(collective: str, p: int, count: int, itemsize: int) -> int:
     """Return an upper estimate of the bytes :func:`refcoll.simulate` allocates.
 
     Per rank and element: the input, the output (allgather's is ``p`` inputs
-    long), one receive or accumulation buffer in the dtype, and 8 bytes for the
-    wider temporaries (the float64 or int64 draws of the inputs, the switch
-    processes' accumulators). Measured peaks stay under it for every algorithm.
+    long, and bruck packs what it sends and receives in as much again), one
+    receive or accumulation buffer in the dtype, and 8 bytes for the wider
+    temporaries (the float64 or int64 draws of the inputs, the switch processes'
+    accumulators). Measured peaks stay under it for every algorithm.
     """
-    outputs = p if collective == "allgather" else 1
+    outputs = 2 * p if collective == "allgather" else 1
     return p * count * (itemsize * (2 + outputs) + 8)
 
 
