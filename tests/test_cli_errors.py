@@ -121,6 +121,15 @@ def test_build_cases_says_why_it_is_empty_only_when_asked():
 
 # ------------------------------------------------------------ simulate's bounds
 
+@pytest.mark.parametrize("world", [[], ["--ledger-only"]])
+def test_simulate_refuses_a_bad_setting_in_either_world(monkeypatch, world):
+    """The ledger-only world never read REFCOLL_TIMEOUT, and ran on a value the threaded
+    world refuses."""
+    monkeypatch.setenv("REFCOLL_TIMEOUT", "bogus")
+    one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 4, "--count", 4, *world),
+                   "REFCOLL_TIMEOUT='bogus'")
+
+
 def test_simulate_refuses_a_count_that_cannot_fit_in_memory(no_simulation):
     line = one_line_error(invoke("simulate", "--algorithm", "ring", "-p", 4,
                                  "--count", 100_000_000_000),

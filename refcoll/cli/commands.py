@@ -363,6 +363,7 @@ def simulate(algorithm, p, count, collective, dtype, op, root, ranks_per_node, l
     10 s.
     """
     check_output_paths(json=json_file)
+    launch.check_environment()  # REFCOLL_TIMEOUT and the rest: the ledger-only world too
     case = simulation_case(algorithm, p, count, collective=collective, dtype=dtype, op=op,
                            root=root, ranks_per_node=ranks_per_node)
     what, advice = case.describe(), "lower --count or -p"
