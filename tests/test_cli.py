@@ -132,16 +132,17 @@ def test_relaunch_runs_the_command_it_was_given(monkeypatch):
 
 
 @pytest.mark.parametrize("status,noted,exit_code", [
-    (0, False, 0), (1, True, 1), (2, True, 2), (3, False, 3), (9, False, 3), (-9, False, 3),
-    (137, False, 3),
+    (0, "", 0), (1, "1", 1), (2, "2", 2), (3, "", 3), (9, "", 3), (-9, "", 3), (137, "", 3),
     # MPICH's mpiexec passes on SIGHUP's and SIGINT's numbers: no rank said 1 or 2 itself
-    (1, False, 3), (2, False, 3)])
+    (1, "running", 3), (2, "0", 3),
+    # no rank could reach the folder (ranks on other nodes only): their status stands
+    (1, None, 1)])
 def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, noted, exit_code):
     """mpiexec ending with a killed rank's status exited 1, the status of a check that failed:
     nothing was judged, so it is 3, as a timeout is."""
     def run(cmd, env=None):
-        if noted:  # a rank exited with this status itself, and noted it (note_exit)
-            (Path(env["REFCOLL_EXIT_NOTES"]) / "4242").write_text(str(status))
+        if noted is not None:  # a rank reached the folder, and noted this (note_exit)
+            (Path(env["REFCOLL_EXIT_NOTES"]) / "4242").write_text(noted)
         return type("Done", (), {"returncode": status})()
 
     monkeypatch.setattr(cli.subprocess, "run", run)
@@ -161,7 +162,7 @@ def test_a_rank_notes_the_status_it_exits_with(monkeypatch, tmp_path, args, stat
     monkeypatch.setenv("REFCOLL_EXIT_NOTES", str(tmp_path))
     res = CliRunner().invoke(main, args)
     assert res.exit_code == status, res.output
-    assert [f.read_text() for f in tmp_path.iterdir()] == [str(status)]
+    assert [f.read_text() for f in tmp_path.iterdir()] == [str(status)]  # "running", then it
     assert "REFCOLL_EXIT_NOTES" not in os.environ  # not passed on to what the rank starts
 
 

@@ -122,30 +122,35 @@ def remember_arguments(args: list[str]) -> None:
     _invoked_args = list(args)
     folder = os.environ.pop(EXIT_NOTES, None)
     _exit_notes[:] = [folder] if folder else []
+    _note("running")  # this rank reached the folder (a node without it notes nothing)
 
 
 def note_exit(code) -> None:
     """Note the status this rank exits with for the :func:`relaunch` that started it."""
+    _note(str(code if isinstance(code, int) else (0 if code is None else 1)))
+
+
+def _note(text: str) -> None:
     if not _exit_notes:
         return
-    status = code if isinstance(code, int) else (0 if code is None else 1)
     try:
         with open(os.path.join(_exit_notes[0], str(os.getpid())), "w", encoding="ascii") as f:
-            f.write(str(status))
-    except OSError:  # the folder went away: the command then reads the status as a death
+            f.write(text)
+    except OSError:  # another node, whose file system lacks the folder: nothing noted
         pass
 
 
-def _noted(folder: str) -> set[int]:
-    """Return the statuses the job's ranks noted in ``folder``."""
-    found = set()
+def _noted(folder: str) -> tuple[bool, set[int]]:
+    """Return whether any rank of the job reached ``folder``, and the statuses they noted."""
+    reached, found = False, set()
     for name in os.listdir(folder):
+        reached = True
         try:
             with open(os.path.join(folder, name), encoding="ascii") as f:
                 found.add(int(f.read().strip()))
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # still "running": it ended without a word
             continue
-    return found
+    return reached, found
 
 
 def invoked_arguments() -> list[str]:
@@ -209,8 +214,10 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
             raise UsageError(f"could not start {cmd[0]}: {exc}") from None
         # MPICH's mpiexec passes on a rank's signal as its status: SIGINT is 2, a usage
         # error's, and SIGHUP 1, a failed check's. Those are the ranks' own only where one
-        # of them noted it. (3, SIGQUIT's, is a fault either way, as a timeout is.)
-        own = code in (0, 3, BROKEN_PIPE) or (code in (1, 2) and code in _noted(notes))
+        # of them noted it, or where none could (ranks on other nodes only, whose file
+        # systems lack the folder). (3, SIGQUIT's, is a fault either way, as a timeout is.)
+        reached, noted = _noted(notes)
+        own = code in (0, 3, BROKEN_PIPE) or (code in (1, 2) and (code in noted or not reached))
     if code == BROKEN_PIPE:
         sys.exit(code)  # the reader went away: nothing to say
     if not own:  # a rank killed, or the launcher failing
