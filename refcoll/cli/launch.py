@@ -24,6 +24,7 @@ import click
 
 from ..calls.auto import algo_filter, calibration_mode
 from ..calls.debug import check_level as debug_check_level
+from ..core import reading, writing
 from ..core.errors import UsageError
 from ..core.processes import python
 from ..transport.base import default_timeout
@@ -134,9 +135,8 @@ def _note(text: str) -> None:
     if not _exit_notes:
         return
     try:
-        with open(os.path.join(_exit_notes[0], str(os.getpid())), "w", encoding="ascii") as f:
-            f.write(text)
-    except OSError:  # another node, whose file system lacks the folder: nothing noted
+        writing.write_text(os.path.join(_exit_notes[0], str(os.getpid())), text)
+    except (OSError, UsageError):  # another node, whose file system lacks the folder
         pass
 
 
@@ -146,9 +146,9 @@ def _noted(folder: str) -> tuple[bool, set[int]]:
     for name in os.listdir(folder):
         reached = True
         try:
-            with open(os.path.join(folder, name), encoding="ascii") as f:
-                found.add(int(f.read().strip()))
-        except (OSError, ValueError):  # still "running": it ended without a word
+            found.add(int(reading.read_text(os.path.join(folder, name), max_bytes=64,
+                                            what="exit note").strip()))
+        except (UsageError, ValueError):  # still "running": it ended without a word
             continue
     return reached, found
 
