@@ -233,6 +233,23 @@ def test_the_simulator_runs_what_the_file_names(tmp_path, monkeypatch):
                zip(refcoll.simulate("allreduce", small, algorithm="auto").outputs, model))
 
 
+def test_simulate_auto_runs_prices_and_estimates_what_auto_chooses(monkeypatch):
+    """auto's choice of hierarchical learnt the node layout by split_node, which the printed
+    formula left out (rounds 8 against 4), and its memory was estimated for the cost model's
+    choice, whatever REFCOLL_ALGO said (0.02 GiB for a ring of 16 GiB)."""
+    from refcoll.verify.simulation import run_simulation, simulation_case
+
+    monkeypatch.setenv("REFCOLL_ALGO", "hierarchical")
+    case = simulation_case("auto", 4, 8, ranks_per_node=2)
+    report = run_simulation(case)
+    assert report.chosen.startswith("hierarchical")
+    assert all(got == want for _, got, want in report.comparison()), report.comparison()
+    assert report.node.predicted == (report.node.intra, report.node.inter)
+    monkeypatch.setenv("REFCOLL_ALGO", "ring")
+    assert (simulation_case("auto", 4096, 1).memory_bytes(moves_data=False)
+            == simulation_case("ring", 4096, 1).memory_bytes(moves_data=False))
+
+
 def test_the_simulator_refuses_a_file_it_cannot_read(tmp_path, monkeypatch):
     monkeypatch.setenv(tuned.TUNING_ENV, str(tmp_path / "absent.json"))
     with pytest.raises(UsageError, match="the tuning file .* does not exist"):

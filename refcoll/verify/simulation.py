@@ -26,6 +26,7 @@ from ..core.cost import Cost
 from ..core.errors import UsageError
 from ..core.ops import check_supported, get_dtype, get_op
 from ..transport.base import Ledger
+from ..transport.ledger_only import LedgerTransport, LedgerWorld
 from ..transport.sim import MAX_SIMULATED_RANKS
 from .conformance.cases import ROOTED
 from .inputs import make_inputs
@@ -71,6 +72,9 @@ class SimulationCase:
             for rooted collectives, the node size under the algorithm's
             ``node_option``).
         ranks_per_node: the node size the traffic is split by, or None.
+        chosen: for ``auto``, the algorithm it runs and its options (resolved under
+            the same settings as the run: ``REFCOLL_ALGO``, the tuning file, the
+            world's nodes); what runs, is priced and is estimated. None otherwise.
     """
 
     algorithm: str
@@ -81,6 +85,7 @@ class SimulationCase:
     op: str
     options: dict
     ranks_per_node: int | None = None
+    chosen: tuple | None = None
 
     @property
     def itemsize(self) -> int:
@@ -92,16 +97,30 @@ class SimulationCase:
         """Return the options the cost formula and the node prediction take (no root)."""
         return {k: v for k, v in self.options.items() if k != "root"}
 
+    def runs(self) -> tuple[str, dict]:
+        """Return the algorithm that runs and its options, root and node size included
+        (``auto``'s choice, spelled out: :attr:`chosen`)."""
+        if self.chosen is None:
+            return self.algorithm, dict(self.options)
+        name, options = self.chosen
+        options = dict(options, **{k: v for k, v in self.options.items() if k == "root"})
+        node_option = algorithms.get(name).node_option
+        if node_option is not None and self.ranks_per_node is not None:
+            options.setdefault(node_option, self.ranks_per_node)  # the world's nodes
+        return name, options
+
     def memory_bytes(self, moves_data: bool = True) -> int:
         """Return the upper estimate of the memory the run allocates: the data
         (:func:`simulation_bytes`; ledger-only, one rank's share: the ranks run one after
         another on inputs never written) and the ledger, :data:`LEDGER_BYTES` for each
         message the cost formula counts (a ring's ``2p(p-1)``: 16 GiB at 4096 ranks)."""
-        algo = algorithms.get(self.algorithm)
+        name, options = self.runs()
+        algo = algorithms.get(name)
         messages = 0
         if self.collective in algo.costs:
             shape = (self.p, self.count, self.itemsize)
-            messages = algo.costs[self.collective](*shape, **self.cost_options).counts().get(
+            costed = {k: v for k, v in options.items() if k != "root"}
+            messages = algo.costs[self.collective](*shape, **costed).counts().get(
                 "messages", 0)
         data = simulation_bytes(self.collective, self.p, self.count, self.itemsize)
         return (data if moves_data else -(-data // self.p)) + LEDGER_BYTES * messages
@@ -148,8 +167,13 @@ def simulation_case(algorithm: str, p: int, count: int, *, collective: str = "al
     options = {"root": root} if collective in ROOTED else {}
     if algo.node_option is not None and ranks_per_node is not None:
         options[algo.node_option] = ranks_per_node
+    chosen = None
+    if algo.chooses:  # what auto runs here: the run, its price and its memory are that
+        t = LedgerTransport(LedgerWorld(p, ranks_per_node=ranks_per_node), 0)
+        name, chosen_options = resolve_with_options(t, collective, count, dt.itemsize)
+        chosen = (name, chosen_options)
     return SimulationCase(algorithm, collective, p, count, dtype, reduction.name, options,
-                          ranks_per_node)
+                          ranks_per_node, chosen)
 
 
 @dataclass(frozen=True)
@@ -231,18 +255,16 @@ def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> Simulati
         inputs = make_inputs("exact", dtype, case.count, case.p, op=case.op)
     else:  # the schedule depends on sizes alone: zeros, whose pages are never touched
         inputs = [np.zeros(case.count, dtype) for _ in range(case.p)]
-    result = collectives.simulate(case.collective, inputs, algorithm=case.algorithm, op=case.op,
+    name, run_options = case.runs()  # auto: its choice, on the world's nodes as named ones
+    result = collectives.simulate(case.collective, inputs, algorithm=name, op=case.op,
                                   moves_data=moves_data, node_size=case.ranks_per_node,
-                                  **case.options)
+                                  **run_options)
     ledger = result.ledger
     shape = (case.p, case.count, case.itemsize)
     options, chosen = case.cost_options, None
-    if algo.chooses:  # price what auto ran: a tuning file's rule, or the model's choice
-        name, options = resolve_with_options(result.world.transports()[0], case.collective,
-                                             case.count, case.itemsize)
-        algo, chosen = algorithms.get(name), spell(name, options)
-        if algo.node_option is not None and case.ranks_per_node is not None:
-            options = {algo.node_option: case.ranks_per_node, **options}  # the world's nodes
+    if case.chosen is not None:  # price what auto ran: a tuning file's rule, or the model's
+        algo, chosen = algorithms.get(name), spell(*case.chosen)
+        options = {k: v for k, v in run_options.items() if k != "root"}
     predicted = (algo.costs[case.collective](*shape, **options)
                  if case.collective in algo.costs else None)
     node = None
