@@ -297,6 +297,32 @@ def test_an_op_the_dtype_has_not_is_refused_by_gen_inputs_oracle_and_check(tmp_p
                    "not supported on float8_e5m2")
 
 
+@pytest.mark.parametrize("formula", [False, True])
+def test_gen_inputs_asks_for_the_memory_its_draws_take(formula):
+    """The formula's adversarial inputs took 82 B an element to draw, against the 64 asked."""
+    import tracemalloc
+
+    from refcoll.cli.check import DRAW_BYTES, FORMULA_DRAW_BYTES
+    from refcoll.verify.formula import FormulaInput
+
+    n = 1 << 16
+    for kind in ("adversarial", "exact") + (() if formula else ("random",)):
+        for dtype in ("float32", "float64", "int32"):
+            if formula and kind == "adversarial" and dtype == "int32":
+                continue  # (the formula's adversarial kind is for floats)
+            tracemalloc.start()
+            try:
+                if formula:
+                    FormulaInput(kind, np.dtype(dtype), 4, 1, n, seed=3).whole()
+                else:
+                    make_inputs(kind, dtype, n, 4)  # (all four ranks': at least one's)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            asked = (FORMULA_DRAW_BYTES if formula else 4 * DRAW_BYTES) * n
+            assert peak <= asked, (kind, dtype, peak / n)
+
+
 def test_reduce_needs_only_the_roots_output(tmp_path):
     in_dir, out_dir = good_case(tmp_path, collective="reduce", root=2)
     assert sorted(f.name for f in out_dir.glob("rank*.npy")) == ["rank2.npy"]

@@ -203,6 +203,14 @@ def test_rows_that_cannot_be_used_are_left_out_and_said():
         parse_table("1024 256 float sum -1 1e-310 0 0 0 1e-310 0 0 0", "sub")
 
 
+def test_a_wrong_count_of_a_million_printed_as_g_is_said():
+    table = parse_table("1048576 262144 float sum -1 30.00 34.95 34.95 1.23457e+06 30.00 34.95 "
+                        "34.95 0e+00", "log")
+    assert "#wrong 1.23457e+06" in " ".join(table.notes)
+    assert not parse_table("1048576 262144 float sum -1 30.00 34.95 34.95 0e+00 30.00 34.95 "
+                           "34.95 N/A", "log").notes
+
+
 @pytest.mark.parametrize("text, needle", [
     ("# Collective test starting: all_gather_perf\n1048576 32768 float none -1 30.10 34.84 "
      "30.48 0 29.50 35.54 31.10 0", "all_gather_perf"),

@@ -106,9 +106,9 @@ def gen_inputs(p, count, dtype, kind, op, seed, formula, directory):
     check_supported(reduction, dt)  # inputs for an op the dtype has not: refused, as a run is
     what = f"generating {p} inputs of {count} x {dtype}"
     advice = "lower --count or -p"
-    # One rank's input at a time is made and written, beside its generator's draws (the
-    # adversarial layout's are the most: about eight float64 or int64 arrays of count).
-    require_memory(count * dt.itemsize + 64 * count, what, advice)
+    # One rank's input at a time is made and written, beside its generator's draws
+    draws = FORMULA_DRAW_BYTES if formula else DRAW_BYTES
+    require_memory(count * dt.itemsize + draws * count, what, advice)
     require_disk(directory, p * count * dt.itemsize, what, advice)
 
     def maker(r):
@@ -343,6 +343,11 @@ def _folders(folders: tuple, formula: str | None) -> tuple[str | None, str]:
         raise UsageError("give IN_DIR and OUT_DIR (or --inputs KIND:seed=S,p=P,count=N OUT_DIR)")
     return folders[0], folders[1]
 
+
+#: The bytes an element of one rank's input takes to draw, beside the input itself, at most
+#: over the kinds and dtypes (tracemalloc's peaks: NumPy's adversarial layout, about eight
+#: float64 or int64 arrays, 41; the formula's, which counts its way to every value, 82).
+DRAW_BYTES, FORMULA_DRAW_BYTES = 64, 96
 
 #: What a streamed check holds at most beside its code: a few blocks of operands.
 STREAMED_BYTES = 8 * BLOCK_BYTES

@@ -120,6 +120,16 @@ def _rate(text: str) -> float:
     return value * 1e9
 
 
+def _counted(text: str) -> bool:
+    """Whether a ``#wrong`` cell counts some: ``3``, or ``1.23457e+06`` (``%g`` from a
+    million on), not ``0``, ``0e+00`` or ``N/A``."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value > 0
+
+
 def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
     """Return the row of a line that looks like one, and a note on it; ValueError with the
     reason where it is not an all-reduce row that can be used."""
@@ -146,8 +156,7 @@ def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
             in_place = _time(fields[4])
         except ValueError as exc:
             note = f"its in-place {exc} is not used"
-    wrong = [f for f in (fields[3], fields[7] if len(fields) >= 8 else "0")
-             if re.fullmatch(r"\d+", f) and int(f) > 0]
+    wrong = [f for f in (fields[3], fields[7] if len(fields) >= 8 else "0") if _counted(f)]
     if wrong:
         note = (f"#wrong {'/'.join(wrong)}: the library's results were wrong at this size; "
                 "its time is used")
