@@ -295,6 +295,9 @@ def test_an_op_the_dtype_has_not_is_refused_by_gen_inputs_oracle_and_check(tmp_p
     (tmp_path / "out" / "meta.json").unlink()
     assert_refused(invoke("check", "--op", "prod", tmp_path / "in", tmp_path / "out"),
                    "not supported on float8_e5m2")
+    (tmp_path / "out" / "meta.json").write_text('{"dtype": "float8_e5m2"}')  # and a sample
+    assert_refused(invoke("check", "--op", "prod", "--inputs", "exact:seed=1,p=3,count=5",
+                          "--sample", 2, tmp_path / "out"), "not supported on float8_e5m2")
 
 
 @pytest.mark.parametrize("formula", [False, True])

@@ -403,6 +403,7 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     _check_root(root, p)
     each = _sample_size(collective, p, count, k)
     dtype = files_dtype(out_dir)
+    _supported(op, collective, dtype)
     files = load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op, lazy=True)
     if not shapes_judged(collective, p, (count,), root, files, dtype).passed:
         # the full check's report, which stops at the shapes: no element is read
