@@ -94,8 +94,9 @@ class SimulationCase:
 
     @property
     def cost_options(self) -> dict:
-        """Return the options the cost formula and the node prediction take (no root)."""
-        return {k: v for k, v in self.options.items() if k != "root"}
+        """Return the options the cost formula and the node prediction take: those of the
+        algorithm that runs (:meth:`runs`), without the root."""
+        return {k: v for k, v in self.runs()[1].items() if k != "root"}
 
     def runs(self) -> tuple[str, dict]:
         """Return the algorithm that runs and its options, root and node size included
@@ -114,13 +115,11 @@ class SimulationCase:
         (:func:`simulation_bytes`; ledger-only, one rank's share: the ranks run one after
         another on inputs never written) and the ledger, :data:`LEDGER_BYTES` for each
         message the cost formula counts (a ring's ``2p(p-1)``: 16 GiB at 4096 ranks)."""
-        name, options = self.runs()
-        algo = algorithms.get(name)
+        algo = algorithms.get(self.runs()[0])
         messages = 0
         if self.collective in algo.costs:
             shape = (self.p, self.count, self.itemsize)
-            costed = {k: v for k, v in options.items() if k != "root"}
-            messages = algo.costs[self.collective](*shape, **costed).counts().get(
+            messages = algo.costs[self.collective](*shape, **self.cost_options).counts().get(
                 "messages", 0)
         data = simulation_bytes(self.collective, self.p, self.count, self.itemsize)
         return (data if moves_data else -(-data // self.p)) + LEDGER_BYTES * messages
@@ -249,7 +248,6 @@ def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> Simulati
 
     ``moves_data=False``: the ledger-only world (the same ledger, no data, no threads).
     """
-    algo = algorithms.get(case.algorithm)
     dtype = get_dtype(case.dtype)
     if moves_data:
         inputs = make_inputs("exact", dtype, case.count, case.p, op=case.op)
@@ -261,10 +259,8 @@ def run_simulation(case: SimulationCase, *, moves_data: bool = True) -> Simulati
                                   **run_options)
     ledger = result.ledger
     shape = (case.p, case.count, case.itemsize)
-    options, chosen = case.cost_options, None
-    if case.chosen is not None:  # price what auto ran: a tuning file's rule, or the model's
-        algo, chosen = algorithms.get(name), spell(*case.chosen)
-        options = {k: v for k, v in run_options.items() if k != "root"}
+    algo, options = algorithms.get(name), case.cost_options  # auto: what it ran, priced
+    chosen = spell(*case.chosen) if case.chosen is not None else None
     predicted = (algo.costs[case.collective](*shape, **options)
                  if case.collective in algo.costs else None)
     node = None
