@@ -30,6 +30,7 @@ since a product or average of 3-bit mantissas is rarely what anyone means.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -323,7 +324,12 @@ def supports(op, dtype) -> bool:
 
 def finfo(dtype):
     """Return the machine limits of a float type: NumPy's ``finfo``, ml_dtypes' for its types."""
-    dt = _as_dtype(dtype)
+    return _finfo(_as_dtype(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _finfo(dt: np.dtype):
+    """:func:`finfo` of a dtype, kept: a judge asks for it several times a call."""
     if dt.name in ML_DTYPE_NAMES:
         _ml_dtypes()  # the one place that imports it (already imported: a value of it exists)
         return sys.modules["ml_dtypes"].finfo(dt)

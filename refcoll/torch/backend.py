@@ -69,8 +69,10 @@ from ..calls import collectives as calls
 from ..calls.args import shared_errors
 from ..calls.auto import AlgoFilter
 from ..transport.base import default_timeout
+from ..transport.mpi import MPITransport
 from ..transport.torch import TorchTransport
 from . import exchange
+from .launch import mpi_communicator
 from .tensors import as_array, flat, premultiplier, reduction
 from .watch import watched_from_env
 from .work import submit
@@ -108,6 +110,24 @@ def _timeout(group_timeout: datetime.timedelta) -> float | None:
     if "REFCOLL_TIMEOUT" in os.environ:
         return default_timeout()
     return min(group_timeout.total_seconds(), default_timeout() or float("inf"))
+
+
+def _judges_mpi(store, rank: int, size: int, deadline: float | None) -> MPITransport | None:
+    """Watch mode's own exchanges under ``mpiexec``: MPI among the group's processes.
+
+    The samples and checksums of every watched call travel once more, among the
+    group's ranks, over a library other than the watched one. Under ``mpiexec``
+    that is MPI (a few microseconds on one host against Gloo's hundreds), on a
+    communicator of the group's ranks (:func:`~refcoll.torch.launch.mpi_communicator`);
+    elsewhere, ``None``: refcoll's own Gloo group.
+    """
+    comm = mpi_communicator(store, rank, size)
+    if comm is None:
+        return None
+    try:
+        return MPITransport(comm, timeout=deadline, collective="watch mode's exchanges")
+    finally:
+        comm.Free()  # the transport works on its own duplicate
 
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta):
@@ -151,11 +171,18 @@ class RefcollGroup(dist.ProcessGroup):
                                                 timeout=self.deadline)
         self._cuda = None  # made at the first CUDA tensor
         self._name = self._desc = ""
+        if watched is not None:
+            watched.over = _judges_mpi(store, rank, size, self.deadline)
 
     def shutdown(self) -> None:
         """``destroy_process_group``'s call: watch mode judges its last, unclosed batch."""
         if self.watched is not None:
-            self.watched.finish(self)
+            try:
+                self.watched.finish(self)
+            finally:
+                if self.watched.over is not None:
+                    self.watched.over.free()
+                    self.watched.over = None
 
     # ----------------------------------------------------------- identity
 

@@ -31,7 +31,8 @@ from ..core.ops import get_op
 from ..transport.base import default_timeout
 from ..transport.deadline import bounded_barrier
 
-__all__ = ["init_process_group", "launcher", "torch_installed", "reduce_op", "INSTALL_HINT"]
+__all__ = ["init_process_group", "launcher", "torch_installed", "reduce_op", "INSTALL_HINT",
+           "mpi_communicator"]
 
 #: What a user without PyTorch installs for refcoll's torch features.
 INSTALL_HINT = "pip install 'refcoll[torch]'"
@@ -156,3 +157,32 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
     dist.init_process_group(backend, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=seconds), **start)
     return dist.group.WORLD
+
+
+def mpi_communicator(store, rank: int, size: int):
+    """Return an MPI communicator of a torch group's processes, or ``None`` where MPI is not theirs.
+
+    Under ``mpiexec``, where this process's MPI runs with threads
+    (``MPI_THREAD_MULTIPLE``: refcoll's progress thread then calls it), each rank of
+    the group writes its ``MPI_COMM_WORLD`` rank in the group's ``store`` and reads the
+    others', so a rank that never comes is the store's timeout, and the group's ranks
+    make a communicator of their own in the group's rank order
+    (``MPI_Comm_create_group``: collective on them alone, as torch makes a group on
+    its own ranks alone). ``None`` under ``torchrun`` or plain ``python``, before MPI
+    is initialized, or where the ranks do not map one to one onto MPI's (a group
+    started by other means than :func:`init_process_group`).
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if launcher() != "mpiexec" or size < 2 or mpi is None or not mpi.Is_initialized() \
+            or mpi.Is_finalized() or mpi.Query_thread() < mpi.THREAD_MULTIPLE:
+        return None
+    world = mpi.COMM_WORLD
+    store.set(f"refcoll/mpi-rank/{rank}", str(world.Get_rank()))
+    ranks = [int(store.get(f"refcoll/mpi-rank/{r}")) for r in range(size)]
+    if len(set(ranks)) != size or not all(0 <= r < world.Get_size() for r in ranks):
+        return None  # (every rank reads the same keys, so every rank says None)
+    group = world.Get_group()
+    try:
+        return world.Create_group(group.Incl(ranks))
+    finally:
+        group.Free()

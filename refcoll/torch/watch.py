@@ -13,9 +13,10 @@ every all-reduce, reduce-scatter, allgather, broadcast and reduce it also picks
 ``k`` elements (``REFCOLL_WATCH_SAMPLE``, 64 by default; the same on every
 rank, evenly spaced from an offset drawn afresh for each call), keeps their
 inputs before the call and reads their outputs after it. The ranks then
-allgather those few values over refcoll's own Gloo group (not the watched one),
-in one exchange of fixed-size records, and each judges them by the oracle's
-rules (:func:`refcoll.verify.oracle.check_outputs`):
+allgather those few values over a library other than the watched one (MPI
+under ``mpiexec``, on a communicator of the group's ranks; else refcoll's own
+Gloo group), in one exchange of fixed-size records, and each judges them by the
+oracle's rules (:func:`refcoll.verify.oracle.check_outputs`):
 
 * **rank agreement**: all-reduce, allgather and broadcast outputs are the same
   bits on every rank;
@@ -485,6 +486,7 @@ class Watch:
         self.checksums = checksums  # every element, by block checksums (REFCOLL_WATCH_CHECKSUMS)
         self.size, self.rank = size, rank  # the group's ranks, and this one
         self._judging: list = []  # the Works that judge a batch (finish reports unwaited ones)
+        self.over = None  # the transport the judging exchanges over (None: the group's Gloo)
 
     def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
@@ -564,7 +566,7 @@ class Watch:
                     earlier.done.wait()
         judged = [s for s in batch if not s.failed]
         if judged:
-            self._judge(t, judged)
+            self._judge(self.over or t, judged)
 
     def _method(self, name: str):
         """The watched group's method for torch 2.13's ``name``, or its older name."""

@@ -6,6 +6,7 @@ Gloo that spoils one call's result as ``CORRUPT=collective:call:how`` says.
 """
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 from backend_job import group_with, world  # noqa: F401 - the fixture
 
-from refcoll.core.errors import UsageError, WrongResult
+from refcoll.core.errors import MismatchError, UsageError, WrongResult
 
 
 class Corrupting(dist.ProcessGroup):
@@ -116,9 +117,19 @@ class _NoFuture(dist.Work):
         return True
 
 
+class Lenient(dist.ProcessGroup):
+    """A library that moves nothing and so never notices ranks that disagree: its all-reduce
+    returns at once, each rank's input unchanged."""
+
+    def allreduce(self, tensors, opts):
+        return _done(tensors)
+
+
 if "CORRUPTING" not in dist.Backend._plugins:
     dist.Backend.register_backend("corrupting", Corrupting, devices=["cpu"])
     dist.Backend.register_backend("futureless", Futureless, devices=["cpu"])
+    dist.Backend.register_backend("lenient", lambda store, rank, size, timeout:
+                                  Lenient(rank, size), devices=["cpu"])
 
 
 def watching(backend, corrupt="none:0:none", **env):
@@ -140,6 +151,39 @@ def test_a_corrupted_element_is_caught_at_the_first_wrong_call_on_every_rank(wor
     assert "watch: corrupting's allreduce sum of float32" in text and "call 3" in text
     assert "element 5" in text and "identical on every rank" in text
     assert "a conforming library returns a value in [" in text
+
+
+def test_the_judging_travels_over_mpi_among_the_groups_own_ranks_under_mpiexec(world):
+    """Under mpiexec the samples go over MPI (microseconds where Gloo takes hundreds), on a
+    communicator of the group's ranks in the group's order; under torchrun over Gloo."""
+    from refcoll.torch.launch import launcher
+    from refcoll.transport.mpi import MPITransport
+
+    p, r = world.size(), world.rank()
+    members = list(range(1, p)) if p > 2 else [0, 1]  # at 3 ranks, a group without rank 0
+    group = watching("corrupting", "allreduce:2:element", ranks=members)
+    if r not in members:
+        return
+    over = group.watched.over
+    mpi = sys.modules.get("mpi4py.MPI")
+    threads = mpi is not None and mpi.Query_thread() == mpi.THREAD_MULTIPLE
+    assert isinstance(over, MPITransport) == (launcher() == "mpiexec" and threads)
+    if over is not None:
+        assert over.size == len(members) and over.rank == members.index(r)
+        assert over.comm.allgather(mpi.COMM_WORLD.Get_rank()) == members
+    x = torch.arange(40, dtype=torch.float32) * (r + 1)
+    dist.all_reduce(x, group=group)
+    assert x[5].item() == 5 * sum(m + 1 for m in members)
+    with pytest.raises(WrongResult, match="allreduce sum of float32 over 2 ranks.*call 2"):
+        dist.all_reduce(torch.arange(40, dtype=torch.float32), group=group)
+
+
+def test_ranks_that_disagree_on_a_call_are_told_on_every_rank(world):
+    """A library that lets the ranks pass different counts: the judging meets it (not a hang)."""
+    group = watching("lenient")
+    x = torch.ones(40 + world.rank())
+    with pytest.raises(MismatchError, match="judged different calls: elements: rank 0 has 40"):
+        dist.all_reduce(x, group=group)
 
 
 def test_a_wrong_gradient_under_ddp_is_raised_from_backward_not_a_crash(world):
