@@ -71,6 +71,28 @@ def test_refcoll_algo_one_name_or_one_per_collective():
             algorithms_from_env(bad)
 
 
+def test_watch_modes_mpi_communicator_is_only_for_one_mpi_jobs_processes(monkeypatch):
+    """Each group rank notes its MPI rank and world size; processes of other jobs (the same
+    rank twice, another world size) or another launcher get no communicator, never a hang."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    from refcoll.torch.launch import mpi_communicator
+
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_RANK", "0")
+    me = f"{MPI.COMM_WORLD.Get_rank()} {MPI.COMM_WORLD.Get_size()}"
+    for other in (me, f"1 {MPI.COMM_WORLD.Get_size() + 3}"):
+        store = dist.HashStore()
+        store.set("refcoll/mpi-rank/1", other)
+        assert mpi_communicator(store, 0, 2) is None
+        assert store.get("refcoll/mpi-rank/0").decode() == me
+    monkeypatch.delenv("PMI_RANK")
+    monkeypatch.setenv("RANK", "0")  # torchrun's processes: no MPI asked at all
+    assert mpi_communicator(dist.HashStore(), 0, 2) is None
+
+
 def test_python_m_refcoll_torch_runs_a_script_with_the_backend_registered(tmp_path):
     script = tmp_path / "s.py"
     (tmp_path / "beside.py").write_text("WORD = 'refcoll'\n")  # the script's own module

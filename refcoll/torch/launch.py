@@ -177,10 +177,11 @@ def mpi_communicator(store, rank: int, size: int):
             or mpi.Is_finalized() or mpi.Query_thread() < mpi.THREAD_MULTIPLE:
         return None
     world = mpi.COMM_WORLD
-    store.set(f"refcoll/mpi-rank/{rank}", str(world.Get_rank()))
-    ranks = [int(store.get(f"refcoll/mpi-rank/{r}")) for r in range(size)]
-    if len(set(ranks)) != size or not all(0 <= r < world.Get_size() for r in ranks):
-        return None  # (every rank reads the same keys, so every rank says None)
+    store.set(f"refcoll/mpi-rank/{rank}", f"{world.Get_rank()} {world.Get_size()}")
+    noted = [store.get(f"refcoll/mpi-rank/{r}").split() for r in range(size)]
+    ranks = [int(r) for r, _ in noted]
+    if len(set(ranks)) != size or {int(n) for _, n in noted} != {world.Get_size()}:
+        return None  # not one MPI job's processes (every rank reads the same keys: every None)
     group = world.Get_group()
     try:
         return world.Create_group(group.Incl(ranks))
