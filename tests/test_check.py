@@ -78,6 +78,29 @@ def test_a_missing_and_a_doubled_contribution_are_named():
     assert not finding.passed and finding.data["twice"] == [1]
 
 
+@pytest.mark.parametrize("p", [3, 5, 6])
+def test_nccls_premultiplied_average_of_exact_inputs_conforms_and_a_missing_rank_is_named(p):
+    """NCCL averages floats as a sum of each input times fl(1/p), each product rounded:
+    other bits than fl(S/p) where 1/p is inexact, all within the bound of every average."""
+    xs = make_inputs("exact", "float32", 500, p)
+    f = np.float32(1) / np.float32(p)
+
+    def premultiplied(ranks):
+        acc = np.zeros_like(xs[0])
+        for q in ranks:
+            acc = acc + xs[q] * f
+        return acc
+
+    right = premultiplied(range(p))
+    post = (refcoll.verify.oracle.fold("sum", xs).astype(np.float64) / p).astype(np.float32)
+    assert not np.array_equal(right, post)  # the bits a sum-then-divide check would refuse
+    assert check_outputs(xs, [right] * p, op="avg").conforming
+    for out in (premultiplied(q for q in range(p) if q != 1), post - xs[1] / p):
+        report = check_outputs(xs, [out] * p, op="avg")
+        finding = next(f for f in report.findings if f.check.startswith("every rank"))
+        assert not finding.passed and finding.data["missing"] == [1], finding.detail
+
+
 def test_reduce_scatter_and_reduce_outputs_are_judged_per_rank():
     xs = make_inputs("random", "float64", 11, 3)
     rs = refcoll.simulate("reduce_scatter", xs, algorithm="ring").outputs

@@ -15,7 +15,7 @@ import numpy as np
 from ..core.bits import differing as differing_elements
 from ..core.bits import same_bits
 from ..core.ops import dtype_name
-from .ieee import CONVENTIONS, explain, judge_extremum, judge_float
+from .ieee import CONVENTIONS, avg_allowance, explain, judge_extremum, judge_float
 from .screen import Estimate, screened
 
 __all__ = ["Finding", "CheckReport", "elements", "show", "where", "shape_finding",
@@ -327,10 +327,14 @@ class BoundCheck:
 class ContributionCheck:
     """Name ranks whose contribution is missing or counted twice, from exact inputs.
 
-    Every partial sum of such inputs is exact, so every order gives ``S`` (``avg``:
-    ``fl(S/p)``); rank ``q`` is missing where ``fl((S - x_q)/p)`` is the result and
-    counted twice where ``fl((S + x_q)/p)`` is. The first :data:`ANALYSED` differing
-    elements of each rank are analysed.
+    Every partial sum of such inputs is exact, so every order gives ``S``; rank ``q`` is
+    missing where ``S - x_q`` is the result and counted twice where ``S + x_q`` is. An
+    ``avg`` divided after the sum gives ``fl(S/p)``; one computed as NCCL computes a
+    float average, each input times ``fl(1/p)`` and rounded, then summed, may round
+    elsewhere within the bound of every average, ``γ(p)·Σ|x|/p`` (and the smallest
+    subnormal): so an ``avg`` differs where it is neither, and is missing or twice
+    ``x_q`` where it lies within that distance of ``(S ∓ x_q)/p``. The first
+    :data:`ANALYSED` differing elements of each rank are analysed.
     """
 
     label = "every rank's contribution counted once"
@@ -339,21 +343,28 @@ class ContributionCheck:
         self.divides, self.p, self.dtype = divides, p, dtype
         self.count, self.problems = {}, {}
 
-    def _finish(self, total):
+    def _is(self, total, g, allowed) -> np.ndarray:
+        """Return where ``g`` is what a sum of ``total`` gives (``avg``: either division)."""
         if not self.divides:
-            return total
-        return np.asarray(total / self.p).astype(self.dtype).astype(np.float64)
+            return g == total
+        mean = total / self.p
+        with np.errstate(invalid="ignore"):
+            return (g == mean.astype(self.dtype).astype(np.float64)) \
+                | (np.abs(g - mean) <= allowed)
 
     def summarize(self, cols: np.ndarray, got: np.ndarray, room: int = ANALYSED):
         cols = cols.astype(np.float64)
         exact = cols.sum(axis=0)
         g = got.astype(np.float64)
-        bad = np.flatnonzero(~(g == self._finish(exact)))
+        allowed = None
+        if self.divides:  # NCCL's pre-multiplied average rounds within the avg bound
+            allowed = avg_allowance(np.abs(cols).sum(axis=0), self.p, self.dtype)
+        bad = np.flatnonzero(~self._is(exact, g, allowed))
         problems = []
         for i in bad[:room]:
-            column = cols[:, i]
-            missing = np.flatnonzero((self._finish(exact[i] - column) == g[i]) & (column != 0))
-            twice = np.flatnonzero((self._finish(exact[i] + column) == g[i]) & (column != 0))
+            column, near = cols[:, i], None if allowed is None else allowed[i]
+            missing = np.flatnonzero(self._is(exact[i] - column, g[i], near) & (column != 0))
+            twice = np.flatnonzero(self._is(exact[i] + column, g[i], near) & (column != 0))
             problems.append((int(i), [int(q) for q in missing], [int(q) for q in twice]))
         return int(bad.size), problems
 

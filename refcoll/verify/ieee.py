@@ -410,6 +410,14 @@ def reference(op: str, cols: np.ndarray, dtype) -> Reference:
     return Reference(op, np.dtype(dtype), cols, exact, bound, scale, e, sign, finite)
 
 
+def avg_allowance(absolute, p: int, dtype):
+    """Return how far from ``S/p`` any conforming ``avg`` of exact sums may round:
+    ``γ(p)·Σ|x|/p`` and the smallest subnormal (``absolute``: ``Σ|x|``, exact), the bound
+    :func:`sum_bound` gives an ``avg``, which NCCL's pre-multiplied sum keeps within."""
+    tiny = float(finfo(np.dtype(dtype)).smallest_subnormal)
+    return gamma(p, _unit(dtype)) * (absolute / p) * _SLACK + tiny
+
+
 def sum_bound(op: str, p: int, dtype, exact, absolute, e) -> tuple:
     """Return ``(exact, bound, scale)`` of a ``sum``/``avg`` from ``Σ x`` (``exact``, in
     double-double rounded to float64) and ``Σ|x|`` (``absolute``, rounded row by row), both
