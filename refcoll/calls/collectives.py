@@ -199,8 +199,8 @@ def _init(call) -> Plan:
                              "so each run would see a stale copy; pass "
                              "np.ascontiguousarray(x) and write into that")
     with call.t.call(call.collective):
-        if call.validate:
-            agree(call.t, **call.fields())
+        if call.validate:  # as "allreduce_init": a plan made here never matches another call there
+            agree(call.t, **dict(call.fields(), collective=f"{call.collective}_init"))
         return Plan(call)
 
 

@@ -48,6 +48,7 @@ stealing); compute between them lets the engine run it.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -55,6 +56,7 @@ from .. import algorithms
 from ..core.errors import UsageError
 from ..core.xp import address, array_namespace, on_callers_device
 from ..transport.base import transport_cache
+from ..transport.mpi import cached_transport
 from ..transport.recorder import compile_steps, done, landed, record, run_steps, start
 from . import debug
 from .args import Call, check_overlap
@@ -294,8 +296,10 @@ class Plan:
                 self.fn(t, *call.arguments(), **call.keywords())
             else:
                 run_steps(t, self._program)
-        except BaseException:
+        except BaseException as exc:
             self.abandon()
+            if getattr(t, "comm", True) is None:  # MPI refused the requests of a freed comm
+                raise UsageError(self._broken) from exc
             raise
         finally:
             t.leave_call()
@@ -313,7 +317,11 @@ class Plan:
         as its own data. Its peers learn it at their next wait (``PeerFailure``);
         ``comm.Dup()`` gives a fresh communicator.
         """
-        if self._program is not None or self._own_tags:
+        if getattr(self.t, "comm", True) is None:  # the communicator itself was freed
+            self._broken = (f"rank {self.t.rank}: this {self.collective} plan's communicator "
+                            "was freed (comm.Free()), and its persistent requests with it: make "
+                            "the plan on a communicator that lives as long as the plan")
+        elif self._program is not None or self._own_tags:
             self._broken = (f"rank {self.t.rank}: run {self.runs + 1} of this {self.collective} "
                             "plan failed partway; its messages may still be in flight: make a "
                             "new plan on a fresh communicator (comm.Dup())")
@@ -373,10 +381,10 @@ class Plan:
         if self.freed:  # its peers may be in the run already: tell them (_refuse)
             return (f"rank {rank}: this {self.collective} plan was freed; make a new one with "
                     f"refcoll.{self.collective}_init")
-        if self._started is not None:
+        if self._started is not None:  # this rank's alone: its run goes on, and a start
             raise UsageError(f"rank {rank}: this {self.collective} plan is already started; "
-                             "wait() for it before starting it again")
-        if comm is not None and comm is not self.comm and comm is not self.t:
+                             "wait() for it before starting it again")  # after wait() is in step
+        if comm is not None and not self._belongs(comm):
             return f"rank {rank}: this {self.collective} plan belongs to another communicator"
         for name, given, held in (("x", x, self.x), ("out", out, self.out)):
             if given is not None and not _same_buffer(given, held):
@@ -391,6 +399,16 @@ class Plan:
                     "since the plan was made; a plan runs on the buffers it was made with: make "
                     "a new plan")
         return None
+
+    def _belongs(self, comm) -> bool:
+        """Return whether ``comm`` is the plan's communicator: the one it was made with, or its
+        transport, or another handle of that MPI communicator (``MPI.COMM_WORLD`` for a plan
+        made with ``comm=None``); asks no other rank."""
+        if comm is self.comm or comm is self.t:
+            return True
+        mpi = sys.modules.get("mpi4py.MPI")
+        t = getattr(self.t, "inner", self.t)  # a device transport's: the one it wraps
+        return mpi is not None and isinstance(comm, mpi.Intracomm) and cached_transport(comm) is t
 
     def _layout_now(self) -> tuple:
         """Return the shapes and dtypes of the plan's buffers as they are now."""
@@ -417,7 +435,9 @@ class InFlight:
     runs its steps up to the first exchange, starts that exchange's persistent
     requests in the call's tag space and returns; the MPI library moves the
     message while the caller computes. Each ``test()`` goes on as far as it can
-    without waiting (as MPICH's schedules do without a progress thread), and
+    without waiting (as MPICH's schedules do without a progress thread), raising
+    once a peer revoked the call or the exchange it looks at is past the
+    transport's deadline (so a ``while not test()`` loop ends), and
     ``wait()`` runs the rest: the same steps, in the same order, as
     ``plan()``. No thread, no queue, and no :class:`~refcoll.calls.progress.Handle`
     unless someone asks for :attr:`handle`: ``start()`` then ``wait()`` back to
@@ -429,12 +449,13 @@ class InFlight:
     the plan's lock.
     """
 
-    __slots__ = ("plan", "index", "posted", "done", "error", "_handle", "seen")
+    __slots__ = ("plan", "index", "posted", "deadline", "done", "error", "_handle", "seen",
+                 "told")
     kind = "in-flight"
 
     def __init__(self, plan: "Plan"):
-        self.plan, self.index, self.posted = plan, 0, False
-        self.done, self.error, self._handle = False, None, None
+        self.plan, self.index, self.posted, self.deadline = plan, 0, False, None
+        self.done, self.error, self._handle, self.told = False, None, None, False
         self.seen = False  # Plan.test() saw it complete (a wait through its handle: the handle's)
         in_flight(plan._slots, self, started=True)
         t = plan.t
@@ -455,14 +476,14 @@ class InFlight:
         handle = self._handle
         if handle is not None:  # made already (a callback of its own completion may ask)
             return handle
-        plan = self.plan
-        with plan._lock:
+        with _HANDLES:  # (not the plan's lock: an engine running the run holds that)
             handle = self._handle
             if handle is None:
-                handle = self._handle = Handle(plan.collective, None, self)
+                handle = self._handle = Handle(self.plan.collective, None, self)
                 handle.started = handle.issued
-                if self.done:
-                    self._tell(handle)
+            ended = self.done
+        if ended:  # the run ended before, or as, its handle was made: tell it here
+            self._tell(handle)
         return handle
 
     def on_thread(self) -> bool:
@@ -516,9 +537,10 @@ class InFlight:
                     if step.__class__ is tuple:
                         if not self.posted:  # started: the next look tests it (MPI_Start's way)
                             start(step)
-                            self.posted = True
+                            self.posted, self.deadline = True, t.deadline()
                             return
-                        if not done(t, step):
+                        if not done(t, step):  # a peer's revocation, or the deadline, raises
+                            t._look(step[0], step[4], self.deadline)
                             return
                         landed(t, step)
                         self.posted = False
@@ -535,14 +557,26 @@ class InFlight:
             t.current_call = named
         self.done = True
         in_flight(plan._slots, self, started=False)
-        if self._handle is not None:
-            self._tell(self._handle)
+        with _HANDLES:
+            handle = self._handle
+        if handle is not None:
+            self._tell(handle)
 
     def _tell(self, handle: Handle) -> None:
-        """Complete ``handle`` with the run's result or error."""
+        """Complete ``handle`` with the run's result or error (once: the run's end and the
+        handle's making may both come here)."""
+        with _HANDLES:
+            if self.told:
+                return
+            self.told = True
         handle._result = None if self.error is not None else self.plan.out
         handle._error = self.error
         handle._finish()
+
+
+#: Held while an in-place run's handle is made or told of the run's end: never while the
+#: run waits (the plan's lock is), so ``wait(timeout)`` and ``wait_all`` never wait on it.
+_HANDLES = threading.Lock()
 
 
 def _completed(run) -> bool:

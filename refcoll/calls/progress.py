@@ -175,7 +175,10 @@ class Handle:
         on every rank the call failed on. ``timeout``: seconds to wait here before a
         :class:`CollectiveTimeout` (the call keeps running, and a later ``wait`` may
         still return it); ``None`` waits as long as the call may take (the
-        transport's own deadline bounds every exchange).
+        transport's own deadline bounds every exchange). On the schedule engine a
+        call that cannot run step by step (:class:`ScheduleEngine`) runs whole when a
+        wait reaches it, as MPI's progress rule asks, and ``timeout`` is then looked
+        at only once it returns: its exchanges are bounded by the deadline alone.
         """
         if not self._done.is_set():
             self._engine.drive(self, timeout)
@@ -472,8 +475,12 @@ class Steps:
             with t.call(plan.collective):
                 pass  # the call's count, taken as it starts: a peer's revocation of it applies
             self.steps = Stepper(plan._schedule.steps)
-        if not self.steps.advance():
-            return False
+        named, t.current_call = t.current_call, plan.collective  # what a failure names
+        try:
+            if not self.steps.advance():
+                return False
+        finally:
+            t.current_call = named
         plan.call.finish()
         plan.runs += 1
         self.result = plan.call.output()

@@ -152,16 +152,36 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
                 elif polls > POLLS_BEFORE_YIELD:
                     os.sched_yield()  # let an oversubscribed peer run
                 if time.monotonic() > deadline:
-                    message = (
-                        f"rank {self.rank}: {self.current_call or 'point-to-point'} timed out "
-                        f"after {self.timeout:g} s at its exchange {self._ops} of this call, "
-                        f"still waiting {waiting_for()}; that rank may be dead, slow, or in a "
-                        "different call (set REFCOLL_TIMEOUT to wait longer)")
-                    if not abort_on_timeout():  # the job goes on: nothing left behind it
-                        self._give_up(reqs, message)
-                    timed_out(message)
+                    self._time_out(reqs, f"{self.current_call or 'point-to-point'} timed out "
+                                         f"after {self.timeout:g} s at its exchange {self._ops} "
+                                         f"of this call, still waiting {waiting_for()}")
         except MPI.Exception as exc:
             self._mpi_error(exc, waiting_for)
+
+    def _time_out(self, reqs: list, what: str) -> None:
+        """Raise the timeout of the call waiting for ``reqs`` (``what`` timed out), leaving
+        nothing of it to complete behind this rank's back (:meth:`_give_up`), unless the
+        job is to abort (``REFCOLL_ABORT_ON_TIMEOUT``)."""
+        message = (f"rank {self.rank}: {what}; that rank may be dead, slow, or in a "
+                   "different call (set REFCOLL_TIMEOUT to wait longer)")
+        if not abort_on_timeout():  # the job goes on: nothing left behind it
+            self._give_up(reqs, message)
+        timed_out(message)
+
+    def _look(self, reqs: list, waiting_for, deadline: float | None) -> None:
+        """After a test found a started exchange's ``reqs`` incomplete (a non-blocking call's
+        look, which never waits): raise where a peer revoked the call, and past ``deadline``
+        (counted from the exchange's start) time out as a blocking wait does."""
+        if self._stopped():
+            self._withdraw(reqs)
+            self._check_revoked()
+        if deadline is not None and time.monotonic() > deadline:
+            self._time_out(reqs, f"{self.current_call or 'a non-blocking call'} timed out "
+                                 f"after {self.timeout:g} s, still waiting {waiting_for()}")
+
+    def deadline(self) -> float | None:
+        """Return when an exchange started now times out (``None``: never)."""
+        return None if self.timeout is None else time.monotonic() + self.timeout
 
     def _mpi_error(self, exc, waiting_for) -> None:
         """Raise what MPI's error ``exc`` in a wait or test means: a receive shorter than the
@@ -253,6 +273,12 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
 
 
 _KEYVAL = None
+
+
+def cached_transport(comm) -> MPITransport | None:
+    """Return the :class:`MPITransport` made for ``comm`` (any handle of it), or ``None``: local,
+    no rank is asked (:func:`transport_for` makes one, collectively)."""
+    return None if _KEYVAL is None else comm.Get_attr(_KEYVAL)
 
 
 def transport_for(comm=None, collective: str | None = None) -> MPITransport:

@@ -20,11 +20,10 @@ algorithm needs none of this; the recorder and the plans do.
 from __future__ import annotations
 
 import atexit
-import time
 
 from ..core.errors import RefcollError
 from .base import TAGS_PER_CALL
-from .deadline import duplicate, mpi, timed_out
+from .deadline import duplicate, mpi
 
 __all__ = ["PersistentEpochs", "PersistentExchange", "PERSISTENT_EPOCHS", "PLAN_SLOTS",
            "persistent_layout"]
@@ -199,24 +198,19 @@ class PersistentExchange:
         if not self._requests:
             self._freed()
         mpi().Prequest.Startall(self._requests)
-        self._deadline = (None if self._t.timeout is None
-                          else time.monotonic() + self._t.timeout)
+        self._deadline = self._t.deadline()
 
     def test(self) -> bool:
         """Return whether the started exchange has completed, checking it as ``__call__`` does.
 
         Past the transport's deadline (counted from :meth:`start`) it times out
-        as a blocking wait would.
+        as a blocking wait would, its receive withdrawn and the call revoked, so a
+        late peer raises PeerFailure rather than completing with what this rank
+        writes next (:meth:`~refcoll.transport.mpi.MPITransport._look`).
         """
         t = self._t
         if not mpi().Request.Testall(self._requests, t._statuses):
-            if t._stopped():
-                t._withdraw(self._requests)
-                t._check_revoked()
-            if self._deadline is not None and time.monotonic() > self._deadline:
-                timed_out(f"rank {t.rank}: a non-blocking call timed out after {t.timeout:g} s "
-                          f"still waiting {self._waiting_for}; that rank may be dead, slow, or in "
-                          "a different call (set REFCOLL_TIMEOUT to wait longer)")
+            t._look(self._requests, self._describe, self._deadline)
             return False
         if self._source is not None:
             t._check_count(self._received, self._source)

@@ -78,7 +78,7 @@ class Revocable:
         if self.revoked is not None:
             return
         self.revoked, self._revoked_at = reason, self._calls - (1 if this_call else 0)
-        if self.size == 1:
+        if self.size == 1 or self.comm is None:  # alone, or its communicator freed: no one to tell
             return
         MPI = mpi()
         text = np.zeros(NOTICE_BYTES, np.uint8)

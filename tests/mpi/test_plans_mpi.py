@@ -471,3 +471,119 @@ def test_a_refused_start_reaches_its_peers_in_the_run_on_either_engine(kind):
     assert f"rank {last}" in str(error)
     plan.free()
     t.free()
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_late_peer_of_a_timed_out_run_is_refused_and_writes_nothing_here(kind):
+    """The schedule engine's timeout left the run's receive posted and its call unrevoked:
+    a peer that came after rank 0 gave up completed with what rank 0 wrote next, and wrote
+    into rank 0's result. Rank 1 starts only once rank 0 has timed out and moved on."""
+    from refcoll.core.errors import CollectiveTimeout
+
+    world = _world()
+    t = _own_transport(kind, timeout=1)
+    if t.size < 2:
+        t.free()
+        return
+    x = np.full(100_000, t.rank + 1.0, np.float32)
+    out = np.empty_like(x)
+    plan = refcoll.allreduce_init(x, t, out=out)
+    plan()
+    if t.rank == 0:
+        with pytest.raises(CollectiveTimeout, match="rank 0: allreduce timed out after 1 s"):
+            plan.start().wait()
+        x[:], out[:] = 1000.0, -7.0  # the program's next step
+        world.ssend(None, dest=1, tag=71)  # (on the world: rank 1 may go now)
+        world.recv(source=1, tag=72)  # rank 1 has tried
+        assert (out == -7.0).all()  # nothing of the late run landed here
+    elif t.rank == 1:
+        world.recv(source=0, tag=71)
+        with pytest.raises(PeerFailure, match="rank 0 revoked the communicator: rank 0: "
+                                              "allreduce timed out"):
+            plan.start().wait()
+        world.ssend(None, dest=0, tag=72)
+    world.Barrier()
+
+
+def test_a_test_loop_on_a_run_started_in_place_ends_by_the_deadline_or_a_revocation():
+    """A small plan started in place was looked at by test() without a deadline and without
+    reading a peer's revocation: ``while not plan.test()`` spun for ever."""
+    from refcoll.core.errors import CollectiveTimeout
+
+    world = _world()
+    t = _own_transport(timeout=1)
+    if t.size < 2:
+        t.free()
+        return
+    x = np.ones(8, np.float32)
+    plan = refcoll.allreduce_init(x, t)
+    if t.rank == 0:  # rank 1 never starts it: the deadline
+        plan.start()
+        while not plan.test():
+            pass
+        with pytest.raises(CollectiveTimeout, match="rank 0: allreduce timed out after 1 s"):
+            plan.wait()
+    world.Barrier()
+    t2 = _own_transport(timeout=DEADLINE)
+    plan = refcoll.allreduce_init(x, t2)
+    if t2.rank == 1:  # a refused run: rank 1 revokes, and rank 0's loop reads it at once
+        with pytest.raises(UsageError, match="is not the buffer"):
+            plan(x=x.copy())
+    elif t2.rank == 0:
+        plan.start()
+        while not plan.test():
+            pass
+        with pytest.raises(PeerFailure, match="rank 1 revoked the communicator"):
+            plan.wait()
+    world.Barrier()
+
+
+def test_the_plans_own_communicator_under_another_handle_is_its_own():
+    """A plan made with comm=None refused comm=MPI.COMM_WORLD as "another communicator", and
+    that refusal revoked the world's transport for every later call."""
+    from mpi4py import MPI
+
+    world = _world()
+    x = np.full(8, world.rank + 1.0)
+    plan = refcoll.allreduce_init(x)
+    want = float(sum(range(1, world.size + 1)))
+    assert (plan(comm=MPI.COMM_WORLD) == want).all()
+    dup = world.Dup()
+    other = refcoll.allreduce_init(x, dup)
+    assert (other(comm=MPI.Intracomm(dup)) == want).all()  # another handle, the same comm
+    assert (refcoll.allreduce(x, world) == want).all()  # nothing revoked
+    plan.free()
+    other.free()
+    if world.size > 1:
+        with pytest.raises(UsageError, match="belongs to another communicator"):
+            refcoll.allreduce_init(x, dup, validate=False)(comm=world)
+    dup.Free()
+
+
+def test_a_plan_and_another_call_on_the_other_ranks_are_a_mismatch_at_once():
+    """allreduce_init agreed on the blocking call's record: against an allreduce on another
+    rank it passed, and that rank waited out its deadline for the plan's first run."""
+    t = _own_transport()
+    if t.size < 2:
+        t.free()
+        return
+    x = np.ones(8, np.float32)
+    with pytest.raises(MismatchError, match="different arguments: collective: ") as caught:
+        if t.rank == 0:
+            refcoll.allreduce_init(x, t)
+        else:
+            refcoll.allreduce(x, t)
+    assert "rank 0 has allreduce_init" in str(caught.value)
+    assert "rank 1 has allreduce," in str(caught.value) + ","
+    t.free()
+
+
+def test_a_plan_whose_communicator_was_freed_says_so_on_every_rank():
+    world = _world()
+    dup = world.Dup()
+    plan = refcoll.allreduce_init(np.ones(8), dup)
+    plan()
+    dup.Free()
+    for _ in range(2):  # and again: not "failed partway"
+        with pytest.raises(UsageError, match="communicator was freed"):
+            plan()
