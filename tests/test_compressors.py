@@ -12,6 +12,7 @@ from refcoll.compressors import COMPRESSORS, ErrorFeedback, parse
 from refcoll.compressors.base import index_dtype
 from refcoll.compressors.collective import simulate_compressed
 from refcoll.compressors.powersgd import PowerSGD
+from refcoll.compressors.randomk import RandomK
 from refcoll.compressors.topk import topk_indices
 from refcoll.core.errors import UsageError
 
@@ -161,6 +162,34 @@ def test_topk_exact_with_ties_to_lower_index(seed, k):
     x = rng.integers(-5, 6, size=100).astype(np.float32)  # many ties, ±v tie too
     idx = topk_indices(np.abs(x), k)
     assert np.array_equal(idx, _reference_topk(x, k))
+
+
+@pytest.mark.parametrize("spec", ["powersgd:min_rate=nan", "powersgd:min_rate=inf",
+                                  "powersgd:eps=inf", "powersgd:eps=nan"])
+def test_powersgd_refuses_a_rate_or_eps_that_is_not_finite(spec):
+    """min_rate=nan or inf switched compression off without a word; eps=inf zeroed every
+    gradient."""
+    with pytest.raises(UsageError, match="must be a finite number >= 0"):
+        parse(spec)
+
+
+@pytest.mark.parametrize("spec", ["randomk:ratio=0.1", "ef(randomk:ratio=0.1)"])
+def test_randomk_keeps_an_overflow_where_no_index_fell(spec):
+    """Random-k sent only the values at its drawn indices: an infinity or a NaN elsewhere
+    left the average finite, and AMP's GradScaler took the step."""
+    c = parse(spec)
+    drawn = set(RandomK.indices(1000, 100, 0, 0).tolist())
+    outside = [i for i in range(1000) if i not in drawn][:2]
+    for bad in (np.nan, np.inf, -np.inf):
+        x = _data((1000,), seed=5)
+        x[outside] = bad
+        state = c.new_state(seed=0)
+        out = c.decompress(c.compress(x, state))
+        assert not np.isfinite(out).all(), (spec, bad)
+        assert np.isnan(out).any() == np.isnan(bad), (spec, bad)  # an infinity stays one
+    x = _data((1000,), seed=5)  # a finite tensor: the values at the indices, as before
+    kept = c.decompress(c.compress(x, c.new_state(seed=0)))
+    assert np.isfinite(kept).all() and np.count_nonzero(kept) == 100
 
 
 @pytest.mark.parametrize("spec", ["topk:ratio=0.1", "threshold:threshold=0.8"])

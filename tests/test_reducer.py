@@ -548,6 +548,23 @@ def test_a_bad_argument_at_construction_on_one_rank_is_an_error_on_every_rank():
     assert all(m and "rank 1: unknown algorithm 'no-such'" in m for m in messages), messages
 
 
+@pytest.mark.parametrize("bad, said", [
+    ({"compressor": object()}, "rank 1: compressor= takes a spec string or a Compressor"),
+    ({"seed": -1}, "rank 1: seed= takes a whole number from 0"),
+    ({"shape": (-4, 3)}, "rank 1: parameter 1 has the shape (-4, 3)")])
+def test_a_bad_compressor_seed_or_shape_on_one_rank_is_an_error_on_every_rank(bad, said):
+    """A compressor= that was no Compressor failed on its rank alone, building the settings
+    the ranks agree on, and the others waited out the deadline; a bad seed failed at the
+    first bucket, inside ready(); a negative dimension in NumPy's words."""
+    def body(t):
+        mine = bad if t.rank == 1 else {}
+        shapes = [(4,), mine.get("shape", (4, 3))]
+        return Reducer(shapes, t, **{k: v for k, v in mine.items() if k != "shape"})
+
+    messages = errors_on_every_rank(2, body, UsageError)
+    assert all(m and said in m for m in messages), messages
+
+
 NAMED = {"fc.weight": np.zeros((4, 3), np.float32), "fc.bias": np.zeros(4, np.float32),
          "out.weight": np.zeros((2, 4), np.float32)}
 

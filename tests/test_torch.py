@@ -146,6 +146,61 @@ def test_a_rebuilt_bucket_takes_each_parameters_residual_at_its_new_offset():
     assert third.state.seed == state.seed + 1  # seeded by the index it first appeared at
 
 
+def test_a_rebuilt_bucket_takes_the_two_phase_servers_residual_into_the_workers():
+    """ef(sign)'s server residual (this rank's chunk of the old bucket) was dropped at the
+    rebuild: it is owed p times over in this rank's worker residual instead."""
+    a, b = torch.zeros(3), torch.zeros(5)
+    state, _ = rt.comm_hook(compressor="ef(sign)")
+    first = state.slot(_layout(a, b), 0, rank=1)
+    first.state.residual = np.full(8, 0.5, np.float32)
+    first.state.memory[("twophase.server", 8, 2)] = np.array([1, 2, 3, 4], np.float32)
+    second = state.slot(_layout(b), 0, rank=1)  # rank 1's old chunk, 4..7, lay in b at 1..4
+    third = state.slot(_layout(a), 1, rank=1)
+    assert second.state.residual.tolist() == [0.5, 2.5, 4.5, 6.5, 8.5]
+    assert third.state.residual.tolist() == [0.5, 0.5, 0.5]
+    assert first.state.residual.tolist() == [0.5] * 8  # (read, not changed)
+
+
+def test_error_feedback_loses_nothing_at_the_rebuild_in_either_phase():
+    """Every rank's gradients, summed over the steps, are p times the averages returned plus
+    what the states still owe (the workers' residuals, p times the servers')."""
+    import refcoll
+    from refcoll.core.chunking import chunk_bounds
+
+    sizes, keys = {1: 40, 2: 24}, (1, 2)
+
+    def train(t):
+        state, _ = rt.comm_hook(compressor="ef(sign)")
+        given = {k: np.zeros(n) for k, n in sizes.items()}
+        got = {k: np.zeros(n) for k, n in sizes.items()}
+        for step in range(4):  # one bucket [2, 1], then DDP's rebuild: [2] and [1]
+            layouts = [((2, (24,)), (1, (40,)))] if step == 0 else [((2, (24,)),), ((1, (40,)),)]
+            for index, layout in enumerate(layouts):
+                grads = {k: np.random.default_rng([step, t.rank, k]).standard_normal(
+                    sizes[k]).astype(np.float32) for k, _ in layout}
+                x = np.concatenate([grads[k] for k, _ in layout])
+                rt.hooks.average(state, x, layout, index, t)
+                at = 0
+                for k, (n,) in layout:
+                    given[k] += grads[k]
+                    got[k] += x[at:at + n]
+                    at += n
+        owed = {k: np.zeros(n) for k, n in sizes.items()}
+        for slot in state._slots.values():
+            full = slot.state.residual.astype(np.float64)
+            for key, server in slot.state.memory.items():
+                lo, hi = chunk_bounds(key[1], t.size)[t.rank]
+                full[lo:hi] += t.size * server
+            for k, (at, n) in slot.offsets.items():
+                owed[k] += full[at:at + n]
+        return given, got, owed
+
+    ranks = refcoll.SimWorld(2).run(train)
+    for k in keys:
+        books = sum(r[0][k] - r[2][k] for r in ranks) - 2 * ranks[0][1][k]
+        assert np.abs(books).max() < 1e-5, np.abs(books).max()
+
+
 def test_a_bucket_of_new_parameters_starts_without_a_residual():
     state, _ = rt.comm_hook(compressor="ef(topk:ratio=0.5)")
     assert state.slot(_layout(torch.zeros(2)), 0, rank=0).state.residual is None

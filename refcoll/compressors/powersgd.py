@@ -98,10 +98,10 @@ class PowerSGD(Compressor):
     def __post_init__(self):
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
-        if self.min_rate < 0:
-            raise ValueError(f"min_rate must be >= 0, got {self.min_rate}")
-        if not self.eps >= 0:
-            raise ValueError(f"eps must be >= 0, got {self.eps}")
+        if not 0 <= self.min_rate < math.inf:  # (NaN too: it would switch compression off)
+            raise ValueError(f"min_rate must be a finite number >= 0, got {self.min_rate}")
+        if not 0 <= self.eps < math.inf:  # (inf: every column zero, every gradient zero)
+            raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
 
     def plan(self, shape: tuple) -> tuple[int, int, int] | None:
         """Return ``(m, n, r)`` for a tensor this compresses, or None when it goes whole."""

@@ -7,7 +7,9 @@ in a shared basis). Decompression scales the values by ``n / k``: each element
 is kept with probability ``k / n``, so ``E[decompress(compress(x))] = x``
 (unbiased). The scale comes after the sum, in float32 (float64 for float64),
 rounded once: in float16 ``n / k`` times a value, or ``n / k`` itself, may pass
-65504 where the reduced result does not.
+65504 where the reduced result does not. A tensor with a NaN or an infinity where
+no index fell sends them too, added to its first value: an overflowed gradient
+stays non-finite through it, as through every compressor.
 
 On CuPy arrays the indices are still drawn on the host, from the same seed (k
 numbers, cheap next to the tensor), and copied to the device: the payload is
@@ -60,7 +62,11 @@ class RandomK(Compressor):
         k = self.keeps(n)
         step, state.step = state.step, state.step + 1
         idx = xp.asarray(self.indices(n, k, state.seed, step))
-        return self._payload(x, {"values": flat[idx]}, seed=state.seed, step=step, k=k)
+        values = flat[idx]
+        finite = xp.isfinite(flat)
+        if k and not bool(finite.all()):  # an overflowed gradient stays non-finite (AMP's
+            values[:1] += flat[~finite].sum()  # GradScaler looks), wherever the draw fell
+        return self._payload(x, {"values": values}, seed=state.seed, step=step, k=k)
 
     def decompress(self, payload: Payload) -> np.ndarray:
         """Return zeros with the values, scaled by ``n / k``, at the shared indices (redrawn)."""

@@ -38,6 +38,7 @@ from ..calls.collectives import allreduce_init
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..compressors.collective import compressed_allreduce
+from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
 from ..core.xp import address
 from ..training.buckets import compress_each
@@ -113,7 +114,7 @@ class HookState:
             offsets[k] = (at, math.prod(shape))
             at += math.prod(shape)
         slot = _Slot(self.compressor.new_state(seed=self.seed + index, rank=rank), offsets)
-        self._carry(slot, at)
+        self._carry(slot, at, rank)
         self._slots[key] = slot
         self.layouts += 1
         return slot
@@ -126,25 +127,49 @@ class HookState:
                 seed=self.seed + 65536 * index + j, rank=rank)
         return found
 
-    def _carry(self, new: _Slot, length: int) -> None:
-        """Move each parameter's residual from the layouts it was in before into ``new``."""
+    def _carry(self, new: _Slot, length: int, rank: int) -> None:
+        """Move each parameter's residual from the layouts it was in before into ``new``.
+
+        What a layout still owes is its worker residual and, for a two-phase
+        compressor (``ef(sign)``, ``ef(onebit)``), its server residual: this rank's
+        chunk of the old bucket, which no chunk of the new one matches. That is
+        folded into this rank's worker residual over the chunk, times ``p`` (the
+        hook averages): the next average owes it as the server would have, and no
+        error is lost at the rebuild.
+        """
         residual = None
         for old_key, old in list(self._slots.items()):
             moved = [pid for pid in old.offsets if pid in new.offsets]
             if not moved:
                 continue
-            if old.state.residual is not None:
+            owed = _owed(old.state, rank)
+            if owed is not None:
                 if residual is None:
-                    residual = np.zeros(length, old.state.residual.dtype)
+                    residual = np.zeros(length, owed.dtype)
                 for pid in moved:
                     (src, n), (dst, _) = old.offsets[pid], new.offsets[pid]
-                    residual[dst:dst + n] = old.state.residual[src:src + n]
+                    residual[dst:dst + n] = owed[src:src + n]
                     self.carried += 1
             for pid in moved:
                 del old.offsets[pid]
             if not old.offsets:
                 del self._slots[old_key]  # every parameter of that layout has moved on
         new.state.residual = residual
+
+
+def _owed(state, rank: int) -> np.ndarray | None:
+    """Return what a layout's compressor state owes, element by element of its bucket (a
+    copy), or None: its worker residual, plus ``p`` times its two-phase server residual
+    over this rank's chunk."""
+    owed = None if state.residual is None else state.residual.reshape(-1)
+    for key, server in state.memory.items():
+        if isinstance(key, tuple) and key[:1] == ("twophase.server",):
+            n, p = key[1], key[2]
+            a, b = chunk_bounds(n, p)[rank]
+            kind = server.dtype if owed is None else np.result_type(owed, server)
+            owed = np.zeros(n, kind) if owed is None else owed.astype(kind, copy=True)
+            owed[a:b] += p * server
+    return owed
 
 
 def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> None:
@@ -209,6 +234,9 @@ def comm_hook(algorithm: str = "ring", compressor=None, *, group=None, seed: int
         seed: the compressor states' seed (the same on every rank).
         record: keep each bucket's last input and output in ``state.last``.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"seed= takes a whole number from 0 (its compressor states' seeds "
+                         f"count up from it), got {seed!r}")
     if compressor is not None and not isinstance(compressor, Compressor):
         if not isinstance(compressor, str):
             raise UsageError(f"compressor= takes a spec string or a Compressor, got "

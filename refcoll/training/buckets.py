@@ -111,6 +111,9 @@ def parameters_of(spec) -> list[Parameter]:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             name, item = item
         shape, dtype = _shape_and_dtype(item)
+        if any(s < 0 for s in shape):
+            raise UsageError(f"parameter {index}{f' ({name})' if name else ''} has the shape "
+                             f"{shape}: a dimension cannot be negative")
         params.append(Parameter(index, name, shape, dtype))
     return params
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import time
 
 import numpy as np
@@ -176,11 +177,16 @@ class Reducer:
         algorithms.implementation(self.algorithm, "allreduce")
         if compressor is not None and self.hook is not None:
             raise UsageError("give compressor= or hook=, not both: the compressor is a hook")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
+                or self.seed < 0:
+            raise UsageError(f"seed= takes a whole number from 0 (its compressor states' "
+                             f"seeds count up from it), got {self.seed!r}")
         if compressor is not None:
-            self.compressor = parse(compressor) if isinstance(compressor, str) else compressor
-            if not isinstance(self.compressor, Compressor):
+            chosen = parse(compressor) if isinstance(compressor, str) else compressor
+            if not isinstance(chosen, Compressor):  # (kept only once it is one: its spec is
                 raise UsageError(f"compressor= takes a spec string or a Compressor, got "
-                                 f"{type(compressor).__name__}")
+                                 f"{type(compressor).__name__}")  # every rank's to agree on)
+            self.compressor = chosen
         for p in self.params:
             if not is_float(p.dtype):
                 raise UsageError(f"{p.describe()}: gradients are floating (float16, bfloat16, "

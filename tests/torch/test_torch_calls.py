@@ -224,7 +224,7 @@ def test_a_hooks_error_reaches_ddp_named_on_every_rank(transport):
     with pytest.raises(RuntimeError) as caught:
         _backward(ddp, r, 0)
     said = str(caught.value)
-    assert "MismatchError: ranks called allreduce with different arguments" in said, said
+    assert "MismatchError: ranks called allreduce_init with different arguments" in said, said
     assert "Unable to cast" not in said
 
 
