@@ -516,3 +516,17 @@ def test_making_and_freeing_100_000_plans_keeps_memory_flat_and_leaves_no_persis
         assert end - start < 20 * 1024, f"rank {rank}: memory grew {(end - start) / 1024:.1f} MiB"
         assert at_start == at_end == record["kept"], f"rank {rank}: persistent requests {record}"
     assert "persistent request" not in res.stderr
+
+
+def test_plans_keep_half_the_tag_space_up_to_16384_slots_and_the_rest_is_the_calls():
+    """The tag slots that 16 epochs of 1,024 plan slots held are one pool now (an epoch
+    moved only after a failed agreement of a kept plan, and no plan is kept): a plan's
+    tags are its own until 16,384 plans, and MPI's minimum of 32 slots still runs."""
+    from refcoll.transport.base import TAGS_PER_CALL
+    from refcoll.transport.persistent import PLAN_SLOTS, plan_slots
+
+    assert PLAN_SLOTS == 16384
+    minimum = (32767 + 1) // TAGS_PER_CALL - 1  # MPI's least MPI_TAG_UB, less the notices'
+    assert plan_slots(minimum) == 15 and minimum - plan_slots(minimum) == 16
+    mpich = (536870911 + 1) // TAGS_PER_CALL - 1  # MPICH 5's MPI_TAG_UB
+    assert plan_slots(mpich) == PLAN_SLOTS and mpich - PLAN_SLOTS > PLAN_SLOTS

@@ -28,7 +28,7 @@ from .deadline import (
     timed_out,
 )
 from .hosts import exchange_hosts, hosts_of_split, peer_name
-from .persistent import PersistentEpochs, persistent_layout
+from .persistent import PersistentSlots, plan_slots
 from .revocation import NOTICE_POLLS, Revocable
 
 __all__ = ["MPITransport", "transport_for"]
@@ -51,7 +51,7 @@ def _message(buf) -> list:
     return [buf, _mpi().BYTE]
 
 
-class MPITransport(Revocable, PersistentEpochs, TransportBase):
+class MPITransport(Revocable, PersistentSlots, TransportBase):
     """A :class:`~refcoll.transport.base.Transport` over an mpi4py communicator.
 
     Args:
@@ -82,13 +82,13 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         # The tag space, in slots of TAGS_PER_CALL (MPI guarantees TAG_UB >= 32767:
         # 32 slots). Ordinary calls cycle through the first slots; persistent
-        # exchanges keep the later ones, a slot per plan, one epoch of them at a
-        # time (new_persistent_epoch). The last slot is the revocation notices' (revoke).
+        # exchanges keep the later ones, a slot per plan (plan_slots). The last slot
+        # is the revocation notices' (revoke).
         slots = (int(tag_ub) + 1) // TAGS_PER_CALL - 1
-        epochs, plan_slots = persistent_layout(slots)
-        self._tag_slots = max(1, slots - epochs * plan_slots)
-        self._init_persistent(epochs, plan_slots)
-        self._init_revocation(notice_tag=(self._tag_slots + epochs * plan_slots) * TAGS_PER_CALL)
+        kept = plan_slots(slots)
+        self._tag_slots = max(1, slots - kept)
+        self._init_persistent(kept)
+        self._init_revocation(notice_tag=(self._tag_slots + kept) * TAGS_PER_CALL)
         # Reused by every wait: the first request's status (a receive's) is read after.
         self._statuses = [MPI.Status(), MPI.Status()]
 
@@ -252,21 +252,18 @@ class MPITransport(Revocable, PersistentEpochs, TransportBase):
     def free(self) -> None:
         """Free the persistent exchanges, then the duplicated communicator.
 
-        A revoked transport's communicators, or one's whose calls failed an agreement,
-        are left unfreed: messages of abandoned calls may be on their way, and MPI gives
-        a freed communicator's context to the next one made (a small, bounded leak).
+        A revoked transport's communicator is left unfreed: messages of abandoned calls
+        may be on their way, and MPI gives a freed communicator's context to the next one
+        made (a small, bounded leak).
         """
         for exchange in list(self._persistent):
             exchange.free()
         self._release_notices()
         if self.comm is not None:
             self._noticed()  # a notice no wait read yet must not outlive its communicator
-        if self.revoked is not None or self._abandoned:
-            self._persistent_comm = self.comm = None
+        if self.revoked is not None:
+            self.comm = None
             return
-        if self._persistent_comm is not None and self._persistent_comm is not self.comm:
-            self._persistent_comm.Free()
-        self._persistent_comm = None
         if self._owned and self.comm is not None:
             self.comm.Free()
             self.comm = None

@@ -1,16 +1,13 @@
-"""Persistent requests and their tag epochs: exchanges built once and run many times.
+"""Persistent requests and their tag slots: exchanges built once and run many times.
 
 A plan (:mod:`refcoll.calls.plans`, recorded by :mod:`refcoll.transport.recorder`)
 runs each of its exchanges as MPI persistent requests (``MPI_Send_init``,
 ``MPI_Recv_init``): a :class:`PersistentExchange`, made by the transport's
-:meth:`~PersistentEpochs.persistent`. Their tags live in slots no ordinary call
-uses: each plan has its own slot (:meth:`~PersistentEpochs.next_plan_slot`, in the
+:meth:`~PersistentSlots.persistent`. Their tags live in slots no ordinary call
+uses: each plan has its own slot (:meth:`~PersistentSlots.next_plan_slot`, in the
 order every rank makes its plans), so two plans started in different orders on
 different ranks can never take each other's messages: their exchanges wait for
-their own, up to the deadline, instead of swapping data. The slots come one epoch
-at a time: when an argument agreement fails, every rank moves the exchanges made
-from then on to a fresh epoch (:meth:`~PersistentEpochs.new_persistent_epoch`), so
-that a message the failed call left unmatched can never be taken by a later exchange.
+their own, up to the deadline, instead of swapping data.
 
 Apart from the data path (:mod:`refcoll.transport.mpi`): an algorithm's send,
 receive and sendrecv are posted and waited once each, and a reader of an
@@ -23,51 +20,36 @@ import atexit
 
 from ..core.errors import RefcollError
 from .base import TAGS_PER_CALL
-from .deadline import duplicate, mpi
+from .deadline import mpi
 
-__all__ = ["PersistentEpochs", "PersistentExchange", "PERSISTENT_EPOCHS", "PLAN_SLOTS",
-           "persistent_layout"]
+__all__ = ["PersistentSlots", "PersistentExchange", "PLAN_SLOTS", "plan_slots"]
 
 
-#: Epochs of tag slots kept for persistent exchanges, used one at a time
-#: (:meth:`PersistentEpochs.new_persistent_epoch`).
-PERSISTENT_EPOCHS = 16
-#: Tag slots per epoch, one per plan: plan ``k`` of a transport uses slot ``k %
+#: Tag slots kept for plans, one each: plan ``k`` of a transport uses slot ``k %
 #: PLAN_SLOTS`` (fewer where the library's ``MPI_TAG_UB`` leaves less room: MPI
-#: guarantees only 32 slots, and then every plan shares one).
-PLAN_SLOTS = 1024
+#: guarantees only 32 slots of all kinds, and then plans take turns in 15).
+PLAN_SLOTS = 16384
 
 
-def persistent_layout(slots: int) -> tuple[int, int]:
-    """Return ``(epochs, plan slots per epoch)`` for a tag space of ``slots`` slots.
-
-    At most half the slots go to persistent exchanges; ordinary calls cycle
-    through the rest.
-    """
-    kept = slots // 2
-    epochs = max(1, min(PERSISTENT_EPOCHS, kept))
-    return epochs, max(1, min(PLAN_SLOTS, kept // epochs))
+def plan_slots(slots: int) -> int:
+    """Return how many of a tag space's ``slots`` go to plans: at most half; ordinary calls
+    cycle through the rest."""
+    return max(1, min(PLAN_SLOTS, slots // 2))
 
 
-class PersistentEpochs:
-    """:class:`~refcoll.transport.mpi.MPITransport`'s persistent exchanges and their tag epochs.
+class PersistentSlots:
+    """:class:`~refcoll.transport.mpi.MPITransport`'s persistent exchanges and their tag slots.
 
     A mixin of the transport: it uses the transport's ``comm``, ``timeout``, tag
     slots and deadline wait; :meth:`_init_persistent` sets its state.
     """
 
-    def _init_persistent(self, epochs: int, plan_slots: int = 1) -> None:
-        """Keep ``epochs`` of ``plan_slots`` tag slots each, after the ordinary calls', for
-        persistent exchanges."""
-        self._epochs, self._plan_slots = epochs, plan_slots
-        self._epoch = 0
+    def _init_persistent(self, plan_slots: int) -> None:
+        """Keep ``plan_slots`` tag slots, after the ordinary calls', for plans."""
+        self._plan_slots = plan_slots
         self._plans_made = 0
-        self._persistent_tags = self._tag_slots * TAGS_PER_CALL  # the current epoch's first
-        # The communicator persistent exchanges are made on: this one, until every
-        # reserved slot has had its epoch (then a duplicate, new_persistent_epoch).
-        self._persistent_comm = self.comm
+        self._persistent_tags = self._tag_slots * TAGS_PER_CALL  # the first plan slot's
         self._persistent: list[PersistentExchange] = []
-        self._abandoned, self._kept_comms = False, []  # see new_persistent_epoch
 
     def next_plan_slot(self) -> int:
         """Return the number of the plan made now on this transport (0, 1, ...).
@@ -80,7 +62,7 @@ class PersistentEpochs:
         return slot
 
     def plan_tags(self, slot: int) -> int:
-        """Return the first wire tag of plan ``slot``'s tag slot in the current epoch."""
+        """Return the first wire tag of plan ``slot``'s tag slot."""
         return self._persistent_tags + (slot % self._plan_slots) * TAGS_PER_CALL
 
     def persistent(self, sends, recvs, what: str = "persistent",
@@ -99,36 +81,13 @@ class PersistentEpochs:
         self._persistent.append(exchange)
         return exchange
 
-    def new_persistent_epoch(self) -> None:
-        """Move the persistent exchanges made from now on to the next reserved tag slot.
-
-        Every rank calls it at the same point (after an argument agreement that
-        every rank saw fail), so the messages a failed call left unmatched in
-        the old slot can never be taken by a later exchange. Once every reserved
-        slot has had its epoch, the slots would come round again to messages still
-        unreceived there: instead the persistent exchanges move to a duplicate of
-        the communicator (``MPI_Comm_idup``, by the deadline; every rank is here),
-        where no old message can match at all. The previous duplicate is kept, not
-        freed, and so is every communicator of a transport that has been here
-        (:meth:`free`): MPI gives a freed communicator's context to the next one
-        made, where a message a failed call left would match a receive not its own.
-        """
-        self._abandoned = True
-        self._epoch = (self._epoch + 1) % self._epochs
-        self._persistent_tags = (self._tag_slots + self._epoch * self._plan_slots) * TAGS_PER_CALL
-        if self._epoch == 0:
-            old, self._persistent_comm = self._persistent_comm, duplicate(
-                self.comm, self.timeout, self.current_call)
-            if old is not self.comm:
-                self._kept_comms.append(old)  # never freed: see above
-
 
 class PersistentExchange:
     """One send and/or receive over fixed buffers, built once, run many times.
 
     MPI's persistent requests (``MPI_Send_init``, ``MPI_Recv_init``): a run is
     ``MPI_Startall`` and the transport's deadline wait, nothing built per run.
-    Made by :meth:`PersistentEpochs.persistent`.
+    Made by :meth:`PersistentSlots.persistent`.
     """
 
     def __init__(self, t, sends, recvs, what: str = "persistent", slot: int = 0):
@@ -141,7 +100,7 @@ class PersistentExchange:
                                  f"{TAGS_PER_CALL}")
         self._t = t
         # The receive comes first: its status is the one the byte count is read from.
-        comm, message = t._persistent_comm, t._message
+        comm, message = t.comm, t._message
         self._requests = ([comm.Recv_init(message(buf), peer, base + tag)
                            for buf, peer, tag in recvs]
                           + [comm.Send_init(message(buf), peer, base + tag)
@@ -166,8 +125,7 @@ class PersistentExchange:
     def _freed(self):
         """Refuse to run a freed exchange: with no requests it would "complete" moving nothing."""
         raise RefcollError(f"rank {self._t.rank}: a freed persistent exchange was run "
-                           f"({self._waiting_for}); its plan was dropped (its communicator freed, "
-                           "or a failed agreement moved the exchanges to a new tag slot)")
+                           f"({self._waiting_for}); its plan was freed, or its communicator")
 
     def finish(self) -> None:
         """Complete an exchange begun with :meth:`start`, as :meth:`__call__` does after it."""
