@@ -71,7 +71,6 @@ def test_the_sweep_multiplies_up_to_the_largest_size():
 def test_bus_factors_are_nccl_tests_definitions(n):
     # doc/PERFORMANCE.md of nccl-tests: the bytes each rank's link must carry, per byte of S.
     assert bus_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
-    assert bus_factor("allreduce", n, in_network=True) == pytest.approx((n - 1) / (n + 1))
     assert bus_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
     assert bus_factor("allgather", n) == pytest.approx((n - 1) / n)
     assert bus_factor("broadcast", n) == 1.0

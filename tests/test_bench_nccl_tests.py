@@ -221,6 +221,38 @@ def test_each_roots_baseline_counts_in_its_average():
     assert summary["base_wrong"] == summary["baselines"]["mpi"]["wrong"] == 1
 
 
+def test_rows_too_small_for_an_element_each_count_their_baseline():
+    """Sizes too small for a chunk's element (8, 16, 32 B of a 3-rank reduce-scatter) all
+    print as 0 B: their baseline rows were taken as one, and its average skipped two."""
+    rows = [_row(0, 1.0, 1.0, 0, requested=requested, base_busbw=busbw,
+                 base_inplace_busbw=busbw,
+                 baselines={"mpi": {"baseline": "MPI_Allreduce", "time_us": 5.0, "busbw": busbw,
+                                    "wrong": 0, "checked": 1, "time_over": 2.0,
+                                    "inplace_time_us": 6.0, "inplace_busbw": busbw,
+                                    "inplace_wrong": 0, "inplace_checked": 1}})
+            for requested, busbw in ((8, 1.0), (16, 2.0), (32, 6.0))]
+    rows.append(dict(rows[2], algorithm="tree"))  # another algorithm's row: the same baseline
+    summary = summarize(rows)
+    assert summary["base_avg_busbw"] == summary["baselines"]["mpi"]["avg_busbw"] == 3.0
+
+
+def test_a_switch_runs_row_is_timed_and_bandwidthed_over_its_workers():
+    """A switch process's serving time was reduced with the workers' (-a 1: 15 % low), and
+    the row's busbw took (n-1)/(n+1) where nccl-tests takes 2(n-1)/n whatever the algorithm."""
+    from refcoll.bench.rows import Reduced, make_row
+
+    class Groups:
+        layout, workers = {"switch": (2, 3)}, 3
+
+    config = BenchConfig(sizes=[4096], algorithms=["switch"], average=1, against=["none"])
+    by_key = {("ours", "switch"): Reduced(239.5e-6, 0, 2048, [402.5e-6, 158.9e-6, 157.1e-6])}
+    row = make_row(config, Groups(), 4096, "switch", None, by_key, None)
+    assert row["time_us"] == pytest.approx((402.5 + 158.9) / 2)
+    assert row["rank_times_us"] == pytest.approx([402.5, 158.9])
+    assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (2 - 1) / 2)
+    assert row["requested"] == 4096 and row["ranks"] == 2
+
+
 def test_no_check_prints_n_a_under_wrong_in_both_formats(header):
     unchecked = dict(header, check=False)
     rows = [_row(8, 1.0, 2.0, None)]

@@ -89,6 +89,21 @@ def test_verify_under_mpi_ends_with_the_tally(tmp_path):
     assert data["world_size"] == 2
 
 
+@pytest.mark.skipif(mpiexec_path() is None,
+                    reason="no mpiexec: install with pip install 'refcoll[mpi]'")
+def test_verify_in_a_job_without_room_for_switches_says_what_the_switch_cases_ran_on():
+    """Inside a 2-process job with -n 2, switch's cases ran on 1 data rank, and nothing
+    said so: its rows read as if at 2 ranks."""
+    res = subprocess.run(
+        [mpiexec_path(), "-n", "2", sys.executable, "-m", "refcoll", "verify", "-n", "2",
+         "--algorithm", "switch,ring", "--collective", "allreduce", "--op", "sum",
+         "--dtype", "int32", "--sizes", "3"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    notes = [line for line in res.stdout.splitlines() if line.startswith("note:")]
+    assert notes == ["note: switch runs on 1 data rank of this 2-process job, which has no room "
+                     "for its switch processes beside 2 data ranks: start more processes"]
+
+
 def test_the_oracle_bound_holds_for_float64_edge_sums():
     import numpy as np
 

@@ -59,11 +59,14 @@ def test_a_process_count_below_one_is_refused_plainly(no_launch, command, n):
     assert "switch" not in line
 
 
-@pytest.mark.parametrize("args", [["bench", "-n", "0"], ["model", "--calibrate", "-n", "0"]],
-                         ids=["bench", "model-calibrate"])
+@pytest.mark.parametrize("args", [["bench", "-n", "0"], ["model", "--calibrate", "-n", "0"],
+                                  ["bench", "-n", "-1", "--collective", "broadcast"]],
+                         ids=["bench", "model-calibrate", "bench-rooted"])
 def test_the_other_commands_with_n_refuse_it_too(no_launch, args):
-    # Their own checks (refcoll/cli/bench.py, model.py) word it their way.
-    one_line_error(invoke(*args), "-n", "at least", "0")
+    # Their own checks (refcoll/cli/bench.py, model.py) word it their way; a rooted bench
+    # named the root first ("-r 0 is not one of the -1 data ranks").
+    line = one_line_error(invoke(*args), "-n", "at least", args[2])
+    assert "-r 0" not in line
 
 
 @pytest.mark.parametrize("command", ["bench", "verify", "train", "calibrate"])
@@ -327,3 +330,31 @@ def test_the_jobs_size_is_noted_only_against_an_n_that_was_given():
 
 def test_a_process_count_no_machine_could_start_is_refused(no_launch):
     one_line_error(invoke("verify", "-n", "1000000"), "-n 1000000", "at most 4096")
+
+
+def test_verify_refuses_sizes_this_machine_cannot_hold_before_mpiexec(no_launch):
+    """--sizes 10000000000 went to mpiexec, where a 74.5 GiB allocation failed (or a case
+    ran out of memory and was reported as the algorithm's failure)."""
+    one_line_error(invoke("verify", "-n", 2, "--algorithm", "ring", "--collective", "allreduce",
+                          "--op", "sum", "--dtype", "float32", "--sizes", 10**10),
+                   "the largest case on 2 ranks of this machine needs about",
+                   "select smaller --sizes")
+
+
+def test_a_case_that_runs_out_of_memory_ends_the_battery_not_as_the_algorithms_failure(
+        monkeypatch):
+    from refcoll import SimWorld
+    from refcoll.verify.conformance import Case, run_case
+    from refcoll.verify.conformance import run as conformance
+
+    real = conformance.COLLECTIVE_FUNCTIONS["allreduce"]
+
+    def short_of_memory(x, t, **kwargs):
+        if t.rank == 1:
+            raise MemoryError("Unable to allocate 244. MiB")
+        return real(x, t, **kwargs)
+
+    monkeypatch.setitem(conformance.COLLECTIVE_FUNCTIONS, "allreduce", short_of_memory)
+    case = Case("ring", "allreduce", "sum", "float32", 7, False, "exact", ranks=2, total=2)
+    with pytest.raises(MemoryError, match="244"):
+        SimWorld(2).run(lambda t: run_case(t, t.split(0, t.rank), case))

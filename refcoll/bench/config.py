@@ -86,7 +86,7 @@ ROW_FIELDS = (
     "base_inplace_time_us", "base_inplace_busbw", "base_inplace_wrong",
     "bound_us", "time_over_bound",
     "compressor", "pattern", "wire_sent", "wire_received", "dense_sent",
-    "nccl_algo", "nccl_proto", "nccl_channels",
+    "nccl_algo", "nccl_proto", "nccl_channels", "requested",
 )
 
 #: How every size option reads its value (:func:`refcoll.core.units.parse_size`), for --help.
@@ -110,16 +110,18 @@ def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     return sizes
 
 
-def bus_factor(collective: str, n: int, *, in_network: bool = False) -> float:
+def bus_factor(collective: str, n: int) -> float:
     """Return nccl-tests' ``busbw / algbw`` for ``collective`` on ``n`` ranks.
 
-    All-reduce ``2(n-1)/n`` (in-network reduction: ``(n-1)/(n+1)``, ``n`` the
-    workers); reduce-scatter and allgather ``(n-1)/n``; broadcast and reduce 1.
+    All-reduce ``2(n-1)/n``; reduce-scatter and allgather ``(n-1)/n``; broadcast and
+    reduce 1. The collective's, whatever the algorithm, as nccl-tests gives NVLS and
+    CollNet rows the ring's: ``n`` are the ranks that hold data (a ``switch`` run's
+    workers), and a row compares with the links' peak as every other row does.
     """
     if n < 1:
         raise ValueError(f"a collective needs at least one rank, got {n}")
     if collective == "allreduce":
-        return (n - 1) / (n + 1) if in_network else 2 * (n - 1) / n
+        return 2 * (n - 1) / n
     if collective in ("reduce_scatter", "allgather"):
         return (n - 1) / n
     if collective in ("broadcast", "reduce"):

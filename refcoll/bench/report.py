@@ -43,8 +43,9 @@ __all__ = [
 
 
 def _run_key(row: dict) -> tuple:
-    """Return what one baseline row stands for: its type, op, root and size (not its algorithm)."""
-    return row["dtype"], row["op"], row.get("root"), row["size"]
+    """Return what one baseline row stands for: its type, op, root and the sweep's size (not its
+    algorithm; the size asked for, since sizes too small for an element all print as 0)."""
+    return row["dtype"], row["op"], row.get("root"), row.get("requested", row["size"])
 
 
 def summarize(rows: Sequence[dict]) -> dict:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import algorithms
 from ..core.ops import dtype_name, get_dtype
 from ..transport.deadline import wait_by_deadline
 from .config import (
@@ -31,7 +30,7 @@ from .config import (
     op_label,
     rooted,
 )
-from .options import over_ranks, registry_name
+from .options import over_ranks
 
 __all__ = ["Reduced", "reduce_items", "iallreduce", "wire_bytes", "make_row"]
 
@@ -116,6 +115,17 @@ def _us(seconds):
     return None if seconds is None else seconds * 1e6
 
 
+def _workers(reduced: Reduced | None, p: int, average: int) -> Reduced | None:
+    """Return an item's figures over the ``p`` ranks that hold data, the first of its
+    communicator: a ``switch`` run's switch processes, after them, serve and are not timed
+    as a rank is (``-a`` picks among the workers)."""
+    if reduced is None or len(reduced.rank_seconds) <= p:
+        return reduced
+    times = reduced.rank_seconds[:p]
+    return Reduced(over_ranks(times, average), reduced.wrong, reduced.checked, times,
+                   reduced.wrong_ranks)
+
+
 def _half(reduced: Reduced | None, size: int, factor: float, judged: bool = True) -> dict:
     """Return one half's numbers: time (µs), algbw, busbw (GB/s), the check, every rank's time."""
     if reduced is None:
@@ -143,14 +153,14 @@ def make_row(config: BenchConfig, groups, nbytes: int, name: str, resolved: str 
     p = groups.layout[name][0]
     count = element_count(config.collective, nbytes, dt.itemsize, p)
     size = count * dt.itemsize
-    in_network = algorithms.get(registry_name(name)).workers is not None
-    factor = bus_factor(config.collective, p, in_network=in_network)
+    factor = bus_factor(config.collective, p)
     judged = bool(config.check) and config.compressor is None
-    ours = _half(by_key[("ours", name)], size, factor, judged)
-    mine = _half(by_key.get(("ours_ip", name)), size, factor, judged)
+    ours = _half(_workers(by_key[("ours", name)], p, config.average), size, factor, judged)
+    mine = _half(_workers(by_key.get(("ours_ip", name)), p, config.average), size, factor,
+                 judged)
     row = dict.fromkeys(ROW_FIELDS)
     row.update(collective=config.collective, algorithm=name, resolved=resolved, ranks=p,
-               size=size, count=count, dtype=dtype_name(dt), op=op_label(config),
+               size=size, count=count, requested=nbytes, dtype=dtype_name(dt), op=op_label(config),
                root=config.root if rooted(config.collective) else None,
                time_us=ours["time_us"], algbw=ours["algbw"], busbw=ours["busbw"],
                wrong=ours["wrong"], checked=ours["checked"], rank_times_us=ours["rank_times_us"],

@@ -147,6 +147,7 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         # Before anything runs. Inside an MPI job only rank 0 writes the files, so
         # only it checks (_bench_in_world): another node may lack the folder.
         check_output_paths(json=json_file, csv=csv_file, plot=plot_file)
+    require_processes(nprocs)  # first: the other checks count ranks with it
     names = parse_algorithms(algorithm)
     low = parse_size(minbytes, name="-b/--minbytes")
     high = parse_size(maxbytes, name="-e/--maxbytes")
@@ -164,7 +165,6 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
                 click.echo(f"refcoll: note: {note}", err=True)
     if plot_file:
         require_matplotlib()
-    require_processes(nprocs)
     if not launch.in_mpi_job():
         ranks = nprocs + extra_ranks(config.algorithms, nprocs)  # all on this machine
         require_memory(BUFFERS_PER_RANK * max(config.sizes) * ranks,

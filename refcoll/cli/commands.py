@@ -149,7 +149,12 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
             inplace={"both": (False, True), "yes": (True,), "no": (False,)}[inplace],
         ))
     if not launch.in_mpi_job():  # an empty selection fails in launch_size, before mpiexec
-        relaunch(selection.launch_size(nprocs), launch.workers_env(nprocs))
+        total = selection.launch_size(nprocs)
+        if not compressors:  # (the compressed battery has sizes of its own, all small)
+            require_memory(max((_battery_bytes(c, total) for c in selection.cases(nprocs, total)),
+                               default=0), f"the largest case on {total} ranks of this machine",
+                           "select smaller --sizes")
+        relaunch(total, launch.workers_env(nprocs))
     elif compressors:
         selection.launch_size(nprocs)  # a bad spec fails here, before the battery starts
     _verify_in_world(nprocs, selection, seed, json_file, device)
@@ -259,6 +264,15 @@ def _verify_library_in_world(make_judge, nprocs, filters, seed, json_file) -> No
     sys.exit(0 if report.failed == 0 else 1)
 
 
+def _battery_bytes(case, ranks: int) -> int:
+    """Return about what one case of the battery holds on this machine's ``ranks``: each
+    data rank makes every rank's input and keeps its own, its result and twin's; rank 0
+    also runs the oracle's prediction (every rank's input and result, twice)."""
+    itemsize = DTYPES[case.dtype].itemsize
+    data = case.ranks * case.count * itemsize
+    return ranks * (data + 4 * case.count * itemsize) + 4 * data
+
+
 def _judging_bytes(judge, case) -> int:
     """Return about what rank 0 holds to judge ``case``: every rank's input and result
     (several copies: the records, the oracle's and an order's simulated run) and the
@@ -293,6 +307,13 @@ def _verify_in_world(nprocs, selection, seed, json_file, device: str = "cpu") ->
         helpers = f" + {t.size - workers} switch processes" if t.size > workers else ""
         click.echo(f"refcoll verify: {workers} ranks{helpers}, {verify_session.mpi_library()}, "
                    f"{len(cases)} cases")
+        fewer = sorted({(c.algorithm, c.ranks, c.total - c.ranks) for c in cases
+                        if c.ranks < workers})
+        for name, data, switches in fewer:  # the job has no room for its switch processes
+            served = f" and {switches} switch process{'es' * (switches != 1)}" if switches else ""
+            click.echo(f"note: {name} runs on {data} data rank{'s' * (data != 1)}{served} of "
+                       f"this {t.size}-process job, which has no room for its switch processes "
+                       f"beside {workers} data ranks: start more processes")
         where = session.where
         if where is not None:
             click.echo(f"device: {where['gpu']}; transfers: {where['path']} ({where['why']})")

@@ -107,8 +107,10 @@ def reports_errors(fn):
             _abort_job(3)
         except RefcollError as exc:
             _fail(str(exc), 1)
-        except MemoryError as exc:
-            _fail(f"out of memory ({str(exc).strip() or 'MemoryError'}); try a smaller size", 2)
+        except MemoryError as exc:  # in an MPI job every rank ends: the others would wait
+            click.echo(f"refcoll: error: out of memory ({str(exc).strip() or 'MemoryError'}); "
+                       "try a smaller size", err=True)
+            _abort_job(2)
         except OSError as exc:  # a --json path that cannot be written, a missing file
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
     return wrapper

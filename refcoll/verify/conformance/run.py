@@ -257,8 +257,8 @@ def _run_on_rank(t, case_ctl, case: Case, *, seed: int, xp,
         target = error = None
         try:
             output, target = _run_collective(t, case, x, xp)
-        except CollectiveTimeout:
-            raise  # the job cannot go on: the caller aborts it
+        except (CollectiveTimeout, MemoryError):
+            raise  # the job cannot go on, and no verdict on the algorithm: the caller aborts it
         except Exception as exc:  # noqa: BLE001 - a failing case is a verdict, not a crash
             error = exc
         if twin is not None:
