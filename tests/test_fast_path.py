@@ -67,6 +67,68 @@ def test_a_recording_holds_every_message_and_reduction_of_the_ledger(algorithm, 
         assert reductions == sum(1 for r in ledger.reductions if r.rank == rank)
 
 
+class _Replaying:
+    """A simulated rank whose persistent exchanges are its own sendrecv, run at each replay:
+    a recording made and replayed on the simulator, as a plan makes and replays one on MPI."""
+
+    def __init__(self, t):
+        self._t, self.rank, self.size = t, t.rank, t.size
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def persistent(self, sends, recvs, what="persistent", slot=0):
+        t = self._t
+
+        def run():
+            if sends and recvs:
+                (out, dest, tag), (into, source, _) = sends[0], recvs[0]
+                t.sendrecv(out, dest, into, source, tag)
+            elif sends:
+                t.send(sends[0][0], sends[0][1], sends[0][2])
+            else:
+                t.recv(recvs[0][0], recvs[0][1], recvs[0][2])
+        return run
+
+
+@pytest.mark.parametrize("options", [{}, {"radix": 3}, {"radix": 4, "fold": "modulo"}],
+                         ids=["radix2", "radix3", "radix4-modulo"])
+@pytest.mark.parametrize("p", [3, 5, 6, 7, 9])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+def test_a_replayed_recording_gives_the_direct_runs_bits_for_what_x_holds_now(options, p,
+                                                                              in_place):
+    """Recursive multiplying copied a partial with NumPy, outside the transport: a plan's
+    recording never replayed it, and ranks 2 and 5 of 6 folded a stale copy. In place, it
+    folded into out before reading x through another view of it (rank 2 of 3 wrong)."""
+    from refcoll.algorithms.recursive_doubling import recursive_doubling_allreduce
+    from refcoll.transport.recorder import record
+
+    rng = np.random.default_rng(p)
+    first = [rng.standard_normal(33).astype(np.float32) for _ in range(p)]
+    then = [rng.standard_normal(33).astype(np.float32) for _ in range(p)]
+    sum_ = get_op("sum")
+
+    def run(t):
+        direct = np.empty(33, np.float32)
+        recursive_doubling_allreduce(t, then[t.rank], direct, op=sum_, **options)
+        x = first[t.rank].copy()
+        out = x if in_place else np.empty(33, np.float32)
+        schedule = record(_Replaying(t), recursive_doubling_allreduce, x, out.reshape(-1),
+                          op=sum_, **options)
+        x[:] = then[t.rank]  # the program's next step, in the plan's own buffer
+        schedule()
+        return direct, out
+
+    def blocking_in_place(t):
+        x = then[t.rank].copy()
+        return refcoll.allreduce(x, t, algorithm="recursive_doubling", out=x, **options)
+
+    calls = SimWorld(p).run(blocking_in_place)
+    for rank, (direct, replayed) in enumerate(SimWorld(p).run(run)):
+        assert np.array_equal(direct.view(np.uint32), replayed.view(np.uint32)), rank
+        assert np.array_equal(direct.view(np.uint32), calls[rank].view(np.uint32)), rank
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "recursive_doubling"])
 @pytest.mark.parametrize("p", [2, 3, 5])
 def test_receiving_into_the_result_gives_the_in_place_bits(algorithm, p):

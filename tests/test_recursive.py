@@ -240,3 +240,11 @@ def test_rabenseifner_reuses_its_workspace_across_calls(p):
         return first == {k: id(v) for k, v in t.cache["workspace"].items()}
 
     assert all(SimWorld(p).run(twice, [(x,) for x in xs]))
+
+
+def test_a_radix_past_the_ranks_allocates_no_radix_buffers():
+    """Every rank took radix·n elements of scratch before it looked at p: radix 100,000 on
+    3 ranks of 100,000 float64 asked for 74.5 GiB. A radix past p folds into rank 0."""
+    xs = [np.full(100_000, float(r + 1)) for r in range(3)]
+    got = refcoll.simulate("allreduce", xs, algorithm="recursive_doubling", radix=100_000)
+    assert all((out == 6.0).all() for out in got.outputs)

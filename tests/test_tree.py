@@ -67,6 +67,21 @@ def test_a_segment_that_is_no_positive_count_is_a_usage_error(segment):
         segment_bounds(10, segment)
 
 
+@pytest.mark.parametrize("algorithm", ["tree", "dbtree"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_a_bad_segment_is_refused_on_one_rank_as_on_many(algorithm, p):
+    """dbtree's one-rank copy came before its segment was read: segment=0 ran on one rank
+    and was refused on two, so a job tested alone failed when it grew."""
+    x = [np.arange(5, dtype=np.float32)] * p
+    with pytest.raises(UsageError, match="segment must be a positive element count"):
+        refcoll.simulate("allreduce", x, algorithm=algorithm, segment=0)
+
+
+def test_root_true_is_no_rank():
+    with pytest.raises(UsageError, match="root True is not a rank"):
+        refcoll.simulate("broadcast", [np.ones(2)] * 3, algorithm="tree", root=True)
+
+
 # ------------------------------------------------------------------- binomial shape
 
 @pytest.mark.parametrize("p", range(1, 18))

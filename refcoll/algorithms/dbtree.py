@@ -183,10 +183,10 @@ def dbtree_allreduce(t, x: np.ndarray, out: np.ndarray, *, op,
       ``p == 1``: a copy.   Spec: spec/double_binary_tree.md
     """
     size, rank = t.size, t.rank
+    halves = _half_segments(x.size, segment)  # (a bad segment is refused at p = 1 too)
     if size == 1:
         copy_into(out, x)
         return
-    halves = _half_segments(x.size, segment)
     largest = max((stop - start for segments in halves for start, stop in segments), default=0)
     scratch = workspace(t, largest, x.dtype)
     for tree, segments in enumerate(halves):
@@ -211,6 +211,7 @@ def dbtree_allreduce_cost(p: int, n: int, itemsize: int, *, segment: int | None 
     ``4(p-1)·S`` steps of Python. For ``p`` a power of two >= 4, rounds are
     exactly ``4(2 lg p - 1) + 12(S-1)`` with ``S`` segments per half.
     """
+    segment_bounds(n, segment)  # a bad segment is refused at p = 1 too
     if p == 1:
         return ZERO
     clock = [0] * p

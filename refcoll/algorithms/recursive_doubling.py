@@ -155,13 +155,16 @@ def multiplying_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, radix: int) 
         copy_into(out, x)
         return
     power = power_below(size, radix)
-    slots = workspace(t, radix * x.size, x.dtype).reshape(radix, x.size)
     if rank >= power:
         t.send(x, rank % power)  # whole buffer -> the rank it folds into
         t.recv(out, rank % power)  # the result <- it
         return
     current = x
     extras = _extras(rank, size, power)
+    # A slot per extra rank folded in, and per partial of a group but ours, and one to fold
+    # them in: radix slots (a group's k-1 partials arrive where the extras were).
+    kept = radix if power > 1 else max(len(extras), 1)
+    slots = workspace(t, kept * x.size, x.dtype).reshape(kept, x.size)
     for i, extra in enumerate(extras):
         t.recv(slots[i], extra)  # whole buffer <- a rank that folds into us
     if extras:
@@ -181,13 +184,15 @@ def multiplying_allreduce(t, x: np.ndarray, out: np.ndarray, *, op, radix: int) 
             values[(me - shift) % radix] = slots[shift - 1]
             t.sendrecv(current, dest, slots[shift - 1],
                        source)  # our partial -> dest; the one s places back's <- source
-        if current is out and me > 1:
-            np.copyto(slots[radix - 1], out)  # keep ours: the fold overwrites out first
-            current = slots[radix - 1]
-        values[me] = current
-        t.reduce_local(op, values[0], values[1], out)
-        for value in values[2:]:
-            t.reduce_local(op, out, value, out)
+        values[me] = current  # (ours may be out itself, or x in place: out is written last)
+        if radix == 2:
+            t.reduce_local(op, values[0], values[1], out)
+        else:  # left to right in the one slot no partial is in, out written by the last
+            folded = slots[radix - 1]
+            t.reduce_local(op, values[0], values[1], folded)
+            for value in values[2:-1]:
+                t.reduce_local(op, folded, value, folded)
+            t.reduce_local(op, folded, values[-1], out)
         current = out
         distance *= radix
     for extra in extras:
@@ -332,6 +337,7 @@ register(Algorithm(
     order=30,
     replayable=True,
     auto=True,
+    battery_options=({}, {"radix": 3}),  # recursive multiplying: its own schedule
     price=recursive_doubling_price,
     across_nodes=True,
     orders=recursive_doubling_orders,

@@ -219,7 +219,8 @@ def workers_of(algo, t, options) -> int:
 
 
 def check_root(root: int, t) -> None:
-    if not isinstance(root, (int, np.integer)) or not 0 <= root < t.size:
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+            or not 0 <= root < t.size:  # (root=True is no rank 1)
         raise UsageError(f"rank {t.rank}: root {root!r} is not a rank of this communicator "
                          f"(0..{t.size - 1})")
 

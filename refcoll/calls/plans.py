@@ -537,9 +537,11 @@ class InFlight:
                     if step.__class__ is tuple:
                         if not self.posted:  # started: the next look tests it (MPI_Start's way)
                             start(step)
-                            self.posted, self.deadline = True, t.deadline()
+                            self.posted, self.deadline = True, None
                             return
                         if not done(t, step):  # a peer's revocation, or the deadline, raises
+                            if self.deadline is None:  # counted from the first look that waits
+                                self.deadline = t.deadline()
                             t._look(step[0], step[4], self.deadline)
                             return
                         landed(t, step)
@@ -555,10 +557,9 @@ class InFlight:
             self.error = exc
         finally:
             t.current_call = named
-        self.done = True
+        self.done = True  # before the handle is read: one made meanwhile sees it (and tells)
         in_flight(plan._slots, self, started=False)
-        with _HANDLES:
-            handle = self._handle
+        handle = self._handle
         if handle is not None:
             self._tell(handle)
 
