@@ -93,6 +93,35 @@ def test_the_key_names_ranks_per_node_and_oversubscription(tmp_path):
 
 
 @needs_mpi
+def test_whether_to_save_is_rank_zeros_to_decide_and_every_rank_hears_it(tmp_path):
+    """Each rank decided from its own key (its machine file) whether to save, and the
+    ranks that would save met rank 0's broadcast alone: a hang, or another message's bytes.
+    Here rank 1 alone would refuse; rank 0 decides, and every rank says what it said."""
+    script = tmp_path / "one_rank_objects.py"
+    patched = REPORT.replace(
+        "t = as_transport(comm)\n",
+        "from refcoll.calls import calibration\n"  # rank 0 would save (however busy), 1 not
+        "calibration._why_not_saved = lambda key, measured: (\n"
+        "    'rank 1 alone objects' if comm.rank == 1 else None)\n"
+        "t = as_transport(comm)\n")
+    assert patched != REPORT
+    script.write_text(patched)
+    reports_dir = tmp_path / "reports"
+    reports_dir.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "REFCOLL_ALGO", "REFCOLL_CALIBRATION"))}
+    env.update(REFCOLL_CACHE=str(tmp_path / "cache"), REFCOLL_TIMEOUT="20",
+               REPORTS=str(reports_dir))
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    reports = [json.loads((reports_dir / f"{r}.json").read_text()) for r in range(2)]
+    assert all("error" not in r for r in reports), reports
+    assert reports[0]["source"] == reports[1]["source"], reports
+    assert reports[1]["source"].startswith("measured, saved in"), reports
+
+
+@needs_mpi
 def test_an_oversubscribed_measurement_is_used_but_never_saved(tmp_path):
     n = CORES + 1
     reports, stderr = run_report(tmp_path, n)

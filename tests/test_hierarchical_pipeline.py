@@ -81,10 +81,11 @@ def test_one_segment_costs_what_the_plain_schedule_costs():
     assert "3 segments" in hierarchical_cost(8, 100, 4, ranks_per_node=4, pipeline=3).formula
 
 
-@pytest.mark.parametrize("bad", [0, -2, True, 2.5, "4"])
+@pytest.mark.parametrize("bad", [0, -2, True, 2.5, "4", (1 << 16) + 1, 10**9])
 def test_a_bad_pipeline_is_a_usage_error_naming_it(bad):
+    """(10**9 segments: a tuning file's rule was priced segment by segment, for hours.)"""
     xs = make_inputs("exact", np.dtype(np.float32), 16, 4)
-    with pytest.raises(UsageError, match="pipeline must be a positive integer"):
+    with pytest.raises(UsageError, match="pipeline must be a whole number of segments"):
         refcoll.simulate("allreduce", xs, algorithm="hierarchical", ranks_per_node=2,
                          pipeline=bad)
 

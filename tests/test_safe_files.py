@@ -210,6 +210,32 @@ def test_two_writers_under_the_lock_keep_both_entries(tmp_path):
     assert len(reading.read_json(path)) == 40
 
 
+def test_a_lock_held_elsewhere_is_not_waited_for_and_the_cache_goes_unsaved(tmp_path,
+                                                                             monkeypatch):
+    """A process that held the calibration cache's lock (a stopped job, a hostile one) kept
+    every later job's rank 0 waiting in flock, and its peers timed out in its first call."""
+    import fcntl
+
+    from refcoll.calls import calibration
+
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
+    monkeypatch.setattr(writing, "LOCK_WAIT", 0.2)
+    path = calibration.cache_path()
+    holder = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(UsageError, match="locked by another process"):
+            with writing.locked(path):
+                pass
+        why = calibration._save("host|lib|ranks_per_node=2|oversubscribed=no",
+                                calibration.DEFAULT)
+        assert why is not None and "could not be written" in why and "locked" in why
+    finally:
+        os.close(holder)
+    assert calibration._save("host|lib|ranks_per_node=2|oversubscribed=no",
+                             calibration.DEFAULT) is None  # released: saved
+
+
 def test_the_json_report_replaces_a_planted_link(tmp_path, victim):
     before = victim.read_bytes()
     (tmp_path / "report.json").symlink_to(victim)

@@ -38,6 +38,14 @@ def test_a_word_that_does_not_read_is_a_usage_error_showing_the_form(bad):
         unspell(bad)
 
 
+def test_a_number_of_thousands_of_digits_is_a_usage_error_not_pythons_value_error():
+    """int() refuses past 4300 digits with a ValueError: a tuning file's or a bench
+    report's tree(segment=999...) ended every rank, or refcoll tune, in a traceback."""
+    with pytest.raises(UsageError, match="has 5000 digits"):
+        unspell("tree(segment=" + "9" * 5000 + ")")
+    assert unspell("tree(segment=" + "9" * 30 + ")") == ("tree", {"segment": int("9" * 30)})
+
+
 def test_a_list_is_cut_at_commas_outside_parentheses():
     assert split_spelled("ring, hierarchical(inter=ring,pipeline=4),auto,") == \
         ["ring", "hierarchical(inter=ring,pipeline=4)", "auto"]
@@ -81,4 +89,4 @@ def test_bench_runs_an_algorithm_with_its_options_and_names_the_rows_so(tmp_path
                           "64", "--algorithm", "hierarchical(pipeline=0)", "--against", "none"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.count("pipeline must be a positive integer") == 2, bad.stderr  # both ranks
+    assert bad.stderr.count("pipeline must be a whole number of segments") == 2, bad.stderr

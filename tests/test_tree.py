@@ -375,3 +375,19 @@ def test_verify_under_mpi():
     last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr
     assert res.returncode == 0 and last.endswith(" 0 failed"), \
         res.stdout[-3000:] + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 7])
+def test_a_radix_past_the_ranks_builds_the_same_tree_without_walking_it(p):
+    """The children were listed by walking every digit value up to the radix: a tuning
+    file's tree(radix=10**12) was priced for hours on every rank."""
+    from refcoll.algorithms.knomial import kary_children, knomial_children
+
+    huge = 10**12
+    for q in range(p):
+        for subtrees in ("growing", "shrinking"):
+            assert knomial_children(q, p, huge, subtrees) == knomial_children(q, p, p, subtrees)
+        assert kary_children(q, p, huge) == kary_children(q, p, p)
+    x = [np.arange(4.0)] * p
+    assert (refcoll.simulate("allreduce", x, algorithm="tree", radix=huge).outputs[0]
+            == p * np.arange(4.0)).all()

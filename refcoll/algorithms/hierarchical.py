@@ -90,10 +90,15 @@ def _check_options(ranks_per_node, inter, pipeline, level, where: str = ""):
     if ranks_per_node is not None and not _positive(ranks_per_node):
         raise UsageError(f"{where}ranks_per_node must be a positive integer, "
                          f"got {ranks_per_node!r}")
-    if not _positive(pipeline):
-        raise UsageError(f"{where}pipeline must be a positive integer (segments), "
-                         f"got {pipeline!r}")
+    if not _positive(pipeline) or pipeline > MAX_PIPELINE:
+        raise UsageError(f"{where}pipeline must be a whole number of segments from 1 to "
+                         f"{MAX_PIPELINE}, got {pipeline!r}")
     return _inter_implementation(inter)
+
+
+#: The most segments ``pipeline`` cuts a buffer into: each is a round of messages at both
+#: levels (empty ones past the elements), and its schedule and cost walk every one.
+MAX_PIPELINE = 1 << 16
 
 
 def _positive(value) -> bool:

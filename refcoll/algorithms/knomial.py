@@ -132,8 +132,9 @@ def _shrinking_children(node: int, depth: int, size: int, radix: int) -> list[tu
     for level in range(depth, m):
         width = radix ** (m - level - 1)  # positions each child of this level roots
         for _ in range(radix - 1):
-            if child < size:
-                out.append((child, level + 1))
+            if child >= size:  # (and every later one: a radix past size costs nothing)
+                break
+            out.append((child, level + 1))
             child += width
     return out
 
@@ -183,8 +184,10 @@ def knomial_children(position: int, size: int, radix: int = 2, subtrees: str = "
     else:
         out, weight, limit = [], 1, _lowest_weight(position, size, radix)
         while weight < limit:
-            out += [position + v * weight for v in range(1, radix)
-                    if position + v * weight < size]
+            for v in range(1, radix):
+                if position + v * weight >= size:  # (the later ones too: a radix past size
+                    break                          # costs nothing)
+                out.append(position + v * weight)
             weight *= radix
     return out[::-1] if first == "farthest" else out
 
@@ -197,7 +200,7 @@ def kary_parent(position: int, size: int, radix: int = 2) -> int | None:
 def kary_children(position: int, size: int, radix: int = 2) -> list[int]:
     """Return the children of ``position`` in the heap-ordered k-ary tree, nearest first:
     ``k·q + 1 .. k·q + k`` below ``size``."""
-    return [c for c in range(radix * position + 1, radix * position + radix + 1) if c < size]
+    return list(range(radix * position + 1, min(radix * position + radix + 1, size)))
 
 
 def _level_start(position: int, radix: int) -> tuple[int, int]:

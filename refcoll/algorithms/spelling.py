@@ -27,6 +27,10 @@ def spell(name: str, options: dict | None = None) -> str:
     return name + "(" + ",".join(f"{key}={value}" for key, value in options.items()) + ")"
 
 
+#: The most digits an option's whole number may have (Python refuses past 4300).
+_MOST_DIGITS = 30
+
+
 def unspell(text: str) -> tuple[str, dict]:
     """Return the ``(name, options)`` of a word :func:`spell` wrote.
 
@@ -46,6 +50,10 @@ def unspell(text: str) -> tuple[str, dict]:
         if not eq or not key.isidentifier() or not value or key in options:
             raise UsageError(f"cannot read the option {pair.strip()!r} of {text!r}: write "
                              "key=value, each key once, as hierarchical(inter=ring,pipeline=8)")
+        if _INT.match(value) and len(value.lstrip("+-")) > _MOST_DIGITS:
+            raise UsageError(f"the option {key}={value[:20]}... of {text[:40]!r}... has "
+                             f"{len(value)} digits: no count of refcoll's takes more than "
+                             f"{_MOST_DIGITS}")
         options[key] = int(value) if _INT.match(value) else value
     return name, options
 

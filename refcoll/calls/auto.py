@@ -42,6 +42,7 @@ only: a call that names its algorithm runs that algorithm.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from dataclasses import dataclass, field, replace
 
@@ -276,10 +277,13 @@ def _agreed_settings(t) -> _AutoSettings:
     except UsageError as exc:
         error = str(exc)
     with t.call("auto"):
-        # Every rank's environment must say the same: one rank's typo is everyone's error.
+        # Every rank's environment must say the same: one rank's typo is everyone's error;
+        # and so must the topology each rank read (one path, files of their own per host).
         agree(t, collective="auto", error=error or "",
               options=[(name, os.environ.get(name, "")) for name in
-                       ("REFCOLL_CALIBRATION", "REFCOLL_ALGO", TOPO_ENV, TUNING_ENV)])
+                       ("REFCOLL_CALIBRATION", "REFCOLL_ALGO", TOPO_ENV, TUNING_ENV)]
+              + [("topology read", hashlib.sha256(repr(topology).encode()).hexdigest()[:16]
+                  if topology is not None else "")])
         if error:
             raise UsageError(f"rank {t.rank}: {error}")
         tuning = agreed_tuning(t, tuning_path())

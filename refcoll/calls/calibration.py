@@ -455,16 +455,16 @@ def calibrate(t, *, force: bool = False, save: bool = True,
     if not save:
         return replace(calibration, source="measured for this job (the cache is neither read "
                                            "nor written)"), None
-    why = _why_not_saved(key, calibration)
-    if why is None:  # rank 0 keeps the cache; every rank learns whether it could
-        said = np.zeros(_WHY_RECORD, dtype=np.uint8)
-        if t.rank == 0:
-            text = _save(key.text(), calibration) or ""
-            said = pack([text, text[:_WHY_RECORD // 2] + "..."], _WHY_RECORD)
-        naive_broadcast(t, said, root=0)
-        why = unpack(said) or None
-        if why is None:
-            return replace(calibration, source=f"measured, saved in {cache_path()}"), None
+    # Rank 0 alone decides (its key: the ranks' own machine files may differ) and keeps the
+    # cache; every rank learns what it said, in the one broadcast every rank makes.
+    said = np.zeros(_WHY_RECORD, dtype=np.uint8)
+    if t.rank == 0:
+        text = _why_not_saved(key, calibration) or _save(key.text(), calibration) or ""
+        said = pack([text, text[:_WHY_RECORD // 2] + "..."], _WHY_RECORD)
+    naive_broadcast(t, said, root=0)
+    why = unpack(said) or None
+    if why is None:
+        return replace(calibration, source=f"measured, saved in {cache_path()}"), None
     calibration = replace(calibration, source=f"measured for this job only ({why})")
     if t.rank != 0:
         return calibration, None

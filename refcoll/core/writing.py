@@ -30,6 +30,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -169,18 +170,34 @@ def same_place(a, b) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+#: Seconds :func:`locked` waits for another holder before it gives up.
+LOCK_WAIT = 5.0
+
+
 @contextlib.contextmanager
-def locked(path):
+def locked(path, wait: float | None = None):
     """Hold an exclusive lock for updating ``path`` (on ``path.lock``, beside it).
 
     Two jobs that read, change and rewrite one file (the calibration cache) take it in
-    turn, so neither loses the other's entry.
+    turn, so neither loses the other's entry. A holder that keeps it longer than
+    ``wait`` seconds (:data:`LOCK_WAIT`; a stopped job, anyone who can open the file) is
+    not waited for: :class:`UsageError`, so the caller goes on without the update.
     """
+    wait = LOCK_WAIT if wait is None else wait
     lock = f"{path}.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
                  0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise UsageError(f"{lock} has been locked by another process for more than "
+                                     f"{wait:g} s") from None
+                time.sleep(0.01)
         yield
     finally:
         os.close(fd)  # closing releases the lock
