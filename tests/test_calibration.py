@@ -454,3 +454,37 @@ def test_calibrate_ranks_given_different_arguments_exit_2_on_every_rank(tmp_path
     assert res.stderr.count("refcoll: error:") == 1, res.stderr
     assert f"rank 1 has '--json {json_file}' where rank 0 has 'nothing'" in res.stderr
     assert not (tmp_path / "r1.json").exists() and "calibration:" not in res.stdout
+
+
+@needs_mpi
+def test_ranks_that_read_different_topologies_under_one_path_are_told_on_every_rank(tmp_path):
+    """Only REFCOLL_TOPO_FILE's value was agreed: a relative path read from two working
+    folders (or one path on two hosts) gave each rank its own links, and auto chose ring
+    on one rank and recursive_doubling on the other for the same call."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        from mpi4py import MPI
+        import refcoll
+        try:
+            refcoll.allreduce(np.ones(100_000, np.float32), MPI.COMM_WORLD, algorithm="auto")
+            print("no error", flush=True)
+        except refcoll.RefcollError as exc:
+            print(type(exc).__name__, " ".join(str(exc).split())[:600], flush=True)
+    """))
+    for folder, rate, latency in (("a", 1e9, 5e-5), ("b", 1e6, 5.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "topo.json").write_text(json.dumps(
+            {"version": 1, "link_latency_s": latency,
+             "nodes": [{"host": h, "ranks": 1, "link_bits_per_s": rate} for h in ("n1", "n2")]}))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "REFCOLL_ALGO", "REFCOLL_CALIBRATION"))}
+    env.update(REFCOLL_CALIBRATION="default", REFCOLL_TIMEOUT="20", REFCOLL_TOPO_FILE="topo.json")
+    res = subprocess.run([MPIEXEC, "-n", "1", "-wdir", str(tmp_path / "a"), sys.executable,
+                          str(script), ":", "-n", "1", "-wdir", str(tmp_path / "b"),
+                          sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    lines = sorted(res.stdout.splitlines())
+    assert len(lines) == 2 and all(line.startswith("MismatchError") for line in lines), \
+        res.stdout + res.stderr[-2000:]
+    assert all("topology read" in line for line in lines), lines
