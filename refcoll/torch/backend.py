@@ -68,13 +68,14 @@ import torch.distributed as dist
 from ..calls import collectives as calls
 from ..calls.args import shared_errors
 from ..calls.auto import AlgoFilter
+from ..core.errors import UsageError
 from ..transport.base import default_timeout
 from ..transport.mpi import MPITransport
 from ..transport.torch import TorchTransport
 from . import exchange
 from .launch import mpi_communicator
 from .tensors import as_array, flat, premultiplier, reduction
-from .watch import watched_from_env
+from .watch import watch_settings, watched_from_env
 from .work import submit
 
 __all__ = ["NAME", "register", "RefcollGroup", "algorithms_from_env", "COLLECTIVES"]
@@ -131,9 +132,24 @@ def _judges_mpi(store, rank: int, size: int, deadline: float | None) -> MPITrans
 
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta):
-    """The creator torch calls on every rank of a new group: a RefcollGroup."""
-    algorithms = algorithms_from_env()
-    watched = watched_from_env(store, rank, size, timeout)
+    """The creator torch calls on every rank of a new group: a RefcollGroup.
+
+    Every rank reads its settings (``REFCOLL_ALGO``, ``REFCOLL_WATCH*``) and tells the
+    others through the group's store whether they read, before any group is made: one
+    rank's bad value is every rank's :class:`UsageError`, where the others would wait
+    in the making of the groups until the group's timeout.
+    """
+    problem, algorithms, settings = "", {}, {}
+    try:
+        algorithms, settings = algorithms_from_env(), watch_settings()
+    except UsageError as exc:
+        problem = str(exc) or "a setting it could not read"
+    store.set(f"refcoll/settings/{rank}", problem)
+    told = [store.get(f"refcoll/settings/{r}").decode(errors="replace") for r in range(size)]
+    bad = [f"rank {r}: {said}" for r, said in enumerate(told) if said]
+    if bad:
+        raise UsageError("the refcoll group's settings: " + "; ".join(bad))
+    watched = watched_from_env(store, rank, size, timeout, settings)
     return RefcollGroup(store, rank, size, timeout, algorithms=algorithms, watched=watched)
 
 

@@ -78,7 +78,8 @@ from ..verify.oracle import check_outputs
 from .tensors import _bits_types, as_array, flat, premultiplier, reduction
 from .work import FutureWork, submit
 
-__all__ = ["Watch", "watched_from_env", "make_backend", "DEFAULT_SAMPLE"]
+__all__ = ["Watch", "watched_from_env", "watch_settings", "make_backend", "check_backend",
+           "DEFAULT_SAMPLE"]
 
 #: Elements judged per call unless ``REFCOLL_WATCH_SAMPLE`` says otherwise.
 DEFAULT_SAMPLE = 64
@@ -93,28 +94,34 @@ _OLDER = {"all_gather_single": ("_allgather_base",),
           "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced",)}
 
 
-def make_backend(name: str, store, rank: int, size: int, timeout):
-    """Return a group of backend ``name`` made from ``store``, as torch would make it."""
+def check_backend(name: str) -> str:
+    """Return the watched backend's name, lowercased, refusing one this rank cannot make."""
     low = name.strip().lower()
-    prefix = dist.PrefixStore(f"refcoll/watched/{low}", store)
     if low == "refcoll":
         raise UsageError("REFCOLL_WATCH=refcoll: refcoll cannot watch itself; name the backend "
                          "whose results it should judge (gloo, nccl, or a registered one)")
-    if low == "gloo":
-        return dist.ProcessGroupGloo(prefix, rank, size, timeout)
-    if low == "nccl":
-        if not dist.is_nccl_available():
-            raise UsageError("REFCOLL_WATCH=nccl: this torch has no NCCL (a CPU build?)")
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefix, rank, size, options)
-    plugin = dist.Backend._plugins.get(low.upper())
-    if plugin is None:
+    if low == "nccl" and not dist.is_nccl_available():
+        raise UsageError("REFCOLL_WATCH=nccl: this torch has no NCCL (a CPU build?)")
+    if low not in ("gloo", "nccl") and low.upper() not in dist.Backend._plugins:
         known = ["gloo", "nccl"] + sorted(k.lower() for k in dist.Backend._plugins
                                           if k.lower() != "refcoll")
         raise UsageError(f"REFCOLL_WATCH={name!r} is not a backend torch knows: use "
                          f"{', '.join(known)} (a third-party backend must be registered with "
                          "torch.distributed.Backend.register_backend before the group is made)")
+    return low
+
+
+def make_backend(name: str, store, rank: int, size: int, timeout):
+    """Return a group of backend ``name`` made from ``store``, as torch would make it."""
+    low = check_backend(name)
+    prefix = dist.PrefixStore(f"refcoll/watched/{low}", store)
+    if low == "gloo":
+        return dist.ProcessGroupGloo(prefix, rank, size, timeout)
+    if low == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefix, rank, size, options)
+    plugin = dist.Backend._plugins[low.upper()]
     if plugin.extended_api:
         options = dist.distributed_c10d._DistributedBackendOptions()
         options.store, options.group_rank, options.group_size = prefix, rank, size
@@ -134,11 +141,28 @@ def _whole(text: str, most: int) -> bool:
     return text.isascii() and text.isdigit() and 1 <= int(text) <= most
 
 
-def watched_from_env(store, rank: int, size: int, timeout):
-    """Return the :class:`Watch` that ``REFCOLL_WATCH`` asks for, or ``None``."""
+def watched_from_env(store, rank: int, size: int, timeout, settings: dict | None = None):
+    """Return the :class:`Watch` that ``REFCOLL_WATCH`` asks for, or ``None`` (``settings``:
+    :func:`watch_settings`' already read)."""
+    settings = watch_settings() if settings is None else settings
+    if not settings:
+        return None
+    return Watch(settings["backend"], make_backend(settings["backend"], store, rank, size,
+                                                   timeout),
+                 settings["sample"], settings["action"], settings["batch"],
+                 checksums=settings["checksums"], size=size, rank=rank)
+
+
+def watch_settings() -> dict:
+    """Return watch mode's settings from the environment (empty: no watch mode), checked,
+    the watched backend's name too, before any group is made.
+
+    Raises:
+        UsageError: a value no watch could take.
+    """
     name = os.environ.get("REFCOLL_WATCH", "").strip()
     if not name:
-        return None
+        return {}
     text = os.environ.get("REFCOLL_WATCH_SAMPLE", "").strip() or str(DEFAULT_SAMPLE)
     if not _whole(text, MAX_SAMPLE):
         raise UsageError(f"REFCOLL_WATCH_SAMPLE={text!r}: give the elements to judge per call, "
@@ -156,8 +180,8 @@ def watched_from_env(store, rank: int, size: int, timeout):
     if sums not in ("on", "off"):
         raise UsageError(f"REFCOLL_WATCH_CHECKSUMS={sums!r}: use on (every element, by block "
                          "checksums: the default) or off (the sample alone)")
-    return Watch(name.lower(), make_backend(name, store, rank, size, timeout), int(text),
-                 action, int(batch), checksums=sums == "on", size=size, rank=rank)
+    return {"backend": check_backend(name), "sample": int(text), "action": action,
+            "batch": int(batch), "checksums": sums == "on"}
 
 
 def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):

@@ -265,6 +265,17 @@ def test_an_unknown_algorithm_is_refused_when_the_group_is_made(world):
     assert chosen.algorithms["allreduce"] == "tree" and chosen.algorithms["allgather"] == "bruck"
 
 
+def test_one_ranks_bad_setting_is_every_ranks_error_when_the_group_is_made(world):
+    """The rank with the bad value raised at once; the others waited in the making of the
+    group's Gloo until the group's timeout (30 minutes by torch's default)."""
+    last = world.size() - 1
+    for bad in ({"REFCOLL_ALGO": "Bogus"}, {"REFCOLL_WATCH": "gloo", "REFCOLL_WATCH_SAMPLE": 0}):
+        mine = bad if world.rank() == last else {}
+        with pytest.raises(UsageError, match=f"settings: rank {last}: REFCOLL_"):
+            group_with(**mine)
+    assert group_with(REFCOLL_ALGO="ring").algorithms["allreduce"] == "ring"  # goes on
+
+
 def test_a_rank_missing_from_a_collective_is_a_timeout_not_a_hang(world):
     short = group_with(REFCOLL_TIMEOUT=2)
     if world.rank() == 0:
