@@ -243,6 +243,11 @@ def test_refcoll_algo_grammar(value, collective, expected):
     ("allgather:tree", "tree does not implement allgather"),
     ("allreduce:", "names no algorithm"),
     ("switch", "unknown algorithm 'switch'"),
+    # which part would win was the parser's accident (the first here, the last there)
+    ("allreduce:ring;allreduce:tree", "allreduce is given twice"),
+    ("ring;tree", "every collective is given twice"),
+    ("=ring", "names no collective before its ':'"),
+    (":ring", "names no collective before its ':'"),
 ])
 def test_refcoll_algo_errors(value, message):
     with pytest.raises(UsageError, match=message):

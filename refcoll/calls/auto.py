@@ -158,10 +158,17 @@ class AlgoFilter:
         if not text or not text.strip():
             return cls()
         known = [n for n, algo in algorithms.REGISTRY.items() if algo.pinnable]
-        rules = []
+        rules, seen = [], set()
         for part in filter(None, (p.strip() for p in _colon_form(text).split(";"))):
-            coll, _, spec = part.rpartition(":")
+            coll, colon, spec = part.rpartition(":")
             coll = coll.strip() or None
+            if colon and coll is None:
+                raise UsageError(f"REFCOLL_ALGO={text!r}: {part!r} names no collective before "
+                                 "its ':' (or '='); drop it to apply to every collective")
+            if coll in seen:  # which would win is no one's guess: say it once
+                raise UsageError(f"REFCOLL_ALGO={text!r}: "
+                                 f"{coll or 'every collective'} is given twice; give it once")
+            seen.add(coll)
             if coll is not None and coll not in algorithms.COLLECTIVES:
                 raise UsageError(f"REFCOLL_ALGO={text!r}: unknown collective {coll!r}; choose "
                                  f"from {', '.join(algorithms.COLLECTIVES)}")
