@@ -328,7 +328,13 @@ class RefcollGroup(dist.ProcessGroup):
             op, factor = reduction(opts.reduceOp)
             _linear_on_complex(op, complex_)
             copied = isinstance(x, list)
+            if copied:
+                _pieces_fit(t, x, out)
             whole = torch.cat([flat(piece) for piece in x]) if copied else flat(x)
+            if whole.numel() != out.numel() * t.size:  # torch's rule (refcoll's takes any n)
+                raise ValueError(f"rank {t.rank}: the reduce-scatter's input has "
+                                 f"{whole.numel()} elements; {t.size} ranks of an output of "
+                                 f"{out.numel()} need {out.numel() * t.size}")
             if factor is not None:
                 scale = premultiplier(factor, whole)
                 whole = whole * scale if not copied else whole.mul_(scale)
@@ -371,6 +377,9 @@ class RefcollGroup(dist.ProcessGroup):
             with shared_errors(t, True, "allgather"):
                 mine = flat(x)
                 targets = [flat(out) for out in outs]
+                if len(targets) != t.size:
+                    raise ValueError(f"rank {t.rank}: the allgather has {len(targets)} outputs "
+                                     f"for {t.size} ranks")
                 for r, target in enumerate(targets):
                     if target.numel() != mine.numel():
                         raise ValueError(f"rank {t.rank}: output {r} of the allgather has "
@@ -506,8 +515,25 @@ def _readable(t, tensors, what: str = "the input", error: str = "") -> tuple[lis
         return [None] * max(len(tensors), 1), str(exc)
 
 
+def _pieces_fit(t, pieces: list, out: torch.Tensor) -> None:
+    """Refuse a list reduce-scatter's pieces unless there is one a rank, each of ``out``'s
+    elements (ValueError: the shared check makes it every rank's)."""
+    if len(pieces) != t.size:
+        raise ValueError(f"rank {t.rank}: the reduce-scatter has {len(pieces)} input pieces "
+                         f"for {t.size} ranks")
+    for r, piece in enumerate(pieces):
+        if piece.numel() != out.numel():
+            raise ValueError(f"rank {t.rank}: piece {r} of the reduce-scatter has "
+                             f"{piece.numel()} elements, its output {out.numel()}")
+
+
 def _split(tensor: torch.Tensor, sizes, p: int) -> list:
     """Cut ``tensor`` along dim 0 into ``sizes`` rows (``[]``: ``p`` equal parts)."""
+    if tensor.dim() == 0:
+        raise ValueError("all_to_all_single needs a tensor with a dim 0 to cut, got a scalar")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes or ()):
+        raise ValueError(f"all_to_all_single split sizes {list(sizes)} must be whole numbers "
+                         "from 0")
     if not sizes:
         if tensor.shape[0] % p if tensor.dim() else True:
             raise ValueError(f"all_to_all_single without split sizes needs dim 0 "

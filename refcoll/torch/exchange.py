@@ -23,6 +23,7 @@ import json
 
 import numpy as np
 
+from ..algorithms._util import overlaps
 from ..calls.agree import agree, allgather_records, pack, unpack
 from ..calls.agree import barrier as dissemination
 from ..calls.args import check_root
@@ -139,6 +140,8 @@ def alltoall(t, ins: list, outs: list, error: str = "") -> None:
     """
     with t.call("alltoall"):
         _check_pieces(t, allgather_records(t, _pieces_record(t, ins, outs, error)))
+        if any(overlaps(i, o) for i in ins for o in outs):  # in place, as Gloo takes it: a
+            ins = [piece.copy() for piece in ins]  # round would receive over what a later sends
         outs[t.rank][...] = ins[t.rank]
         for shift in range(1, t.size):
             dest, src = (t.rank + shift) % t.size, (t.rank - shift) % t.size

@@ -202,6 +202,51 @@ def test_mismatched_all_to_all_splits_are_refused_on_every_rank(world):
         dist.all_to_all_single(torch.empty(p), torch.zeros(p), None, splits)
 
 
+def test_pieces_and_outputs_of_the_wrong_count_or_size_are_refused_on_every_rank(world):
+    """reduce_scatter split any length by its own chunks, and all_gather zipped its outputs:
+    pieces of 3 and 1 for an output of 2, 2p pieces, an input of 2p + 1, p - 1 or p + 1
+    outputs all returned a result (a piece's element on another rank, a rank's data
+    dropped), where Gloo refuses each."""
+    p, r = world.size(), world.rank()
+    wrong = [
+        lambda: dist.reduce_scatter(torch.zeros(2), [torch.zeros(3)] + [torch.zeros(1)] * (p - 1)),
+        lambda: dist.reduce_scatter(torch.zeros(1), [torch.zeros(1)] * (2 * p)),
+        lambda: dist.reduce_scatter_tensor(torch.zeros(2), torch.zeros(2 * p + 1)),
+        lambda: dist.all_gather([torch.zeros(3)] * (p - 1), torch.zeros(3)),
+        lambda: dist.all_gather([torch.zeros(3) for _ in range(p + 1)], torch.zeros(3)),
+    ]
+    for call in wrong:
+        with pytest.raises((ValueError, UsageError), match="reduce-scatter|allgather"):
+            call()
+    x = torch.ones(3) * (r + 1)
+    dist.all_reduce(x)
+    assert x.tolist() == [p * (p + 1) / 2] * 3  # the group goes on
+
+
+def test_a_bad_split_on_one_rank_is_every_ranks_error_and_the_group_goes_on(world):
+    """A negative or fractional split size, or a scalar, raised in torch on its rank alone;
+    the others waited out the deadline in the all-to-all, and Gloo closed the group."""
+    p, r = world.size(), world.rank()
+    for bad in ([p + 1] + [-1] + [1] * (p - 2), [1.0] * p):
+        splits = bad if r == p - 1 else [1] * p
+        with pytest.raises((ValueError, UsageError), match="whole numbers from 0"):
+            dist.all_to_all_single(torch.empty(p), torch.zeros(p), None, splits)
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    assert x.tolist() == [float(p)] * 2
+
+
+def test_all_to_all_in_place_is_gloos_answer(world):
+    """In place, a round received over a piece a later round sent: wrong at 3 ranks."""
+    p, r = world.size(), world.rank()
+    x = torch.arange(float(p)) + 10 * r  # element j goes to rank j
+    dist.all_to_all_single(x, x)
+    assert x.tolist() == [10.0 * q + r for q in range(p)]
+    pieces = [torch.full((2,), 10.0 * r + q) for q in range(p)]
+    dist.all_to_all(pieces, pieces)
+    assert [t.tolist() for t in pieces] == [[10.0 * q + r] * 2 for q in range(p)]
+
+
 def test_what_refcoll_cannot_reduce_is_an_error_on_every_rank(world):
     with pytest.raises(ValueError, match="BAND is not one refcoll reduces"):
         dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND)
