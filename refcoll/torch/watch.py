@@ -221,7 +221,10 @@ def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
     def finish() -> None:
         if kind == "AVG":
             for out in outs:
-                out.div_(p)
+                if out.is_floating_point() or out.is_complex():
+                    out.div_(p)
+                else:  # an integer average truncates toward zero, as refcoll's and NCCL's
+                    out.div_(p, rounding_mode="trunc")
     return args, finish
 
 

@@ -333,6 +333,26 @@ def test_watch_settings_are_checked_when_the_group_is_made(world):
         watching("refcoll")
 
 
+def test_an_integer_average_on_gloo_truncates_as_refcolls_on_every_rank(world):
+    """Gloo's SUM then out.div_(p) cannot write a float quotient into an int tensor: a
+    reduce's root raised alone and the others waited out the deadline in the judging."""
+    group = watching("gloo")
+    p, r, last = world.size(), world.rank(), world.size() - 1
+    x = torch.tensor([-7, -1, 0, 5, 9], dtype=torch.int32) * (r + 1)
+    total = torch.tensor([-7, -1, 0, 5, 9], dtype=torch.int64) * (p * (p + 1) // 2)
+    want = torch.div(total, p, rounding_mode="trunc").to(torch.int32)
+    y = x.clone()
+    dist.all_reduce(y, op=dist.ReduceOp.AVG, group=group)
+    assert y.tolist() == want.tolist()
+    y = x.clone()
+    dist.reduce(y, dst=last, op=dist.ReduceOp.AVG, group=group)
+    if r == last:
+        assert y.tolist() == want.tolist()
+    z = torch.ones(2)
+    dist.all_reduce(z, group=group)  # the group goes on
+    assert z.tolist() == [float(p)] * 2
+
+
 def test_avg_and_premul_sum_on_gloo_are_sums_with_the_factor_and_the_division(world):
     # Gloo has neither; FSDP2 asks a "refcoll" group for AVG, so watch mode gives Gloo a SUM
     p, r = world.size(), world.rank()
