@@ -23,7 +23,8 @@ class Corrupting(dist.ProcessGroup):
     * ``element``: rank 0's element 5 is one more;
     * ``percent``: rank 0's element ``n // 3 + 1`` is 1 % larger (a silent corruption);
     * ``drop``: every rank gets the sum without rank 1's input;
-    * ``saturate``: an int32 sum clamped at int32's largest value instead of wrapping.
+    * ``saturate``: an int32 sum clamped at int32's largest value instead of wrapping;
+    * ``fail``: the call fails on every rank (its Work raises).
     """
 
     def __init__(self, store, rank, size, timeout):
@@ -41,6 +42,8 @@ class Corrupting(dist.ProcessGroup):
         original = t.clone()
         self.gloo.allreduce(tensors, opts).wait()
         if self._due("allreduce"):
+            if self.how == "fail":
+                return _Failed(RuntimeError("the library failed this call"))
             if self.how == "element" and self.rank() == 0:
                 t.view(-1)[5] += 1
             elif self.how == "percent" and self.rank() == 0:
@@ -79,6 +82,18 @@ class Corrupting(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         return self.gloo.barrier(opts) if opts is not None else self.gloo.barrier()
+
+
+class _Failed(dist.Work):
+    """A call the library failed: its ``wait()`` raises (a Work made from a failed future
+    does not)."""
+
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def wait(self, timeout=None):
+        raise self.error
 
 
 def _done(value):
@@ -392,9 +407,9 @@ def test_no_false_alarm_on_premul_sum_in_half_precision_nor_on_strided_tensors(w
 
 
 def test_a_watched_call_that_fails_leaves_its_batch_judged_without_it(world):
-    group = watching("gloo", REFCOLL_WATCH_BATCH=3)
-    with pytest.raises(RuntimeError):  # Gloo cannot store an average in an int32 tensor
-        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG, group=group)
+    group = watching("corrupting", "allreduce:1:fail", REFCOLL_WATCH_BATCH=3)
+    with pytest.raises(RuntimeError, match="the library failed this call"):
+        dist.all_reduce(torch.ones(4), group=group)
     for _ in range(3):
         t = torch.ones(4)
         dist.all_reduce(t, group=group)
