@@ -329,7 +329,7 @@ class RefcollGroup(dist.ProcessGroup):
             _linear_on_complex(op, complex_)
             copied = isinstance(x, list)
             if copied:
-                _pieces_fit(t, x, out)
+                _one_a_rank(t, x, out.numel(), "reduce-scatter", "piece", "its output")
             whole = torch.cat([flat(piece) for piece in x]) if copied else flat(x)
             if whole.numel() != out.numel() * t.size:  # torch's rule (refcoll's takes any n)
                 raise ValueError(f"rank {t.rank}: the reduce-scatter's input has "
@@ -377,14 +377,7 @@ class RefcollGroup(dist.ProcessGroup):
             with shared_errors(t, True, "allgather"):
                 mine = flat(x)
                 targets = [flat(out) for out in outs]
-                if len(targets) != t.size:
-                    raise ValueError(f"rank {t.rank}: the allgather has {len(targets)} outputs "
-                                     f"for {t.size} ranks")
-                for r, target in enumerate(targets):
-                    if target.numel() != mine.numel():
-                        raise ValueError(f"rank {t.rank}: output {r} of the allgather has "
-                                         f"{target.numel()} elements, the input "
-                                         f"{mine.numel()}")
+                _one_a_rank(t, targets, mine.numel(), "allgather", "output", "the input")
             whole = torch.empty((self.size(), mine.numel()), dtype=mine.dtype, device=x.device)
             self._allgather(t, whole, x)
             for target, row in zip(targets, whole):
@@ -515,16 +508,17 @@ def _readable(t, tensors, what: str = "the input", error: str = "") -> tuple[lis
         return [None] * max(len(tensors), 1), str(exc)
 
 
-def _pieces_fit(t, pieces: list, out: torch.Tensor) -> None:
-    """Refuse a list reduce-scatter's pieces unless there is one a rank, each of ``out``'s
-    elements (ValueError: the shared check makes it every rank's)."""
-    if len(pieces) != t.size:
-        raise ValueError(f"rank {t.rank}: the reduce-scatter has {len(pieces)} input pieces "
-                         f"for {t.size} ranks")
-    for r, piece in enumerate(pieces):
-        if piece.numel() != out.numel():
-            raise ValueError(f"rank {t.rank}: piece {r} of the reduce-scatter has "
-                             f"{piece.numel()} elements, its output {out.numel()}")
+def _one_a_rank(t, tensors: list, count: int, collective: str, kind: str, other: str) -> None:
+    """Refuse a list form's tensors (an allgather's outputs, a reduce-scatter's pieces) unless
+    there is one a rank, each of ``count`` elements, as ``other`` has (ValueError: the
+    shared check makes it every rank's)."""
+    if len(tensors) != t.size:
+        raise ValueError(f"rank {t.rank}: the {collective} has {len(tensors)} {kind}s for "
+                         f"{t.size} ranks")
+    for r, tensor in enumerate(tensors):
+        if tensor.numel() != count:
+            raise ValueError(f"rank {t.rank}: {kind} {r} of the {collective} has "
+                             f"{tensor.numel()} elements, {other} {count}")
 
 
 def _split(tensor: torch.Tensor, sizes, p: int) -> list:

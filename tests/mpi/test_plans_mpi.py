@@ -505,6 +505,15 @@ def test_a_late_peer_of_a_timed_out_run_is_refused_and_writes_nothing_here(kind)
     world.Barrier()
 
 
+def _tested_until_it_ends(plan, error, match: str) -> None:
+    """Start ``plan``, call ``test()`` until it says done, then expect ``wait()`` to raise."""
+    plan.start()
+    while not plan.test():
+        pass
+    with pytest.raises(error, match=match):
+        plan.wait()
+
+
 def test_a_test_loop_on_a_run_started_in_place_ends_by_the_deadline_or_a_revocation():
     """A small plan started in place was looked at by test() without a deadline and without
     reading a peer's revocation: ``while not plan.test()`` spun for ever."""
@@ -518,11 +527,7 @@ def test_a_test_loop_on_a_run_started_in_place_ends_by_the_deadline_or_a_revocat
     x = np.ones(8, np.float32)
     plan = refcoll.allreduce_init(x, t)
     if t.rank == 0:  # rank 1 never starts it: the deadline
-        plan.start()
-        while not plan.test():
-            pass
-        with pytest.raises(CollectiveTimeout, match="rank 0: allreduce timed out after 1 s"):
-            plan.wait()
+        _tested_until_it_ends(plan, CollectiveTimeout, "rank 0: allreduce timed out after 1 s")
     world.Barrier()
     t2 = _own_transport(timeout=DEADLINE)
     plan = refcoll.allreduce_init(x, t2)
@@ -530,11 +535,7 @@ def test_a_test_loop_on_a_run_started_in_place_ends_by_the_deadline_or_a_revocat
         with pytest.raises(UsageError, match="is not the buffer"):
             plan(x=x.copy())
     elif t2.rank == 0:
-        plan.start()
-        while not plan.test():
-            pass
-        with pytest.raises(PeerFailure, match="rank 1 revoked the communicator"):
-            plan.wait()
+        _tested_until_it_ends(plan, PeerFailure, "rank 1 revoked the communicator")
     world.Barrier()
 
 
