@@ -12,7 +12,10 @@ every collective, unchanged: the program's numbers are that library's. For
 every all-reduce, reduce-scatter, allgather, broadcast and reduce it also picks
 ``k`` elements (``REFCOLL_WATCH_SAMPLE``, 64 by default; the same on every
 rank, evenly spaced from an offset drawn afresh for each call), keeps their
-inputs before the call and reads their outputs after it. The ranks then
+inputs before the call and reads their outputs after it (a tensor that is not
+contiguous in its logical order, through copies: Gloo sums memory, so a
+transposed view on one rank against plain tensors on the others is a wrong
+result, seen on every rank). The ranks then
 allgather those few values over a library other than the watched one (MPI
 under ``mpiexec``, on a communicator of the group's ranks; else refcoll's own
 Gloo group), in one exchange of fixed-size records, and each judges them by the
@@ -436,17 +439,31 @@ class _Elements:
     def __init__(self, tensor: torch.Tensor, idx: slice, rows: int = 1):
         rows = max(rows, 1)  # (an empty tensor: one empty part)
         self.tensor, self.idx, self.shape = tensor, idx, (rows, tensor.numel() // rows)
-        self.view = _host(tensor).reshape(self.shape) if tensor.device.type == "cpu" else None
+        mine = tensor.device.type == "cpu" and tensor.is_contiguous()
+        self.view = _host(tensor).reshape(self.shape) if mine else None
 
     def read(self) -> np.ndarray:
         """The elements at ``idx`` of every part, part after part (a copy)."""
         if self.view is not None:
             return self.view[:, self.idx].copy().reshape(-1)
-        return _values(self.tensor.view(self.shape)[:, self.idx])
+        return _values(self.tensor.reshape(self.shape)[:, self.idx]).reshape(-1)
 
     def rows(self) -> np.ndarray:
-        """Every part, whole, on the host (``(rows, m)``; CPU: the tensor's own memory)."""
-        return self.view if self.view is not None else _host(self.tensor).reshape(self.shape)
+        """Every part, whole, on the host (``(rows, m)``; a contiguous CPU tensor: its own
+        memory; any other: a copy of its elements as they are now, in their logical order)."""
+        if self.view is not None:
+            return self.view
+        return _host(self.tensor.reshape(-1)).reshape(self.shape)
+
+
+def _elements(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor whose elements, in their logical order, are the call's: :func:`flat`'s view
+    of a contiguous tensor; a strided one as it is (read through copies: a library may
+    take one rank's transposed view with the others' plain tensors, and Gloo then sums
+    their memory, not their elements, which the judging must see, on every rank)."""
+    if tensor.layout == torch.strided and not tensor.is_contiguous():
+        return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+    return flat(tensor)
 
 
 class _Sample:
@@ -628,7 +645,7 @@ class Watch:
             tensors, opts = args
             if len(tensors) != 1:
                 return None
-            x = flat(tensors[0])
+            x = _elements(tensors[0])
             op, factor = reduction(opts.reduceOp) if method != "broadcast" else ("-", None)
             root = getattr(opts, "rootRank", 0)
             sample = _Sample(method, op, factor, root, self._indices(x.numel()), x.numel())
@@ -642,11 +659,12 @@ class Watch:
                 if len(x) != 1 or len(out) != 1:
                     return None
                 out, x = out[0], x[0]
-            x = flat(x)
+            x = _elements(x)
             sample = _Sample("allgather", "-", None, 0, self._indices(x.numel()), x.numel())
             sample.before = _Elements(x, sample.where).read()
-            outs = [_Elements(flat(o), sample.where) for o in out] if isinstance(out, list) \
-                else [_Elements(flat(out), sample.where, rows=out.numel() // max(x.numel(), 1))]
+            rows = out.numel() // max(x.numel(), 1) if not isinstance(out, list) else 1
+            outs = [_Elements(_elements(o), sample.where) for o in out] if isinstance(out, list) \
+                else [_Elements(_elements(out), sample.where, rows=rows)]
             sample.read_after = lambda: np.concatenate([o.read() for o in outs])
         elif method in ("reduce_scatter", "reduce_scatter_single"):
             out, x, opts = args
@@ -654,9 +672,9 @@ class Watch:
             if method == "reduce_scatter":
                 if len(x) != 1 or len(out) != 1:
                     return None
-                out, pieces = flat(out[0]), [flat(piece) for piece in x[0]]
+                out, pieces = _elements(out[0]), [_elements(piece) for piece in x[0]]
             else:
-                out, pieces = flat(out), [flat(x)]
+                out, pieces = _elements(out), [_elements(x)]
             idx = self._indices(out.numel())
             ins = [_Elements(piece, idx, rows=piece.numel() // max(out.numel(), 1))
                    for piece in pieces]

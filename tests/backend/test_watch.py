@@ -400,7 +400,7 @@ def test_no_false_alarm_on_premul_sum_in_half_precision_nor_on_strided_tensors(w
         t = torch.linspace(-3, 7, 100, dtype=dtype) + world.rank()
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.1), group=group)
     strided = (torch.arange(8, dtype=torch.float32).reshape(2, 4) + 1).t()
-    dist.all_reduce(strided, group=group)  # Gloo reduces it; the call goes unjudged
+    dist.all_reduce(strided, group=group)  # judged through copies of its elements
     assert strided.tolist() == ((torch.arange(8.0).reshape(2, 4) + 1).t()
                                 * world.size()).tolist()
     assert not group.watched.findings
@@ -455,3 +455,21 @@ def test_a_library_work_without_a_future_is_judged_all_the_same(world):
     t = torch.arange(40, dtype=torch.float32)
     with pytest.raises(WrongResult, match=r"call 2, 40 elements sampled .* element 5"):
         dist.all_reduce(t, group=group)
+
+
+def test_a_tensor_strided_on_one_rank_only_is_judged_on_every_rank(world):
+    """Gloo reduces a tensor's memory, not its elements: a transposed view on one rank
+    against plain tensors on the others sums unrelated elements. Every rank samples the
+    call (a strided tensor through a copy), so every rank judges it and raises, and the
+    ranks judge the same calls after it."""
+    group = watching("gloo")
+    r, p = world.rank(), world.size()
+    x = torch.arange(40, dtype=torch.float32).reshape(8, 5) * (r + 1)
+    if r == 1:
+        x = x.t().contiguous().t()  # the same values, column-major
+    with pytest.raises(WrongResult, match="gloo's allreduce sum of float32 over"):
+        dist.all_reduce(x, group=group)
+    y = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (r + 1)  # strided everywhere
+    dist.all_reduce(y, group=group)
+    assert y.tolist() == (torch.arange(12.0).reshape(3, 4).t() * (p * (p + 1) // 2)).tolist()
+    assert not group.watched.findings
