@@ -6,6 +6,7 @@ Gloo's results (a wrong one is counted), and a real two-process run of
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -191,3 +192,17 @@ def test_a_real_run_shows_mpi_gloo_and_refcoll_side_by_side(torch_dist, tmp_path
                                  "time_over_gloo", "backend_baseline", "backend_time_us",
                                  "backend_busbw", "backend_wrong", "time_over_backend"]
     assert np.isfinite([float(v) for v in table.read_text().splitlines()[1].split(",")[-3:]]).all()
+
+
+def test_the_backend_groups_environment_is_set_for_the_block_and_restored(monkeypatch):
+    """The refcoll group is made with REFCOLL_ALGO set and REFCOLL_WATCH unset; after it,
+    and after an error in it, both are as they were (set, or absent)."""
+    monkeypatch.setenv("REFCOLL_WATCH", "gloo")
+    monkeypatch.delenv("REFCOLL_ALGO", raising=False)
+    with gloo._environment(REFCOLL_ALGO="allreduce=ring", REFCOLL_WATCH=None):
+        assert os.environ["REFCOLL_ALGO"] == "allreduce=ring"
+        assert "REFCOLL_WATCH" not in os.environ
+    assert os.environ["REFCOLL_WATCH"] == "gloo" and "REFCOLL_ALGO" not in os.environ
+    with pytest.raises(RuntimeError), gloo._environment(REFCOLL_WATCH="nccl"):
+        raise RuntimeError("group creation failed")
+    assert os.environ["REFCOLL_WATCH"] == "gloo"

@@ -16,10 +16,10 @@ have no average there ("result type Float can't be cast").
 
 from __future__ import annotations
 
+import contextlib
 import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
-from unittest import mock
 
 import numpy as np
 
@@ -197,10 +197,29 @@ def backend_group(workers: int, algorithm: str, timeout: float | None = None):
     chooses = algorithm in registry.REGISTRY and registry.get(algorithm).chooses
     chosen = "" if chooses else ",".join(
         f"{c}={algorithm}" for c in backend.COLLECTIVES if algorithm in registry.names(c))
-    with mock.patch.dict(os.environ, {"REFCOLL_ALGO": chosen}):  # restored after, as it was
-        os.environ.pop("REFCOLL_WATCH", None)  # the group runs refcoll's algorithms, unwatched
+    # the group runs refcoll's algorithms, unwatched
+    with _environment(REFCOLL_ALGO=chosen, REFCOLL_WATCH=None):
         group = dist.new_group(list(range(workers)), backend="refcoll")
     return None if dist.get_rank() >= workers else group
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    """Set environment variables (``None``: unset) for the block; restore them as they were."""
+    before = {name: os.environ.get(name) for name in values}
+    try:
+        _set(values)
+        yield
+    finally:
+        _set(before)
+
+
+def _set(values: dict) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _tensor(array):
