@@ -198,3 +198,28 @@ def test_simulate_refuses_a_root_for_a_collective_without_one():
     res = invoke("simulate", "--algorithm", "tree", "--collective", "broadcast", "-p", "4",
                  "--count", "8", "--root", "3")
     assert res.exit_code == 0 and "op=none" in res.output
+
+
+def test_each_command_is_found_in_the_module_the_table_names_and_no_other():
+    """``refcoll check`` loads only its own module: the table of commands and their modules
+    must name every command each module registers, and nothing more."""
+    import importlib
+
+    for module in set(cli.COMMANDS.values()):
+        importlib.import_module(f"refcoll.cli.{module}")
+    assert sorted(main.commands) == sorted(cli.COMMANDS)
+    for name, command in cli.all_commands().items():
+        assert command.callback.__module__ == f"refcoll.cli.{cli.COMMANDS[name]}", name
+
+
+def test_a_command_loads_its_own_module_not_the_other_commands():
+    code = ("import sys; from refcoll.cli import main\n"
+            "try:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('refcoll.cli.', 'refcoll.bench',"
+            " 'refcoll.model', 'torch'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    loaded = res.stdout.strip().splitlines()[-1]
+    assert "refcoll.cli.check" in loaded and "Usage: " in res.stdout, res.stdout + res.stderr
+    for other in ("refcoll.cli.bench", "refcoll.cli.model", "refcoll.bench", "refcoll.model",
+                  "'torch"):
+        assert other not in loaded, loaded

@@ -92,9 +92,9 @@ def errors_table(root: str = "") -> str:
 
 def commands() -> dict:
     """Return the ``refcoll`` commands, ``{name: click.Command}``, in the order ``--help`` lists."""
-    from refcoll.cli import main
+    from refcoll.cli import all_commands
 
-    return {name: main.commands[name] for name in sorted(main.commands)}
+    return all_commands()
 
 
 def commands_table(root: str = "") -> str:

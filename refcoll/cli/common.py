@@ -1,8 +1,11 @@
 """What every ``refcoll`` command shares: the group, error handling, output paths, guards.
 
 The commands themselves live in :mod:`~refcoll.cli.commands`, ``bench``,
-``calibrate``, ``model``, ``spec`` and ``train``; each registers on :data:`main`
-with ``@main.command()``. Starting MPI jobs is :mod:`~refcoll.cli.launch`'s.
+``calibrate``, ``check``, ``cluster``, ``listing``, ``model``, ``spec``, ``train``
+and ``tune``; each registers on :data:`main` with ``@main.command()`` when its
+module is imported, which :data:`main` does when the command is asked for
+(:data:`COMMANDS`, click's lazy subcommands): ``refcoll check`` never loads what
+``bench`` or ``model`` need. Starting MPI jobs is :mod:`~refcoll.cli.launch`'s.
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or environment (with a
 one-line reason), 3 a collective timed out. A reader that closes the pipe early
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import math
 import os
 import shutil
@@ -28,7 +32,7 @@ from ..core.units import human_bytes
 from ..transport.deadline import abort_job, bounded_barrier
 from . import launch
 
-__all__ = ["main", "reports_errors", "check_output_paths", "check_output_paths_on_lead",
+__all__ = ["main", "COMMANDS", "reports_errors", "check_output_paths", "check_output_paths_on_lead",
            "check_output_directory", "write_json", "split_list", "require_processes",
            "available_memory", "require_memory", "out_of_memory_is_usage", "still_running",
            "BROKEN_PIPE", "FALLBACK_MEMORY_CAP"]
@@ -40,8 +44,25 @@ BROKEN_PIPE = launch.BROKEN_PIPE
 INTERRUPTED = 130
 
 
+#: Each command and the module of :mod:`refcoll.cli` that defines it, imported when the
+#: command is first asked for (``tests/test_cli.py`` holds this table to the modules).
+COMMANDS = {"bench": "bench", "calibrate": "calibrate", "check": "check", "cluster": "cluster",
+            "gen-inputs": "check", "list": "listing", "model": "model", "oracle": "check",
+            "simulate": "commands", "spec": "spec", "train": "train", "tune": "tune",
+            "vectors": "spec", "verify": "commands"}
+
+
 class _Main(click.Group):
-    """The ``refcoll`` group; it keeps its arguments so a command can re-run itself."""
+    """The ``refcoll`` group; it keeps its arguments so a command can re-run itself, and
+    loads each command's module when the command is asked for."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx, name: str):
+        if name not in self.commands and name in COMMANDS:
+            importlib.import_module(f"{__package__}.{COMMANDS[name]}")  # registers on main
+        return super().get_command(ctx, name)
 
     def main(self, args=None, *rest, **kwargs):
         launch.remember_arguments(list(args) if args is not None else sys.argv[1:])
