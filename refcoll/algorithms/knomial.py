@@ -89,6 +89,7 @@ from collections import defaultdict, deque
 
 from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
+from ._util import is_count
 
 __all__ = ["SHAPES", "SUBTREES", "FIRSTS", "check_tree_options", "knomial_parent",
            "knomial_children", "kary_parent", "kary_children", "strided_parent",
@@ -106,7 +107,7 @@ def check_tree_options(radix, subtrees: str, first: str, shape: str = SHAPES[0])
     above, and ``subtrees`` on a k-ary tree (it names k-nomial trees only)."""
     if shape not in SHAPES:
         raise UsageError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
-    if isinstance(radix, bool) or not isinstance(radix, int) or radix < 2:
+    if not is_count(radix) or radix < 2:
         raise UsageError(f"radix must be an integer >= 2 (2: the binomial tree), got {radix!r}")
     if subtrees not in SUBTREES:
         raise UsageError(f"subtrees must be one of {', '.join(SUBTREES)}, got {subtrees!r}")

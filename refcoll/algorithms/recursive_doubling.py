@@ -32,7 +32,7 @@ import numpy as np
 
 from ..core.cost import ZERO, Cost
 from ..core.errors import UsageError
-from ._util import copy_into, receive_into, workspace
+from ._util import copy_into, is_count, receive_into, workspace
 from .knomial import replay_cost
 from .recursive import (
     doubling_partner,
@@ -56,7 +56,7 @@ FOLDS = ("pairs", "modulo")
 
 def _check(radix, fold) -> str:
     """Refuse bad ``radix``/``fold``; return the fold in effect (``None``: the radix's own)."""
-    if isinstance(radix, bool) or not isinstance(radix, int) or radix < 2:
+    if not is_count(radix) or radix < 2:
         raise UsageError(f"radix must be an integer >= 2 (2: recursive doubling), got {radix!r}")
     if fold is None:
         return FOLDS[0] if radix == 2 else FOLDS[1]

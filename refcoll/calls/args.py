@@ -61,6 +61,7 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
             algo = algorithms.get(algorithm)
             fn = algorithms.implementation(algorithm, collective)
         if options:
+            options = _plain(options)
             algorithms.check_options(algorithm, collective, options, rank=t.rank)
         flat = flat_input(x, t, xp)
         if reduction is not None and reduction.name not in OPS_ON_EVERY_DTYPE:
@@ -86,6 +87,14 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
                               what)
     return Call(t, comm, collective, algorithm, options, validate, reduction,
                 0 if root is None else root, arr, flat, result, out, shape, workers, algo, fn)
+
+
+def _plain(options: dict) -> dict:
+    """Return ``options`` with NumPy scalars as the Python values they hold: ``radix=np.int64(3)``
+    is ``radix=3`` to every algorithm, and to the agreement, which compares them as text."""
+    if not any(isinstance(v, np.generic) for v in options.values()):
+        return options
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in options.items()}
 
 
 #: The collectives as messages name them.

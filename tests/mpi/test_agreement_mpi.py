@@ -295,6 +295,18 @@ def test_one_op_spelled_differently_on_each_rank_takes_one_path():
     _assert_keeps_nothing(t)
 
 
+def test_an_option_as_a_numpy_integer_on_some_ranks_is_the_same_option():
+    """``radix=np.int64(3)`` on some ranks and ``radix=3`` on the others is one call, with the
+    bits of the plain one (a tree's and recursive multiplying's radix alike)."""
+    t = _transport(timeout=60)
+    x = np.arange(1, 41, dtype=np.float32) * (t.rank + 1)
+    for algorithm in ("tree", "recursive_doubling"):
+        plain = refcoll.allreduce(x, t, algorithm=algorithm, radix=3)
+        radix = (3, np.int64(3), np.int32(3))[t.rank % 3]
+        assert np.array_equal(refcoll.allreduce(x, t, algorithm=algorithm, radix=radix), plain)
+    _assert_keeps_nothing(t)
+
+
 def test_out_on_one_rank_only_keeps_every_rank_on_the_same_path():
     """Rank 0 passes a fresh out= at every call; the others never pass out=: one agreement."""
     t = _transport(timeout=60)
