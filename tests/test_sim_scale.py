@@ -166,6 +166,23 @@ def test_a_long_run_reports_its_progress():
     assert progress_note() is None
 
 
+def test_a_ledger_only_run_reports_its_progress_while_recording_then_matching():
+    """The heartbeat of a ledger-only run names the ranks recorded, then (read once the
+    replay is done) the ranks finished and the messages matched."""
+    notes = []
+
+    def ring(t):
+        notes.append(progress_note())
+        t.sendrecv(np.zeros(4), (t.rank + 1) % t.size, np.zeros(4), (t.rank - 1) % t.size)
+
+    world = LedgerWorld(5)
+    world.run(ring)
+    assert notes == [f"{r} of 5 ranks' messages recorded, none matched yet" for r in range(5)]
+    assert world.ledger.counts()["messages"] == 5  # one a rank
+    assert world.snapshot().describe() == "5 of 5 ranks finished, 5 messages matched"
+    assert progress_note() is None
+
+
 def run_in(world_class, p, algorithm, collective, inputs):
     world = world_class(p)
     fn = getattr(refcoll, collective)

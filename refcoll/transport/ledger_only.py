@@ -22,12 +22,14 @@ lost and the communication pattern kept.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Callable, Sequence
 
 from ..core.errors import DeadlockError, RefcollError, UsageError
 from .base import Ledger, Message, Reduction, TransportBase
 from .requests import Request, collector_paused, find_cycle
+from .scheduler import RUNNING, RUNNING_LOCK, SimProgress
 
 __all__ = ["LedgerWorld", "LedgerTransport"]
 
@@ -118,6 +120,8 @@ class LedgerWorld:
         self.timeout = timeout
         self.ledger = Ledger()
         self._ran = False
+        self._recorded, self._replay = 0, None  # how far run() has come, for snapshot()
+        self._started = 0.0
 
     def transports(self) -> list[LedgerTransport]:
         """Return one recording transport per rank."""
@@ -132,16 +136,33 @@ class LedgerWorld:
         """
         if self._ran:
             raise RuntimeError("a LedgerWorld runs once: create a new one for another run")
-        self._ran = True
+        self._ran, self._started = True, time.monotonic()
         ops = []
-        with collector_paused():
-            for rank in range(self.size):  # one rank's transport (and workspaces) at a time
-                t = LedgerTransport(self, rank)
-                fn(t, *(args[rank] if args is not None else ()))
-                ops.append(t.ops)
-                del t  # its records are kept; the buffers it cached are not
-            _Replay(self.ledger, ops).run()
+        with RUNNING_LOCK:
+            RUNNING.add(self)
+        try:
+            with collector_paused():
+                for rank in range(self.size):  # one rank's transport (and workspaces) at a time
+                    t = LedgerTransport(self, rank)
+                    fn(t, *(args[rank] if args is not None else ()))
+                    ops.append(t.ops)
+                    self._recorded += 1
+                    del t  # its records are kept; the buffers it cached are not
+                self._replay = _Replay(self.ledger, ops)
+                self._replay.run()
+        finally:
+            with RUNNING_LOCK:
+                RUNNING.discard(self)
         return [None] * self.size
+
+    def snapshot(self) -> SimProgress:
+        """Return how far the run has come: the ranks recorded, then those whose replay has
+        finished and the messages matched (read from another thread: a heartbeat's)."""
+        elapsed = time.monotonic() - self._started
+        replay = self._replay
+        if replay is None:
+            return SimProgress(self.size, 0, 0, elapsed, recorded=self._recorded)
+        return SimProgress(self.size, replay.finished(), len(self.ledger.messages), elapsed)
 
 
 class _Replay:
@@ -161,6 +182,10 @@ class _Replay:
         self.sends: dict[tuple, deque] = {}  # (source, dest, tag) -> unmatched sends
         self.recvs: dict[tuple, deque] = {}  # (source, dest, tag) -> unmatched receives
         self.ready: deque[int] = deque(range(p))
+
+    def finished(self) -> int:
+        """Return how many ranks have run all their records."""
+        return sum(pos >= len(ops) for pos, ops in zip(self.pos, self.ops))
 
     def run(self) -> None:
         while self.ready:

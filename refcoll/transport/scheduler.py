@@ -265,9 +265,12 @@ class SimProgress:
     finished: int
     messages: int
     elapsed: float
+    recorded: int | None = None  # a ledger-only world still recording its ranks: how many
 
     def describe(self) -> str:
         """Return it as a progress note: ``812 of 1024 ranks finished, 1,598,114 messages``."""
+        if self.recorded is not None:
+            return f"{self.recorded} of {self.size} ranks' messages recorded, none matched yet"
         return (f"{self.finished} of {self.size} ranks finished, {self.messages:,} messages "
                 f"matched")
 
