@@ -171,6 +171,10 @@ CASES = [
     ("min with two NaNs", "min", [np.nan, 2.0, np.nan, -1.0], [np.nan, -1.0, 2.0, 0.0]),
     ("max of both zeros", "max", [0.0, -0.0, -1.0], [0.0, -0.0, -1.0]),
     ("min of negative zeros", "min", [-0.0, -0.0, 1.0], [-0.0, 0.0]),
+    ("sum of negative zeros", "sum", [-0.0, -0.0, -0.0], [0.0, -0.0, TINY32]),
+    ("sum of zeros of both signs", "sum", [-0.0, 0.0, -0.0], [0.0, -0.0]),
+    ("avg of negative zeros", "avg", [-0.0, -0.0, -0.0], [0.0, -0.0]),
+    ("a cancellation: its zero's sign is not judged", "sum", [1.0, -1.0, -0.0], [0.0, -0.0]),
 ]
 
 
@@ -187,7 +191,8 @@ def test_every_legal_result_conforms_and_the_rest_do_not(name, op, column, extra
         if reachable:
             assert report.conforming, (name, float(value))
         elif (not np.isfinite(value) or op in ("max", "min") or (op == "prod" and value == 0)
-              or not np.isfinite(np.asarray(column, f32)).all()):
+              or not np.isfinite(np.asarray(column, f32)).all()
+              or (value == 0 and not np.any(np.asarray(column) != 0))):  # zeros: the sign rule
             assert not report.conforming, (name, float(value))
         else:  # finite values no order gives: the bound decides
             assert report.conforming == (not outside_bound(op, column, value, f32)), \
@@ -213,6 +218,29 @@ def test_a_failing_element_says_which_rule_it_breaks():
     report = verdict("sum", [2e38] * 4, -np.inf, f32)
     bound = next(f for f in report.findings if f.check == "within the error bound")
     assert "no legal order gives -inf: legal are +inf" in bound.detail
+    report = verdict("sum", [-0.0] * 3, 0.0, f32)
+    bound = next(f for f in report.findings if f.check == "within the error bound")
+    assert "every operand is -0, so every order gives -0.0" in bound.detail
+    report = verdict("avg", [-0.0, 0.0], -0.0, f32)
+    bound = next(f for f in report.findings if f.check == "within the error bound")
+    assert "not all -0, so every order gives +0.0" in bound.detail
+
+
+def test_a_zero_sum_of_the_wrong_sign_is_caught_among_many_elements_on_the_fast_path():
+    """The screen judges most elements by the bound alone; a zero of the wrong sign, which
+    the bound cannot see (0 from 0), is judged by the sign rule there too, among
+    zeros of the right sign that cost nothing."""
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal(4096).astype(f32) for _ in range(3)]
+    for x in inputs:
+        x[:1000] = -0.0
+    outputs = expected_outputs("allreduce", inputs, algorithm="ring")
+    assert check_outputs(inputs, outputs).conforming
+    assert all(np.signbit(o[:1000]).all() for o in outputs)
+    outputs[2][777] = 0.0
+    report = check_outputs(inputs, outputs)
+    bound = next(f for f in report.findings if f.check == "within the error bound")
+    assert not report.conforming and "rank 2's output element 777" in bound.detail
 
 
 @pytest.mark.parametrize("value, convention", [

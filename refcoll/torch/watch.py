@@ -77,6 +77,7 @@ from ..calls import collectives as calls
 from ..core.errors import MismatchError, UsageError, WrongResult
 from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
 from ..verify.checksums import block_elements, block_size, checksums, judge_sums
+from ..verify.ieee import zero_signs_wrong
 from ..verify.oracle import check_outputs
 from .tensors import _bits_types, as_array, flat, premultiplier, reduction
 from .work import FutureWork, submit
@@ -330,7 +331,9 @@ def _plainly_right(sample: "_Sample", inputs, outputs) -> bool:
         else:
             steps = p - 1
         bound = steps * u / (1 - steps * u) * scale
-        return bool(np.all(np.isfinite(got)) and np.all(np.abs(got - exact) <= bound))
+        zeros = scale == 0  # zeros only: the bound sees no sign, the sign rule does
+        return bool(np.all(np.isfinite(got)) and np.all(np.abs(got - exact) <= bound)
+                    and not (zeros.any() and zero_signs_wrong(np.array(xs), got, zeros).any()))
 
 
 def _right_together(samples: list, exchanged: list, p: int) -> set:

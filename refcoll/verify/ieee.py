@@ -34,7 +34,11 @@ trying trees only inside a rounding band of a few operands (spec/README.md,
   magnitude, multiplied in some tree, can round to 0: their exact product times
   ``(1-γ(k-1))`` is at most ``(k-1)`` times half the smallest subnormal.
 * **Signs**: a product's sign is the exclusive or of its operands' signs, zeros
-  and infinities included.
+  and infinities included. A sum (or average) of zeros only is ``-0`` exactly when
+  every operand is ``-0``, in any order and at any width (``-0 + -0 = -0``,
+  ``+0 + -0 = +0``); a zero sum of other operands is not judged by its sign (an
+  exact cancellation gives ``+0``, but a sum accumulated wider than its type may
+  round a tiny negative total to ``-0``).
 * **Non-finite operands**: a NaN operand forces NaN; ``+inf`` and ``-inf``
   operands together force NaN (``prod``: an infinity and a zero); a single
   infinity forces that infinity, or NaN where the other side is reachable.
@@ -64,7 +68,7 @@ import numpy as np
 from ..core.ops import finfo
 
 __all__ = ["gamma", "ulps", "Reference", "reference", "sum_bound", "Judged", "judge_float",
-           "judge_extremum", "explain", "CONVENTIONS"]
+           "zero_signs_wrong", "judge_extremum", "explain", "CONVENTIONS"]
 
 #: The label of each convention a min/max result with a NaN operand follows.
 CONVENTIONS = {
@@ -436,6 +440,19 @@ def sum_bound(op: str, p: int, dtype, exact, absolute, e) -> tuple:
     return exact, bound, absolute
 
 
+def zero_signs_wrong(cols: np.ndarray, got: np.ndarray, zeros=None) -> np.ndarray:
+    """Return per column whether a sum of zeros only has the wrong sign: ``-0`` exactly when
+    every operand is ``-0`` (``zeros``: which columns hold zeros only, when known)."""
+    if zeros is None:
+        zeros = ~(cols != 0).any(axis=0)  # (NaN: not a zero)
+    wrong = np.zeros(got.shape, bool)
+    where = np.flatnonzero(zeros & (got == 0))
+    if where.size:
+        negative = np.signbit(np.asarray(cols[:, where], dtype=np.float64)).all(axis=0)
+        wrong[where] = np.signbit(got[where]) != negative
+    return wrong
+
+
 def judge_float(op: str, cols: np.ndarray, got: np.ndarray, dtype,
                 ref: Reference | None = None) -> Judged:
     """Judge float ``sum``/``avg``/``prod`` results ``got`` (one per column of ``cols``,
@@ -464,6 +481,8 @@ def judge_float(op: str, cols: np.ndarray, got: np.ndarray, dtype,
             ok[where] = passed
         if op == "prod":
             ok &= np.isnan(got) | (np.signbit(got) == ref.sign)
+        else:
+            ok &= ~zero_signs_wrong(ref.cols, got)
         frac = np.where(special, np.where(ok, 0.0, np.inf), np.where(ok | (frac > 1), frac,
                                                                       np.inf))
     return Judged(ok, special, frac, error, ref)
@@ -521,6 +540,10 @@ def explain(op: str, column: np.ndarray, value: float, dtype, *, legal: bool = F
     if op == "prod" and found["sign"] is not None and not np.isnan(v) and \
             bool(np.signbit(v)) != found["sign"]:
         return f"the operands' signs give a {'negative' if found['sign'] else 'positive'} product"
+    if op != "prod" and zero_signs_wrong(column.reshape(-1, 1), np.array([v]))[0]:
+        negative = bool(np.signbit(column).all())
+        return ("every operand is -0, so every order gives -0.0" if negative else
+                "the operands are zeros, not all -0, so every order gives +0.0")
     allowed = [name for key, name in (("nan", "NaN"), ("+inf", "+inf"), ("-inf", "-inf"))
                if found[key]]
     if op == "prod" and found["zero"]:

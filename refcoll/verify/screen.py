@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ieee import Reference, judge_float, reference, sum_bound
+from .ieee import Reference, judge_float, reference, sum_bound, zero_signs_wrong
 
 __all__ = ["Estimate", "estimate", "screened"]
 
@@ -113,6 +113,9 @@ def screened(est: Estimate, got: np.ndarray) -> tuple:
         low = np.maximum(error - off, 0.0) / (est.bound * (1.0 + slack))
         high = (error + off) / (est.bound * (1.0 - slack))
         unsure = ~(np.isfinite(got) & est.finite & (est.bound > 0)) | np.isnan(high)
+        zeros = est.absolutes == 0  # zeros only: a result of the wrong zero sign is wrong
+        if zeros.any():
+            unsure |= zero_signs_wrong(cols, got, zeros)
         high[unsure] = np.inf  # the IEEE rules, or a bound of 0: the exact path decides
         low[unsure] = 0.0
     top = low.max() if k else 0.0

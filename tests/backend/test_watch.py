@@ -24,6 +24,7 @@ class Corrupting(dist.ProcessGroup):
     * ``percent``: rank 0's element ``n // 3 + 1`` is 1 % larger (a silent corruption);
     * ``drop``: every rank gets the sum without rank 1's input;
     * ``saturate``: an int32 sum clamped at int32's largest value instead of wrapping;
+    * ``abs``: every rank's result made non-negative (a sum of -0s comes back +0);
     * ``fail``: the call fails on every rank (its Work raises).
     """
 
@@ -48,6 +49,8 @@ class Corrupting(dist.ProcessGroup):
                 t.view(-1)[5] += 1
             elif self.how == "percent" and self.rank() == 0:
                 t.view(-1)[t.numel() // 3 + 1] *= 1.01
+            elif self.how == "abs":
+                t.abs_()
             elif self.how == "drop":
                 mine = torch.zeros_like(original) if self.rank() == 1 else original
                 everyone = [torch.empty_like(original) for _ in range(self.size())]
@@ -286,6 +289,16 @@ def test_checksums_can_be_turned_off_and_then_the_sample_alone_judges(world):
                      REFCOLL_WATCH_CHECKSUMS="off")
     t = 1 + torch.rand(4096, generator=torch.Generator().manual_seed(world.rank()))
     dist.all_reduce(t, group=group)  # element 1366 is not among the 16 sampled
+
+
+def test_a_sum_of_negative_zeros_that_comes_back_positive_is_caught(world):
+    """-0 + -0 is -0 in every order: +0 is within every bound of 0, but not a sum of -0s."""
+    group = watching("corrupting", "allreduce:2:abs")
+    t = torch.full((8,), -0.0)
+    dist.all_reduce(t, group=group)
+    assert torch.signbit(t).all()
+    with pytest.raises(WrongResult, match="every operand is -0, so every order gives -0.0"):
+        dist.all_reduce(torch.full((8,), -0.0), group=group)
 
 
 def test_a_saturating_integer_sum_is_caught(world):
