@@ -124,10 +124,17 @@ def test_a_sample_is_k_elements_spread_over_the_whole_array(count, k):
 
 
 @pytest.mark.parametrize("text", ["exact", "exact:seed=1,p=0,count=3", "gauss:seed=1,p=2,count=3",
-                                  "exact:p=2,seed=1,count=3"])
+                                  "exact:p=2,seed=1,count=3", f"exact:seed=0,p=3,count={2**63}",
+                                  f"exact:seed=0,p={2**31},count=1",
+                                  f"exact:seed=0,p=4,count={2**51 + 1}"])
 def test_a_bad_spec_is_a_usage_error(text):
     with pytest.raises(UsageError):
         parse_spec(text)
+
+
+def test_a_spec_past_2_to_the_32_elements_is_taken():
+    assert parse_spec(f"exact:seed=0,p=4,count={2**51}") == ("exact", 0, 4, 2**51)
+    assert parse_spec(f"adversarial:seed=1,p=2,count={2**33 + 3}")[3] == 2**33 + 3
 
 
 def _world(tmp_path, corrupt: bool = False) -> Path:
@@ -228,7 +235,8 @@ def test_a_sample_judges_the_outputs_shapes_and_folder_as_the_full_check(tmp_pat
              ("out", "exact:seed=7,p=4,count=1000", 1, "shaped (1003,), expected"),
              ("out", "exact:seed=7,p=4,count=0", 1, "shapes and dtypes"),
              ("more", spec, 2, "says p = 5, but the inputs have 4 ranks"),
-             ("out", "exact:seed=7,p=99999999999999999999,count=10", 2, "says p = 4")]
+             ("out", "exact:seed=7,p=99999999999999999999,count=10", 2,
+              "at most 2147483647 ranks")]
     for folder, text, want, needle in cases:
         for k in ([] if want == 2 and "99999" in text else [None]) + [50]:
             args = ["check", "--inputs", text, str(tmp_path / folder)]

@@ -154,7 +154,17 @@ def parse_spec(text: str) -> tuple[str, int, int, int]:
                          f"{', '.join(FORMULA_KINDS)}")
     if p < 1 or seed >= 1 << 64:
         raise UsageError(f"--inputs {text!r}: p must be at least 1 and seed below 2**64")
+    if p > MAX_SPEC_RANKS or p * count > MAX_SPEC_ELEMENTS:
+        raise UsageError(f"--inputs {text!r}: at most {MAX_SPEC_RANKS} ranks (MPI's int) and "
+                         f"2**53 elements in all (p·count: an allgather's output; every index "
+                         f"exact in a float64)")
     return kind, seed, p, count
+
+
+#: The largest world ``--inputs`` names: MPI's ranks are C ints; and its most elements,
+#: ``p·count`` (an all-gather's output), so that every index and length is exact in a
+#: float64 and far from int64's end.
+MAX_SPEC_RANKS, MAX_SPEC_ELEMENTS = 2**31 - 1, 2**53
 
 
 def sample_indices(count: int, k: int, *, seed: int = 0) -> np.ndarray:

@@ -119,6 +119,10 @@ def npy_header(fh, f) -> tuple[tuple, bool, np.dtype, int]:
     return shape, fortran, dt, used + length
 
 
+#: The most dimensions a rank file's array may have: every NumPy holds 32 (NumPy 2, 64).
+MAX_DIMENSIONS = 32
+
+
 def _checked_header(fh, f, size: int) -> tuple[tuple, bool, np.dtype, int]:
     """Parse a header and check that the file holds exactly its array: :func:`read_npy`'s rules."""
     shape, fortran, dt, used = npy_header(fh, f)
@@ -130,6 +134,12 @@ def _checked_header(fh, f, size: int) -> tuple[tuple, bool, np.dtype, int]:
                          "number")
     if dt.itemsize == 0:
         raise UsageError(f"{f}: holds elements of 0 bytes ({dt}), not numbers")
+    if len(shape) > MAX_DIMENSIONS or (0 in shape and  # (else: more than any file holds)
+                                       math.prod(d for d in shape if d) * dt.itemsize >= 2**63):
+        raise UsageError(f"{f}: its header's shape ({len(shape)} dimensions, "
+                         f"{shown(list(shape))}) is more than a NumPy array holds (at most "
+                         f"{MAX_DIMENSIONS} dimensions, and fewer than 2**63 bytes even where "
+                         "a dimension is 0)")
     need, held = math.prod(shape) * dt.itemsize, size - used
     if held < need:
         raise UsageError(f"{f}: truncated: its header promises {need} bytes "

@@ -57,6 +57,10 @@ __all__ = ["MAX_META_BYTES", "read_meta", "rank_file_bytes", "read_rank_files",
 
 _RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.npy")
 
+#: A name a rank file could be mistaken for (``rank03.npy``): refused, never skipped, so the
+#: world never shrinks without a word.
+_LIKE_A_RANK_FILE = re.compile(r"rank[0-9]+\.npy")
+
 #: The largest ``meta.json`` refcoll reads (refcoll's own are about 200 bytes).
 MAX_META_BYTES = 1 << 20
 
@@ -215,8 +219,9 @@ def _rank_files(path: Path) -> dict[int, Path]:
     """Return ``{rank: file}`` for the ``rank<r>.npy`` files in ``path``, by rank.
 
     Raises:
-        UsageError: the folder cannot be read, or it holds more rank files than a
-            world may have (found while listing, so a huge folder costs no memory).
+        UsageError: the folder cannot be read, it holds more rank files than a
+            world may have (found while listing, so a huge folder costs no memory), or
+            a file named like one but for leading zeros (``rank03.npy``).
     """
     most = MAX_SIMULATED_RANKS
     found = {}
@@ -225,6 +230,11 @@ def _rank_files(path: Path) -> dict[int, Path]:
             for entry in entries:
                 match = _RANK_FILE.fullmatch(entry.name)
                 if not match:
+                    if _LIKE_A_RANK_FILE.fullmatch(entry.name):
+                        raise UsageError(f"{path / entry.name}: not a rank file's name: "
+                                         f"rank<r>.npy writes r without leading zeros "
+                                         f"(rank{int(entry.name[4:-4])}.npy); rename it, or "
+                                         "move it out of the folder")
                     continue
                 if len(found) == most:
                     raise UsageError(f"{path}: holds more than {most} rank<r>.npy files, more "
