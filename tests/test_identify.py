@@ -205,6 +205,12 @@ def test_check_identify_on_the_command_line(tmp_path):
     done = runner.invoke(main, args)
     assert done.exit_code == 0, done.output
     assert "identify: matches no order refcoll knows; nearest ring" in done.output
+    # The ring's right values in the wrong shape: a failed check, and no order named.
+    write_rank_files(tmp_path / "out", [o.reshape(1, -1) for o in ring])
+    done = runner.invoke(main, args)
+    assert done.exit_code == 1 and "shapes and dtypes" in done.output, done.output
+    assert "identify:" not in done.output
+    assert "note: --identify names no order: the outputs are not the shape" in done.output
 
 
 def test_check_identify_of_an_all_reduce_goes_block_by_block(tmp_path, monkeypatch):

@@ -313,3 +313,16 @@ def test_eight_ranks_judged_by_the_rules_beyond_enumeration():
     for value in (-np.inf, np.nan, MAX32):
         assert not verdict("sum", one_sign, value, f32).conforming
     assert not verdict("sum", [1.0] * 8, np.inf, f32).conforming
+
+
+def test_infinite_operands_are_judged_without_a_warning():
+    """+inf and -inf operands make the screen's sums NaN: judged by the rules, silently (a
+    warning on stderr would break check's one-line output)."""
+    import warnings
+
+    inputs = [np.array([np.inf, 1.0] * 50, f32), np.array([-np.inf, 1.0] * 50, f32),
+              np.array([1.0, 1.0] * 50, f32)]
+    outputs = [np.array([np.nan, 3.0] * 50, f32)] * 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_outputs(inputs, outputs).conforming

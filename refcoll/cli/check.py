@@ -269,9 +269,13 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
         report = check_outputs(inputs, outputs, collective=collective, op=op,
                                algorithm=algorithm, root=root)
         found = None
-        if identify:  # every order, block by block
+        shaped = all(f.passed for f in report.findings if f.check == "shapes and dtypes")
+        if identify and shaped:  # every order, block by block
             found = identify_blocks(inputs, outputs, collective=collective, op=op, root=root,
                                     budget=IDENTIFY_BYTES)
+    if identify and not shaped:
+        report.notes.append("--identify names no order: the outputs are not the shape and "
+                            "dtype the collective gives")
     _print_report(report, collective, algorithm, found)
     write_json(json_file, {**report.to_json(),
                            **({"identify": found.to_json()} if found else {})})

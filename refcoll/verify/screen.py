@@ -82,14 +82,14 @@ def estimate(op: str, cols: np.ndarray, dtype) -> "Estimate | Reference":
     ones = np.ones(p)
     tile = max(256, _TILE_BYTES // (8 * p))
     buffer = np.empty((p, min(k, tile)))
-    for j in range(0, k, tile):
-        stop = min(k, j + tile)
-        wide = buffer[:, :stop - j]
-        wide[...] = cols[:, j:stop]
-        np.matmul(ones, wide, out=sums[j:stop])
-        np.abs(wide, out=wide)
-        np.matmul(ones, wide, out=absolutes[j:stop])
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: the rules judge NaN
+        for j in range(0, k, tile):
+            stop = min(k, j + tile)
+            wide = buffer[:, :stop - j]
+            wide[...] = cols[:, j:stop]
+            np.matmul(ones, wide, out=sums[j:stop])
+            np.abs(wide, out=wide)
+            np.matmul(ones, wide, out=absolutes[j:stop])
         finite = np.isfinite(absolutes)  # float64 cannot overflow on p narrower operands
         plain, bound, scale = sum_bound(op, p, dtype, sums, absolutes, _no_scaling(k))
     return Estimate(op, dtype, cols, sums, absolutes, plain, scale, bound, finite)
