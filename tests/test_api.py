@@ -157,14 +157,22 @@ def test_simulate_refuses_what_no_run_could_do_and_agrees_on_dtypes():
     for bad in (-2, 0, 2.5):
         with pytest.raises(UsageError, match="node_size must be a whole number"):
             refcoll.simulate("allreduce", x, algorithm="hierarchical", node_size=bad)
-    for bad in (0, -1):
+    for bad in (0, -1, True, float("nan"), "60"):
         with pytest.raises(UsageError, match="timeout must be seconds > 0"):
             refcoll.simulate("allreduce", x, algorithm="ring", timeout=bad)
+    for forever in (float("inf"), 1e10):  # more than a wait holds: for ever, not a crash
+        assert refcoll.simulate("allreduce", x, algorithm="ring",
+                                timeout=forever).outputs[0].tolist() == [3.0] * 4
     # A validated real call refuses ranks of different dtypes; so does the simulator,
-    # which holds every input (it read an int32 rank's bytes as float32 before).
+    # which holds every input (it read an int32 rank's bytes as float32 before), lists
+    # included (each rank's array of its list: int64 here, float64 there).
     with pytest.raises(MismatchError, match="rank 0 has float32, rank 1 has int32"):
         refcoll.simulate("allreduce", [np.ones(4, np.float32), np.ones(4, np.int32)],
                          algorithm="ring")
+    for collective in ("allreduce", "allgather", "broadcast"):
+        with pytest.raises(MismatchError, match="rank 0 has int64, rank 1 has float64"):
+            refcoll.simulate(collective, [[1, 2], [3.0, 4.0]], algorithm="ring"
+                             if collective != "broadcast" else "naive")
     # The switch's extra ranks are counted from its own options, not from validate=.
     assert refcoll.simulate("allreduce", x, algorithm="switch",
                             validate=True).outputs[0].tolist() == [3.0] * 4

@@ -39,6 +39,10 @@ def test_simulate_prints_the_ledger_beside_the_cost(tmp_path):
     assert data["ledger"]["bytes"] == data["cost"]["bytes"] == 2 * 4 * 1003 * 4
     assert data["ledger"]["rounds"] == 8
     assert "max rank bytes" in res.output
+    res = invoke("simulate", "--algorithm", "ring", "-p", "3", "--count", "4", "--dtype",
+                 "Float32", "--op", "SUM", "--json", str(out))
+    data = json.loads(out.read_text())  # names as refcoll spells them, however given
+    assert res.exit_code == 0 and (data["dtype"], data["op"]) == ("float32", "sum"), res.output
 
 
 @pytest.mark.parametrize("args,message", [

@@ -383,14 +383,16 @@ def _check_world(node_size, timeout) -> None:
     if node_size is not None and (not is_count(node_size) or node_size < 1):
         raise UsageError(f"node_size must be a whole number of ranks >= 1 (or None: one "
                          f"node), got {node_size!r}")
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float, np.integer, np.floating)) or not timeout > 0):
         raise UsageError(f"timeout must be seconds > 0 (or None: REFCOLL_TIMEOUT's, if set, "
                          f"else none), got {timeout!r}")
 
 
 def _same_dtypes(inputs: Sequence) -> None:
-    """Raise the MismatchError a validated call raises where the ranks' dtypes differ."""
-    dtypes = [getattr(x, "dtype", None) for x in inputs]
+    """Raise the MismatchError a validated call raises where the ranks' dtypes differ (of
+    the arrays the calls make of lists and scalars, too)."""
+    dtypes = [x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in inputs]
     if any(d != dtypes[0] for d in dtypes):
         raise MismatchError("dtype: " + ", ".join(f"rank {r} has {d}"
                                                   for r, d in enumerate(dtypes)))

@@ -62,7 +62,8 @@ class SimWorld:
         timeout: seconds any one blocking wait may take before
             :class:`~refcoll.core.errors.CollectiveTimeout`; ``None`` reads
             ``REFCOLL_TIMEOUT`` and otherwise waits (the deadlock detector still
-            ends every wait that can never complete).
+            ends every wait that can never complete); seconds at or beyond
+            ``threading.TIMEOUT_MAX`` (``inf``), more than a wait can hold, wait for ever.
         calibration: the :class:`~refcoll.calls.auto.Calibration` ``auto`` resolves
             with on this world's ranks (default: :data:`refcoll.calls.auto.DEFAULT`),
             to predict what an MPI job that agreed on it returns.
@@ -88,6 +89,8 @@ class SimWorld:
         self.calibration = calibration
         env = os.environ.get("REFCOLL_TIMEOUT")
         self.timeout = timeout if timeout is not None else (default_timeout() if env else None)
+        if self.timeout is not None and self.timeout >= threading.TIMEOUT_MAX:
+            self.timeout = None
         self.ledger = Ledger()
         self.progress, self.progress_every = progress, progress_every
         self._lock = WorldLock()

@@ -24,7 +24,7 @@ from ..calls import collectives
 from ..calls.auto import resolve_with_options
 from ..core.cost import Cost
 from ..core.errors import UsageError
-from ..core.ops import check_supported, get_dtype, get_op
+from ..core.ops import check_supported, dtype_name, get_dtype, get_op
 from ..transport.base import Ledger
 from ..transport.ledger_only import LedgerTransport, LedgerWorld
 from ..transport.sim import MAX_SIMULATED_RANKS
@@ -171,7 +171,7 @@ def simulation_case(algorithm: str, p: int, count: int, *, collective: str = "al
         t = LedgerTransport(LedgerWorld(p, ranks_per_node=ranks_per_node), 0)
         name, chosen_options = resolve_with_options(t, collective, count, dt.itemsize)
         chosen = (name, chosen_options)
-    return SimulationCase(algorithm, collective, p, count, dtype, reduction.name, options,
+    return SimulationCase(algorithm, collective, p, count, dtype_name(dt), reduction.name, options,
                           ranks_per_node, chosen)
 
 
