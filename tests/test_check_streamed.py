@@ -315,6 +315,31 @@ def test_a_premultiplied_sum_as_libraries_compute_it_passes_and_one_percent_is_c
         assert bad and bad[0].lo <= 4321 < bad[0].hi
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_premultiplied_sum_with_each_ranks_own_factor_passes_and_one_percent_is_caught(dtype):
+    """NCCL's pre-multiplier is each rank's own (a weighted average of uneven batches):
+    the checksums hold each rank's inputs times its factor, not one factor for all."""
+    p, n = 3, 8192
+    dt = get_dtype(dtype)
+    rng = np.random.default_rng(4)
+    xs = [(rng.random(n) + 1.0).astype(dt) for _ in range(p)]
+    factors = [0.5, 0.25, 0.125 * 3]
+    got = xs[0] * dt.type(factors[0])
+    for x, f in zip(xs[1:], factors[1:]):
+        got = (got + x * dt.type(f)).astype(dt)
+    b = block_size(p, dt)
+    ins = np.stack([checksums(x, b) for x in xs])
+    outs = np.stack([checksums(got, b)] * p)
+    assert judge_sums(ins, outs, p=p, dtype=dt, op="sum", b=b, n=n, factor=factors) == []
+    assert judge_sums(ins, outs, p=p, dtype=dt, op="sum", b=b, n=n, factor=0.5)  # one for all
+    if dtype == "float32":
+        spoiled = got.copy()
+        spoiled[4321] *= 1.01
+        bad = judge_sums(ins, np.stack([checksums(spoiled, b)] * p), p=p, dtype=dt, op="sum",
+                         b=b, n=n, factor=factors)
+        assert bad and bad[0].lo <= 4321 < bad[0].hi
+
+
 def test_a_float32_block_catches_one_percent_of_a_typical_element():
     assert smallest_caught(2, np.float32) * 8 <= 0.0101
     assert smallest_caught(3, np.float32) * 8 <= 0.0101

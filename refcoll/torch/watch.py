@@ -38,6 +38,11 @@ sums travel with the sample. A block outside the rigorous bound of every summati
 order is wrong even where the sample saw nothing (``REFCOLL_WATCH_CHECKSUMS=off``:
 the sample alone).
 
+PREMUL_SUM's factor is each rank's own, as NCCL's pre-multiplier is (a weighted
+average of uneven batches): the factors travel with the samples, and each rank's
+inputs are judged times its factor (a plain SUM beside them: times 1); ranks whose
+calls differ in op are told so, as for a count.
+
 Every rank judges the same values, so a wrong result is a
 :class:`~refcoll.core.errors.WrongResult` on every rank
 (``REFCOLL_WATCH_ACTION=log``: one log line instead, and training goes on),
@@ -243,9 +248,15 @@ _JUDGED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 #: Each dtype's code in a sample record's header.
 _DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
 
-#: The header of a rank's sample record: what every rank must agree on.
-_HEADER = ("call", "collective", "dtype", "elements", "inputs sampled", "outputs sampled", "root",
-           "checksums")
+#: Each op's code in a sample record's header (``-``: data movement).
+_OP_CODE = {name: code for code, name in enumerate(("-", "sum", "avg", "prod", "min", "max"))}
+
+#: The header of a rank's sample record: what every rank must agree on, then the one field
+#: each rank has its own of: PREMUL_SUM's factor (its float64 bits; NaN: none), which
+#: NCCL takes per rank ("pre-multiplies input values by a given scalar locally").
+_HEADER = ("call", "collective", "op", "dtype", "elements", "inputs sampled", "outputs sampled",
+           "root", "checksums")
+_FIELDS = len(_HEADER) + 1
 
 
 def _exchange(t, samples: list, k: int) -> list:
@@ -262,11 +273,12 @@ def _exchange(t, samples: list, k: int) -> list:
     sizes. Returns, per sample, ``(inputs, outputs, sums)``: one array per rank each
     (``sums``: ``(p, checksums)`` float64).
     """
-    heads, values = 8 * len(_HEADER), (t.size + 1) * k * 8
+    heads, values = 8 * _FIELDS, (t.size + 1) * k * 8
     rows_of_sums = [sample.sums() for sample in samples]
-    header = np.array([[sample.number, _JUDGED.index(sample.collective),
+    header = np.array([[sample.number, _JUDGED.index(sample.collective), _OP_CODE[sample.op],
                         _DTYPE_CODE[dtype_name(sample.before.dtype)], sample.m,
-                        sample.before.size, sample.after.size, sample.root, sums.size]
+                        sample.before.size, sample.after.size, sample.root, sums.size,
+                        _bits(sample.factor)]
                        for sample, sums in zip(samples, rows_of_sums)], np.int64)
     parts = []
     for head, sample, sums in zip(header, samples, rows_of_sums):
@@ -278,14 +290,21 @@ def _exchange(t, samples: list, k: int) -> list:
                             validate=any(sums.size for sums in rows_of_sums))
     starts = np.cumsum([0] + [heads + values + 8 * sums.size for sums in rows_of_sums])
     heads_of = np.stack([table[:, at:at + heads] for at in starts[:-1].tolist()], axis=1)
-    differ = np.flatnonzero((heads_of != heads_of[:1]).any(axis=(0, 2)))  # calls, by rank 0's
+    agreed = heads_of[:, :, :8 * len(_HEADER)]  # (not the factors: each rank's own)
+    differ = np.flatnonzero((agreed != agreed[:1]).any(axis=(0, 2)))  # calls, by rank 0's
     if differ.size:
         columns = heads_of[:, differ[0]].copy().view(np.int64).T
         field, column = next((f, c) for f, c in zip(_HEADER, columns) if (c != c[0]).any())
+        names = {"collective": _JUDGED, "op": tuple(_OP_CODE), "dtype": DTYPES}.get(field)
+        values = [names[v] if names else v for v in column.tolist()]
         raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
-                            ", ".join(f"rank {r} has {v}" for r, v in enumerate(column.tolist())))
+                            ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+    factors = heads_of[:, :, 8 * len(_HEADER):].copy().view(np.float64)[:, :, 0]  # (p, calls)
     out = []
-    for sample, at, mine in zip(samples, starts[:-1].tolist(), rows_of_sums):
+    for i, (sample, at, mine) in enumerate(zip(samples, starts[:-1].tolist(), rows_of_sums)):
+        column = factors[:, i]
+        sample.factors = None if np.isnan(column).all() else \
+            [1.0 if np.isnan(f) else f for f in column.tolist()]  # (no factor: a plain sum)
         n, dtype = sample.before.size, sample.before.dtype
         data = table[:, at + heads:at + heads + (n + sample.after.size) * dtype.itemsize]
         data = data.copy().view(dtype)
@@ -293,6 +312,19 @@ def _exchange(t, samples: list, k: int) -> list:
         sums = table[:, at:at + 8 * mine.size].copy().view(np.float64)
         out.append(([row[:n] for row in data], [row[n:] for row in data], sums))
     return out
+
+
+def _bits(factor) -> int:
+    """Return PREMUL_SUM's factor as the int64 of its float64 bits (none: NaN's)."""
+    return int(np.float64(np.nan if factor is None else factor).view(np.int64))
+
+
+def _factor_text(factors: list) -> str:
+    """Name the ranks' PREMUL_SUM factors: one, or each rank's where they differ."""
+    if all(f == factors[0] for f in factors):
+        return f" premul_sum (factor {factors[0]!r})"
+    return " premul_sum (factors " + ", ".join(f"rank {r} {f!r}" for r, f in enumerate(factors)) \
+        + ")"
 
 
 def _plainly_right(sample: "_Sample", inputs, outputs) -> bool:
@@ -348,7 +380,7 @@ def _right_together(samples: list, exchanged: list, p: int) -> set:
     for sample, got in zip(samples, exchanged):
         dtype = sample.before.dtype
         if sample.collective == "allreduce" and sample.op in ("sum", "avg") \
-                and sample.factor is None and dtype.kind == "f" and dtype.itemsize <= 4:
+                and sample.factors is None and dtype.kind == "f" and dtype.itemsize <= 4:
             groups.setdefault((sample.op, dtype, sample.b), []).append((sample, got))
     right = set()
     for (op, dtype, b), members in groups.items():
@@ -474,6 +506,7 @@ class _Sample:
 
     def __init__(self, collective: str, op: str, factor, root: int, where: slice, m: int):
         self.collective, self.op, self.factor, self.root = collective, op, factor, root
+        self.factors = None  # every rank's factor, once exchanged (None: no rank has one)
         self.where, self.m = where, m  # the sampled elements of each part of ``m``
         self.number = 0  # the call's number among the judged ones
         self.before: np.ndarray | None = None
@@ -728,8 +761,8 @@ class Watch:
 
     def _judge_sample(self, sample: _Sample, inputs, outputs, p: int) -> str | None:
         """Judge one call's sampled elements by the oracle; return what is wrong, or None."""
-        if sample.factor is not None:  # PREMUL_SUM: each input times the factor, rounded
-            inputs = [x * x.dtype.type(sample.factor) for x in inputs]
+        if sample.factors is not None:  # PREMUL_SUM: each input times its rank's factor, rounded
+            inputs = [x * x.dtype.type(f) for x, f in zip(inputs, sample.factors)]
         if sample.collective == "reduce":
             outputs = [o if r == sample.root else None for r, o in enumerate(outputs)]
         if _plainly_right(sample, inputs, outputs):
@@ -749,16 +782,15 @@ class Watch:
         dtype = sample.before.dtype
         if sample.collective == "allreduce":
             bad = judge_sums(ins[:, 0], outs, p=p, dtype=dtype, op=sample.op, b=sample.b,
-                             n=sample.n, factor=sample.factor)
+                             n=sample.n, factor=sample.factors)
         else:  # reduce_scatter: rank c's output is every rank's piece c, reduced
             bad = []
             for c in range(p):
                 bad += judge_sums(ins[:, c], outs[c:c + 1], p=p, dtype=dtype, op=sample.op,
-                                  b=sample.b, n=sample.n, factor=sample.factor, ranks=[c])
+                                  b=sample.b, n=sample.n, factor=sample.factors, ranks=[c])
         if not bad:
             return None
-        op = f" {sample.op}" if sample.factor is None else \
-            f" premul_sum (factor {sample.factor!r})"
+        op = f" {sample.op}" if sample.factors is None else _factor_text(sample.factors)
         more = f" ({len(bad)} such blocks, and maybe more)" if len(bad) > 1 else ""
         return (f"watch: {self.backend}'s {sample.collective}{op} of {dtype_name(dtype)} over "
                 f"{p} ranks (call {sample.number}, every element checked in blocks of "
@@ -779,8 +811,8 @@ class Watch:
                          f"[{data['exact'] - data['bound']!r}, {data['exact'] + data['bound']!r}]")
             texts.append(f"{finding.check}: {text}")
         op = "" if sample.op == "-" else f" {sample.op}"
-        if sample.factor is not None:
-            op = f" premul_sum (factor {sample.factor!r})"
+        if sample.factors is not None:
+            op = _factor_text(sample.factors)
         return (f"watch: {self.backend}'s {sample.collective}{op} of {dtype_name(dtype)} over "
                 f"{p} ranks (call {sample.number}, {sample.k} elements sampled of "
                 f"{sample.m}) returned a wrong result: " + "; ".join(texts))

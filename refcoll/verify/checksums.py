@@ -143,34 +143,37 @@ def judge_sums(inputs: np.ndarray, outputs: np.ndarray, *, p: int, dtype, op: st
     the part reduced into these outputs); ``outputs``: ``(r, 3, blocks)`` of the
     ranks ``ranks`` (default: every rank) holding that reduced part. ``op`` is
     ``sum`` or ``avg``; ``factor`` scales every input first (``premul_sum``, or an
-    ``avg`` done as a sum of pre-scaled inputs). Blocks whose inputs are not all
+    ``avg`` done as a sum of pre-scaled inputs): one for every rank, or a sequence of
+    each rank's own (NCCL's pre-multiplier is each rank's). Blocks whose inputs are not all
     finite, or whose sum may overflow the dtype, are left to the sampled check.
     ``full``: the elements of each block, where the blocks are those of several
     calls side by side (then a bad block's place is the caller's to name).
     """
     u = unit_roundoff(dtype)
-    want, scale = inputs[:, 0].sum(axis=0), inputs[:, 1].sum(axis=0)
-    f = 1.0 if factor is None else abs(float(factor))
+    # Each rank's inputs times its factor: Σ_q f_q·c_q, and the scales Σ_q |f_q|·a_q
+    f = np.ones((p, 1)) if factor is None else \
+        np.broadcast_to(np.asarray(factor, dtype=np.float64).reshape(-1, 1), (p, 1))
     with np.errstate(over="ignore", invalid="ignore"):  # no element can reach overflow
-        top = inputs[:, 2].sum(axis=0)  # at least every element's Σ_q |x_q|
-        judged = np.isfinite(scale) & (f * top * (1 + gamma(p, u)) < _largest(dtype))
+        want = (f * inputs[:, 0]).sum(axis=0)
+        scale = (np.abs(f) * inputs[:, 1]).sum(axis=0)  # (scaled by the factors)
+        top = (np.abs(f) * inputs[:, 2]).sum(axis=0)  # at least every element's Σ_q |f_q·x_q|
+        judged = np.isfinite(scale) & (top * (1 + gamma(p, u)) < _largest(dtype))
     if full is None:
         full = block_elements(n, b)
     scaled = 0.0
     if factor is not None:
-        want = want * float(factor)
         # Each input is multiplied by the factor rounded to the dtype, and the product
         # rounded: 2u of it, and a product among the subnormals is off by up to half their
         # spacing, whatever its size (the weights are below 2).
-        scaled = 2.0 * u * f * scale + p * full * _tiny(dtype)
-    allowed = gamma(max(p - 1, 0), u) * f * scale + scaled
+        scaled = 2.0 * u * scale + p * full * _tiny(dtype)
+    allowed = gamma(max(p - 1, 0), u) * scale + scaled
     if op == "avg":
         want, scale = want / p, scale / p
-        allowed = gamma(p, u) * f * scale + 2.0 * full * _tiny(dtype) + scaled / p
+        allowed = gamma(p, u) * scale + 2.0 * full * _tiny(dtype) + scaled / p
     # float64's own roundings: each dot product of b terms, p checksums summed
     with np.errstate(over="ignore", invalid="ignore"):
-        rounding = gamma(b, _U64) * (f * scale + outputs[:, 1].max(axis=0)) \
-            + gamma(p, _U64) * f * scale
+        rounding = gamma(b, _U64) * (scale + outputs[:, 1].max(axis=0)) \
+            + gamma(p, _U64) * scale
         allowed = (allowed + rounding) * _SLACK
     bad = []
     ranks = list(range(outputs.shape[0])) if ranks is None else list(ranks)

@@ -202,6 +202,10 @@ def test_ranks_that_disagree_on_a_call_are_told_on_every_rank(world):
     x = torch.ones(40 + world.rank())
     with pytest.raises(MismatchError, match="judged different calls: elements: rank 0 has 40"):
         dist.all_reduce(x, group=group)
+    op = dist.ReduceOp.AVG if world.rank() == 0 else dist.ReduceOp.SUM  # each judged its own
+    with pytest.raises(MismatchError, match="judged different calls: op: rank 0 has avg, rank 1 "
+                                            "has sum"):
+        dist.all_reduce(torch.ones(8), op=op, group=group)
 
 
 def test_a_wrong_gradient_under_ddp_is_raised_from_backward_not_a_crash(world):
@@ -416,6 +420,22 @@ def test_no_false_alarm_on_premul_sum_in_half_precision_nor_on_strided_tensors(w
     dist.all_reduce(strided, group=group)  # judged through copies of its elements
     assert strided.tolist() == ((torch.arange(8.0).reshape(2, 4) + 1).t()
                                 * world.size()).tolist()
+    assert not group.watched.findings
+
+
+def test_premul_sum_with_each_ranks_own_factor_is_judged_with_each_ranks_factor(world):
+    """NCCL's pre-multiplier is each rank's (a weighted average of uneven batches), and so
+    is Gloo's under watch mode: judged with every rank's own factor, the sample and the
+    checksums raise no false alarm, a plain SUM beside them counting as a factor of 1."""
+    group = watching("gloo", REFCOLL_WATCH_SAMPLE="4096")
+    r, p = world.rank(), world.size()
+    factor = 1.0 / (r + 2)
+    for plain_on_0 in (False, True):
+        op = dist.ReduceOp.SUM if plain_on_0 and r == 0 else dist._make_nccl_premul_sum(factor)
+        t = torch.linspace(1, 2, 4096)
+        dist.all_reduce(t, op=op, group=group)
+        every = [1.0 if plain_on_0 and q == 0 else 1.0 / (q + 2) for q in range(p)]
+        assert torch.allclose(t, torch.linspace(1, 2, 4096) * sum(every), rtol=1e-5)
     assert not group.watched.findings
 
 
