@@ -187,6 +187,26 @@ def test_wait_all_waits_for_every_handle_then_raises_the_first_error():
         np.testing.assert_array_equal(results[r][2], [[0, 0], [1, 1]])
 
 
+def test_wait_all_passes_an_interrupt_on_at_once():
+    """Ctrl-C in the first wait is not held back until every other call completes or
+    times out (minutes, at the default deadline), as one handle's wait does not."""
+    waited = []
+
+    class Interrupted:
+        def wait(self, timeout=None):
+            waited.append("interrupted")
+            raise KeyboardInterrupt
+
+    class Late:
+        def wait(self, timeout=None):
+            waited.append("late")
+            return 1
+
+    with pytest.raises(KeyboardInterrupt):
+        refcoll.wait_all([Interrupted(), Late()])
+    assert waited == ["interrupted"]
+
+
 def test_a_rank_that_never_issues_is_a_deadlock_error_from_wait():
     def rank(t):
         if t.rank == 0:

@@ -441,9 +441,10 @@ class InFlight:
     ``wait()`` runs the rest: the same steps, in the same order, as
     ``plan()``. No thread, no queue, and no :class:`~refcoll.calls.progress.Handle`
     unless someone asks for :attr:`handle`: ``start()`` then ``wait()`` back to
-    back costs little more than ``plan()``. Any later call on the communicator
-    first hands the run to the communicator's engine
-    (:func:`~refcoll.calls.progress.adopt`), to finish before that call.
+    back costs little more than ``plan()``. Any later call in the process, on any
+    communicator, first hands the run to its communicator's engine
+    (:func:`~refcoll.calls.progress.adopt`): it finishes before a later call on its
+    own communicator, and moves while the caller waits on another.
 
     Whoever runs its steps (the caller, or the engine that adopted it) holds
     the plan's lock.

@@ -552,38 +552,54 @@ def any_busy() -> bool:
     return _busy[0] > 0
 
 
+#: The runs started in place and not yet handed to an engine, by their transport's slots
+#: (``id``): what :func:`adopt` hands over.
+_IN_PLACE: dict = {}
+
+
 def in_flight(slots: dict, run, started: bool) -> None:
     """Note that ``run`` started in place on a transport, or (``started=False``) completed.
 
     ``slots``: the transport's ``transport_cache(t, "progress")``. A plan's run
     started on the caller's thread (:class:`~refcoll.calls.plans.InFlight`)
     holds no engine's queue, so it counts as outstanding here, and the next
-    call on the transport hands it to the engine first (:func:`adopt`).
+    call in the process hands it to its engine first (:func:`adopt`).
     """
     with _busy_lock:  # _count_busy, inline: every start in place comes here twice
         if started:
             _busy[0] += 1
             slots["in_flight"] = run
+            _IN_PLACE[id(slots)] = slots
         else:
             _busy[0] -= 1
             if slots.get("in_flight") is run:
                 slots["in_flight"] = None
+                _IN_PLACE.pop(id(slots), None)
 
 
-def adopt(t) -> None:
-    """Put the run started in place on ``t``, if one is in flight, first in its engine's queue.
+def adopt(t=None) -> None:
+    """Put every run started in place, first in its own engine's queue.
 
-    Every later call on the communicator (blocking, non-blocking, a plan's)
-    comes here first, so it runs after that run, as MPI orders a
-    communicator's calls, and never beside it on the same tags; and a start
-    never waits, as ``MPI_Start`` does not.
+    Every later call (blocking, non-blocking, a plan's) comes here first, on any
+    communicator. On the run's own, that call then runs after it, as MPI orders
+    a communicator's calls, and never beside it on the same tags. On another,
+    the run still moves while this thread waits there (MPI's progress rule: a
+    process blocked in one call still progresses its others, so ranks that
+    start a plan on one communicator and block on another in opposite orders
+    do not wait for each other for ever). A start never waits, as ``MPI_Start``
+    does not. ``t``: the caller's transport (every run goes, whichever it is).
     """
-    slots = transport_cache(t, "progress")
-    run = slots.get("in_flight")
-    if run is not None:
-        slots["in_flight"] = None
-        engine = engine_for(t)
-        engine.submit(Handle(run.collective, run.finish, engine))
+    if not _IN_PLACE:
+        return
+    with _busy_lock:
+        taken = [(slots, slots.get("in_flight")) for slots in _IN_PLACE.values()]
+        _IN_PLACE.clear()
+        for slots, _ in taken:
+            slots["in_flight"] = None
+    for _, run in taken:
+        if run is not None:
+            engine = engine_for(run.plan.t)
+            engine.submit(Handle(run.collective, run.finish, engine))
 
 
 def busy_engine(t):
@@ -602,7 +618,8 @@ def wait_all(handles, timeout: float | None = None) -> list:
     """Wait for every handle, in order; return their results (``MPI_Waitall``).
 
     Every handle is waited for even when one fails, so no call is left running
-    unseen; then the first failure is raised. ``timeout`` bounds the whole wait.
+    unseen; then the first failure is raised. ``timeout`` bounds the whole wait. An
+    interrupt (Ctrl-C: KeyboardInterrupt) is raised at once, as a single wait raises it.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     results, first = [], None
@@ -616,7 +633,7 @@ def wait_all(handles, timeout: float | None = None) -> list:
                 first = first or exc
             else:
                 raise
-        except BaseException as exc:  # noqa: BLE001 - the first is raised below
+        except Exception as exc:  # noqa: BLE001 - the first is raised below
             results.append(None)
             first = first or exc
     if first is not None:

@@ -588,3 +588,29 @@ def test_a_plan_whose_communicator_was_freed_says_so_on_every_rank():
     for _ in range(2):  # and again: not "failed partway"
         with pytest.raises(UsageError, match="communicator was freed"):
             plan()
+
+
+@pytest.mark.parametrize("count", [16, 100_000])  # started in place, and on the thread
+def test_plans_started_on_one_communicator_move_while_a_rank_blocks_on_another(count):
+    """Rank 0 starts a plan on c1 and runs one on c2; the others start on c2 and run on c1:
+    each communicator sees one order on every rank, so MPI completes it (its progress
+    rule). A small plan's start in place once moved only on its own communicator's calls,
+    and both ranks waited for each other until their deadline."""
+    first, second = _own_transport(), _own_transport()
+    try:
+        r = first.rank
+        x, y = np.full(count, r + 1.0), np.full(count, 10.0 * (r + 1))
+        with refcoll.allreduce_init(x, first) as p1, refcoll.allreduce_init(y, second) as p2:
+            if r == 0:
+                p1.start()
+                b = p2()
+                a = p1.wait()
+            else:
+                p2.start()
+                a = p1()
+                b = p2.wait()
+            total = first.size * (first.size + 1) / 2
+            assert a[0] == a[-1] == total and b[0] == b[-1] == 10 * total
+    finally:
+        first.free()
+        second.free()
