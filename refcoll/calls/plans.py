@@ -204,7 +204,7 @@ class Plan:
             self._started = None
             if run.error is not None:
                 raise run.error
-            return self.out
+            return run.out  # the buffer it ran into (a rebind() since may point elsewhere)
         handle = self.handle
         try:
             result = handle.wait(timeout)
@@ -451,11 +451,12 @@ class InFlight:
     """
 
     __slots__ = ("plan", "index", "posted", "deadline", "done", "error", "_handle", "seen",
-                 "told")
+                 "told", "out")
     kind = "in-flight"
 
     def __init__(self, plan: "Plan"):
         self.plan, self.index, self.posted, self.deadline = plan, 0, False, None
+        self.out = plan.out  # what the run writes (a rebind() after it completes moves the plan)
         self.done, self.error, self._handle, self.told = False, None, None, False
         self.seen = False  # Plan.test() saw it complete (a wait through its handle: the handle's)
         in_flight(plan._slots, self, started=True)
@@ -571,7 +572,7 @@ class InFlight:
             if self.told:
                 return
             self.told = True
-        handle._result = None if self.error is not None else self.plan.out
+        handle._result = None if self.error is not None else self.out
         handle._error = self.error
         handle._finish()
 

@@ -614,3 +614,19 @@ def test_plans_started_on_one_communicator_move_while_a_rank_blocks_on_another(c
     finally:
         first.free()
         second.free()
+
+
+@pytest.mark.parametrize("count", [4, 100_000])  # started in place, and on the thread
+def test_a_wait_after_a_rebind_returns_the_buffer_its_run_wrote(count):
+    """test() saw the run complete, rebind() pointed the plan elsewhere: wait() returns
+    the output the run wrote, not the new buffer (which no run has written yet)."""
+    t = _world()
+    x1, o1, x2, o2 = np.ones(count), np.zeros(count), np.ones(count), np.zeros(count)
+    with refcoll.allreduce_init(x1, t, out=o1) as plan:
+        plan.start()
+        while not plan.test():
+            pass
+        plan.rebind(x2, out=o2)
+        got = plan.wait()
+        assert got is o1 and o1[0] == o1[-1] == t.Get_size() and not o2.any()
+        assert plan() is o2 and o2[0] == t.Get_size()
