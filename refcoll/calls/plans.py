@@ -69,6 +69,7 @@ from .progress import (
     engine_for,
     in_flight,
     not_done,
+    tell_idle,
 )
 
 __all__ = ["Plan", "live_plans", "chosen", "replayable"]
@@ -561,6 +562,7 @@ class InFlight:
             t.current_call = named
         self.done = True  # before the handle is read: one made meanwhile sees it (and tells)
         in_flight(plan._slots, self, started=False)
+        tell_idle(t)
         handle = self._handle
         if handle is not None:
             self._tell(handle)

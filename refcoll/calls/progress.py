@@ -47,7 +47,7 @@ from ..transport.recorder import Stepper
 _log = logging.getLogger("refcoll")
 
 __all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
-           "engine_kind", "busy_engine", "any_busy", "wait_all", "LINGER", "POLL",
+           "engine_kind", "busy_engine", "any_busy", "tell_idle", "wait_all", "LINGER", "POLL",
            "POLL_WINDOW", "not_done", "in_flight", "adopt"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
@@ -337,11 +337,14 @@ class ThreadEngine:
             with self._cv:
                 self._running = False
                 self.outstanding -= 1
-                if self.outstanding == 0:
+                idle = self.outstanding == 0
+                if idle:
                     _count_busy(-1)
                     self.t.activity(-1)
                 elif self._queue:
                     self._cv.notify()
+            if idle:
+                tell_idle(self.t)
 
     def stop(self) -> None:
         """Let the thread finish its queue and end; wait for it a few seconds at most (at exit)."""
@@ -432,6 +435,7 @@ class ScheduleEngine:
                 self.outstanding -= 1
                 if self.outstanding == 0:
                     _count_busy(-1)
+                    tell_idle(self.t)
                 reached = reached or head is through
         finally:
             self._advancing = False
@@ -545,6 +549,14 @@ def engine_for(t, kind: str | None = None):
         raise UsageError(f"this communicator's non-blocking calls already run on the {engine.kind} "
                          f"engine; ask for {kind} before its first non-blocking call")
     return engine
+
+
+def tell_idle(t) -> None:
+    """Tell ``t`` its calls are done (:meth:`~refcoll.transport.base.TransportBase.idle`;
+    a transport of the caller's own making may have no such method)."""
+    idle = getattr(t, "idle", None)
+    if idle is not None:
+        idle()
 
 
 def any_busy() -> bool:

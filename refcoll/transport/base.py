@@ -236,6 +236,11 @@ class TransportBase:
         """Compute ``out = op(a, b)`` elementwise through :meth:`refcoll.core.ops.Op.apply`."""
         op.apply(a, b, out)
 
+    def idle(self) -> None:
+        """Note that the calls outstanding on this transport are done (the progress engines
+        and a plan's run started in place say so). Nothing here; an MPI transport whose
+        communicator was freed meanwhile is freed now (:meth:`MPITransport.release`)."""
+
     def activity(self, delta: int) -> None:
         """Note a thread of this rank starting (+1) or stopping (-1) work besides waiting on it.
 

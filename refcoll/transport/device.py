@@ -151,6 +151,12 @@ class _DeviceTransport:
         if activity is not None:
             activity(delta)
 
+    def idle(self) -> None:
+        """Note that the calls outstanding are done, as the wrapped transport hears it."""
+        idle = getattr(self.inner, "idle", None)
+        if idle is not None:
+            idle()
+
     def unreceived(self) -> list[str]:
         """Return the messages sent to this rank and not received."""
         return self.inner.unreceived()

@@ -18,7 +18,14 @@ import os
 import time
 
 from ..core.errors import RefcollError
-from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout, tag_text
+from .base import (
+    TAGS_PER_CALL,
+    TransportBase,
+    as_bytes,
+    default_timeout,
+    tag_text,
+    transport_cache,
+)
 from .deadline import (
     POLLS_BEFORE_YIELD,
     abort_on_timeout,
@@ -74,6 +81,7 @@ class MPITransport(Revocable, PersistentSlots, TransportBase):
         comm = MPI.COMM_WORLD if comm is None else comm
         self.comm = duplicate(comm, self.timeout, collective) if dup else comm
         self._owned = dup
+        self._release_when_idle = False  # the user's communicator was freed under calls
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         # Every rank's host, named by a wait that times out (a split's: its parent's).
@@ -249,6 +257,26 @@ class MPITransport(Revocable, PersistentSlots, TransportBase):
                     f"{status.Get_count(MPI.BYTE)} B (tag {status.Get_tag()})"]
         return []
 
+    def release(self) -> None:
+        """The user's communicator was freed (``comm.Free()``): free this transport once the
+        calls outstanding on it are done, as ``MPI_Comm_free`` lets pending operations
+        complete normally; at once when none is."""
+        if self._outstanding():
+            self._release_when_idle = True
+        else:
+            self.free()
+
+    def idle(self) -> None:
+        if self._release_when_idle and not self._outstanding():
+            self._release_when_idle = False
+            self.free()
+
+    def _outstanding(self) -> bool:
+        """Return whether a non-blocking call or a started plan's run is outstanding here."""
+        slots = transport_cache(self, "progress")
+        engine = slots.get("engine")
+        return slots.get("in_flight") is not None or bool(getattr(engine, "outstanding", 0))
+
     def free(self) -> None:
         """Free the persistent exchanges, then the duplicated communicator.
 
@@ -290,7 +318,7 @@ def transport_for(comm=None, collective: str | None = None) -> MPITransport:
     MPI = _mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=lambda c, k, t: t.free())
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=lambda c, k, t: t.release())
     t = comm.Get_attr(_KEYVAL)
     if t is None:
         t = MPITransport(comm, collective=collective)

@@ -140,3 +140,26 @@ def _raised(fn):
     except Exception as exc:  # noqa: BLE001 - what the callback's wait raised, for the test
         return exc
     return None
+
+
+@pytest.mark.parametrize("kind", ["iallreduce", "small plan", "large plan"])
+def test_freeing_a_communicator_lets_its_pending_calls_complete(kind):
+    """MPI_Comm_free lets pending operations complete normally: an iallreduce, or a
+    plan's started run, on a communicator freed before its wait still returns the sum;
+    the plan's later runs are refused, naming the free."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD.Dup()
+    x = np.ones(100_000 if kind == "large plan" else 8)
+    if kind == "iallreduce":
+        handle = refcoll.iallreduce(x, comm)
+        comm.Free()
+        got = handle.wait()
+    else:
+        plan = refcoll.allreduce_init(x, comm)
+        plan.start()
+        comm.Free()
+        got = plan.wait()
+        with pytest.raises(refcoll.UsageError, match="freed"):
+            plan()
+    assert got[0] == got[-1] == MPI.COMM_WORLD.Get_size()
