@@ -103,6 +103,21 @@ def test_without_rails_the_spine_is_shared():
             seed(**bad)
 
 
+def test_more_nics_behind_a_spine_never_slow_nccl_down():
+    """4 channels on 4 or 8 NICs of 50 GB/s behind a 100 GB/s spine share: the spine binds
+    both, once (it was counted again per channel, so 8 NICs took twice as long)."""
+    times = [seconds(seed(nodes=2, g=4, inter_bw=50 * GB, rail=False, spine_bw=100 * GB,
+                          channels=4, nics=nics), "nccl") for nics in (4, 8)]
+    assert times[1] <= times[0] * (1 + 1e-12), times
+
+
+def test_one_gpu_a_node_is_not_bound_by_an_intra_node_link_it_never_uses():
+    """With one GPU a node every hop crosses the network: NVLink's rate changes nothing."""
+    times = {bw: seconds(seed(nodes=4, g=1, intra_bw=bw * GB, inter_bw=50 * GB), "nccl")
+             for bw in (1, 300, 5000)}
+    assert len(set(times.values())) == 1, times
+
+
 # ------------------------------------------------------------------------- NCCL tree, PAT
 
 def test_nccls_tree_sends_twice_a_channels_part_over_its_hops():

@@ -33,6 +33,7 @@ Spec: spec/model.md
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .nccl import (
@@ -137,9 +138,15 @@ _WIRE = (0.5, 120.0 / 128.0, 1.0)
 def _net_rate(system: System, channels: int) -> float:
     """Return what a node's NICs carry for a run on ``channels`` channels: each channel
     crosses on one NIC (NCCL gives each ring a NIC), so fewer channels leave NICs idle."""
-    if not system.nics:
-        return system.nic_rate()
-    return system.nic_rate() * min(1.0, channels / system.nics)
+    return system.nic_rate(used=channels)
+
+
+def _intra(system: System) -> tuple[float, str]:
+    """Return the intra-node links' rate and name: none with one GPU a node (no hop
+    inside a node, so only the network bounds the run)."""
+    if system.gpus_per_node == 1:
+        return math.inf, "network"
+    return system.intra_rate(), ("nvlink" if system.nvlink else "pcie")
 
 
 def _tree_net_factor(nodes: int) -> float:
@@ -149,7 +156,7 @@ def _tree_net_factor(nodes: int) -> float:
 
 def _ring(system: System, proto: int, channels: int, arch: int, nbytes: int) -> Run | None:
     p, n = system.ranks, system.nodes
-    bus, limit = system.intra_rate(), ("nvlink" if system.nvlink else "pcie")
+    bus, limit = _intra(system)
     if n > 1 and _net_rate(system, channels) < bus:
         bus, limit = _net_rate(system, channels), "network"
     if proto == 0:
@@ -170,8 +177,8 @@ def _ring(system: System, proto: int, channels: int, arch: int, nbytes: int) -> 
 def _tree(system: System, proto: int, channels: int, arch: int, nbytes: int) -> Run | None:
     n, g = system.nodes, system.gpus_per_node
     column = min(n - 1, 2)
-    bus = min(system.intra_rate() * _TREE_FACTOR, channels * 1e9 * _PER_CH_MAX_TREE[arch][column])
-    limit = "nvlink" if system.nvlink else "pcie"
+    rate, limit = _intra(system)
+    bus = min(rate * _TREE_FACTOR, channels * 1e9 * _PER_CH_MAX_TREE[arch][column])
     if proto == 0:
         bus = min(bus / 3.8, _ll_max(system, arch))
         limit = "protocol"
@@ -224,7 +231,8 @@ def _collnet(system: System, channels: int, nbytes: int) -> Run | None:
     if not system.collnet or system.nodes == 1:
         return None
     g = system.gpus_per_node
-    algbw, limit = system.intra_rate() * _COLLNET_FACTOR, "nvlink"
+    rate, limit = _intra(system)
+    algbw = rate * _COLLNET_FACTOR
     if _net_rate(system, channels) * _COLLNET_FACTOR < algbw:
         algbw, limit = _net_rate(system, channels) * _COLLNET_FACTOR, "network"
     lat = (2 * min(1, g - 1) * max(1e-6 * _COLLNET_NVLINK_LAT, system.intra_alpha)

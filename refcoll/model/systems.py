@@ -178,6 +178,9 @@ class System:
             the network, as the user describes them (``--intra-latency``,
             ``--inter-latency`` of the step report): a step takes at least that
             long (0: NCCL's own hop latencies alone).
+        spine_bw: a node's share of a spine that binds, without rails (bytes/s per
+            direction; 0: none binds): the NICs a run uses carry at most that together
+            (the step report's ``--no-rail --spine-bw``).
         fitted: constants learnt from measurements (:mod:`refcoll.model.nccl_fit`),
             by name; they replace the described ones.
     """
@@ -197,6 +200,7 @@ class System:
     channels: int | None = None
     intra_alpha: float = 0.0
     inter_alpha: float = 0.0
+    spine_bw: float = 0.0
     fitted: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -250,6 +254,7 @@ class System:
         rate("nic_bw", zero=True)
         rate("intra_alpha", zero=True)
         rate("inter_alpha", zero=True)
+        rate("spine_bw", zero=True)
         for name in ("p2p", "nvls", "collnet"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{_field(name)} = {getattr(self, name)!r}: give true or "
@@ -299,11 +304,13 @@ class System:
             return self.intra_line() * self.gen.nvlink_achieved / self.gen.nvlink_line
         return self.intra_line() * PCIE_ACHIEVED * (1.0 if self.p2p else 0.5)
 
-    def nic_rate(self) -> float:
-        """Return a node's NICs' bulk rate per direction, all together, bytes/s."""
-        if "nic_efficiency" in self.fitted:
-            return self.nics * self.nic_bw * self.fitted["nic_efficiency"]
-        return self.nics * self.nic_bw * self.net.efficiency
+    def nic_rate(self, used: int | None = None) -> float:
+        """Return a node's NICs' bulk rate per direction, all together, bytes/s (``used``:
+        of that many of them), at most the node's share of the spine."""
+        efficiency = self.fitted.get("nic_efficiency", self.net.efficiency)
+        nics = self.nics if used is None else min(used, self.nics)
+        rate = nics * self.nic_bw * efficiency
+        return min(rate, self.spine_bw * efficiency) if self.spine_bw else rate
 
     def net_latency(self) -> float:
         """Return a network message's latency beyond NCCL's hop latency, seconds."""
@@ -383,19 +390,19 @@ def _field(name: str) -> str:
 
 def as_system(cluster) -> System:
     """Return the :class:`System` of a step report's :class:`~refcoll.model.cluster.Cluster`:
-    NVSwitch nodes of its GPU generation, its NICs on InfiniBand (each at most its share
-    of the spine without rails), its links' line rates and latencies, and its channels
+    NVSwitch nodes of its GPU generation, its NICs on InfiniBand (together at most the
+    node's share of the spine without rails), its links' line rates and latencies, and its channels
     (one per NIC unless given, as the step report's own schedules take them)."""
     nodes = cluster.nodes
     nic_bw = 1.0 / cluster.nic_beta() if nodes > 1 else 0.0
-    if nodes > 1 and cluster.spine_beta():  # no rails: the spine's share per node, NIC by NIC
-        nic_bw = min(nic_bw, 1.0 / cluster.spine_beta() / cluster.nic_count)
+    spine_bw = 1.0 / cluster.spine_beta() if nodes > 1 and cluster.spine_beta() else 0.0
     return System(nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                   generation=cluster.gpu_arch, intra="nvswitch",
                   intra_bw=1.0 / cluster.link("intra")[1],
                   nics=cluster.nic_count if nodes > 1 else 0, nic_bw=nic_bw,
                   collnet=cluster.in_network, channels=cluster.channel_count,
-                  intra_alpha=cluster.intra_latency, inter_alpha=cluster.inter_latency)
+                  intra_alpha=cluster.intra_latency, inter_alpha=cluster.inter_latency,
+                  spine_bw=spine_bw)
 
 
 def _gbit(n: float) -> float:
