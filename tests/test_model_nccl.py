@@ -255,6 +255,7 @@ def test_the_seed_preset_gives_a_row_per_algorithm_and_says_who_wins(tmp_path):
     (["--channels", "0"], "--channels"), (["--channels", "65"], "--channels"),
     (["--nics-per-node", "nan"], "--nics-per-node"), (["--spine-bw", "10GB/s"], "--no-rail"),
     (["--no-rail", "--spine-bw", "10"], "--spine-bw"),
+    (["--nodes", "1", "--in-network"], "one node has no network to cross"),  # as the sweep
 ])
 def test_bad_network_options_are_one_line_and_exit_2(args, needle):
     res = CliRunner().invoke(main, ["model", "--preset", "seed", *args], catch_exceptions=False)

@@ -36,7 +36,7 @@ from ..model.nccl_tests import (
     sweep_sizes,
     table_lines,
 )
-from ..model.request import quoted_links
+from ..model.request import IN_NETWORK_ON_ONE_NODE, quoted_links
 from ..model.systems import SYSTEM_PRESETS, System, system_preset
 from .bench import decimal_size_note
 from .common import write_json
@@ -160,8 +160,7 @@ def _refuse_contradictions(opts: dict, system: System) -> None:
                          f"other (--intra-transport pcie); these GPUs are joined by "
                          f"{system.intra}")
     if opts["in_network"] and system.nodes < 2:
-        raise UsageError("--in-network: the network's switches reduce across nodes, and one "
-                         "node has no network to cross; give --nodes 2 or more")
+        raise UsageError(IN_NETWORK_ON_ONE_NODE)
 
 
 def _algorithms(text: str | None) -> list[str | None]:

@@ -30,7 +30,11 @@ from .stack import Plan, plan
 from .systems import PCIE_GBPS, SYSTEM_PRESETS, System, system_preset
 
 __all__ = ["QUOTED", "PRESETS", "preset_values", "preset_notes", "quoted_links", "ModelRequest",
-           "calibration_request"]
+           "calibration_request", "IN_NETWORK_ON_ONE_NODE"]
+
+#: Why ``--in-network`` is refused on one node (the step report's and the sweep's word).
+IN_NETWORK_ON_ONE_NODE = ("--in-network: the network's switches reduce across nodes, and one "
+                          "node has no network to cross; give --nodes 2 or more")
 
 #: How a bandwidth may be quoted: the words the options take, and what they mean.
 QUOTED = {"bidirectional": True, "unidirectional": False}
@@ -121,6 +125,8 @@ def _cluster(nodes, gpus_per_node, intra_bw, inter_bw, bidirectional, intra_quot
         raise UsageError("give --nodes and --gpus-per-node (or --calibrate)")
     nodes = parse_count(nodes, name="--nodes", example="4")
     gpus_per_node = parse_count(gpus_per_node, name="--gpus-per-node", example="8")
+    if in_network and nodes < 2:
+        raise UsageError(IN_NETWORK_ON_ONE_NODE)
     if bidirectional is None:  # a link that is absent takes the other's figure, as quoted
         if nodes == 1 and inter_bw is None and inter_quoted is None:
             inter_quoted = intra_quoted
