@@ -240,6 +240,11 @@ def test_buckets_fill_last_layers_first_and_never_split_a_layer():
     assert [ready for _, ready in cut] == pytest.approx([0.5, 2 / 3, 1.0])
     flat = buckets_of(Workload.from_params(10), 3)
     assert [s for s, _ in flat] == [((4,),), ((3,),), ((3,),)]
+    # An empty tensor is never a bucket of its own (one more all-reduce's latency): it joins
+    # the bucket before it, or, first of all, the next.
+    w = Workload(((0,), (1000,), (0, 3)), backward=1.0)
+    assert [shapes for shapes, _ in buckets_of(w, 1)] == [((0, 3), (1000,), (0,))]
+    assert len(buckets_of(Workload(((1000,), (0,)), backward=1.0), 1)) == 1
 
 
 def test_the_stack_reports_each_technique():

@@ -73,6 +73,9 @@ def buckets_of(workload, count: int) -> list[tuple[tuple[tuple[int, ...], ...], 
     out, current, done = [], [], 0
     boundary = 1
     for shape in reversed(workload.shapes):
+        if not math.prod(shape) and out and not current:  # empty: it joins the bucket before,
+            out[-1] = (out[-1][0] + (shape,), out[-1][1])  # never one of its own
+            continue
         current.append(shape)
         done += math.prod(shape)
         if done * count >= boundary * total:
