@@ -652,3 +652,19 @@ def test_the_options_a_system_can_have_still_run():
                  ["--nodes", "2", "--in-network"], ["--nvls"]):
         res = run(["--preset", "dgx-h100", *args, "--sweep", "-b", "8", "-e", "8"])
         assert res.exit_code == 0, (args, res.output)
+
+
+def test_refcolls_own_schedules_in_the_sweep_take_the_latencies_given():
+    """--intra-latency and --inter-latency floor every step of NCCL's runs and of refcoll's
+    own schedules alike (refcoll's ring kept NCCL's hop latencies whatever was given)."""
+    from refcoll.model.nccl_tests import price
+
+    def seconds(algorithm, latency):
+        system = System(**{**system_preset("dgx-h100"), "nodes": 2, "intra_alpha": latency,
+                           "inter_alpha": latency})
+        return price(system, 1 << 20, algorithm)[0]
+
+    for algorithm in ("ring", "hierarchical", "Ring"):
+        # (a ring of 16 ranks: 30 steps, each at least the millisecond given)
+        assert seconds(algorithm, 1e-3) > seconds(algorithm, 0.0) + 10e-3, algorithm
+    assert seconds("ring", 1e-3) >= 30 * 1e-3

@@ -270,14 +270,17 @@ def predicted_rows(system: System, sizes, algorithm: str | None = None,
 
 def as_cluster(system: System):
     """Return the :class:`~refcoll.model.cluster.Cluster` of ``system``: refcoll's own
-    algorithms priced on its links, at their rates and NCCL's Simple hop latencies."""
+    algorithms priced on its links, at their rates and NCCL's Simple hop latencies (or
+    the latencies the user gave, ``--intra-latency`` and ``--inter-latency``, where
+    longer: a step takes at least that long, as NCCL's runs take them)."""
     nvlink = 3.4e-6 if system.nvlink else 5.7e-6  # hwLat[NVLINK|PCI][Ring][Simple]
     nics = max(system.nics, 1)
     return Cluster(nodes=system.nodes, gpus_per_node=system.gpus_per_node,
                    intra_bw=system.intra_rate(),
                    inter_bw=(system.nic_rate() / nics) if system.nodes > 1 else 1e12,
-                   intra_latency=nvlink + system.intra_latency(),
-                   inter_latency=14e-6 + system.net_latency(),  # hwLat[NET][Ring][Simple]
+                   intra_latency=max(nvlink, system.intra_alpha) + system.intra_latency(),
+                   inter_latency=max(14e-6, system.inter_alpha)  # hwLat[NET][Ring][Simple]
+                   + system.net_latency(),
                    in_network=system.collnet, nics=nics if system.nodes > 1 else None,
                    channels=system.channels, gpu_arch=system.generation)
 
