@@ -512,6 +512,16 @@ def test_a_fit_of_one_node_prices_nodes_joined_by_a_network_given_then(tmp_path)
     assert "2 nodes × 8" in res.output and "     4000000 " in res.output
     # -b 1MB is 10^6 B here, 2^20 to nccl-tests: said, once
     assert res.stderr.count("nccl-tests reads 1MB as 1,048,576 B") == 1
+    # A preset with NICs fitted on one node's table learnt nothing of them either.
+    saved = tmp_path / "h100.json"
+    assert run(["--preset", "dgx-h100", "--fit", str(DATA / "h100-sxm-8gpu-nccl-tests-issue-"
+                "290.txt"), "--save-fit", str(saved)]).exit_code == 0
+    joined = ["--from-fit", str(saved), "--nodes", "2", "--inter-bw", "400Gb/s", "--sweep",
+              "-b", "1G", "-e", "1G"]
+    res = run([*joined, "--inter-quoted", "unidirectional"])
+    assert res.exit_code == 0 and "2 nodes × 8" in res.output, res.output
+    res = run(joined)
+    assert res.exit_code == 2 and "--inter-quoted unidirectional" in res.stderr, res.stderr
 
 
 def test_no_output_overwrites_an_input_and_from_fit_keeps_its_hardware(tmp_path):

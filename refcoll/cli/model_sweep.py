@@ -24,7 +24,7 @@ from ..core.errors import UsageError
 from ..core.plot import figure, require_matplotlib, save
 from ..core.units import parse_bandwidth, parse_count, parse_duration, parse_size
 from ..model.cluster import MODELLED
-from ..model.nccl_fit import fit, fit_algorithm, fit_to_json, read_fit
+from ..model.nccl_fit import fit, fit_algorithm, fit_to_json, fit_unlearnt, read_fit
 from ..model.nccl_run import NCCL_ALGORITHMS, NCCL_VERSION
 from ..model.nccl_tests import (
     BANDS,
@@ -75,18 +75,25 @@ _FITTED_HARDWARE = ("preset", "gpu_arch", "intra_transport", "inter_transport", 
 #: nothing of one (one node's tables), so its nodes can be priced joined by a network.
 _NETWORK = ("inter_transport", "inter_bw", "nics_per_node", "inter_quoted")
 
+#: The constants a fit learns of the network.
+_NETWORK_CONSTANTS = frozenset({"nic_efficiency", "net_latency"})
+
 
 def _base(opts: dict) -> System | None:
     """Return the system of ``--from-fit`` or a system ``--preset``, or None."""
     if opts["fit_file"]:
         base = read_fit(opts["fit_file"])
-        networked = base.nics or {"nic_efficiency", "net_latency"} & set(base.fitted)
+        # (what it learnt, not the network the fitted system described: a preset's NICs)
+        networked = bool(_NETWORK_CONSTANTS & set(base.fitted) - fit_unlearnt(opts["fit_file"]))
         clash = [f"--{name.replace('_', '-')}" for name in _FITTED_HARDWARE
                  if given(name) and (networked or name not in _NETWORK)]
         if clash:
             raise UsageError(f"--from-fit {opts['fit_file']} prices the hardware it was "
                              f"fitted on; {', '.join(clash)} would change what its constants "
                              "mean: fit that hardware's own tables (--fit)")
+        if not networked and any(given(name) for name in _NETWORK):  # a network of their own:
+            base = replace(base, fitted={k: v for k, v in base.fitted.items()  # described
+                                         if k not in _NETWORK_CONSTANTS})
         return base
     if opts["preset"] is None:
         return None
@@ -111,6 +118,10 @@ def _links(opts: dict) -> dict:
     """Return the line rates the options give, per direction (quoted as they say)."""
     if opts["intra_bw"] is None and opts["inter_bw"] is None:
         return {}
+    if opts["fit_file"] and opts["inter_quoted"] is None and opts["bidirectional"] is None:
+        raise UsageError("--inter-bw beside --from-fit: say how it is quoted with --inter-quoted "
+                         "unidirectional (per direction) or --inter-quoted bidirectional (both "
+                         "directions added); the fitted node's own links stay as fitted")
     intra_both, inter_both = quoted_links(
         opts["bidirectional"],
         opts["intra_quoted"] or ("unidirectional" if opts["intra_bw"] is None else None),

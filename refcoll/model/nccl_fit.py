@@ -38,8 +38,8 @@ from .nccl_run import predict
 from .nccl_tests import Table, band_errors, check_ranks, each_size_once
 from .systems import System
 
-__all__ = ["FITTED", "fit", "fit_algorithm", "fit_to_json", "read_fit", "MAX_FIT_BYTES",
-           "MAX_FIT_SIZES", "unlearnt"]
+__all__ = ["FITTED", "fit", "fit_algorithm", "fit_unlearnt", "fit_to_json", "read_fit",
+           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt"]
 
 #: The constants a fit may learn, and the bounds of each (the first two in the unit of the
 #: constant: bytes/s, seconds, a fraction).
@@ -228,6 +228,15 @@ def fit_algorithm(path: str) -> str | None:
     or None: NCCL's own pick."""
     ran = _fit_file(path).get("algorithm")
     return ran if isinstance(ran, str) and ran else None
+
+
+def fit_unlearnt(path: str) -> set[str]:
+    """Return the constants a ``--fit`` file's tables said nothing of (their described
+    values stand in its ``fitted``); none where the file does not say."""
+    names = _fit_file(path).get("unlearnt")
+    if not isinstance(names, list):
+        return set()
+    return {name for name in names if isinstance(name, str) and name in FITTED}
 
 
 def read_fit(path: str) -> System:
