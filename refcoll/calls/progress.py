@@ -564,8 +564,8 @@ def any_busy() -> bool:
     return _busy[0] > 0
 
 
-#: The runs started in place and not yet handed to an engine, by their transport's slots
-#: (``id``): what :func:`adopt` hands over.
+#: The runs started in place and not yet handed to an engine, each with its transport's
+#: slots: what :func:`adopt` hands over.
 _IN_PLACE: dict = {}
 
 
@@ -581,12 +581,12 @@ def in_flight(slots: dict, run, started: bool) -> None:
         if started:
             _busy[0] += 1
             slots["in_flight"] = run
-            _IN_PLACE[id(slots)] = slots
+            _IN_PLACE[run] = slots
         else:
             _busy[0] -= 1
             if slots.get("in_flight") is run:
                 slots["in_flight"] = None
-                _IN_PLACE.pop(id(slots), None)
+            _IN_PLACE.pop(run, None)
 
 
 def adopt(t=None) -> None:
@@ -604,14 +604,13 @@ def adopt(t=None) -> None:
     if not _IN_PLACE:
         return
     with _busy_lock:
-        taken = [(slots, slots.get("in_flight")) for slots in _IN_PLACE.values()]
+        taken = [run for run, slots in _IN_PLACE.items() if slots.get("in_flight") is run]
+        for run in taken:
+            _IN_PLACE[run]["in_flight"] = None
         _IN_PLACE.clear()
-        for slots, _ in taken:
-            slots["in_flight"] = None
-    for _, run in taken:
-        if run is not None:
-            engine = engine_for(run.plan.t)
-            engine.submit(Handle(run.collective, run.finish, engine))
+    for run in taken:
+        engine = engine_for(run.plan.t)
+        engine.submit(Handle(run.collective, run.finish, engine))
 
 
 def busy_engine(t):
