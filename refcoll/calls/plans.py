@@ -319,9 +319,7 @@ class Plan:
         ``comm.Dup()`` gives a fresh communicator.
         """
         if getattr(self.t, "comm", True) is None:  # the communicator itself was freed
-            self._broken = (f"rank {self.t.rank}: this {self.collective} plan's communicator "
-                            "was freed (comm.Free()), and its persistent requests with it: make "
-                            "the plan on a communicator that lives as long as the plan")
+            self._broken = _freed(self)
         elif self._program is not None or self._own_tags:
             self._broken = (f"rank {self.t.rank}: run {self.runs + 1} of this {self.collective} "
                             "plan failed partway; its messages may still be in flight: make a "
@@ -358,7 +356,7 @@ class Plan:
         """Return whether this run is the common case: the plan's own buffers as they were
         made, no run of its own outstanding, no engine busy, no tracing (else :meth:`_misuse`)."""
         if (x is not None or out is not None or comm is not None or self._started is not None
-                or BUSY[0] or self._broken is not None):
+                or BUSY[0] or self._broken is not None or getattr(self.t, "released", False)):
             return False
         tracing = debug.ON[0]
         if tracing is not False and (tracing is not None or debug.enabled()):
@@ -372,6 +370,8 @@ class Plan:
         """
         if self._started is not None and _seen(self._started):
             self._started = None  # a wait or test saw it complete: it may start again
+        if getattr(self.t, "released", False):  # every rank freed it: no peer to tell
+            raise UsageError(_freed(self))
         if (x is None and out is None and comm is None and not self.freed
                 and self._started is None and self._broken is None
                 and self._layout_now() == self._shapes):
@@ -596,6 +596,13 @@ def _seen(run) -> bool:
     if run.__class__ is InFlight:
         return run.seen or (run._handle is not None and run._handle.seen)
     return run.seen
+
+
+def _freed(plan: Plan) -> str:
+    """Say that ``plan``'s communicator was freed, and what to do."""
+    return (f"rank {plan.t.rank}: this {plan.collective} plan's communicator was freed "
+            "(comm.Free()), and its persistent requests with it: make the plan on a "
+            "communicator that lives as long as the plan")
 
 
 def _refuse(t, error: str, *, tell: bool) -> None:

@@ -177,6 +177,9 @@ class TransportBase:
     rank: int
     size: int
     _tag_slots: int = 1 << 16
+    #: Whether the user's communicator was freed (``comm.Free()``): the calls outstanding
+    #: then complete, and no new one may start (:meth:`MPITransport.release`).
+    released: bool = False
     #: Whether two threads may communicate over this transport's library at once
     #: (MPI's ``MPI_THREAD_MULTIPLE``): a progress thread needs it.
     thread_multiple: bool = True

@@ -72,7 +72,8 @@ class DeviceOp:
 #: the wrapped one where it has them: MPI's tag slots of plans (``next_plan_slot``,
 #: ``plan_tags``), revocation (``revoke``), the ranks' host names (``hosts``: a rack's
 #: ranks) and the thread level (``thread_multiple``: which progress engine runs).
-_FROM_INNER = frozenset({"next_plan_slot", "plan_tags", "revoke", "hosts", "thread_multiple"})
+_FROM_INNER = frozenset({"next_plan_slot", "plan_tags", "revoke", "hosts", "thread_multiple",
+                         "released"})
 
 
 class _DeviceTransport:

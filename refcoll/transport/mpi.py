@@ -260,7 +260,8 @@ class MPITransport(Revocable, PersistentSlots, TransportBase):
     def release(self) -> None:
         """The user's communicator was freed (``comm.Free()``): free this transport once the
         calls outstanding on it are done, as ``MPI_Comm_free`` lets pending operations
-        complete normally; at once when none is."""
+        complete normally; at once when none is. No new call may start on it from now."""
+        self.released = True
         if self._outstanding():
             self._release_when_idle = True
         else:
