@@ -271,7 +271,8 @@ def _exchange(t, samples: list, k: int) -> list:
     depend on the call's elements, so then refcoll's agreement runs first: ranks
     that disagree raise its MismatchError rather than exchange records of different
     sizes. Returns, per sample, ``(inputs, outputs, sums)``: one array per rank each
-    (``sums``: ``(p, checksums)`` float64).
+    (``sums``: ``(p, checksums)`` float64); and sets each sample's ``factors``, every
+    rank's PREMUL_SUM factor (None where no rank has one).
     """
     heads, values = 8 * _FIELDS, (t.size + 1) * k * 8
     rows_of_sums = [sample.sums() for sample in samples]
