@@ -325,6 +325,7 @@ def test_cli_writes_the_plan_as_json(tmp_path):
     (["--params", "1e9", "--bidirectional", "--inter-bw", "fast"], "bandwidth"),
     (["--bidirectional"], "--params"),
     (["--params", "1e9", "--bidirectional", "--compressor", "nope"], "unknown compressor"),
+    (["--params", "1e9", "--bidirectional", "--compressor", " "], "names no compressor"),
     (["--params", "1e9", "--bidirectional", "--algorithm", "switch"], "algorithm"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):

@@ -250,6 +250,9 @@ class ModelRequest:
         given = self.compressor
         specs = tuple(dict.fromkeys((given,) if isinstance(given, str)
                                     else tuple(given or ())))  # each spec once, in order
+        if any(not spec.strip() for spec in specs):  # (an empty one was ignored in silence)
+            raise UsageError("--compressor '' names no compressor: give a spec such as fp16 "
+                             "or topk:ratio=0.01, or drop the option")
         options = Options(algorithms, specs[0] if specs else None, self.pattern, count,
                           self.inter, specs[1:])
         return (plan_and_search if self.search else plan)(cluster, workload, options)
