@@ -262,7 +262,7 @@ class ThreadEngine:
         the plan's blocking run costs, no hand-off between threads). Polling
         goes on for :data:`POLL_WINDOW` after the last deferred call.
         """
-        adopt(self.t)
+        adopt()
         with self._cv:
             if self.outstanding == 0:
                 _count_busy(1)
@@ -407,7 +407,7 @@ class ScheduleEngine:
 
     def submit(self, handle: Handle) -> Handle:
         """Queue ``handle``'s call and advance the engine (a schedule's first step starts now)."""
-        adopt(self.t)
+        adopt()
         if self.outstanding == 0:
             _count_busy(1)
         self.outstanding += 1
@@ -552,11 +552,11 @@ def engine_for(t, kind: str | None = None):
 
 
 def tell_idle(t) -> None:
-    """Tell ``t`` its calls are done (:meth:`~refcoll.transport.base.TransportBase.idle`;
-    a transport of the caller's own making may have no such method)."""
-    idle = getattr(t, "idle", None)
-    if idle is not None:
-        idle()
+    """Tell ``t`` its calls are done, where its communicator was freed meanwhile
+    (:meth:`~refcoll.transport.base.TransportBase.idle`): one attribute read otherwise,
+    as every run started in place ends here."""
+    if getattr(t, "released", False):
+        t.idle()
 
 
 def any_busy() -> bool:
@@ -589,7 +589,7 @@ def in_flight(slots: dict, run, started: bool) -> None:
             _IN_PLACE.pop(run, None)
 
 
-def adopt(t=None) -> None:
+def adopt() -> None:
     """Put every run started in place, first in its own engine's queue.
 
     Every later call (blocking, non-blocking, a plan's) comes here first, on any
@@ -599,7 +599,7 @@ def adopt(t=None) -> None:
     process blocked in one call still progresses its others, so ranks that
     start a plan on one communicator and block on another in opposite orders
     do not wait for each other for ever). A start never waits, as ``MPI_Start``
-    does not. ``t``: the caller's transport (every run goes, whichever it is).
+    does not.
     """
     if not _IN_PLACE:
         return
@@ -616,9 +616,10 @@ def adopt(t=None) -> None:
 def busy_engine(t):
     """Return ``t``'s engine if it has calls outstanding and the caller is not one of them.
 
-    A run started in place on ``t`` goes to the engine first (:func:`adopt`).
+    A run started in place, on ``t`` or another transport, goes to its engine first
+    (:func:`adopt`).
     """
-    adopt(t)
+    adopt()
     engine = transport_cache(t, "progress").get("engine")
     if engine is None or not engine.outstanding or engine.on_thread():
         return None
