@@ -67,6 +67,18 @@ def test_a_flipped_bit_names_the_rank_and_element():
     assert by_name["within the error bound"].data["index"] == 17
 
 
+@pytest.mark.parametrize("count", [1, 3, 1001])
+def test_a_last_bit_flipped_past_the_whole_words_is_seen(count):
+    # Blocks are compared 8 bytes at a time: the odd float32 at the end is compared too.
+    xs = make_inputs("random", "float32", count, 3)
+    outs = list(refcoll.simulate("allreduce", xs, algorithm="ring").outputs)
+    outs[1] = flip_bit(outs[1], count - 1, bit=0)  # within the bound: only the bits tell
+    report = check_outputs(xs, outs, algorithm="ring")
+    by_name = {f.check: f for f in report.findings}
+    assert by_name["identical on every rank"].data["differing_ranks"] == [1]
+    assert by_name["bit-exact against ring"].data["index"] == count - 1
+
+
 def test_a_missing_and_a_doubled_contribution_are_named():
     xs = make_inputs("exact", "float32", 64, 5)
     total = refcoll.verify.oracle.fold("sum", xs)

@@ -135,6 +135,30 @@ def test_files_and_formulas_read_block_by_block_give_the_arrays_report(tmp_path)
     assert "rank 2 element 4321" in whole
 
 
+@pytest.mark.parametrize("collective,dtype,op,kind", [c for c in CASES if c[1] != "bfloat16"])
+def test_rank_files_read_block_by_block_give_the_arrays_report(tmp_path, collective, dtype, op,
+                                                              kind):
+    # Outputs every rank holds whole (all-reduce, all-gather, broadcast) are read from
+    # files into one buffer's rows and compared in one pass: the report is the arrays'.
+    p, n = 3, 301
+    xs = make_inputs(kind, dtype, n, p, op=op, seed=5)
+    kw = {"root": 1} if collective in ("reduce", "broadcast") else {}
+    options = {} if collective in ("allgather", "broadcast") else {"op": op}
+    outs = expected_outputs(collective, xs, algorithm="ring" if collective == "reduce_scatter"
+                            else "naive", **options, **kw)
+    write_world(tmp_path / "in", xs)
+    for how in (1, 2):
+        spoiled = _spoil(outs, how, xs)
+        folder = tmp_path / f"out{how}"
+        write_world(folder, [np.zeros(0, xs[0].dtype) if o is None else o for o in spoiled])
+        _, files, _ = load_case(tmp_path / "in", folder, lazy=True)
+        files = [None if o is None else f for o, f in zip(spoiled, files)]
+        whole = _text(check_outputs(xs, spoiled, collective=collective, op=op, **kw))
+        for budget in (1, 500):
+            assert _text(check_outputs(xs, files, collective=collective, op=op, budget=budget,
+                                       **kw)) == whole, (how, budget)
+
+
 def test_a_failure_while_judging_ends_the_reads_ahead_before_the_files_close(tmp_path,
                                                                               monkeypatch):
     # The next block is read on a thread while this one is judged: a judge that fails
@@ -151,11 +175,11 @@ def test_a_failure_while_judging_ends_the_reads_ahead_before_the_files_close(tmp
     inputs, outputs, _ = load_case(tmp_path / "in", tmp_path / "out", lazy=True)
     judged, real_block = [], oracle._Judge.block
 
-    def failing(self, lo, hi, q, data):
+    def failing(self, lo, hi, q, data, held):
         judged.append(lo)
         if len(judged) == 3:
             raise RuntimeError("the judge failed")
-        real_block(self, lo, hi, q, data)
+        real_block(self, lo, hi, q, data, held)
     monkeypatch.setattr(oracle._Judge, "block", failing)
     with pytest.raises(RuntimeError, match="the judge failed"):
         check_outputs(inputs, outputs, budget=2000)

@@ -42,9 +42,10 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     a, b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
     if a.dtype.hasobject:
         return a.tobytes() == b.tobytes()
-    a, b = a.view(np.uint8), b.view(np.uint8)  # compared 8 bytes at a time where whole
-    wide = np.uint64 if a.size % 8 == 0 else np.uint8
-    return bool(np.array_equal(a.view(wide), b.view(wide)))
+    a, b = a.view(np.uint8), b.view(np.uint8)
+    whole = a.size - a.size % 8  # compared 8 bytes at a time, the tail byte by byte
+    return bool(np.array_equal(a[:whole].view(np.uint64), b[:whole].view(np.uint64))
+                and np.array_equal(a[whole:], b[whole:]))
 
 
 def count_wrong(got: np.ndarray, expected: np.ndarray) -> int:

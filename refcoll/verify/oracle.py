@@ -262,6 +262,48 @@ def held_parts(lo: int, hi: int, outputs: dict, spans: dict) -> list:
     return parts
 
 
+class _Held:
+    """Each rank's part of a block of the reference vector, read on the judging thread.
+
+    Where every rank's output holds the whole block and is a file (an all-reduce, an
+    all-gather or a broadcast judged from files), the parts are read into the rows of one
+    buffer kept from block to block, so a block's reads fault in no fresh pages, and
+    :func:`_alike` compares every row with the first in one pass. Nothing judged keeps
+    a view of the buffer past its block: findings copy what they report."""
+
+    def __init__(self, outputs: dict, spans: dict):
+        self.outputs, self.spans, self.buffer = outputs, spans, None
+        files = list(outputs.values())
+        self.stackable = (len(files) > 1 and all(isinstance(x, NpyFile) for x in files)
+                          and len({x.dtype for x in files}) == 1
+                          and len({(s.start, s.stop) for s in spans.values()}) == 1)
+
+    def read(self, lo: int, hi: int) -> tuple:
+        """Return ``(parts, rows)``: :func:`held_parts`'s parts of elements ``lo .. hi-1``
+        and, where they were read as one buffer's rows, that ``(ranks, hi - lo)`` array
+        (else None)."""
+        if not self.stackable:
+            return held_parts(lo, hi, self.outputs, self.spans), None
+        span = next(iter(self.spans.values()))
+        a, b = max(lo, span.start), min(hi, span.stop)
+        if a >= b:
+            return [], None
+        files = list(self.outputs.values())
+        if self.buffer is None or self.buffer.shape[1] < b - a:
+            self.buffer = np.empty((len(files), b - a), dtype=files[0].dtype)
+        rows = self.buffer[:, :b - a]
+        offset = a - span.start
+        for row, x in zip(rows, files):
+            x.read(offset, offset + b - a, out=row)
+        return [(r, offset, a, b, row) for r, row in zip(self.outputs, rows)], rows
+
+
+def _alike(rows: np.ndarray) -> np.ndarray:
+    """Return, for each row, whether it holds the first row's bits (one pass for all)."""
+    words = rows.view(f"u{rows.dtype.itemsize}")
+    return (words == words[0]).all(axis=1)
+
+
 def stacked(xs, lo: int, hi: int, dtype) -> np.ndarray:
     """Return elements ``lo .. hi-1`` of every ``xs`` as rows of one ``(p, hi - lo)`` array."""
     cols = np.empty((len(xs), hi - lo), dtype=dtype)
@@ -282,9 +324,10 @@ def reference_blocks(collective: str, p: int, n: int, length: int):
 
 
 def _read_ahead(blocks: list, read, files: list):
-    """Yield ``(block, read(block))`` for each block, reading the next block's files on a
-    thread of its own while the caller judges this one (the reads release the GIL, and
-    so do NumPy's loops: on two cores the judging hides most of the reading). Where
+    """Yield ``(block, read(block))`` for each block, reading the next block's files (and
+    working out its reference) on a thread of its own while the caller judges this one
+    (the reads release the GIL, and so do NumPy's loops: on two cores the two halves
+    of the work run side by side). Where
     nothing is read from a file, or there is one block, everything runs here."""
     if not files or len(blocks) < 2:
         for block in blocks:
@@ -367,12 +410,14 @@ def check_outputs(inputs, outputs, *, collective: str = "allreduce", op="sum",
     files = [x for x in [*flat_in, *got_files.values()] if isinstance(x, NpyFile)]
     blocks = list(reference_blocks(collective, p, n, block_length(p, dtype.itemsize, budget)))
 
+    held = _Held(got_files, spans)
+
     def read(block):
-        return judge.read(*block, flat_in, got_files, spans, root)
+        return judge.read(*block, flat_in, root)
     try:
         with contextlib.closing(_read_ahead(blocks, read, files)) as ahead:
             for block, data in ahead:  # a failure closes the reads before the files
-                judge.block(*block, data)
+                judge.block(*block, data, held.read(block[0], block[1]))
     finally:
         for x in files:
             x.close()
@@ -407,21 +452,23 @@ class _Judge:
                               if floats and name == "prod" else None)
         self.oracle = None
 
-    def read(self, lo, hi, q, inputs, got_files, spans, root) -> tuple:
-        """Read what judging reference elements ``lo .. hi-1`` takes: the operands (a
-        reduction's ``(p, hi - lo)`` block) or the one input the outputs must equal, and
-        each rank's part of the block as ``(rank, offset, a, b, got)``."""
+    def read(self, lo, hi, q, inputs, root) -> tuple:
+        """Read what judging reference elements ``lo .. hi-1`` takes from the inputs: the
+        operands (a reduction's ``(p, hi - lo)`` block) and their reference, or the one
+        input the outputs must equal. On the read-ahead thread, this is the half of the
+        work that runs beside the judging of the block before."""
         data = block_operands(self.collective, inputs, lo, hi, q, self.n, root, self.dtype)
-        cols, want = (data, None) if self.name is not None else (None, data)
-        return cols, want, held_parts(lo, hi, got_files, spans)
+        if self.name is None:
+            return None, data, None
+        want, ref = self._reference(data)
+        return data, want, ref
 
-    def block(self, lo, hi, q, data) -> None:
+    def block(self, lo, hi, q, data, held: tuple) -> None:
         """Judge reference elements ``lo .. hi-1`` (:meth:`read`'s ``data``) on every rank
-        that holds some of them."""
-        cols, want, parts = data
-        ref = None
+        that holds some of them (``held``: :meth:`_Held.read`'s parts and rows)."""
+        cols, want, ref = data
+        parts, rows = held
         if cols is not None:  # a reduction
-            want, ref = self._reference(cols)
             if self.exact_inputs:
                 self.exact_inputs = _sums_are_exact(cols)
             if self.exact_product is not None and not _products_are_exact(cols):
@@ -432,11 +479,14 @@ class _Judge:
         # every rank's differing elements still to analyse fit in the first rank's summary
         room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
         head, head_got, head_summaries = self.ranks[0], None, None
-        for r, offset, a, b, got in parts:
+        alike = None if rows is None or self.identical is None else _alike(rows)
+        for k, (r, offset, a, b, got) in enumerate(parts):
             same = False
             if self.identical is not None:
                 if r == head:
                     head_got = got
+                elif alike is not None and alike[k]:
+                    same = True
                 else:
                     same = self.identical.add(r, offset, got, head_got)
             if same and head_summaries is not None:
