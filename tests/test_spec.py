@@ -98,6 +98,47 @@ def test_check_finds_a_page_that_disagrees(tmp_path):
     assert CliRunner().invoke(spec_command, ["--check", str(page)]).exit_code == 0
 
 
+@pytest.mark.parametrize(("spoil", "says"), [
+    (lambda t: t.replace("<!-- end generated -->\n", "", 1), "opens inside the one opened"),
+    (lambda t: "".join(t.rsplit("<!-- end generated -->", 1)), "is never closed"),
+    (lambda t: t.replace("<!-- end generated -->", "<!-- end generated -->\n"
+                         "<!-- end generated -->", 1), "closes no block"),
+    (lambda t: t.replace(" p=4 ", "  p=4 ", 1), "cannot read the marker"),
+    (lambda t: t.replace("algorithm=ring", "algorithm=tre", 1), "line "),
+    (lambda t: t.replace(" p=4 ", " p=4 p=5 ", 1), "given twice"),
+])
+def test_a_block_that_cannot_be_read_is_refused_and_the_page_left_alone(tmp_path, spoil, says):
+    # A missing end marker once let --write replace everything up to the next block's
+    # end: text between them was lost, and the command said it rewrote the page.
+    text = (SPEC / "ring.md").read_text(encoding="utf-8")
+    page = tmp_path / "ring.md"
+    page.write_text(spoil(text), encoding="utf-8")
+    before = page.read_text(encoding="utf-8")
+    for flag in ("--write", "--check"):
+        result = CliRunner().invoke(spec_command, [flag, str(tmp_path)])
+        assert result.exit_code == 2 and says in result.output, result.output
+        assert str(page) in result.output
+    assert page.read_text(encoding="utf-8") == before
+
+
+def test_a_windows_page_is_checked_and_keeps_its_line_ends(tmp_path):
+    text = (SPEC / "ring.md").read_text(encoding="utf-8")
+    page = tmp_path / "ring.md"
+    page.write_bytes(text.replace("| 1 | D: x0 → 1 |", "| 1 | D: x1 → 1 |")
+                     .replace("\n", "\r\n").encode())
+    assert CliRunner().invoke(spec_command, ["--check", str(page)]).exit_code == 1
+    assert CliRunner().invoke(spec_command, ["--write", str(page)]).exit_code == 0
+    assert page.read_bytes() == text.replace("\n", "\r\n").encode()
+
+
+def test_pages_without_blocks_are_not_a_pass(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "plain.md").write_text("# no blocks\n", encoding="utf-8")
+    for where in (tmp_path / "empty", tmp_path / "plain.md"):
+        result = CliRunner().invoke(spec_command, ["--check", str(where)])
+        assert result.exit_code == 2 and "nothing to check" in result.output, result.output
+
+
 def test_block_arguments_round_trip():
     blocks = spec_pages.blocks("<!-- generated: refcoll.trace step_table algorithm=hierarchical "
                           "p=8 n=8 ranks_per_node=4 layout=list -->\nold\n<!-- end generated -->")

@@ -29,13 +29,13 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ..core.errors import UsageError
+from ..core.errors import RefcollError, UsageError
 from ..core.reading import MAX_JSON_BYTES, read_text
 from ..core.writing import write_text
 from .trace import REDUCING, Row, Trace, reduction_trees, trace
 
-__all__ = ["KINDS", "BLOCK", "render_markdown", "render_block", "block_arguments", "blocks",
-           "regenerate", "pages", "stale_pages"]
+__all__ = ["KINDS", "OPEN", "CLOSE", "Block", "find_blocks", "render_markdown", "render_block",
+           "block_arguments", "blocks", "regenerate", "pages", "stale_pages"]
 
 #: The kinds of generated block.
 KINDS = ("step_table", "reduction_tree")
@@ -178,7 +178,7 @@ def _check_block(kind: str, algorithm, p, n, options: dict) -> None:
 
 
 def render_markdown(kind: str, *, algorithm=None, p=None, n=None,
-                    collective: str = "allreduce", layout: str = "grid", **options) -> str:
+                    collective: str = "allreduce", layout: str | None = None, **options) -> str:
     """Return the markdown body of one generated block (without its markers).
 
     Raises:
@@ -187,20 +187,25 @@ def render_markdown(kind: str, *, algorithm=None, p=None, n=None,
             sets itself (``op=``...).
     """
     _check_block(kind, algorithm, p, n, options)
+    if kind != "step_table" and layout is not None:
+        raise UsageError(f"layout={layout}: only a step_table has a layout (grid or list)")
     run = trace(algorithm, p, n, collective=collective, **options)
     if kind == "step_table":
-        return _step_table_markdown(run, layout)
+        return _step_table_markdown(run, layout or "grid")
     return _reduction_tree_markdown(run)
 
 
 # ------------------------------------------------------------------------ pages
 
-BLOCK = re.compile(
-    r"(?P<open><!-- generated: refcoll\.trace (?P<kind>\w+)(?P<args>(?: [\w.]+=[^\s]+)*) -->\n)"
-    r"(?P<body>.*?)"
-    r"(?P<close><!-- end generated -->)",
-    re.DOTALL,
-)
+#: A generated block's opening marker, a line of its own (one space between words).
+OPEN = re.compile(r"<!-- generated: refcoll\.trace (?P<kind>\w+)(?P<args>(?: [\w.]+=\S+)*) -->")
+
+#: A generated block's closing marker, a line of its own.
+CLOSE = "<!-- end generated -->"
+
+#: How a block's markers are written, for the messages about one that cannot be read.
+_MARKERS = ("a block opens with '<!-- generated: refcoll.trace KIND key=value ... -->' and "
+            f"closes with '{CLOSE}', each on a line of its own, one space between words")
 
 
 def _value(text: str):
@@ -218,21 +223,87 @@ def block_arguments(args: str) -> dict:
     if bad:
         raise UsageError(f"{bad[0]!r}: a block's arguments are key=value pairs "
                          "(algorithm=ring p=4 n=4)")
+    keys = [key for key, _, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise UsageError(f"{', '.join(twice)}: given twice in one block's arguments")
     return {key: _value(value) for key, _, value in pairs}
 
 
-def regenerate(text: str) -> str:
-    """Return a page's text with every generated block rebuilt from the code."""
-    def rebuild(match: re.Match) -> str:
-        body = render_markdown(match["kind"], **block_arguments(match["args"]))
-        return match["open"] + "\n" + body + "\n\n" + match["close"]
+class Block:
+    """One generated block of a page: its kind and arguments, and where it lies."""
 
-    return BLOCK.sub(rebuild, text)
+    def __init__(self, line: int, start: int, body: int, close: int, end: int, kind: str,
+                 args: str):
+        self.line, self.kind, self.args = line, kind, args  # line: its opening marker's
+        self.start, self.body, self.close, self.end = start, body, close, end  # offsets
+
+
+def find_blocks(text: str, page: str = "the page") -> list[Block]:
+    """Return the generated blocks of ``text`` (lines ending in ``\\n``), in order.
+
+    A marker of another generator (``<!-- generated: NAME -->``, as the docs' own
+    blocks) opens a block left alone up to its closing marker.
+
+    Raises:
+        UsageError: a marker it cannot read, a block opened inside another or never
+            closed, a closing marker that closes nothing; each naming the page and line.
+    """
+    found, opened, at = [], None, 0
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        bare = line.rstrip()
+        if "<!--" in bare and ("generated:" in bare or "end generated" in bare):
+            mine = OPEN.fullmatch(bare)
+            foreign = not mine and bare.startswith("<!-- generated:") \
+                and "refcoll.trace" not in bare
+            if mine or foreign:
+                if opened is not None:
+                    raise UsageError(f"{page}: line {number}: a block opens inside the one "
+                                     f"opened at line {opened[0]}, which is not closed: {_MARKERS}")
+                opened = (number, at, at + len(line), mine)
+            elif bare == CLOSE and opened is not None:
+                number0, start, body, mine = opened
+                if mine:
+                    found.append(Block(number0, start, body, at, at + len(bare), mine["kind"],
+                                       mine["args"]))
+                opened = None
+            elif bare == CLOSE:
+                raise UsageError(f"{page}: line {number}: {CLOSE} closes no block")
+            else:
+                raise UsageError(f"{page}: line {number}: cannot read the marker "
+                                 f"{bare.strip()!r}: {_MARKERS}")
+        at += len(line)
+    if opened is not None:
+        raise UsageError(f"{page}: line {opened[0]}: the block opened there is never closed "
+                         f"({CLOSE})")
+    return found
+
+
+def regenerate(text: str, page: str = "the page") -> str:
+    """Return a page's text with every generated block rebuilt from the code (a page
+    with Windows line ends keeps them).
+
+    Raises:
+        UsageError: a block that cannot be read or rendered, naming the page and line.
+    """
+    crlf = "\r\n" in text
+    if crlf:
+        text = text.replace("\r\n", "\n")
+    out, done = [], 0
+    for block in find_blocks(text, page):
+        try:
+            body = render_markdown(block.kind, **block_arguments(block.args))
+        except (RefcollError, TypeError, ValueError) as exc:  # a bad block is bad usage
+            raise UsageError(f"{page}: line {block.line}: {exc}") from None
+        out += [text[done:block.body], "\n", body, "\n\n", CLOSE]
+        done = block.end
+    fresh = "".join(out) + text[done:]
+    return fresh.replace("\n", "\r\n") if crlf else fresh
 
 
 def blocks(text: str) -> list[tuple[str, dict]]:
     """Return ``(kind, arguments)`` of every generated block in a page."""
-    return [(m["kind"], block_arguments(m["args"])) for m in BLOCK.finditer(text)]
+    return [(b.kind, block_arguments(b.args)) for b in find_blocks(text.replace("\r\n", "\n"))]
 
 
 def pages(paths) -> list[Path]:
@@ -256,14 +327,21 @@ def stale_pages(paths, *, write: bool = False) -> list[Path]:
     Raises:
         UsageError: a path that does not exist (:func:`pages`).
     """
-    stale = []
-    for page in pages(paths):
+    stale, found, held = [], pages(paths), 0
+    if not found:
+        raise UsageError(f"no spec pages (*.md) in {', '.join(map(str, paths))}: nothing to "
+                         "check")
+    for page in found:
         text = read_text(page, max_bytes=MAX_JSON_BYTES, what="spec page")
-        fresh = regenerate(text)
+        fresh = regenerate(text, str(page))
+        held += bool(find_blocks(text.replace("\r\n", "\n"), str(page)))
         if fresh != text:
             stale.append(page)
             if write:
                 write_text(page, fresh)
+    if not held:
+        raise UsageError(f"no generated blocks in {', '.join(map(str, paths))}: nothing to "
+                         "check (a block opens with '<!-- generated: refcoll.trace ...')")
     return stale
 
 
