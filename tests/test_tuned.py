@@ -187,6 +187,16 @@ def test_sweeps_of_one_layout_make_one_table_and_a_later_size_stands():
     assert (one["nodes"], one["per_node"]) == (1, 4)
 
 
+def test_an_algorithm_one_report_found_wrong_is_no_rule_from_another():
+    # Two sweeps of one layout, one of them wrong at 64 KiB for recursive doubling: the
+    # table's rule there is not recursive doubling, in either order of the reports.
+    right = report([(65536, "recursive_doubling", 80.0, 0), (65536, "ring", 100.0, 0)])
+    wrong = report([(65536, "recursive_doubling", 85.0, 5), (65536, "ring", 110.0, 0)])
+    for order in ([("a.json", right), ("b.json", wrong)], [("b.json", wrong), ("a.json", right)]):
+        (only,) = tuned.from_bench(order)["tables"]
+        assert [(r["bytes"], r["algorithm"]) for r in only["rules"]] == [(65536, "ring")], order
+
+
 class _OtherLibrary:
     """A simulated rank seen as another library's (a torch process group's) ranks are: not
     MPI, and not one process, so not the simulator."""

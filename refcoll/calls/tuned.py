@@ -353,11 +353,12 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
     place or in place, in any dtype, op or root, is left out at that size (a rule
     holds for every dtype). Rows of 0 B time nothing and are left out. Reports of the same
     collective and layout make one table (two sweeps of sizes); where both
-    measured a size, the later report's rule stands. A report whose fields are not
-    what bench writes (:func:`_report`) is a :class:`UsageError` naming the first.
+    measured a size, the later report's rule stands, among the algorithms no report of
+    the table found wrong at that size. A report whose fields are not what bench writes
+    (:func:`_report`) is a :class:`UsageError` naming the first.
     """
     tables: dict = {}
-    for name, report in reports:
+    for order, (name, report) in enumerate(reports):
         collective, hosts, rows = _report(name, report)
         header = report["header"]
         counts = {h: hosts.count(h) for h in hosts}
@@ -397,11 +398,25 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
         entry = tables.setdefault(key, {"collective": collective, "ranks": len(hosts),
                                         "nodes": len(counts), "per_node": max(counts.values()),
                                         "dtype": dtype if isinstance(dtype, str) else "",
-                                        "from": [], "rules": {}})
+                                        "from": [], "timed": [], "wrong": set()})
         entry["from"].append(os.path.basename(name))
-        entry["rules"].update({size: {"bytes": size, "algorithm": algo, "time_us": round(t, 3)}
-                               for size, (t, algo) in best.items()})
+        entry["timed"] += [(size, order, t, algo) for size, t, algo in timed]
+        entry["wrong"] |= wrong
     return {"version": 1, "source": "refcoll tune",
-            "tables": [{**entry, "from": ", ".join(entry["from"]),
-                        "rules": [entry["rules"][size] for size in sorted(entry["rules"])]}
+            "tables": [{key: value for key, value in entry.items() if key not in ("timed", "wrong")}
+                       | {"from": ", ".join(entry["from"]), "rules": _rules(entry)}
                        for entry in tables.values()]}
+
+
+def _rules(entry: dict) -> list:
+    """Return a table's rules: at each size, the fastest algorithm of the latest report that
+    timed one there that no report of the table found wrong there."""
+    best: dict = {}
+    for size, order, time_us, algo in entry["timed"]:
+        if (size, algo) in entry["wrong"]:
+            continue
+        found = best.get(size)
+        if found is None or (-order, time_us) < (-found[0], found[1]):
+            best[size] = (order, time_us, algo)
+    return [{"bytes": size, "algorithm": best[size][2], "time_us": round(best[size][1], 3)}
+            for size in sorted(best)]
