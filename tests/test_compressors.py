@@ -173,6 +173,28 @@ def test_powersgd_refuses_a_rate_or_eps_that_is_not_finite(spec):
         parse(spec)
 
 
+def test_error_feedback_around_random_k_keeps_its_residual_bounded():
+    # Scaled by n/k, random-k inside error feedback is no contraction: the residual grew
+    # by about (n/k - 1) a step and training diverged (loss 1e21). Unscaled (Stich et al.
+    # 2018), it settles where the kept share of it balances the gradient.
+    x = _data((1000,), seed=3)
+    fed, alone = parse("ef(randomk:ratio=0.1)"), parse("randomk:ratio=0.1")
+    assert fed.spec() == "ef(randomk:ratio=0.1)" and fed == parse(fed.spec())
+    state = fed.new_state(seed=0)
+    norms = []
+    for _ in range(300):
+        sent = fed.decompress(fed.compress(x, state))
+        norms.append(float(np.linalg.norm(state.residual)))
+    # (each element waits a geometric number of steps, mean n/k, to be sent: the
+    # residual's norm settles near sqrt((2 - k/n)) n/k = 14 times the gradient's)
+    assert max(norms[150:]) < 1.5 * max(norms[:150]) and max(norms) < 30 * np.linalg.norm(x)
+    step = alone.new_state(seed=0)
+    kept = alone.decompress(alone.compress(x, step))
+    assert np.count_nonzero(sent) == np.count_nonzero(kept) == 100
+    nonzero = kept != 0
+    assert np.allclose(kept[nonzero], x[nonzero] * 10)  # alone: scaled by n/k, unbiased
+
+
 @pytest.mark.parametrize("spec", ["randomk:ratio=0.1", "ef(randomk:ratio=0.1)"])
 def test_randomk_keeps_an_overflow_where_no_index_fell(spec):
     """Random-k sent only the values at its drawn indices: an infinity or a NaN elsewhere

@@ -263,6 +263,11 @@ class Compressor:
         opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
         return f"{self.name}:{opts}" if opts else self.name
 
+    def for_feedback(self) -> "Compressor":
+        """Return the compressor error feedback wraps in its place (itself, unless the
+        method has a form that keeps less than it is given, as error feedback needs)."""
+        return self
+
     def _payload(self, x: np.ndarray, arrays: dict, **meta) -> Payload:
         return Payload(self.name, tuple(x.shape), np.dtype(x.dtype), arrays, meta)
 
@@ -315,6 +320,7 @@ class ErrorFeedback(Compressor):
                 f"ErrorFeedback wraps a compressor, got {type(self.inner).__name__}; "
                 "pass one: ErrorFeedback(parse('topk:ratio=0.01'))"
             )
+        object.__setattr__(self, "inner", self.inner.for_feedback())  # (random-k: unscaled)
 
     @property
     def linear(self) -> bool:  # type: ignore[override]

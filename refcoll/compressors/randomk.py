@@ -11,6 +11,13 @@ rounded once: in float16 ``n / k`` times a value, or ``n / k`` itself, may pass
 no index fell sends them too, added to its first value: an overflowed gradient
 stays non-finite through it, as through every compressor.
 
+Inside error feedback (``ef(randomk)``) the values are not scaled: that is the
+memory SGD of Stich et al. 2018. Error feedback needs a compressor that keeps, on
+average, less than it is given (Karimireddy et al. 2019): scaled by ``n / k``, the
+expected square of the residual is ``(n / k - 1)`` times the tensor's, so for
+``k <= n / 2`` the residual grows from step to step and training diverges. Unscaled,
+the residual keeps ``1 - k / n`` of it on average and stays bounded.
+
 On CuPy arrays the indices are still drawn on the host, from the same seed (k
 numbers, cheap next to the tensor), and copied to the device: the payload is
 the same bits as on the CPU.
@@ -68,8 +75,17 @@ class RandomK(Compressor):
             values[:1] += flat[~finite].sum()  # GradScaler looks), wherever the draw fell
         return self._payload(x, {"values": values}, seed=state.seed, step=step, k=k)
 
+    def for_feedback(self) -> "RandomK":
+        """Return the same draw unscaled: what error feedback around it sends."""
+        return FedBack(self.ratio)
+
+    def scale(self, n: int, k: int) -> float:
+        """Return the factor the sum of the values is multiplied by: ``n / k``."""
+        return n / k
+
     def decompress(self, payload: Payload) -> np.ndarray:
-        """Return zeros with the values, scaled by ``n / k``, at the shared indices (redrawn)."""
+        """Return zeros with the values, scaled by :meth:`scale`, at the shared indices
+        (redrawn)."""
         n = int(np.prod(payload.shape))
         m = payload.meta
         values = payload.arrays["values"]
@@ -77,6 +93,18 @@ class RandomK(Compressor):
         out = xp.zeros(n, dtype=payload.dtype)
         if m["k"]:
             cd = compute_dtype(payload.dtype)
-            scaled = values.astype(cd) * cd.type(n / m["k"])
+            scaled = values.astype(cd) * cd.type(self.scale(n, m["k"]))
             out[xp.asarray(self.indices(n, m["k"], m["seed"], m["step"]))] = scaled
         return out.reshape(payload.shape)
+
+
+@dataclass(frozen=True)
+class FedBack(RandomK):
+    """Random-k inside error feedback: the values unscaled (Stich et al. 2018), its spec
+    the same (``ef(randomk:ratio=...)``)."""
+
+    def for_feedback(self) -> "RandomK":
+        return self
+
+    def scale(self, n: int, k: int) -> float:
+        return 1.0
