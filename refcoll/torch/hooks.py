@@ -38,7 +38,7 @@ from ..calls.collectives import allreduce_init
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..compressors.collective import compressed_allreduce
-from ..core.chunking import chunk_bounds
+from ..compressors.patterns.twophase import owed as owes
 from ..core.errors import UsageError
 from ..core.xp import address
 from ..training.buckets import compress_each
@@ -142,7 +142,7 @@ class HookState:
             moved = [pid for pid in old.offsets if pid in new.offsets]
             if not moved:
                 continue
-            owed = _owed(old.state, rank)
+            owed = owes(old.state, rank)
             if owed is not None:
                 if residual is None:
                     residual = np.zeros(length, owed.dtype)
@@ -155,21 +155,6 @@ class HookState:
             if not old.offsets:
                 del self._slots[old_key]  # every parameter of that layout has moved on
         new.state.residual = residual
-
-
-def _owed(state, rank: int) -> np.ndarray | None:
-    """Return what a layout's compressor state owes, element by element of its bucket (a
-    copy), or None: its worker residual, plus ``p`` times its two-phase server residual
-    over this rank's chunk."""
-    owed = None if state.residual is None else state.residual.reshape(-1)
-    for key, server in state.memory.items():
-        if isinstance(key, tuple) and key[:1] == ("twophase.server",):
-            n, p = key[1], key[2]
-            a, b = chunk_bounds(n, p)[rank]
-            kind = server.dtype if owed is None else np.result_type(owed, server)
-            owed = np.zeros(n, kind) if owed is None else owed.astype(kind, copy=True)
-            owed[a:b] += p * server
-    return owed
 
 
 def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> None:

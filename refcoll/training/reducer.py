@@ -48,6 +48,7 @@ from .. import algorithms
 from ..calls.collectives import as_transport, broadcast
 from ..calls.nonblocking import issue, wait_all
 from ..compressors import Compressor, parse
+from ..compressors.patterns.twophase import owed as owes
 from ..core.errors import MismatchError, RefcollError, UsageError
 from ..core.ops import is_float
 from ..core.xp import address
@@ -220,8 +221,47 @@ class Reducer:
                                 [int(i) for i in order], *self._caps)
         self.rebuilt = True
         if [list(b.params) for b in self._buckets] != groups:
+            old = self._buckets
             self._set_layout(groups)
-            self.states = {}  # bucket indices now name other gradients
+            self.states = self._carried(old, self.states)  # bucket indices name others now
+
+    def _carried(self, old: list, states: dict) -> dict:
+        """Return the compressor states of the new buckets, each gradient's carried from its
+        old bucket (as the DDP hook carries them, :mod:`refcoll.torch.hooks`): a compressor
+        of vectors, what its old bucket owed over that gradient's elements; of matrices,
+        the gradient's own state (PowerSGD's warm start and residual)."""
+        if self.compressor is None or not states:
+            return {}
+        was = {i: (b.index, j, off) for b in old for j, (i, off) in
+               enumerate(zip(b.params, b.offsets))}
+        debts: dict = {}
+        new_states = {}
+        for b in self._buckets:
+            moved = [(i, off, was[i]) for i, off in zip(b.params, b.offsets)
+                     if was[i][0] in states]
+            if not moved:
+                continue
+            fresh = compressor_states(self.compressor, self.seed, b.index, len(b.params),
+                                      self.rank)
+            if self.compressor.matrices:
+                place = {i: j for j, i in enumerate(b.params)}
+                for i, _, (ob, oj, _) in moved:
+                    fresh[place[i]] = states[ob][oj]
+            else:
+                residual = None
+                for i, off, (ob, _, old_off) in moved:
+                    if ob not in debts:
+                        debts[ob] = owes(states[ob], self.rank)
+                    debt = debts[ob]
+                    if debt is None:
+                        continue
+                    if residual is None:
+                        residual = np.zeros(b.numel, debt.dtype)
+                    n = self.params[i].numel
+                    residual[off:off + n] = debt[old_off:old_off + n]
+                fresh.residual = residual
+            new_states[b.index] = fresh
+        return new_states
 
     # -------------------------------------------------------------- iteration
 

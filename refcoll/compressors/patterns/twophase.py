@@ -40,7 +40,7 @@ from .gather import (
     wire_counts,
 )
 
-__all__ = ["twophase_pattern"]
+__all__ = ["twophase_pattern", "owed"]
 
 
 def twophase_pattern(t, comp: Compressor, state: CompressorState, x, *, op: str,
@@ -98,3 +98,19 @@ def _alltoall_payloads(t, chunks: list[Payload]) -> list[Payload]:
         tagged.sendrecv(serialise(chunks[dst]), dst, incoming, src)  # chunk dst to its owner
         received[src] = deserialise(incoming, sizes, chunks[r])
     return received
+
+
+def owed(state: CompressorState, rank: int) -> np.ndarray | None:
+    """Return what a bucket's compressor state owes, element by element of the bucket (a
+    copy), or None: its worker residual, plus ``p`` times its two-phase server residual
+    over this rank's chunk (the average owes it as the server would have). What a
+    bucket owes moves with its gradients when the buckets are laid out anew."""
+    owes = None if state.residual is None else state.residual.reshape(-1)
+    for key, server in state.memory.items():
+        if isinstance(key, tuple) and key[:1] == ("twophase.server",):
+            n, p = key[1], key[2]
+            a, b = chunk_bounds(n, p)[rank]
+            kind = server.dtype if owes is None else np.result_type(owes, server)
+            owes = np.zeros(n, kind) if owes is None else owes.astype(kind, copy=True)
+            owes[a:b] += p * server
+    return owes
