@@ -171,6 +171,18 @@ def test_gathered_topk_traffic_grows_with_p_and_the_ring_does_not():
     assert any("slower" in note for note in large.notes)
 
 
+def test_int8_summed_in_int8_is_refused_where_the_call_refuses_it():
+    # Shared-scale int8 codes summed in int8 fit at most 127 ranks: the real call refuses
+    # 128, and the model priced 256 ranks as if it ran.
+    with pytest.raises(UsageError, match="at most 127 ranks' codes in their own type; 256 ranks"):
+        compressed_estimate(cluster(32, 8), "int8", [(1 << 20,)], np.float32, pattern="allreduce")
+    assert compressed_estimate(cluster(8, 8), "int8", [(1 << 20,)], np.float32,
+                               pattern="allreduce").pattern == "allreduce"
+    with pytest.raises(UsageError, match="at most 127 ranks' codes in their own type; 128 ranks"):
+        refcoll.SimWorld(128).run(lambda t: refcoll.compressed_allreduce(
+            np.ones(8, np.float32), t, compressor="int8", pattern="allreduce"))
+
+
 def test_twophase_sends_compressed_chunks_of_n_over_p():
     n, p, spec = 1 << 16, 8, "sign"
     est = compressed_estimate(cluster(2, 4), spec, [(n,)], np.float32)

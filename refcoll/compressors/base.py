@@ -194,6 +194,8 @@ class Compressor:
     matrices: ClassVar[bool] = False
     #: Whether the payload is the tensor itself: compressing and decompressing do no work.
     identity: ClassVar[bool] = False
+    #: The most ranks its ``allreduce`` pattern sums (None: any number).
+    most_ranks: ClassVar[int | None] = None
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -270,6 +272,12 @@ class Compressor:
 
     def _payload(self, x: np.ndarray, arrays: dict, **meta) -> Payload:
         return Payload(self.name, tuple(x.shape), np.dtype(x.dtype), arrays, meta)
+
+
+def too_many_ranks(compressor: "Compressor", ranks: int) -> str:
+    """Say that ``compressor``'s ``allreduce`` pattern cannot sum ``ranks`` ranks."""
+    return (f"{compressor.name}'s allreduce pattern sums at most {compressor.most_ranks} ranks' "
+            f"codes in their own type; {ranks} ranks are too many: use the gather pattern")
 
 
 def kept_count(ratio: float, n: int) -> int:

@@ -29,7 +29,16 @@ from ..core.errors import UsageError
 from ..core.ops import get_op
 from ..core.xp import array_namespace
 from ._blocks import block_max, expand
-from .base import Compressor, Payload, Round, Rounds, check_float, compute_dtype, register
+from .base import (
+    Compressor,
+    Payload,
+    Round,
+    Rounds,
+    check_float,
+    compute_dtype,
+    register,
+    too_many_ranks,
+)
 
 __all__ = ["Int8"]
 
@@ -42,6 +51,8 @@ class Int8(Compressor):
     name: ClassVar[str] = "int8"
     # Gathered with per-rank scales by default; all-reduced with shared scales by choice.
     declared_patterns: ClassVar[tuple[str, ...]] = ("gather", "allreduce")
+    # The sum of the ranks' codes, each within ±127 // ranks, must fit in int8.
+    most_ranks: ClassVar[int] = 127
     block: int = 256
 
     def __post_init__(self):
@@ -73,9 +84,8 @@ class Int8(Compressor):
         3. decode the sum with the shared scales (``avg``: divided by ``size``).
         """
         levels = 127 // size
-        if levels < 1:
-            raise UsageError(f"shared-scale int8 sums at most 127 ranks' codes in int8; "
-                             f"{size} ranks are too many: use the gather pattern")
+        if size > self.most_ranks:
+            raise UsageError(too_many_ranks(self, size))
         cd = compute_dtype(x.dtype)
         flat = x.reshape(-1).astype(cd)
         local = block_max(array_namespace(x).abs(flat), self.block)

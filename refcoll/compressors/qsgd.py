@@ -48,11 +48,17 @@ class QSGD(Compressor):
         if self.bucket < 1:
             raise ValueError(f"bucket must be >= 1, got {self.bucket}")
 
+    def _width(self, n: int) -> int:
+        """Return the elements a bucket of a tensor of ``n`` holds: ``bucket``, or ``n`` when
+        the tensor fills less than one (no bucket of mostly padding to draw for)."""
+        return max(1, min(self.bucket, n))
+
     def _buckets(self, flat):
-        rows = math.ceil(flat.size / self.bucket)
-        padded = array_namespace(flat).zeros(rows * self.bucket, dtype=flat.dtype)
+        width = self._width(flat.size)
+        rows = math.ceil(flat.size / width)
+        padded = array_namespace(flat).zeros(rows * width, dtype=flat.dtype)
         padded[: flat.size] = flat
-        return padded.reshape(rows, self.bucket)
+        return padded.reshape(rows, width)
 
     def compress(self, x, state) -> Payload:
         """Return per-bucket norms and the signed levels, drawn with ``state.rng``."""
@@ -75,6 +81,6 @@ class QSGD(Compressor):
         """Return ``norm · level / s`` per element."""
         levels = payload.arrays["levels"]
         norms = payload.arrays["norms"]
-        per_element = array_namespace(norms).repeat(norms, self.bucket)[: levels.size]
+        per_element = array_namespace(norms).repeat(norms, self._width(levels.size))[: levels.size]
         out = per_element * levels / norms.dtype.type(self.levels)
         return out.astype(payload.dtype).reshape(payload.shape)

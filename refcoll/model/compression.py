@@ -54,7 +54,13 @@ from typing import Sequence
 import numpy as np
 
 from ..compressors import parse
-from ..compressors.base import Compressor, compute_dtype, index_dtype, split_feedback
+from ..compressors.base import (
+    Compressor,
+    compute_dtype,
+    index_dtype,
+    split_feedback,
+    too_many_ranks,
+)
 from ..core.chunking import max_chunk
 from ..core.errors import UsageError
 from .cluster import Cluster
@@ -202,6 +208,8 @@ def _allreduce(cluster: Cluster, spec: str, shapes, dt: np.dtype, n: int, algori
     """Price the ``allreduce`` pattern: the payload's arrays through ``algorithm``."""
     itemsize, dense = dt.itemsize, n * dt.itemsize
     inner = _innermost(spec)
+    if inner.most_ranks is not None and cluster.gpus > inner.most_ranks:
+        raise UsageError(too_many_ranks(inner, cluster.gpus))
     phases: list[Phase] = []
 
     def all_reduced(role: str, count: int, size: int) -> None:
