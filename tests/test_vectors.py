@@ -228,3 +228,61 @@ def test_verify_reports_a_truncated_vector_and_goes_on_to_the_next(tmp_path, com
                             "readable .npz archive " + problems[1].split("archive ", 1)[1]]
     assert problems[2] == f"{flipped['file']}: sha256 differs from the manifest's"
     assert "rank 1 element 3" in problems[3] and len(problems) == 4
+
+
+@pytest.mark.parametrize("field,value", [("n", 999), ("input_shape", [999]),
+                                         ("output_ranks", [0]), ("output_shapes", [[1]]),
+                                         ("extra_ranks", 7), ("stored_as", "float64")])
+def test_verify_holds_the_manifests_description_to_the_vector(tmp_path, committed, field, value):
+    # An implementation reads n, root, output_ranks and output_shapes from the manifest:
+    # a manifest that misdescribes its vectors passed as "0 mismatches".
+    entry = _by_file(committed)["ring-allreduce-sum-float32-p5-n37-random.npz"]
+    problems = verify(_copy_entry(tmp_path, {**entry, field: value}))
+    assert any(f"the manifest says {field}" in p and repr(value) in p for p in problems), \
+        problems
+
+
+def test_verify_refuses_a_manifest_of_no_or_repeated_vectors_and_stray_members(tmp_path,
+                                                                             committed):
+    from refcoll.core.errors import UsageError
+
+    entry = _by_file(committed)["ring-allreduce-sum-float32-p3-n37-random.npz"]
+    directory = _copy_entry(tmp_path, entry)
+    for vectors, said in (([], "names no vectors"), ([entry, entry], "more than once")):
+        (directory / "manifest.json").write_text(json.dumps({"format": 1, "vectors": vectors}))
+        with pytest.raises(UsageError, match=said):
+            verify(directory)
+    arrays = {**_arrays(entry), "output_7": np.zeros(3, np.float32)}
+    np.savez(directory / entry["file"], **arrays)
+    import hashlib
+    digest = hashlib.sha256((directory / entry["file"]).read_bytes()).hexdigest()
+    (directory / "manifest.json").write_text(json.dumps({"format": 1,
+                                                         "vectors": [{**entry, "sha256": digest}]}))
+    with pytest.raises(UsageError, match="holds output_7.npy, which no rank of a vector of 3"):
+        verify(directory)
+
+
+def test_verify_names_unequal_inputs_and_goes_on(tmp_path, committed):
+    entry = _by_file(committed)["ring-allreduce-sum-float32-p3-n37-random.npz"]
+    arrays = _arrays(entry)
+    arrays["input_1"] = arrays["input_1"][:12]
+    problems = verify(_copy_entry(tmp_path, entry, arrays))
+    assert problems[-1] == (f"{entry['file']}: rank 1's input holds 12 elements, the manifest "
+                            "says n = 37")
+
+
+def test_vectors_write_over_no_file_their_manifest_does_not_name(tmp_path):
+    from click.testing import CliRunner
+
+    from refcoll.cli import main
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "manifest.json").write_text('{"format": 1, "count": 0, "vectors": []}')
+    mine = own / "ring-allreduce-sum-float32-p3-n37-random.npz"
+    mine.write_text("MY DATA")
+    result = CliRunner().invoke(main, ["vectors", str(own)])
+    assert result.exit_code == 2 and "does not name it" in result.output, result.output
+    assert mine.read_text() == "MY DATA"
+    result = CliRunner().invoke(main, ["vectors", ""])
+    assert result.exit_code == 2 and "give a folder name" in result.output, result.output

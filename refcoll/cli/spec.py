@@ -10,7 +10,7 @@ import click
 from ..core.errors import RefcollError, UsageError
 from ..verify import spec_pages
 from ..verify import vectors as golden
-from .common import main, reports_errors
+from .common import check_output_directory, main, reports_errors
 
 __all__ = ["spec", "vectors"]
 
@@ -55,14 +55,15 @@ def vectors(check, directory):
     DIRECTORY must be new, empty, or one this command wrote (it holds refcoll's
     manifest.json): only the vectors that manifest named are ever replaced or removed.
     """
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise UsageError(f"{directory}: is not a folder; give the vectors' folder")
     if check:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise UsageError(f"{directory}: is not a folder; give the vectors' folder")
         manifest = golden.read_manifest(directory)
         problems = golden.verify(directory)
         for line in problems:
             click.echo(line)
         click.echo(f"{len(manifest['vectors'])} vectors, {len(problems)} mismatches")
         sys.exit(1 if problems else 0)
+    check_output_directory("DIRECTORY", directory)
     manifest = golden.generate(directory)
     click.echo(f"wrote {manifest['count']} vectors and manifest.json to {directory}")

@@ -291,6 +291,11 @@ def generate(directory) -> dict:
         if (path / name).is_dir() and not (path / name).is_symlink():
             raise UsageError(f"{path / name}: is a folder where refcoll writes or removes a "
                              "file; move it away (nothing was changed)")
+    theirs = sorted(name for name in wanted - previous if os.path.lexists(path / name))
+    if theirs:
+        raise UsageError(f"{path / theirs[0]}: is where refcoll writes a vector, but the "
+                         "folder's manifest.json does not name it: it is not refcoll's to "
+                         "replace; move it away (nothing was changed)")
     writing.make_folder(path)
     entries = []
     for v in vectors:
@@ -354,9 +359,15 @@ def load(directory, entry: dict) -> tuple[list, list]:
                                          f"{entry['dtype']} is stored as {store}")
                     return stored.view(dt)
 
-                inputs = [read(f"input_{r}") for r in range(entry["p"])]
+                ranks = range(entry["p"])
+                known = {f"{kind}_{r}.npy" for kind in ("input", "output") for r in ranks}
+                other = sorted(set(members) - known)
+                if other:
+                    raise UsageError(f"{f}: holds {other[0]}, which no rank of a vector of "
+                                     f"{entry['p']} ranks has")
+                inputs = [read(f"input_{r}") for r in ranks]
                 outputs = [read(f"output_{r}") if f"output_{r}.npy" in members else None
-                           for r in range(entry["p"])]
+                           for r in ranks]
         except UsageError:
             raise
         except _ZIP_ERRORS as exc:
@@ -365,21 +376,37 @@ def load(directory, entry: dict) -> tuple[list, list]:
     return inputs, outputs
 
 
+def _to_verify(path: Path) -> list[dict]:
+    """Return the manifest's entries, each checked (:func:`read_manifest`); refuse a
+    manifest that names no vector, or one vector twice."""
+    entries = read_manifest(path)["vectors"]
+    if not entries:
+        raise UsageError(f"{path / 'manifest.json'}: names no vectors: nothing to verify")
+    files = [entry["file"] for entry in entries]
+    twice = sorted({name for name in files if files.count(name) > 1})
+    if twice:
+        raise UsageError(f"{path / 'manifest.json'}: names {twice[0]} more than once")
+    return entries
+
+
 def verify(directory) -> list[str]:
     """Re-simulate every vector in ``directory``; return one line per mismatch (none: ``[]``).
 
-    Checks each file's sha256 against the manifest and every rank's stored output
-    against :func:`refcoll.simulate`'s, bit for bit.
+    Checks each file's sha256 against the manifest, every field of its entry that
+    describes the vector (``n``, ``root``, ``output_ranks``, ``output_shapes``...)
+    against the vector and the run, and every rank's stored output against
+    :func:`refcoll.simulate`'s, bit for bit.
 
     Raises:
-        UsageError: the manifest is not refcoll's (:func:`read_manifest`), or a vector
+        UsageError: the manifest is not refcoll's (:func:`read_manifest`), names no
+            vector or one twice, or a vector
             whose bytes are the manifest's cannot be read (not a regular file, too
             large, not an archive of arrays). An altered vector that cannot be read
             (a truncated file) is one more mismatch, and the others are still checked.
     """
     path = Path(directory)
     problems = []
-    for entry in read_manifest(path)["vectors"]:  # every entry checked before a file is opened
+    for entry in _to_verify(path):
         name = entry["file"]
         if not (path / name).exists():
             problems.append(f"{name}: missing")
@@ -396,10 +423,18 @@ def verify(directory) -> list[str]:
                 raise
             problems.append(f"{name}: cannot be read: {exc}")  # altered, and so broken: go on
             continue
+        short = [r for r, x in enumerate(inputs) if x.size != entry["n"]]
+        if short:
+            problems.append(f"{name}: rank {short[0]}'s input holds {inputs[short[0]].size} "
+                            f"elements, the manifest says n = {entry['n']}")
+            continue
         try:
             predicted = v.run(inputs)
         except UsageError as exc:  # the entry names a call the simulator refuses
             raise UsageError(f"{path / name}: {exc}") from None
+        problems += [f"{name}: the manifest says {key} {entry.get(key)!r}; the vector is "
+                     f"{value!r}" for key, value in _entry(v, predicted, entry["sha256"]).items()
+                     if entry.get(key) != value]
         for r, (have, want) in enumerate(zip(outputs, predicted)):
             if have is None and want is None:
                 continue
