@@ -327,6 +327,67 @@ def test_the_command_line(untouched_host, tmp_path):
 
 
 @needs_root
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec: pip install 'refcoll[mpi]'")
+def test_a_running_job_keeps_its_cluster_and_its_processes(untouched_host, tmp_path):
+    # A plain down (or up) removed the cluster from under a running `cluster run`, and a
+    # second run, ending, killed every process in the namespaces: the first job's too.
+    env = {"REFCOLL_CLUSTER_DIR": str(tmp_path / "state")}
+    made = _cli("up", "--nodes", "2", "--ranks-per-node", "1", env=env)
+    assert made.returncode == 0, made.stderr
+    prefix = made.stdout.split()[1].rstrip(":")
+    mark = tmp_path / "started"
+    job = subprocess.Popen([sys.executable, "-m", "refcoll", "cluster", "run", "--", "sh", "-c",
+                            f"touch {mark}.$$; sleep 20"], cwd=ROOT, env={**os.environ, **env},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while len(list(tmp_path.glob("started.*"))) < 2 and job.poll() is None:
+            threading_wait(0.1)
+        assert job.poll() is None, job.communicate()
+        down = _cli("down", env=env)
+        assert down.returncode == 0 and "no cluster removed" in down.stdout, down.stdout
+        assert f"left cluster {prefix}: a refcoll cluster run or check job uses it" in \
+            down.stderr
+        other = _cli("run", "--", "true", env=env)
+        assert other.returncode == 0, other.stderr
+        assert job.poll() is None, "the second run killed the first run's processes"
+        assert _cli("run", "--bogus", "--", "true", env=env).returncode == 2
+    finally:
+        job.terminate()
+        job.communicate(timeout=120)
+    assert _cli("down", env=env).returncode == 0 and leftovers(prefix) == []
+
+
+def test_a_launcher_killed_by_a_signal_is_said_and_exits_as_a_shell_would(monkeypatch):
+    # mpiexec killed by SIGKILL made run exit 247 (sys.exit(-9)) and say nothing.
+    import contextlib
+
+    from click.testing import CliRunner
+
+    import refcoll.cli.cluster as command
+
+    class Killed:
+        prefix, last_traffic = "rc000000", {}
+
+        class spec:  # noqa: N801 - the attribute run reads
+            total_ranks = 2
+
+        def run(self, *args, **kwargs):
+            return subprocess.CompletedProcess(args, -9)
+    monkeypatch.setattr(command, "_the_cluster", Killed)
+    monkeypatch.setattr(emulate, "using", lambda made: contextlib.nullcontext(made))
+    monkeypatch.setattr(command, "_cleanup_on_signals", lambda: None)  # (pytest's handlers)
+    result = CliRunner().invoke(command.cluster, ["run", "--", "true"])
+    assert result.exit_code == 137
+    assert "the mpich launcher was killed by SIGKILL" in result.output
+
+
+def threading_wait(seconds: float) -> None:
+    import threading
+
+    threading.Event().wait(seconds)
+
+
+@needs_root
 def test_what_is_missing_is_one_line_and_exit_2(untouched_host, tmp_path):
     env = {"REFCOLL_CLUSTER_DIR": str(tmp_path / "state")}
     before = emulate._namespaces()

@@ -46,8 +46,8 @@ def _left(force: bool) -> None:
     if force:
         return
     for state in emulate.live_clusters():
-        click.echo(f"refcoll: left cluster {state['prefix']}: process {state['owner']} holds it "
-                   "and runs (refcoll cluster down --force removes it)", err=True)
+        click.echo(f"refcoll: left cluster {state['prefix']}: {state['held_by']} (refcoll "
+                   "cluster down --force removes it)", err=True)
 
 
 # the bounds are ClusterSpec.check's, so that a number out of them is one line
@@ -87,7 +87,9 @@ def up(nodes, ranks_per_node, link, node_links, node_ranks, delay, racks, oversu
     _cleanup_on_signals()  # a kill unwinds through the build's own cleanup
     made = emulate.up(spec, force=force)
     _left(force)
-    click.echo(f"cluster {made.prefix}: {nodes} nodes x {ranks_per_node} ranks, links {link}"
+    uneven = "".join(f", node {node} {count}" for node, count in ranks.items())
+    click.echo(f"cluster {made.prefix}: {nodes} nodes x {ranks_per_node} ranks{uneven}, "
+               f"links {link}"
                + (f", delay {delay}" if delay else "") +
                (f", {racks} racks, uplinks oversubscribed {oversubscription:g}x"
                 if racks > 1 else ""))
@@ -149,7 +151,12 @@ def _the_cluster() -> emulate.Cluster:
     detached = [state for state in states if state.get("detached")]
     if not states:
         raise UsageError("no cluster is up that refcoll can run on: refcoll cluster up first")
-    return emulate.attach((detached or states)[0])
+    # An up killed while it removed the cluster before leaves that one incomplete: the
+    # complete one, the newest, is the one up made.
+    whole = {state["prefix"]: state["complete"] for state in emulate.status() if "prefix" in state}
+    chosen = max(detached or states, key=lambda state: (whole.get(state["prefix"], False),
+                                                        state.get("owner_start") or 0))
+    return emulate.attach(chosen)
 
 
 def _cleanup_on_signals() -> None:
@@ -159,8 +166,7 @@ def _cleanup_on_signals() -> None:
         signal.signal(sig, lambda *_, code=code: sys.exit(code))
 
 
-@cluster.command(context_settings={"ignore_unknown_options": True,
-                                   "allow_interspersed_args": False})
+@cluster.command(context_settings={"allow_interspersed_args": False})
 @click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None,
               help="Processes (default: every rank of every node).")
 @click.option("--launcher", type=click.Choice(launch.LAUNCHERS), default="mpich",
@@ -178,11 +184,16 @@ def run(nprocs, launcher, command):
                          f"({made.spec.nodes} nodes); give -n {ranks} or fewer, or bring it "
                          "up with more --ranks-per-node")
     _cleanup_on_signals()  # run's cleanup on a kill or a hang-up
-    code = made.run(list(command), nprocs, launcher=launcher).returncode
+    with emulate.using(made):  # up and down leave a cluster a job holds
+        code = made.run(list(command), nprocs, launcher=launcher).returncode
     sent = sum(tx for tx, _ in made.last_traffic.values())
     click.echo(f"# cluster {made.prefix}: bytes sent over the nodes' links: " + ", ".join(
         f"node {i} {tx} B" for i, (tx, _) in sorted(made.last_traffic.items()))
         + f" ({sent} B in all)", err=True)
+    if code < 0:  # the launcher was killed by a signal: say so, exit as a shell would
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        click.echo(f"refcoll: error: the {launcher} launcher was killed by {name}", err=True)
+        code = 128 - code
     sys.exit(code)
 
 
@@ -193,5 +204,7 @@ def check():
     socket), beside what was asked."""
     made = _the_cluster()
     _cleanup_on_signals()  # the measuring processes go with a killed check
-    for line in format_links(measure_links(made)):
+    with emulate.using(made):
+        lines = format_links(measure_links(made))
+    for line in lines:
         click.echo(line)

@@ -31,6 +31,7 @@ by ``refcoll cluster up``) or its owner is gone; ``--force``, a running job's to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -48,7 +49,7 @@ from pathlib import Path
 from ..core.errors import UsageError
 from ..core.reading import loads_json
 from ..core.topology import NodeLink, Topology, machine_of
-from ..core.writing import remove_file, write_json, write_text
+from ..core.writing import claimed, remove_file, write_json, write_text
 from . import launch
 from .spec import (
     MAX_DELAY_S,
@@ -317,10 +318,12 @@ class Cluster:
         ``MPI_Finalize``, an orphaned proxy) is killed before this returns.
         """
         before = self.link_bytes()
+        job = f"{os.getpid()}-{secrets.token_hex(6)}"  # marks this run's processes
+        popen["env"] = {**popen.get("env", {}), JOB: job}
         try:
             return launch.run(self, command, nprocs, launcher, **popen)
         finally:
-            self.kill_processes()
+            self.kill_processes(job)
             after = self.link_bytes()
             self.last_traffic = {i: (after[i][0] - before[i][0], after[i][1] - before[i][1])
                                  for i in after}
@@ -334,9 +337,10 @@ class Cluster:
             out[i] = (int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"]))
         return out
 
-    def kill_processes(self) -> None:
-        """Kill every process left in the cluster's namespaces."""
-        _kill(list(self.made))
+    def kill_processes(self, job: str | None = None) -> None:
+        """Kill every process left in the cluster's namespaces; with ``job``, only those of
+        that run (another run's on the same cluster goes on)."""
+        _kill(list(self.made), job)
 
     # ------------------------------------------------------------- down
 
@@ -394,6 +398,7 @@ def _remove(prefix: str, made: list[str]) -> None:
                            "down again as root")
     remove_file(STATE_DIR / f"{prefix}.json")
     remove_file(topology_path(prefix))
+    remove_file(STATE_DIR / f"{prefix}.lock")
 
 
 def topology_path(prefix: str) -> Path:
@@ -401,12 +406,32 @@ def topology_path(prefix: str) -> Path:
     return STATE_DIR / f"{prefix}.topo.json"
 
 
-def _kill(names: list[str]) -> None:
-    """SIGTERM every process in the namespaces, then SIGKILL what is left."""
+#: The variable that marks a run's processes (:meth:`Cluster.run`): each started process
+#: inherits it, and only the processes that hold it are that run's to kill.
+JOB = "REFCOLL_CLUSTER_JOB"
+
+
+def _of_job(pid: str, job: str | None) -> bool:
+    """Whether process ``pid`` is run ``job``'s (its environment holds the mark); any
+    process when ``job`` is None."""
+    if job is None:
+        return True
+    try:
+        return f"{JOB}={job}".encode() in Path(f"/proc/{int(pid)}/environ").read_bytes().split(
+            b"\0")
+    except (OSError, ValueError):
+        return False  # gone, or not ours to read
+
+
+def _kill(names: list[str], job: str | None = None) -> None:
+    """SIGTERM every process in the namespaces (with ``job``: of that run), then SIGKILL
+    what is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = False
         for ns in names:
             for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                if not _of_job(pid, job):
+                    continue
                 alive = True
                 try:
                     os.kill(int(pid), sig)
@@ -458,8 +483,25 @@ def remove_stale() -> list[str]:
     return gone
 
 
-def _removable(force: bool) -> list[dict]:
-    """The clusters ``up`` and ``down`` remove: detached or ownerless (all with ``force``).
+@contextlib.contextmanager
+def using(cluster: "Cluster"):
+    """Hold ``cluster`` for a job (``refcoll cluster run`` and ``check``): ``up`` and ``down``
+    leave a cluster a job holds, unless forced.
+
+    Raises:
+        UsageError: the cluster is being removed, or is gone.
+    """
+    with claimed(STATE_DIR / cluster.prefix, shared=True) as had:
+        if not had or not cluster.state_file.exists():
+            raise UsageError(f"cluster {cluster.prefix} is being removed (refcoll cluster up "
+                             "or down): bring one up and run again")
+        yield cluster
+
+
+@contextlib.contextmanager
+def _removable(force: bool):
+    """Yield the clusters ``up`` and ``down`` remove: detached or ownerless, and held by no
+    job (all with ``force``), each claimed so that no job takes it meanwhile.
 
     Raises:
         UsageError: a state file refcoll cannot trust is there; nothing is removed.
@@ -468,7 +510,24 @@ def _removable(force: bool) -> list[dict]:
     if bad:
         raise UsageError(f"{bad[0]}; refcoll removes no cluster while it is there: "
                          + _by_hand(bad[0]))
-    return [state for state in good if force or not owned(state)]
+    with contextlib.ExitStack() as claims:
+        free = []
+        for state in good:
+            if not force and owned(state):
+                continue
+            if claims.enter_context(claimed(STATE_DIR / state["prefix"], shared=False)) \
+                    or force:
+                free.append(state)
+        yield free
+
+
+def holder(state: dict) -> str | None:
+    """Say who holds a cluster while they run: its owner (``with Cluster``), or a job
+    (``refcoll cluster run`` or ``check``); None: no one."""
+    if owned(state):
+        return f"process {state['owner']} holds it and runs"
+    with claimed(STATE_DIR / state["prefix"], shared=False) as had:
+        return None if had else "a refcoll cluster run or check job uses it"
 
 
 def _by_hand(problem: str) -> str:
@@ -487,11 +546,10 @@ def _by_hand(problem: str) -> str:
 
 
 def live_clusters() -> list[dict]:
-    """Return the clusters another process holds (``with Cluster``) while it runs.
-
-    ``up`` and ``down`` leave them, unless forced.
-    """
-    return [state for state in clusters() if owned(state)]
+    """Return the clusters another process holds while it runs (:func:`holder`), each with
+    ``held_by``, who holds it. ``up`` and ``down`` leave them, unless forced."""
+    held = [dict(state, held_by=holder(state)) for state in clusters()]
+    return [state for state in held if state["held_by"]]
 
 
 def up(spec: ClusterSpec, *, force: bool = False) -> Cluster:
@@ -505,11 +563,11 @@ def up(spec: ClusterSpec, *, force: bool = False) -> Cluster:
     why = missing_capability()
     if why:
         raise ClusterError(why)
-    old = _removable(force)  # an untrusted state file refuses before anything is built
-    cluster = Cluster(spec).up()  # built first: one that cannot be (no netem) leaves the old
-    cluster._write_state(detached=True)
-    for state in old:
-        _remove(state["prefix"], state["namespaces"])
+    with _removable(force) as old:  # an untrusted state file refuses before anything is built
+        cluster = Cluster(spec).up()  # built first: one that cannot be (no netem) leaves the old
+        cluster._write_state(detached=True)
+        for state in old:
+            _remove(state["prefix"], state["namespaces"])
     return cluster
 
 
@@ -520,9 +578,10 @@ def down(*, force: bool = False) -> list[str]:
     if why:
         raise ClusterError(why)
     prefixes = []
-    for state in _removable(force):
-        _remove(state["prefix"], state["namespaces"])
-        prefixes.append(state["prefix"])
+    with _removable(force) as removable:
+        for state in removable:
+            _remove(state["prefix"], state["namespaces"])
+            prefixes.append(state["prefix"])
     return prefixes
 
 

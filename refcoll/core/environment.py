@@ -180,6 +180,13 @@ VARIABLES: tuple[Variable, ...] = (
         "group or other write, that name its own pattern of namespaces "
         "([Files from others](../guides/files.md)).",
         ("refcoll.cluster.emulate",)),
+    Variable(
+        "REFCOLL_CLUSTER_JOB", "unset (not a process of `refcoll cluster run`)",
+        "Marks the processes of one `refcoll cluster run`: when the run ends, what it left "
+        "running in the cluster's namespaces, and only that, is killed, so another run on "
+        "the same cluster goes on.",
+        ("refcoll.cluster.emulate",),
+        set_by="`refcoll cluster run`"),
 )
 
 

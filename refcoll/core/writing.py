@@ -203,6 +203,28 @@ def locked(path, wait: float | None = None):
         os.close(fd)  # closing releases the lock
 
 
+@contextlib.contextmanager
+def claimed(path, *, shared: bool):
+    """Hold a lock on ``path.lock`` (beside it) for the block, if it can be had at once.
+
+    Shared, as each of the jobs that use a thing holds it; exclusive, as the one that
+    removes the thing does, so that none removes it from under a job. Yields whether
+    it was had (it never waits). The lock goes with the block, or with the process.
+    """
+    lock = f"{path}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                 0o600)
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            had = True
+        except BlockingIOError:
+            had = False
+        yield had
+    finally:
+        os.close(fd)
+
+
 def private_folder(prefix: str = "refcoll-") -> str:
     """Make a folder only this user can enter (mode 0700, an unpredictable name); return it."""
     return tempfile.mkdtemp(prefix=prefix)
