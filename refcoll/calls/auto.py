@@ -154,8 +154,9 @@ class AlgoFilter:
 
     @classmethod
     def parse(cls, text: str | None) -> "AlgoFilter":
-        """Parse a ``REFCOLL_ALGO`` value; :class:`UsageError` names what is wrong."""
-        if not text or not text.strip():
+        """Parse a ``REFCOLL_ALGO`` value; :class:`UsageError` names what is wrong.
+        ``auto`` is what unset is: auto picks among all its candidates."""
+        if not text or not text.strip() or text.strip() == "auto":
             return cls()
         known = [n for n, algo in algorithms.REGISTRY.items() if algo.pinnable]
         rules, seen = [], set()

@@ -60,7 +60,8 @@ VARIABLES: tuple[Variable, ...] = (
         "ones, `^recursive_doubling`; per collective `allreduce:ring;reduce_scatter:rabenseifner`. "
         "Calls that name an algorithm are not affected. Under `backend=\"refcoll\"` it is the "
         "algorithm of every collective that has it (`ring`), or one per collective "
-        "(`allreduce=ring,allgather=bruck`). The ranks agree on it at their first `auto` call.",
+        "(`allreduce=ring,allgather=bruck`). `auto` is the same as unset. The ranks agree on "
+        "it at their first `auto` call.",
         ("refcoll.calls.auto", "refcoll.torch.backend")),
     Variable(
         "REFCOLL_TUNING_FILE", "unset (auto prices with the cost model)",

@@ -52,8 +52,9 @@ collectives of DTensor, a compiled graph) calls ``reduce``,
 ``alltoall`` or a coalesced call, torch 2.13 raises "No backend type associated
 with device type cpu" itself, before refcoll is asked: a clear error, never a
 wrong answer. ``dist.monitored_barrier`` refuses every backend but Gloo, and
-``dist._coalescing_manager`` needs ``_start_coalescing``, which a Python group
-cannot give; both fail in torch with their own message.
+``dist._coalescing_manager(device=...)`` needs ``_start_coalescing``, which a Python
+group cannot give; both fail in torch with their own message. Without ``device``,
+torch hands the block's calls to the coalesced methods below.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from ..transport.mpi import MPITransport
 from ..transport.torch import TorchTransport
 from . import exchange
 from .launch import mpi_communicator
-from .tensors import as_array, flat, premultiplier, reduction
+from .tensors import as_array, flat, premultipliable, premultiplier, reduction
 from .watch import watch_settings, watched_from_env
 from .work import submit
 
@@ -99,7 +100,8 @@ def algorithms_from_env(value: str | None = None) -> dict:
     collective one algorithm, the group runs that one; elsewhere ``auto``, which the
     same value then steers. ``ring``: ring wherever a collective has it;
     ``allreduce=ring,broadcast=tree`` (or ``allreduce:ring;broadcast:tree``): per
-    collective; ``^tree`` or ``allreduce:ring,tree``: ``auto``, choosing among those left.
+    collective; ``^recursive_doubling`` or ``allreduce:ring,tree``: ``auto``, choosing
+    among those left; ``auto`` (or unset): ``auto`` everywhere.
     """
     text = os.environ.get("REFCOLL_ALGO", "") if value is None else value
     chosen = AlgoFilter.parse(text)
@@ -134,14 +136,16 @@ def _judges_mpi(store, rank: int, size: int, deadline: float | None) -> MPITrans
 def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     """The creator torch calls on every rank of a new group: a RefcollGroup.
 
-    Every rank reads its settings (``REFCOLL_ALGO``, ``REFCOLL_WATCH*``) and tells the
-    others through the group's store whether they read, before any group is made: one
-    rank's bad value is every rank's :class:`UsageError`, where the others would wait
-    in the making of the groups until the group's timeout.
+    Every rank reads its settings (``REFCOLL_ALGO``, ``REFCOLL_WATCH*``,
+    ``REFCOLL_TIMEOUT``) and tells the others through the group's store whether they
+    read, before any group is made: one rank's bad value is every rank's
+    :class:`UsageError`, where the others would wait in the making of the groups until
+    the group's timeout.
     """
     problem, algorithms, settings = "", {}, {}
     try:
         algorithms, settings = algorithms_from_env(), watch_settings()
+        _timeout(timeout)
     except UsageError as exc:
         problem = str(exc) or "a setting it could not read"
     store.set(f"refcoll/settings/{rank}", problem)
@@ -285,6 +289,7 @@ class RefcollGroup(dist.ProcessGroup):
             with shared_errors(t, True, name):
                 op, factor = reduction(opts.reduceOp)
                 _linear_on_complex(op, any(x.is_complex() for x in tensors))
+                premultipliable(factor, tensors)
             for x in self._arrays(t, name, tensors):
                 source = x if factor is None else x * x.dtype.type(factor)
                 call(source, x, t, op=op, algorithm=self.algorithms[name])
@@ -328,13 +333,15 @@ class RefcollGroup(dist.ProcessGroup):
             op, factor = reduction(opts.reduceOp)
             _linear_on_complex(op, complex_)
             copied = isinstance(x, list)
+            premultipliable(factor, x if copied else [x])
             if copied:
                 _one_a_rank(t, x, out.numel(), "reduce-scatter", "piece", "its output")
             whole = torch.cat([flat(piece) for piece in x]) if copied else flat(x)
-            if whole.numel() != out.numel() * t.size:  # torch's rule (refcoll's takes any n)
-                raise ValueError(f"rank {t.rank}: the reduce-scatter's input has "
-                                 f"{whole.numel()} elements; {t.size} ranks of an output of "
-                                 f"{out.numel()} need {out.numel() * t.size}")
+            count = sum(piece.numel() for piece in x) if copied else x.numel()
+            if count != out.numel() * t.size:  # torch's rule (refcoll's takes any n)
+                raise ValueError(f"rank {t.rank}: the reduce-scatter's input has {count} "
+                                 f"elements; {t.size} ranks of an output of {out.numel()} "
+                                 f"need {out.numel() * t.size}")
             if factor is not None:
                 scale = premultiplier(factor, whole)
                 whole = whole * scale if not copied else whole.mul_(scale)
@@ -348,7 +355,7 @@ class RefcollGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
 
         def job(t):
-            for x in self._arrays(t, "broadcast", tensors):
+            for x in self._arrays(t, "broadcast", [_moved(x) for x in tensors]):
                 calls.broadcast(x, opts.rootRank, t, algorithm=self.algorithms["broadcast"],
                                 out=x)
         return self._submit("broadcast", tensors, job)
@@ -404,7 +411,7 @@ class RefcollGroup(dist.ProcessGroup):
 
     def _allgather(self, t, whole: torch.Tensor, x: torch.Tensor) -> None:
         with shared_errors(t, True, "allgather"):
-            a, o = as_array(flat(x), t), as_array(flat(whole), t, "the output")
+            a, o = as_array(flat(_moved(x)), t), as_array(flat(_moved(whole)), t, "the output")
             if o.size != a.size * t.size:
                 raise ValueError(f"rank {t.rank}: the allgather output has {o.size} elements; "
                                  f"{t.size} ranks of {a.size} need {a.size * t.size}")
@@ -484,6 +491,14 @@ class RefcollGroup(dist.ProcessGroup):
         return self.transport(tensors)._raw
 
 
+def _moved(tensor):
+    """Return what data movement carries of ``tensor``: a bool tensor as its bytes (a uint8
+    view), which refcoll moves as Gloo does though it reduces no bool; any other, itself."""
+    if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8)
+    return tensor
+
+
 def _linear_on_complex(op: str, complex_: bool) -> None:
     """Refuse an op other than a sum or average on complex tensors: refcoll reduces their
     real and imaginary parts as floats, elementwise, which is the complex result only for
@@ -503,7 +518,7 @@ def _readable(t, tensors, what: str = "the input", error: str = "") -> tuple[lis
     if error:
         return [None] * max(len(tensors), 1), error
     try:
-        return [as_array(flat(x), t, what) for x in tensors] or [None], ""
+        return [as_array(flat(_moved(x)), t, what) for x in tensors] or [None], ""
     except (TypeError, ValueError) as exc:
         return [None] * max(len(tensors), 1), str(exc)
 

@@ -23,7 +23,7 @@ from ..core.errors import UsageError
 from ..core.ops import DTYPES
 
 __all__ = ["as_array", "as_tensor", "cpu_tensor", "check_same_device", "torch_dtype_name",
-           "flat", "reduction"]
+           "flat", "reduction", "premultipliable", "premultiplier"]
 
 #: torch's reduction types, as refcoll's ops (PREMUL_SUM: ``sum`` after the factor).
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg",
@@ -148,6 +148,24 @@ def reduction(op) -> tuple[str, object]:
     if isinstance(factor, _torch().Tensor):
         factor = factor.item()
     return _OPS[name], factor
+
+
+def premultipliable(factor, tensors) -> None:
+    """Refuse PREMUL_SUM (``factor``; None: another op) on tensors that are not floating
+    point or complex: a real factor rounded to an integer type (0.3 to 0) would be a
+    silent wrong sum. Gloo refuses PREMUL_SUM, and torch's NCCL backend takes it on
+    floating point only.
+
+    Raises:
+        ValueError: such a tensor.
+    """
+    if factor is None:
+        return
+    for x in tensors:
+        if not (x.is_floating_point() or x.is_complex()):
+            raise ValueError(f"PREMUL_SUM on a {x.dtype} tensor: its factor {factor!r} is a "
+                             "real number, which an integer type would round away; use a "
+                             "floating-point tensor (as NCCL requires)")
 
 
 def premultiplier(factor: float, tensor):

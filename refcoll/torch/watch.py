@@ -84,7 +84,7 @@ from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
 from ..verify.checksums import block_elements, block_size, checksums, judge_sums
 from ..verify.ieee import zero_signs_wrong
 from ..verify.oracle import check_outputs
-from .tensors import _bits_types, as_array, flat, premultiplier, reduction
+from .tensors import _bits_types, as_array, flat, premultipliable, premultiplier, reduction
 from .work import FutureWork, submit
 
 __all__ = ["Watch", "watched_from_env", "watch_settings", "make_backend", "check_backend",
@@ -206,6 +206,11 @@ def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
     if kind not in ("AVG", "PREMUL_SUM") or method not in _GLOO_SUMS:
         return args, None
     factor = reduction(op)[1]
+    if method in ("allreduce", "allreduce_coalesced", "reduce"):
+        premultipliable(factor, args[0])
+    else:
+        premultipliable(factor, [args[1]] if method == "reduce_scatter_single"
+                        else [piece for row in args[1] for piece in row])
     summed = type(opts)()
     for field in ("rootRank", "rootTensor", "timeout"):
         if hasattr(opts, field):

@@ -314,11 +314,13 @@ def test_one_ranks_bad_setting_is_every_ranks_error_when_the_group_is_made(world
     """The rank with the bad value raised at once; the others waited in the making of the
     group's Gloo until the group's timeout (30 minutes by torch's default)."""
     last = world.size() - 1
-    for bad in ({"REFCOLL_ALGO": "Bogus"}, {"REFCOLL_WATCH": "gloo", "REFCOLL_WATCH_SAMPLE": 0}):
+    for bad in ({"REFCOLL_ALGO": "Bogus"}, {"REFCOLL_WATCH": "gloo", "REFCOLL_WATCH_SAMPLE": 0},
+                {"REFCOLL_TIMEOUT": "5s"}):
         mine = bad if world.rank() == last else {}
         with pytest.raises(UsageError, match=f"settings: rank {last}: REFCOLL_"):
             group_with(**mine)
     assert group_with(REFCOLL_ALGO="ring").algorithms["allreduce"] == "ring"  # goes on
+    assert group_with(REFCOLL_ALGO="auto").algorithms["allreduce"] == "auto"  # as unset
 
 
 def test_a_rank_missing_from_a_collective_is_a_timeout_not_a_hang(world):
@@ -426,3 +428,46 @@ def test_gather_and_scatter_pieces_unlike_the_ranks_tensors_are_refused(world):
     ins = [torch.ones(4) for _ in range(p)] if r == root else None
     with pytest.raises(ValueError, match="the root's input for rank 0 holds 4"):
         dist.scatter(torch.empty(2), ins, src=root)
+
+
+def test_premul_sum_of_integers_is_refused_on_every_rank(world):
+    # The factor was rounded to the integer type: 0.3 summed zeros, 2.5 scaled by 2.
+    p, r = world.size(), world.rank()
+    premul = dist._make_nccl_premul_sum(0.3)
+    x = torch.tensor([10, 20, 30]) * (r + 1)
+    with pytest.raises(ValueError, match="PREMUL_SUM on a torch.int64 tensor"):
+        dist.all_reduce(x, op=premul)
+    assert x.tolist() == [10 * (r + 1), 20 * (r + 1), 30 * (r + 1)]  # left as it was
+    with pytest.raises(ValueError, match="PREMUL_SUM on a torch.int32 tensor"):
+        dist.reduce_scatter_tensor(torch.zeros(2, dtype=torch.int32),
+                                   torch.ones(2 * p, dtype=torch.int32), op=premul)
+    dist.barrier()  # the group goes on
+
+
+def test_bool_tensors_are_moved_as_gloo_moves_them(world):
+    # Refused as a dtype refcoll does not reduce: DDP of a model with a bool buffer (a
+    # causal mask) failed when it was made, at its broadcast of the buffers.
+    p, r = world.size(), world.rank()
+    mask = torch.tensor([True, False, r == 0])
+    dist.broadcast(mask, src=0)
+    assert mask.tolist() == [True, False, True]
+    gathered = torch.empty(3 * p, dtype=torch.bool)
+    dist.all_gather_into_tensor(gathered, torch.tensor([r % 2 == 0, True, False]))
+    assert gathered.tolist() == [v for q in range(p) for v in (q % 2 == 0, True, False)]
+    model = torch.nn.Linear(3, 2)
+    model.register_buffer("mask", torch.tensor([r == 0, True]))
+    torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's buffers
+    assert model.mask.tolist() == [True, True]
+    with pytest.raises(UsageError, match="dtype bool, which refcoll does not reduce"):
+        dist.all_reduce(torch.tensor([True]))
+
+
+def test_a_complex_reduce_scatter_is_the_complex_sum(world):
+    # Its reals were counted against the complex output: every call was refused.
+    p, r = world.size(), world.rank()
+    x = torch.arange(2 * p, dtype=torch.float32).to(torch.complex64) * (1 + 1j) + r
+    out = torch.empty(2, dtype=torch.complex64)
+    dist.reduce_scatter_tensor(out, x)
+    whole = sum(torch.arange(2 * p, dtype=torch.float32).to(torch.complex64) * (1 + 1j) + q
+                for q in range(p))
+    assert out.tolist() == whole[2 * r:2 * r + 2].tolist()
