@@ -366,7 +366,9 @@ class RefcollGroup(dist.ProcessGroup):
 
         def job(t):
             self._allgather_lists(t, output_lists, inputs)
-        return self._submit("allgather", inputs, job, output_lists)
+        # the future's value is the one input's outputs, as Gloo's is
+        return self._submit("allgather", inputs, job, output_lists[0] if len(output_lists) == 1
+                            else output_lists)
 
     @_watchable("allgather_coalesced")
     def allgather_coalesced(self, output_lists, inputs, opts=None):

@@ -588,7 +588,8 @@ class Watch:
         if sample is None and finish is None:
             return work
         batch = self._take(sample)
-        read = functools.partial(_read, sample, finish, result)
+        value = result[0] if method == "allgather" and len(result) == 1 else result  # (Gloo's)
+        read = functools.partial(_read, sample, finish, value)
         done = None
         if _on_cpu(result) and _has_future(work):
             # Read on the library's thread the moment it completes the call: a call that
@@ -601,7 +602,7 @@ class Watch:
         wait = functools.partial(read, work.wait) if done is None else done.wait
         name = sample.collective if sample is not None else method
         judging = submit(f"watch {name}", refcoll_group._cpu,
-                         functools.partial(self._close, wait, batch), result)
+                         functools.partial(self._close, wait, batch), value)
         if batch:
             self._keep(judging)
         return judging

@@ -471,3 +471,10 @@ def test_a_complex_reduce_scatter_is_the_complex_sum(world):
     whole = sum(torch.arange(2 * p, dtype=torch.float32).to(torch.complex64) * (1 + 1j) + q
                 for q in range(p))
     assert out.tolist() == whole[2 * r:2 * r + 2].tolist()
+
+
+def test_a_list_all_gathers_future_holds_its_outputs_as_gloos_does(world):
+    p, r = world.size(), world.rank()
+    outs = [torch.zeros(2) for _ in range(p)]
+    value = dist.all_gather(outs, torch.ones(2) * r, async_op=True).get_future().wait()
+    assert [v.tolist() for v in value] == [[q, q] for q in range(p)]  # not [[t0, t1]]
