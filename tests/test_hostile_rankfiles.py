@@ -506,20 +506,30 @@ def test_verify_refuses_a_vector_it_cannot_read(one_vector, deadline, case):
 
 def test_vectors_removes_only_what_its_manifest_named(one_vector, deadline, monkeypatch):
     folder, entry = one_vector
-    few = golden.plan()[:2]
+    whole = golden.plan()
+    few = whole[:2]
     monkeypatch.setattr(golden, "plan", lambda: few)
     victim = folder.parent / "victim.txt"
     victim.write_text("precious")
     (folder / "mine.npz").write_bytes(b"mine")  # not in the manifest: left alone
     _put(folder / entry["file"], _link_to(victim))  # named, and no longer planned: removed
-    os.symlink(victim, folder / few[0].filename)  # planned: replaced, not written through
     res, _ = invoke("vectors", folder)
     assert res.exit_code == 0, res.output
     assert victim.read_text() == "precious"
     assert sorted(os.listdir(folder)) == sorted(["manifest.json", "mine.npz",
                                                  *(v.filename for v in few)])
-    assert not (folder / few[0].filename).is_symlink()
     assert golden.verify(folder) == []
+    (folder / few[0].filename).unlink()
+    os.symlink(victim, folder / few[0].filename)  # named and planned: replaced, not through
+    res, _ = invoke("vectors", folder)
+    assert res.exit_code == 0 and victim.read_text() == "precious", res.output
+    assert not (folder / few[0].filename).is_symlink()
+    more = whole[:3]  # planned, but no manifest of refcoll's named it: not replaced
+    monkeypatch.setattr(golden, "plan", lambda: more)
+    os.symlink(victim, folder / more[2].filename)
+    res, _ = invoke("vectors", folder)
+    assert res.exit_code == 2 and "does not name it" in res.output, res.output
+    assert victim.read_text() == "precious" and (folder / more[2].filename).is_symlink()
 
 
 def test_vectors_refuses_a_file_for_its_folder(tmp_path, deadline):

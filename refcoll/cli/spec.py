@@ -55,9 +55,9 @@ def vectors(check, directory):
     DIRECTORY must be new, empty, or one this command wrote (it holds refcoll's
     manifest.json): only the vectors that manifest named are ever replaced or removed.
     """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"{directory}: is not a folder; give the vectors' folder")
     if check:
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise UsageError(f"{directory}: is not a folder; give the vectors' folder")
         manifest = golden.read_manifest(directory)
         problems = golden.verify(directory)
         for line in problems:
