@@ -188,6 +188,22 @@ def test_a_failure_while_judging_ends_the_reads_ahead_before_the_files_close(tmp
     assert all(x._fh is None for x in inputs + outputs)
 
 
+def test_more_rank_files_than_may_be_open_are_judged_from_two_threads(tmp_path, monkeypatch):
+    # The inputs are read on one thread and the outputs on another, while at most
+    # OPEN_FILES files are open: one thread closed a file the other was reading
+    # ("I/O operation on closed file", exit 1) past 128 ranks. A file being read is
+    # never closed now.
+    p, n = 3, 30_000
+    arrays = make_inputs("random", "float32", n, p, seed=5)
+    write_world(tmp_path / "in", arrays)
+    write_world(tmp_path / "out", expected_outputs("allreduce", arrays, algorithm="naive"))
+    monkeypatch.setattr(NpyFile, "OPEN_FILES", 4)  # 6 files: as 129 ranks are with 256
+    for _ in range(12):  # (a third of the checks failed before)
+        inputs, outputs, _ = load_case(tmp_path / "in", tmp_path / "out", lazy=True)
+        assert check_outputs(inputs, outputs, budget=20000).conforming
+        assert len(NpyFile._open) == 0  # every file closed at the end
+
+
 def test_a_big_endian_or_fortran_file_is_read_in_blocks_as_numpy_reads_it(tmp_path):
     x = np.arange(60, dtype=np.float32).reshape(6, 10)
     np.save(tmp_path / "be.npy", x.astype(">f4"))

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import math
 import os
 import re
 import struct
+import threading
 
 import numpy as np
 
@@ -217,6 +219,9 @@ class NpyFile:
     #: The most rank files held open at once.
     OPEN_FILES = 256
     _open: "collections.OrderedDict[int, NpyFile]" = collections.OrderedDict()
+    #: Guards ``_open`` and each file's ``_readers``: the check reads the inputs on one
+    #: thread and the outputs on another, and a file one is reading is never closed.
+    _lock = threading.Lock()
 
     def __init__(self, f, opener):
         self.name, self._opener = f, opener
@@ -228,24 +233,38 @@ class NpyFile:
         self.size = math.prod(self.shape)
         self.ndim = len(self.shape)
         self._fh = None
+        self._readers = 0  # reads in progress (never closed meanwhile)
 
-    def _handle(self):
-        """Return the open file, opening it (and closing the least recently read) if need be."""
-        if self._fh is None:
-            while len(NpyFile._open) >= NpyFile.OPEN_FILES:
-                NpyFile._open.popitem(last=False)[1].close()
-            fh = self._opener(self.name)
-            if os.fstat(fh.fileno()).st_size != self._size:
-                fh.close()
-                raise UsageError(f"{self.name}: changed while it was read (it held "
-                                 f"{self._size} bytes)")
-            self._fh = fh
-        NpyFile._open[id(self)] = self
-        NpyFile._open.move_to_end(id(self))
-        return self._fh
+    @contextlib.contextmanager
+    def _reading(self):
+        """Yield the open file for one read, opening it (and closing the least recently read
+        file that no thread is reading) if need be."""
+        with NpyFile._lock:
+            if self._fh is None:
+                idle = [f for f in NpyFile._open.values() if not f._readers]
+                for f in idle[:max(0, len(NpyFile._open) + 1 - NpyFile.OPEN_FILES)]:
+                    f._close()
+                fh = self._opener(self.name)
+                if os.fstat(fh.fileno()).st_size != self._size:
+                    fh.close()
+                    raise UsageError(f"{self.name}: changed while it was read (it held "
+                                     f"{self._size} bytes)")
+                self._fh = fh
+            NpyFile._open[id(self)] = self
+            NpyFile._open.move_to_end(id(self))
+            self._readers += 1
+        try:
+            yield self._fh
+        finally:
+            with NpyFile._lock:
+                self._readers -= 1
 
     def close(self) -> None:
         """Close the file (it is opened again if read again)."""
+        with NpyFile._lock:
+            self._close()
+
+    def _close(self) -> None:
         NpyFile._open.pop(id(self), None)
         if self._fh is not None:
             self._fh.close()
@@ -268,9 +287,9 @@ class NpyFile:
             out[...] = block
             return out
         into = np.empty(hi - lo, dtype=self.stored) if out is None else out.view(self.stored)
-        fh = self._handle()
-        fh.seek(self._offset + lo * self.stored.itemsize)
-        _fill(fh, into.view(np.uint8), self.name, lo * self.stored.itemsize)
+        with self._reading() as fh:
+            fh.seek(self._offset + lo * self.stored.itemsize)
+            _fill(fh, into.view(np.uint8), self.name, lo * self.stored.itemsize)
         if into.dtype.byteorder not in ("=", "|"):
             native = _native(into).view(self.dtype)
             if out is None:
@@ -300,13 +319,13 @@ class NpyFile:
         ranked = places[order]
         width = self.stored.itemsize
         out = np.empty(indices.size, dtype=self.stored)
-        fh = self._handle()
-        for run in _runs(ranked, width):
-            first, last = int(ranked[run.start]), int(ranked[run.stop - 1])
-            span = np.empty((last - first + 1) * width, dtype=np.uint8)
-            fh.seek(self._offset + first * width)
-            _fill(fh, span, self.name, first * width)
-            out[order[run]] = span.view(self.stored)[ranked[run] - first]
+        with self._reading() as fh:
+            for run in _runs(ranked, width):
+                first, last = int(ranked[run.start]), int(ranked[run.stop - 1])
+                span = np.empty((last - first + 1) * width, dtype=np.uint8)
+                fh.seek(self._offset + first * width)
+                _fill(fh, span, self.name, first * width)
+                out[order[run]] = span.view(self.stored)[ranked[run] - first]
         return _native(out).view(self.dtype)
 
     def whole(self) -> np.ndarray:
