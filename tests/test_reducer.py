@@ -285,6 +285,44 @@ def test_the_scaled_copy_is_torchs_tensor_times_a_scalar_to_the_bit(dtype):
         assert np.array_equal(slot.view(want.dtype), want)
 
 
+@pytest.mark.parametrize("dtype,p", [("bfloat16", 257), ("float16", 2049), ("float32", 3)])
+def test_the_in_place_division_is_torchs_div_by_the_exact_rank_count(dtype, p):
+    # DDP's bucket_view.div_(p) divides by the integer p (in float32 for 16-bit floats);
+    # p rounded to the dtype first (bfloat16(257) is 256) divided every element wrongly.
+    from refcoll.training.buckets import divide_then_sum
+
+    torch = pytest.importorskip("torch", reason="torch is the reference here")
+    dt = refcoll.DTYPES[dtype]
+    grad = gradients([(10000,)], 0, dtypes=[dt])[0]
+    view = grad.copy()
+    divide_then_sum([view], p, lambda: None, None)
+    half = dt.itemsize == 2
+    tensor = (torch.from_numpy(grad.view(np.int16)).view(getattr(torch, dtype)) if half
+              else torch.from_numpy(grad)).clone()
+    tensor.div_(p)
+    want = tensor.view(torch.int16).numpy() if half else tensor.numpy()
+    assert np.array_equal(view.view(want.dtype), want)
+
+
+def test_a_hooks_handle_that_fails_on_one_rank_is_every_ranks_error():
+    # Its wait() raised on that rank alone, before the first iteration's agreement: the
+    # other ranks waited in the rebuild's collective for ever (a deadlock here).
+    class Failing:
+        def wait(self, timeout=None):
+            raise RuntimeError("the future failed")
+
+    def body(t):
+        red = Reducer(SHAPES, t, hook=lambda b: Failing() if t.rank == 0 else b.buffer(),
+                      **caps(300, 600))
+        for i, g in reversed(list(enumerate(gradients(SHAPES, t.rank)))):
+            red.ready(i, g)
+        red.finalize()
+
+    said = errors_on_every_rank(2, body, UsageError)
+    assert all("rank 0: a hook's handle raised RuntimeError: the future failed" in (s or "")
+               for s in said), said
+
+
 def test_a_transposed_view_of_its_own_slot_is_copied_not_taken_as_the_slot():
     """A square parameter's slot seen transposed has the slot's address and shape; taken for
     the slot, its memory (the untransposed gradient) was reduced: a silent transpose."""

@@ -312,8 +312,9 @@ def divide_then_sum(views, p: int, plan, t):
 
     ``plan``: the bucket's all-reduce plan (:func:`refcoll.allreduce_init`, in place).
     """
-    for view in views:
-        np.divide(view, view.dtype.type(p), out=view)
+    for view in views:  # p exact, as torch's div_ by an int computes (a 16-bit float's in
+        wide = np.float64 if view.dtype == np.float64 else np.float32  # float32, its opmath)
+        np.divide(view, wide(p), out=view, dtype=wide, casting="unsafe")
     return plan()
 
 

@@ -371,7 +371,8 @@ class Reducer:
             if view.dtype.itemsize == 2 and is_float(view.dtype):
                 # torch computes a 16-bit float times a scalar in float32 (its opmath type):
                 # the factor is float32's 1/p, the product rounded once, to the bucket's dtype
-                np.multiply(grad, np.float32(1.0 / self.size), out=view, casting="unsafe")
+                np.multiply(grad, np.float32(1.0 / self.size), out=view, dtype=np.float32,
+                            casting="unsafe")  # (dtype: NumPy 1's promotion would take fp16)
             else:
                 np.multiply(grad, view.dtype.type(1.0 / self.size), out=view)
         else:  # a hook gets undivided gradients, as in DDP
@@ -518,14 +519,17 @@ class Reducer:
         handles = [self._work[b] for b in waiting]
         if self.find_unused:  # DDP's all_reduce_local_used_map, after the last bucket
             handles.append(self._used_plan.start().handle)
-        results = wait_all(handles)
+        first = not self.rebuilt and not self.find_unused  # ends in a collective: agree first
+        results, wrong = _waited(handles, first)
         reduced = list(self._work)
-        for b, result in zip(waiting, results):
+        for b, result in zip(waiting, results or ()):
             reduced[b] = result
-        wrong = [{"kind": "argument", "text": f"the hook returned {np.size(result)} elements "
-                  f"for bucket {b}, which holds {self._buckets[b].numel}"}
-                 for b, result in enumerate(reduced) if np.size(result) != self._buckets[b].numel]
-        if not self.rebuilt and not self.find_unused:
+        if results is not None:
+            wrong = [{"kind": "argument", "text": f"the hook returned {np.size(result)} "
+                      f"elements for bucket {b}, which holds {self._buckets[b].numel}"}
+                     for b, result in enumerate(reduced)
+                     if np.size(result) != self._buckets[b].numel]
+        if first:
             # the first iteration ends in a collective (the rebuild): agree on the results
             # first, so that one rank's wrong hook is every rank's error, not a peer's wait
             table = gather_json(self.control_transport, wrong, size=256)
@@ -587,3 +591,16 @@ class Reducer:
         """
         return [dict(row) for row in self._timeline]
 
+
+def _waited(handles: list, first: bool) -> tuple[list | None, list]:
+    """Wait for ``handles``; return their results (None: one raised) and this rank's
+    problems. In the first iteration, which ends in a collective, a hook's handle that
+    raised is a problem the ranks then agree on (every rank's error, not a peer's wait);
+    later it is raised here, as DDP raises it."""
+    try:
+        return wait_all(handles), []
+    except Exception as exc:  # noqa: BLE001 - a hook's own handle failed on this rank
+        if not first:
+            raise
+        return None, [{"kind": "argument",
+                       "text": f"a hook's handle raised {type(exc).__name__}: {exc}"}]
