@@ -131,6 +131,19 @@ def test_a_windows_page_is_checked_and_keeps_its_line_ends(tmp_path):
     assert page.read_bytes() == text.replace("\n", "\r\n").encode()
 
 
+def test_prose_about_markers_and_one_windows_line_leave_a_page_current(tmp_path):
+    text = (SPEC / "ring.md").read_text(encoding="utf-8")
+    first, rest = text.split("\n", 1)
+    page = tmp_path / "ring.md"
+    prose = ("A block opens with `<!-- generated: refcoll.trace KIND key=value -->` and "
+             "closes with `<!-- end generated -->`.\n")
+    page.write_bytes((first + "\r\n" + prose + rest).encode())
+    before = page.read_bytes()
+    assert CliRunner().invoke(spec_command, ["--check", str(page)]).exit_code == 0
+    assert CliRunner().invoke(spec_command, ["--write", str(page)]).exit_code == 0
+    assert page.read_bytes() == before
+
+
 def test_pages_without_blocks_are_not_a_pass(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "plain.md").write_text("# no blocks\n", encoding="utf-8")

@@ -195,6 +195,10 @@ def test_an_algorithm_one_report_found_wrong_is_no_rule_from_another():
     for order in ([("a.json", right), ("b.json", wrong)], [("b.json", wrong), ("a.json", right)]):
         (only,) = tuned.from_bench(order)["tables"]
         assert [(r["bytes"], r["algorithm"]) for r in only["rules"]] == [(65536, "ring")], order
+    crossed = report([(65536, "recursive_doubling", 80.0, 0), (65536, "ring", 100.0, 3)])
+    with pytest.raises(UsageError, match="a.json, b.json: at every size they timed, each "
+                                         "algorithm auto may run was found wrong"):
+        tuned.from_bench([("a.json", crossed), ("b.json", wrong)])
 
 
 class _OtherLibrary:

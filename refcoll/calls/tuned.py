@@ -402,10 +402,16 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
         entry["from"].append(os.path.basename(name))
         entry["timed"] += [(size, order, t, algo) for size, t, algo in timed]
         entry["wrong"] |= wrong
-    return {"version": 1, "source": "refcoll tune",
-            "tables": [{key: value for key, value in entry.items() if key not in ("timed", "wrong")}
-                       | {"from": ", ".join(entry["from"]), "rules": _rules(entry)}
-                       for entry in tables.values()]}
+    out = []
+    for entry in tables.values():
+        rules = _rules(entry)
+        if not rules:
+            raise UsageError(f"{', '.join(entry['from'])}: at every size they timed, each "
+                             "algorithm auto may run was found wrong in one of them: no rule is "
+                             f"left for {entry['collective']} on {entry['ranks']} ranks")
+        out.append({key: value for key, value in entry.items() if key not in ("timed", "wrong")}
+                   | {"from": ", ".join(entry["from"]), "rules": rules})
+    return {"version": 1, "source": "refcoll tune", "tables": out}
 
 
 def _rules(entry: dict) -> list:

@@ -251,8 +251,8 @@ def find_blocks(text: str, page: str = "the page") -> list[Block]:
     """
     found, opened, at = [], None, 0
     for number, line in enumerate(text.splitlines(keepends=True), 1):
-        bare = line.rstrip()
-        if "<!--" in bare and ("generated:" in bare or "end generated" in bare):
+        bare = line.strip()  # (a line that does not open with the comment is prose)
+        if bare.startswith("<!--") and ("generated:" in bare or "end generated" in bare):
             mine = OPEN.fullmatch(bare)
             foreign = not mine and bare.startswith("<!-- generated:") \
                 and "refcoll.trace" not in bare
@@ -264,8 +264,9 @@ def find_blocks(text: str, page: str = "the page") -> list[Block]:
             elif bare == CLOSE and opened is not None:
                 number0, start, body, mine = opened
                 if mine:
-                    found.append(Block(number0, start, body, at, at + len(bare), mine["kind"],
-                                       mine["args"]))
+                    close = at + line.index(CLOSE)
+                    found.append(Block(number0, start, body, close, close + len(CLOSE),
+                                       mine["kind"], mine["args"]))
                 opened = None
             elif bare == CLOSE:
                 raise UsageError(f"{page}: line {number}: {CLOSE} closes no block")
@@ -286,7 +287,7 @@ def regenerate(text: str, page: str = "the page") -> str:
     Raises:
         UsageError: a block that cannot be read or rendered, naming the page and line.
     """
-    crlf = "\r\n" in text
+    crlf = "\r\n" in text and "\n" not in text.replace("\r\n", "")  # Windows line ends only
     if crlf:
         text = text.replace("\r\n", "\n")
     out, done = [], 0
