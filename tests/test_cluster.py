@@ -335,9 +335,10 @@ def test_a_running_job_keeps_its_cluster_and_its_processes(untouched_host, tmp_p
     made = _cli("up", "--nodes", "2", "--ranks-per-node", "1", env=env)
     assert made.returncode == 0, made.stderr
     prefix = made.stdout.split()[1].rstrip(":")
-    mark = tmp_path / "started"
+    mark, done, go = tmp_path / "started", tmp_path / "done", tmp_path / "go"
     job = subprocess.Popen([sys.executable, "-m", "refcoll", "cluster", "run", "--", "sh", "-c",
-                            f"touch {mark}.$$; sleep 20"], cwd=ROOT, env={**os.environ, **env},
+                            f"touch {mark}.$$; while [ ! -e {go} ]; do sleep 0.1; done; "
+                            f"touch {done}.$$"], cwd=ROOT, env={**os.environ, **env},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         while len(list(tmp_path.glob("started.*"))) < 2 and job.poll() is None:
@@ -349,12 +350,18 @@ def test_a_running_job_keeps_its_cluster_and_its_processes(untouched_host, tmp_p
             down.stderr
         other = _cli("run", "--", "true", env=env)
         assert other.returncode == 0, other.stderr
-        assert job.poll() is None, "the second run killed the first run's processes"
         assert _cli("run", "--bogus", "--", "true", env=env).returncode == 2
+        go.touch()  # the first run's ranks go on, and end by themselves
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 0, err
+        assert len(list(tmp_path.glob("done.*"))) == 2, "its ranks were killed"
     finally:
-        job.terminate()
-        job.communicate(timeout=120)
-    assert _cli("down", env=env).returncode == 0 and leftovers(prefix) == []
+        go.touch()
+        if job.poll() is None:
+            job.terminate()
+            job.communicate(timeout=120)
+        gone = _cli("down", "--force", env=env)  # whatever failed above: nothing left
+    assert gone.returncode == 0 and f"removed {prefix}" in gone.stdout and leftovers(prefix) == []
 
 
 def test_a_launcher_killed_by_a_signal_is_said_and_exits_as_a_shell_would(monkeypatch):

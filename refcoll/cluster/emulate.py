@@ -478,9 +478,17 @@ def remove_stale() -> list[str]:
     for state in clusters():
         if state.get("detached") or owned(state):
             continue
-        _remove(state["prefix"], state["namespaces"])
+        with claimed(STATE_DIR / state["prefix"], shared=False) as had:
+            if not had:  # a run or check a job started on it still holds it
+                continue
+            _remove(state["prefix"], state["namespaces"])
         gone.append(state["prefix"])
     return gone
+
+
+#: Seconds :func:`using` waits for the cluster's lock, which ``up`` and ``down`` take for a
+#: moment to see whether a job holds the cluster, and for the length of a removal.
+HOLD_WAIT = 2.0
 
 
 @contextlib.contextmanager
@@ -491,11 +499,20 @@ def using(cluster: "Cluster"):
     Raises:
         UsageError: the cluster is being removed, or is gone.
     """
-    with claimed(STATE_DIR / cluster.prefix, shared=True) as had:
-        if not had or not cluster.state_file.exists():
+    deadline = time.monotonic() + HOLD_WAIT
+    while True:
+        with claimed(STATE_DIR / cluster.prefix, shared=True) as had:
+            if had and cluster.state_file.exists():
+                yield cluster
+                return
+            if had:  # removed meanwhile: its lock file goes too
+                remove_file(STATE_DIR / f"{cluster.prefix}.lock")
+                raise UsageError(f"cluster {cluster.prefix} was removed: refcoll cluster up, "
+                                 "then run again")
+        if time.monotonic() > deadline:  # (up and down look at the lock for a moment)
             raise UsageError(f"cluster {cluster.prefix} is being removed (refcoll cluster up "
                              "or down): bring one up and run again")
-        yield cluster
+        time.sleep(0.02)
 
 
 @contextlib.contextmanager
