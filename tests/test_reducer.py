@@ -800,3 +800,25 @@ def test_the_rebuild_carries_each_gradients_compressor_state(spec):
 def r_is_rebuilt(layout) -> bool:
     """Whether a layout is the rebuilt one (rank 0's ready order 0, 2, 1, 3)."""
     return [i for bucket in layout for i in bucket][:3] == [0, 2, 1]
+
+
+def test_no_sync_into_the_slot_then_a_sync_step_divides_as_ddp_does():
+    # With gradient_as_bucket_view, DDP's .grad is the slot: no_sync accumulates there and
+    # the sync step divides the sum in place (div_). The sum went to a new array and was
+    # multiplied by fl(1/3) instead: another rounding in a third of the elements.
+    def body(t):
+        red = Reducer([(4000,)], t, gradient_as_bucket_view=True, algorithm="ring")
+        rng = np.random.default_rng(t.rank)
+        a, g = (rng.standard_normal(4000).astype(np.float32) for _ in range(2))
+        with red.no_sync():
+            slot = red.gradient(0)
+            slot[...] = a
+            red.ready(0, slot)
+        slot = red.gradient(0)
+        slot[...] = g
+        red.ready(0, slot)
+        got = red.finalize()[0].copy()
+        ddp = refcoll.allreduce(np.divide(a + g, np.float32(3)), t, algorithm="ring")
+        return same_bits(got, ddp)
+
+    assert run(3, body) == [True] * 3

@@ -340,7 +340,11 @@ class Reducer:
             self._first_ready = now
         source = grad
         if self._accumulated[i] is not None:
-            source, self._accumulated[i] = np.add(self._accumulated[i], grad), None
+            accumulated, self._accumulated[i] = self._accumulated[i], None
+            if self._is_slot(i, grad):  # DDP's .grad is the bucket view: it accumulated there
+                np.add(accumulated, grad, out=grad)
+            else:
+                source = np.add(accumulated, grad)
         self._fill(i, source)
         self._grads[i] = grad
         self._used[i] = 1
@@ -356,6 +360,14 @@ class Reducer:
         :meth:`finalize` returns the views. A rebuild moves them: ask each iteration."""
         return self._views[i]
 
+    def _is_slot(self, i: int, grad) -> bool:
+        """Whether ``grad`` is parameter ``i``'s slot itself (not a view of it in another
+        shape or order): written in place, as ``gradient_as_bucket_view`` writes it."""
+        view = self._views[i]
+        return grad is view or (isinstance(grad, np.ndarray) and grad.size > 0
+                                and address(grad) == address(view) and grad.shape == view.shape
+                                and grad.strides == view.strides)
+
     def _fill(self, i: int, grad) -> None:
         """Put a gradient in its slot: copied times ``1/p`` (DDP's ``copy_grad_to_bucket``: the
         factor rounded to the dtype, float32 for 16-bit floats, as torch's opmath computes),
@@ -363,9 +375,7 @@ class Reducer:
         for ``p`` not a power of two); undivided for a hook or a compressor."""
         view = self._views[i]
         scaled = self.hook is None and self.compressor is None
-        if grad is view or (isinstance(grad, np.ndarray) and grad.size
-                            and address(grad) == address(view) and grad.shape == view.shape
-                            and grad.strides == view.strides):  # the slot, not a view of it
+        if self._is_slot(i, grad):
             self._divide[i] = scaled  # on the progress thread, just before the bucket's sum
         elif scaled:
             if view.dtype.itemsize == 2 and is_float(view.dtype):
