@@ -356,3 +356,11 @@ def test_resolve_names_the_tuned_choice_on_a_transport(tmp_path, monkeypatch):
     from refcoll.transport import SimWorld
     SimWorld(2).run(job, [(np.ones(64, np.float32),)] * 2)
     assert seen == [("naive", {})] * 2
+
+
+def test_a_compressed_report_says_why_its_rows_were_never_checked():
+    compressed = report([(1024, "ring", 3.0, None)])
+    compressed["header"]["compressor"] = "topk:ratio=0.01"
+    with pytest.raises(UsageError, match=r"not checked \(a compressed run, which bench does not "
+                                         r"judge\)"):
+        tuned.from_bench([("c.json", compressed)])

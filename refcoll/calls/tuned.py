@@ -388,8 +388,10 @@ def from_bench(reports: list[tuple[str, dict]]) -> dict:
             if (size, spelled) not in wrong and (found is None or time_us < found[0]):
                 best[size] = (time_us, spelled)
         if not best:
+            never = ("a compressed run, which bench does not judge" if header.get("compressor")
+                     else "bench -c 0")
             why = [f"{failed} failed a check" if failed else "",
-                   f"{unchecked} were not checked (bench -c 0)" if unchecked else ""]
+                   f"{unchecked} were not checked ({never})" if unchecked else ""]
             why = "; ".join(w for w in why if w) or "bench one or more by name, not only auto"
             raise UsageError(f"{name} holds no row auto may take: a timed algorithm auto may "
                              f"run whose every check passed ({why})")
