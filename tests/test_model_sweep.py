@@ -211,6 +211,28 @@ def test_a_wrong_count_of_a_million_printed_as_g_is_said():
                            "34.95 N/A", "log").notes
 
 
+def test_the_time_column_is_held_to_size_over_algbw():
+    # nccl-tests of 2017-2019 printed milliseconds (read as microseconds: 1000x too fast);
+    # -C 1 prints the host's CPU time there; -I 1 adds four columns to each half; the
+    # column #wrong once held the largest deviation (5e-07), not a count.
+    row = "1048576 262144 float sum -1 {} 34.95 65.53 {} {} 34.95 65.53 0"
+    ms = parse_table(row.format("0.030", 0, "0.029"), "old")
+    assert ms.rows[0].time == pytest.approx(30e-6) and ms.rows[0].in_place_time == \
+        pytest.approx(29e-6)
+    assert any("milliseconds" in note for note in ms.notes)
+    with pytest.raises(UsageError, match="not the time of the all-reduce"):
+        parse_table(row.format("5.05", 0, "5.00"), "cputime")
+    deviation = parse_table(row.format("30.00", "5e-07", "30.00"), "error column")
+    assert not deviation.notes
+    per_iteration = parse_table("1048576 262144 float sum -1 30.00 34.95 65.53 0 28.1 31.9 "
+                                "31.5 2.10 25.90 40.49 75.91 0 25.1 26.5 26.4 1.20", "-I 1")
+    assert per_iteration.rows[0].in_place_time == pytest.approx(25.9e-6)
+    assert not per_iteration.notes  # (i_cv% 2.10 is no #wrong)
+    huge = parse_table("4" + "0" * 400 + " 1" + "0" * 400 + " float sum -1 30.0 0 0 0\n"
+                       + row.format("30.00", 0, "30.00"), "huge")
+    assert [r.size for r in huge.rows] == [1048576] and "more bytes" in huge.notes[0]
+
+
 @pytest.mark.parametrize("text, needle", [
     ("# Collective test starting: all_gather_perf\n1048576 32768 float none -1 30.10 34.84 "
      "30.48 0 29.50 35.54 31.10 0", "all_gather_perf"),

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 
 from ..bench.nccl_tests import half, preamble, title_lines
 from ..bench.options import NCCL_TESTS_TYPES
@@ -104,6 +105,13 @@ _REDOPS = ("sum", "prod", "min", "max", "avg", "mulsum")
 #: nccl-tests prints times to 0.01 us.
 _LEAST_TIME = 1e-9
 
+#: The most bytes a row may give (a size_t's half: no buffer holds more).
+_MOST_BYTES = 2**63 - 1
+
+#: The least algbw (GB/s, as printed to 0.01) a row's time is held to: there the printed
+#: figure has three digits, so size / algbw is the time to within 1 %.
+_CHECKED_ALGBW = 1.0
+
 
 def _time(text: str) -> float:
     """Return a time column in seconds; ValueError where it is no measured time."""
@@ -122,12 +130,13 @@ def _rate(text: str) -> float:
 
 def _counted(text: str) -> bool:
     """Whether a ``#wrong`` cell counts some: ``3``, or ``1.23457e+06`` (``%g`` from a
-    million on), not ``0``, ``0e+00`` or ``N/A``."""
+    million on), not ``0``, ``0e+00`` or ``N/A``, nor the largest deviation that
+    nccl-tests of 2019-2022 printed in that column (``5e-07``: not a whole count)."""
     try:
         value = float(text)
     except ValueError:
         return False
-    return math.isfinite(value) and value > 0
+    return math.isfinite(value) and value >= 1 and value == math.floor(value)
 
 
 def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
@@ -145,18 +154,23 @@ def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
     width = DTYPE_BYTES.get(dtype)
     if width is None:
         raise ValueError(f"type {dtype}: not one of nccl-tests' ({', '.join(DTYPE_BYTES)})")
+    if int(size) > _MOST_BYTES:
+        raise ValueError(f"size {size[:20]}...: more bytes than any buffer holds (2**63)")
     if int(count) * width != int(size):
         raise ValueError(f"{count} elements of {dtype} are not {size} bytes")
     if len(fields) < 4:
         raise ValueError("fewer columns than time, algbw, busbw and #wrong")
     time, algbw, busbw = _time(fields[0]), _rate(fields[1]), _rate(fields[2])
+    # -I 1 (nccl-tests 2.19): each half adds i_min, i_max, i_p99 and i_cv% to its four
+    half = 8 if len(fields) >= 16 else 4
     note, in_place = None, None
-    if len(fields) >= 8 and fields[4] != "N/A":
+    if len(fields) >= 2 * half and fields[half] != "N/A":
         try:
-            in_place = _time(fields[4])
+            in_place = _time(fields[half])
         except ValueError as exc:
             note = f"its in-place {exc} is not used"
-    wrong = [f for f in (fields[3], fields[7] if len(fields) >= 8 else "0") if _counted(f)]
+    wrong = [f for f in (fields[3], fields[half + 3] if len(fields) >= 2 * half else "0")
+             if _counted(f)]
     if wrong:
         note = (f"#wrong {'/'.join(wrong)}: the library's results were wrong at this size; "
                 "its time is used")
@@ -201,7 +215,35 @@ def parse_table(text: str, name: str = "log") -> Table:
         detail = f" ({notes[0]})" if notes else ""
         raise UsageError(f"{name}: no all_reduce_perf row found (size count type redop "
                          f"[root] time algbw busbw #wrong ...){detail}")
-    return Table(tuple(rows), len(ranks) or None, name, tuple(notes))
+    rows, said = _in_seconds(rows, name)
+    return Table(tuple(rows), len(ranks) or None, name, tuple(notes + said))
+
+
+def _in_seconds(rows: list, name: str) -> tuple[list, list]:
+    """Return the rows with their times in seconds, and a note where they were not printed
+    in microseconds. nccl-tests' algbw is the size over the time, so the rows whose
+    algbw has three printed digits say the time column's unit: microseconds, or
+    milliseconds (nccl-tests of 2017-2019). Any other ratio is no time of the call
+    (``-C 1`` prints the host's CPU time there).
+
+    Raises:
+        UsageError: the times disagree with size / algbw.
+    """
+    ratios = [row.size / row.algbw / row.time for row in rows
+              if row.algbw >= _CHECKED_ALGBW * 1e9]
+    if not ratios:
+        return rows, []
+    ratio = statistics.median(ratios)
+    if 0.9 <= ratio <= 1.1:
+        return rows, []
+    if 900 <= ratio <= 1100:
+        return ([replace(row, time=row.time * 1e3, in_place_time=None if row.in_place_time
+                         is None else row.in_place_time * 1e3) for row in rows],
+                ["times printed in milliseconds (nccl-tests before 2019, which says so "
+                 "by algbw): read as such"])
+    raise UsageError(f"{name}: its time column is {ratio:.3g} times what size / algbw gives, "
+                     "so it is not the time of the all-reduce (a -C 1 run prints the host's "
+                     "CPU time there); give a log of the all-reduce's own time")
 
 
 def read_table(path: str) -> Table:
