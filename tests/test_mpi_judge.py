@@ -206,3 +206,31 @@ def test_the_library_version_keeps_no_nul(monkeypatch):
     monkeypatch.setattr(mpi(), "Get_library_version",
                         lambda: "Open MPI v5.0.11, package: Open MPI  2026\x00\n more")
     assert mpi_library_version() == "Open MPI v5.0.11, package: Open MPI 2026"
+
+
+STALLED = textwrap.dedent("""
+    import sys, time
+    from refcoll.baselines import mpi_judge
+    from refcoll.transport.deadline import bounded_barrier
+    mine = mpi_judge.MPIJudge._call
+    def _call(self, case, x):  # rank 1 passes the barrier, then never calls the library
+        if self.rank == 1:
+            bounded_barrier(self.ctl.comm, "stalled")
+            time.sleep(60)
+        return mine(self, case, x)
+    mpi_judge.MPIJudge._call = _call
+    from refcoll.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_rank_stalled_in_the_librarys_call_ends_the_job_by_the_deadline(tmp_path):
+    # MPI_Allreduce has no deadline: the other ranks waited inside it for ever.
+    script = tmp_path / "stalled.py"
+    script.write_text(STALLED)
+    res = _mpiexec("-n", "2", sys.executable, str(script), "verify", "--backend", "mpi",
+                   "--collective", "allreduce", "--op", "sum", "--dtype", "int32",
+                   "--sizes", "5003", env={**_env(), "REFCOLL_TIMEOUT": "3"})
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert "the MPI library's MPI_Allreduce (allreduce, int32," in res.stderr
+    assert "has not returned after 3 s" in res.stderr

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.chunking import chunk_bounds
 from ..core.ops import DTYPES
-from ..transport.deadline import bounded_barrier, mpi_library_version
+from ..transport.deadline import bounded_barrier, mpi_library_version, watchdog
 from ..transport.mpi import MPITransport
 from ..verify.conformance.cases import Case
 from ..verify.conformance.library import LibraryJudge, LibraryReport
@@ -93,40 +93,44 @@ class MPIJudge(LibraryJudge):
         op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(case.op)
         comm, rank, p, n = self.comm, self.rank, self.size, x.size
         mine_buf = [x, mtype]
-        if case.collective == "allreduce":
-            out = x if case.inplace else _pattern(n, x.dtype)
-            comm.Allreduce(MPI.IN_PLACE if case.inplace else mine_buf, [out, mtype], op=op)
-        elif case.collective == "reduce_scatter":
-            counts = [hi - lo for lo, hi in chunk_bounds(n, p)]
-            mine_count = counts[rank]
-            if case.inplace:  # the whole input in the receive buffer, the chunk at its start
-                out, send = x, MPI.IN_PLACE
-            else:
-                out, send = _pattern(mine_count, x.dtype), mine_buf
-            if n % p == 0:
-                comm.Reduce_scatter_block(send, [out, mine_count, mtype], op=op)
-            else:
-                comm.Reduce_scatter(send, [out, mtype], recvcounts=counts, op=op)
-            out = out[:mine_count]
-        elif case.collective == "allgather":
-            out = _pattern(n * p, x.dtype)
-            if case.inplace:
-                out[rank * n:(rank + 1) * n] = x
-                x = out[rank * n:(rank + 1) * n]
-                comm.Allgather(MPI.IN_PLACE, [out, mtype])
-            else:
-                comm.Allgather(mine_buf, [out, mtype])
-        elif case.collective == "broadcast":
-            comm.Bcast(mine_buf, root=case.root)
-            out = x
-        else:
-            if rank == case.root:
+        # The library's call has no deadline, and nothing interrupts it: past
+        # REFCOLL_TIMEOUT the watchdog names it and ends the job (exit 3), as bench's does.
+        with watchdog(f"the MPI library's {self.calls[case.collective]} ({case.collective}, "
+                      f"{case.dtype}, {n} elements)"):
+            if case.collective == "allreduce":
                 out = x if case.inplace else _pattern(n, x.dtype)
-                comm.Reduce(MPI.IN_PLACE if case.inplace else mine_buf, [out, mtype], op=op,
-                            root=case.root)
+                comm.Allreduce(MPI.IN_PLACE if case.inplace else mine_buf, [out, mtype], op=op)
+            elif case.collective == "reduce_scatter":
+                counts = [hi - lo for lo, hi in chunk_bounds(n, p)]
+                mine_count = counts[rank]
+                if case.inplace:  # the whole input in the receive buffer, the chunk at its start
+                    out, send = x, MPI.IN_PLACE
+                else:
+                    out, send = _pattern(mine_count, x.dtype), mine_buf
+                if n % p == 0:
+                    comm.Reduce_scatter_block(send, [out, mine_count, mtype], op=op)
+                else:
+                    comm.Reduce_scatter(send, [out, mtype], recvcounts=counts, op=op)
+                out = out[:mine_count]
+            elif case.collective == "allgather":
+                out = _pattern(n * p, x.dtype)
+                if case.inplace:
+                    out[rank * n:(rank + 1) * n] = x
+                    x = out[rank * n:(rank + 1) * n]
+                    comm.Allgather(MPI.IN_PLACE, [out, mtype])
+                else:
+                    comm.Allgather(mine_buf, [out, mtype])
+            elif case.collective == "broadcast":
+                comm.Bcast(mine_buf, root=case.root)
+                out = x
             else:
-                comm.Reduce(mine_buf, None, op=op, root=case.root)
-                out = None
+                if rank == case.root:
+                    out = x if case.inplace else _pattern(n, x.dtype)
+                    comm.Reduce(MPI.IN_PLACE if case.inplace else mine_buf, [out, mtype], op=op,
+                                root=case.root)
+                else:
+                    comm.Reduce(mine_buf, None, op=op, root=case.root)
+                    out = None
         return out, x
 
 

@@ -140,6 +140,21 @@ def _note(text: str) -> None:
         pass
 
 
+#: Variables through which a launcher takes hosts from outside its command line (MPICH's
+#: and Open MPI's host files, a scheduler's allocation): ranks may then run on other nodes.
+_HOSTS_FROM = ("HYDRA_HOST_FILE", "OMPI_MCA_orte_default_hostfile",
+               "PRTE_MCA_prte_default_hostfile", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID",
+               "COBALT_JOBID", "FLUX_JOB_ID")
+
+
+def _ranks_here() -> bool:
+    """Whether the relaunched job's ranks all run on this machine: the launcher refcoll
+    found itself (not ``REFCOLL_MPIEXEC``'s), given no hosts, outside any allocation.
+    Every such rank notes that it started, so a job none of whose ranks did is the
+    launcher's failure, whatever its status."""
+    return "REFCOLL_MPIEXEC" not in os.environ and not any(v in os.environ for v in _HOSTS_FROM)
+
+
 def _noted(folder: str) -> tuple[bool, set[int]]:
     """Return whether any rank of the job reached ``folder``, and the statuses they noted."""
     reached, found = False, set()
@@ -217,7 +232,9 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
         # of them noted it, or where none could (ranks on other nodes only, whose file
         # systems lack the folder). (3, SIGQUIT's, is a fault either way, as a timeout is.)
         reached, noted = _noted(notes)
-        own = code in (0, 3, BROKEN_PIPE) or (code in (1, 2) and (code in noted or not reached))
+        unseen = not reached and not _ranks_here()  # on other nodes: they note nothing here
+        own = (code in (0, 3, BROKEN_PIPE) and (reached or unseen)) or \
+            (code in (1, 2) and (code in noted or unseen))
     if code == BROKEN_PIPE:
         sys.exit(code)  # the reader went away: nothing to say
     if not own:  # a rank killed, or the launcher failing
