@@ -234,3 +234,30 @@ def test_a_rank_stalled_in_the_librarys_call_ends_the_job_by_the_deadline(tmp_pa
     assert res.returncode == 3, res.stderr[-3000:]
     assert "the MPI library's MPI_Allreduce (allreduce, int32," in res.stderr
     assert "has not returned after 3 s" in res.stderr
+
+
+NON_ROOT_WRITES = textwrap.dedent("""
+    import json
+    from refcoll.baselines.mpi_judge import MPIJudge
+    class Writes(MPIJudge):  # a library that writes into a non-root's send buffer
+        def _call(self, case, mine):
+            out, x = super()._call(case, mine)
+            if case.collective == "reduce" and self.rank != case.root and x.size > 3:
+                x[3] += 1
+            return out, x
+    judge = Writes()
+    report = judge.run(judge.cases(collectives=["reduce"], dtypes=["int32"], ops=["sum"],
+                                   sizes=[5003]))
+    if judge.rank == 0:
+        print(json.dumps(sorted({r.case.inplace for r in report.results if not r.passed})))
+""")
+
+
+def test_a_reduce_that_writes_a_non_roots_send_buffer_fails_in_place_too(tmp_path):
+    # In place, only the root passes MPI_IN_PLACE: the others send their input as it is,
+    # and a library that wrote it passed there.
+    script = tmp_path / "writes.py"
+    script.write_text(NON_ROOT_WRITES)
+    res = _mpiexec("-n", "2", sys.executable, str(script))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [False, True]

@@ -59,6 +59,7 @@ class MPIJudge(LibraryJudge):
 
     calls = MPI_CALLS
     in_place_only = IN_PLACE_ONLY
+    sends_off_root = True
     exchange = _EXCHANGE
 
     def __init__(self, comm=None):

@@ -195,6 +195,9 @@ class LibraryJudge:
     #: refcoll's collective -> the library's call, and those it offers in place only.
     calls: dict = {}
     in_place_only: tuple = ()
+    #: Whether an in-place reduce's ranks other than the root send their input as it is
+    #: (MPI's: only the root passes MPI_IN_PLACE), so it must be left unchanged there too.
+    sends_off_root = False
     #: What names the exchange of verdicts in a timeout.
     exchange = "refcoll verify --backend"
     report_class = LibraryReport
@@ -289,9 +292,12 @@ class LibraryJudge:
         try:
             out, x = self._call(case, mine)
             result = None if out is None else self._host(out)
-            if not case.inplace and case.collective not in self.in_place_only and \
-                    not same_bits(self._host(x), mine):
-                problems.append("input was modified by an out-of-place call")
+            sent = not case.inplace and case.collective not in self.in_place_only
+            off_root = (self.sends_off_root and case.inplace and case.collective == "reduce"
+                        and self.rank != case.root)
+            if (sent or off_root) and not same_bits(self._host(x), mine):
+                problems.append("input was modified by an out-of-place call" if sent else
+                                "a rank other than the root's send buffer was modified")
         except Exception as exc:  # noqa: BLE001 - a failing call is a verdict, not a crash
             problems.append(f"raised {type(exc).__name__}: {first_line(exc)}")
         itemsize = DTYPES[case.dtype].itemsize
