@@ -102,6 +102,25 @@ def test_a_selection_of_no_case_is_an_error_before_mpiexec(no_launch, args, frag
     one_line_error(invoke("verify", "-n", 2, *args), *fragments)
 
 
+@pytest.mark.parametrize("args", [["--collective", "reduce"], ["--sizes", "7"],
+                                  ["--inplace", "no"]])
+def test_what_the_compressed_battery_has_not_is_refused_not_ignored(no_launch, args):
+    # It ran the compressed all-reduces, said "32 passed" and exited 0.
+    one_line_error(invoke("verify", "-n", 2, "--compressor", "fp16", *args), args[0],
+                   "the compressed battery is all-reduces of its own cases and sizes")
+
+
+def test_a_compressor_given_twice_is_run_once(monkeypatch):
+    seen = []
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr(commands, "relaunch", lambda n, env=None: None)
+    monkeypatch.setattr(commands, "_verify_in_world",
+                        lambda n, selection, *args: seen.append(selection))
+    res = invoke("verify", "-n", 2, "--compressor", "fp16", "--compressor", " fp16")
+    assert res.exit_code == 0, res.output
+    assert seen[0].filters["compressors"] == ["fp16"]
+
+
 def test_a_selection_with_cases_still_relaunches(monkeypatch):
     seen = []
     monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)

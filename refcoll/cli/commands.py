@@ -130,7 +130,16 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
                                         json_file)  # exits
     verify_session.device_namespace(device)
     if compressors:
-        specs = None if [c.strip().lower() for c in compressors] == ["all"] else list(compressors)
+        ignored = [flag for flag, given in (("--collective", collective not in ("all",
+                                                                               "allreduce")),
+                                            ("--sizes", sizes is not None),
+                                            ("--inplace", inplace != "both")) if given]
+        if ignored:
+            raise UsageError(f"{', '.join(ignored)}: the compressed battery is all-reduces "
+                             "of its own cases and sizes; drop "
+                             f"{'it' if len(ignored) == 1 else 'them'} with --compressor")
+        specs = None if [c.strip().lower() for c in compressors] == ["all"] else \
+            list(dict.fromkeys(c.strip() for c in compressors))  # each spec once
         selection = verify_session.Selection(dict(
             compressors=specs,
             algorithms_=split_list(algorithm, compressed.compressed_algorithms(),
