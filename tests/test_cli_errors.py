@@ -377,3 +377,17 @@ def test_a_case_that_runs_out_of_memory_ends_the_battery_not_as_the_algorithms_f
     case = Case("ring", "allreduce", "sum", "float32", 7, False, "exact", ranks=2, total=2)
     with pytest.raises(MemoryError, match="244"):
         SimWorld(2).run(lambda t: run_case(t, t.split(0, t.rank), case))
+
+
+def test_switch_processes_start_only_for_a_selection_with_switch_cases(monkeypatch):
+    # --collective reduce started "2 ranks + 1 switch processes": switch implements only
+    # all-reduce, so the extra process ran no case and took a core.
+    seen = []
+    monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
+    monkeypatch.setattr(commands, "relaunch", lambda n, env=None: seen.append(n))
+    monkeypatch.setattr(commands, "_verify_in_world", lambda *args, **kwargs: None)
+    for collective, processes in (("reduce", 2), ("allreduce", 3)):
+        res = invoke("verify", "-n", 2, "--collective", collective, "--dtype", "int8",
+                     "--sizes", "1", "--op", "sum")
+        assert res.exit_code == 0, res.output
+        assert seen.pop() == processes, collective

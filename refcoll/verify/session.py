@@ -91,6 +91,9 @@ def _collective_cases(workers: int, world_size: int, **filters) -> list:
 
 def _collective_extra_ranks(nprocs: int, filters: dict) -> int:
     chosen = filters.get("algorithms_") or algorithms.names()
+    wanted = filters.get("collectives")
+    if wanted:  # (an algorithm of none of them runs no case: no processes for it)
+        chosen = [name for name in chosen if set(algorithms.get(name).collectives) & set(wanted)]
     return max([algorithms.get(name).extra_ranks(nprocs, **opts) for name in chosen
                 if algorithms.get(name).extra_ranks is not None
                 for opts in algorithms.get(name).battery_options], default=0)
