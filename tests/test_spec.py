@@ -170,6 +170,11 @@ def test_block_arguments_round_trip():
     (["step_table", "ring"], "'ring': a block's arguments are key=value pairs"),
     (["reduction_tree", "algorithm=ring", "p=4", "n=4", "op=max"], "op: the symbolic run sets"),
     (["step_table", "algorithm=ring", "p=4", "n=4", "x=1"], "x: the symbolic run sets"),
+    (["step_table", "algorithm=hierarchical", "p=64", "n=256", "pipeline=256"],
+     "pipeline=256: a generated block draws at most 16"),
+    (["reduction_tree", "algorithm=ring", "p=4", "n=4", "layout=foo"],
+     "only a step_table has a layout"),
+    (["step_table", "algorithm=ring", "p=4", "n=4", "algorithm=tree"], "given twice"),
 ])
 def test_a_block_it_cannot_draw_is_refused_at_once(words, says):
     """A block too large to read, without its arguments, or setting what the symbolic run

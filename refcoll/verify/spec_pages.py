@@ -152,6 +152,10 @@ def _reduction_tree_markdown(run: Trace) -> str:
 #: The largest block drawn: a page's table is read by eye (the spec's reach p = 9, n = 9).
 MAX_BLOCK_RANKS, MAX_BLOCK_COUNT = 64, 256
 
+#: The most pipeline segments a block draws (hierarchical's ``pipeline``): the symbolic
+#: run's work grows faster than the segments (p = 64, n = 256: 2.5 s at 4, 55 s at 32).
+MAX_BLOCK_PIPELINE = 16
+
 #: What the symbolic run sets itself, so no block may: :func:`refcoll.simulate`'s own keywords.
 _RESERVED = ("op", "inputs", "timeout", "record_payloads", "moves_data", "calibration",
              "validate", "x", "comm", "out")
@@ -170,6 +174,10 @@ def _check_block(kind: str, algorithm, p, n, options: dict) -> None:
             given = f"no {name}" if value is None else f"{name}={value!r}"
             raise UsageError(f"{given}: give {name}= a whole number from {low} to {top} "
                              "(a generated block is read by eye)")
+    pipeline = options.get("pipeline")
+    if type(pipeline) is int and pipeline > MAX_BLOCK_PIPELINE:
+        raise UsageError(f"pipeline={pipeline}: a generated block draws at most "
+                         f"{MAX_BLOCK_PIPELINE} segments (a block is read by eye)")
     reserved = sorted(set(options) & set(_RESERVED))
     if reserved:
         raise UsageError(f"{', '.join(reserved)}: the symbolic run sets "
