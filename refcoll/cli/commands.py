@@ -130,8 +130,8 @@ def verify(nprocs, algorithm, collective, op, dtype, sizes, inplace, seed, compr
                                         json_file)  # exits
     verify_session.device_namespace(device)
     if compressors:
-        ignored = [flag for flag, given in (("--collective", collective not in ("all",
-                                                                               "allreduce")),
+        chosen = split_list(collective, algorithms.COLLECTIVES, "collective")
+        ignored = [flag for flag, given in (("--collective", chosen not in (None, ["allreduce"])),
                                             ("--sizes", sizes is not None),
                                             ("--inplace", inplace != "both")) if given]
         if ignored:

@@ -142,17 +142,18 @@ def _note(text: str) -> None:
 
 #: Variables through which a launcher takes hosts from outside its command line (MPICH's
 #: and Open MPI's host files, a scheduler's allocation): ranks may then run on other nodes.
-_HOSTS_FROM = ("HYDRA_HOST_FILE", "OMPI_MCA_orte_default_hostfile",
-               "PRTE_MCA_prte_default_hostfile", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID",
-               "COBALT_JOBID", "FLUX_JOB_ID")
+_HOSTS_FROM = ("HYDRA_HOST_FILE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID",
+               "FLUX_JOB_ID", "PE_HOSTFILE")
 
 
-def _ranks_here() -> bool:
-    """Whether the relaunched job's ranks all run on this machine: the launcher refcoll
-    found itself (not ``REFCOLL_MPIEXEC``'s), given no hosts, outside any allocation.
+def _ranks_here(launcher: str) -> bool:
+    """Whether the relaunched job's ranks all run on this machine: MPICH's launcher, the
+    one refcoll found itself (not ``REFCOLL_MPIEXEC``'s), given no hosts, outside any
+    allocation it reads (Open MPI's also reads install-wide host files: never sure).
     Every such rank notes that it started, so a job none of whose ranks did is the
     launcher's failure, whatever its status."""
-    return "REFCOLL_MPIEXEC" not in os.environ and not any(v in os.environ for v in _HOSTS_FROM)
+    return ("REFCOLL_MPIEXEC" not in os.environ and not _is_open_mpi(launcher)
+            and not any(v in os.environ for v in _HOSTS_FROM))
 
 
 def _noted(folder: str) -> tuple[bool, set[int]]:
@@ -232,14 +233,16 @@ def relaunch(nprocs: int, env: dict | None = None) -> None:
         # of them noted it, or where none could (ranks on other nodes only, whose file
         # systems lack the folder). (3, SIGQUIT's, is a fault either way, as a timeout is.)
         reached, noted = _noted(notes)
-        unseen = not reached and not _ranks_here()  # on other nodes: they note nothing here
+        unseen = not reached and not _ranks_here(cmd[0])  # elsewhere: they note nothing here
         own = (code in (0, 3, BROKEN_PIPE) and (reached or unseen)) or \
             (code in (1, 2) and (code in noted or unseen))
     if code == BROKEN_PIPE:
         sys.exit(code)  # the reader went away: nothing to say
     if not own:  # a rank killed, or the launcher failing
-        click.echo(f"refcoll: error: {cmd[0]} exited with status {code}: a rank died or "
-                   "the launcher failed; nothing was judged", err=True)
+        why = ("no rank of the job started" if not reached else
+               "a rank died or the launcher failed")
+        click.echo(f"refcoll: error: {cmd[0]} exited with status {code}: {why}; nothing was "
+                   "judged", err=True)
         code = 3  # a fault, as a timeout is; never a failed check (1)
     sys.exit(code)
 
