@@ -323,6 +323,27 @@ def test_a_hooks_handle_that_fails_on_one_rank_is_every_ranks_error():
                for s in said), said
 
 
+def test_refcolls_own_error_in_the_first_iteration_keeps_its_kind(monkeypatch):
+    # Without a hook, a timeout of the Reducer's own all-reduce is no hook's usage error.
+    from refcoll.core.errors import CollectiveTimeout
+    from refcoll.training import reducer as module
+
+    def timed_out(*args, **kwargs):
+        raise CollectiveTimeout("the bucket's all-reduce timed out")
+
+    monkeypatch.setattr(module, "divide_then_sum", timed_out)
+
+    def body(t):
+        red = Reducer([(8,)], t, gradient_as_bucket_view=True, algorithm="ring")
+        slot = red.gradient(0)
+        slot[...] = 1
+        red.ready(0, slot)
+        red.finalize()
+
+    said = errors_on_every_rank(1, body, CollectiveTimeout)
+    assert said == ["the bucket's all-reduce timed out"]
+
+
 def test_a_transposed_view_of_its_own_slot_is_copied_not_taken_as_the_slot():
     """A square parameter's slot seen transposed has the slot's address and shape; taken for
     the slot, its memory (the untransposed gradient) was reduced: a silent transpose."""

@@ -137,11 +137,15 @@ def test_prose_about_markers_and_one_windows_line_leave_a_page_current(tmp_path)
     page = tmp_path / "ring.md"
     prose = ("A block opens with `<!-- generated: refcoll.trace KIND key=value -->` and "
              "closes with `<!-- end generated -->`.\n")
-    page.write_bytes((first + "\r\n" + prose + rest).encode())
-    before = page.read_bytes()
-    assert CliRunner().invoke(spec_command, ["--check", str(page)]).exit_code == 0
-    assert CliRunner().invoke(spec_command, ["--write", str(page)]).exit_code == 0
-    assert page.read_bytes() == before
+    shown = ("Written out:\n\n    <!-- generated: refcoll.trace step_table algorithm=ring p=2 "
+             "n=2 -->\n    <!-- end generated -->\n\n")  # an indented code block: prose
+    for text_ in (first + "\r\n" + prose + shown + rest,  # one Windows line end
+                  first + "\n" + (prose + rest).replace("\n", "\r\n")):  # one Unix one
+        page.write_bytes(text_.encode())
+        before = page.read_bytes()
+        assert CliRunner().invoke(spec_command, ["--check", str(page)]).exit_code == 0
+        assert CliRunner().invoke(spec_command, ["--write", str(page)]).exit_code == 0
+        assert page.read_bytes() == before
 
 
 def test_pages_without_blocks_are_not_a_pass(tmp_path):

@@ -530,7 +530,7 @@ class Reducer:
         if self.find_unused:  # DDP's all_reduce_local_used_map, after the last bucket
             handles.append(self._used_plan.start().handle)
         first = not self.rebuilt and not self.find_unused  # ends in a collective: agree first
-        results, wrong = _waited(handles, first)
+        results, wrong = _waited(handles, first and self.hook is not None)
         reduced = list(self._work)
         for b, result in zip(waiting, results or ()):
             reduced[b] = result
@@ -602,15 +602,16 @@ class Reducer:
         return [dict(row) for row in self._timeline]
 
 
-def _waited(handles: list, first: bool) -> tuple[list | None, list]:
+def _waited(handles: list, agreed: bool) -> tuple[list | None, list]:
     """Wait for ``handles``; return their results (None: one raised) and this rank's
-    problems. In the first iteration, which ends in a collective, a hook's handle that
-    raised is a problem the ranks then agree on (every rank's error, not a peer's wait);
-    later it is raised here, as DDP raises it."""
+    problems. ``agreed``: a hook's handles in the first iteration, which ends in a
+    collective: one that raised something other than refcoll's own errors is a problem
+    the ranks then agree on (every rank's error, not a peer's wait); otherwise it is
+    raised here, as DDP raises it."""
     try:
         return wait_all(handles), []
     except Exception as exc:  # noqa: BLE001 - a hook's own handle failed on this rank
-        if not first:
+        if not agreed or isinstance(exc, RefcollError):
             raise
         return None, [{"kind": "argument",
                        "text": f"a hook's handle raised {type(exc).__name__}: {exc}"}]

@@ -259,7 +259,8 @@ def find_blocks(text: str, page: str = "the page") -> list[Block]:
     """
     found, opened, at = [], None, 0
     for number, line in enumerate(text.splitlines(keepends=True), 1):
-        bare = line.strip()  # (a line that does not open with the comment is prose)
+        bare = line.rstrip()  # (a line that does not open with the comment, indented
+        # or not, is prose: a Markdown code block may show the markers)
         if bare.startswith("<!--") and ("generated:" in bare or "end generated" in bare):
             mine = OPEN.fullmatch(bare)
             foreign = not mine and bare.startswith("<!-- generated:") \
@@ -289,30 +290,27 @@ def find_blocks(text: str, page: str = "the page") -> list[Block]:
 
 
 def regenerate(text: str, page: str = "the page") -> str:
-    """Return a page's text with every generated block rebuilt from the code (a page
-    with Windows line ends keeps them).
+    """Return a page's text with every generated block rebuilt from the code, each in the
+    line ends of its opening marker (a page with Windows line ends keeps them).
 
     Raises:
         UsageError: a block that cannot be read or rendered, naming the page and line.
     """
-    crlf = "\r\n" in text and "\n" not in text.replace("\r\n", "")  # Windows line ends only
-    if crlf:
-        text = text.replace("\r\n", "\n")
     out, done = [], 0
     for block in find_blocks(text, page):
         try:
             body = render_markdown(block.kind, **block_arguments(block.args))
         except (RefcollError, TypeError, ValueError) as exc:  # a bad block is bad usage
             raise UsageError(f"{page}: line {block.line}: {exc}") from None
-        out += [text[done:block.body], "\n", body, "\n\n", CLOSE]
+        eol = "\r\n" if text[:block.body].endswith("\r\n") else "\n"  # its marker's
+        out += [text[done:block.body], eol, body.replace("\n", eol), eol, eol, CLOSE]
         done = block.end
-    fresh = "".join(out) + text[done:]
-    return fresh.replace("\n", "\r\n") if crlf else fresh
+    return "".join(out) + text[done:]
 
 
 def blocks(text: str) -> list[tuple[str, dict]]:
     """Return ``(kind, arguments)`` of every generated block in a page."""
-    return [(b.kind, block_arguments(b.args)) for b in find_blocks(text.replace("\r\n", "\n"))]
+    return [(b.kind, block_arguments(b.args)) for b in find_blocks(text)]
 
 
 def pages(paths) -> list[Path]:
@@ -343,7 +341,7 @@ def stale_pages(paths, *, write: bool = False) -> list[Path]:
     for page in found:
         text = read_text(page, max_bytes=MAX_JSON_BYTES, what="spec page")
         fresh = regenerate(text, str(page))
-        held += bool(find_blocks(text.replace("\r\n", "\n"), str(page)))
+        held += bool(find_blocks(text, str(page)))
         if fresh != text:
             stale.append(page)
             if write:
