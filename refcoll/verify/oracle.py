@@ -300,7 +300,8 @@ class _Held:
 
 def _alike(rows: np.ndarray) -> np.ndarray:
     """Return, for each row, whether it holds the first row's bits (one pass for all)."""
-    words = rows.view(f"u{rows.dtype.itemsize}")
+    size = rows.dtype.itemsize  # (as bytes where no unsigned type has its width)
+    words = rows.view(f"u{size}" if size in (1, 2, 4, 8) else np.uint8)
     return (words == words[0]).all(axis=1)
 
 
