@@ -54,6 +54,16 @@ def _spoil(outs, how: int, xs):
     return outs
 
 
+def _case(collective, dtype, op, kind) -> tuple:
+    """Return a case's inputs on 3 ranks of 301 elements, its root keyword and its outputs."""
+    xs = make_inputs(kind, dtype, 301, 3, op=op, seed=5)
+    kw = {"root": 1} if collective in ("reduce", "broadcast") else {}
+    options = {} if collective in ("allgather", "broadcast") else {"op": op}
+    outs = expected_outputs(collective, xs, algorithm="ring" if collective == "reduce_scatter"
+                            else "naive", **options, **kw)
+    return xs, kw, outs
+
+
 def _text(report) -> str:
     """The whole report as text (NaN figures compare equal there)."""
     return json.dumps(report.to_json(), sort_keys=True)
@@ -61,12 +71,7 @@ def _text(report) -> str:
 
 @pytest.mark.parametrize("collective,dtype,op,kind", CASES)
 def test_any_block_length_gives_the_whole_arrays_report(collective, dtype, op, kind):
-    p, n = 3, 301
-    xs = make_inputs(kind, dtype, n, p, op=op, seed=5)
-    kw = {"root": 1} if collective in ("reduce", "broadcast") else {}
-    options = {} if collective in ("allgather", "broadcast") else {"op": op}
-    outs = expected_outputs(collective, xs, algorithm="ring" if collective == "reduce_scatter"
-                            else "naive", **options, **kw)
+    xs, kw, outs = _case(collective, dtype, op, kind)
     for how in range(4):
         spoiled = _spoil(outs, how, xs)
         whole = _text(check_outputs(xs, spoiled, collective=collective, op=op, **kw))
@@ -140,12 +145,7 @@ def test_rank_files_read_block_by_block_give_the_arrays_report(tmp_path, collect
                                                               kind):
     # Outputs every rank holds whole (all-reduce, all-gather, broadcast) are read from
     # files into one buffer's rows and compared in one pass: the report is the arrays'.
-    p, n = 3, 301
-    xs = make_inputs(kind, dtype, n, p, op=op, seed=5)
-    kw = {"root": 1} if collective in ("reduce", "broadcast") else {}
-    options = {} if collective in ("allgather", "broadcast") else {"op": op}
-    outs = expected_outputs(collective, xs, algorithm="ring" if collective == "reduce_scatter"
-                            else "naive", **options, **kw)
+    xs, kw, outs = _case(collective, dtype, op, kind)
     write_world(tmp_path / "in", xs)
     for how in (1, 2):
         spoiled = _spoil(outs, how, xs)

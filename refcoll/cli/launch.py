@@ -10,6 +10,7 @@ processes, such as switches) and notes once when ``-n`` was overruled.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import os
 import select
@@ -86,7 +87,9 @@ def find_mpiexec() -> str:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def _is_open_mpi(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is Open MPI's (asked once per launcher: it runs ``--version``)."""
     try:
         version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
@@ -140,8 +143,8 @@ def _note(text: str) -> None:
         pass
 
 
-#: Variables through which a launcher takes hosts from outside its command line (MPICH's
-#: and Open MPI's host files, a scheduler's allocation): ranks may then run on other nodes.
+#: Variables through which MPICH's launcher takes hosts from outside its command line (its
+#: host file, a scheduler's allocation): ranks may then run on other nodes.
 _HOSTS_FROM = ("HYDRA_HOST_FILE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID",
                "FLUX_JOB_ID", "PE_HOSTFILE")
 

@@ -38,6 +38,7 @@ from ..calls.collectives import allreduce_init
 from ..calls.nonblocking import issue
 from ..compressors import Compressor, parse
 from ..compressors.collective import compressed_allreduce
+from ..compressors.patterns.twophase import carried
 from ..compressors.patterns.twophase import owed as owes
 from ..core.errors import UsageError
 from ..core.xp import address
@@ -137,24 +138,19 @@ class HookState:
         hook averages): the next average owes it as the server would have, and no
         error is lost at the rebuild.
         """
-        residual = None
+        pieces = []
         for old_key, old in list(self._slots.items()):
             moved = [pid for pid in old.offsets if pid in new.offsets]
             if not moved:
                 continue
-            owed = owes(old.state, rank)
-            if owed is not None:
-                if residual is None:
-                    residual = np.zeros(length, owed.dtype)
-                for pid in moved:
-                    (src, n), (dst, _) = old.offsets[pid], new.offsets[pid]
-                    residual[dst:dst + n] = owed[src:src + n]
-                    self.carried += 1
+            debt = owes(old.state, rank)
+            pieces += [(debt, *old.offsets[pid], new.offsets[pid][0]) for pid in moved]
+            self.carried += len(moved) if debt is not None else 0
             for pid in moved:
                 del old.offsets[pid]
             if not old.offsets:
                 del self._slots[old_key]  # every parameter of that layout has moved on
-        new.state.residual = residual
+        new.state.residual = carried(length, pieces)
 
 
 def average(state: HookState, x: np.ndarray, layout: Layout, index: int, t) -> None:

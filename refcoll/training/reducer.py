@@ -48,6 +48,7 @@ from .. import algorithms
 from ..calls.collectives import as_transport, broadcast
 from ..calls.nonblocking import issue, wait_all
 from ..compressors import Compressor, parse
+from ..compressors.patterns.twophase import carried
 from ..compressors.patterns.twophase import owed as owes
 from ..core.errors import MismatchError, RefcollError, UsageError
 from ..core.ops import is_float
@@ -234,7 +235,8 @@ class Reducer:
             return {}
         was = {i: (b.index, j, off) for b in old for j, (i, off) in
                enumerate(zip(b.params, b.offsets))}
-        debts: dict = {}
+        debts = {} if self.compressor.matrices else \
+            {b: owes(state, self.rank) for b, state in states.items()}
         new_states = {}
         for b in self._buckets:
             moved = [(i, off, was[i]) for i, off in zip(b.params, b.offsets)
@@ -248,18 +250,8 @@ class Reducer:
                 for i, _, (ob, oj, _) in moved:
                     fresh[place[i]] = states[ob][oj]
             else:
-                residual = None
-                for i, off, (ob, _, old_off) in moved:
-                    if ob not in debts:
-                        debts[ob] = owes(states[ob], self.rank)
-                    debt = debts[ob]
-                    if debt is None:
-                        continue
-                    if residual is None:
-                        residual = np.zeros(b.numel, debt.dtype)
-                    n = self.params[i].numel
-                    residual[off:off + n] = debt[old_off:old_off + n]
-                fresh.residual = residual
+                fresh.residual = carried(b.numel, [(debts[ob], old_off, self.params[i].numel, off)
+                                                   for i, off, (ob, _, old_off) in moved])
             new_states[b.index] = fresh
         return new_states
 

@@ -40,7 +40,7 @@ from .gather import (
     wire_counts,
 )
 
-__all__ = ["twophase_pattern", "owed"]
+__all__ = ["twophase_pattern", "owed", "carried"]
 
 
 def twophase_pattern(t, comp: Compressor, state: CompressorState, x, *, op: str,
@@ -114,3 +114,18 @@ def owed(state: CompressorState, rank: int) -> np.ndarray | None:
             owes = np.zeros(n, kind) if owes is None else owes.astype(kind, copy=True)
             owes[a:b] += p * server
     return owes
+
+
+def carried(length: int, pieces) -> np.ndarray | None:
+    """Return a new bucket's residual of ``length`` elements from what old buckets owe:
+    ``pieces`` are ``(debt, src, n, dst)``, a gradient's ``n`` elements at ``src`` of its
+    old bucket's :func:`owed` (None: it owes nothing), placed at ``dst``. None where no
+    piece owes anything."""
+    residual = None
+    for debt, src, n, dst in pieces:
+        if debt is None:
+            continue
+        if residual is None:
+            residual = np.zeros(length, debt.dtype)
+        residual[dst:dst + n] = debt[src:src + n]
+    return residual
