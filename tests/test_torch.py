@@ -259,3 +259,47 @@ def test_one_process_alone_runs_the_battery_over_the_torch_transport():
         dist.destroy_process_group()
     with pytest.raises(UsageError, match="not initialized"):
         rt.transport_for()
+
+
+_ENDS_CLEAN = """
+import atexit, os, sys
+
+def gloo_threads():
+    tasks = os.listdir("/proc/self/task")
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks]
+    return sorted(n for n in names if "gloo" in n)
+
+atexit.register(lambda: print("left at exit:", gloo_threads()))  # registered first: runs last
+
+import torch
+import torch.distributed as dist
+import refcoll.torch as rt
+
+def main():  # what the job holds goes with main, as a script's main() holds it
+    rt.init_process_group("gloo")
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    state, hook = rt.comm_hook(algorithm="ring")
+    ddp.register_comm_hook(state, hook)
+    ddp(torch.ones(3, 4)).sum().backward()
+    print("running:", gloo_threads())
+    out = [None]
+    dist.all_gather_object(out, 1)
+    dist.destroy_process_group()
+
+main()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc to see "
+                    "a process's threads")
+def test_a_ddp_job_ends_its_gloo_threads_before_the_interpreters_teardown():
+    # torch.distributed.nn.functional, which DDP imports, keeps the group it finds at import
+    # (default arguments), and a comm hook's progress thread and state hold it too: Gloo's
+    # worker threads then outlived destroy_process_group, and one that dropped the last
+    # collective's tensors during the teardown aborted the process.
+    res = subprocess.run([sys.executable, "-c", _ENDS_CLEAN], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "running: ['gloo_tcp_loop', 'pt_gloo_runloop', 'pt_gloo_runloop']" in res.stdout, \
+        res.stdout
+    assert "left at exit: []" in res.stdout, res.stdout

@@ -48,7 +48,7 @@ _log = logging.getLogger("refcoll")
 
 __all__ = ["BUSY", "Handle", "Steps", "ThreadEngine", "ScheduleEngine", "ENGINES", "engine_for",
            "engine_kind", "busy_engine", "any_busy", "tell_idle", "wait_all", "LINGER", "POLL",
-           "POLL_WINDOW", "not_done", "in_flight", "adopt"]
+           "POLL_WINDOW", "not_done", "in_flight", "adopt", "stop_threads"]
 
 #: The engines ``REFCOLL_PROGRESS`` may name.
 ENGINES = ("thread", "schedule")
@@ -373,12 +373,12 @@ class ThreadEngine:
             self._run_one(handle, patient=True)
 
 
-#: The thread engines of this process, stopped at exit (:func:`_stop_threads`).
+#: The thread engines of this process, stopped at exit (:func:`stop_threads`).
 _THREADED: "weakref.WeakSet[ThreadEngine]" = weakref.WeakSet()
 
 
 @atexit.register
-def _stop_threads() -> None:
+def stop_threads() -> None:
     """End every progress thread before the interpreter's teardown, which a waiting daemon
     thread can outlive the library objects of (a Gloo context then aborts the process)."""
     for engine in list(_THREADED):

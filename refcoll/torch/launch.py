@@ -20,16 +20,20 @@ names the address the other ranks connect to, not the one the store listens on.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import importlib.util
 import os
 import socket
 import sys
 
+from ..calls.progress import stop_threads
 from ..core.errors import UsageError
 from ..core.ops import get_op
 from ..transport.base import default_timeout
 from ..transport.deadline import bounded_barrier
+from ..transport.torch import forget_groups
 
 __all__ = ["init_process_group", "launcher", "torch_installed", "reduce_op", "INSTALL_HINT",
            "mpi_communicator"]
@@ -117,6 +121,37 @@ def _from_mpi(seconds: float):
     return store, rank, size
 
 
+def _load_group_defaults() -> None:
+    """Import ``torch.distributed.nn.functional`` while no default group exists.
+
+    Its functions take ``group=group.WORLD`` as a default argument, which Python
+    evaluates once, at import: imported after a group has started (as
+    ``DistributedDataParallel`` imports it, through ``torch._dynamo``), they keep that
+    group for the life of the process, and ``destroy_process_group`` then cannot end
+    it. A Gloo group so kept keeps its worker threads past the end of ``main``; one
+    that drops a finished collective's last tensor while the interpreter tears down
+    takes the GIL there and aborts the process (``terminate called without an active
+    exception``: pytorch/pytorch#190489). Imported first, the defaults hold ``None``.
+    """
+    import torch.distributed.nn.functional  # noqa: F401 - imported for its side effect
+
+
+def _end_groups() -> None:
+    """At exit, while the interpreter is whole: let go of every destroyed group.
+
+    refcoll's progress threads end, its cached transports go, and the cycles that
+    still hold a group (a model's DDP wrapper, a comm hook's state) are collected, so
+    that torch frees a group ``destroy_process_group`` ended here, where its Gloo
+    worker threads can finish dropping their last collective's tensors and be
+    joined, not in the teardown, where a thread that takes the GIL aborts the process
+    (:func:`_load_group_defaults`). Registered by :func:`init_process_group`, after
+    refcoll's own exit handlers, so it runs before them.
+    """
+    stop_threads()
+    forget_groups()
+    gc.collect()
+
+
 def init_process_group(backend: str | None = None, *, timeout: float | None = None):
     """Start the default ``torch.distributed`` group, as the launcher asks; return it.
 
@@ -136,6 +171,7 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
 
     if dist.is_initialized():
         return dist.group.WORLD
+    _load_group_defaults()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend not in ("gloo", "nccl", "refcoll"):
@@ -156,6 +192,8 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
         torch.cuda.set_device(local)
     dist.init_process_group(backend, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=seconds), **start)
+    atexit.unregister(_end_groups)  # once, however many groups the process starts
+    atexit.register(_end_groups)
     return dist.group.WORLD
 
 

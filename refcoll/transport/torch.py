@@ -54,7 +54,7 @@ from .base import TAGS_PER_CALL, TransportBase, as_bytes, default_timeout, tag_t
 from .deadline import timed_out
 
 __all__ = ["TorchTransport", "torch_transport_for", "is_process_group", "TAG_ROOT",
-           "CONTEXT_SPAN", "CONTEXTS"]
+           "CONTEXT_SPAN", "CONTEXTS", "forget_groups"]
 
 #: The first tag refcoll uses on a torch group: applications' own tags stay below.
 TAG_ROOT = 1 << 30
@@ -342,7 +342,7 @@ _BY_GROUP: dict = {}
 
 
 @atexit.register
-def _forget_groups() -> None:
+def forget_groups() -> None:
     """Drop the cached transports while torch is whole: a group ``destroy_process_group``
     ended is then freed here, not in the interpreter's teardown after torch's own."""
     _BY_GROUP.clear()

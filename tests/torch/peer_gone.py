@@ -27,7 +27,7 @@ if mode == "dead":
 if t.rank == 1:
     if mode == "dead":  # its connections close as a dead process's do; the process stays,
         torch.distributed.destroy_process_group()  # since MPI's launcher would end the job
-        refcoll.transport.torch._forget_groups()   # (rank 0 too) the moment it left
+        refcoll.transport.torch.forget_groups()   # (rank 0 too) the moment it left
         del t
         gc.collect()
     deadline = time.monotonic() + 60  # until rank 0 has its error (a minute at most)
