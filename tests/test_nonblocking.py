@@ -2,6 +2,7 @@
 wait."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -281,3 +282,99 @@ def test_the_thread_engine_needs_thread_multiple(monkeypatch):
     monkeypatch.setenv("REFCOLL_PROGRESS", "thread")
     with pytest.raises(UsageError, match="MPI_THREAD_MULTIPLE"):
         progress.engine_kind(Serialized())
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_wait_returns_before_the_calls_issued_after_it_complete(monkeypatch, kind):
+    # A legal program: rank 1 issues its second call only once rank 0's first wait has
+    # returned. The schedule engine's wait ran every queued call whole, the second too, so
+    # rank 0's first wait could not return: a deadlock.
+    monkeypatch.setenv("REFCOLL_PROGRESS", kind)
+    first_waited = threading.Event()
+
+    def rank(t):
+        if t.rank == 0:
+            h1 = refcoll.iallreduce(np.ones(4), t)
+            h2 = refcoll.iallreduce(np.full(4, 2.0), t)
+            a = h1.wait()
+            first_waited.set()  # as a message on another communicator would tell rank 1
+            return a[0], h2.wait()[0]
+        a = refcoll.iallreduce(np.ones(4), t).wait()
+        first_waited.wait()
+        return a[0], refcoll.iallreduce(np.full(4, 2.0), t).wait()[0]
+
+    assert SimWorld(2, timeout=60).run(rank) == [(2.0, 4.0), (2.0, 4.0)]
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_wait_from_a_done_callback_of_the_same_engine_is_refused(monkeypatch, kind):
+    # The schedule engine spun for ever: its advance returns at once inside its own call.
+    monkeypatch.setenv("REFCOLL_PROGRESS", kind)
+
+    def rank(t):
+        h1 = refcoll.iallreduce(np.ones(4), t)
+        h2 = refcoll.iallreduce(np.full(4, 2.0), t)
+        got = []
+        h1.add_done_callback(lambda h: got.append(_raised(h2.wait)))
+        h1.wait()
+        return got, h2.wait()[0]
+
+    for got, value in SimWorld(2, timeout=60).run(rank):
+        assert value == 4.0
+        if got:  # a callback run on the caller's thread (h1 done at its registration) may wait
+            assert isinstance(got[0], UsageError) and "would wait for itself" in str(got[0])
+
+
+def _raised(fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - returned for the test to look at
+        return exc
+
+
+@pytest.mark.parametrize("kind", ["thread", "schedule"])
+def test_a_compressed_allreduce_runs_in_issue_order_behind_outstanding_calls(monkeypatch, kind):
+    # Rank 1 makes the same two calls blocking: the compressed one ran ahead of rank 0's
+    # iallreduce, on the caller's thread, and the ranks paired different calls.
+    monkeypatch.setenv("REFCOLL_PROGRESS", kind)
+    topk = refcoll.compressors.parse("topk:ratio=0.5")
+
+    def rank(t):
+        x = np.arange(1000, dtype=np.float32) * (t.rank + 1)
+        y = np.arange(64, dtype=np.float32) * (t.rank + 1)
+        if t.rank == 0:
+            h = refcoll.iallreduce(x, t)
+            c, _ = refcoll.compressed_allreduce(y, t, compressor=topk)
+            return h.wait(), c
+        a = refcoll.allreduce(x, t)
+        c, _ = refcoll.compressed_allreduce(y, t, compressor=topk)
+        return a, c
+
+    (a0, c0), (a1, c1) = SimWorld(2, timeout=60).run(rank)
+    assert a0.tobytes() == a1.tobytes() and c0.tobytes() == c1.tobytes()
+    np.testing.assert_array_equal(a0, np.arange(1000, dtype=np.float32) * 3)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_progress_thread_ended_by_a_callback_leaves_a_thread_for_the_calls_behind():
+    # A done callback's SystemExit ends the progress thread; the engine still named it, so
+    # later calls were never run unless a wait() took them over: test() never completed.
+    registered = threading.Event()
+
+    def rank(t):
+        if t.rank == 0:
+            h1 = refcoll.iallreduce(np.ones(4), t)
+            h1.add_done_callback(lambda h: (_ for _ in ()).throw(SystemExit(0)))
+            registered.set()  # rank 1 joins h1 only now: h1 completes on the thread
+        else:
+            registered.wait()
+            h1 = refcoll.iallreduce(np.ones(4), t)
+        give_up = time.monotonic() + 60  # a bound, not a timing: it ends a failed test
+        while not h1.test():  # not wait(): it would take the call, and run the callback, here
+            pass
+        h2 = refcoll.iallreduce(np.full(4, 2.0), t)
+        while not h2.test() and time.monotonic() < give_up:  # test() alone, as MPI_Test
+            pass  # repeated completes a call
+        return h1.wait()[0], h2.test() and h2.wait()[0]
+
+    assert SimWorld(2, timeout=60).run(rank) == [(2.0, 4.0), (2.0, 4.0)]

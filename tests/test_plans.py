@@ -224,6 +224,32 @@ def test_auto_resolves_once_at_init_to_one_algorithm_on_every_rank(collective):
     assert len(set(SimWorld(3, timeout=TIMEOUT).run(rank))) == 1
 
 
+def test_a_free_refused_inside_a_done_callback_leaves_the_running_plan_whole():
+    # free() waits for a started run; from a done callback of the same engine that wait is
+    # refused, and free() swallowed the refusal and freed the plan under its queued run:
+    # the run then failed unseen on the progress thread, and the peer waited for ever.
+    def rank(t):
+        plan = refcoll.allreduce_init(np.full(4, t.rank + 1.0), t)
+        first = refcoll.iallreduce(np.ones(2), t)
+        plan.start()
+        refused = []
+        if t.rank == 0:
+            def free(_):
+                try:
+                    plan.free()
+                except UsageError as exc:
+                    refused.append(str(exc))
+            first.add_done_callback(free)
+        first.wait()
+        result = plan.wait().copy()
+        plan.free()
+        return refused, result.tolist(), plan.freed
+
+    for refused, result, freed in SimWorld(2, timeout=TIMEOUT).run(rank):
+        assert result == [3.0] * 4 and freed
+        assert all("would wait for itself" in text for text in refused)
+
+
 def test_a_plan_used_as_a_context_is_freed_on_exit_even_by_an_exception():
     def rank(t):
         x = np.arange(4.0)

@@ -122,7 +122,7 @@ def _is_intracomm(comm) -> bool:
     return mpi is not None and isinstance(comm, mpi.Intracomm)
 
 
-def _in_issue_order(comm_at: int):
+def in_issue_order(comm_at: int):
     """Make a collective queue behind the non-blocking calls outstanding on its comm.
 
     MPI orders a communicator's blocking and non-blocking collectives alike, in
@@ -204,7 +204,7 @@ def _init(call) -> Plan:
         return Plan(call)
 
 
-@_in_issue_order(1)
+@in_issue_order(1)
 def allreduce(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
               **options) -> np.ndarray:
     """Reduce ``x`` elementwise over all ranks; every rank gets the bitwise-same result.
@@ -244,7 +244,7 @@ def allreduce(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: b
                            validate=validate, options=options))
 
 
-@_in_issue_order(1)
+@in_issue_order(1)
 def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
                    **options) -> np.ndarray:
     """Reduce ``x`` over all ranks and give rank ``r`` chunk ``r`` of the result.
@@ -258,7 +258,7 @@ def reduce_scatter(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
                            validate=validate, options=options))
 
 
-@_in_issue_order(1)
+@in_issue_order(1)
 def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True,
               **options) -> np.ndarray:
     """Gather every rank's ``x`` (same shape on every rank) on every rank.
@@ -271,7 +271,7 @@ def allgather(x, comm=None, *, algorithm="ring", out=None, validate: bool = True
                            options=options))
 
 
-@_in_issue_order(2)
+@in_issue_order(2)
 def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, validate: bool = True,
               **options) -> np.ndarray:
     """Return the root's ``x`` on every rank (``x`` must have the same shape everywhere).
@@ -283,7 +283,7 @@ def broadcast(x, root: int = 0, comm=None, *, algorithm="naive", out=None, valid
                            validate=validate, options=options))
 
 
-@_in_issue_order(2)
+@in_issue_order(2)
 def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
            validate: bool = True, **options) -> np.ndarray | None:
     """Reduce ``x`` over all ranks onto ``root``; return the result there, ``None`` elsewhere."""
@@ -293,7 +293,7 @@ def reduce(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None
 
 # ------------------------------------------------------------ persistent collectives
 
-@_in_issue_order(1)
+@in_issue_order(1)
 def allreduce_init(x, comm=None, *, op="sum", algorithm="ring", out=None, validate: bool = True,
                    **options) -> Plan:
     """Make a persistent all-reduce of ``x`` into ``out`` (``MPI_Allreduce_init``): collective.
@@ -311,7 +311,7 @@ def allreduce_init(x, comm=None, *, op="sum", algorithm="ring", out=None, valida
                        validate=validate, options=options))
 
 
-@_in_issue_order(1)
+@in_issue_order(1)
 def reduce_scatter_init(x, comm=None, *, op="sum", algorithm="ring", out=None,
                         validate: bool = True, **options) -> Plan:
     """Make a persistent :func:`reduce_scatter` (``MPI_Reduce_scatter_block_init``): collective."""
@@ -319,7 +319,7 @@ def reduce_scatter_init(x, comm=None, *, op="sum", algorithm="ring", out=None,
                        validate=validate, options=options))
 
 
-@_in_issue_order(1)
+@in_issue_order(1)
 def allgather_init(x, comm=None, *, algorithm="ring", out=None, validate: bool = True,
                    **options) -> Plan:
     """Make a persistent :func:`allgather` (``MPI_Allgather_init``): collective."""
@@ -327,7 +327,7 @@ def allgather_init(x, comm=None, *, algorithm="ring", out=None, validate: bool =
                        options=options))
 
 
-@_in_issue_order(2)
+@in_issue_order(2)
 def broadcast_init(x, root: int = 0, comm=None, *, algorithm="naive", out=None,
                    validate: bool = True, **options) -> Plan:
     """Make a persistent :func:`broadcast` (``MPI_Bcast_init``): collective."""
@@ -335,7 +335,7 @@ def broadcast_init(x, root: int = 0, comm=None, *, algorithm="naive", out=None,
                        validate=validate, options=options))
 
 
-@_in_issue_order(2)
+@in_issue_order(2)
 def reduce_init(x, root: int = 0, comm=None, *, op="sum", algorithm="naive", out=None,
                 validate: bool = True, **options) -> Plan:
     """Make a persistent :func:`reduce` (``MPI_Reduce_init``): collective."""

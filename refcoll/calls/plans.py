@@ -236,8 +236,9 @@ class Plan:
         if self._started is not None:
             try:
                 self.wait()
-            except Exception:  # noqa: BLE001 - freeing releases; the failure was the run's
-                pass
+            except Exception:  # noqa: BLE001 - the run's own failure: freeing releases
+                if self._started is not None:  # not the run's: the wait was refused (a done
+                    raise  # callback of the same engine), and the run goes on: keep it whole
         self.freed = True
         self._forget()
         live_plans(self.t).pop(id(self), None)
@@ -514,7 +515,8 @@ class InFlight:
         deadline = time.monotonic() + timeout
         while True:
             self.advance()
-            if self.done:
+            if self.done:  # set before the handle is told (by the run, or by its maker)
+                handle._done.wait()
                 return
             if time.monotonic() > deadline:
                 raise not_done(handle, timeout)

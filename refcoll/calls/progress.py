@@ -203,7 +203,12 @@ class Handle:
         self._finish()
 
     def add_done_callback(self, fn) -> None:
-        """Call ``fn(handle)`` when the call completes (now if it has), on the completing thread."""
+        """Call ``fn(handle)`` when the call completes (now if it has), on the completing thread.
+
+        That thread may be the engine's: ``fn`` must not make collective calls on the
+        same communicator (where they fall in its order would depend on when ``fn``
+        ran), and a wait there for a later call of the engine is refused.
+        """
         with _busy_lock:
             if not self._done.is_set():
                 self._callbacks = (self._callbacks or []) + [fn]
@@ -270,14 +275,18 @@ class ThreadEngine:
             self.outstanding += 1
             self._queue.append(handle)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name=f"refcoll-progress-rank{self.t.rank}")
-                self._thread.start()
+                self._start_thread()
             elif not defer or self._polling_until == 0.0:
                 self._cv.notify()  # a sleeping thread must be woken: it then polls
             if defer:
                 self._polling_until = time.monotonic() + POLL_WINDOW
         return handle
+
+    def _start_thread(self) -> None:
+        """Start the engine's thread (holding ``_cv``)."""
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"refcoll-progress-rank{self.t.rank}")
+        self._thread.start()
 
     def on_thread(self) -> bool:
         """Return whether the caller is running one of this engine's calls.
@@ -370,7 +379,14 @@ class ThreadEngine:
                         return
                 handle = self._queue.popleft()
                 self._running, self._runner = True, threading.get_ident()
-            self._run_one(handle, patient=True)
+            try:
+                self._run_one(handle, patient=True)
+            except BaseException:  # a done callback's SystemExit: this thread ends with it
+                with self._cv:  # and another takes the calls queued behind
+                    self._thread = None
+                    if self._queue and not self._stopping:
+                        self._start_thread()
+                raise
 
 
 #: The thread engines of this process, stopped at exit (:func:`stop_threads`).
@@ -441,10 +457,19 @@ class ScheduleEngine:
             self._advancing = False
 
     def drive(self, handle: Handle, timeout: float | None) -> None:
-        """Advance until ``handle`` is done (polling, yielding the CPU), or ``timeout`` passes."""
+        """Advance until ``handle`` is done (polling, yielding the CPU), or ``timeout`` passes.
+
+        Calls queued behind ``handle`` only step: a peer may join them only once this
+        wait has returned.
+        """
+        if self._advancing:
+            raise UsageError(f"rank {self.t.rank}: wait() for the {handle.collective} call from "
+                             "inside another call of the same communicator's progress engine (a "
+                             "done callback?) would wait for itself: wait for it after the "
+                             "callback returns")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self.advance(whole=True)
+        while not handle._done.is_set():
+            self.advance(through=handle)
             if handle._done.is_set():
                 return
             if deadline is not None and time.monotonic() > deadline:

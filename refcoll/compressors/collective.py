@@ -37,7 +37,7 @@ from .. import algorithms
 from ..calls.agree import agree
 from ..calls.args import flat_input, flat_out, shared_errors
 from ..calls.auto import resolve
-from ..calls.collectives import as_transport, device_for
+from ..calls.collectives import as_transport, device_for, in_issue_order
 from ..core.errors import UsageError
 from ..core.ops import dtype_name, get_op
 from ..core.xp import array_namespace, is_device_array
@@ -91,6 +91,7 @@ def _resolve(compressor) -> Compressor:
     return compressor
 
 
+@in_issue_order(1)
 def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | None = None,
                          op: str = "sum", algorithm: str = "ring", pattern: str | None = None,
                          out=None, validate: bool = True,

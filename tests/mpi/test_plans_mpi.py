@@ -240,6 +240,47 @@ def test_a_run_started_in_place_gives_its_handle_before_during_and_after_it():
     plan.free()
 
 
+def test_a_timed_wait_returns_the_result_of_a_run_its_engine_finished(monkeypatch):
+    # A run started in place goes to an engine when a later call comes (adopt()), and the
+    # engine sets the run done before it tells the handle. A wait(timeout) that saw done
+    # returned the handle's result before it was told: None, or a failure lost. The
+    # engine's telling is slowed here so that the wait finds that window every time.
+    import threading
+    import time
+
+    import refcoll.calls.plans as plans
+
+    t, other = _own_transport(), _own_transport()
+    if t.size == 1:
+        pytest.skip("one rank has no peer to wait for")
+    told = plans.tell_idle
+
+    def slow_to_tell(transport):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.3)
+        told(transport)
+
+    monkeypatch.setattr(plans, "tell_idle", slow_to_tell)
+    refcoll.allreduce(np.ones(1), other)
+    plan = refcoll.allreduce_init(np.full(8, t.rank + 1.0), t)
+    world = _world()
+    if t.rank == 0:
+        plan.start()
+        later = refcoll.iallreduce(np.ones(4), other)  # the engine adopts the run
+        world.bcast(None, root=0)  # the peers start only now: the engine finishes the run
+        result = plan.wait(timeout=DEADLINE)
+    else:
+        world.bcast(None, root=0)
+        plan.start()
+        later = refcoll.iallreduce(np.ones(4), other)
+        result = plan.wait(timeout=DEADLINE)
+    later.wait()
+    assert result is not None and result.tolist() == [t.size * (t.size + 1) / 2] * 8
+    plan.free()
+    t.free()
+    other.free()
+
+
 def test_a_start_never_waits_for_peers_that_have_not_started_the_run_before_it():
     # Rank 0 starts two small plans and waits for neither before its peers start any: each
     # start returns (the first run goes to the engine), and both complete once they do.
