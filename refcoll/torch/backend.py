@@ -290,8 +290,9 @@ class RefcollGroup(dist.ProcessGroup):
                 op, factor = reduction(opts.reduceOp)
                 _linear_on_complex(op, any(x.is_complex() for x in tensors))
                 premultipliable(factor, tensors)
-            for x in self._arrays(t, name, tensors):
-                source = x if factor is None else x * x.dtype.type(factor)
+            for tensor, x in zip(tensors, self._arrays(t, name, tensors)):
+                source = x if factor is None else \
+                    x * x.dtype.type(premultiplier(factor, tensor).item())  # torch's rounding
                 call(source, x, t, op=op, algorithm=self.algorithms[name])
         return self._submit(name, tensors, job)
 

@@ -170,9 +170,10 @@ def premultipliable(factor, tensors) -> None:
 
 def premultiplier(factor: float, tensor):
     """Return PREMUL_SUM's ``factor`` as a 0-d tensor of ``tensor``'s dtype: ``x * f`` is then
-    one rounding of ``x`` times the factor rounded to the dtype, as NumPy's ``x *
-    x.dtype.type(f)`` and NCCL's premultiply are (torch's ``x * f`` of a Python float
-    rounds ``x · f`` instead, another result in float16 and bfloat16)."""
+    one rounding of ``x`` times the factor rounded to the dtype (a 16-bit float's through
+    float32, as NCCL's scalar ``T(double)`` is too), as NCCL's premultiply is (torch's
+    ``x * f`` of a Python float rounds ``x · f`` instead, another result in float16 and
+    bfloat16)."""
     torch = _torch()
     dtype = tensor.dtype
     if dtype.is_complex:  # a complex tensor's parts are scaled by the real factor

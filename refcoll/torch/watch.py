@@ -68,11 +68,11 @@ unjudged.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import re
+import threading
 
 import numpy as np
 import torch
@@ -216,21 +216,8 @@ def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
         if hasattr(opts, field):
             setattr(summed, field, getattr(opts, field))
     summed.reduceOp = dist.ReduceOp.SUM
-    if method in ("allreduce", "allreduce_coalesced", "reduce"):
-        tensors = args[0]
-        for tensor in tensors if factor is not None else ():
-            tensor.mul_(premultiplier(factor, tensor))
-        outs = tensors if method != "reduce" or rank == opts.rootRank else []
-        args = (tensors, summed)
-    elif method == "reduce_scatter_single":
-        outs, x = [args[0]], args[1]
-        args = (args[0], x if factor is None else x * premultiplier(factor, x), summed)
-    else:  # reduce_scatter: lists
-        outs, pieces = args[0], args[1]
-        if factor is not None:
-            pieces = [[piece * premultiplier(factor, piece) for piece in row]
-                      for row in pieces]
-        args = (outs, pieces, summed)
+    args, outs, back = _premultiplied(method, args, factor, summed, rank == opts.rootRank
+                                      if method == "reduce" else True)
 
     def finish() -> None:
         if kind == "AVG":
@@ -239,7 +226,42 @@ def _as_gloo_sums(method: str, args: tuple, rank: int, p: int):
                     out.div_(p)
                 else:  # an integer average truncates toward zero, as refcoll's and NCCL's
                     out.div_(p, rounding_mode="trunc")
+        for tensor, copy in back:
+            tensor.copy_(copy)
     return args, finish
+
+
+def _premultiplied(method: str, args: tuple, factor, summed, root: bool):
+    """Return the arguments that hand Gloo ``method`` as a SUM (``summed``, its options)
+    of the inputs times ``factor`` (None: as they are), the tensors its result lands in,
+    and the pairs ``(tensor, copy)`` whose copy must go back once it is done.
+
+    An all-reduce's tensors are its outputs on every rank: multiplied in place. A
+    reduce's are a non-root's input alone, as Gloo leaves it: a copy is premultiplied,
+    and the root's result copied back. ``root``: this rank is the reduce's root.
+    """
+    back = []
+    if method in ("allreduce", "allreduce_coalesced"):
+        tensors = args[0]
+        for tensor in tensors if factor is not None else ():
+            tensor.mul_(premultiplier(factor, tensor))
+        return (tensors, summed), tensors, back
+    if method == "reduce":
+        tensors = args[0]
+        if factor is not None:
+            copies = [tensor * premultiplier(factor, tensor) for tensor in tensors]
+            if root:
+                back = list(zip(tensors, copies))
+            tensors = copies
+        return (tensors, summed), tensors if root else [], back
+    if method == "reduce_scatter_single":
+        x = args[1]
+        return (args[0], x if factor is None else x * premultiplier(factor, x), summed), \
+            [args[0]], back
+    pieces = args[1]  # reduce_scatter: lists
+    if factor is not None:
+        pieces = [[piece * premultiplier(factor, piece) for piece in row] for row in pieces]
+    return (args[0], pieces, summed), args[0], back
 
 
 #: The calls :func:`_as_gloo_sums` rewrites.
@@ -318,6 +340,13 @@ def _exchange(t, samples: list, k: int) -> list:
         sums = table[:, at:at + 8 * mine.size].copy().view(np.float64)
         out.append(([row[:n] for row in data], [row[n:] for row in data], sums))
     return out
+
+
+def _rounded(factor, tensor) -> float | None:
+    """PREMUL_SUM's ``factor`` as the library multiplies by it: rounded to ``tensor``'s
+    dtype as torch rounds a Python float (through float32 for a 16-bit float, as NCCL's
+    scalar is too), so the judge's ``x · f`` and checksums are the library's own."""
+    return None if factor is None else premultiplier(factor, tensor).item()
 
 
 def _bits(factor) -> int:
@@ -422,6 +451,10 @@ def _read(sample: "_Sample | None", finish, result: list, wait) -> list:
         if sample is not None:  # nothing of this call is judged
             sample.failed = True
         raise
+    finally:
+        if sample is not None:
+            sample.read_after = sample.read_sums = None  # (they hold the call's tensors)
+            sample.read.set()
     return result
 
 
@@ -526,7 +559,8 @@ class _Sample:
         self.sums_out: np.ndarray | None = None
         self.read_sums = None
         self.failed = False  # the watched call raised: nothing of it is judged
-        self.done = None  # its FutureWork, where its outputs are read on completion
+        self.read = threading.Event()  # its outputs read (or its call failed): the tensors
+        # are let go then, so a batch keeps only the values it judges
 
     def sums(self) -> np.ndarray:
         """This rank's checksums as one float64 row (empty without them)."""
@@ -595,8 +629,6 @@ class Watch:
             # Read on the library's thread the moment it completes the call: a call that
             # closes no batch then costs no hand-off to refcoll's progress engine.
             done = FutureWork(work, lambda future: read(future.value))
-            if sample is not None:
-                sample.done = done
             if not batch:
                 return done
         wait = functools.partial(read, work.wait) if done is None else done.wait
@@ -611,8 +643,8 @@ class Watch:
         """Keep a judging Work for :meth:`finish`, letting go of those a wait saw or that
         found nothing."""
         if len(self._judging) >= 32:
-            self._judging = [w for w in self._judging if not _told(w._handle)]
-        self._judging.append(work)
+            self._judging = [h for h in self._judging if not _told(h)]
+        self._judging.append(work._handle)  # (not the Work: it holds the call's tensors)
 
     def finish(self, refcoll_group) -> None:
         """At ``destroy_process_group``: judge the calls of the last batch, which no call
@@ -622,14 +654,12 @@ class Watch:
             WrongResult: in the last batch (``REFCOLL_WATCH_ACTION=raise``), on every rank.
         """
         batch, self.pending = self.pending, []
-        last = batch[-1].done if batch else None  # read when its call completed (else by
-        try:  # its own job); in issue order, after every judging job before it
+        try:  # in issue order, after every judging job before it
             submit("watch: the last batch", refcoll_group._cpu,
-                   functools.partial(self._close, last.wait if last else _nothing, batch),
-                   None).wait()
+                   functools.partial(self._close, _nothing, batch), None).wait()
         finally:
-            for work in self._judging:
-                error = None if _told(work._handle) else work._handle.exception()
+            for handle in self._judging:
+                error = None if _told(handle) else handle.exception()
                 if isinstance(error, WrongResult):
                     _log.error("%s (no wait() raised it: its call was never waited for)", error)
             self._judging = []
@@ -647,10 +677,8 @@ class Watch:
     def _close(self, wait, batch: list, t) -> None:
         """A call's job on the progress engine: wait for it, then judge the batch it closes."""
         wait()  # its error: nothing of the batch is judged (the ranks see the error)
-        for earlier in batch[:-1]:  # each read when its own call completed
-            if earlier.done is not None:
-                with contextlib.suppress(Exception):  # raised from that call's own wait
-                    earlier.done.wait()
+        for earlier in batch:  # each read when its own call completed (on the library's
+            earlier.read.wait()  # thread, or by its own job, ahead of this one)
         judged = [s for s in batch if not s.failed]
         if judged:
             self._judge(self.over or t, judged)
@@ -690,6 +718,7 @@ class Watch:
                 return None
             x = _elements(tensors[0])
             op, factor = reduction(opts.reduceOp) if method != "broadcast" else ("-", None)
+            factor = _rounded(factor, tensors[0])
             root = getattr(opts, "rootRank", 0)
             sample = _Sample(method, op, factor, root, self._indices(x.numel()), x.numel())
             elements = _Elements(x, sample.where)
@@ -712,6 +741,7 @@ class Watch:
         elif method in ("reduce_scatter", "reduce_scatter_single"):
             out, x, opts = args
             op, factor = reduction(opts.reduceOp)
+            factor = _rounded(factor, out if method != "reduce_scatter" else out[0])
             if method == "reduce_scatter":
                 if len(x) != 1 or len(out) != 1:
                     return None

@@ -73,6 +73,19 @@ def test_premul_sum_multiplies_each_input_then_sums(ring):
     assert same_bits(bits(t), want)
 
 
+def test_premul_sum_rounds_the_factor_to_a_16_bit_float_as_torch_and_nccl_do(ring):
+    # Through float32 (NCCL's T(double), torch.tensor(f, dtype)): 1 + 2**-8 + 2**-30 is
+    # 1.0 in bfloat16 so, and 1 + 2**-7 rounded once; reduce-scatter rounded it so already.
+    p = ring.size()
+    factor = 1 + 2**-8 + 2**-30
+    t = torch.full((8,), 3.0, dtype=torch.bfloat16)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor), group=ring)
+    out = torch.empty(8, dtype=torch.bfloat16)
+    dist.reduce_scatter_single(out, torch.full((8 * p,), 3.0, dtype=torch.bfloat16),
+                               op=dist._make_nccl_premul_sum(factor), group=ring)
+    assert t.tolist() == out.tolist() == [3.0 * p] * 8
+
+
 def test_reduce_scatter_and_all_gather_tensors_are_the_simulators(ring):
     p, r = ring.size(), ring.rank()
     xs = inputs(p, 4 * p)

@@ -506,3 +506,48 @@ def test_a_tensor_strided_on_one_rank_only_is_judged_on_every_rank(world):
     dist.all_reduce(y, group=group)
     assert y.tolist() == (torch.arange(12.0).reshape(3, 4).t() * (p * (p + 1) // 2)).tolist()
     assert not group.watched.findings
+
+
+def test_premul_sum_is_judged_with_the_factor_as_torch_rounds_it(world):
+    # torch (and NCCL's scalar) round a Python float to a 16-bit float through float32;
+    # the judge rounded it once, to another factor (bfloat16: 1 against 1 + 2**-7), and
+    # checksums took it unrounded, wrong by far more than a float16 subnormal's rounding.
+    group = watching("gloo", REFCOLL_WATCH_SAMPLE="4096")
+    cases = [(torch.bfloat16, 1 + 2**-8 + 2**-30, 3.0), (torch.float16, 1 + 2**-11 + 2**-40, 3.0),
+             (torch.float16, 167.5 * 2**-24, 1000.0), (torch.float16, 3e-7, 1000.0)]
+    for dtype, factor, value in cases:
+        t = torch.full((4096,), value, dtype=dtype)
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor), group=group)
+        rounded = torch.tensor(factor, dtype=dtype)
+        assert t[0].item() == (torch.tensor(value, dtype=dtype) * rounded).item() * world.size()
+    assert not group.watched.findings
+
+
+def test_a_premul_sum_reduce_leaves_a_non_roots_tensor_as_it_was(world):
+    # Only the root's tensor is the reduce's output: the factor went into every rank's.
+    group = watching("gloo")
+    r, p = world.rank(), world.size()
+    t = torch.ones(10) * (r + 1)
+    dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(0.5), group=group)
+    expected = 0.5 * p * (p + 1) / 2 if r == 0 else r + 1.0
+    assert t.tolist() == [expected] * 10
+    assert not group.watched.findings
+
+
+def test_a_watched_calls_tensors_are_let_go_once_they_are_read(world):
+    # The judging Works kept every call's output (up to 32 of them) and the pending
+    # samples theirs until their batch closed: freed tensors stayed alive.
+    import gc
+    import weakref
+
+    for batch in ("1", "8"):
+        group = watching("gloo", REFCOLL_WATCH_BATCH=batch)
+        refs = []
+        for _ in range(10):
+            x, out = torch.randn(100 * world.size()), torch.empty(100)
+            dist.reduce_scatter_single(out, x, group=group)
+            refs += [weakref.ref(x), weakref.ref(out)]
+            del x, out
+        gc.collect()
+        assert [ref() for ref in refs] == [None] * len(refs), f"batch {batch}"
+        assert not group.watched.findings
