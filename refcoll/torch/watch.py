@@ -68,6 +68,7 @@ unjudged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -278,12 +279,14 @@ _DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
 #: Each op's code in a sample record's header (``-``: data movement).
 _OP_CODE = {name: code for code, name in enumerate(("-", "sum", "avg", "prod", "min", "max"))}
 
-#: The header of a rank's sample record: what every rank must agree on, then the one field
+#: The header of a rank's sample record: what every rank must agree on, then the two fields
 #: each rank has its own of: PREMUL_SUM's factor (its float64 bits; NaN: none), which
-#: NCCL takes per rank ("pre-multiplies input values by a given scalar locally").
+#: NCCL takes per rank ("pre-multiplies input values by a given scalar locally"), and
+#: whether the call failed on that rank (its record then keeps its place and its size,
+#: and the call is judged on no rank).
 _HEADER = ("call", "collective", "op", "dtype", "elements", "inputs sampled", "outputs sampled",
            "root", "checksums")
-_FIELDS = len(_HEADER) + 1
+_FIELDS = len(_HEADER) + 2
 
 
 def _exchange(t, samples: list, k: int) -> list:
@@ -306,7 +309,7 @@ def _exchange(t, samples: list, k: int) -> list:
     header = np.array([[sample.number, _JUDGED.index(sample.collective), _OP_CODE[sample.op],
                         _DTYPE_CODE[dtype_name(sample.before.dtype)], sample.m,
                         sample.before.size, sample.after.size, sample.root, sums.size,
-                        _bits(sample.factor)]
+                        _bits(sample.factor), int(sample.failed)]
                        for sample, sums in zip(samples, rows_of_sums)], np.int64)
     parts = []
     for head, sample, sums in zip(header, samples, rows_of_sums):
@@ -327,9 +330,12 @@ def _exchange(t, samples: list, k: int) -> list:
         values = [names[v] if names else v for v in column.tolist()]
         raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
                             ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
-    factors = heads_of[:, :, 8 * len(_HEADER):].copy().view(np.float64)[:, :, 0]  # (p, calls)
+    own = heads_of[:, :, 8 * len(_HEADER):].copy()
+    factors = own.view(np.float64)[:, :, 0]  # (p, calls)
+    failed = own.view(np.int64)[:, :, 1].any(axis=0)
     out = []
     for i, (sample, at, mine) in enumerate(zip(samples, starts[:-1].tolist(), rows_of_sums)):
+        sample.failed = bool(failed[i])  # on some rank: judged on none
         column = factors[:, i]
         sample.factors = None if np.isnan(column).all() else \
             [1.0 if np.isnan(f) else f for f in column.tolist()]  # (no factor: a plain sum)
@@ -448,8 +454,13 @@ def _read(sample: "_Sample | None", finish, result: list, wait) -> list:
             if sample.read_sums is not None:
                 sample.sums_out = sample.read_sums()
     except BaseException:
-        if sample is not None:  # nothing of this call is judged
-            sample.failed = True
+        if sample is not None:  # nothing of this call is judged; its record, read all the
+            sample.failed = True  # same, keeps this rank in step with the others
+            with contextlib.suppress(Exception):  # (the call's own error is the one raised)
+                if sample.after is None:
+                    sample.after = sample.read_after()
+                if sample.read_sums is not None and sample.sums_out is None:
+                    sample.sums_out = sample.read_sums()
         raise
     finally:
         if sample is not None:
@@ -566,7 +577,9 @@ class _Sample:
         """This rank's checksums as one float64 row (empty without them)."""
         if self.sums_in is None:
             return np.zeros(0)
-        return np.concatenate([self.sums_in.reshape(-1), self.sums_out.reshape(-1)])
+        out = self.sums_out if self.sums_out is not None else \
+            np.zeros((3, self.sums_in.shape[2]))  # (a failed call's, unread: placeholders)
+        return np.concatenate([self.sums_in.reshape(-1), out.reshape(-1)])
 
     def real_index(self, s: int, whole: bool) -> int:
         """The element of the real output that element ``s`` of the sampled one stands for."""
@@ -676,12 +689,29 @@ class Watch:
 
     def _close(self, wait, batch: list, t) -> None:
         """A call's job on the progress engine: wait for it, then judge the batch it closes."""
-        wait()  # its error: nothing of the batch is judged (the ranks see the error)
-        for earlier in batch:  # each read when its own call completed (on the library's
-            earlier.read.wait()  # thread, or by its own job, ahead of this one)
-        judged = [s for s in batch if not s.failed]
-        if judged:
-            self._judge(self.over or t, judged)
+        try:
+            wait()
+        except Exception:  # the call's own failure: the batch is judged without it, in
+            with contextlib.suppress(Exception):  # step with the ranks where it ran (the
+                self._judge_batch(t, batch, quietly=True)  # call's error is the one raised)
+            raise
+        self._judge_batch(t, batch)
+
+    def _judge_batch(self, t, batch: list, quietly: bool = False) -> None:
+        """Judge ``batch`` once each of its calls is read (on the library's thread, or by its
+        own job, ahead of this one); ``quietly``: log what is wrong rather than raise it
+        (the caller raises its call's own failure)."""
+        for sample in batch:
+            sample.read.wait()
+        if not batch:
+            return
+        try:
+            self._judge(self.over or t, batch)
+        except WrongResult as exc:
+            if not quietly:
+                raise
+            self.findings.append(str(exc))
+            _log.error("%s", exc)
 
     def _method(self, name: str):
         """The watched group's method for torch 2.13's ``name``, or its older name."""
@@ -779,6 +809,8 @@ class Watch:
         """Gather every rank's samples, judge them the same way on every rank, raise or log."""
         problems = []
         exchanged = _exchange(t, samples, self.sample)
+        kept = [(s, got) for s, got in zip(samples, exchanged) if not s.failed]
+        samples, exchanged = [s for s, _ in kept], [got for _, got in kept]
         right = _right_together(samples, exchanged, t.size)
         for sample, (inputs, outputs, sums) in zip(samples, exchanged):
             if id(sample) in right:

@@ -18,45 +18,50 @@ from refcoll.core.errors import MismatchError, UsageError, WrongResult
 
 
 class Corrupting(dist.ProcessGroup):
-    """Gloo's results, except call ``n`` of ``collective``, spoiled ``how``:
+    """Gloo's results, except call ``n`` of ``collective``, spoiled ``how`` (several such
+    ``collective:n:how``, comma-separated, spoil several calls):
 
     * ``element``: rank 0's element 5 is one more;
     * ``percent``: rank 0's element ``n // 3 + 1`` is 1 % larger (a silent corruption);
     * ``drop``: every rank gets the sum without rank 1's input;
     * ``saturate``: an int32 sum clamped at int32's largest value instead of wrapping;
     * ``abs``: every rank's result made non-negative (a sum of -0s comes back +0);
-    * ``fail``: the call fails on every rank (its Work raises).
+    * ``fail``: the call fails on every rank (its Work raises);
+    * ``failone``: the call fails on the last rank only.
     """
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        collective, n, self.how = os.environ["CORRUPT"].split(":")
-        self.target, self.n, self.calls = collective, int(n), {}
+        self.spoils = {(collective, int(n)): how for collective, n, how in
+                       (spec.split(":") for spec in os.environ["CORRUPT"].split(","))}
+        self.calls = {}
 
-    def _due(self, collective: str) -> bool:
+    def _due(self, collective: str) -> str | None:
+        """Count a call of ``collective``; return how to spoil it (None: not at all)."""
         self.calls[collective] = self.calls.get(collective, 0) + 1
-        return collective == self.target and self.calls[collective] == self.n
+        return self.spoils.get((collective, self.calls[collective]))
 
     def allreduce(self, tensors, opts):
         t = tensors[0]
         original = t.clone()
         self.gloo.allreduce(tensors, opts).wait()
-        if self._due("allreduce"):
-            if self.how == "fail":
+        how = self._due("allreduce")
+        if how is not None:
+            if how == "fail" or how == "failone" and self.rank() == self.size() - 1:
                 return _Failed(RuntimeError("the library failed this call"))
-            if self.how == "element" and self.rank() == 0:
+            if how == "element" and self.rank() == 0:
                 t.view(-1)[5] += 1
-            elif self.how == "percent" and self.rank() == 0:
+            elif how == "percent" and self.rank() == 0:
                 t.view(-1)[t.numel() // 3 + 1] *= 1.01
-            elif self.how == "abs":
+            elif how == "abs":
                 t.abs_()
-            elif self.how == "drop":
+            elif how == "drop":
                 mine = torch.zeros_like(original) if self.rank() == 1 else original
                 everyone = [torch.empty_like(original) for _ in range(self.size())]
                 self.gloo.allgather([everyone], [mine]).wait()
                 t.copy_(sum(everyone))
-            elif self.how == "saturate":
+            elif how == "saturate":
                 total = torch.zeros_like(original, dtype=torch.int64)
                 everyone = [torch.empty_like(original) for _ in range(self.size())]
                 self.gloo.allgather([everyone], [original]).wait()
@@ -551,3 +556,36 @@ def test_a_watched_calls_tensors_are_let_go_once_they_are_read(world):
         gc.collect()
         assert [ref() for ref in refs] == [None] * len(refs), f"batch {batch}"
         assert not group.watched.findings
+
+
+@pytest.mark.parametrize("batch", ["1", "3"])
+def test_a_call_that_fails_on_one_rank_keeps_the_ranks_judging_in_step(world, batch):
+    # The rank where it failed left its sample out of the exchange (or skipped it): the
+    # others then exchanged records of another size (a crash in Gloo) or waited for ever.
+    group = watching("corrupting", "allreduce:2:failone", REFCOLL_WATCH_BATCH=batch,
+                     REFCOLL_TIMEOUT="60")
+    last = world.rank() == world.size() - 1
+    for call in range(1, 7):
+        t = torch.arange(8, dtype=torch.int32)
+        if call == 2 and last:
+            with pytest.raises(RuntimeError, match="the library failed this call"):
+                dist.all_reduce(t, group=group)
+            continue
+        dist.all_reduce(t, group=group)
+        assert t.tolist() == [k * world.size() for k in range(8)]
+    dist.destroy_process_group(group)
+    assert not group.watched.findings
+
+
+def test_a_failed_call_closing_a_batch_leaves_the_wrong_calls_before_it_told(world, caplog):
+    # Its failure was raised and the batch's earlier calls went unjudged: a wrong result lost.
+    import logging
+
+    group = watching("corrupting", "allreduce:1:element,allreduce:2:fail",
+                     REFCOLL_WATCH_BATCH=2)
+    dist.all_reduce(torch.arange(10, dtype=torch.float32), group=group)
+    with caplog.at_level(logging.ERROR, logger="refcoll.watch"):
+        with pytest.raises(RuntimeError, match="the library failed this call"):
+            dist.all_reduce(torch.arange(10, dtype=torch.float32), group=group)
+    assert len(group.watched.findings) == 1 and "call 1" in group.watched.findings[0]
+    assert any("call 1" in r.getMessage() for r in caplog.records if r.name == "refcoll.watch")
