@@ -389,3 +389,27 @@ def test_the_backend_baseline_says_why_it_cannot_take_an_algorithms_options():
         "tree(segment=64)", "allreduce", "cpu")
     assert "switch processes" in backend_unavailable("switch", "allreduce", "cpu")
     assert "switch processes" not in backend_unavailable("bruck", "allreduce", "cpu")
+
+
+@needs_mpi
+def test_under_a_users_own_mpiexec_notes_and_memory_are_as_under_benchs(tmp_path, monkeypatch):
+    # Only the launch bench makes checked the memory and gave the decimal note: under a
+    # user's mpiexec a size past any host's memory was a ValueError's traceback, exit 1.
+    monkeypatch.setenv("REFCOLL_CACHE", str(tmp_path))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "REFCOLL_BENCH_BAR"}
+    base = [mpiexec_path(), "-n", "2", sys.executable, "-m", "refcoll", "bench", "-i", "1",
+            "-w", "0", "--algorithm", "ring"]
+    huge = subprocess.run(base + ["-b", "1e30", "-e", "1e30"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    errors = [line for line in huge.stderr.splitlines() if line.startswith("refcoll: error:")]
+    assert huge.returncode == 2 and len(errors) == 2, huge.stdout + huge.stderr
+    assert "Traceback" not in huge.stderr and "needs about" in errors[0]
+    assert not huge.stdout.strip(), huge.stdout  # refused before any table line
+    small = subprocess.run(base + ["-b", "1kB", "-e", "1kB"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert small.returncode == 0, small.stdout + small.stderr
+    notes = [line for line in small.stderr.splitlines() if line.startswith("refcoll: note:")]
+    from refcoll.cli.bench import decimal_size_note
+
+    assert notes == [f"refcoll: note: {decimal_size_note(option, '1kB')}"
+                     for option in ("-b", "-e")]  # once, from rank 0

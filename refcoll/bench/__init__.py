@@ -39,9 +39,9 @@ each half, as nccl-tests' row ``size count type redop root | time algbw busbw
   to a whole number of 16-byte words, as nccl-tests does: the size column is the
   whole array, the count column one rank's chunk, nccl-tests' ``paramcount``;
   the JSON's ``count`` stays the whole array's elements);
-* ``busbw = algbw · factor`` with :func:`~.config.bus_factor`: all-reduce ``2(n-1)/n``,
-  in-network all-reduce (``switch``) ``(n-1)/(n+1)`` with ``n`` the workers,
-  reduce-scatter and allgather ``(n-1)/n``, broadcast and reduce ``1``;
+* ``busbw = algbw · factor`` with :func:`~.config.bus_factor`: all-reduce ``2(n-1)/n``
+  (in-network too, ``switch``, with ``n`` the workers, as nccl-tests prices NVLS and
+  CollNet), reduce-scatter and allgather ``(n-1)/n``, broadcast and reduce ``1``;
 * ``#wrong``: with checking on, the elements that differ bit for bit from the
   expected result, summed over every iteration (warm-up included) and rank;
   ``N/A`` with ``-c 0``, as nccl-tests prints it. The inputs are ``exact``

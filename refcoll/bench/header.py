@@ -126,7 +126,8 @@ def _notes(config, available: list[str], hosts: list[dict]) -> list[str]:
     if config.device == "gpu":
         notes.append("device time: every timed call ends when the current stream has drained")
     if any(algorithms.get(registry_name(n)).workers is not None for n in config.algorithms):
-        notes.append("switch: busbw factor (n-1)/(n+1) of in-network reduction, n the workers")
+        notes.append("switch: busbw is the all-reduce's, 2(n-1)/n, n the workers (the ranks "
+                     "that hold data)")
     for host in hosts:
         if host["oversubscribed"]:
             notes.append(f"OVERSUBSCRIBED: {host['ranks']} ranks on {host['cores']} cores of "

@@ -6,6 +6,7 @@ Thin: the options become a :class:`~refcoll.bench.BenchConfig`, the ranks run
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -158,11 +159,11 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         warmup=warmup, iters=iters, agg=agg, check=check, bound=bound, compressor=compressor,
         root=root, average=average, nccl_algo=nccl_algo, nccl_proto=nccl_proto)
     check_config(config, None if launch.in_mpi_job() else nprocs)
+    notes = [note for note in (decimal_size_note(option, text) for option, text in
+                               (("-b", minbytes), ("-e", maxbytes))) if note]
     if not launch.in_mpi_job():  # the launcher speaks once, not every rank
-        for option, text in (("-b", minbytes), ("-e", maxbytes)):
-            note = decimal_size_note(option, text)
-            if note:
-                click.echo(f"refcoll: note: {note}", err=True)
+        for note in notes:
+            click.echo(f"refcoll: note: {note}", err=True)
     if plot_file:
         require_matplotlib()
     if not launch.in_mpi_job():
@@ -174,14 +175,40 @@ def bench(nprocs, minbytes, maxbytes, stepfactor, algorithm, collective, op, dty
         env = {**launch.workers_env(nprocs), PROGRESS_VARIABLE: progress_setting(bar_target()),
                **forced_mpi_env(config)}
         launch.relaunch(nprocs + extra_ranks(config.algorithms, nprocs), env)
-    _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt)
+    # In a job the user's own mpiexec started (bench's relaunch sets its bar's variable),
+    # rank 0 gives the notes; and every rank checks this host's memory, since no launcher did.
+    ours = PROGRESS_VARIABLE in os.environ
+    _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt,
+                    notes=[] if ours else notes, memory=not ours)
 
 
-def _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt="refcoll") -> None:
+def _require_memory_of_host(MPI, world, config) -> None:
+    """Refuse, on every rank, a sweep whose largest size the ranks of some host cannot hold
+    (as the launcher refuses it before a job it starts; here the user's mpiexec did)."""
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = local.Get_size()
+    local.Free()
+    problem = ""
+    try:
+        require_memory(BUFFERS_PER_RANK * max(config.sizes) * ranks,
+                       f"-e {max(config.sizes)} B on {ranks} ranks of a host", "lower -e")
+    except UsageError as exc:
+        problem = str(exc)
+    problem = next((text for text in world.allgather(problem) if text), "")
+    if problem:
+        raise UsageError(problem)
+
+
+def _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt="refcoll", *,
+                    notes=(), memory=False) -> None:
     MPI = launch.start_mpi("refcoll bench")
 
     world = MPI.COMM_WORLD
     lead = world.rank == 0
+    if memory:
+        _require_memory_of_host(MPI, world, config)
+    for note in notes if lead else ():
+        click.echo(f"refcoll: note: {note}", err=True)
     check_output_paths_on_lead(world, "refcoll bench", json=json_file, csv=csv_file,
                                plot=plot_file)
     config.workers = launch.data_ranks(world, nprocs)
