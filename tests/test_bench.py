@@ -345,6 +345,10 @@ def test_root_minus_one_runs_every_root_and_below_it_is_refused():
      "MPICH 5.0 has no reduce_scatter algorithm 'ring'; it has: "),
     (["--collective", "allgather", "--against", "mpi:reduce_scatter_allgather"],
      "has no allgather algorithm 'reduce_scatter_allgather'"),
+    # an option's value the algorithm refuses: by its own check, before the launch
+    (["--algorithm", "tree(radix=1)"], "radix must be an integer >= 2"),
+    (["--algorithm", "hierarchical(pipeline=0)"], "pipeline must be a whole number of segments"),
+    (["--algorithm", "ring(start=99)", "-d", "float32,int8"], "ring start must be one of"),
 ])
 def test_nccl_tests_options_refuse_what_cannot_run_in_one_line(monkeypatch, args, message):
     monkeypatch.setattr("refcoll.cli.launch.in_mpi_job", lambda: False)
@@ -413,3 +417,8 @@ def test_under_a_users_own_mpiexec_notes_and_memory_are_as_under_benchs(tmp_path
 
     assert notes == [f"refcoll: note: {decimal_size_note(option, '1kB')}"
                      for option in ("-b", "-e")]  # once, from rank 0
+    refused = subprocess.run(base[:-1] + ["tree(radix=1)", "-b", "64", "-e", "64"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    errors = [line for line in refused.stderr.splitlines() if "radix must be" in line]
+    assert refused.returncode == 2 and len(errors) == 2 and not refused.stdout.strip(), \
+        refused.stdout + refused.stderr

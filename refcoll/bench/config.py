@@ -17,8 +17,10 @@ from typing import Sequence
 import numpy as np
 
 from .. import algorithms
+from ..algorithms.spelling import check_spelled
 from ..baselines import gloo, mpi_algorithms, nccl, nccl_log
 from ..baselines.mpi import BASELINES, mpi_unavailable
+from ..calls import simulate
 from ..compressors import parse as parse_compressor
 from ..core import units
 from ..core import xp as xp_module
@@ -37,6 +39,7 @@ from .options import (
 
 __all__ = [
     "BenchConfig",
+    "dry_run",
     "ROW_FIELDS",
     "BASELINES",
     "NCCL_BASELINES",
@@ -314,7 +317,7 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
     runs = variants(config)
     if len(runs) > 1 or runs[0].dtype != config.dtype or runs[0].op != config.op:
         for run in runs:
-            check_config(run)
+            check_config(run, workers)
         return
     if not config.sizes:
         raise UsageError("no message sizes to run")
@@ -335,6 +338,8 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         raise UsageError(f"no size from {config.sizes[0]} to {config.sizes[-1]} B holds an "
                          f"element of {config.dtype} for {config.collective} on {workers} "
                          f"ranks{words}: nothing would be measured; raise -b")
+    if workers is not None:
+        dry_run(config, workers)
     if config.warmup < 0 or config.iters < 1 or config.agg < 1:
         raise UsageError(f"need warm-up >= 0, iterations >= 1 and aggregated calls >= 1, "
                          f"got -w {config.warmup} -i {config.iters} -m {config.agg}")
@@ -350,6 +355,23 @@ def check_config(config: BenchConfig, workers: int | None = None) -> None:
         if config.bound:
             raise UsageError("--bound replays an algorithm's schedule on its full-width "
                              "messages: it does not run with --compressor")
+
+
+def dry_run(config: BenchConfig, workers: int) -> None:
+    """Run each algorithm once in the simulator, on ``workers`` ranks of a few elements:
+    an option's value it refuses (``pipeline=0``, ``radix=1``, ``start=99``) is refused
+    here, by the algorithm's own check, before any table line, not by every rank at its
+    first row. The algorithms' options (not the sizes) decide it."""
+    for run in variants(config):  # (each dtype and op of a list)
+        dt = get_dtype(run.dtype)
+        count = max(workers, 2) * (16 // dt.itemsize or 1)  # whole 16-byte words a rank
+        xs = [np.zeros(count, dt) for _ in range(workers)]
+        kwargs = {"op": run.op} if run.collective not in ("allgather", "broadcast") else {}
+        if rooted(run.collective):
+            kwargs["root"] = max(run.root, 0)
+        for spelled in run.algorithms:
+            name, options = check_spelled(spelled, run.collective)
+            simulate(run.collective, xs, algorithm=name, **kwargs, **options)
 
 
 def _check_libraries(config: BenchConfig, chosen: tuple[str, ...], dt,
