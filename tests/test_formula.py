@@ -126,10 +126,15 @@ def test_a_sample_is_k_elements_spread_over_the_whole_array(count, k):
 @pytest.mark.parametrize("text", ["exact", "exact:seed=1,p=0,count=3", "gauss:seed=1,p=2,count=3",
                                   "exact:p=2,seed=1,count=3", f"exact:seed=0,p=3,count={2**63}",
                                   f"exact:seed=0,p={2**31},count=1",
-                                  f"exact:seed=0,p=4,count={2**51 + 1}"])
+                                  f"exact:seed=0,p=4,count={2**51 + 1}",
+                                  # past int()'s 4300 digits (a ValueError's traceback, exit
+                                  # 1), and digits int() takes that are not ASCII
+                                  "exact:seed=" + "9" * 5000 + ",p=4,count=37",
+                                  "exact:seed=1,p=\u0663,count=37"])
 def test_a_bad_spec_is_a_usage_error(text):
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as raised:
         parse_spec(text)
+    assert len(str(raised.value)) < 300  # a long one is quoted cut short
 
 
 def test_a_spec_past_2_to_the_32_elements_is_taken():
@@ -186,6 +191,28 @@ def test_every_collective_is_judged_sampled_against_the_formula(tmp_path, collec
             all(len(v) == 40 and v[0] == 0 for v in sampled.values())
     else:
         assert len(sampled) == 40 and sampled[0] == 0 and sampled[-1] == 3000
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_a_sampled_report_names_the_element_of_the_outputs_file(tmp_path, collective):
+    # It named the element's place among the sampled ones (element 5 of a 4 TiB output).
+    from refcoll.verify.oracle import expected_outputs
+
+    spec, p, count = "adversarial:seed=3,p=3,count=3001", 3, 3001
+    outs = expected_outputs(collective, inputs("adversarial", np.float32, p, count, seed=3),
+                            algorithm="naive")
+    chunk = 1000 if collective == "reduce_scatter" else count  # rank 1's: 1000 of 3001
+    picked = [int(i) for i in sample_indices(chunk, 40, seed=3)]
+    k = next(i for i in picked[1:] if outs[1].reshape(-1)[i] != 0)  # not the 0th: a place
+    outs[1].reshape(-1)[k] += np.float32(1e9)
+    write_world(tmp_path / "bad", outs)
+    res = CliRunner().invoke(main, ["check", "--inputs", spec, "--collective", collective,
+                                    "--sample", "40", str(tmp_path / "bad"),
+                                    "--json", str(tmp_path / "bad.json")])
+    assert res.exit_code == 1 and f"rank 1's output element {k}" in res.output, res.output
+    indices = [f["data"]["index"] for f in json.loads((tmp_path / "bad.json").read_text())
+               ["findings"] if not f["passed"] and "index" in (f.get("data") or {})]
+    assert indices and set(indices) == {k}, indices
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -8,6 +8,7 @@ outputs (:mod:`refcoll.verify.oracle`).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import click
@@ -424,14 +425,49 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     inputs = [formula_values(kind, dtype, p, r, where, seed=seed) for r in range(p)]
     outputs = read_elements(files, asked)
     report = check_outputs(inputs, outputs, collective=collective, op=op, root=root)
+    in_the_files(report, collective, count, where, asked)
     click.echo(f"refcoll check: sampled {_sample_text(collective, p, count, where, root)} "
-               f"(--inputs {formula}); an element below is its place among the sampled ones, "
-               "which --json lists")
+               f"(--inputs {formula}); an element below is the outputs' own (the sampled "
+               "ones: --json)")
     _print_report(report, collective, None)
     sampled = ({str(r): a.tolist() for r, a in asked.items()} if collective == "reduce_scatter"
                else where.tolist())
     write_json(json_file, {**report.to_json(), "sampled": sampled})
     sys.exit(0 if report.conforming else 1)
+
+
+#: An element a finding names: ``rank R['s output] element S`` or ``global element G``.
+_NAMED = re.compile(r"(rank (\d+)(?:'s output)? )?(global )?element (\d+)")
+
+
+def in_the_files(report, collective: str, count: int, where, asked: dict) -> None:
+    """Name each finding's elements as the outputs' own, in place: ``check_outputs``
+    judged the sampled elements, compacted, and names their places among them.
+
+    ``where``, ``asked``: :func:`_sampled`'s (a reduce-scatter's rank ``R`` element
+    ``S`` is ``asked[R][S]`` of its chunk; an all-gather's output is ``p`` inputs'
+    samples, one after the other).
+    """
+    each = where.size
+
+    def real(rank: int | None, whole: bool, s: int) -> int:
+        if collective == "reduce_scatter" and rank is not None and not whole:
+            return int(asked[rank][s])
+        if collective == "allgather":
+            return (s // each) * count + int(where[s % each])
+        return int(where[s])
+
+    def named(match: re.Match) -> str:
+        rank = None if match.group(2) is None else int(match.group(2))
+        element = real(rank, match.group(3) is not None, int(match.group(4)))
+        return f"{match.group(1) or ''}{match.group(3) or ''}element {element}"
+
+    for finding in report.findings:
+        finding.detail = _NAMED.sub(named, finding.detail)
+        data = finding.data or {}
+        for entry in [data, *(v for v in data.values() if isinstance(v, dict))]:
+            if isinstance(entry.get("index"), int):
+                entry["index"] = real(entry.get("rank"), False, entry["index"])
 
 
 def _sample_size(collective: str, p: int, count: int, k: int) -> int:

@@ -57,8 +57,8 @@ _GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _U64 = np.uint64
 
 #: ``KIND:seed=S,p=P,count=N``: what ``refcoll check --inputs`` takes.
-SPEC_PATTERN = re.compile(r"^(?P<kind>[a-z]+):seed=(?P<seed>\d+),p=(?P<p>\d+),"
-                          r"count=(?P<count>\d+)$")
+SPEC_PATTERN = re.compile(r"^(?P<kind>[a-z]+):seed=(?P<seed>[0-9]{1,20}),p=(?P<p>[0-9]{1,20}),"
+                          r"count=(?P<count>[0-9]{1,20})$")  # (ASCII digits; 2**64 has 20)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -146,7 +146,8 @@ def parse_spec(text: str) -> tuple[str, int, int, int]:
     """
     m = SPEC_PATTERN.match(text.strip())
     if m is None:
-        raise UsageError(f"--inputs {text!r}: write KIND:seed=S,p=P,count=N, e.g. "
+        shown = text if len(text) <= 80 else text[:60] + "..."
+        raise UsageError(f"--inputs {shown!r}: write KIND:seed=S,p=P,count=N, e.g. "
                          "adversarial:seed=7,p=64,count=16777216")
     kind, seed, p, count = m["kind"], int(m["seed"]), int(m["p"]), int(m["count"])
     if kind not in FORMULA_KINDS:
