@@ -371,6 +371,8 @@ def dry_run(config: BenchConfig, workers: int) -> None:
             kwargs["root"] = max(run.root, 0)
         for spelled in run.algorithms:
             name, options = check_spelled(spelled, run.collective)
+            if options.get("level") == "rack":  # racks come from the topology file's hosts,
+                continue  # which the simulator's ranks lack: the real run checks them
             simulate(run.collective, xs, algorithm=name, **kwargs, **options)
 
 
