@@ -205,12 +205,12 @@ def _bench_in_world(nprocs, config, json_file, csv_file, plot_file, fmt="refcoll
 
     world = MPI.COMM_WORLD
     lead = world.rank == 0
+    check_output_paths_on_lead(world, "refcoll bench", json=json_file, csv=csv_file,
+                               plot=plot_file)  # (a bounded barrier: every rank is here)
     if memory:
         _require_memory_of_host(MPI, world, config)
     for note in notes if lead else ():
         click.echo(f"refcoll: note: {note}", err=True)
-    check_output_paths_on_lead(world, "refcoll bench", json=json_file, csv=csv_file,
-                               plot=plot_file)
     config.workers = launch.data_ranks(world, nprocs)
     writer = _writer() if lead else None  # rank 0 writes the table and the bar, nobody else
     try:

@@ -8,7 +8,6 @@ outputs (:mod:`refcoll.verify.oracle`).
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 import click
@@ -22,6 +21,7 @@ from ..core.ops import check_supported, get_dtype, get_op
 from ..core.units import counted
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
+from ..verify.findings import renumbered
 from ..verify.formula import FORMULA_KINDS, FormulaInput, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify_blocks
@@ -436,10 +436,6 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     sys.exit(0 if report.conforming else 1)
 
 
-#: An element a finding names: ``rank R['s output] element S`` or ``global element G``.
-_NAMED = re.compile(r"(rank (\d+)(?:'s output)? )?(global )?element (\d+)")
-
-
 def in_the_files(report, collective: str, count: int, where, asked: dict) -> None:
     """Name each finding's elements as the outputs' own, in place: ``check_outputs``
     judged the sampled elements, compacted, and names their places among them.
@@ -457,13 +453,8 @@ def in_the_files(report, collective: str, count: int, where, asked: dict) -> Non
             return (s // each) * count + int(where[s % each])
         return int(where[s])
 
-    def named(match: re.Match) -> str:
-        rank = None if match.group(2) is None else int(match.group(2))
-        element = real(rank, match.group(3) is not None, int(match.group(4)))
-        return f"{match.group(1) or ''}{match.group(3) or ''}element {element}"
-
     for finding in report.findings:
-        finding.detail = _NAMED.sub(named, finding.detail)
+        finding.detail = renumbered(finding.detail, real)
         data = finding.data or {}
         for entry in [data, *(v for v in data.values() if isinstance(v, dict))]:
             if isinstance(entry.get("index"), int):

@@ -72,7 +72,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import threading
 
 import numpy as np
@@ -83,6 +82,7 @@ from ..calls import collectives as calls
 from ..core.errors import MismatchError, UsageError, WrongResult
 from ..core.ops import DTYPES, dtype_name, is_float, unit_roundoff
 from ..verify.checksums import block_elements, block_size, checksums, judge_sums
+from ..verify.findings import renumbered
 from ..verify.ieee import zero_signs_wrong
 from ..verify.oracle import check_outputs
 from .tensors import _bits_types, as_array, flat, premultipliable, premultiplier, reduction
@@ -866,14 +866,11 @@ class Watch:
                 f"{sample.b}) returned a wrong result: {bad[0]}{more}")
 
     def _message(self, sample: _Sample, report, dtype, p: int) -> str:
-        def real(match: re.Match) -> str:
-            whole = match.group(1) is not None
-            return f"{match.group(1) or ''}element {sample.real_index(int(match.group(2)), whole)}"
-
         failed = [f for f in report.findings if not f.passed]
         texts = []
         for finding in failed:
-            text = re.sub(r"(global )?element (\d+)", real, finding.detail)
+            text = renumbered(finding.detail,
+                              lambda _rank, whole, s: sample.real_index(s, whole))
             data = finding.data or {}
             if "exact" in data and "bound" in data:
                 text += (f"; a conforming library returns a value in "

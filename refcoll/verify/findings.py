@@ -8,6 +8,7 @@ result conforms (:mod:`refcoll.verify.ieee`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ from .screen import Estimate, screened
 
 __all__ = ["Finding", "CheckReport", "elements", "show", "where", "shape_finding",
            "IdenticalCheck", "ExactCheck", "ExtremumCheck", "BoundCheck", "ContributionCheck",
-           "BOUND_ALONE", "ANALYSED"]
+           "BOUND_ALONE", "ANALYSED", "renumbered"]
 
 #: The note of a float check that passed on the error bound alone.
 BOUND_ALONE = ("passed on the error bound alone, which cannot see a contribution smaller than "
@@ -29,6 +30,22 @@ BOUND_ALONE = ("passed on the error bound alone, which cannot see a contribution
 
 #: How many differing elements per rank the contribution analysis looks at.
 ANALYSED = 50
+
+
+#: An element a finding names: ``rank R['s output] element S`` or ``global element G``.
+_NAMED = re.compile(r"(rank (\d+)(?:'s output)? )?(global )?element (\d+)")
+
+
+def renumbered(text: str, real) -> str:
+    """Return a finding's ``text`` with each element it names as ``real(rank, whole, s)``
+    numbers it: a judge of sampled elements names their places among the sampled ones,
+    and ``real`` the output's own (``rank``: the rank named before it, or None;
+    ``whole``: a global element)."""
+    def named(match: re.Match) -> str:
+        rank = None if match.group(2) is None else int(match.group(2))
+        element = real(rank, match.group(3) is not None, int(match.group(4)))
+        return f"{match.group(1) or ''}{match.group(3) or ''}element {element}"
+    return _NAMED.sub(named, text)
 
 
 @dataclass
