@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -130,7 +131,10 @@ def test_a_sample_is_k_elements_spread_over_the_whole_array(count, k):
                                   # past int()'s 4300 digits (a ValueError's traceback, exit
                                   # 1), and digits int() takes that are not ASCII
                                   "exact:seed=" + "9" * 5000 + ",p=4,count=37",
-                                  "exact:seed=1,p=\u0663,count=37"])
+                                  "exact:seed=1,p=\u0663,count=37",
+                                  "exact:seed=1,p=2,count=3,dtype=float33",
+                                  "exact:seed=1,p=2,count=3,dtype=",
+                                  "exact:seed=1,p=2,count=3,dtype=float32,dtype=int8"])
 def test_a_bad_spec_is_a_usage_error(text):
     with pytest.raises(UsageError) as raised:
         parse_spec(text)
@@ -138,8 +142,52 @@ def test_a_bad_spec_is_a_usage_error(text):
 
 
 def test_a_spec_past_2_to_the_32_elements_is_taken():
-    assert parse_spec(f"exact:seed=0,p=4,count={2**51}") == ("exact", 0, 4, 2**51)
+    assert parse_spec(f"exact:seed=0,p=4,count={2**51}") == ("exact", 0, 4, 2**51, None)
     assert parse_spec(f"adversarial:seed=1,p=2,count={2**33 + 3}")[3] == 2**33 + 3
+
+
+def test_a_spec_names_its_dtype_and_writes_itself_back():
+    spec = parse_spec("exact:seed=2,p=3,count=10,dtype=bfloat16")
+    assert spec.dtype == ml_dtypes.bfloat16 and spec.count == 10
+    assert parse_spec(str(spec)) == spec
+    assert str(parse_spec("exact:seed=2,p=3,count=10")) == "exact:seed=2,p=3,count=10"
+
+
+def _bits_world(tmp_path, wrong: int | None) -> Path:
+    """bfloat16 all-reduce outputs stored as their bits, with no meta.json to name them."""
+    ins = inputs("adversarial", ml_dtypes.bfloat16, 2, 1000, seed=3)
+    outs = expected_outputs("allreduce", ins, algorithm="ring")
+    if wrong is not None:
+        outs[1][wrong] *= 2
+    folder = tmp_path / f"bits{wrong}"
+    folder.mkdir()
+    for r, y in enumerate(outs):
+        np.save(folder / f"rank{r}.npy", y.view(np.uint16))
+    return folder
+
+
+def test_check_inputs_judges_bits_files_as_the_dtype_the_spec_names(tmp_path):
+    spec = "adversarial:seed=3,p=2,count=1000"
+    good, bad = _bits_world(tmp_path, None), _bits_world(tmp_path, 4)
+    run = CliRunner().invoke
+    res = run(main, ["check", "--inputs", spec, str(good)])
+    assert res.exit_code == 2 and "dtype=bfloat16" in res.output, res.output  # uint16 alone
+    for more in ([], ["--sample", "20"]):
+        res = run(main, ["check", "--inputs", spec + ",dtype=bfloat16", *more, str(good)])
+        assert res.exit_code == 0 and "x bfloat16" in res.output, res.output
+    res = run(main, ["check", "--inputs", spec + ",dtype=bfloat16", str(bad)])
+    assert res.exit_code == 1 and "rank 1 element 4" in res.output, res.output
+    res = run(main, ["check", "--inputs", spec + ",dtype=float16", str(good)])
+    assert res.exit_code == 2 and "holds uint16, expected float16" in res.output, res.output
+
+
+def test_a_spec_dtype_against_meta_json_is_a_usage_error(tmp_path):
+    folder = _bits_world(tmp_path, None)
+    (folder / "meta.json").write_text(json.dumps({"dtype": "float8_e5m2"}))
+    res = CliRunner().invoke(main, ["check", "--inputs",
+                                    "adversarial:seed=3,p=2,count=1000,dtype=bfloat16",
+                                    str(folder)])
+    assert res.exit_code == 2 and "float8_e5m2" in res.output, res.output
 
 
 def _world(tmp_path, corrupt: bool = False) -> Path:
@@ -299,11 +347,12 @@ def test_gen_inputs_formula_writes_what_check_inputs_makes_again(tmp_path, kind,
     res = CliRunner().invoke(main, ["gen-inputs", "-p", "3", "--count", "1001", "--kind", kind,
                                     "--dtype", dtype, "--seed", "5", "--formula",
                                     str(tmp_path / "in")])
-    assert res.exit_code == 0 and f"--inputs {kind}:seed=5,p=3,count=1001" in res.output
+    spec = f"{kind}:seed=5,p=3,count=1001,dtype={dtype}"
+    assert res.exit_code == 0 and f"--inputs {spec}" in res.output, res.output
     written, _, meta = load_case(tmp_path / "in")
     made = inputs(kind, dtype, 3, 1001, seed=5)
     assert all(w.tobytes() == m.tobytes() for w, m in zip(written, made))
-    assert meta["inputs"] == f"{kind}:seed=5,p=3,count=1001"
+    assert meta["inputs"] == spec
 
 
 def test_gen_inputs_formula_refuses_what_the_formula_does_not_make(tmp_path):

@@ -22,7 +22,7 @@ from ..core.units import counted
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
 from ..verify.findings import renumbered
-from ..verify.formula import FORMULA_KINDS, FormulaInput, parse_spec, sample_indices
+from ..verify.formula import FORMULA_KINDS, FormulaInput, Spec, parse_spec, sample_indices
 from ..verify.formula import values as formula_values
 from ..verify.identify import identify_blocks
 from ..verify.inputs import make_input
@@ -118,7 +118,7 @@ def gen_inputs(p, count, dtype, kind, op, seed, formula, directory):
         return lambda: make_input(kind, dt, count, r, p, op=reduction.name, seed=seed)
     meta = {"count": count, "kind": kind, "op": reduction.name, "seed": seed}
     if formula:
-        meta["inputs"] = f"{kind}:seed={seed},p={p},count={count}"
+        meta["inputs"] = str(Spec(kind, seed, p, count, dt))
     with out_of_memory_is_usage(what, advice):
         write_world(directory, [maker(r) for r in range(p)], meta=meta)
     made = f"{kind}, as --inputs {meta['inputs']}" if formula else kind
@@ -206,9 +206,11 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
               help="Also name every order refcoll knows that gives these outputs bit for bit "
                    "(or the nearest).")
 @_collective_options
-@click.option("--inputs", "formula", default=None, metavar="KIND:seed=S,p=P,count=N",
+@click.option("--inputs", "formula", default=None, metavar="KIND:seed=S,p=P,count=N[,dtype=D]",
               help="Judge against refcoll's formula inputs (spec/inputs.md: exact or "
-                   "adversarial), made here, instead of IN_DIR's files: give OUT_DIR alone.")
+                   "adversarial), made here, instead of IN_DIR's files: give OUT_DIR alone. "
+                   "dtype: the outputs' (default: their meta.json's, else their header's; "
+                   "bfloat16 and float8 files hold bits, so name those).")
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="K",
               help="With --inputs: judge K elements of every rank's output (the first, "
                    "the last and K-2 drawn; a reduce-scatter's K of each chunk), reading "
@@ -378,13 +380,13 @@ def _check_root(root: int, p: int) -> None:
 
 def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op: str):
     """Return (inputs by formula, OUT_DIR's outputs) for --inputs, both read block by block."""
-    kind, seed, p, count = parse_spec(formula)
+    kind, seed, p, count, named = parse_spec(formula)
     if p > MAX_SIMULATED_RANKS:
         raise UsageError(f"--inputs p={p}: refcoll judges the outputs of at most "
                          f"{MAX_SIMULATED_RANKS} ranks (a reduce's root file, with --sample K, "
                          "of any p)")
     _check_root(root, p)
-    dtype = files_dtype(out_dir)
+    dtype = files_dtype(out_dir) if named is None else named  # load_outputs holds files to it
     inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]
     return inputs, load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op,
                                 lazy=True)
@@ -404,10 +406,10 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     if algorithm or identify:
         raise UsageError("--sample judges elements on their own: no --algorithm or --identify "
                          "with it (orders depend on every element's place)")
-    kind, seed, p, count = parse_spec(formula)
+    kind, seed, p, count, named = parse_spec(formula)
     _check_root(root, p)
     each = _sample_size(collective, p, count, k)
-    dtype = files_dtype(out_dir)
+    dtype = files_dtype(out_dir) if named is None else named
     _supported(op, collective, dtype)
     files = load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op, lazy=True)
     if not shapes_judged(collective, p, (count,), root, files, dtype).passed:

@@ -36,6 +36,7 @@ streams past every rank's. Kinds, for the op ``sum`` (and ``avg``):
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from ..core.errors import UsageError
 from ..core.ops import dtype_name, exact_integer_limit, get_dtype, is_float, is_integer
 
 __all__ = ["FORMULA_KINDS", "STREAM_BIG", "STREAM_PAIR", "STREAM_SAMPLE", "bits", "values",
-           "inputs", "parse_spec", "sample_indices", "SPEC_PATTERN", "FormulaInput"]
+           "inputs", "parse_spec", "sample_indices", "SPEC_PATTERN", "Spec", "FormulaInput"]
 
 FORMULA_KINDS = ("exact", "adversarial")
 
@@ -56,9 +57,25 @@ STREAM_SAMPLE = 0xFFFFFFFF00000003
 _GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _U64 = np.uint64
 
-#: ``KIND:seed=S,p=P,count=N``: what ``refcoll check --inputs`` takes.
+#: ``KIND:seed=S,p=P,count=N[,dtype=D]``: what ``refcoll check --inputs`` takes.
 SPEC_PATTERN = re.compile(r"^(?P<kind>[a-z]+):seed=(?P<seed>[0-9]{1,20}),p=(?P<p>[0-9]{1,20}),"
-                          r"count=(?P<count>[0-9]{1,20})$")  # (ASCII digits; 2**64 has 20)
+                          r"count=(?P<count>[0-9]{1,20})"  # (ASCII digits; 2**64 has 20)
+                          r"(?:,dtype=(?P<dtype>[a-z0-9_]{1,32}))?$")
+
+
+class Spec(NamedTuple):
+    """A formula world as ``--inputs`` names it; ``dtype`` ``None``: the outputs' own
+    (their ``meta.json``'s, else their header's)."""
+
+    kind: str
+    seed: int
+    p: int
+    count: int
+    dtype: np.dtype | None = None
+
+    def __str__(self) -> str:
+        named = "" if self.dtype is None else f",dtype={dtype_name(self.dtype)}"
+        return f"{self.kind}:seed={self.seed},p={self.p},count={self.count}{named}"
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -96,7 +113,9 @@ def values(kind: str, dtype, p: int, rank: int, index, *, seed: int = 0) -> np.n
         drawn = (own % _U64(2 * m + 1)).astype(np.int64) - m
         return drawn.astype(np.float64).astype(dt)
     if not is_float(dt):
-        raise UsageError(f"adversarial inputs are floats; {dtype_name(dt)} is not: use exact")
+        raise UsageError(f"adversarial inputs are floats; {dtype_name(dt)} is not: use exact"
+                         + (" (outputs of bfloat16 or float8 stored as their bits? name the "
+                            "type: --inputs ...,dtype=bfloat16)" if dt.kind == "u" else ""))
     large = float(exact_integer_limit(dt))
     big_draw = bits(seed, STREAM_BIG, index)
     big = (big_draw % _U64(p)).astype(np.int64)
@@ -138,16 +157,19 @@ class FormulaInput:
         return self.read()
 
 
-def parse_spec(text: str) -> tuple[str, int, int, int]:
-    """Return ``(kind, seed, p, count)`` of ``KIND:seed=S,p=P,count=N``.
+def parse_spec(text: str) -> Spec:
+    """Return the :class:`Spec` of ``KIND:seed=S,p=P,count=N[,dtype=D]``.
+
+    ``dtype``: the outputs' (bfloat16 and float8 files hold their unsigned bits,
+    whose header alone cannot say which type they are).
 
     Raises:
-        UsageError: another form, an unknown kind, or p < 1.
+        UsageError: another form, an unknown kind or dtype, or p < 1.
     """
     m = SPEC_PATTERN.match(text.strip())
     if m is None:
         shown = text if len(text) <= 80 else text[:60] + "..."
-        raise UsageError(f"--inputs {shown!r}: write KIND:seed=S,p=P,count=N, e.g. "
+        raise UsageError(f"--inputs {shown!r}: write KIND:seed=S,p=P,count=N[,dtype=D], e.g. "
                          "adversarial:seed=7,p=64,count=16777216")
     kind, seed, p, count = m["kind"], int(m["seed"]), int(m["p"]), int(m["count"])
     if kind not in FORMULA_KINDS:
@@ -159,7 +181,11 @@ def parse_spec(text: str) -> tuple[str, int, int, int]:
         raise UsageError(f"--inputs {text!r}: at most {MAX_SPEC_RANKS} ranks (MPI's int) and "
                          f"2**53 elements in all (p·count: an allgather's output; every index "
                          f"exact in a float64)")
-    return kind, seed, p, count
+    try:
+        dtype = None if m["dtype"] is None else get_dtype(m["dtype"])
+    except UsageError as exc:
+        raise UsageError(f"--inputs {text!r}: {exc}") from None
+    return Spec(kind, seed, p, count, dtype)
 
 
 #: The largest world ``--inputs`` names: MPI's ranks are C ints; and its most elements,
