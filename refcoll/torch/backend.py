@@ -128,7 +128,12 @@ def _judges_mpi(store, rank: int, size: int, deadline: float | None) -> MPITrans
     if comm is None:
         return None
     try:
-        return MPITransport(comm, timeout=deadline, collective="watch mode's exchanges")
+        t = MPITransport(comm, timeout=deadline, collective="watch mode's exchanges")
+        # Only judging jobs, on the progress thread, use it, and a peer is often still at
+        # its training: a wait sleeps between polls at once rather than spin on a core
+        # that peer, or this rank's own training, needs (the judging is off their path).
+        t.patient, t.patience = True, 1
+        return t
     finally:
         comm.Free()  # the transport works on its own duplicate
 

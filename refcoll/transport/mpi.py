@@ -72,6 +72,9 @@ class MPITransport(Revocable, PersistentSlots, TransportBase):
 
     #: How a buffer becomes an MPI message (persistent exchanges build theirs with it).
     _message = staticmethod(_message)
+    #: Polls of a patient wait before it sleeps (``None``: :data:`PATIENT_POLLS`). A
+    #: transport whose peers come late by design (watch mode's judging) sleeps sooner.
+    patience: int | None = None
 
     def __init__(self, comm=None, *, dup: bool = True, timeout: float | None = None,
                  collective: str | None = None):
@@ -149,13 +152,14 @@ class MPITransport(Revocable, PersistentSlots, TransportBase):
             if MPI.Request.Testall(reqs, statuses):
                 return
             deadline = time.monotonic() + self.timeout
-            patient = self.patient and PATIENT_POLLS > 0  # read here: a benchmark may set it
+            limit = PATIENT_POLLS if self.patience is None else self.patience  # (read here:
+            patient = self.patient and limit > 0  # a benchmark may set PATIENT_POLLS)
             while not MPI.Request.Testall(reqs, statuses):
                 polls += 1
                 if polls % NOTICE_POLLS == 0 and self._stopped():  # a peer gave up on this call
                     self._withdraw(reqs)
                     self._check_revoked()
-                if patient and polls > PATIENT_POLLS:
+                if patient and polls > limit:
                     time.sleep(PATIENT_SLEEP)  # a progress thread: leave the core to the work
                 elif polls > POLLS_BEFORE_YIELD:
                     os.sched_yield()  # let an oversubscribed peer run

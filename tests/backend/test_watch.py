@@ -193,6 +193,7 @@ def test_the_judging_travels_over_mpi_among_the_groups_own_ranks_under_mpiexec(w
     assert isinstance(over, MPITransport) == (launcher() == "mpiexec" and threads)
     if over is not None:
         assert over.size == len(members) and over.rank == members.index(r)
+        assert over.patient and over.patience == 1  # its waits sleep: a peer comes late
         assert over.comm.allgather(mpi.COMM_WORLD.Get_rank()) == members
     x = torch.arange(40, dtype=torch.float32) * (r + 1)
     dist.all_reduce(x, group=group)

@@ -164,3 +164,42 @@ def test_freeing_a_communicator_lets_its_pending_calls_complete(kind):
             plan()
     wrong = np.flatnonzero(got != MPI.COMM_WORLD.Get_size())
     assert not wrong.size, (wrong.size, wrong[:5], got[wrong[:5]])
+
+
+@pytest.mark.parametrize("patience", [1, None])
+def test_a_patient_wait_sleeps_after_its_patience_and_never_spins_before(monkeypatch, patience):
+    """Rank 1 sends only once rank 0's wait has slept once: the count of polls is fixed
+    by that, not by timing. Patience 1 (watch mode's judging): sleeps at its second poll
+    and never yields; the default: 10 polls spin, then it yields up to PATIENT_POLLS."""
+    from mpi4py import MPI
+
+    import refcoll.transport.mpi as mpi_transport
+
+    world = MPI.COMM_WORLD
+    t = mpi_transport.MPITransport(world)
+    t.patient, t.patience = True, patience
+    counts = {"sleep": 0, "yield": 0}
+    sleep, go = mpi_transport.time.sleep, np.zeros(1)
+
+    def first_sleep_lets_rank_1_send(seconds):
+        counts["sleep"] += 1
+        if counts["sleep"] == 1:
+            world.Send(go, dest=1, tag=77)
+        sleep(seconds)
+
+    def counted_yield():
+        counts["yield"] += 1
+
+    monkeypatch.setattr(mpi_transport.time, "sleep", first_sleep_lets_rank_1_send)
+    monkeypatch.setattr(mpi_transport.os, "sched_yield", counted_yield)
+    buf = np.zeros(4)
+    if t.rank == 0:
+        t.recv(buf, 1)
+        assert counts["sleep"] >= 1 and buf.tolist() == [1.0] * 4
+        spun = mpi_transport.PATIENT_POLLS - mpi_transport.POLLS_BEFORE_YIELD
+        expected = 0 if patience == 1 else spun
+        assert counts["yield"] == expected, counts
+    elif t.rank == 1:
+        world.Recv(go, source=0, tag=77)
+        t.send(np.ones(4), 0)
+    t.free()
