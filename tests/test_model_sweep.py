@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from refcoll.cli import main
 from refcoll.core.errors import UsageError
-from refcoll.model.nccl_fit import fit, fit_to_json, read_fit
+from refcoll.model.nccl_fit import fit, fit_algorithm, fit_to_json, read_fit
 from refcoll.model.nccl_run import busbw_factor, nccl_pick, predict, runs
 from refcoll.model.nccl_tests import (
     band_errors,
@@ -368,6 +368,18 @@ def test_a_fit_file_round_trips_and_hostile_ones_are_refused(tmp_path):
     path.write_text("{not json")
     with pytest.raises(UsageError):
         read_fit(str(path))
+    saved = fit_to_json(system, learnt, [table])
+    for spine in (-1, "x", True, 1e-300, 1e30):  # (once a KeyError in the message, or inf)
+        path.write_text(json.dumps({**saved, "system": {**saved["system"], "spine_bw": spine}}))
+        with pytest.raises(UsageError, match="spine_bw"):
+            read_fit(str(path))
+    for algorithm in ("Bogus", "Ring/LL64", 7, "x" * 100_000):  # (once echoed as an option)
+        path.write_text(json.dumps({**saved, "algorithm": algorithm}))
+        with pytest.raises(UsageError, match="not one of NCCL's") as raised:
+            fit_algorithm(str(path))
+        assert len(str(raised.value)) < 300
+    path.write_text(json.dumps({**saved, "algorithm": "Ring/Simple"}))
+    assert fit_algorithm(str(path)) == "Ring/Simple"
 
 
 def test_a_fit_learns_no_constant_its_tables_cannot_show_and_no_rate_above_the_line():
@@ -381,6 +393,22 @@ def test_a_fit_learns_no_constant_its_tables_cannot_show_and_no_rate_above_the_l
     fast = parse_table(perf_text(replace(system, fitted={"intra_rate": 2e12}),
                                  sweep_sizes(1 << 20, 1 << 30, 2)))
     assert fit(system, [fast])["intra_rate"] <= system.intra_line()
+
+
+def test_a_fit_never_ends_worse_than_the_description_it_starts_from():
+    """A table the model's form cannot follow (15 us plus a line rate): the loss jumps as
+    NCCL's pick moves from Ring/LL to NVLS, where a golden-section search alone lands
+    on a worse point than the description's own."""
+    from refcoll.model import nccl_fit
+
+    rows = [f"{s} {s // 4} float sum -1 {15 + s * 1.75 / 200e3:.2f} 0 0 0"
+            for s in sweep_sizes(8, 1 << 27, 2)]
+    table = parse_table("\n".join(rows))
+    system = System()  # one H100 node
+    shaped = nccl_fit._shaped(system, [table])
+    learnt = fit(system, [table])
+    described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0}
+    assert nccl_fit._loss(shaped, learnt, None) <= nccl_fit._loss(shaped, described, None)
 
 
 def test_a_fit_that_prices_no_row_and_a_log_too_long_to_fit_are_refused():
@@ -464,6 +492,15 @@ def test_the_sweep_prints_nccl_tests_rows_and_writes_them(tmp_path):
     assert all(math.isfinite(r["busbw"]) and r["time_us"] > 0 for r in rows)
 
 
+def test_the_json_says_what_the_text_says_is_not_expressed(tmp_path):
+    out = tmp_path / "p4d.json"
+    res = run(["--preset", "p4d", "--nodes", "2", "-b", "1G", "-e", "1G", "--json", str(out)])
+    notes = [line.removeprefix("not expressed: ") for line in res.output.splitlines()
+             if line.startswith("not expressed: ")]
+    assert res.exit_code == 0 and any(n.startswith("efa:") for n in notes), res.output
+    assert json.loads(out.read_text())["not_expressed"] == notes
+
+
 def test_compare_and_fit_on_a_stored_table(tmp_path):
     log = DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt"
     plot, saved = tmp_path / "c.png", tmp_path / "fit.json"
@@ -497,7 +534,14 @@ def test_a_system_preset_alone_sweeps_and_with_a_model_gives_the_step_report():
     (["--sweep", "--inter-transport", "carrier-pigeon", "--nodes", "2", "--inter-bw",
       "100Gb/s", "--unidirectional"], "transport"),
     (["--sweep", "--nodes", "2"], "NICs"),
-    (["--compare", str(DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt")], "16"),
+    (["--preset", "dgx-h100", "--compare", str(DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt")],
+     "16"),
+    (["--compare", str(DATA / "ib-ndr-2x8-h100-dell-xe9680-qoofyk.txt")], "describe it"),
+    (["--preset", "dgx-h100", "--nodes", "2", "--compare", str(DATA / "ib-ndr-2x8-h100-"
+      "gjaion-default.txt"), "-b", "1M"], "-b make the --sweep's sizes"),
+    (["--preset", "dgx-h100", "-b", "1G", "-e", "1G", "--pcie-gen", "3"], "--pcie-gen"),
+    (["--preset", "dgx-h100", "-b", "1G", "-e", "1G", "--inter-transport", "tcp"],
+     "is one node: give --nodes"),
     (["--preset", "seed", "--sweep"], "not a system"),
     (["--params", "1e9", "--inter-transport", "efa"], "--inter-transport"),
     (["--sweep", "-b", "1.5K"], "-b"),

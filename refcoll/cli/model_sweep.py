@@ -50,12 +50,17 @@ SWEEP_OPTIONS = ("sweep", "minbytes", "maxbytes", "stepfactor", "stepbytes", "da
                  "intra_transport", "inter_transport", "nvls", "p2p", "pcie_gen")
 
 
+#: The options of the sweep's sizes (and the type that turns them into counts).
+_SWEEP_SIZES = (("-b", "minbytes"), ("-e", "maxbytes"), ("-f", "stepfactor"),
+                ("-i", "stepbytes"), ("-d", "datatype"))
+
 #: The options only the step report reads: refused in nccl-tests' view, which has no use
 #: for them (the latencies are both's: a step of the sweep takes at least that long).
 STEP_OPTIONS = ("rail", "spine_bw", "reduce_bw", "params", "layers_file", "bytes_per_element",
                 "forward", "backward", "inter", "compressor", "pattern", "buckets",
                 "bucket_size", "search", "topology_file", "calibration_file", "calibrate",
                 "nprocs", "sizes", "back_to_back")
+
 
 def wants_sweep(opts: dict) -> bool:
     """Return whether the command asks for the nccl-tests view rather than the step report."""
@@ -74,6 +79,9 @@ _FITTED_HARDWARE = ("preset", "gpu_arch", "intra_transport", "inter_transport", 
 #: The options that describe a network: free with ``--from-fit`` of a fit that learnt
 #: nothing of one (one node's tables), so its nodes can be priced joined by a network.
 _NETWORK = ("inter_transport", "inter_bw", "nics_per_node", "inter_quoted")
+
+#: The options that describe the network between nodes (refused on one node).
+_NETWORK_OPTIONS = (*_NETWORK, "inter_latency")
 
 #: The constants a fit learns of the network.
 _NETWORK_CONSTANTS = frozenset({"nic_efficiency", "net_latency"})
@@ -172,6 +180,13 @@ def _refuse_contradictions(opts: dict, system: System) -> None:
                          f"{system.intra}")
     if opts["in_network"] and system.nodes < 2:
         raise UsageError(IN_NETWORK_ON_ONE_NODE)
+    if given("pcie_gen") and system.intra != "pcie":
+        raise UsageError(f"--pcie-gen is the generation of the PCIe links between GPUs "
+                         f"(--intra-transport pcie); these GPUs are joined by {system.intra}")
+    network = [f"--{name.replace('_', '-')}" for name in _NETWORK_OPTIONS if given(name)]
+    if network and system.nodes < 2:
+        raise UsageError(f"{', '.join(network)} describe the network between nodes, and "
+                         f"{system.describe()} is one node: give --nodes")
 
 
 def _algorithms(text: str | None) -> list[str | None]:
@@ -205,6 +220,16 @@ def _refuse_strays(opts: dict) -> None:
         raise UsageError(f"{', '.join(stray)} belong to the step report (--params or "
                          "--layers, without --sweep, --compare or --fit), not to nccl-tests' "
                          "view")
+    if not opts["sweep"]:
+        sizes = [option for option, name in _SWEEP_SIZES if given(name)]
+        if sizes:
+            raise UsageError(f"{', '.join(sizes)} make the --sweep's sizes; --compare and "
+                             "--fit take the logs' own (add --sweep for a sweep beside them)")
+    if (opts["compare_log"] or opts["fit_logs"]) and not (
+            opts["preset"] or opts["fit_file"] or given("gpu_arch")):
+        raise UsageError("--compare and --fit price a log on the hardware it ran on: describe "
+                         "it (--preset NAME, or --gpu-arch with its links and counts, or "
+                         "--from-fit FILE); the defaults are no one's machine")
     if opts["datatype"] not in DTYPE_BYTES:
         raise UsageError(f"unknown --datatype {opts['datatype']!r}: choose "
                          f"{', '.join(DTYPE_BYTES)}")
@@ -297,7 +322,8 @@ def run_sweep(opts: dict) -> None:
         _print_fit(saved)
         report["fit"] = saved
     click.echo(f"system: {system.describe()}")
-    for note in system.unknowns():
+    report["not_expressed"] = system.unknowns()
+    for note in report["not_expressed"]:
         click.echo(f"not expressed: {note}")
     curves = []
     if sizes:

@@ -15,7 +15,10 @@ They minimise the squared ``ln(predicted / measured)`` over every row of every
 table given (each table's own node count), by coordinate descent in the
 logarithm of each constant: golden-section search on one at a time, a few
 rounds, each bracketed by physical limits (a link carries at most its line
-rate). The model's form (NCCL's algorithm choice, its per-hop constants) is not
+rate). Each step keeps the best point it priced, the constant's value before
+it and the bounds among them, so a fit never ends worse than the system's
+description (the loss is not unimodal: NCCL's pick jumps as a constant moves).
+The model's form (NCCL's algorithm choice, its per-hop constants) is not
 fitted, so a fit made on one node count predicts another, and refcoll's own
 algorithms, from the same constants.
 
@@ -34,7 +37,7 @@ from dataclasses import replace
 from ..core.errors import UsageError
 from ..core.reading import loads_json, read_text
 from ..core.units import MAX_BANDWIDTH, MAX_DURATION, MIN_BANDWIDTH
-from .nccl_run import predict
+from .nccl_run import NCCL_ALGORITHMS, predict
 from .nccl_tests import Table, band_errors, check_ranks, each_size_once
 from .systems import System
 
@@ -123,22 +126,27 @@ def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | Non
     return sum(math.log(p / m) ** 2 for _, p, m in _priced(tables, fitted, algorithm))
 
 
-def _golden(f, low: float, high: float) -> float:
-    """Return the argmin of ``f`` on ``[low, high]`` (unimodal assumed), golden section."""
+def _search(f, low: float, high: float, start: float) -> float:
+    """Return the best point of ``[low, high]`` found for ``f``: golden-section search, but
+    never worse than ``start`` or either bound. The loss need not be unimodal (NCCL's
+    pick jumps from one algorithm to another as a constant moves), so the search keeps
+    the best point it evaluated rather than the middle of its last bracket."""
+    seen = {x: f(x) for x in (start, low, high)}
     ratio = (math.sqrt(5) - 1) / 2
     a, b = low, high
     c, d = b - ratio * (b - a), a + ratio * (b - a)
     fc, fd = f(c), f(d)
+    seen.update({c: fc, d: fd})
     for _ in range(_GOLDEN_STEPS):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - ratio * (b - a)
-            fc = f(c)
+            fc = seen[c] = f(c)
         else:
             a, c, fc = c, d, fd
             d = a + ratio * (b - a)
-            fd = f(d)
-    return (a + b) / 2
+            fd = seen[d] = f(d)
+    return min(seen, key=lambda x: (seen[x], x != start))  # (a tie keeps the start)
 
 
 def fit(system: System, tables: list[Table], algorithm: str | None = None) -> dict:
@@ -175,13 +183,14 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
             low, high = FITTED[name]
             if name == "intra_rate":
                 high = min(high, system.intra_line())  # no link carries more than its line
+            start = min(max(fitted[name], low), high)
             if name.endswith("latency"):  # search the latency itself, from 0
-                fitted[name] = _golden(lambda v, n=name: _loss(
-                    shaped, {**fitted, n: v}, algorithm), low, high)
+                fitted[name] = _search(lambda v, n=name: _loss(
+                    shaped, {**fitted, n: v}, algorithm), low, high, start)
             else:  # rates and fractions: search their logarithm
-                best = _golden(lambda v, n=name: _loss(
+                best = _search(lambda v, n=name: _loss(
                     shaped, {**fitted, n: math.exp(v)}, algorithm),
-                    math.log(low), math.log(high))
+                    math.log(low), math.log(high), math.log(start))
                 fitted[name] = math.exp(best)
     described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0,
                  "nic_efficiency": system.net.efficiency, "net_latency": system.net.latency}
@@ -203,14 +212,16 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
                        "nics": system.nics, "nic_bw": system.nic_bw,
                        "transport": system.transport, "collnet": system.collnet,
                        "channels": system.channels, "nodes": system.nodes,
-                       "intra_alpha": system.intra_alpha, "inter_alpha": system.inter_alpha},
+                       "intra_alpha": system.intra_alpha, "inter_alpha": system.inter_alpha,
+                       "spine_bw": system.spine_bw},
             "fitted": fitted,
             "logs": [t.name for t in tables], "algorithm": algorithm,
             "errors": {k: (None if math.isnan(e) else e) for k, (e, _) in errors.items()}}
 
 
 #: The system fields a fit file must name: every one :func:`fit_to_json` writes, but the
-#: latencies a file from before they were saved lacks (0 then, as they were priced).
+#: latencies and the spine a file from before they were saved lacks (0 then, as they
+#: were priced: no latency beyond NCCL's, no spine that binds).
 _SAVED = frozenset({"gpus_per_node", "generation", "intra", "intra_bw", "pcie_gen", "p2p",
                     "nvls", "nics", "nic_bw", "transport", "collnet", "channels", "nodes"})
 
@@ -227,7 +238,15 @@ def fit_algorithm(path: str) -> str | None:
     """Return the algorithm the tables of a ``--fit`` file ran (``--algorithm`` at the fit),
     or None: NCCL's own pick."""
     ran = _fit_file(path).get("algorithm")
-    return ran if isinstance(ran, str) and ran else None
+    if ran is None or ran == "":
+        return None
+    name, _, proto = ran.partition("/") if isinstance(ran, str) else ("", "", "")
+    if name.lower() not in {a.lower() for a in NCCL_ALGORITHMS} \
+            or proto.lower() not in ("", "ll", "ll128", "simple"):
+        shown = repr(ran) if len(repr(ran)) <= 40 else repr(ran)[:40] + "..."
+        raise UsageError(f"{path}: its algorithm {shown} is not one of NCCL's "
+                         f"({', '.join(NCCL_ALGORITHMS)}, optionally /LL, /LL128 or /Simple)")
+    return ran
 
 
 def fit_unlearnt(path: str) -> set[str]:
@@ -263,7 +282,8 @@ def read_fit(path: str) -> System:
                          "every field of the hardware it was fitted on (refcoll model --fit "
                          "writes them)")
     for name, high in (("intra_bw", MAX_BANDWIDTH), ("nic_bw", MAX_BANDWIDTH),
-                       ("intra_alpha", MAX_DURATION), ("inter_alpha", MAX_DURATION)):
+                       ("spine_bw", MAX_BANDWIDTH), ("intra_alpha", MAX_DURATION),
+                       ("inter_alpha", MAX_DURATION)):
         value = fields.get(name)  # the bounds the options have (beyond them, times of inf)
         if (isinstance(value, (int, float)) and not isinstance(value, bool)
                 and (value > high or (name.endswith("bw") and 0 < value < MIN_BANDWIDTH))):

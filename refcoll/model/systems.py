@@ -381,7 +381,7 @@ _OPTIONS = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "nics": "--n
             "intra_alpha": "--intra-latency", "inter_alpha": "--inter-latency", "p2p": "--p2p",
             "nvls": "--nvls", "collnet": "--in-network", "generation": "--gpu-arch",
             "intra": "--intra-transport", "transport": "--inter-transport",
-            "pcie_gen": "--pcie-gen"}
+            "pcie_gen": "--pcie-gen", "spine_bw": "--spine-bw"}
 
 
 def _field(name: str) -> str:
