@@ -248,3 +248,28 @@ def test_a_radix_past_the_ranks_allocates_no_radix_buffers():
     xs = [np.full(100_000, float(r + 1)) for r in range(3)]
     got = refcoll.simulate("allreduce", xs, algorithm="recursive_doubling", radix=100_000)
     assert all((out == 6.0).all() for out in got.outputs)
+
+
+@pytest.mark.parametrize("pof2", [1, 2, 4, 8, 64])
+def test_the_block_sums_of_the_costs_are_the_blocks_own_sums(pof2):
+    """own_blocks, halving_rounds and doubling_rounds sum blocks by prefix sums (a cost at
+    thousands of ranks once summed p'^2 elements): each is its definition, summed whole."""
+    from refcoll.algorithms.recursive import doubling_rounds, halving_rounds, own_blocks
+
+    sizes = [int(v) for v in np.random.default_rng(pof2).integers(0, 50, pof2)]
+    masks = [1 << k for k in range(pof2.bit_length() - 1)]
+    assert own_blocks(sizes) == [sum(sum(sizes[i & ~(m - 1):(i & ~(m - 1)) + m]) for m in masks)
+                                 for i in range(pof2)]
+    for rem in range(pof2 + 1):
+        halving, doubling = {}, {}
+        for k, m in enumerate(reversed(masks), 1):
+            for i in range(pof2):
+                first = (i ^ m) & ~(m - 1)
+                step = k + (1 if i % m < rem else 0)
+                halving[step] = max(halving.get(step, 0), sum(sizes[first:first + m]))
+        for k, m in enumerate(masks, 1):
+            for i in range(pof2):
+                step = 3 + k + (1 if i & ~(2 * m - 1) < rem else 0)
+                doubling[step] = max(doubling.get(step, 0), sum(sizes[i & ~(m - 1):][:m]))
+        assert halving_rounds(sizes, rem, 0) == halving
+        assert doubling_rounds(sizes, rem, 3) == doubling

@@ -274,8 +274,9 @@ def rabenseifner_allreduce_cost(p: int, n: int, itemsize: int, *, pairing: str =
     sizes = chunk_sizes(n, pof2)
     # Survivor i sends every position but its own down, its own blocks up; folded
     # survivors also reduce the fold and send the result back.
-    sent = [n - sizes[i] + own_blocks(sizes, i) + (n if i < rem else 0) for i in range(pof2)]
-    reduced = [own_blocks(sizes, i) + (n if i < rem else 0) for i in range(pof2)]
+    owned = own_blocks(sizes)
+    sent = [n - sizes[i] + owned[i] + (n if i < rem else 0) for i in range(pof2)]
+    reduced = [owned[i] + (n if i < rem else 0) for i in range(pof2)]
     folded = 1 if rem else 0
     fold = {1: n, 2 * lg + 2: n} if rem else {}
     critical = sum_of_largest(fold, halving_rounds(sizes, rem, 0),
@@ -315,7 +316,7 @@ def rabenseifner_reduce_scatter_cost(p: int, n: int, itemsize: int, *,
     sizes = survivor_sizes(chunks, p)
     back = [chunks[2 * i] for i in range(rem)]  # chunk 2i, from rank 2i+1 to rank 2i
     sent = [n - sizes[i] + (back[i] if i < rem else 0) for i in range(pof2)]
-    reduced = [own_blocks(sizes, i) + (n if i < rem else 0) for i in range(pof2)]
+    reduced = [owned + (n if i < rem else 0) for i, owned in enumerate(own_blocks(sizes))]
     folded = 1 if rem else 0
     fold = {1: n, lg + 2: max(back)} if rem else {}
     formula = "lg p·α + ((p-1)/p)·n·β + ((p-1)/p)·n·γ"
@@ -341,7 +342,7 @@ def rabenseifner_allgather_cost(p: int, m: int, itemsize: int) -> Cost:
         return ZERO
     pof2, rem, lg = pof2_fold(p)
     sizes = survivor_sizes([m] * p, p)
-    sent = [own_blocks(sizes, i) + (p * m if i < rem else 0) for i in range(pof2)]
+    sent = [owned + (p * m if i < rem else 0) for i, owned in enumerate(own_blocks(sizes))]
     folded = 1 if rem else 0
     fold = {1: m, lg + 2: p * m} if rem else {}
     formula = "lg p·α + (p-1)·m·β"

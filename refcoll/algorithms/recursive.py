@@ -48,6 +48,8 @@ Spec: spec/recursive_doubling.md, spec/rabenseifner.md
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..core.errors import UsageError
@@ -313,18 +315,30 @@ def pof2_fold(p: int) -> tuple[int, int, int]:
     return pof2, p - pof2, pof2.bit_length() - 1
 
 
-def own_blocks(sizes: list[int], i: int) -> int:
-    """Elements of the aligned blocks of 1, 2, ..., p'/2 positions that hold position ``i``.
+def _sums(sizes: list[int]):
+    """Return ``between(a, b)``: ``sum(sizes[a:b])`` from prefix sums, in O(1) (a cost
+    at thousands of ranks sums p'·lg p' blocks; summed one by one, p'² elements)."""
+    prefix = [0, *itertools.accumulate(sizes)]
+    return lambda a, b: prefix[min(b, len(sizes))] - prefix[a]
+
+
+def own_blocks(sizes: list[int]) -> list[int]:
+    """Per position ``i``: elements of the aligned blocks of 1, 2, ..., p'/2 positions
+    that hold ``i``.
 
     What survivor ``i`` reduces in a recursive halving (it keeps those blocks), and
     what it sends in a recursive-doubling allgather (it passes them on).
     """
-    total, mask = 0, 1
-    while mask < len(sizes):
-        first = i & ~(mask - 1)
-        total += sum(sizes[first:first + mask])
-        mask *= 2
-    return total
+    between = _sums(sizes)
+    out = []
+    for i in range(len(sizes)):
+        total, mask = 0, 1
+        while mask < len(sizes):
+            first = i & ~(mask - 1)
+            total += between(first, first + mask)
+            mask *= 2
+        out.append(total)
+    return out
 
 
 def halving_rounds(sizes: list[int], rem: int, start: int) -> dict[int, int]:
@@ -333,13 +347,14 @@ def halving_rounds(sizes: list[int], rem: int, start: int) -> dict[int, int]:
     Step ``k`` (mask ``m = p'/2^k``) links survivors that agree modulo ``m``; the
     group holds a folded survivor (``< rem``) when its smallest member ``i % m`` does.
     """
+    between = _sums(sizes)
     largest: dict[int, int] = {}
     pof2, mask, k = len(sizes), len(sizes) // 2, 1
     while mask:
         for i in range(pof2):
             first = (i ^ mask) & ~(mask - 1)  # the peer's half, which we send
             step = start + k + (1 if i % mask < rem else 0)
-            largest[step] = max(largest.get(step, 0), sum(sizes[first:first + mask]))
+            largest[step] = max(largest.get(step, 0), between(first, first + mask))
         mask, k = mask // 2, k + 1
     return largest
 
@@ -351,13 +366,14 @@ def doubling_rounds(sizes: list[int], rem: int, start: int) -> dict[int, int]:
     the group holds a folded survivor when its first member does (``rem = 0``:
     none lags).
     """
+    between = _sums(sizes)
     largest: dict[int, int] = {}
     pof2, mask, k = len(sizes), 1, 1
     while mask < pof2:
         for i in range(pof2):
             first = i & ~(mask - 1)  # our block, which we send
             step = start + k + (1 if i & ~(2 * mask - 1) < rem else 0)
-            largest[step] = max(largest.get(step, 0), sum(sizes[first:first + mask]))
+            largest[step] = max(largest.get(step, 0), between(first, first + mask))
         mask, k = mask * 2, k + 1
     return largest
 
