@@ -67,6 +67,20 @@ def test_a_flipped_bit_names_the_rank_and_element():
     assert by_name["within the error bound"].data["index"] == 17
 
 
+@pytest.mark.parametrize("p, bad, named", [(5, [0], [0]), (5, [0, 3], [1, 2, 3, 4]),
+                                            (2, [0], [1]), (3, [1], [1])])
+def test_the_rank_that_differs_from_all_the_others_is_the_one_named(p, bad, named):
+    xs = make_inputs("random", "float32", 1000, p)
+    outs = list(refcoll.simulate("allreduce", xs, algorithm="ring").outputs)
+    for r in bad:
+        outs[r] = flip_bit(outs[r], 100 + r, bit=0)
+    found = {f.check: f for f in check_outputs(xs, outs).findings}["identical on every rank"]
+    assert found.data["differing_ranks"] == named and not found.passed
+    if named == [0]:  # the others agree: rank 0 is the odd one, not ranks 1..4
+        assert found.detail.startswith("rank 0 differs from every other rank, which agree")
+        assert "rank 0 element 100" in found.detail and "(1 of 1000 elements" in found.detail
+
+
 @pytest.mark.parametrize("count", [1, 3, 1001])
 def test_a_last_bit_flipped_past_the_whole_words_is_seen(count):
     # Blocks are compared 8 bytes at a time: the odd float32 at the end is compared too.
@@ -182,3 +196,20 @@ def test_the_reports_notes_are_printed_before_the_verdict(tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
     lines = res.output.strip().splitlines()
     assert lines[-2:] == ["note: passed on the error bound alone", "verdict: conforming"]
+
+
+def test_infinities_and_overflow_give_no_numpy_warnings(tmp_path):
+    """inf + -inf and sums past the largest float are the oracle's to judge, not NumPy's to
+    warn of, on the main thread or the simulated ranks' own."""
+    import warnings
+
+    write_rank_files(tmp_path / "in", [np.array([v, 3e38], np.float32)
+                                       for v in (np.inf, -np.inf, 1.0)])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert invoke("oracle", "--algorithm", "naive", tmp_path / "in",
+                      tmp_path / "out").exit_code == 0
+        res = invoke("check", "--identify", tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], \
+        [str(w.message) for w in seen]

@@ -170,8 +170,10 @@ def test_check_inputs_judges_bits_files_as_the_dtype_the_spec_names(tmp_path):
     spec = "adversarial:seed=3,p=2,count=1000"
     good, bad = _bits_world(tmp_path, None), _bits_world(tmp_path, 4)
     run = CliRunner().invoke
-    res = run(main, ["check", "--inputs", spec, str(good)])
-    assert res.exit_code == 2 and "dtype=bfloat16" in res.output, res.output  # uint16 alone
+    for kind in ("adversarial", "exact"):  # uint16 alone: exact's bits judged as integers
+        res = run(main, ["check", "--inputs", spec.replace("adversarial", kind), str(good)])
+        assert res.exit_code == 2 and "dtype=" in res.output and "bfloat16" in res.output, \
+            res.output
     for more in ([], ["--sample", "20"]):
         res = run(main, ["check", "--inputs", spec + ",dtype=bfloat16", *more, str(good)])
         assert res.exit_code == 0 and "x bfloat16" in res.output, res.output

@@ -82,8 +82,30 @@ def test_a_changed_element_matches_nothing_and_names_the_nearest():
     assert (label, differ, total) == ("naive", 4, 4 * COUNT)
     naive = next(c for c in result.candidates if c.label == "naive")
     assert naive.ulps == 1
-    assert "nearest naive: 4 of 812 elements differ, at most 1 ulp apart" in \
-        "\n".join(result.summary())
+    group = result.nearest_group()  # every order that gives naive's bits here, named
+    assert group[0] == "naive" and len(group) > 1
+    assert all(c.digest == naive.digest for c in result.candidates if c.label in group)
+    assert (f"nearest naive (the same order here: {', '.join(group[1:])}): 4 of 812 elements "
+            "differ, at most 1 ulp apart") in "\n".join(result.summary())
+
+
+def test_outputs_no_order_gives_on_inputs_that_cannot_tell_name_no_nearest():
+    inputs = make_inputs("exact", "float32", COUNT, 4)
+    outputs = [o.copy() for o in _predict("allreduce", inputs, "ring", {})]
+    for o in outputs:
+        o[7] = np.nextafter(o[7], np.float32(np.inf))
+    result = identify(inputs, outputs, known=[])
+    text = "\n".join(result.summary())
+    assert result.alike and not result.indistinct and "nearest" not in text, text
+    assert "every order gives the same bits here, and 4 of 812 elements differ" in text
+    assert "cannot tell orders apart" in text
+
+
+def test_two_ranks_say_no_inputs_can_tell_their_orders_apart():
+    inputs = make_inputs("adversarial", "float32", COUNT, 2)
+    result = identify(inputs, _predict("allreduce", inputs, "ring", {}), known=[])
+    text = "\n".join(result.summary())
+    assert result.indistinct and "at p = 2" in text and "adversarial" not in text, text
 
 
 def test_order_free_inputs_say_they_cannot_tell():

@@ -17,7 +17,7 @@ from .. import algorithms
 from ..core.bits import same_bits
 from ..core.chunking import chunk_bounds
 from ..core.errors import UsageError
-from ..core.ops import check_supported, get_dtype, get_op
+from ..core.ops import check_supported, dtype_name, get_dtype, get_op
 from ..core.units import counted
 from ..core.writing import same_place
 from ..verify.evaluators import rank_blockwise
@@ -43,6 +43,7 @@ from ..verify.rankfiles import (
     load_outputs,
     rank_file_bytes,
     read_elements,
+    read_meta,
     write_world,
 )
 from ..verify.simulation import MAX_SIMULATED_RANKS, simulation_bytes
@@ -51,6 +52,7 @@ from .common import (
     check_output_paths,
     main,
     out_of_memory_is_usage,
+    quiet_ieee,
     reports_errors,
     require_disk,
     require_memory,
@@ -146,6 +148,7 @@ def _supported(op, collective: str, dtype) -> None:
 @click.argument("in_dir", type=click.Path())
 @click.argument("out_dir", type=click.Path())
 @reports_errors
+@quiet_ieee
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
@@ -219,6 +222,7 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
               help="Write the whole report as JSON.")
 @click.argument("folders", nargs=-1, type=click.Path(), metavar="[IN_DIR] OUT_DIR")
 @reports_errors
+@quiet_ieee
 def check(algorithm, any_order, identify, op, collective, root, formula, sample, json_file,
           folders):
     """Judge another implementation's outputs (OUT_DIR/rank<r>.npy) for IN_DIR's inputs.
@@ -378,6 +382,21 @@ def _check_root(root: int, p: int) -> None:
         raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
 
 
+def _formula_dtype(formula: str, named, out_dir: str):
+    """Return the dtype ``--inputs`` judges as: the spec's, else ``meta.json``'s, else the
+    files' header's, which must not be ``uint8`` or ``uint16`` (bfloat16 and float8 files
+    hold those as their bits: judged as integers, right outputs would fail)."""
+    if named is not None:
+        return named
+    dtype = files_dtype(out_dir)
+    if "dtype" not in read_meta(out_dir) and dtype in (np.uint8, np.uint16):
+        raise UsageError(f"{out_dir}: its files hold {dtype_name(dtype)}, which may be the bits "
+                         f"of {'bfloat16' if dtype == np.uint16 else 'a float8 type'}, and "
+                         f"no meta.json says which: name the type, --inputs {formula.strip()}"
+                         f",dtype={dtype_name(dtype)} (or the float type whose bits they are)")
+    return dtype
+
+
 def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op: str):
     """Return (inputs by formula, OUT_DIR's outputs) for --inputs, both read block by block."""
     kind, seed, p, count, named = parse_spec(formula)
@@ -386,7 +405,7 @@ def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op:
                          f"{MAX_SIMULATED_RANKS} ranks (a reduce's root file, with --sample K, "
                          "of any p)")
     _check_root(root, p)
-    dtype = files_dtype(out_dir) if named is None else named  # load_outputs holds files to it
+    dtype = _formula_dtype(formula, named, out_dir)  # (load_outputs holds the files to it)
     inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]
     return inputs, load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op,
                                 lazy=True)
@@ -409,7 +428,7 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     kind, seed, p, count, named = parse_spec(formula)
     _check_root(root, p)
     each = _sample_size(collective, p, count, k)
-    dtype = files_dtype(out_dir) if named is None else named
+    dtype = _formula_dtype(formula, named, out_dir)
     _supported(op, collective, dtype)
     files = load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op, lazy=True)
     if not shapes_judged(collective, p, (count,), root, files, dtype).passed:

@@ -148,15 +148,19 @@ def shape_finding(expected: dict, outputs, dtype) -> Finding:
 
 
 class IdenticalCheck:
-    """Every rank holds the first rank's bits."""
+    """Every rank holds the first rank's bits; where all the others differ from it, whether
+    they agree among themselves (then the first rank is the one that differs)."""
 
     label = "identical on every rank"
 
     def __init__(self, ranks):
         self.ranks, self.count, self.first = list(ranks), {}, {}
+        self.apart: set[int] = set()  # ranks past the second that differ from the second
 
-    def add(self, r: int, offset: int, got: np.ndarray, first: np.ndarray) -> bool:
-        """Compare rank ``r``'s block with the first rank's; return whether they are the same."""
+    def add(self, r: int, offset: int, got: np.ndarray, first: np.ndarray,
+            second: np.ndarray | None = None) -> bool:
+        """Compare rank ``r``'s block with the first rank's (and, where it differs, with the
+        second rank's ``second``); return whether it is the first rank's."""
         if same_bits(got, first):  # (the common case, in one pass and no index array)
             return True
         diff = differing_elements(got, first)
@@ -166,12 +170,23 @@ class IdenticalCheck:
         if r not in self.first:
             i = int(diff[0])
             self.first[r] = (offset + i, show(got[i]), show(first[i]))
+        if second is not None and not same_bits(got, second) \
+                and differing_elements(got, second).size:
+            self.apart.add(r)
         return False
 
     def finding(self, sizes: dict) -> Finding:
         head = self.ranks[0]
         differing = [r for r in self.ranks if r in self.count]
         detail = ""
+        if len(self.ranks) > 2 and differing == self.ranks[1:] and not self.apart:
+            r = self.ranks[1]  # every other rank agrees: the first rank is the odd one
+            i, value, theirs = self.first[r]
+            detail = (f"rank {head} differs from every other rank, which agree among "
+                      f"themselves; first: rank {head} element {i} is {theirs}, the others "
+                      f"have {value} ({self.count[r]} of {sizes[head]} elements of rank "
+                      f"{head} differ)")
+            return Finding(self.label, False, detail, {"differing_ranks": [head]})
         if differing:
             r = differing[0]
             i, value, theirs = self.first[r]

@@ -167,29 +167,51 @@ class Identification:
 
     @property
     def nearest(self) -> tuple[str, int, int] | None:
-        """Return ``(label, differing elements, elements)`` of the closest non-matching order."""
+        """Return ``(label, differing elements, elements)`` of the closest non-matching order
+        (the first of those that predict its bits: :meth:`nearest_group`)."""
         rest = [c for c in self.candidates if not c.matches]
         if not rest:
             return None
         best = min(rest, key=lambda c: (c.differing, c.ulps))
         return best.label, best.differing, best.total
 
+    def nearest_group(self) -> list[str]:
+        """Return the labels of every order that predicts the nearest one's bits here."""
+        near = self.nearest
+        if near is None:
+            return []
+        digest = next(c.digest for c in self.candidates if c.label == near[0])
+        return self.groups([c.label for c in self.candidates
+                            if c.label == near[0] or (digest and c.digest == digest)])[0]
+
+    @property
+    def alike(self) -> bool:
+        """Whether every order tried predicts the same bits here (the inputs cannot tell)."""
+        digests = {c.digest for c in self.candidates}
+        return len(self.candidates) > 1 and (len(digests) == 1 and "" not in digests
+                                             or all(c.matches for c in self.candidates))
+
     @property
     def indistinct(self) -> bool:
-        """Whether every order tried gives the same bits here (the inputs cannot tell)."""
-        return len(self.candidates) > 1 and all(c.matches for c in self.candidates)
+        """Whether every order tried gives the same bits here, and they are the outputs'."""
+        return self.alike and all(c.matches for c in self.candidates)
+
+    def _why_alike(self) -> str:
+        """Why every order gives the same bits: the collective, ``p``, or the inputs."""
+        if self.collective in DATA_MOVEMENT:
+            return "each moves the data unchanged, so no inputs can tell them apart"
+        if self.p <= 2:
+            return (f"at p = {self.p} each reduces x0 with x1 once, and the op commutes, so "
+                    "no inputs can tell them apart")
+        return ("the inputs cannot tell orders apart (use floats from `refcoll gen-inputs "
+                "--kind adversarial`)")
 
     def summary(self) -> list[str]:
         """Return the lines ``refcoll check --identify`` prints."""
         lines = [f"orders tried: {len(self.candidates)} for {self.collective} {self.op} at "
                  f"p = {self.p}"]
-        if self.indistinct and self.collective in DATA_MOVEMENT:
-            lines.append("every order refcoll knows gives these bits: each moves the data "
-                         "unchanged, so no inputs can tell them apart")
-            return lines
         if self.indistinct:
-            lines.append("every order refcoll knows gives these bits: the inputs cannot tell "
-                         "orders apart (use floats from `refcoll gen-inputs --kind adversarial`)")
+            lines.append(f"every order refcoll knows gives these bits: {self._why_alike()}")
             return lines
         for group in self.groups(self.matches):
             known = [k for label in group for k in self.libraries.get(label, ())]
@@ -202,15 +224,23 @@ class Identification:
         if not self.matches:
             label, diff, total = self.nearest
             ulps = next(c.ulps for c in self.candidates if c.label == label)
-            lines.append(f"matches no order refcoll knows; nearest {label}: {diff} of {total} "
-                         f"elements differ, at most {ulps} ulp apart")
+            if self.alike:
+                lines.append(f"matches no order refcoll knows: every order gives the same bits "
+                             f"here, and {diff} of {total} elements differ from them, at most "
+                             f"{ulps} ulp apart; {self._why_alike()}")
+                return lines
+            group = self.nearest_group()
+            same = f" (the same order here: {', '.join(group[1:])})" if group[1:] else ""
+            lines.append(f"matches no order refcoll knows; nearest {group[0]}{same}: {diff} of "
+                         f"{total} elements differ, at most {ulps} ulp apart")
         return lines
 
     def to_json(self) -> dict:
         return {"collective": self.collective, "op": self.op, "p": self.p,
                 "matches": self.matches, "nearest": self.nearest,
                 "match_groups": self.groups(self.matches),
-                "indistinct": self.indistinct,
+                "nearest_group": self.nearest_group(),
+                "indistinct": self.indistinct, "alike": self.alike,
                 "libraries": {k: v for k, v in self.libraries.items() if k in self.matches},
                 "untried": self.untried,
                 "candidates": [{"label": c.label, "differing": c.differing, "total": c.total,

@@ -536,8 +536,9 @@ def load_outputs(out_dir, p: int, dtype, *, collective: str, root: int, op: str 
         more = f"; {missing} files are missing" if missing > 1 else ""
         raise UsageError(f"{path / f'rank{gap}.npy'}: missing; {whose}{more}")
     read = _open if lazy else _load
-    return [_as(read(files[r]), files[r], dtype, "the inputs' dtype") if r in files else None
-            for r in range(p)]
+    judged = [root] if collective == "reduce" else range(p)  # (a reduce's others: undefined)
+    return [_as(read(files[r]), files[r], dtype, "the inputs' dtype")
+            if r in files and r in judged else None for r in range(p)]
 
 
 def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int = 0,
