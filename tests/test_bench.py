@@ -116,6 +116,38 @@ def test_the_check_catches_a_wrong_result_and_an_unwritten_one():
     assert counted["nothing"] == (1024, 1024)  # the buffer was poisoned before the call
 
 
+class _FirstRankHas(_NoComm):
+    """A communicator whose broadcast from the first rank brings ``first``'s bytes."""
+
+    def __init__(self, first: np.ndarray):
+        self.first = first
+
+    def Ibcast(self, message, root):
+        assert root == 0
+        buf = message[0]
+        buf[:] = self.first.view(np.uint8)
+        return type("Done", (), {"Test": lambda self: True, "Wait": lambda self: None})()
+
+
+def test_a_compressed_result_is_checked_against_the_first_ranks_bits():
+    """Lossy by design, so no expected bits: but every rank must hold the same (a rank
+    whose result differs from the first rank's is wrong in each element that differs)."""
+    config = BenchConfig(collective="allreduce", op="sum", dtype="float32")
+    data = _make_data(config, 4096, 2, 1)
+    mine = np.arange(1024, dtype=np.float32)
+    theirs = mine.copy()
+    theirs[[5, 700]] += 1
+    for first, wrong in ((mine, 0), (theirs, 2)):
+        item = _Item("ours", "ring", _FirstRankHas(first), lambda: mine.copy(), None, data,
+                     agree=True)
+        item.run(timed=True, check=True, calls=2)
+        assert (item.wrong, item.checked) == (2 * wrong, 2 * 1024)
+    item = _Item("ours", "ring", _FirstRankHas(theirs), lambda: mine.copy(), None, data,
+                 agree=True)
+    item.run(timed=True, check=False)  # -c 0: nothing compared
+    assert (item.wrong, item.checked) == (0, 0)
+
+
 @pytest.mark.parametrize("collective,op,dtype", [
     ("allreduce", "sum", "float32"), ("allreduce", "avg", "bfloat16"),
     ("allreduce", "prod", "int8"),

@@ -92,7 +92,8 @@ each half, as nccl-tests' row ``size count type redop root | time algbw busbw
   what the implementation costs beyond its messages and arithmetic.
 * with a compressor (all-reduce only): the time, the effective algbw and busbw of
   the dense size, and the bytes this rank put on the wire (largest over ranks);
-  no in-place half.
+  no in-place half. ``#wrong`` counts the elements whose bits differ from the
+  first rank's result (lossy by design, but the same on every rank).
 
 The footer is nccl-tests': ``# Out of bounds values : N OK|FAILED`` (the results,
 one per row, half and rank, with a wrong element) and ``# Avg bus bandwidth    : X``,

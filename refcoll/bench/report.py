@@ -123,7 +123,7 @@ def _summarize_baselines(rows: Sequence[dict]) -> dict:
 # ------------------------------------------------------------------- refcoll's table
 
 def _checked(header: dict) -> bool:
-    return bool(header["check"]) and not header["compressor"]
+    return bool(header["check"])
 
 
 def _columns(header: dict) -> list[tuple[str, str, int, Callable]]:
@@ -252,7 +252,8 @@ def _check_label(header: dict) -> str:
     if not header["check"]:
         return "off"
     if header["compressor"]:
-        return "the baseline only (a compressed result is approximate)"
+        return ("every iteration: each rank's compressed result against the first rank's, "
+                "bit for bit (it is approximate, but the same on every rank)")
     return "every iteration, bit for bit"
 
 

@@ -154,7 +154,7 @@ def make_row(config: BenchConfig, groups, nbytes: int, name: str, resolved: str 
     count = element_count(config.collective, nbytes, dt.itemsize, p)
     size = count * dt.itemsize
     factor = bus_factor(config.collective, p)
-    judged = bool(config.check) and config.compressor is None
+    judged = bool(config.check)  # (a compressed result: against the first rank's bits)
     ours = _half(_workers(by_key[("ours", name)], p, config.average), size, factor, judged)
     mine = _half(_workers(by_key.get(("ours_ip", name)), p, config.average), size, factor,
                  judged)

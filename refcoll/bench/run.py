@@ -29,7 +29,7 @@ from ..core.bits import count_wrong
 from ..core.errors import UsageError
 from ..core.ops import get_op
 from ..transport.base import default_timeout
-from ..transport.deadline import bounded_barrier, watchdog
+from ..transport.deadline import bounded_barrier, mpi, wait_by_deadline, watchdog
 from ..transport.recorder import Schedule
 from ..verify.conformance import case_ranks
 from .config import (
@@ -77,6 +77,8 @@ class _Item:
     what: str = "refcoll bench"     # names the call in a timeout's message
     timeout: float | None = None    # the barrier's deadline (None: REFCOLL_TIMEOUT's)
     prepare: Callable[[], Any] | None = None  # untimed, before the call: an in-place input
+    agree: bool = False  # no expected bits (a compressed all-reduce: lossy by design), but
+    #                      every rank must hold the first rank's bits (checked against them)
 
     def run(self, timed: bool, check: bool, calls: int = 1) -> None:
         """Run ``calls`` times back to back after one barrier of the participants.
@@ -91,6 +93,7 @@ class _Item:
         buffer there.
         """
         checking = check and self.result is not None and self.data.expected is not None
+        agreeing = check and self.agree
         xp = self.xp
         for k in range(calls):
             if checking:
@@ -106,13 +109,26 @@ class _Item:
                 # no deadline of their own. refcoll's calls wait by the transport's
                 # deadline anyway.
                 bounded_barrier(self.comm, self.what, self.timeout)
-            self._timed(timed)
+            result = self._timed(timed)
             if checking:
                 self.wrong += count_wrong(xp_module.to_host(self.result), self.data.expected)
                 self.checked += self.data.expected.size
+            if agreeing:
+                mine = np.ascontiguousarray(xp_module.to_host(result)).reshape(-1)
+                self.wrong += count_wrong(mine, self._first_ranks(mine))
+                self.checked += mine.size
 
-    def _timed(self, timed: bool) -> None:
-        """Make the call once on the clock (kept when ``timed``)."""
+    def _first_ranks(self, mine: np.ndarray) -> np.ndarray:
+        """Return the first participant's copy of ``mine`` (a broadcast, outside the clock,
+        waited by the deadline)."""
+        first = mine.copy()
+        wait_by_deadline(self.comm.Ibcast([first.view(np.uint8), mpi().BYTE], root=0),
+                         default_timeout() if self.timeout is None else self.timeout,
+                         lambda: f"{self.what}: the first rank's result, to compare with")
+        return first
+
+    def _timed(self, timed: bool):
+        """Make the call once on the clock (kept when ``timed``); return what it returned."""
         # A peer lost during a library's call (its link cut) would still hold it for
         # ever, and nothing interrupts a blocking call: past the deadline the watchdog
         # ends the job. Armed and disarmed outside the clock.
@@ -122,11 +138,12 @@ class _Item:
             watched = watchdog(f"refcoll bench ({self.name}{half})", self.timeout)
         with watched:
             start = time.perf_counter()
-            self.call()
+            result = self.call()
             xp_module.synchronize(self.xp)
             elapsed = time.perf_counter() - start
         if timed:
             self.times.append(elapsed)
+        return result
 
 
 @dataclass
@@ -359,7 +376,7 @@ def _items(groups: _Groups, config: BenchConfig, nbytes: int, schedules: dict,
         what = f"refcoll bench (before {name} at {nbytes} B)"
         items.append(_Item("ours", name, sub, our_call(config, t, data, name, root, state),
                            data.out if config.compressor is None else None, data, xp=xp,
-                           what=what, timeout=timeout))
+                           what=what, timeout=timeout, agree=config.compressor is not None))
         if in_place:
             ip = data.inplace
             items.append(_Item("ours_ip", name, sub, our_in_place(config, t, data, name, root),
