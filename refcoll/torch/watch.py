@@ -86,7 +86,7 @@ from ..verify.findings import renumbered
 from ..verify.ieee import zero_signs_wrong
 from ..verify.oracle import check_outputs
 from .tensors import _bits_types, as_array, flat, premultipliable, premultiplier, reduction
-from .work import FutureWork, submit
+from .work import FutureWork, JoinedWork, submit
 
 __all__ = ["Watch", "watched_from_env", "watch_settings", "make_backend", "check_backend",
            "DEFAULT_SAMPLE"]
@@ -102,6 +102,11 @@ _OLDER = {"all_gather_single": ("_allgather_base",),
           "all_to_all_single": ("alltoall_base",),
           "all_gather_single_coalesced": ("allgather_into_tensor_coalesced",),
           "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced",)}
+
+
+#: Coalesced calls a library may lack, and the single call each runs as then.
+_SINGLES = {"all_gather_single_coalesced": "all_gather_single",
+            "reduce_scatter_single_coalesced": "reduce_scatter_single"}
 
 
 def check_backend(name: str) -> str:
@@ -623,6 +628,8 @@ class Watch:
 
     def call(self, refcoll_group, method: str, *args, **kwargs):
         """Hand ``method(*args)`` to the watched backend; return a Work completed once judged."""
+        if method in _SINGLES and not self._has(method):
+            return self._singly(refcoll_group, method, *args, **kwargs)
         try:
             sample = None if kwargs else self._sample(method, args)
         except (TypeError, ValueError):
@@ -712,6 +719,23 @@ class Watch:
                 raise
             self.findings.append(str(exc))
             _log.error("%s", exc)
+
+    def _singly(self, refcoll_group, method: str, outputs, inputs, *rest, **kwargs):
+        """A coalesced call the watched backend has not (Gloo's, which torch's own group
+        runs call by call): each pair as its single call, each judged as one."""
+        single = _SINGLES[method]
+        return JoinedWork([self.call(refcoll_group, single, out, x, *rest, **kwargs)
+                           for out, x in zip(outputs, inputs)], outputs)
+
+    def _has(self, name: str) -> bool:
+        """Whether the watched group has ``name`` (or its older name) of its own: not the
+        one a Python library's group inherits from torch's ``ProcessGroup``, which hands
+        the call to a backend such a group never registers."""
+        inherited = dist.ProcessGroup if isinstance(self.group, dist.ProcessGroup) else None
+        return any(getattr(self.group, candidate, None) is not None
+                   and getattr(type(self.group), candidate, None)
+                   is not getattr(inherited, candidate, object())
+                   for candidate in (name, *_OLDER.get(name, ())))
 
     def _method(self, name: str):
         """The watched group's method for torch 2.13's ``name``, or its older name."""

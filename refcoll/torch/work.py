@@ -16,7 +16,9 @@ reducer, which reads it as a list of tensors).
 :class:`FutureWork` is the other kind: another library's call with a step of
 refcoll's chained on its future (watch mode reads a result the moment the
 library completes it, on the library's own thread), for calls that need no
-collective of refcoll's and so no place on the progress engine.
+collective of refcoll's and so no place on the progress engine. :class:`JoinedWork`
+is one call made of several: a coalesced call the watched library lacks, run as
+its single calls.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch.distributed as dist
 
 from ..calls.nonblocking import issue
 
-__all__ = ["RefcollWork", "FutureWork", "submit"]
+__all__ = ["RefcollWork", "FutureWork", "JoinedWork", "submit"]
 
 
 class RefcollWork(dist.Work):
@@ -136,6 +138,55 @@ class FutureWork(dist.Work):
 
     def __repr__(self) -> str:
         return f"<FutureWork of {self._work!r}>"
+
+
+class JoinedWork(dist.Work):
+    """One call made of several ``works`` (a coalesced call run as its single calls):
+    complete when every one is; its result ``value``; the first error of theirs raised."""
+
+    def __init__(self, works: list, value):
+        super().__init__()
+        self._works, self._value = works, value
+        try:
+            futures = [work.get_future() for work in works]
+        except (RuntimeError, NotImplementedError):  # a library's work without one
+            self._future = None
+        else:
+            self._future = torch.futures.collect_all(futures).then(self._outcome)
+
+    def _outcome(self, joined):
+        for future in joined.value():
+            future.value()  # (raises its call's error, as a then callback does)
+        return self._value
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._works:
+            work.wait(timeout) if timeout else work.wait()  # torch's 0: no timeout
+        if self._future is not None:
+            self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self):
+        return next((e for e in (work.exception() for work in self._works) if e is not None),
+                    None)
+
+    def get_future(self):
+        if self._future is None:
+            raise RuntimeError("the watched library's works of this call have no future")
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"<JoinedWork of {len(self._works)} calls>"
 
 
 def submit(name: str, t, job, value) -> RefcollWork:

@@ -254,6 +254,41 @@ def test_a_wrong_call_never_waited_for_is_logged_when_its_group_is_destroyed(wor
     assert len(logged) == 1 and "call 2" in logged[0] and "never waited for" in logged[0]
 
 
+@pytest.mark.parametrize("collective", ["allgather", "reduce_scatter"])
+def test_coalesced_calls_the_library_lacks_run_as_its_single_calls_each_judged(world, collective):
+    """The corrupting library (as Gloo) has no coalesced all-gather or reduce-scatter into
+    tensors (DTensor's and FSDP's): each pair runs as its single call and is judged as one,
+    so the coalesced call's second piece, spoiled, is caught."""
+    p, r = world.size(), world.rank()
+    group = watching("corrupting", f"{collective}:4:element")
+    gathering = collective == "allgather"
+    inputs = [torch.arange(4.0) + r, torch.arange(3.0 * p) * (r + 1)]
+    if gathering:
+        want = [torch.cat([torch.arange(4.0) + q for q in range(p)]),
+                torch.cat([torch.arange(3.0 * p) * (q + 1) for q in range(p)])]
+    else:
+        total = sum(range(1, p + 1))
+        want = [None, (torch.arange(3.0 * p) * total)[3 * r:3 * r + 3]]  # (4 is not p·k)
+        inputs[0] = torch.arange(2.0 * p) + r
+        want[0] = (torch.arange(2.0 * p) * p + sum(range(p)))[2 * r:2 * r + 2]
+
+    def coalesced():
+        outs = [torch.empty_like(w) for w in want]
+        with dist._coalescing_manager(group=group, async_ops=True) as manager:
+            for out, x in zip(outs, inputs):
+                if gathering:
+                    dist.all_gather_into_tensor(out, x, group=group)
+                else:
+                    dist.reduce_scatter_tensor(out, x, group=group)
+        manager.wait()
+        return outs
+
+    got = coalesced()  # calls 1 and 2: right
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    with pytest.raises(WrongResult, match=f"{collective} .*call 4"):
+        coalesced()  # calls 3 and 4: the fourth spoiled
+
+
 def test_a_missing_contribution_is_caught_in_a_large_call_by_its_sample(world):
     group = watching("corrupting", "allreduce:1:drop", REFCOLL_WATCH_SAMPLE=16)
     t = torch.ones(100_000) * (world.rank() + 1)
