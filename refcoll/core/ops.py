@@ -23,6 +23,11 @@ Wherever an op is asked for, mpi4py's ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN`` and
 ``MPI.MAX`` stand for ``sum``, ``prod``, ``min`` and ``max``; MPI's other ops
 (``MPI.BAND``, ``MPI.MAXLOC``...) have no counterpart here and are refused.
 
+IEEE's results whatever the caller's NumPy error state: an overflow gives ``inf``
+and an ``inf - inf`` gives NaN on every rank, even under ``np.seterr(all="raise")``,
+which would otherwise raise on the one rank whose partial overflowed while the
+others waited for it (:func:`combine`).
+
 Types: int8..uint64, float16, bfloat16, float32, float64 for every op; the two
 OCP float8 formats (``float8_e4m3fn``, ``float8_e5m2``) for sum, min and max only,
 since a product or average of 3-bit mantissas is rarely what anyone means.
@@ -30,6 +35,7 @@ since a product or average of 3-bit mantissas is rarely what anyone means.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 from collections.abc import Mapping
@@ -41,6 +47,7 @@ from .errors import UsageError
 
 __all__ = [
     "Op",
+    "combine",
     "OPS",
     "DTYPES",
     "DTYPE_NAMES",
@@ -72,6 +79,27 @@ def _trunc_divide(buf: np.ndarray, p: int) -> None:
     np.add(buf, round_up, out=buf, casting="unsafe")
 
 
+try:  # NumPy 2's error state, read without the dict np.geterr() builds (0.5 us a call)
+    from numpy._core._ufunc_config import _extobj_contextvar as _ERROR_STATE
+    _DEFAULT_STATE = contextvars.Context().run(_ERROR_STATE.get)  # (NumPy's, untouched)
+except ImportError:  # another layout: every reduction guards itself
+    _ERROR_STATE = _DEFAULT_STATE = None
+
+
+def combine(ufunc, a, b, out) -> None:
+    """``ufunc(a, b, out=out)`` by IEEE's rules whatever the caller's NumPy error state.
+
+    Under NumPy's default state (warn) the ufunc runs as it is; under any other
+    (``np.seterr(all="raise")``, an ``errstate`` block) it runs with every error
+    ignored, so no rank raises ``FloatingPointError`` in the middle of a collective.
+    """
+    if _ERROR_STATE is not None and _ERROR_STATE.get() is _DEFAULT_STATE:
+        ufunc(a, b, out=out)
+        return
+    with np.errstate(all="ignore"):
+        ufunc(a, b, out=out)
+
+
 @dataclass(frozen=True)
 class Op:
     """A reduction operation: ``combine`` for two operands, ``finalize`` at the end.
@@ -88,7 +116,7 @@ class Op:
 
     def apply(self, a, b, out) -> None:
         """Compute ``out = a (op) b`` elementwise; ``out`` may be ``a`` or ``b``."""
-        self.ufunc(a, b, out=out)
+        combine(self.ufunc, a, b, out)
 
     def finalize(self, buf, p: int) -> None:
         """Turn a complete reduction into the op's result, in place (``avg``: / p)."""

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.errors import RefcollError
-from ..core.ops import Op, get_dtype, get_op
+from ..core.ops import Op, combine, get_dtype, get_op
 from .base import TransportBase, default_timeout
 from .deadline import POLLS_BEFORE_YIELD, duplicate
 
@@ -182,8 +182,8 @@ def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
     :meth:`~refcoll.transport.persistent.PersistentExchange.__call__` runs it (start,
     the transport's deadline wait, the byte count, the traffic). A reduction
     ``transport.reduce_local(op, a, b, out)`` on a transport that keeps the base
-    one becomes the op's ufunc bound to its buffers (what ``op.apply`` calls);
-    any other step stays as it is.
+    one becomes :func:`~refcoll.core.ops.combine` of the op's ufunc, bound to its
+    buffers (what ``op.apply`` calls); any other step stays as it is.
     """
     program = []
     for step in steps:
@@ -195,7 +195,7 @@ def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
         if (owner is not None and type(owner).reduce_local is TransportBase.reduce_local
                 and len(step.args) == 4 and type(step.args[0]).apply is Op.apply):
             op, a, b, out = step.args
-            step = functools.partial(op.ufunc, a, b, out=out)
+            step = functools.partial(combine, op.ufunc, a, b, out)
         program.append(step)
     return program
 
