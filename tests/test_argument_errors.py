@@ -5,6 +5,7 @@ options an algorithm does not take. Errors that concern a collective are raised 
 every rank (the argument agreement shares them), before any algorithm data moves.
 """
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -340,3 +341,25 @@ def test_a_comm_that_is_no_communicator_is_a_clear_type_error(comm):
                                         r"MPI.COMM_WORLD\), a torch.distributed process group, a "
                                         r"refcoll Transport, or None"):
         refcoll.allreduce(np.ones(3), comm)
+
+
+@pytest.mark.parametrize("collective, algorithm", [("allreduce", "ring"), ("allreduce", "auto"),
+                                                   ("reduce_scatter", "ring"),
+                                                   ("reduce", "tree")])
+def test_op_none_on_a_reduction_is_a_usage_error_on_every_rank(collective, algorithm):
+    """Once a TypeError from inside the algorithm (its op argument missing)."""
+    with pytest.raises(UsageError, match=f"{collective} reduces: give op="):
+        refcoll.simulate(collective, [np.ones(5, np.float32)] * 3, algorithm=algorithm,
+                         op=None, **({"root": 0} if collective == "reduce" else {}))
+
+
+def test_equal_options_of_other_types_are_another_call_in_the_simulator_too():
+    """The simulated ranks share the signatures' cache: ``segment=2.0`` on one rank met the
+    signature of ``segment=2``, and the ranks deadlocked rather than disagree."""
+    from refcoll.core.errors import MismatchError
+
+    for odd in (2.0, True):
+        with pytest.raises(MismatchError, match=re.escape(f"('segment', {odd!r})")):
+            SimWorld(3).run(lambda t, odd=odd: refcoll.allreduce(
+                np.arange(8, dtype=np.float32), t, algorithm="tree",
+                segment=odd if t.rank == 1 else 2))

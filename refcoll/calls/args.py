@@ -37,6 +37,10 @@ __all__ = ["Call", "checked", "flat_input", "flat_out", "check_overlap", "shaped
            "shared_errors", "argument_fields", "workers_of", "check_root"]
 
 
+#: The collectives that reduce: ``op`` is theirs to give (``None`` is refused).
+_REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})
+
+
 def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, validate: bool,
             options: dict) -> "Call":
     """Check one call's arguments on this rank and return them as a :class:`Call`.
@@ -53,6 +57,9 @@ def checked(t, comm, collective: str, x, *, op, root, algorithm: str, out, valid
         if root is not None or collective in ("broadcast", "reduce"):  # root=None: no rank
             check_root(root, t)
         # The registry's and the ops' tables first; their functions name what is wrong.
+        if op is None and collective in _REDUCING:
+            raise UsageError(f"{collective} reduces: give op= one of {', '.join(OPS)} (or "
+                             "mpi4py's MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX), not None")
         reduction = None if op is None else (OPS.get(op) if op.__class__ is str else None
                                              ) or get_op(op)
         algo = REGISTRY.get(algorithm) if algorithm.__class__ is str else None
@@ -234,6 +241,14 @@ def check_root(root: int, t) -> None:
                          f"(0..{t.size - 1})")
 
 
+def _typed(value):
+    """An option's value in a signature's key, with its type: ``2``, ``2.0`` and ``True``
+    are equal keys of a dict, but not the same arguments (one may be refused)."""
+    if isinstance(value, tuple):
+        return tuple(_typed(item) for item in value)
+    return type(value), value
+
+
 class Call:
     """One collective call's arguments, checked on this rank: what a plan is made of.
 
@@ -273,8 +288,9 @@ class Call:
         options = self.options
         key = (self.collective, self.algorithm,
                "-" if self.reduction is None else self.reduction.name, self.flat.dtype,
-               self.flat.size, self.root, tuple(sorted(options.items())) if options else (),
-               getattr(self.t, "memory", None))
+               self.flat.size, self.root,
+               tuple((name, _typed(options[name])) for name in sorted(options)) if options
+               else (), getattr(self.t, "memory", None))
         agree_key(self.t, key, self.fields)
 
     def chosen(self) -> tuple:

@@ -307,6 +307,19 @@ def test_an_option_as_a_numpy_integer_on_some_ranks_is_the_same_option():
     _assert_keeps_nothing(t)
 
 
+def test_an_equal_option_of_another_type_after_the_same_call_is_a_mismatch():
+    """``segment=2.0`` on one rank, after a call with ``segment=2`` everywhere: equal as keys
+    of a dict, so the first call's signature was taken for it (that rank then refused 2.0
+    alone and the others waited to the deadline); a MismatchError on every rank now."""
+    t = _transport(timeout=60)
+    x = np.arange(8, dtype=np.float32)
+    refcoll.allreduce(x, t, algorithm="tree", segment=2)
+    for odd in (2.0, True):
+        with pytest.raises(MismatchError, match=re.escape(f"('segment', {odd!r})")):
+            refcoll.allreduce(x, t, algorithm="tree", segment=odd if t.rank == 1 else 2)
+    _assert_keeps_nothing(t)
+
+
 def test_out_on_one_rank_only_keeps_every_rank_on_the_same_path():
     """Rank 0 passes a fresh out= at every call; the others never pass out=: one agreement."""
     t = _transport(timeout=60)
