@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..core.errors import RefcollError
+from ..core.errors import RefcollError, UsageError
 from .base import (
     TAGS_PER_CALL,
     TransportBase,
@@ -322,6 +322,10 @@ def transport_for(comm=None, collective: str | None = None) -> MPITransport:
     global _KEYVAL
     MPI = _mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
+    if comm == MPI.COMM_NULL:  # (MPI's own error would be "Invalid communicator")
+        raise UsageError("the communicator is MPI.COMM_NULL: freed (comm.Free() makes the "
+                         "handle COMM_NULL), or a split this rank is not in; call on a "
+                         "communicator this rank belongs to")
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=lambda c, k, t: t.release())
     t = comm.Get_attr(_KEYVAL)

@@ -539,3 +539,14 @@ def test_a_compressed_all_reduce_of_other_shapes_is_a_mismatch_on_every_rank():
         refcoll.compressed_allreduce(np.ones(shape, np.float32), t, compressor=comp,
                                      state=comp.new_state(seed=1, rank=t.rank))
     assert refcoll.allreduce(np.ones(3), t)[0] == t.size
+
+
+def test_a_freed_communicator_is_a_usage_error_not_mpis_invalid_communicator():
+    from mpi4py import MPI
+
+    from refcoll.core.errors import UsageError
+
+    dup = MPI.COMM_WORLD.Dup()
+    dup.Free()  # the handle is COMM_NULL now
+    with pytest.raises(UsageError, match="the communicator is MPI.COMM_NULL: freed"):
+        refcoll.allreduce(np.ones(4, np.float32), dup)
