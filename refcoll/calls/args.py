@@ -153,6 +153,8 @@ def flat_out(out, shape, dtype, t, what: str, xp=np) -> np.ndarray:
                          f"{count} (shape {tuple(shape)})")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"rank {t.rank}: out= must be a writeable C-contiguous array")
+    if out.__class__ is not xp.ndarray:  # a subclass (np.matrix stays 2-D when flattened):
+        out = out.view(xp.ndarray)  # the same memory as a plain array
     return out.reshape(-1)
 
 
