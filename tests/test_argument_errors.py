@@ -377,3 +377,13 @@ def test_out_of_an_ndarray_subclass_is_written_as_its_memory():
 
     for got in SimWorld(3).run(run):
         assert isinstance(got, np.matrix) and got.tolist() == [sum(xs).tolist()]
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda t: refcoll.allgather(np.ones(4, np.float32), t, op="sum"), "allgather takes no op"),
+    (lambda t: refcoll.allreduce(np.ones(4, np.float32), t, root=1), "allreduce takes no root"),
+])
+def test_a_collectives_argument_it_lacks_is_named_as_the_collectives(call, needle):
+    """Not 'algorithm ring takes no algorithm options (got op)': op and root are not options."""
+    with pytest.raises(UsageError, match=needle):
+        SimWorld(2).run(call)

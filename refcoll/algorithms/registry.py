@@ -338,6 +338,11 @@ def check_options(name: str, collective: str, given: Mapping, *, rank: int | Non
     if not unknown:
         return
     where = f"rank {rank}: " if rank is not None else ""
+    for argument, takers in (("op", "allreduce, reduce_scatter and reduce"),
+                             ("root", "broadcast and reduce")):
+        if argument in unknown:  # a collective's argument, not an algorithm's option
+            raise UsageError(f"{where}{collective} takes no {argument} (only {takers} do); "
+                             f"drop {argument}=")
     them = "it" if len(unknown) == 1 else "them"
     others = [other for other in names(collective)
               if other != name and set(unknown) <= set(options(other, collective))]
