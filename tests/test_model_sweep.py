@@ -744,3 +744,33 @@ def test_refcolls_own_schedules_in_the_sweep_take_the_latencies_given():
         # (a ring of 16 ranks: 30 steps, each at least the millisecond given)
         assert seconds(algorithm, 1e-3) > seconds(algorithm, 0.0) + 10e-3, algorithm
     assert seconds("ring", 1e-3) >= 30 * 1e-3
+
+
+@pytest.mark.parametrize("dtype, op, nvls", [
+    ("float", "sum", True), ("half", "max", True), ("bfloat16", "min", True),
+    ("int32", "sum", True), ("uint64", "max", True),
+    ("float", "max", False), ("double", "min", False), ("int8", "sum", False),
+    ("uint8", "sum", False), ("f8e4m3", "sum", False), ("float", "prod", False),
+    ("half", "avg", False), ("float", "mulsum", False)])
+def test_nvls_runs_only_where_the_switch_reduces_the_type_and_op(dtype, op, nvls):
+    """NCCL's ncclNvlsSupported: NVLS is no choice for 8-bit types, products, averages, or
+    float and double min/max; NCCL then runs its ring or tree, and so does the model."""
+    node = System()  # one H100 node: NVLS where it may
+    big = 256 << 20
+    ran = {r.algorithm for r in runs(node, big, dtype, op)}
+    assert ("NVLS" in ran) == nvls
+    assert (nccl_pick(node, big, dtype=dtype, op=op).algorithm == "NVLS") == nvls
+    assert (predict(node, big, "NVLS", dtype=dtype, op=op) is None) != nvls
+    two = System(nodes=2, nics=8, nic_bw=50 * GB)
+    assert ("NVLSTree" in {r.algorithm for r in runs(two, big, dtype, op)}) == nvls
+
+
+def test_compare_prices_each_row_as_its_type_and_op(tmp_path):
+    log = tmp_path / "int8.log"
+    log.write_text("\n".join(f"{s} {s} int8 sum -1 {20 + s / 2e5:.2f} 0 0 0"
+                             for s in sweep_sizes(1 << 20, 1 << 28, 4)) + "\n")
+    res = run(["--preset", "dgx-h100", "--compare", str(log)])
+    assert res.exit_code == 0, res.output
+    picked = [line.split()[-1] for line in res.output.splitlines()
+              if line.strip() and line.split()[0].isdigit()]
+    assert len(picked) == 5 and not any(p.startswith("NVLS") for p in picked), picked

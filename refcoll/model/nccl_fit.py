@@ -116,7 +116,7 @@ def _priced(tables: list[tuple[Table, System]], fitted: dict,
     for table, shaped in tables:
         s = replace(shaped, fitted=dict(fitted))
         for r in table.rows:
-            run = predict(s, r.size, algorithm)
+            run = predict(s, r.size, algorithm, dtype=r.dtype, op=r.redop)
             if run is not None and r.measured > 0:
                 out.append((r.size, run.seconds, r.measured))
     return out

@@ -21,6 +21,9 @@ one model, and the algorithms NCCL's graph search decides among are all here:
   reduces and multicasts; every GPU sends and receives the buffer about once
   (``(p+1)/p`` of it), at NCCL's ``nvlsEfficiency`` of its NVLink rate.
 * **NVLSTree** (more nodes): NVLS inside each node, NCCL's tree of nodes across.
+  Both only where the switch reduces the type and op (:func:`nvls_reduces`: a
+  sum of any 16-, 32- or 64-bit type, min and max of the 16-bit floats and the
+  integers; never 8-bit types, products or averages).
 * **CollNet** (``collnet``: the network switches reduce, SHARP): each node
   sends the buffer to the switch once and receives the result once.
 
@@ -53,7 +56,22 @@ from .nccl import (
 from .systems import System
 
 __all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "Run", "runs", "nccl_pick", "predict",
-           "busbw_factor", "used_channels"]
+           "busbw_factor", "used_channels", "nvls_reduces"]
+
+#: What NVLink SHARP reduces: each nccl-tests type's ops (NCCL's ``ncclNvlsSupported``,
+#: ``src/include/device.h``, NVIDIA/nccl v2.30.7): sums of the 16-bit floats, the 32- and
+#: 64-bit integers and floats; min and max but of float and double; nothing of 8 bits.
+#: (``avg`` is NCCL's PreMulSum or SumPostDiv and ``mulsum`` a PreMulSum: not a Sum.)
+_NVLS_OPS = {**dict.fromkeys(("int32", "uint32", "int64", "uint64", "half", "bfloat16"),
+                             ("sum", "min", "max")),
+             "float": ("sum",), "double": ("sum",)}
+
+
+def nvls_reduces(dtype: str, op: str) -> bool:
+    """Return whether NVLS (and NVLSTree) can run an all-reduce of nccl-tests' ``dtype``
+    and ``op``: NCCL falls back to its other algorithms for the rest."""
+    return op in _NVLS_OPS.get(dtype, ())
+
 
 #: The algorithms NCCL may run for an all-reduce, in its order.
 NCCL_ALGORITHMS = ("Tree", "Ring", "CollNet", "NVLS", "NVLSTree")
@@ -285,8 +303,9 @@ def _run(algorithm, proto, channels, latency, algbw, nbytes, limit, ranks: int) 
                latency + nbytes / algbw + _fill(proto, used, algbw, nbytes), limit, tuned)
 
 
-def runs(system: System, nbytes: int) -> list[Run]:
-    """Return every algorithm × protocol NCCL could run for ``nbytes``, priced."""
+def runs(system: System, nbytes: int, dtype: str = "float", op: str = "sum") -> list[Run]:
+    """Return every algorithm × protocol NCCL could run for ``nbytes`` of nccl-tests'
+    ``dtype`` reduced by ``op``, priced."""
     if system.ranks < 2:
         return []
     arch = _ARCHS.index(system.generation)
@@ -297,25 +316,29 @@ def runs(system: System, nbytes: int) -> list[Run]:
             continue  # NCCL enables LL128 only over NVLink
         out.append(_ring(system, proto, channels, arch, nbytes))
         out.append(_tree(system, proto, channels, arch, nbytes))
-    out += [_collnet(system, channels, nbytes), _nvls(system, channels, nbytes),
-            _nvls_tree(system, channels, nbytes)]
+    out.append(_collnet(system, channels, nbytes))
+    if nvls_reduces(dtype, op):
+        out += [_nvls(system, channels, nbytes), _nvls_tree(system, channels, nbytes)]
     return [r for r in out if r is not None]
 
 
-def nccl_pick(system: System, nbytes: int, algorithms=None) -> Run | None:
+def nccl_pick(system: System, nbytes: int, algorithms=None, *, dtype: str = "float",
+              op: str = "sum") -> Run | None:
     """Return what NCCL runs: the least time among ``algorithms`` (default: all NCCL has),
     as its tuning compares them (:attr:`Run.tuned`)."""
-    choices = [r for r in runs(system, nbytes)
+    choices = [r for r in runs(system, nbytes, dtype, op)
                if algorithms is None or r.algorithm.lower() in algorithms]
     return min(choices, key=lambda r: r.tuned) if choices else None
 
 
-def predict(system: System, nbytes: int, algorithm: str | None = None) -> Run | None:
-    """Return the run priced for ``nbytes``: NCCL's pick, or the fastest protocol of
-    ``algorithm`` (an NCCL algorithm's name, any case; ``Ring/LL128`` fixes the protocol)."""
+def predict(system: System, nbytes: int, algorithm: str | None = None, *,
+            dtype: str = "float", op: str = "sum") -> Run | None:
+    """Return the run priced for ``nbytes`` of ``dtype`` reduced by ``op`` (nccl-tests'
+    names): NCCL's pick, or the fastest protocol of ``algorithm`` (an NCCL algorithm's
+    name, any case; ``Ring/LL128`` fixes the protocol)."""
     if algorithm is None:
-        return nccl_pick(system, nbytes)
+        return nccl_pick(system, nbytes, dtype=dtype, op=op)
     name, _, proto = algorithm.partition("/")
-    choices = [r for r in runs(system, nbytes) if r.algorithm.lower() == name.lower()
+    choices = [r for r in runs(system, nbytes, dtype, op) if r.algorithm.lower() == name.lower()
                and (not proto or r.protocol.lower() == proto.lower())]
     return min(choices, key=lambda r: r.tuned) if choices else None

@@ -298,7 +298,7 @@ def predicted_rows(system: System, sizes, algorithm: str | None = None,
     width, factor = DTYPE_BYTES[dtype], busbw_factor(system.ranks)
     out = []
     for size in sizes:
-        priced = price(system, size, algorithm, width)
+        priced = price(system, size, algorithm, dtype)
         if priced is None:
             continue
         seconds, name, protocol, channels, limit = priced
@@ -327,16 +327,18 @@ def as_cluster(system: System):
                    channels=system.channels, gpu_arch=system.generation)
 
 
-def price(system: System, size: int, algorithm: str | None = None, width: int = 4):
+def price(system: System, size: int, algorithm: str | None = None, dtype: str = "float",
+          op: str = "sum"):
     """Return ``(seconds, algorithm, protocol, channels, limit)`` of an all-reduce of
-    ``size`` bytes: NCCL's pick (None), one of NCCL's algorithms as NCCL spells it
-    (``Ring``, ``NVLS``, ``Tree/LL``...), or one of refcoll's own schedules, in lower
-    case (``ring``, ``hierarchical``...: priced on the system's links, protocol
-    ``-``). None where the algorithm cannot run there."""
+    ``size`` bytes of nccl-tests' ``dtype`` reduced by ``op``: NCCL's pick (None), one of
+    NCCL's algorithms as NCCL spells it (``Ring``, ``NVLS``, ``Tree/LL``...), or one of
+    refcoll's own schedules, in lower case (``ring``, ``hierarchical``...: priced on the
+    system's links, protocol ``-``). None where the algorithm cannot run there."""
     if algorithm in MODELLED:
+        width = DTYPE_BYTES.get(dtype, 4)
         est = allreduce_estimate(as_cluster(system), algorithm, max(size // width, 1), width)
         return est.seconds, algorithm, "-", system.channel_count(), "-"
-    run = predict(system, size, algorithm)
+    run = predict(system, size, algorithm, dtype=dtype, op=op)
     if run is None:
         return None
     return run.seconds, run.algorithm, run.protocol, run.channels, run.limit
@@ -467,7 +469,7 @@ def compare(table: Table, system: System, algorithm: str | None = None) -> Compa
                          f"{MAX_COMPARE_SIZES} (nccl-tests' -b 8 -e 8G -f 2 is 31)")
     rows, pairs = [], []
     for r in sizes:
-        priced = price(system, r.size, algorithm, DTYPE_BYTES.get(r.dtype, 4))
+        priced = price(system, r.size, algorithm, r.dtype, r.redop)
         if priced is None:
             continue
         seconds, name, protocol = priced[:3]
