@@ -15,9 +15,8 @@ They minimise the squared ``ln(predicted / measured)`` over every row of every
 table given (each table's own node count), by coordinate descent in the
 logarithm of each constant: golden-section search on one at a time, a few
 rounds, each bracketed by physical limits (a link carries at most its line
-rate). Each step keeps the best point it priced, the constant's value before
-it and the bounds among them, so a fit never ends worse than the system's
-description (the loss is not unimodal: NCCL's pick jumps as a constant moves).
+rate). The loss is not unimodal (NCCL's pick jumps as a constant moves), so a
+search can end worse than it began: then the description's constants stand.
 The model's form (NCCL's algorithm choice, its per-hop constants) is not
 fitted, so a fit made on one node count predicts another, and refcoll's own
 algorithms, from the same constants.
@@ -126,27 +125,22 @@ def _loss(tables: list[tuple[Table, System]], fitted: dict, algorithm: str | Non
     return sum(math.log(p / m) ** 2 for _, p, m in _priced(tables, fitted, algorithm))
 
 
-def _search(f, low: float, high: float, start: float) -> float:
-    """Return the best point of ``[low, high]`` found for ``f``: golden-section search, but
-    never worse than ``start`` or either bound. The loss need not be unimodal (NCCL's
-    pick jumps from one algorithm to another as a constant moves), so the search keeps
-    the best point it evaluated rather than the middle of its last bracket."""
-    seen = {x: f(x) for x in (start, low, high)}
+def _golden(f, low: float, high: float) -> float:
+    """Return the argmin of ``f`` on ``[low, high]`` (unimodal assumed), golden section."""
     ratio = (math.sqrt(5) - 1) / 2
     a, b = low, high
     c, d = b - ratio * (b - a), a + ratio * (b - a)
     fc, fd = f(c), f(d)
-    seen.update({c: fc, d: fd})
     for _ in range(_GOLDEN_STEPS):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - ratio * (b - a)
-            fc = seen[c] = f(c)
+            fc = f(c)
         else:
             a, c, fc = c, d, fd
             d = a + ratio * (b - a)
-            fd = seen[d] = f(d)
-    return min(seen, key=lambda x: (seen[x], x != start))  # (a tie keeps the start)
+            fd = f(d)
+    return (a + b) / 2
 
 
 def fit(system: System, tables: list[Table], algorithm: str | None = None) -> dict:
@@ -178,24 +172,26 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
         fitted.update(intra_rate=system.intra_rate(), intra_latency=0.0)
     if "nic_efficiency" in names:
         fitted.update(nic_efficiency=system.net.efficiency, net_latency=system.net.latency)
+    start = dict(fitted)
     for _ in range(_ROUNDS):
         for name in names:
             low, high = FITTED[name]
             if name == "intra_rate":
                 high = min(high, system.intra_line())  # no link carries more than its line
-            start = min(max(fitted[name], low), high)
             if name.endswith("latency"):  # search the latency itself, from 0
-                fitted[name] = _search(lambda v, n=name: _loss(
-                    shaped, {**fitted, n: v}, algorithm), low, high, start)
+                fitted[name] = _golden(lambda v, n=name: _loss(
+                    shaped, {**fitted, n: v}, algorithm), low, high)
             else:  # rates and fractions: search their logarithm
-                best = _search(lambda v, n=name: _loss(
+                best = _golden(lambda v, n=name: _loss(
                     shaped, {**fitted, n: math.exp(v)}, algorithm),
-                    math.log(low), math.log(high), math.log(start))
+                    math.log(low), math.log(high))
                 fitted[name] = math.exp(best)
     described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0,
                  "nic_efficiency": system.net.efficiency, "net_latency": system.net.latency}
     for name in unlearnt(shaped, fitted, algorithm):
         fitted[name] = base.get(name, described[name])  # no row says what it is
+    if _loss(shaped, fitted, algorithm) > _loss(shaped, start, algorithm):
+        return start  # the search ended worse than it began: the description stands
     return fitted
 
 
