@@ -411,6 +411,18 @@ def test_a_fit_never_ends_worse_than_the_description_it_starts_from():
     assert nccl_fit._loss(shaped, learnt, None) <= nccl_fit._loss(shaped, described, None)
 
 
+def test_a_constant_that_ends_on_its_bound_is_named():
+    from refcoll.model.nccl_fit import on_bounds
+
+    node = System()
+    line = node.intra_line()
+    assert on_bounds(node, {"intra_rate": line, "intra_latency": 2e-6}) == ["intra_rate"]
+    assert on_bounds(node, {"intra_rate": line / 2, "intra_latency": 0.0}) == ["intra_latency"]
+    assert on_bounds(node, {"intra_rate": line, "intra_latency": 0.0}, ["intra_rate"]) == \
+        ["intra_latency"]  # (not learnt: its described value, no bound reached)
+    assert on_bounds(H100_TWO, {"nic_efficiency": 0.7, "net_latency": 5e-6}) == []
+
+
 def test_a_fit_that_prices_no_row_and_a_log_too_long_to_fit_are_refused():
     table = parse_table(perf_text(H100_TWO, sweep_sizes(8, 1 << 20, 2)))
     with pytest.raises(UsageError, match="no size can be priced as NVLS"):

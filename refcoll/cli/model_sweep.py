@@ -364,6 +364,9 @@ def _print_fit(saved: dict) -> None:
     click.echo(f"fit on {len(saved['logs'])} table(s): " + ", ".join(parts))
     for name in saved["unlearnt"]:
         click.echo(f"not learnt: {name} (no size of the tables depends on it): as described")
+    for name in saved.get("on_bounds", ()):
+        click.echo(f"on its bound: {name} (the tables may want a value past it, which the "
+                   "model cannot give: read its predictions with care)")
     errors = saved["errors"]
     click.echo("fit error per band: " + "; ".join(
         f"{name} {'-' if errors[name] is None else f'{100 * errors[name]:.0f}%'}"

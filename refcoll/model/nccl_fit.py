@@ -41,7 +41,7 @@ from .nccl_tests import Table, band_errors, check_ranks, each_size_once
 from .systems import System
 
 __all__ = ["FITTED", "fit", "fit_algorithm", "fit_unlearnt", "fit_to_json", "read_fit",
-           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt"]
+           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt", "on_bounds"]
 
 #: The constants a fit may learn, and the bounds of each (the first two in the unit of the
 #: constant: bytes/s, seconds, a fraction).
@@ -93,6 +93,22 @@ def _shaped(system: System, tables: list[Table]) -> list[tuple[Table, System]]:
 def _predictions(tables, fitted: dict, algorithm: str | None) -> list[float]:
     """Return the predicted seconds of every row the model prices, in order."""
     return [p for _, p, _ in _priced(tables, fitted, algorithm)]
+
+
+def on_bounds(system: System, fitted: dict, unlearnt_names=()) -> list[str]:
+    """Return the learnt constants of ``fitted`` that ended on a bound of their search (a
+    rate at its link's line rate, a latency at 0, an efficiency at 1): the tables may
+    want a value past it, which the model's form cannot give, so say so."""
+    out = []
+    for name, value in fitted.items():
+        if name in unlearnt_names or name not in FITTED:
+            continue
+        low, high = FITTED[name]
+        if name == "intra_rate":
+            high = min(high, system.intra_line())
+        if value <= low * (1 + 1e-3) or value >= high * (1 - 1e-3):
+            out.append(name)
+    return out
 
 
 def unlearnt(tables, fitted: dict, algorithm: str | None) -> list[str]:
@@ -201,7 +217,8 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
     shaped = _shaped(system, tables)
     errors = band_errors(_priced(shaped, fitted, algorithm))
     return {"refcoll_fit": 1,
-            "unlearnt": unlearnt(shaped, fitted, algorithm),
+            "unlearnt": (dull := unlearnt(shaped, fitted, algorithm)),
+            "on_bounds": on_bounds(system, fitted, dull),
             "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
                        "intra": system.intra, "intra_bw": system.intra_bw,
                        "pcie_gen": system.pcie_gen, "p2p": system.p2p, "nvls": system.nvls,
