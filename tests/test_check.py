@@ -81,6 +81,26 @@ def test_the_rank_that_differs_from_all_the_others_is_the_one_named(p, bad, name
         assert "rank 0 element 100" in found.detail and "(1 of 1000 elements" in found.detail
 
 
+@pytest.mark.parametrize("budget", [None, 384])  # (384 B: blocks of a few elements)
+def test_ranks_that_agree_only_in_part_never_make_rank_0_the_odd_one(budget):
+    """Rank 2 differs from rank 0 only where rank 1 does (and as rank 1 does): in the
+    blocks where rank 2 holds rank 0's bits it differs from rank 1, so they do not agree."""
+    kwargs = {} if budget is None else {"budget": budget}
+    xs = [np.arange(4, dtype=np.int32) + 10 * r for r in range(3)]
+    outs = [np.concatenate(xs) for _ in range(3)]
+    outs[1][:8] = -1
+    outs[2][4:8] = -1
+    found = {f.check: f for f in check_outputs(xs, outs, collective="allgather",
+                                                 **kwargs).findings}
+    assert found["identical on every rank"].data["differing_ranks"] == [1, 2]
+    xs = [np.arange(4096, dtype=np.int64) + r for r in range(3)]
+    outs = [sum(xs) for _ in range(3)]
+    outs[1][:] = -1
+    outs[2][2048:] = -1
+    found = {f.check: f for f in check_outputs(xs, outs, **kwargs).findings}
+    assert found["identical on every rank"].data["differing_ranks"] == [1, 2]
+
+
 @pytest.mark.parametrize("count", [1, 3, 1001])
 def test_a_last_bit_flipped_past_the_whole_words_is_seen(count):
     # Blocks are compared 8 bytes at a time: the odd float32 at the end is compared too.

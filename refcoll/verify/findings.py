@@ -156,11 +156,11 @@ class IdenticalCheck:
     def __init__(self, ranks):
         self.ranks, self.count, self.first = list(ranks), {}, {}
         self.apart: set[int] = set()  # ranks past the second that differ from the second
+        self.unsure = False  # a block of one of them could not be set beside the second's
+        self._second = (-1, True, None)  # the second rank's block: (offset, head's bits?, it)
 
-    def add(self, r: int, offset: int, got: np.ndarray, first: np.ndarray,
-            second: np.ndarray | None = None) -> bool:
-        """Compare rank ``r``'s block with the first rank's (and, where it differs, with the
-        second rank's ``second``); return whether it is the first rank's."""
+    def add(self, r: int, offset: int, got: np.ndarray, first: np.ndarray) -> bool:
+        """Compare rank ``r``'s block with the first rank's; return whether they are the same."""
         if same_bits(got, first):  # (the common case, in one pass and no index array)
             return True
         diff = differing_elements(got, first)
@@ -170,16 +170,29 @@ class IdenticalCheck:
         if r not in self.first:
             i = int(diff[0])
             self.first[r] = (offset + i, show(got[i]), show(first[i]))
-        if second is not None and not same_bits(got, second) \
-                and differing_elements(got, second).size:
-            self.apart.add(r)
         return False
+
+    def beside_second(self, r: int, offset: int, same: bool, got: np.ndarray) -> None:
+        """Note whether rank ``r``'s block (``same``: it holds the first rank's bits) is the
+        second rank's, whose own block comes first (ranks in order)."""
+        if r == self.ranks[1]:
+            self._second = (offset, same, got)
+            return
+        at, second_same, second = self._second
+        if r in self.apart or (same and second_same and at == offset):
+            return  # (both hold the first rank's bits here)
+        if at != offset:
+            self.unsure = True
+        elif same != second_same or (not same_bits(got, second)
+                                     and differing_elements(got, second).size):
+            self.apart.add(r)
 
     def finding(self, sizes: dict) -> Finding:
         head = self.ranks[0]
         differing = [r for r in self.ranks if r in self.count]
         detail = ""
-        if len(self.ranks) > 2 and differing == self.ranks[1:] and not self.apart:
+        if len(self.ranks) > 2 and differing == self.ranks[1:] and not self.apart \
+                and not self.unsure:
             r = self.ranks[1]  # every other rank agrees: the first rank is the odd one
             i, value, theirs = self.first[r]
             detail = (f"rank {head} differs from every other rank, which agree among "

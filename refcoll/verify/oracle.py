@@ -480,20 +480,16 @@ class _Judge:
         # every rank's differing elements still to analyse fit in the first rank's summary
         room = max(map(self.contribution.room, self.ranks)) if self.exact_inputs else 0
         head, head_got, head_summaries = self.ranks[0], None, None
-        second, second_got, second_at = self.ranks[1] if len(self.ranks) > 1 else None, None, -1
         alike = None if rows is None or self.identical is None else _alike(rows)
         for k, (r, offset, a, b, got) in enumerate(parts):
             same = False
             if self.identical is not None:
                 if r == head:
                     head_got = got
-                elif alike is not None and alike[k]:
-                    same = True
                 else:
-                    same = self.identical.add(r, offset, got, head_got,
-                                              second_got if second_at == offset else None)
-                if r == second:
-                    second_got, second_at = got, offset
+                    same = (alike is not None and alike[k]) or \
+                        self.identical.add(r, offset, got, head_got)
+                    self.identical.beside_second(r, offset, same, got)
             if same and head_summaries is not None:
                 summaries = head_summaries
             else:
