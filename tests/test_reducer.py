@@ -843,3 +843,22 @@ def test_no_sync_into_the_slot_then_a_sync_step_divides_as_ddp_does():
         return same_bits(got, ddp)
 
     assert run(3, body) == [True] * 3
+
+
+def test_a_subnormal_gradient_under_np_seterr_raise_is_reduced_on_every_rank():
+    """Scaling a subnormal by 1/p underflows: under np.seterr(all="raise") the rank that had
+    one raised in ready() while the others waited in the bucket's all-reduce."""
+    def step(t):
+        before = np.seterr(all="raise")  # (each simulated rank is a thread of its own state)
+        try:
+            red = Reducer([(4,)], t)
+            grad = np.ones(4, np.float32)
+            if t.rank == 1:
+                grad[0] = np.float32(1e-45)
+            red.ready(0, grad)
+            return red.finalize()[0]
+        finally:
+            np.seterr(**before)
+
+    for got in run(3, step):
+        assert got[1:].tolist() == [1.0] * 3 and 0.0 < got[0] < 1.0

@@ -40,6 +40,8 @@ import threading
 import time
 import weakref
 
+import numpy as np
+
 from ..core.errors import CollectiveTimeout, UsageError
 from ..transport.base import TransportBase, transport_cache
 from ..transport.recorder import Stepper
@@ -196,7 +198,8 @@ class Handle:
         self.started = time.perf_counter()
         cpu = time.thread_time()
         try:
-            self._result = self._job()
+            with np.errstate(all="ignore"):  # IEEE's results, never a one-rank raise or
+                self._result = self._job()  # warning (python -W error): see core.ops
         except BaseException as exc:  # noqa: BLE001 - raised again from wait()
             self._error = exc
         self.cpu = time.thread_time() - cpu

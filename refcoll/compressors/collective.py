@@ -39,7 +39,7 @@ from ..calls.args import flat_input, flat_out, shared_errors
 from ..calls.auto import resolve
 from ..calls.collectives import as_transport, device_for, in_issue_order
 from ..core.errors import UsageError
-from ..core.ops import dtype_name, get_op
+from ..core.ops import by_ieee_rules, dtype_name, get_op
 from ..core.xp import array_namespace, is_device_array
 from ..transport.sim import SimWorld
 from .base import Compressor, CompressorState, ErrorFeedback, check_float, parse
@@ -92,6 +92,7 @@ def _resolve(compressor) -> Compressor:
 
 
 @in_issue_order(1)
+@by_ieee_rules  # (a compressor's casts and sums: IEEE's results, never a one-rank raise)
 def compressed_allreduce(x, comm=None, *, compressor, state: CompressorState | None = None,
                          op: str = "sum", algorithm: str = "ring", pattern: str | None = None,
                          out=None, validate: bool = True,

@@ -51,7 +51,7 @@ from ..compressors import Compressor, parse
 from ..compressors.patterns.twophase import carried
 from ..compressors.patterns.twophase import owed as owes
 from ..core.errors import MismatchError, RefcollError, UsageError
-from ..core.ops import is_float
+from ..core.ops import by_ieee_rules, is_float
 from ..core.xp import address
 from .buckets import (
     NAMED,
@@ -305,6 +305,7 @@ class Reducer:
                     f"{p.dtype}; cast it (grad.astype(...)) or declare the parameter so")
         return None
 
+    @by_ieee_rules  # (accumulating and scaling: IEEE's results, never a one-rank raise)
     def ready(self, i: int, grad) -> None:
         """Mark parameter ``i``'s gradient ready: copy it into its bucket, launch what is ready.
 

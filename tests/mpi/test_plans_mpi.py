@@ -673,24 +673,35 @@ def test_a_wait_after_a_rebind_returns_the_buffer_its_run_wrote(count):
         assert plan() is o2 and o2[0] == t.Get_size()
 
 
+@pytest.mark.parametrize("strict", ["seterr", "warnings"])
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "tree"])
-def test_an_overflow_under_np_seterr_raise_gives_inf_on_every_rank(algorithm):
-    """A program that debugs with ``np.seterr(all="raise")``: the partial that overflows
-    is one rank's, and a FloatingPointError there left the others waiting to the deadline.
-    IEEE's inf, on every rank, blocking and from a plan (whose reductions are compiled)."""
+def test_an_overflow_under_strict_numpy_gives_inf_on_every_rank(algorithm, strict):
+    """A program that debugs with ``np.seterr(all="raise")``, or runs under ``python -W
+    error``: the partial that overflows is one rank's, and a FloatingPointError (or the
+    warning, raised) there left the others waiting to the deadline. IEEE's inf on every
+    rank: blocking, from a plan (whose reductions are compiled), and compressed."""
+    import warnings
+
     t = refcoll.as_transport(_world())
     x = np.ones(6, np.float32)
     if t.rank >= 1:
         x[5] = 3e38
-    before = np.seterr(all="raise")
-    try:
-        y = refcoll.allreduce(x, t, algorithm=algorithm)
-        z = np.empty_like(x)
-        plan = refcoll.allreduce_init(x, t, algorithm=algorithm, out=z)
-        plan()
-        plan.free()
-    finally:
-        np.seterr(**before)
+    before = np.geterr()
+    with warnings.catch_warnings():
+        if strict == "seterr":
+            np.seterr(all="raise")
+        else:
+            warnings.simplefilter("error")
+        try:
+            y = refcoll.allreduce(x, t, algorithm=algorithm)
+            z = np.empty_like(x)
+            plan = refcoll.allreduce_init(x, t, algorithm=algorithm, out=z)
+            plan()
+            plan.free()
+            half, _ = refcoll.compressed_allreduce(x, t, compressor="fp16", algorithm=algorithm)
+        finally:
+            np.seterr(**before)
     p = t.size
-    want = [float(p)] * 5 + [np.inf if p > 2 else 3e38 + 1]
-    assert y.tolist() == z.tolist() == np.array(want, np.float32).tolist()
+    want = np.array([float(p)] * 5 + [np.inf if p > 2 else 3e38 + 1], np.float32)
+    assert y.tolist() == z.tolist() == want.tolist()
+    assert half.tolist() == [float(p)] * 5 + [np.inf]  # (3e38 is past float16's range)
