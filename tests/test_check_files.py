@@ -331,8 +331,8 @@ def test_reduce_needs_only_the_roots_output(tmp_path):
     assert sorted(f.name for f in out_dir.glob("rank*.npy")) == ["rank2.npy"]
     res = invoke("check", "--collective", "reduce", "--root", 2, in_dir, out_dir)
     assert res.exit_code == 0, res.output
-    for junk in (np.zeros(3), np.zeros(7, np.float32)):  # the others' are undefined: unread
-        np.save(out_dir / "rank0.npy", junk)
+    for junk in (np.zeros(3), np.zeros(7, np.float32), np.zeros(3, np.uint16)):
+        np.save(out_dir / "rank0.npy", junk)  # the others' outputs are undefined: unread
         res = invoke("check", "--collective", "reduce", "--root", 2, in_dir, out_dir)
         assert res.exit_code == 0, res.output
     (out_dir / "rank2.npy").unlink()

@@ -339,6 +339,15 @@ def test_a_reduce_sample_says_it_read_the_root_alone(tmp_path):
     code, out = _sampled_check(tmp_path / "out", "exact:seed=7,p=4,count=1003", 50,
                                "--collective", "reduce", "--root", "2")
     assert code == 0 and "50 of 1003 elements of the root's output (rank 2, of 4)" in out, out
+    bare = tmp_path / "bare"  # no meta.json: the type is the root file's header's
+    bare.mkdir()
+    np.save(bare / "rank2.npy", outs[2])
+    np.save(bare / "rank0.npy", np.zeros(3))  # undefined, and float64: never read
+    for more in ([], ["--sample", "50"]):
+        res = CliRunner().invoke(main, ["check", "--inputs", "exact:seed=7,p=4,count=1003",
+                                        *more, "--collective", "reduce", "--root", "2",
+                                        str(bare)])
+        assert res.exit_code == 0, res.output
 
 
 @pytest.mark.parametrize("kind, dtype", [("adversarial", "float32"), ("exact", "bfloat16"),

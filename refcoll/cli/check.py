@@ -382,13 +382,13 @@ def _check_root(root: int, p: int) -> None:
         raise UsageError(f"--root {root} is not one of the {p} ranks (0 .. {p - 1})")
 
 
-def _formula_dtype(formula: str, named, out_dir: str):
+def _formula_dtype(formula: str, named, out_dir: str, collective: str, root: int):
     """Return the dtype ``--inputs`` judges as: the spec's, else ``meta.json``'s, else the
     files' header's, which must not be ``uint8`` or ``uint16`` (bfloat16 and float8 files
     hold those as their bits: judged as integers, right outputs would fail)."""
     if named is not None:
         return named
-    dtype = files_dtype(out_dir)
+    dtype = files_dtype(out_dir, root if collective == "reduce" else None)
     if "dtype" not in read_meta(out_dir) and dtype in (np.uint8, np.uint16):
         raise UsageError(f"{out_dir}: its files hold {dtype_name(dtype)}, which may be the bits "
                          f"of {'bfloat16' if dtype == np.uint16 else 'a float8 type'}, and "
@@ -405,7 +405,7 @@ def _formula_case(formula: str, out_dir: str, *, collective: str, root: int, op:
                          f"{MAX_SIMULATED_RANKS} ranks (a reduce's root file, with --sample K, "
                          "of any p)")
     _check_root(root, p)
-    dtype = _formula_dtype(formula, named, out_dir)  # (load_outputs holds the files to it)
+    dtype = _formula_dtype(formula, named, out_dir, collective, root)  # held to the files
     inputs = [FormulaInput(kind, dtype, p, r, count, seed=seed) for r in range(p)]
     return inputs, load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op,
                                 lazy=True)
@@ -428,7 +428,7 @@ def _check_sample(formula, k: int, op: str, collective: str, root: int, algorith
     kind, seed, p, count, named = parse_spec(formula)
     _check_root(root, p)
     each = _sample_size(collective, p, count, k)
-    dtype = _formula_dtype(formula, named, out_dir)
+    dtype = _formula_dtype(formula, named, out_dir, collective, root)
     _supported(op, collective, dtype)
     files = load_outputs(out_dir, p, dtype, collective=collective, root=root, op=op, lazy=True)
     if not shapes_judged(collective, p, (count,), root, files, dtype).passed:

@@ -580,8 +580,9 @@ def load_case(in_dir, out_dir=None, *, collective: str = "allreduce", root: int 
 
 # ---------------------------------------------------------------- without reading it all
 
-def files_dtype(directory) -> np.dtype:
-    """Return the dtype of a folder's rank files: ``meta.json``'s, else the first file's header.
+def files_dtype(directory, rank: int | None = None) -> np.dtype:
+    """Return the dtype of a folder's rank files: ``meta.json``'s, else the header of
+    ``rank``'s file (a reduce's root: the others' are not its output), else the first's.
 
     Only the header of one file is read.
     """
@@ -592,7 +593,7 @@ def files_dtype(directory) -> np.dtype:
     files = _rank_files(path)
     if not files:
         raise UsageError(f"{directory}: no rank<r>.npy files")
-    first = files[next(iter(files))]
+    first = files[rank if rank in files else next(iter(files))]
     with reading.open_regular(first, what="rank file") as fh:
         _, _, dt, _ = npy_header(fh, first)
     dt = native_dtype(dt)  # as NpyFile reads it: a big-endian file's values, not its bytes
