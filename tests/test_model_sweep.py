@@ -409,6 +409,9 @@ def test_a_fit_never_ends_worse_than_the_description_it_starts_from():
     learnt = fit(system, [table])
     described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0}
     assert nccl_fit._loss(shaped, learnt, None) <= nccl_fit._loss(shaped, described, None)
+    assert learnt.described and learnt == described  # (the search alone ended worse)
+    saved = fit_to_json(system, learnt, [table])
+    assert saved["described"] and saved["on_bounds"] == []  # (0 latency: described, not hit)
 
 
 def test_a_constant_that_ends_on_its_bound_is_named():
@@ -418,6 +421,8 @@ def test_a_constant_that_ends_on_its_bound_is_named():
     line = node.intra_line()
     assert on_bounds(node, {"intra_rate": line, "intra_latency": 2e-6}) == ["intra_rate"]
     assert on_bounds(node, {"intra_rate": line / 2, "intra_latency": 0.0}) == ["intra_latency"]
+    assert on_bounds(node, {"intra_rate": line / 2, "intra_latency": 2e-12}) == \
+        ["intra_latency"]  # (golden section's end: within 1e-8 of its range of 0)
     assert on_bounds(node, {"intra_rate": line, "intra_latency": 0.0}, ["intra_rate"]) == \
         ["intra_latency"]  # (not learnt: its described value, no bound reached)
     assert on_bounds(H100_TWO, {"nic_efficiency": 0.7, "net_latency": 5e-6}) == []

@@ -364,6 +364,9 @@ def _print_fit(saved: dict) -> None:
     click.echo(f"fit on {len(saved['logs'])} table(s): " + ", ".join(parts))
     for name in saved["unlearnt"]:
         click.echo(f"not learnt: {name} (no size of the tables depends on it): as described")
+    if saved.get("described"):
+        click.echo("the search ended worse than the description: its constants stand "
+                   "(the tables follow a form the model cannot give)")
     for name in saved.get("on_bounds", ()):
         click.echo(f"on its bound: {name} (the tables may want a value past it, which the "
                    "model cannot give: read its predictions with care)")

@@ -41,7 +41,7 @@ from .nccl_tests import Table, band_errors, check_ranks, each_size_once
 from .systems import System
 
 __all__ = ["FITTED", "fit", "fit_algorithm", "fit_unlearnt", "fit_to_json", "read_fit",
-           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt", "on_bounds"]
+           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt", "on_bounds", "Fitted"]
 
 #: The constants a fit may learn, and the bounds of each (the first two in the unit of the
 #: constant: bytes/s, seconds, a fraction).
@@ -106,7 +106,11 @@ def on_bounds(system: System, fitted: dict, unlearnt_names=()) -> list[str]:
         low, high = FITTED[name]
         if name == "intra_rate":
             high = min(high, system.intra_line())
-        if value <= low * (1 + 1e-3) or value >= high * (1 - 1e-3):
+        # a latency is searched itself (golden section ends within 1e-8 of its range of a
+        # bound), a rate or fraction by its logarithm (within a factor 1 + 1e-3)
+        near = 1e-6 * (high - low) if name.endswith("latency") else None
+        if (value <= low + near or value >= high - near) if near is not None else \
+                (value <= low * (1 + 1e-3) or value >= high * (1 - 1e-3)):
             out.append(name)
     return out
 
@@ -159,7 +163,16 @@ def _golden(f, low: float, high: float) -> float:
     return (a + b) / 2
 
 
-def fit(system: System, tables: list[Table], algorithm: str | None = None) -> dict:
+class Fitted(dict):
+    """The constants :func:`fit` returns; ``described``: its search ended worse than the
+    system's description, whose constants these are."""
+
+    def __init__(self, constants: dict, *, described: bool = False):
+        super().__init__(constants)
+        self.described = described
+
+
+def fit(system: System, tables: list[Table], algorithm: str | None = None) -> Fitted:
     """Return the fitted constants for ``system`` measured in ``tables``.
 
     ``algorithm``: what the tables ran when NCCL was told (``NCCL_ALGO``,
@@ -207,8 +220,8 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> di
     for name in unlearnt(shaped, fitted, algorithm):
         fitted[name] = base.get(name, described[name])  # no row says what it is
     if _loss(shaped, fitted, algorithm) > _loss(shaped, start, algorithm):
-        return start  # the search ended worse than it began: the description stands
-    return fitted
+        return Fitted(start, described=True)  # worse than it began: the description stands
+    return Fitted(fitted)
 
 
 def fit_to_json(system: System, fitted: dict, tables: list[Table],
@@ -218,7 +231,8 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
     errors = band_errors(_priced(shaped, fitted, algorithm))
     return {"refcoll_fit": 1,
             "unlearnt": (dull := unlearnt(shaped, fitted, algorithm)),
-            "on_bounds": on_bounds(system, fitted, dull),
+            "described": (kept := getattr(fitted, "described", False)),
+            "on_bounds": [] if kept else on_bounds(system, fitted, dull),
             "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
                        "intra": system.intra, "intra_bw": system.intra_bw,
                        "pcie_gen": system.pcie_gen, "p2p": system.p2p, "nvls": system.nvls,
