@@ -146,6 +146,14 @@ def test_a_compressed_result_is_checked_against_the_first_ranks_bits():
                  agree=True)
     item.run(timed=True, check=False)  # -c 0: nothing compared
     assert (item.wrong, item.checked) == (0, 0)
+    seen = []  # -m 3: the calls back to back, the broadcasts after them (no pacing between)
+    comm = _FirstRankHas(mine)
+    ibcast = comm.Ibcast
+    comm.Ibcast = lambda message, root: (seen.append("broadcast"), ibcast(message, root))[1]
+    item = _Item("ours", "ring", comm, lambda: (seen.append("call"), mine.copy())[1], None,
+                 data, agree=True)
+    item.run(timed=True, check=True, calls=3)
+    assert seen == ["call"] * 3 + ["broadcast"] * 3 and item.wrong == 0
 
 
 @pytest.mark.parametrize("collective,op,dtype", [
