@@ -303,3 +303,38 @@ def test_a_ddp_job_ends_its_gloo_threads_before_the_interpreters_teardown():
     assert "running: ['gloo_tcp_loop', 'pt_gloo_runloop', 'pt_gloo_runloop']" in res.stdout, \
         res.stdout
     assert "left at exit: []" in res.stdout, res.stdout
+
+
+def test_a_joined_work_waits_for_every_call_and_keeps_the_first_error():
+    """A coalesced call run as its single calls (watch mode): each is waited for, even past
+    one that failed, and a failure told only by wait() (a Work with no future) is its
+    exception() too."""
+    import torch.distributed as dist
+
+    from refcoll.torch.work import JoinedWork
+
+    class Told(dist.Work):
+        def __init__(self, error=None):
+            super().__init__()
+            self.error, self.waited = error, False
+
+        def wait(self, timeout=None):
+            self.waited = True
+            if self.error is not None:
+                raise self.error
+            return True
+
+        def is_completed(self):
+            return True
+
+        def exception(self):
+            return None
+
+    works = [Told(RuntimeError("first")), Told(), Told(ValueError("second"))]
+    joined = JoinedWork(works, [])
+    with pytest.raises(RuntimeError, match="first"):
+        joined.wait()
+    assert all(w.waited for w in works)
+    assert str(joined.exception()) == "first" and not joined.is_success()
+    empty = JoinedWork([], [])  # a coalesced call of no pairs: done at once
+    assert empty.wait() and empty.is_success() and empty.get_future().wait() == []

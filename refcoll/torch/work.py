@@ -146,7 +146,7 @@ class JoinedWork(dist.Work):
 
     def __init__(self, works: list, value):
         super().__init__()
-        self._works, self._value = works, value
+        self._works, self._value, self._error = works, value, None
         try:
             futures = [work.get_future() for work in works]
         except (RuntimeError, NotImplementedError):  # a library's work without one
@@ -160,8 +160,14 @@ class JoinedWork(dist.Work):
         return self._value
 
     def wait(self, timeout=None) -> bool:
+        """Wait for every call (each, even past one that failed); raise the first error."""
         for work in self._works:
-            work.wait(timeout) if timeout else work.wait()  # torch's 0: no timeout
+            try:
+                work.wait(timeout) if timeout else work.wait()  # torch's 0: no timeout
+            except BaseException as error:  # noqa: BLE001 - the first is raised below
+                self._error = self._error or error
+        if self._error is not None:
+            raise self._error
         if self._future is not None:
             self._future.wait()
         return True
@@ -173,6 +179,8 @@ class JoinedWork(dist.Work):
         return self.is_completed() and self.exception() is None
 
     def exception(self):
+        if self._error is not None:  # (a work without a future tells its error by wait())
+            return self._error
         return next((e for e in (work.exception() for work in self._works) if e is not None),
                     None)
 
