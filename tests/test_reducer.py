@@ -862,3 +862,20 @@ def test_a_subnormal_gradient_under_np_seterr_raise_is_reduced_on_every_rank():
 
     for got in run(3, step):
         assert got[1:].tolist() == [1.0] * 3 and 0.0 < got[0] < 1.0
+
+    def unused(t):  # the same gradient accumulated in no_sync(), scaled at finalize()
+        before = np.seterr(all="raise")
+        try:
+            red = Reducer([(4,), (4,)], t, find_unused=True)
+            grad = np.ones(4, np.float32)
+            if t.rank == 1:
+                grad[0] = np.float32(1e-45)
+            with red.no_sync():
+                red.ready(0, grad)
+            red.ready(1, np.ones(4, np.float32))
+            return red.finalize()[0]
+        finally:
+            np.seterr(**before)
+
+    for got in run(3, unused):
+        assert got[1:].tolist() == [1.0] * 3 and 0.0 < got[0] < 1.0

@@ -27,7 +27,7 @@ from refcoll.algorithms.switch import (
 from refcoll.algorithms.switch import switch_allreduce_cost as switch_cost
 from refcoll.core.chunking import chunk_bounds
 from refcoll.core.errors import UsageError
-from refcoll.core.ops import get_op
+from refcoll.core.ops import get_dtype, get_op
 from refcoll.transport import SimWorld
 from refcoll.verify.conformance import build_cases, run_battery
 from refcoll.verify.inputs import make_inputs
@@ -142,7 +142,7 @@ def test_exact_inputs_match_the_fold(workers, op, dtype):
     radix = 2 + workers % 3
     for count in (0, 1, workers + 1, 29):
         for inplace in (False, True):
-            inputs = make_inputs("exact", np.dtype(dtype), count, workers, op=op, seed=count)
+            inputs = make_inputs("exact", get_dtype(dtype), count, workers, op=op, seed=count)
             outs, world = run_switch(inputs, op=op, inplace=inplace, radix=radix, packet=4,
                                      slots=2 + count % 2)
             want = fold("sum" if op == "avg" else op, inputs)  # the API divides, not the switch
@@ -156,7 +156,7 @@ def test_exact_inputs_match_the_fold(workers, op, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_random_floats_follow_the_documented_order(workers, dtype):
     radix = 2 + workers % 4
-    inputs = make_inputs("random", np.dtype(dtype), 37, workers, seed=workers)
+    inputs = make_inputs("random", get_dtype(dtype), 37, workers, seed=workers)
     outs, _ = run_switch(inputs, radix=radix, packet=5, slots=3)
     want = tree_fold("sum", inputs, radix)
     for out in outs:
@@ -301,7 +301,7 @@ def test_schedule_is_every_ranks_program_order(workers, radix, mode):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("workers", [2, 3, 8, 17])
 def test_int_mode_is_exact_on_exact_inputs(workers, dtype):
-    inputs = make_inputs("exact", np.dtype(dtype), 41, workers, seed=workers)
+    inputs = make_inputs("exact", get_dtype(dtype), 41, workers, seed=workers)
     outs, _ = run_switch(inputs, radix=3, packet=6, slots=2, mode="int")
     want = fold("sum", inputs)
     for out in outs:
@@ -377,3 +377,29 @@ def test_int_mode_refuses_what_it_cannot_compute(dtype, op):
 def test_bad_options_are_usage_errors(options):
     with pytest.raises(UsageError):
         run_switch([np.ones(4)] * 2, **{"radix": 2, **options})
+
+
+@pytest.mark.parametrize("strict", ["seterr", "warnings"])
+def test_int_mode_past_the_dtypes_range_is_inf_on_every_worker_under_strict_numpy(strict):
+    """float16 sums past 65504 turn into inf when the int32 sum is cast back: under
+    np.seterr(all="raise") or warnings as errors that cast raised on the workers, and the
+    switch waited for them to its deadline."""
+    import warnings
+
+    x = np.full(8, 60000, dtype=np.float16)
+    total = 2 + refcoll.algorithms.get("switch").extra_ranks(2, packet=2, slots=2)
+    outs = [np.empty_like(x), np.empty_like(x)] + [None] * (total - 2)
+
+    def rank(t, y, out):  # (NumPy's error state is each thread's own)
+        before = np.seterr(all="raise" if strict == "seterr" else "warn")
+        try:
+            switch_allreduce(t, y, out, op=get_op("sum"), packet=2, slots=2, mode="int")
+        finally:
+            np.seterr(**before)
+
+    with warnings.catch_warnings():  # (the filters are the process's: set once, here)
+        if strict == "warnings":
+            warnings.simplefilter("error")
+        SimWorld(total).run(rank, [(x.copy(), out) for out in outs[:2]]
+                            + [(np.zeros_like(x), None)] * (total - 2))
+    assert all(np.isinf(out).all() for out in outs[:2])

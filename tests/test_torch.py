@@ -338,3 +338,43 @@ def test_a_joined_work_waits_for_every_call_and_keeps_the_first_error():
     assert str(joined.exception()) == "first" and not joined.is_success()
     empty = JoinedWork([], [])  # a coalesced call of no pairs: done at once
     assert empty.wait() and empty.is_success() and empty.get_future().wait() == []
+
+
+def test_a_joined_work_has_one_deadline_and_lets_an_interrupt_through(monkeypatch):
+    """wait(timeout) bounds the whole join (once each call had the full timeout); an
+    interrupt in one call's wait is raised at once, never kept as the join's error."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import refcoll.torch.work as work_module
+    from refcoll.torch.work import JoinedWork
+
+    now = [0.0]
+    monkeypatch.setattr(work_module.time, "monotonic", lambda: now[0])
+
+    class Stuck(dist.Work):  # a call to a dead peer: gives up after the timeout it is given
+        def __init__(self, error=None):
+            super().__init__()
+            self.error, self.given = error, None
+
+        def wait(self, timeout=None):
+            self.given = timeout
+            if self.error is not None:
+                raise self.error
+            now[0] += timeout.total_seconds()  # (the clock, moved as a real wait moves it)
+            raise RuntimeError("timed out")
+
+        def exception(self):
+            return None
+
+    works = [Stuck() for _ in range(4)]
+    with pytest.raises(RuntimeError, match="timed out"):
+        JoinedWork(works, []).wait(datetime.timedelta(seconds=1))
+    assert works[0].given == datetime.timedelta(seconds=1)
+    assert [w.given for w in works[1:]] == [None] * 3  # the join's second was spent
+    works = [Stuck(KeyboardInterrupt()), Stuck()]
+    joined = JoinedWork(works, [])
+    with pytest.raises(KeyboardInterrupt):
+        joined.wait(datetime.timedelta(seconds=2))
+    assert works[1].given is None and joined.exception() is None

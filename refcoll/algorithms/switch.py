@@ -41,7 +41,7 @@ import numpy as np
 from ..core.chunking import max_chunk
 from ..core.cost import ZERO, Cost, lamport_replay
 from ..core.errors import UsageError
-from ..core.ops import OPS, dtype_name, finfo, is_float, unit_roundoff
+from ..core.ops import OPS, by_ieee_rules, dtype_name, finfo, is_float, unit_roundoff
 from ..transport.base import TAGS_PER_CALL
 from ._util import copy_into, view, workspace
 from .registry import Algorithm, LinkCost, register
@@ -259,6 +259,7 @@ def _switch_side(t, x: np.ndarray, op, parent, children, bounds, *, slots, mode)
                slots=slots, pool=pool, incoming=incoming, combine=combine)
 
 
+@by_ieee_rules  # (a float16 sum past its range is IEEE's inf there: never a one-rank raise)
 def _worker_int(t, x: np.ndarray, out: np.ndarray, parent: int, bounds, *, workers: int,
                 slots: int) -> None:
     """Stream as an int-mode worker: agree on block exponents ``slots`` blocks ahead."""

@@ -23,6 +23,10 @@ its single calls.
 
 from __future__ import annotations
 
+import datetime
+import functools
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -160,12 +164,22 @@ class JoinedWork(dist.Work):
         return self._value
 
     def wait(self, timeout=None) -> bool:
-        """Wait for every call (each, even past one that failed); raise the first error."""
+        """Wait for every call (each, even past one that failed) within ``timeout`` in all
+        (a ``timedelta``; torch's 0: none); raise the first error."""
+        seconds = timeout.total_seconds() if timeout else None
+        deadline = None if seconds is None else time.monotonic() + seconds
         for work in self._works:
+            if deadline is None:
+                waited = work.wait
+            else:  # what is left of the one deadline (a little, once it has passed)
+                left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
+                waited = functools.partial(work.wait, left)
             try:
-                work.wait(timeout) if timeout else work.wait()  # torch's 0: no timeout
-            except BaseException as error:  # noqa: BLE001 - the first is raised below
+                waited()
+            except Exception as error:  # (an interrupt is raised at once, never kept)
                 self._error = self._error or error
+                if deadline is not None and time.monotonic() >= deadline:
+                    break  # the join's time is up: the first error stands
         if self._error is not None:
             raise self._error
         if self._future is not None:

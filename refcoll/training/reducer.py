@@ -422,6 +422,7 @@ class Reducer:
 
     # --------------------------------------------------------------- finalize
 
+    @by_ieee_rules  # (an unused parameter's accumulated gradient is scaled here too)
     def finalize(self, *, in_place: bool = False) -> list:
         """End the iteration: agree on problems, wait for every bucket, return the gradients.
 
