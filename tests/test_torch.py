@@ -305,23 +305,23 @@ def test_a_ddp_job_ends_its_gloo_threads_before_the_interpreters_teardown():
     assert "left at exit: []" in res.stdout, res.stdout
 
 
-def test_a_joined_work_waits_for_every_call_and_keeps_the_first_error():
-    """A coalesced call run as its single calls (watch mode): each is waited for, even past
-    one that failed, and a failure told only by wait() (a Work with no future) is its
-    exception() too."""
+def _told(error=None, clock=None):
+    """A library's Work, its outcome told by ``wait()`` alone (no future): ``error`` raised;
+    with a ``clock``, a call to a dead peer that gives up after the timeout it is given."""
     import torch.distributed as dist
 
-    from refcoll.torch.work import JoinedWork
-
     class Told(dist.Work):
-        def __init__(self, error=None):
+        def __init__(self):
             super().__init__()
-            self.error, self.waited = error, False
+            self.waited, self.given = False, None
 
         def wait(self, timeout=None):
-            self.waited = True
-            if self.error is not None:
-                raise self.error
+            self.waited, self.given = True, timeout
+            if error is not None:
+                raise error
+            if clock is not None:
+                clock[0] += timeout.total_seconds()  # (moved as a real wait moves it)
+                raise RuntimeError("timed out")
             return True
 
         def is_completed(self):
@@ -330,7 +330,16 @@ def test_a_joined_work_waits_for_every_call_and_keeps_the_first_error():
         def exception(self):
             return None
 
-    works = [Told(RuntimeError("first")), Told(), Told(ValueError("second"))]
+    return Told()
+
+
+def test_a_joined_work_waits_for_every_call_and_keeps_the_first_error():
+    """A coalesced call run as its single calls (watch mode): each is waited for, even past
+    one that failed, and a failure told only by wait() (a Work with no future) is its
+    exception() too."""
+    from refcoll.torch.work import JoinedWork
+
+    works = [_told(RuntimeError("first")), _told(), _told(ValueError("second"))]
     joined = JoinedWork(works, [])
     with pytest.raises(RuntimeError, match="first"):
         joined.wait()
@@ -345,35 +354,17 @@ def test_a_joined_work_has_one_deadline_and_lets_an_interrupt_through(monkeypatc
     interrupt in one call's wait is raised at once, never kept as the join's error."""
     import datetime
 
-    import torch.distributed as dist
-
     import refcoll.torch.work as work_module
     from refcoll.torch.work import JoinedWork
 
     now = [0.0]
     monkeypatch.setattr(work_module.time, "monotonic", lambda: now[0])
-
-    class Stuck(dist.Work):  # a call to a dead peer: gives up after the timeout it is given
-        def __init__(self, error=None):
-            super().__init__()
-            self.error, self.given = error, None
-
-        def wait(self, timeout=None):
-            self.given = timeout
-            if self.error is not None:
-                raise self.error
-            now[0] += timeout.total_seconds()  # (the clock, moved as a real wait moves it)
-            raise RuntimeError("timed out")
-
-        def exception(self):
-            return None
-
-    works = [Stuck() for _ in range(4)]
+    works = [_told(clock=now) for _ in range(4)]
     with pytest.raises(RuntimeError, match="timed out"):
         JoinedWork(works, []).wait(datetime.timedelta(seconds=1))
     assert works[0].given == datetime.timedelta(seconds=1)
     assert [w.given for w in works[1:]] == [None] * 3  # the join's second was spent
-    works = [Stuck(KeyboardInterrupt()), Stuck()]
+    works = [_told(KeyboardInterrupt()), _told(clock=now)]
     joined = JoinedWork(works, [])
     with pytest.raises(KeyboardInterrupt):
         joined.wait(datetime.timedelta(seconds=2))

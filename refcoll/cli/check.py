@@ -52,7 +52,6 @@ from .common import (
     check_output_paths,
     main,
     out_of_memory_is_usage,
-    quiet_ieee,
     reports_errors,
     require_disk,
     require_memory,
@@ -148,7 +147,6 @@ def _supported(op, collective: str, dtype) -> None:
 @click.argument("in_dir", type=click.Path())
 @click.argument("out_dir", type=click.Path())
 @reports_errors
-@quiet_ieee
 def oracle(algorithm, op, collective, root, in_dir, out_dir):
     """Write the expected per-rank outputs of ALGORITHM for IN_DIR's inputs, bit for bit.
 
@@ -222,7 +220,6 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
               help="Write the whole report as JSON.")
 @click.argument("folders", nargs=-1, type=click.Path(), metavar="[IN_DIR] OUT_DIR")
 @reports_errors
-@quiet_ieee
 def check(algorithm, any_order, identify, op, collective, root, formula, sample, json_file,
           folders):
     """Judge another implementation's outputs (OUT_DIR/rank<r>.npy) for IN_DIR's inputs.

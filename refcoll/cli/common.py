@@ -23,7 +23,6 @@ import os
 import shutil
 import sys
 import threading
-import warnings
 
 import click
 
@@ -33,7 +32,7 @@ from ..core.units import human_bytes
 from ..transport.deadline import abort_job, bounded_barrier
 from . import launch
 
-__all__ = ["main", "COMMANDS", "reports_errors", "quiet_ieee", "check_output_paths",
+__all__ = ["main", "COMMANDS", "reports_errors", "check_output_paths",
            "check_output_paths_on_lead", "check_output_directory", "write_json", "split_list",
            "require_processes", "available_memory", "require_memory", "out_of_memory_is_usage",
            "still_running", "BROKEN_PIPE", "FALLBACK_MEMORY_CAP"]
@@ -135,20 +134,6 @@ def reports_errors(fn):
             _abort_job(2)
         except OSError as exc:  # a --json path that cannot be written, a missing file
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
-    return wrapper
-
-
-def quiet_ieee(fn):
-    """Run a judging command without NumPy's IEEE warnings (an infinity plus its negative,
-    a sum past the largest float): the oracle's rules say what those give, its findings
-    say where, and the simulated ranks' threads would each print them again."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=RuntimeWarning,
-                                    message="(overflow|invalid value|divide by zero) "
-                                            "encountered")
-            return fn(*args, **kwargs)
     return wrapper
 
 
