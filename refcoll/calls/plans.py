@@ -57,7 +57,7 @@ from ..core.errors import UsageError
 from ..core.xp import address, array_namespace, on_callers_device
 from ..transport.base import transport_cache
 from ..transport.mpi import cached_transport
-from ..transport.recorder import compile_steps, done, landed, record, run_steps, start
+from ..transport.recorder import compile_steps, done, exchanges, landed, record, run_steps, start
 from . import debug
 from .args import Call, check_overlap
 from .progress import (
@@ -115,6 +115,7 @@ class Plan:
         self.freed = False
         self._broken = None  # why a run failed partway (abandon)
         self._schedule = self._program = None
+        self._meter = None  # the recording's traffic: its completed runs (Traffic.meter)
         self._small = False  # a recording of small exchanges only (InFlight)
         self._divides = call.reduction is not None and call.reduction.divides
         # Its own tag slot, where the transport has them (MPI): two plans started in
@@ -307,6 +308,8 @@ class Plan:
             t.leave_call()
         if self._divides:
             self.call.finish()
+        if self._meter is not None:
+            self._meter.runs += 1
         self.runs += 1
         return self.out
 
@@ -338,8 +341,9 @@ class Plan:
         self._schedule = record(self.t, self.fn, *self.call.arguments(), slot=self._slot or 0,
                                 **self.call.keywords())
         self._program = compile_steps(self._schedule.steps)
-        exchanges = [step for step in self._program if step.__class__ is tuple]
-        self._small = all(max(step[1], step[3]) <= IN_FLIGHT_BYTES for step in exchanges)
+        moved = exchanges(self._program)
+        self._meter = self.t.traffic.meter(moved)
+        self._small = all(max(sent, received) <= IN_FLIGHT_BYTES for sent, received in moved)
 
     def renew(self) -> None:
         """Record again after every rank left the old persistent exchanges (a failed agreement)."""
@@ -350,21 +354,28 @@ class Plan:
     def _forget(self) -> None:
         if self._schedule is not None:
             self._schedule.free()
-        self._schedule = self._program = None
+        if self._meter is not None:
+            self.t.traffic.release(self._meter)
+        self._schedule = self._program = self._meter = None
         self._small = False
 
     def _plain(self, x, out, comm) -> bool:
         """Return whether this run is the common case: the plan's own buffers as they were
-        made, no run of its own outstanding, no engine busy, no tracing (else :meth:`_misuse`)."""
+        made, no run of its own outstanding, no engine busy, no tracing, its communicator
+        not freed (else :meth:`_misuse`)."""
         if (x is not None or out is not None or comm is not None or self._started is not None
-                or BUSY[0] or self._broken is not None or getattr(self.t, "released", False)):
+                or BUSY[0] or self._broken is not None):
             return False
         tracing = debug.ON[0]
         if tracing is not False and (tracing is not None or debug.enabled()):
             return False
-        x, out, shapes = self.x, self.out, self._shapes  # _layout_now, inline: every run asks
-        return (x.shape == shapes[0] and x.dtype == shapes[1]
-                and (out is None or (out.shape == shapes[2] and out.dtype == shapes[3])))
+        # _layout_now's test, inline (every run asks); a dtype is most often the same object
+        x, out, shapes = self.x, self.out, self._shapes
+        return (x.shape == shapes[0] and (x.dtype is shapes[1] or x.dtype == shapes[1])
+                and (out is None or out is x
+                     or (out.shape == shapes[2] and (out.dtype is shapes[3]
+                                                     or out.dtype == shapes[3])))
+                and not self.t.released)
 
     def _misuse(self, x, out, comm) -> str | None:
         """Return what breaks the plan's promise for this run, or None (refused at once if freed).
@@ -556,6 +567,7 @@ class InFlight:
                     self.index += 1
             if plan._divides:
                 plan.call.finish()
+            plan._meter.runs += 1
             plan.runs += 1
         except BaseException as exc:  # noqa: BLE001 - raised again from wait()
             plan.abandon()

@@ -10,6 +10,7 @@ on every rank with an algorithm that moves nothing.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -138,7 +139,8 @@ def step_samples(t, buffers, nbytes: int, sizes, per_pass, clock,
                 schedule = record(t, one)
                 schedules.append(schedule)
                 exchange, reduction = compile_steps(schedule.steps)
-                programs[kind, i % slots] = (lambda: run_steps(t, [exchange]), reduction)
+                programs[kind, i % slots] = (functools.partial(_exchange, t, exchange),
+                                             reduction)
             return programs[kind, i % slots]
 
         for kind, (steps, reductions) in enumerate((kept[0::2], kept[1::2])):
@@ -228,3 +230,9 @@ def own_work(t, names, sizes, buffers, repeats, clock) -> list[tuple[str, int, f
                        validate=False)
     return [(name, nbytes, float(w)) for (name, nbytes), w, f in zip(rows, worst, failed)
             if f == 0]
+
+
+def _exchange(t, exchange: tuple) -> None:
+    """Run one compiled exchange and count its traffic (a recorded run's runner counts it)."""
+    run_steps(t, [exchange])
+    t.traffic.add(exchange[3], exchange[1])

@@ -96,7 +96,6 @@ class Transport(Protocol):
         """Compute ``out = op(a, b)`` elementwise; ``out`` may be ``a`` or ``b``."""
 
 
-@dataclass
 class Traffic:
     """Bytes and messages one rank has sent and received, counted as they move.
 
@@ -104,27 +103,98 @@ class Traffic:
     composite algorithm's sub-communicator messages count too. Take the
     difference of two :meth:`snapshot` values to measure one call. Two threads
     may count at once (a pipelined all-reduce's two levels), so counting holds a lock.
+
+    A recorded program (a plan's replay) moves the same bytes at every run, so it
+    takes a :class:`Meter` instead (:meth:`meter`): its runner counts a run by
+    ``meter.runs += 1``, one integer and no lock, and the counts here add up the
+    meters' runs when read.
     """
 
-    sent: int = 0
-    received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    __slots__ = ("_counts", "_meters", "_lock")
+
+    def __init__(self) -> None:
+        self._counts = [0, 0, 0, 0]  # bytes sent, received; messages sent, received
+        self._meters: list[Meter] = []
+        self._lock = threading.Lock()
 
     def add(self, sent: int, received: int) -> None:
         """Count one exchange: ``sent`` bytes out (if any) and ``received`` bytes in (if any)."""
+        counts = self._counts
         with self._lock:
             if sent >= 0:
-                self.sent += sent
-                self.messages_sent += 1
+                counts[0] += sent
+                counts[2] += 1
             if received >= 0:
-                self.received += received
-                self.messages_received += 1
+                counts[1] += received
+                counts[3] += 1
+
+    def meter(self, exchanges) -> "Meter":
+        """Return the meter of a program whose every run makes ``exchanges``, pairs of
+        ``(sent, received)`` bytes each as :meth:`add` takes them; :meth:`release` it
+        when the program is freed."""
+        per_run = [0, 0, 0, 0]
+        for sent, received in exchanges:
+            for at, moved in ((0, sent), (1, received)):
+                if moved >= 0:
+                    per_run[at] += moved
+                    per_run[at + 2] += 1
+        meter = Meter(tuple(per_run))
+        with self._lock:
+            self._meters.append(meter)
+        return meter
+
+    def release(self, meter: "Meter") -> None:
+        """Fold a freed program's runs into the counts (once; a meter not held: nothing)."""
+        with self._lock:
+            if meter not in self._meters:
+                return
+            self._meters.remove(meter)
+            for at, moved in enumerate(meter.per_run):
+                self._counts[at] += meter.runs * moved
+
+    def _total(self, at: int) -> int:
+        with self._lock:
+            return self._counts[at] + sum(m.runs * m.per_run[at] for m in self._meters)
+
+    @property
+    def sent(self) -> int:
+        """Bytes sent so far."""
+        return self._total(0)
+
+    @property
+    def received(self) -> int:
+        """Bytes received so far."""
+        return self._total(1)
+
+    @property
+    def messages_sent(self) -> int:
+        """Messages sent so far."""
+        return self._total(2)
+
+    @property
+    def messages_received(self) -> int:
+        """Messages received so far."""
+        return self._total(3)
 
     def snapshot(self) -> tuple[int, int]:
         """Return ``(sent, received)`` bytes so far."""
-        return self.sent, self.received
+        return self._total(0), self._total(1)
+
+    def __repr__(self) -> str:
+        return (f"Traffic(sent={self.sent}, received={self.received}, "
+                f"messages_sent={self.messages_sent}, "
+                f"messages_received={self.messages_received})")
+
+
+class Meter:
+    """One recorded program's traffic: its completed runs, and what each run moves
+    (:meth:`Traffic.meter`)."""
+
+    __slots__ = ("runs", "per_run")
+
+    def __init__(self, per_run: tuple[int, int, int, int]):
+        self.runs = 0  # counted by the program's runner: one run at a time
+        self.per_run = per_run
 
 
 #: Who keeps what in a transport's cache (:func:`transport_cache`), one dict each:

@@ -33,8 +33,8 @@ from ..core.ops import Op, combine, get_dtype, get_op
 from .base import TransportBase, default_timeout
 from .deadline import POLLS_BEFORE_YIELD, duplicate
 
-__all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "run_steps", "start",
-           "done", "landed"]
+__all__ = ["Recorder", "Schedule", "Stepper", "record", "compile_steps", "exchanges",
+           "run_steps", "start", "done", "landed"]
 
 
 class Recorder:
@@ -180,7 +180,9 @@ def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
     as much as the message. An exchange becomes ``(requests, bytes received,
     source, bytes sent, what it waits for)``, run as
     :meth:`~refcoll.transport.persistent.PersistentExchange.__call__` runs it (start,
-    the transport's deadline wait, the byte count, the traffic). A reduction
+    the transport's deadline wait, the byte count); its runner counts a whole run's
+    traffic at once (:func:`exchanges`, :meth:`~refcoll.transport.base.Traffic.meter`).
+    A reduction
     ``transport.reduce_local(op, a, b, out)`` on a transport that keeps the base
     one becomes :func:`~refcoll.core.ops.combine` of the op's ufunc, bound to its
     buffers (what ``op.apply`` calls); any other step stays as it is.
@@ -198,6 +200,12 @@ def compile_steps(steps: Sequence[Callable[[], None]]) -> list:
             step = functools.partial(combine, op.ufunc, a, b, out)
         program.append(step)
     return program
+
+
+def exchanges(program: list) -> list[tuple[int, int]]:
+    """Return the ``(bytes sent, bytes received)`` of each exchange of a :func:`compile_steps`
+    program (-1: no send, or no receive): what one run moves."""
+    return [(step[3], step[1]) for step in program if step.__class__ is tuple]
 
 
 class Stepper:
@@ -238,7 +246,8 @@ def run_steps(t, program: list, start: int = 0, posted: bool = False) -> None:
     when each rank has its core), then waited for by the transport's deadline,
     watching for revocation, its polls counting towards the yield
     (:meth:`~refcoll.transport.mpi.MPITransport._finish`); then :func:`landed`.
-    Each other step is called.
+    Each other step is called. The traffic is the caller's to count, once the run
+    completes (a :class:`~refcoll.transport.base.Meter`'s ``runs``).
     """
     MPI = _MPI[0] or _load_mpi()
     startall, testall, statuses = MPI.Prequest.Startall, MPI.Request.Testall, t._statuses
@@ -268,7 +277,6 @@ def run_steps(t, program: list, start: int = 0, posted: bool = False) -> None:
             t._finish(requests, what)
         if source is not None and statuses[0].Get_count(MPI.BYTE) != received:
             t._check_count(received, source)  # raises, naming both sizes
-        t.traffic.add(sent, received)
 
 
 def start(exchange: tuple) -> None:
@@ -286,12 +294,12 @@ def done(t, exchange: tuple) -> bool:
 
 
 def landed(t, exchange: tuple) -> None:
-    """Account for an exchange :func:`done` found complete: check what came, count it."""
+    """Account for an exchange :func:`done` found complete: check what came (the run's
+    runner counts its traffic, as :func:`run_steps`'s does)."""
     requests, received, source, sent, what = exchange
     t._ops += 1
     if source is not None and t._statuses[0].Get_count(_MPI[0].BYTE) != received:
         t._check_count(received, source)  # raises, naming both sizes
-    t.traffic.add(sent, received)
 
 
 #: The polls :func:`run_steps` makes of an exchange before it waits by the deadline.

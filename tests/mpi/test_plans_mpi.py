@@ -400,6 +400,35 @@ def test_freed_plans_leave_no_persistent_request():
     assert len(t._persistent) == before
 
 
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_a_recorded_plans_runs_count_the_blocking_calls_traffic_and_keep_it_when_freed(
+        algorithm):
+    comm = _world()
+    t = refcoll.as_transport(comm)
+    x = np.arange(12, dtype=np.float32)
+
+    def counts():
+        traffic = t.traffic
+        return np.array([traffic.sent, traffic.received, traffic.messages_sent,
+                         traffic.messages_received])
+
+    before = counts()
+    refcoll.allreduce(x, comm, algorithm=algorithm, validate=False)
+    one = counts() - before
+    plan = refcoll.allreduce_init(x, comm, algorithm=algorithm, validate=False)
+    assert plan.recorded == (t.size > 1)
+    before = counts()
+    plan()
+    plan.start().wait()  # (started in place: InFlight)
+    plan.start()
+    assert np.array_equal(plan.wait(), refcoll.allreduce(x, comm, algorithm=algorithm,
+                                                         validate=False))
+    after_runs = counts() - before - one  # (the blocking call beside the last run)
+    assert np.array_equal(after_runs, 3 * one), (after_runs, one)
+    plan.free()
+    assert np.array_equal(counts() - before, 4 * one)  # freed: its runs stay counted
+
+
 @pytest.mark.parametrize("count", [4, 100_000])
 def test_a_run_that_failed_partway_revokes_rather_than_leave_its_messages_to_a_new_plan(count):
     """(100,000 elements: the timed-out sends are past MPICH's eager size, where cancelling
