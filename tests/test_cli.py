@@ -11,6 +11,7 @@ from conftest import mpiexec_path
 import refcoll.cli as cli
 from refcoll import algorithms
 from refcoll.cli import main
+from refcoll.core.errors import CollectiveTimeout
 
 
 def invoke(*args):
@@ -172,6 +173,27 @@ def test_a_rank_that_died_is_a_fault_not_a_failed_check(monkeypatch, status, not
     assert res.exit_code == exit_code, res.output
     if exit_code == 3 and status != 3:
         assert f"exited with status {status}: a rank died" in res.stderr
+
+
+@pytest.mark.parametrize("error,code", [(MemoryError("Unable to allocate 47.7 GiB"), 2),
+                                        (CollectiveTimeout("allreduce timed out"), 3)])
+def test_a_rank_that_ends_its_job_notes_its_status_before_mpi_abort(monkeypatch, error, code):
+    # MPI_Abort ends the rank before Python's exit notes it: the -n launcher then read the
+    # usage status 2 of a rank out of memory as a rank that died (3).
+    from refcoll.cli import common
+
+    events = []
+    monkeypatch.setattr(common.launch, "note_exit", lambda status: events.append(("note", status)))
+    monkeypatch.setattr(common, "abort_job", lambda status: events.append(("abort", status)))
+
+    @common.reports_errors
+    def command():
+        raise error
+
+    with pytest.raises(SystemExit) as ended:
+        command()
+    assert ended.value.code == code
+    assert events == [("note", code), ("abort", code)]
 
 
 @pytest.mark.parametrize("status,allocation,exit_code,open_mpi", [

@@ -98,7 +98,10 @@ def _fail(message: str, code: int) -> None:
 
 
 def _abort_job(code: int) -> None:
-    """Exit with ``code``, ending every rank of the MPI job so none is left waiting."""
+    """Exit with ``code``, ending every rank of the MPI job so none is left waiting (noted
+    first: ``MPI_Abort`` ends this rank before its exit is, and the ``-n`` launcher takes a
+    status no rank noted for a rank that died)."""
+    launch.note_exit(code)
     abort_job(code)
     sys.exit(code)
 
