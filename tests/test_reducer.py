@@ -589,7 +589,22 @@ def test_layouts_that_differ_are_a_mismatch_on_every_rank():
         return Reducer([(4,)], t, bucket_cap_mb=25 if t.rank != 2 else 10)
 
     messages = errors_on_every_rank(3, cap, MismatchError)
-    assert all(m and "bucket_cap_mb: rank 0 has 25, rank 2 has 10" in m for m in messages)
+    assert all(m and f"bucket_cap_mb in bytes: rank 0 has {25 * MIB}, rank 2 has {10 * MIB}"
+               in m for m in messages), messages
+
+    # The caps, not how each rank wrote them: 25 and 25.0 are one cap, and two MiB values
+    # that print alike but give other byte caps (float64 0.342, float32 0.342) are not.
+    made = run(2, lambda t: Reducer([(4,)], t, bucket_cap_mb=25 if t.rank else 25.0)._caps)
+    assert made[0] == made[1]
+
+    def printed_alike(t):
+        return Reducer([(10,), (89653,)], t,
+                       first_bucket_mb=0.342 if t.rank == 0 else np.float32(0.342))
+
+    assert str(0.342) == str(np.float32(0.342))
+    messages = errors_on_every_rank(2, printed_alike, MismatchError)
+    assert all(m and "first_bucket_mb in bytes: rank 0 has 358612, rank 1 has 358613" in m
+               for m in messages), messages
 
     def count(t):
         return Reducer([(4,)] * (3 if t.rank else 2), t)

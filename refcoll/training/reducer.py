@@ -140,8 +140,9 @@ class Reducer:
             self._check_arguments(shapes_or_params, bucket_cap_mb, first_bucket_mb, compressor)
         except (UsageError, TypeError, ValueError) as exc:
             error = str(exc)
+        first_cap, cap = getattr(self, "_caps", (None, None))  # (bytes: what the buckets use)
         settings = {key: str(value) for key, value in [
-            ("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb),
+            ("bucket_cap_mb in bytes", cap), ("first_bucket_mb in bytes", first_cap),
             ("algorithm", algorithm), ("find_unused", bool(find_unused)), ("seed", seed),
             ("compressor", self.compressor.spec() if self.compressor else "none"),
             ("hook", "none" if hook is None else "a hook")]}
