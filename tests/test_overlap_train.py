@@ -191,6 +191,9 @@ def test_bad_settings_are_usage_errors():
         parse_widths("64")
     with pytest.raises(UsageError, match="at least an input and an output width"):
         parse_widths("64,x,10")
+    for digits in ("²", "١٢"):  # digits to str.isdigit, but not to int() or not ASCII
+        with pytest.raises(UsageError, match="at least an input and an output width"):
+            parse_widths(f"64,{digits},10")
     with pytest.raises(UsageError, match="the digits need 64 inputs and 10 outputs"):
         OverlapConfig(widths=(32, 10))
     with pytest.raises(UsageError, match="--bucket-mb must be positive"):

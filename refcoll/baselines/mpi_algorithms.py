@@ -244,7 +244,7 @@ def _resolve(library: str, collective: str, name) -> str:
     """Return the value to set for ``name``: MPICH's name, or Open MPI's number as text."""
     names = algorithm_names(library, collective)
     wanted = _canonical(name)
-    if library == "openmpi" and wanted.isdigit() and int(wanted) < len(names):
+    if library == "openmpi" and wanted.isascii() and wanted.isdigit() and int(wanted) < len(names):
         return str(int(wanted))
     for number, known in enumerate(names):
         if _canonical(known) == wanted:

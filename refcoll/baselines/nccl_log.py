@@ -213,7 +213,7 @@ def _call_bytes(m) -> tuple[str, int]:
 
 
 def _name(token: str, names: tuple[str, ...], by_key: dict) -> str:
-    if token.isdigit():
+    if token.isascii() and token.isdigit():
         number = int(token)
         return names[number] if number < len(names) else token
     return by_key.get(_key(token), token)

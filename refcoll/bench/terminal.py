@@ -131,7 +131,7 @@ def rank_writer(out, err, environ: Mapping[str, str] = os.environ) -> "TableWrit
     if setting:
         where, _, columns = setting.partition(":")
         if where in ("stdout", "stderr"):
-            target = where, int(columns) if columns.isdigit() else 80
+            target = where, int(columns) if columns.isascii() and columns.isdigit() else 80
     elif PROGRESS_VARIABLE not in environ:
         try:
             target = bar_target(out.fileno(), err.fileno())

@@ -403,7 +403,7 @@ def _process_rank() -> int | None:
         pass
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
         value = os.environ.get(name, "")
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             return int(value)
     return None
 

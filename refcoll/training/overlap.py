@@ -80,7 +80,8 @@ _POOL = 8  # synthetic data: batches of rows drawn once per rank, then cycled
 def parse_widths(text: str) -> tuple[int, ...]:
     """Return layer widths from ``64,1024,1024,10``: at least two, each at least 1."""
     parts = str(text).split(",")
-    if len(parts) < 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+    if len(parts) < 2 or not all(p.strip().isascii() and p.strip().isdigit() and int(p) >= 1
+                                  for p in parts):
         raise UsageError(f"--layers {text!r}: give at least an input and an output width, "
                          "each a whole number at least 1, separated by commas: 64,1024,10")
     return tuple(int(p) for p in parts)
