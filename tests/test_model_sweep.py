@@ -395,6 +395,28 @@ def test_a_fit_learns_no_constant_its_tables_cannot_show_and_no_rate_above_the_l
     assert fit(system, [fast])["intra_rate"] <= system.intra_line()
 
 
+def test_one_size_learns_neither_of_a_pair_and_every_fit_file_is_one_from_fit_reads(
+        tmp_path):
+    truth = replace(H100_TWO, fitted={"nic_efficiency": 0.6, "net_latency": 30e-6})
+    one = parse_table(perf_text(truth, [1 << 20]))  # one time: any split of rate and latency
+    learnt = fit(replace(truth, fitted={}), [one])
+    assert learnt["nic_efficiency"] == H100_TWO.net.efficiency
+    assert learnt["net_latency"] == H100_TWO.net.latency
+    assert set(fit_to_json(H100_TWO, learnt, [one])["unlearnt"]) == {"nic_efficiency",
+                                                                      "net_latency"}
+    # A description outside what a fit file holds is refused, not fitted into a file that
+    # --from-fit then refuses (a rate searched past its bounds, or kept as described).
+    table = parse_table(perf_text(System(), sweep_sizes(8, 1 << 28, 2)))
+    for intra_bw in (10e6, 10e12):
+        with pytest.raises(UsageError, match="intra rate .* outside what a fit learns"):
+            fit(System(intra_bw=intra_bw), [table])
+    path = tmp_path / "fit.json"
+    for system in (System(intra_bw=1.5e8), System()):
+        learnt = fit(system, [table])
+        path.write_text(json.dumps(fit_to_json(system, learnt, [table])))
+        assert read_fit(str(path)).fitted == learnt
+
+
 def test_a_fit_never_ends_worse_than_the_description_it_starts_from():
     """A table the model's form cannot follow (15 us plus a line rate): the loss jumps as
     NCCL's pick moves from Ring/LL to NVLS, where a golden-section search alone lands

@@ -363,7 +363,8 @@ def _print_fit(saved: dict) -> None:
                   f"+{fitted['net_latency'] * 1e6:.2f} us per network step"]
     click.echo(f"fit on {len(saved['logs'])} table(s): " + ", ".join(parts))
     for name in saved["unlearnt"]:
-        click.echo(f"not learnt: {name} (no size of the tables depends on it): as described")
+        click.echo(f"not learnt: {name} (no size of the tables depends on it, or their one "
+                   "size cannot tell it from its pair): as described")
     if saved.get("described"):
         click.echo("the search ended worse than the description: its constants stand "
                    "(the tables follow a form the model cannot give)")

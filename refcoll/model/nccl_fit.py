@@ -41,7 +41,7 @@ from .nccl_tests import Table, band_errors, check_ranks, each_size_once
 from .systems import System
 
 __all__ = ["FITTED", "fit", "fit_algorithm", "fit_unlearnt", "fit_to_json", "read_fit",
-           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt", "on_bounds", "Fitted"]
+           "MAX_FIT_BYTES", "MAX_FIT_SIZES", "unlearnt", "too_few_sizes", "on_bounds", "Fitted"]
 
 #: The constants a fit may learn, and the bounds of each (the first two in the unit of the
 #: constant: bytes/s, seconds, a fraction).
@@ -127,6 +127,20 @@ def unlearnt(tables, fitted: dict, algorithm: str | None) -> list[str]:
     return out
 
 
+def too_few_sizes(tables: list[tuple[Table, System]], names) -> list[str]:
+    """Return the constants of ``names`` that the tables' sizes cannot tell apart: a level's
+    rate (or efficiency) and its latency where that level's tables have a single size
+    (one time is any split of the two)."""
+    out = []
+    for level, pair in (("single", ("intra_rate", "intra_latency")),
+                        ("multi", ("nic_efficiency", "net_latency"))):
+        sizes = {row.size for table, shaped in tables
+                 if (shaped.nodes == 1) == (level == "single") for row in table.rows}
+        if len(sizes) == 1:
+            out += [name for name in pair if name in names]
+    return out
+
+
 def _priced(tables: list[tuple[Table, System]], fitted: dict,
             algorithm: str | None) -> list[tuple[int, float, float]]:
     """Return ``(size, predicted, measured)`` seconds of every row the model prices, in order,
@@ -201,6 +215,12 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> Fi
         fitted.update(intra_rate=system.intra_rate(), intra_latency=0.0)
     if "nic_efficiency" in names:
         fitted.update(nic_efficiency=system.net.efficiency, net_latency=system.net.latency)
+    for name in names:  # what the fit file may hold (read_fit): the start, and every end
+        low, high = FITTED[name]
+        if not low <= fitted[name] <= high:
+            raise UsageError(f"{system.describe()}: its {name.replace('_', ' ')} is "
+                             f"{fitted[name]:.4g}, outside what a fit learns "
+                             f"[{low:g}, {high:g}]: describe the hardware within it")
     start = dict(fitted)
     for _ in range(_ROUNDS):
         for name in names:
@@ -217,7 +237,7 @@ def fit(system: System, tables: list[Table], algorithm: str | None = None) -> Fi
                 fitted[name] = math.exp(best)
     described = {"intra_rate": system.intra_rate(), "intra_latency": 0.0,
                  "nic_efficiency": system.net.efficiency, "net_latency": system.net.latency}
-    for name in unlearnt(shaped, fitted, algorithm):
+    for name in unlearnt(shaped, fitted, algorithm) + too_few_sizes(shaped, names):
         fitted[name] = base.get(name, described[name])  # no row says what it is
     if _loss(shaped, fitted, algorithm) > _loss(shaped, start, algorithm):
         return Fitted(start, described=True)  # worse than it began: the description stands
@@ -230,7 +250,8 @@ def fit_to_json(system: System, fitted: dict, tables: list[Table],
     shaped = _shaped(system, tables)
     errors = band_errors(_priced(shaped, fitted, algorithm))
     return {"refcoll_fit": 1,
-            "unlearnt": (dull := unlearnt(shaped, fitted, algorithm)),
+            "unlearnt": (dull := sorted(set(unlearnt(shaped, fitted, algorithm))
+                                        | set(too_few_sizes(shaped, fitted)))),
             "described": (kept := getattr(fitted, "described", False)),
             "on_bounds": [] if kept else on_bounds(system, fitted, dull),
             "system": {"gpus_per_node": system.gpus_per_node, "generation": system.generation,
