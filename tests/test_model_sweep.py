@@ -629,6 +629,29 @@ def test_a_fit_of_one_node_prices_nodes_joined_by_a_network_given_then(tmp_path)
     assert res.exit_code == 2 and "--inter-quoted unidirectional" in res.stderr, res.stderr
 
 
+def test_a_refusal_comes_before_any_line_printed_or_file_written(tmp_path):
+    # A log of another rank count without '# Rank' lines, and a fit file naming no
+    # algorithm of NCCL's, were refused only after the fit was saved and printed (and the
+    # whole sweep): a usage error then left a file and half a report behind.
+    other = tmp_path / "four.txt"
+    other.write_text(perf_text(H100_TWO.with_shape(4), sweep_sizes(1 << 20, 1 << 30, 4),
+                               ranks=False))
+    fit_log = tmp_path / "two.txt"
+    fit_log.write_text(perf_text(H100_TWO, sweep_sizes(8, 1 << 30, 4)))
+    saved, report = tmp_path / "fit.json", tmp_path / "out.json"
+    for args in (["--fit", str(fit_log), "--save-fit", str(saved), "--compare", str(other),
+                  "--json", str(report)],
+                 ["--sweep", "--compare", str(other)]):
+        res = run(["--preset", "dgx-h100", "--nodes", "2", *args])
+        assert res.exit_code == 2 and "32 ranks" in res.stderr, res.stderr
+        assert res.stdout == "" and not saved.exists() and not report.exists(), res.stdout
+    assert run(["--preset", "dgx-h100", "--nodes", "2", "--fit", str(fit_log), "--save-fit",
+                str(saved)]).exit_code == 0
+    saved.write_text(json.dumps({**json.loads(saved.read_text()), "algorithm": 5}))
+    res = run(["--from-fit", str(saved), "--sweep", "-e", "1K"])
+    assert res.exit_code == 2 and "not one of NCCL's" in res.stderr and res.stdout == ""
+
+
 def test_no_output_overwrites_an_input_and_from_fit_keeps_its_hardware(tmp_path):
     log = tmp_path / "log.txt"
     log.write_text((DATA / "ib-ndr-2x8-h100-gjaion-default.txt").read_text())

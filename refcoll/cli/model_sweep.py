@@ -29,6 +29,7 @@ from ..model.nccl_run import NCCL_ALGORITHMS, NCCL_VERSION
 from ..model.nccl_tests import (
     BANDS,
     DTYPE_BYTES,
+    check_comparable,
     compare,
     predicted_rows,
     price,
@@ -290,6 +291,7 @@ def _measured(opts: dict, system: System):
         raise UsageError(f"{opts['compare_log']} ran on {table.ranks} ranks; the system "
                          f"described has {system.ranks} ({system.nodes} nodes × "
                          f"{system.gpus_per_node}): say --nodes and --gpus-per-node")
+    check_comparable(table, system.ranks)
     return table
 
 
@@ -308,15 +310,16 @@ def run_sweep(opts: dict) -> None:
     sizes = _sizes(opts) if opts["sweep"] else []
     tables = [read_table(path) for path in opts["fit_logs"]]
     measured_table = _measured(opts, system)
+    ran = fit_algorithm(opts["fit_file"]) if opts["fit_file"] else None  # (refused here)
     report: dict = {"system": system.describe(), "nccl_constants": NCCL_VERSION}
     if tables:
+        fitted = fit(system, tables, told)  # (what it refuses, refused before a word)
+        saved = fit_to_json(system, fitted, tables, told)
         for table in tables:
             _print_notes(table)
             if table.ranks is None:  # alone (several must each say theirs: nccl_fit refuses)
                 click.echo(f"# {table.name}: no '# Rank' lines say how many ranks ran: taken "
                            f"as the {system.ranks} described (--nodes, --gpus-per-node)")
-        fitted = fit(system, tables, told)
-        saved = fit_to_json(system, fitted, tables, told)
         write_json(opts["save_fit"], saved)
         system = replace(system, fitted=fitted)
         _print_fit(saved)
@@ -339,8 +342,7 @@ def run_sweep(opts: dict) -> None:
                 click.echo(line)
     measured = None
     if measured_table is not None:
-        ran = fit_algorithm(opts["fit_file"]) if opts["fit_file"] and told is None else None
-        if ran is not None:
+        if ran is not None and told is None:
             click.echo(f"note: {opts['fit_file']} was fitted on tables that ran {ran}; this "
                        f"log is priced as NCCL's own pick: say --algorithm {ran} if it ran "
                        f"{ran} too")

@@ -31,7 +31,7 @@ __all__ = ["Row", "Table", "each_size_once", "read_table", "parse_table", "sweep
            "predicted_rows",
            "BANDS", "band_of", "band_errors", "compare", "Comparison", "MAX_LOG_BYTES",
            "table_lines", "DTYPE_BYTES", "price",
-           "as_cluster", "check_ranks", "MAX_COMPARE_SIZES"]
+           "as_cluster", "check_ranks", "check_comparable", "MAX_COMPARE_SIZES"]
 
 #: A log larger than this is refused (nccl-tests' output is a few KiB a size).
 MAX_LOG_BYTES = 8 << 20
@@ -452,6 +452,17 @@ def check_ranks(table: Table, ranks: int) -> None:
                              "--nodes and --gpus-per-node, or give one all_reduce_perf run")
 
 
+def check_comparable(table: Table, ranks: int) -> list[Row]:
+    """Refuse a table :func:`compare` cannot set beside ``ranks`` ranks (:func:`check_ranks`,
+    more than :data:`MAX_COMPARE_SIZES` sizes); return its sizes, each once."""
+    check_ranks(table, ranks)
+    sizes = each_size_once(table.rows)
+    if len(sizes) > MAX_COMPARE_SIZES:
+        raise UsageError(f"{table.name}: {len(sizes)} sizes to price; give at most "
+                         f"{MAX_COMPARE_SIZES} (nccl-tests' -b 8 -e 8G -f 2 is 31)")
+    return sizes
+
+
 def compare(table: Table, system: System, algorithm: str | None = None) -> Comparison:
     """Return the model's prediction of every size of ``table`` beside its measurement.
 
@@ -460,13 +471,9 @@ def compare(table: Table, system: System, algorithm: str | None = None) -> Compa
     A size the log holds twice (two runs in one file) is taken once, the faster, and a
     size of 0 bytes not at all (:func:`each_size_once`). A log whose rows say another rank
     count (:func:`check_ranks`), or with more than :data:`MAX_COMPARE_SIZES` sizes, is
-    refused.
+    refused (:func:`check_comparable`).
     """
-    check_ranks(table, system.ranks)
-    sizes = each_size_once(table.rows)
-    if len(sizes) > MAX_COMPARE_SIZES:
-        raise UsageError(f"{table.name}: {len(sizes)} sizes to price; give at most "
-                         f"{MAX_COMPARE_SIZES} (nccl-tests' -b 8 -e 8G -f 2 is 31)")
+    sizes = check_comparable(table, system.ranks)
     rows, pairs = [], []
     for r in sizes:
         priced = price(system, r.size, algorithm, r.dtype, r.redop)
