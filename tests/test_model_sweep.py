@@ -228,6 +228,11 @@ def test_the_time_column_is_held_to_size_over_algbw():
                                 "31.5 2.10 25.90 40.49 75.91 0 25.1 26.5 26.4 1.20", "-I 1")
     assert per_iteration.rows[0].in_place_time == pytest.approx(25.9e-6)
     assert not per_iteration.notes  # (i_cv% 2.10 is no #wrong)
+    # refcoll bench's rows carry their algorithm and MPI's times after the two halves
+    bench = parse_table("1048576 262144 float sum -1 390.30 2.69 2.69 0 275.86 3.80 3.80 3 "
+                        "auto(ring) 303.78 3.45 247.40 4.24 1.28 295.16 1.32", "bench --bound")
+    assert bench.rows[0].in_place_time == pytest.approx(275.86e-6)
+    assert [note for note in bench.notes if "#wrong 3" in note] and len(bench.notes) == 1
     huge = parse_table("4" + "0" * 400 + " 1" + "0" * 400 + " float sum -1 30.0 0 0 0\n"
                        + row.format("30.00", 0, "30.00"), "huge")
     assert [r.size for r in huge.rows] == [1048576] and "more bytes" in huge.notes[0]

@@ -161,8 +161,10 @@ def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
     if len(fields) < 4:
         raise ValueError("fewer columns than time, algbw, busbw and #wrong")
     time, algbw, busbw = _time(fields[0]), _rate(fields[1]), _rate(fields[2])
-    # -I 1 (nccl-tests 2.19): each half adds i_min, i_max, i_p99 and i_cv% to its four
-    half = 8 if len(fields) >= 16 else 4
+    # -I 1 (nccl-tests 2.19): each half adds i_min, i_max, i_p99 and i_cv% to its four,
+    # so its in-place time is the ninth field; columns after the in-place half (refcoll
+    # bench's algorithm, MPI's own times, a bound) leave a word or a name there
+    half = 8 if len(fields) >= 16 and _numeric(fields[8]) else 4
     note, in_place = None, None
     if len(fields) >= 2 * half and fields[half] != "N/A":
         try:
@@ -175,6 +177,15 @@ def _row(line: str, m: re.Match) -> tuple[Row, str | None]:
         note = (f"#wrong {'/'.join(wrong)}: the library's results were wrong at this size; "
                 "its time is used")
     return Row(int(size), int(count), dtype, redop, time, algbw, busbw, in_place), note
+
+
+def _numeric(field: str) -> bool:
+    """Return whether a column holds a number (or nccl-tests' ``N/A`` in its place)."""
+    try:
+        float(field)
+    except ValueError:
+        return field == "N/A"
+    return True
 
 
 def parse_table(text: str, name: str = "log") -> Table:
