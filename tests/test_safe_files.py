@@ -110,6 +110,23 @@ def test_json_within_the_bounds_is_read_as_is(tmp_path):
     assert reading.loads_json("[" * 64 + "]" * 64, source="x") is not None
 
 
+def test_the_depth_check_holds_one_iterator_a_level_not_one_entry_an_element():
+    # A 16 MiB file of empty arrays ([[],[],...]: five million) once cost twice its
+    # parse in the depth check's stack of every element; what it holds is allocations.
+    import tracemalloc
+
+    flat = [[] for _ in range(200_000)]
+    tracemalloc.start()
+    try:
+        assert reading._depth(flat) == 2
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 10, peak  # the old stack: 200,000 tuples, about 15 MB
+    assert reading._depth({"a": [1, {"b": [[]]}], "c": []}) == 4
+    assert reading._depth(7) == 0 and reading._depth({}) == 1
+
+
 def test_text_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "f.txt"
     path.write_bytes(b"ok \xff\xfe")

@@ -144,17 +144,22 @@ def _bounded_int(text: str) -> int:
 
 
 def _depth(value) -> int:
-    """Return how deep ``value``'s arrays and objects nest (iteratively: no recursion)."""
-    deepest, stack = 0, [(value, 1)]
+    """Return how deep ``value``'s arrays and objects nest (iteratively: no recursion, and
+    one iterator per level held, so a file of millions of small arrays costs no more)."""
+    if not isinstance(value, (list, dict)):
+        return 0
+    stack = [iter(value.values() if isinstance(value, dict) else value)]
+    deepest = 1
     while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            if level > MAX_JSON_DEPTH:
-                return level
-            stack.extend((v, level + 1) for v in item if isinstance(v, (list, dict)))
+        for item in stack[-1]:
+            if isinstance(item, (list, dict)):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                deepest = max(deepest, len(stack))
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+                break
+        else:
+            stack.pop()
     return deepest
 
 
