@@ -227,6 +227,13 @@ def test_train_with_layers_under_mpi_writes_the_json_and_the_timeline(tmp_path):
         assert {"index", "bytes", "ready", "launched", "started", "finished"} <= set(
             row["timeline"]["buckets"][0])
     assert data["replicas_identical"] is True and data["test_accuracy"] is None
+    # --bucket-mb caps the first bucket too (torch 2.13's DDP): 47 KB of gradients in
+    # 0.02 MiB buckets (each closed once it holds the cap) are two, where a first bucket
+    # of 1 MiB held them all
+    buckets = data["variants"]["overlap"]["buckets"]
+    # (last layer first: b3, W3, b2 and W2 reach the cap together; b1 and W1 are left)
+    assert [b["bytes"] for b in buckets] == [4 * (10 + 96 * 10 + 96 + 96 * 96),
+                                             4 * (96 + 16 * 96)]
     assert "replicas bit-identical across variants: yes" in res.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

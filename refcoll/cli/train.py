@@ -60,8 +60,8 @@ __all__ = ["train"]
               help="With --layers: run the overlapped variant besides compute-only and no "
                    "overlap [default: overlap].")
 @click.option("--bucket-mb", type=float, default=None,
-              help="With --layers: bucket cap in MiB, the first bucket 1 MiB, as DDP's "
-                   "[default: 25].")
+              help="With --layers: bucket cap in MiB, the first bucket's too, as DDP's "
+                   "bucket_cap_mb is in torch 2.13 [default: 25, the first bucket 1 MiB].")
 @reports_errors
 def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorithm, json_file,
           plot_file, layers, synthetic, overlap, bucket_mb):
@@ -109,6 +109,7 @@ def train(nprocs, compressors, steps, lr, momentum, batch, hidden, seed, algorit
         _overlap(nprocs, compressors, json_file, plot_file, OverlapConfig(
             parse_widths(layers), steps=steps, lr=lr, momentum=momentum, batch=batch, seed=seed,
             algorithm=algorithm, bucket_mbs=(25.0 if bucket_mb is None else bucket_mb,),
+            first_bucket_mb=1.0 if bucket_mb is None else bucket_mb,
             overlap=overlap is not False, synthetic=bool(synthetic)))
         return
     if not launch.in_mpi_job():
