@@ -1,6 +1,7 @@
 """Data-parallel training over refcoll's all-reduce: replicas, learning, bytes, the command."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -98,6 +99,10 @@ def test_ranks_given_different_settings_all_raise_at_once(second, error, said):
 
 
 def test_bad_settings_are_usage_errors():
+    for lr in (0.0, -1.0, math.nan, math.inf, 1e300):  # 1e300: float32's inf at the step
+        with pytest.raises(UsageError, match="--lr must be a positive number a float32 holds"):
+            TrainConfig(lr=lr)
+    assert TrainConfig(lr=1e30).lr == 1e30  # (diverges: the run says so, exit 1)
     with pytest.raises(UsageError, match="--steps must be at least 1"):
         TrainConfig(steps=0)
     with pytest.raises(UsageError, match="unknown compressor 'topq'"):

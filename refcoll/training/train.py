@@ -80,6 +80,10 @@ class ReplicaDivergence(RefcollError):
     """The ranks' model replicas (or their configurations) are not bitwise identical."""
 
 
+#: The largest learning rate: the steps scale float32 gradients by it (np.float32(lr)).
+_LARGEST_LR = float(np.finfo(np.float32).max)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Settings of one training run; every rank must be given the same.
@@ -109,8 +113,9 @@ class TrainConfig:
         for name in ("steps", "batch", "hidden"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UsageError(f"--lr must be a positive number, got {self.lr}")
+        if not (self.lr > 0 and self.lr <= _LARGEST_LR):  # (NaN and inf fail too)
+            raise UsageError(f"--lr must be a positive number a float32 holds (at most "
+                             f"{_LARGEST_LR:.4g}), got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.seed < 0:
@@ -415,10 +420,12 @@ def plot_histories(histories: list[History], path: str) -> None:
         ax.plot(xs, ys, marker="o", markersize=3,
                 label=f"{h.config.compressor} ({100 * h.final.test_accuracy:.1f}%)")
     first = histories[0]
-    ax.set_xscale("log")
+    if any(e.bytes_sent > 0 for h in histories for e in h.epochs):
+        ax.set_xscale("log")  # (one rank sends nothing: its points stay at 0, on a line)
     ax.set_xlabel("gradient bytes sent per rank (cumulative)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"digits MLP, {first.world_size} ranks, {first.config.steps} steps, "
+    ranks = f"{first.world_size} rank{'' if first.world_size == 1 else 's'}"
+    ax.set_title(f"digits MLP, {ranks}, {first.config.steps} steps, "
                  f"{first.config.algorithm} all-reduce")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
