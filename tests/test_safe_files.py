@@ -123,7 +123,7 @@ def test_the_depth_check_holds_one_iterator_a_level_not_one_entry_an_element():
     finally:
         tracemalloc.stop()
     assert peak < 64 << 10, peak  # the old stack: 200,000 tuples, about 15 MB
-    assert reading._depth({"a": [1, {"b": [[]]}], "c": []}) == 4
+    assert reading._depth({"a": [1, {"b": [[]]}], "c": []}) == 5  # {[{[[
     assert reading._depth(7) == 0 and reading._depth({}) == 1
 
 
