@@ -498,6 +498,13 @@ class RefcollGroup(dist.ProcessGroup):
     def _library(self, tensors):
         return self.transport(tensors)._raw
 
+    def refcoll_transport(self) -> TorchTransport:
+        """The transport of this group's calls on CPU tensors, for refcoll's own functions
+        and hooks given this group (:func:`~refcoll.transport.torch.torch_transport_for`):
+        a second transport over the same Gloo group would use the same tags, and its
+        calls in flight beside this group's would take each other's messages."""
+        return self._cpu
+
 
 def _moved(tensor):
     """Return what data movement carries of ``tensor``: a bool tensor as its bytes (a uint8

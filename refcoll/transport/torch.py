@@ -349,11 +349,20 @@ def forget_groups() -> None:
 
 
 def torch_transport_for(group=None) -> TorchTransport:
-    """Return the cached :class:`TorchTransport` of ``group`` (``None``: the default group)."""
+    """Return the cached :class:`TorchTransport` of ``group`` (``None``: the default group).
+
+    A group of refcoll's own backend (``"refcoll"``) gives the transport its calls run on
+    (``refcoll_transport()``): refcoll's functions and DDP hooks named by that group then
+    queue in issue order with its collectives, on one engine and one set of tags, as
+    the calls of one MPI communicator do.
+    """
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         return TorchTransport(group)  # raises the usage error
     group = dist.group.WORLD if group is None else group
+    own = getattr(group, "refcoll_transport", None)
+    if callable(own):  # a "refcoll" group: the transport its own calls run on, not a
+        return own()  # second one on the same library group and the same tags
     key = (id(group), dist.get_rank())
     found = _BY_GROUP.get(key)
     if found is None or found.group is not group:

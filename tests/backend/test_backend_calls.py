@@ -175,6 +175,24 @@ def test_async_op_returns_a_work_that_completes_on_the_engine(ring):
     assert [f.value()[0].tolist() for f in futures] == [[float(k * p)] * 3 for k in range(4)]
 
 
+def test_refcolls_own_calls_on_the_group_queue_behind_its_calls_in_flight(ring):
+    # refcoll.torch's functions and DDP hooks given a "refcoll" group once made a second
+    # transport over its Gloo group, on the same tags: beside an all-reduce in flight
+    # the two took each other's messages (wrong sums, or Gloo aborting the process).
+    import refcoll.torch as rt
+    from refcoll.transport.torch import torch_transport_for
+
+    assert torch_transport_for(ring) is ring.refcoll_transport()
+    p, r = ring.size(), ring.rank()
+    for _ in range(3):
+        a, b = torch.full((100_000,), 1.0 + r), torch.full((100_000,), 100.0 * (r + 1))
+        work = dist.all_reduce(a, group=ring, async_op=True)
+        direct = rt.allreduce(b, group=ring)
+        assert work.wait() is True
+        assert torch.equal(a, torch.full_like(a, p * (p + 1) / 2))
+        assert torch.equal(direct, torch.full_like(b, 100.0 * p * (p + 1) / 2))
+
+
 def test_a_waited_works_future_holds_its_value_however_late_its_callback(ring, monkeypatch):
     # The future completes from the handle's done callback on the engine's thread; a
     # wait() that returned before it did left get_future().value() failing torch's
