@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import os
 
 import torch
@@ -153,13 +154,35 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
         _timeout(timeout)
     except UsageError as exc:
         problem = str(exc) or "a setting it could not read"
-    store.set(f"refcoll/settings/{rank}", problem)
-    told = [store.get(f"refcoll/settings/{r}").decode(errors="replace") for r in range(size)]
-    bad = [f"rank {r}: {said}" for r, said in enumerate(told) if said]
+    # What each rank read, or why it could not: ranks that read other values (a watch on
+    # one rank alone, other samples or batches) would run other exchanges, and wait
+    # for each other until the group's timeout.
+    store.set(f"refcoll/settings/{rank}", json.dumps(
+        {"problem": problem, "algorithms": algorithms, "watch": settings}, sort_keys=True))
+    told = [_told(store.get(f"refcoll/settings/{r}")) for r in range(size)]
+    bad = [f"rank {r}: {said['problem']}" for r, said in enumerate(told) if said["problem"]]
     if bad:
         raise UsageError("the refcoll group's settings: " + "; ".join(bad))
+    for key, name in (("algorithms", "REFCOLL_ALGO"), ("watch", "REFCOLL_WATCH*")):
+        if any(said[key] != told[0][key] for said in told):
+            raise UsageError(f"the refcoll group's settings differ between ranks: {name} "
+                             "reads " + "; ".join(f"rank {r}: {said[key] or 'unset'}"
+                                                  for r, said in enumerate(told))
+                             + ": give every rank the same environment")
     watched = watched_from_env(store, rank, size, timeout, settings)
     return RefcollGroup(store, rank, size, timeout, algorithms=algorithms, watched=watched)
+
+
+def _told(raw: bytes) -> dict:
+    """One rank's settings record from the store (a record it cannot read: its problem)."""
+    try:
+        said = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        said = None
+    if not isinstance(said, dict) or not {"problem", "algorithms", "watch"} <= set(said):
+        return {"problem": "settings this version of refcoll cannot read", "algorithms": {},
+                "watch": {}}
+    return said
 
 
 def _watchable(name: str):

@@ -294,20 +294,21 @@ _HEADER = ("call", "collective", "op", "dtype", "elements", "inputs sampled", "o
 _FIELDS = len(_HEADER) + 2
 
 
-def _exchange(t, samples: list, k: int) -> list:
+def _exchange(t, samples: list, k: int, checksums: bool) -> list:
     """Allgather every rank's sampled inputs and outputs of ``samples``, and their block
     checksums; return them per call.
 
-    One exchange, of records of one size on every rank that agrees on the calls (per
-    call a header, the values zero-padded to ``(p + 1)·k`` eight-byte elements, then
-    the checksums, whose count the header carries), so it needs no agreement of its
-    own when no call is checksummed: the headers are compared instead, and ranks that
-    disagree on a call raise the same MismatchError. Checksums make a record's size
-    depend on the call's elements, so then refcoll's agreement runs first: ranks
-    that disagree raise its MismatchError rather than exchange records of different
-    sizes. Returns, per sample, ``(inputs, outputs, sums)``: one array per rank each
-    (``sums``: ``(p, checksums)`` float64); and sets each sample's ``factors``, every
-    rank's PREMUL_SUM factor (None where no rank has one).
+    Per call a header, the values zero-padded to ``(p + 1)·k`` eight-byte elements, then
+    the checksums, whose count the header carries. Without checksums (``checksums``:
+    watch mode's setting, every rank's) a record has one size on every rank that agrees
+    on the calls, so one exchange carries headers and values, and the headers are
+    compared after it. With them a record's size depends on the call (its op, dtype and
+    elements), so the headers travel first, alone, and are compared before any record of
+    another size could be exchanged: ranks that disagree on a call raise the same
+    MismatchError, naming the field, whatever they disagree on. Returns, per sample,
+    ``(inputs, outputs, sums)``: one array per rank each (``sums``: ``(p, checksums)``
+    float64); and sets each sample's ``factors``, every rank's PREMUL_SUM factor (None
+    where no rank has one).
     """
     heads, values = 8 * _FIELDS, (t.size + 1) * k * 8
     rows_of_sums = [sample.sums() for sample in samples]
@@ -316,25 +317,28 @@ def _exchange(t, samples: list, k: int) -> list:
                         sample.before.size, sample.after.size, sample.root, sums.size,
                         _bits(sample.factor), int(sample.failed)]
                        for sample, sums in zip(samples, rows_of_sums)], np.int64)
-    parts = []
-    for head, sample, sums in zip(header, samples, rows_of_sums):
+    bodies = []
+    for sample, sums in zip(samples, rows_of_sums):
         data = np.concatenate([sample.before, sample.after]).view(np.uint8)
-        parts += [head.view(np.uint8), data, np.zeros(values - data.size, np.uint8),
-                  sums.view(np.uint8)]
-    record = np.concatenate(parts)
-    table = calls.allgather(record, t, algorithm="rabenseifner",
-                            validate=any(sums.size for sums in rows_of_sums))
-    starts = np.cumsum([0] + [heads + values + 8 * sums.size for sums in rows_of_sums])
-    heads_of = np.stack([table[:, at:at + heads] for at in starts[:-1].tolist()], axis=1)
-    agreed = heads_of[:, :, :8 * len(_HEADER)]  # (not the factors: each rank's own)
-    differ = np.flatnonzero((agreed != agreed[:1]).any(axis=(0, 2)))  # calls, by rank 0's
-    if differ.size:
-        columns = heads_of[:, differ[0]].copy().view(np.int64).T
-        field, column = next((f, c) for f, c in zip(_HEADER, columns) if (c != c[0]).any())
-        names = {"collective": _JUDGED, "op": tuple(_OP_CODE), "dtype": DTYPES}.get(field)
-        values = [names[v] if names else v for v in column.tolist()]
-        raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
-                            ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+        bodies.append([data, np.zeros(values - data.size, np.uint8), sums.view(np.uint8)])
+
+    def gathered(parts: list) -> np.ndarray:
+        return calls.allgather(np.concatenate(parts), t, algorithm="rabenseifner",
+                               validate=False)
+
+    if checksums:  # the headers first, then records whose sizes they agreed on
+        heads_of = gathered([header.reshape(-1).view(np.uint8)]).reshape(
+            t.size, len(samples), heads)
+        _same_calls(heads_of)
+        table, inline = gathered([part for body in bodies for part in body]), 0
+    else:  # one exchange, each record its header and its body
+        table = gathered([part for head, body in zip(header, bodies)
+                          for part in (head.view(np.uint8), *body)])
+        inline = heads
+    starts = np.cumsum([0] + [inline + values + 8 * sums.size for sums in rows_of_sums])
+    if not checksums:
+        heads_of = np.stack([table[:, at:at + heads] for at in starts[:-1].tolist()], axis=1)
+        _same_calls(heads_of)
     own = heads_of[:, :, 8 * len(_HEADER):].copy()
     factors = own.view(np.float64)[:, :, 0]  # (p, calls)
     failed = own.view(np.int64)[:, :, 1].any(axis=0)
@@ -345,12 +349,27 @@ def _exchange(t, samples: list, k: int) -> list:
         sample.factors = None if np.isnan(column).all() else \
             [1.0 if np.isnan(f) else f for f in column.tolist()]  # (no factor: a plain sum)
         n, dtype = sample.before.size, sample.before.dtype
-        data = table[:, at + heads:at + heads + (n + sample.after.size) * dtype.itemsize]
+        at += inline
+        data = table[:, at:at + (n + sample.after.size) * dtype.itemsize]
         data = data.copy().view(dtype)
-        at += heads + values
+        at += values
         sums = table[:, at:at + 8 * mine.size].copy().view(np.float64)
         out.append(([row[:n] for row in data], [row[n:] for row in data], sums))
     return out
+
+
+def _same_calls(heads_of: np.ndarray) -> None:
+    """Raise the MismatchError of the first call whose header differs between ranks
+    (``heads_of``: ``(p, calls, header bytes)``; not the factors: each rank's own)."""
+    agreed = heads_of[:, :, :8 * len(_HEADER)]
+    differ = np.flatnonzero((agreed != agreed[:1]).any(axis=(0, 2)))  # calls, by rank 0's
+    if differ.size:
+        columns = heads_of[:, differ[0]].copy().view(np.int64).T
+        field, column = next((f, c) for f, c in zip(_HEADER, columns) if (c != c[0]).any())
+        names = {"collective": _JUDGED, "op": tuple(_OP_CODE), "dtype": tuple(DTYPES)}.get(field)
+        values = [names[v] if names else v for v in column.tolist()]
+        raise MismatchError(f"watch: the ranks judged different calls: {field}: " +
+                            ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
 
 
 def _rounded(factor, tensor) -> float | None:
@@ -832,7 +851,7 @@ class Watch:
     def _judge(self, t, samples: list) -> None:
         """Gather every rank's samples, judge them the same way on every rank, raise or log."""
         problems = []
-        exchanged = _exchange(t, samples, self.sample)
+        exchanged = _exchange(t, samples, self.sample, self.checksums)
         kept = [(s, got) for s, got in zip(samples, exchanged) if not s.failed]
         samples, exchanged = [s for s, _ in kept], [got for _, got in kept]
         right = _right_together(samples, exchanged, t.size)

@@ -212,6 +212,23 @@ def test_ranks_that_disagree_on_a_call_are_told_on_every_rank(world):
     with pytest.raises(MismatchError, match="judged different calls: op: rank 0 has avg, rank 1 "
                                             "has sum"):
         dist.all_reduce(torch.ones(8), op=op, group=group)
+    # A sum has checksums and a max none: records of other sizes (once a hang to the
+    # deadline, only the rank with checksums agreeing first); codes named (once KeyError).
+    op = dist.ReduceOp.SUM if world.rank() == 0 else dist.ReduceOp.MAX
+    with pytest.raises(MismatchError, match="judged different calls: op: rank 0 has sum, rank 1 "
+                                            "has max"):
+        dist.all_reduce(torch.ones(8), op=op, group=group)
+    dtype = torch.float16 if world.rank() == 0 else torch.bfloat16
+    with pytest.raises(MismatchError, match="judged different calls: dtype: rank 0 has float16, "
+                                            "rank 1 has bfloat16"):
+        dist.all_reduce(torch.ones(8, dtype=dtype), group=group)
+
+
+def test_watch_settings_that_differ_between_ranks_are_refused_on_every_rank(world):
+    with pytest.raises(UsageError, match="settings differ between ranks: REFCOLL_WATCH"):
+        watching("gloo", REFCOLL_WATCH_SAMPLE=64 if world.rank() == 0 else 32)
+    with pytest.raises(UsageError, match="settings differ between ranks: REFCOLL_WATCH.*unset"):
+        group_with(REFCOLL_WATCH="gloo" if world.rank() == 0 else "")
 
 
 def test_a_wrong_gradient_under_ddp_is_raised_from_backward_not_a_crash(world):
