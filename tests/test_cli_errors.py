@@ -160,6 +160,24 @@ def test_simulate_refuses_a_count_that_cannot_fit_in_memory(no_simulation):
     assert "100000000000 x float32" in line
 
 
+def test_the_estimate_of_a_pipelined_tree_replays_no_segment(monkeypatch, no_simulation):
+    # dbtree's ledger counted its messages by replaying every segment: at 2**60 elements
+    # the estimate itself filled the memory (killed) before it could refuse.
+    from refcoll.algorithms import dbtree
+
+    bounds = dbtree.segment_bounds
+
+    def replayed(n, segment=None):
+        assert n < 1 << 30, "the estimate replayed the segments of the whole count"
+        return bounds(n, segment)
+
+    monkeypatch.setattr(dbtree, "segment_bounds", replayed)
+    line = one_line_error(invoke("simulate", "--algorithm", "dbtree", "-p", 3, "--count",
+                                 2 ** 60, "--dtype", "float64", "--ledger-only"),
+                          "needs about", "lower --count or -p")
+    assert f"{2 ** 60} x float64" in line
+
+
 def test_allgathers_outputs_count_in_the_estimate():
     ring = simulation.simulation_bytes("allreduce", 8, 1000, 4)
     gather = simulation.simulation_bytes("allgather", 8, 1000, 4)

@@ -119,8 +119,11 @@ class SimulationCase:
         messages = 0
         if self.collective in algo.costs:
             shape = (self.p, self.count, self.itemsize)
-            messages = algo.costs[self.collective](*shape, **self.cost_options).counts().get(
-                "messages", 0)
+            cost = algo.costs[self.collective]
+            if self.collective == "allreduce" and algo.model_cost is not None \
+                    and not self.cost_options:  # its counts without a replay per segment
+                cost = algo.model_cost
+            messages = cost(*shape, **self.cost_options).counts().get("messages", 0)
         data = simulation_bytes(self.collective, self.p, self.count, self.itemsize)
         return (data if moves_data else -(-data // self.p)) + LEDGER_BYTES * messages
 
