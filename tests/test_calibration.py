@@ -132,6 +132,34 @@ def test_an_oversubscribed_measurement_is_used_but_never_saved(tmp_path):
 
 
 @needs_mpi
+def test_refcoll_calibrate_not_saving_exits_1_on_every_rank(tmp_path):
+    # Rank 0 said "not saved" and exited 1; the others exited 0.
+    script = tmp_path / "exit_codes.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from mpi4py import MPI
+        from refcoll.cli import main
+        rank = MPI.COMM_WORLD.rank
+        try:
+            main(["calibrate"])
+        except SystemExit as exc:
+            code = exc.code
+        with open(os.path.join(os.environ["REPORTS"], str(rank)), "w") as fh:
+            fh.write(str(code))
+        """))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "REFCOLL_ALGO", "REFCOLL_CALIBRATION"))}
+    env.update(REFCOLL_CACHE=str(tmp_path / "cache"), REFCOLL_TIMEOUT="60", REPORTS=str(reports))
+    n = CORES + 1  # oversubscribed: measured, never saved
+    res = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert "not saved: the ranks outnumber the cores" in res.stderr, res.stderr[-3000:]
+    assert [(reports / str(r)).read_text() for r in range(n)] == ["1"] * n
+
+
+@needs_mpi
 def test_a_cached_calibration_is_used_only_under_its_own_key(tmp_path):
     reports, _ = run_report(tmp_path, 2, REFCOLL_CALIBRATION="measure")
     key = reports[0]["key"]

@@ -424,8 +424,8 @@ def calibrate(t, *, force: bool = False, save: bool = True,
     Collective on an MPI transport. Rank 0 reads the cache under ``t``'s key;
     without an entry (or with ``force``) the ranks measure, and rank 0 saves
     the result unless :func:`_why_not_saved` objects or the cache cannot be
-    written (the reason comes back on rank 0, None elsewhere, and with
-    ``announce`` goes to stderr). ``save=False`` (with ``force``:
+    written (the reason comes back on every rank, and with ``announce`` goes to
+    rank 0's stderr). ``save=False`` (with ``force``:
     ``REFCOLL_CALIBRATION=measure``) neither reads nor writes the cache. A
     one-rank ``t`` has no peer to measure: it gets :data:`DEFAULT`, saved nowhere.
     """
@@ -467,7 +467,7 @@ def calibrate(t, *, force: bool = False, save: bool = True,
         return replace(calibration, source=f"measured, saved in {cache_path()}"), None
     calibration = replace(calibration, source=f"measured for this job only ({why})")
     if t.rank != 0:
-        return calibration, None
+        return calibration, why
     if announce:
         print(f"refcoll: note: auto's calibration was measured for this job only and not "
               f"saved: {why}", file=sys.stderr, flush=True)

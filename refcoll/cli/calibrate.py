@@ -89,6 +89,8 @@ def _calibrate_in_world(nprocs: int, force: bool, json_file) -> None:
     with t.call("calibrate"):
         calibration, why = measure_and_save(t, force=force, announce=False)
     if t.rank != 0:
+        if why is not None:
+            sys.exit(1)  # every rank's status: what rank 0 says below
         return
     click.echo(f"key:         {calibration.key}")
     click.echo(f"calibration: {describe(calibration)}")
