@@ -545,7 +545,8 @@ def test_the_other_collectives_oracle_check_and_identify_never_read_a_whole_file
     for name in algorithms.names(collective):
         if name == "auto":
             continue
-        res = invoke("oracle", "--algorithm", name, "--collective", collective, "--root", 3,
+        rooted = ("--root", 3) if collective in ("broadcast", "reduce") else ()
+        res = invoke("oracle", "--algorithm", name, "--collective", collective, *rooted,
                      tmp_path / "in", tmp_path / name)
         assert res.exit_code == 0 and "wrote 5 expected outputs" in res.output, res.output
         want = expected_outputs(collective, xs, algorithm=name, root=3)
@@ -555,7 +556,7 @@ def test_the_other_collectives_oracle_check_and_identify_never_read_a_whole_file
             assert (tmp_path / name / f"rank{r}.npy").read_bytes() == saved.getvalue(), \
                 (name, r)
         res = invoke("check", "--algorithm", name, "--identify", "--collective", collective,
-                     "--root", 3, tmp_path / "in", tmp_path / name)
+                     *rooted, tmp_path / "in", tmp_path / name)
         assert res.exit_code == 0 and "conforming, bit-exact" in res.output, res.output
         assert f"matches {name}" in res.output or "moves the data unchanged" in res.output
         streamed = check_outputs(xs, want, collective=collective, algorithm=name, root=3,
@@ -566,18 +567,33 @@ def test_the_other_collectives_oracle_check_and_identify_never_read_a_whole_file
         assert json.dumps(streamed.to_json()) == json.dumps(simulated.to_json()), name
 
 
+def test_a_root_or_an_op_the_collective_has_not_is_refused(tmp_path):
+    # oracle wrote "root": 1 of an all-reduce and "op": "max" of an all-gather into its
+    # meta.json; simulate refuses both, and so do oracle and check now.
+    in_dir = tmp_path / "in"
+    assert invoke("gen-inputs", "-p", 2, "--count", 4, in_dir).exit_code == 0
+    for command in ("oracle", "check"):
+        for args, said in ((("--root", 1), "--root 1: allreduce has no root"),
+                           (("--collective", "allgather", "--op", "max"),
+                            "--op max: allgather reduces nothing")):
+            res = invoke(command, "--algorithm", "ring", *args, in_dir, tmp_path / "out")
+            assert res.exit_code == 2 and said in res.output, (command, res.output)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
 def test_zero_elements_run_end_to_end(tmp_path, collective):
     """gen-inputs --count 0, oracle, then check on the oracle's own output: exit 0."""
     in_dir = tmp_path / "in"
     res = invoke("gen-inputs", "-p", 3, "--count", 0, "--dtype", "bfloat16", in_dir)
     assert res.exit_code == 0, res.output
+    rooted = ("--root", 2) if collective in ("broadcast", "reduce") else ()
     for name in algorithms.names(collective):
         out_dir = tmp_path / name
-        res = invoke("oracle", "--algorithm", name, "--collective", collective, "--root", 2,
+        res = invoke("oracle", "--algorithm", name, "--collective", collective, *rooted,
                      in_dir, out_dir)
         assert res.exit_code == 0, (name, res.output)
-        res = invoke("check", "--algorithm", name, "--collective", collective, "--root", 2,
+        res = invoke("check", "--algorithm", name, "--collective", collective, *rooted,
                      in_dir, out_dir)
         assert res.exit_code == 0, (name, res.output)
         assert "3 ranks, 0 x bfloat16" in res.output and "verdict: conforming" in res.output

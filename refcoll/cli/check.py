@@ -127,12 +127,26 @@ def gen_inputs(p, count, dtype, kind, op, seed, formula, directory):
 
 
 def _collective_options(f):
-    f = click.option("--root", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="Root of broadcast and reduce.")(f)
+    f = click.option("--root", type=click.IntRange(min=0), default=None,
+                     help="Root of broadcast and reduce [default: 0].")(f)
     f = click.option("--collective", type=click.Choice(list(algorithms.COLLECTIVES)),
                      default="allreduce", show_default=True)(f)
-    f = click.option("--op", default="sum", show_default=True)(f)
+    f = click.option("--op", default=None,
+                     help="The reduction of allreduce, reduce_scatter and reduce "
+                          "[default: sum].")(f)
     return f
+
+
+def _collective_args(op, collective: str, root) -> tuple[str, int]:
+    """Return ``(op, root)`` with their defaults, refusing what the collective has not: a
+    root but for broadcast and reduce, an op for a collective that reduces nothing (as
+    ``refcoll simulate`` refuses them), rather than record it in meta.json unused."""
+    if root is not None and collective not in ("broadcast", "reduce"):
+        raise UsageError(f"--root {root}: {collective} has no root (broadcast and reduce do)")
+    if op is not None and collective in ("allgather", "broadcast"):
+        raise UsageError(f"--op {op}: {collective} reduces nothing (allreduce, reduce_scatter "
+                         "and reduce do)")
+    return ("sum" if op is None else op), (0 if root is None else root)
 
 
 def _supported(op, collective: str, dtype) -> None:
@@ -157,6 +171,7 @@ def oracle(algorithm, op, collective, root, in_dir, out_dir):
     followed); each file is written to a temporary name and renamed into place, so a
     link in OUT_DIR is replaced, never written through.
     """
+    op, root = _collective_args(op, collective, root)
     check_output_directory("OUT_DIR", out_dir)
     if same_place(in_dir, out_dir):
         raise UsageError(f"OUT_DIR {out_dir} is IN_DIR {in_dir} (the same folder, links "
@@ -236,6 +251,7 @@ def check(algorithm, any_order, identify, op, collective, root, formula, sample,
     that memory first). Exit 0 conforming, 1 not conforming, 2 the files cannot be
     judged (with the file and the reason: see refcoll.verify.rankfiles).
     """
+    op, root = _collective_args(op, collective, root)
     in_dir, out_dir = _folders(folders, formula)
     check_output_paths(json=json_file)
     _refuse_report_over_case(json_file, *(f for f in (in_dir, out_dir) if f))
