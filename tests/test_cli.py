@@ -30,6 +30,14 @@ def test_list_shows_every_algorithm_and_writes_json(tmp_path):
     assert "ring" in res.output and "bfloat16" in res.output
 
 
+@pytest.mark.parametrize("variable", ["REFCOLL_CALIBRATION", "REFCOLL_ALGO"])
+def test_list_refuses_a_bad_setting_before_printing_a_line(monkeypatch, variable):
+    monkeypatch.setenv(variable, "bogus")
+    res = CliRunner().invoke(main, ["list"])
+    assert res.exit_code == 2 and f"{variable}='bogus'" in res.stderr, res.stderr
+    assert res.stdout == ""
+
+
 def test_simulate_prints_the_ledger_beside_the_cost(tmp_path):
     out = tmp_path / "sim.json"
     res = invoke("simulate", "--algorithm", "ring", "-p", "5", "--count", "1003",

@@ -68,6 +68,7 @@ def list_(json_file):
     """
     check_output_paths(json=json_file)
     tuning = read_tuning(tuning_path()) if tuning_path() else None  # refused before any output
+    mode, allowed = calibration_mode(), algo_filter()  # (REFCOLL_CALIBRATION, _ALGO: too)
     payload = {"algorithms": [], "ops": list(OPS), "dtypes": {}}
     click.echo("algorithms:")
     for algo in algorithms.REGISTRY.values():
@@ -79,7 +80,6 @@ def list_(json_file):
         for coll in algo.collectives:
             click.echo(f"      {coll:<16} {costs[coll]}")
     calibration = current_calibration()
-    mode, allowed = calibration_mode(), algo_filter()
     cached = cached_calibrations()
     itemsize = DTYPES[_TABLE_DTYPE].itemsize
     table = auto_table(calibration, ps=TABLE_PS, itemsize=itemsize, allowed=allowed,
