@@ -110,29 +110,29 @@ class Traffic:
     meters' runs when read.
     """
 
-    __slots__ = ("_counts", "_meters", "_lock")
+    __slots__ = ("_sent", "_received", "_messages_sent", "_messages_received", "_meters",
+                 "_lock")
 
     def __init__(self) -> None:
-        self._counts = [0, 0, 0, 0]  # bytes sent, received; messages sent, received
+        self._sent = self._received = self._messages_sent = self._messages_received = 0
         self._meters: list[Meter] = []
         self._lock = threading.Lock()
 
     def add(self, sent: int, received: int) -> None:
         """Count one exchange: ``sent`` bytes out (if any) and ``received`` bytes in (if any)."""
-        counts = self._counts
         with self._lock:
             if sent >= 0:
-                counts[0] += sent
-                counts[2] += 1
+                self._sent += sent
+                self._messages_sent += 1
             if received >= 0:
-                counts[1] += received
-                counts[3] += 1
+                self._received += received
+                self._messages_received += 1
 
     def meter(self, exchanges) -> "Meter":
         """Return the meter of a program whose every run makes ``exchanges``, pairs of
         ``(sent, received)`` bytes each as :meth:`add` takes them; :meth:`release` it
         when the program is freed."""
-        per_run = [0, 0, 0, 0]
+        per_run = [0, 0, 0, 0]  # bytes sent, received; messages sent, received
         for sent, received in exchanges:
             for at, moved in ((0, sent), (1, received)):
                 if moved >= 0:
@@ -149,41 +149,54 @@ class Traffic:
             if meter not in self._meters:
                 return
             self._meters.remove(meter)
-            for at, moved in enumerate(meter.per_run):
-                self._counts[at] += meter.runs * moved
+            sent, received, messages_sent, messages_received = (
+                meter.runs * moved for moved in meter.per_run)
+            self._sent += sent
+            self._received += received
+            self._messages_sent += messages_sent
+            self._messages_received += messages_received
 
-    def _total(self, at: int) -> int:
+    def _totals(self) -> tuple[int, int, int, int]:
+        """Bytes sent, received; messages sent, received: the counts and every meter's runs."""
         with self._lock:
-            return self._counts[at] + sum(m.runs * m.per_run[at] for m in self._meters)
+            counts = [self._sent, self._received, self._messages_sent, self._messages_received]
+            for meter in self._meters:
+                if meter.runs:
+                    for at, moved in enumerate(meter.per_run):
+                        counts[at] += meter.runs * moved
+        return counts[0], counts[1], counts[2], counts[3]
 
     @property
     def sent(self) -> int:
         """Bytes sent so far."""
-        return self._total(0)
+        return self._totals()[0]
 
     @property
     def received(self) -> int:
         """Bytes received so far."""
-        return self._total(1)
+        return self._totals()[1]
 
     @property
     def messages_sent(self) -> int:
         """Messages sent so far."""
-        return self._total(2)
+        return self._totals()[2]
 
     @property
     def messages_received(self) -> int:
         """Messages received so far."""
-        return self._total(3)
+        return self._totals()[3]
 
     def snapshot(self) -> tuple[int, int]:
         """Return ``(sent, received)`` bytes so far."""
-        return self._total(0), self._total(1)
+        if not self._meters:  # (no plan: the counts alone, as they are)
+            return self._sent, self._received
+        sent, received, _, _ = self._totals()
+        return sent, received
 
     def __repr__(self) -> str:
-        return (f"Traffic(sent={self.sent}, received={self.received}, "
-                f"messages_sent={self.messages_sent}, "
-                f"messages_received={self.messages_received})")
+        sent, received, messages_sent, messages_received = self._totals()
+        return (f"Traffic(sent={sent}, received={received}, messages_sent={messages_sent}, "
+                f"messages_received={messages_received})")
 
 
 class Meter:
