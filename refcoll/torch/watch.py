@@ -18,7 +18,8 @@ transposed view on one rank against plain tensors on the others is a wrong
 result, seen on every rank). The ranks then
 allgather those few values over a library other than the watched one (MPI
 under ``mpiexec``, on a communicator of the group's ranks; else refcoll's own
-Gloo group), in one exchange of fixed-size records, and each judges them by the
+Gloo group), the calls' headers first where checksums are on (:func:`_exchange`),
+and each judges them by the
 oracle's rules (:func:`refcoll.verify.oracle.check_outputs`):
 
 * **rank agreement**: all-reduce, allgather and broadcast outputs are the same
@@ -303,9 +304,10 @@ def _exchange(t, samples: list, k: int, checksums: bool) -> list:
     watch mode's setting, every rank's) a record has one size on every rank that agrees
     on the calls, so one exchange carries headers and values, and the headers are
     compared after it. With them a record's size depends on the call (its op, dtype and
-    elements), so the headers travel first, alone, and are compared before any record of
-    another size could be exchanged: ranks that disagree on a call raise the same
-    MismatchError, naming the field, whatever they disagree on. Returns, per sample,
+    elements), so the headers travel first, alone, after refcoll's agreement (ranks
+    holding other numbers of calls raise its MismatchError), and are compared before
+    any record of another size could be exchanged: ranks that disagree on a call raise
+    the same MismatchError, naming the field. Returns, per sample,
     ``(inputs, outputs, sums)``: one array per rank each (``sums``: ``(p, checksums)``
     float64); and sets each sample's ``factors``, every rank's PREMUL_SUM factor (None
     where no rank has one).
@@ -322,13 +324,13 @@ def _exchange(t, samples: list, k: int, checksums: bool) -> list:
         data = np.concatenate([sample.before, sample.after]).view(np.uint8)
         bodies.append([data, np.zeros(values - data.size, np.uint8), sums.view(np.uint8)])
 
-    def gathered(parts: list) -> np.ndarray:
+    def gathered(parts: list, validate: bool = False) -> np.ndarray:
         return calls.allgather(np.concatenate(parts), t, algorithm="rabenseifner",
-                               validate=False)
+                               validate=validate)
 
-    if checksums:  # the headers first, then records whose sizes they agreed on
-        heads_of = gathered([header.reshape(-1).view(np.uint8)]).reshape(
-            t.size, len(samples), heads)
+    if checksums:  # the headers first (agreed: ranks may hold other numbers of calls),
+        heads_of = gathered([header.reshape(-1).view(np.uint8)], validate=True).reshape(
+            t.size, len(samples), heads)  # then records whose sizes they agreed on
         _same_calls(heads_of)
         table, inline = gathered([part for body in bodies for part in body]), 0
     else:  # one exchange, each record its header and its body

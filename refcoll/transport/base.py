@@ -107,7 +107,8 @@ class Traffic:
     A recorded program (a plan's replay) moves the same bytes at every run, so it
     takes a :class:`Meter` instead (:meth:`meter`): its runner counts a run by
     ``meter.runs += 1``, one integer and no lock, and the counts here add up the
-    meters' runs when read.
+    meters' runs when read. A plan's run is counted when it completes: one that fails
+    partway (its plan abandoned) counts none of its exchanges.
     """
 
     __slots__ = ("_sent", "_received", "_messages_sent", "_messages_received", "_meters",
