@@ -330,5 +330,6 @@ register(Algorithm(
     auto=True,
     price=dbtree_price,
     model_cost=dbtree_model_cost,
+    model_cost_exact=True,
     across_nodes=True,
 ))

@@ -208,6 +208,9 @@ class Algorithm:
             model does not price it.
         model_cost: ``(p, count, itemsize) -> Cost`` of its all-reduce as the
             cluster model counts it flat (default: ``costs["allreduce"]``).
+        model_cost_exact: ``model_cost`` equals ``costs["allreduce"]`` at its default
+            options (a closed form of the same counts, not an ideal), so an estimate
+            may take it instead of a cost that replays the schedule.
         across_nodes: it may be a hierarchical all-reduce's algorithm across nodes.
         needs_in_network: it runs only where the network reduces (switches).
         chooses: it runs another algorithm it picks per call (``auto``), so an
@@ -235,6 +238,7 @@ class Algorithm:
     node_traffic: Callable | None = None
     price: Callable | None = None
     model_cost: Callable | None = None
+    model_cost_exact: bool = False
     across_nodes: bool = False
     needs_in_network: bool = False
     chooses: bool = False

@@ -120,8 +120,9 @@ class SimulationCase:
         if self.collective in algo.costs:
             shape = (self.p, self.count, self.itemsize)
             cost = algo.costs[self.collective]
-            if algo.name == "dbtree" and not self.cost_options:  # its counts, closed form
-                cost = algo.model_cost  # (equal at its default segment; switch's is its ideal)
+            if self.collective == "allreduce" and algo.model_cost_exact \
+                    and not self.cost_options:  # the same counts, without a replay
+                cost = algo.model_cost
             messages = cost(*shape, **self.cost_options).counts().get("messages", 0)
         data = simulation_bytes(self.collective, self.p, self.count, self.itemsize)
         return (data if moves_data else -(-data // self.p)) + LEDGER_BYTES * messages
