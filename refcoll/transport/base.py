@@ -167,25 +167,12 @@ class Traffic:
                         counts[at] += meter.runs * moved
         return counts[0], counts[1], counts[2], counts[3]
 
-    @property
-    def sent(self) -> int:
-        """Bytes sent so far."""
-        return self._totals()[0]
-
-    @property
-    def received(self) -> int:
-        """Bytes received so far."""
-        return self._totals()[1]
-
-    @property
-    def messages_sent(self) -> int:
-        """Messages sent so far."""
-        return self._totals()[2]
-
-    @property
-    def messages_received(self) -> int:
-        """Messages received so far."""
-        return self._totals()[3]
+    # (each a field of _totals(): bytes sent, received; messages sent, received, so far)
+    sent = property(lambda self: self._totals()[0], doc="Bytes sent so far.")
+    received = property(lambda self: self._totals()[1], doc="Bytes received so far.")
+    messages_sent = property(lambda self: self._totals()[2], doc="Messages sent so far.")
+    messages_received = property(lambda self: self._totals()[3],
+                                 doc="Messages received so far.")
 
     def snapshot(self) -> tuple[int, int]:
         """Return ``(sent, received)`` bytes so far."""
